@@ -1,0 +1,232 @@
+//! Pins and builds the real programs kcp-keeper's tests talk to.
+//!
+//! Every peer is built from the Go module proxy once per machine into a cache outside the checkout
+//! (`$KCP_KEEPER_CACHE`, default `~/.cache/kcp-keeper`). A peer's directory only appears once its build
+//! finished (it is built in a scratch directory and renamed into place), so an interrupted build is simply
+//! redone and a finished one is never redone. A file lock keeps parallel callers from building twice.
+
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+mod pins;
+
+pub use pins::{PEERS, Peer, Recipe};
+
+/// Errors while building or locating peers. Messages say what to run next.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
+    #[error("`{command}` failed ({status}); its output is above")]
+    Command { command: String, status: String },
+    #[error("{0}")]
+    Other(String),
+    #[error("peer {name} {version} is not built yet: run `cargo xtask peers`")]
+    Missing { name: String, version: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn io<T>(what: impl fmt::Display, r: std::io::Result<T>) -> Result<T> {
+    r.map_err(|e| Error::Io(what.to_string(), e))
+}
+
+/// The cache root shared by every checkout on this machine.
+pub fn cache_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("KCP_KEEPER_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
+    home.join(".cache").join("kcp-keeper")
+}
+
+fn peers_dir() -> PathBuf {
+    cache_root().join("peers")
+}
+
+/// One built artefact: a binary or a directory of CRD manifests.
+#[derive(Debug, Clone)]
+pub struct Artefact {
+    pub name: &'static str,
+    pub version: &'static str,
+    pub path: PathBuf,
+}
+
+impl fmt::Display for Artefact {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} {}", self.name, self.version, self.path.display())
+    }
+}
+
+/// Paths of every peer, as the test bed needs them.
+#[derive(Debug, Clone)]
+pub struct Peers {
+    pub artefacts: Vec<Artefact>,
+}
+
+impl Peers {
+    /// Path of the artefact with this name (`kube-apiserver`, `etcd`, `cert-manager-crds`, ...).
+    pub fn path(&self, name: &str) -> &Path {
+        &self
+            .artefacts
+            .iter()
+            .find(|a| a.name == name)
+            .unwrap_or_else(|| panic!("no peer artefact named {name}"))
+            .path
+    }
+}
+
+impl Peer {
+    fn dir(&self) -> PathBuf {
+        peers_dir().join(format!("{}-{}", self.name, self.version))
+    }
+
+    fn artefacts(&self) -> Vec<Artefact> {
+        self.outputs
+            .iter()
+            .map(|out| Artefact { name: out, version: self.version, path: self.dir().join(out) })
+            .collect()
+    }
+
+    fn is_built(&self) -> bool {
+        self.artefacts().iter().all(|a| a.path.exists())
+    }
+}
+
+/// Paths of every peer, failing with a hint when one is not built.
+pub fn locate() -> Result<Peers> {
+    let mut artefacts = Vec::new();
+    for peer in PEERS {
+        if !peer.is_built() {
+            return Err(Error::Missing { name: peer.name.into(), version: peer.version.into() });
+        }
+        artefacts.extend(peer.artefacts());
+    }
+    Ok(Peers { artefacts })
+}
+
+/// Builds every missing peer (printing progress to stderr) and returns all paths.
+pub fn ensure_all() -> Result<Peers> {
+    io("creating the peer cache", fs::create_dir_all(peers_dir()))?;
+    let lock_path = peers_dir().join(".lock");
+    let lock = io(lock_path.display(), fs::File::create(&lock_path))?;
+    if lock.try_lock().is_err() {
+        eprintln!("peers: another build holds {}, waiting", lock_path.display());
+        io("locking the peer cache", lock.lock())?;
+    }
+    for peer in PEERS {
+        if peer.is_built() {
+            continue;
+        }
+        eprintln!("peers: building {} {} ({}; first time only)", peer.name, peer.version, peer.expected_time);
+        let started = Instant::now();
+        build(peer)?;
+        eprintln!("peers: built {} {} in {:.0?}", peer.name, peer.version, started.elapsed());
+    }
+    drop(lock);
+    locate()
+}
+
+fn build(peer: &Peer) -> Result<()> {
+    let scratch = peers_dir().join(format!(".build-{}-{}", peer.name, std::process::id()));
+    if scratch.exists() {
+        io("clearing a stale build dir", fs::remove_dir_all(&scratch))?;
+    }
+    io("creating a build dir", fs::create_dir_all(&scratch))?;
+    let out = scratch.join("out");
+    io("creating the output dir", fs::create_dir_all(&out))?;
+    match &peer.recipe {
+        Recipe::GoInstall { package } => {
+            let mut cmd = go(&scratch);
+            cmd.env("GOBIN", &out).arg("install").arg("-trimpath").arg(format!("{package}@{}", peer.version));
+            run(cmd)?;
+        }
+        Recipe::Wrapper { go_mod, builds, ldflags } => {
+            let module = scratch.join("module");
+            io("creating the wrapper module", fs::create_dir_all(&module))?;
+            io("writing go.mod", fs::write(module.join("go.mod"), go_mod(peer.version)?))?;
+            for (binary, package) in *builds {
+                let mut cmd = go(&module);
+                // -mod=mod lets `go build` fill go.sum for the wrapper module from the proxy.
+                cmd.env("GOFLAGS", "-mod=mod -buildvcs=false")
+                    .args(["build", "-trimpath", "-ldflags", &ldflags(peer.version), "-o"])
+                    .arg(out.join(binary))
+                    .arg(package);
+                run(cmd)?;
+            }
+        }
+        Recipe::ModuleFiles { module, subdir, output } => {
+            let dir = module_dir(module, peer.version)?;
+            copy_dir(&dir.join(subdir), &out.join(output))?;
+        }
+    }
+    let dest = peer.dir();
+    if dest.exists() {
+        io("replacing an incomplete peer dir", fs::remove_dir_all(&dest))?;
+    }
+    io("moving the peer into place", fs::rename(&out, &dest))?;
+    io("removing the build dir", fs::remove_dir_all(&scratch))?;
+    Ok(())
+}
+
+/// A `go` command with the settings every peer build shares: static binaries, no toolchain switching.
+fn go(dir: &Path) -> Command {
+    let mut cmd = Command::new("go");
+    cmd.current_dir(dir).env("CGO_ENABLED", "0").env("GOTOOLCHAIN", "local").env("GOFLAGS", "-buildvcs=false");
+    cmd
+}
+
+fn run(mut cmd: Command) -> Result<()> {
+    let command = format!("{cmd:?}");
+    let status = cmd.status().map_err(|e| Error::Io(format!("starting {command}"), e))?;
+    if !status.success() {
+        return Err(Error::Command { command, status: status.to_string() });
+    }
+    Ok(())
+}
+
+/// Asks the module proxy for a module version (`go mod download -json`) and returns one field of the answer.
+fn download_field(module: &str, version: &str, field: &str) -> Result<PathBuf> {
+    let output = go(&std::env::temp_dir())
+        .args(["mod", "download", "-json", &format!("{module}@{version}")])
+        .output()
+        .map_err(|e| Error::Io("starting go mod download".into(), e))?;
+    let what = format!("go mod download {module}@{version}");
+    let info: serde_json::Value =
+        serde_json::from_slice(&output.stdout).map_err(|e| Error::Other(format!("{what}: unreadable output: {e}")))?;
+    if let Some(err) = info.get("Error").and_then(|e| e.as_str()) {
+        return Err(Error::Other(format!("{what}: {err}")));
+    }
+    info.get(field)
+        .and_then(|d| d.as_str())
+        .map(PathBuf::from)
+        .ok_or_else(|| Error::Other(format!("{what}: no {field} in its answer")))
+}
+
+/// The extracted source directory of a module version.
+pub fn module_dir(module: &str, version: &str) -> Result<PathBuf> {
+    download_field(module, version, "Dir")
+}
+
+/// A module version's go.mod as the proxy serves it.
+pub fn module_go_mod(module: &str, version: &str) -> Result<String> {
+    let path = download_field(module, version, "GoMod")?;
+    io(path.display(), fs::read_to_string(&path))
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    io(to.display(), fs::create_dir_all(to))?;
+    for entry in io(from.display(), fs::read_dir(from))? {
+        let entry = io(from.display(), entry)?;
+        let target = to.join(entry.file_name());
+        if io(entry.path().display(), entry.file_type())?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            io(target.display(), fs::copy(entry.path(), &target))?;
+        }
+    }
+    Ok(())
+}

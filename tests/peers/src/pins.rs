@@ -1,0 +1,214 @@
+//! The pinned peer versions and how each is built. Change a version here and the next
+//! `cargo xtask peers` builds it into a new cache directory beside the old one.
+
+use crate::{Result, module_go_mod};
+
+pub const KUBERNETES: &str = "v1.37.2";
+/// The `k8s.io/<staging>` modules are published as v0.<minor>.<patch> of the same release.
+pub const KUBERNETES_STAGING: &str = "v0.37.2";
+pub const ETCD: &str = "v3.6.16";
+pub const COREDNS: &str = "v1.14.7";
+pub const VERSITYGW: &str = "v1.7.0";
+pub const HELM: &str = "v3.21.4";
+pub const PROMTOOL: &str = "v0.309.1";
+pub const CERT_MANAGER: &str = "v1.21.2";
+
+/// How a peer is built.
+pub enum Recipe {
+    /// `go install <package>@<version>`: the module has no `replace` directives.
+    GoInstall { package: &'static str },
+    /// A generated wrapper module that requires the peer's modules, then one `go build` per binary.
+    Wrapper {
+        go_mod: fn(&str) -> Result<String>,
+        builds: &'static [(&'static str, &'static str)],
+        ldflags: fn(&str) -> String,
+    },
+    /// Files copied out of a module download (CRD manifests).
+    ModuleFiles { module: &'static str, subdir: &'static str, output: &'static str },
+}
+
+pub struct Peer {
+    pub name: &'static str,
+    pub version: &'static str,
+    pub recipe: Recipe,
+    /// Names of the built artefacts, each a file or directory inside the peer's cache dir.
+    pub outputs: &'static [&'static str],
+    /// Shown before a cold build so nobody thinks it hung.
+    pub expected_time: &'static str,
+}
+
+pub static PEERS: &[Peer] = &[
+    Peer {
+        name: "kubernetes",
+        version: KUBERNETES,
+        recipe: Recipe::Wrapper {
+            go_mod: kubernetes_go_mod,
+            builds: &[
+                ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
+                ("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
+            ],
+            ldflags: kubernetes_ldflags,
+        },
+        outputs: &["kube-apiserver", "kubectl"],
+        expected_time: "about 10 minutes on 2 cores",
+    },
+    Peer {
+        name: "etcd",
+        version: ETCD,
+        recipe: Recipe::Wrapper {
+            go_mod: etcd_go_mod,
+            builds: &[
+                ("etcd", "go.etcd.io/etcd/server/v3"),
+                ("etcdctl", "go.etcd.io/etcd/etcdctl/v3"),
+                ("etcdutl", "go.etcd.io/etcd/etcdutl/v3"),
+            ],
+            ldflags: no_ldflags,
+        },
+        outputs: &["etcd", "etcdctl", "etcdutl"],
+        expected_time: "about 2 minutes",
+    },
+    Peer {
+        name: "coredns",
+        version: COREDNS,
+        recipe: Recipe::GoInstall { package: "github.com/coredns/coredns" },
+        outputs: &["coredns"],
+        expected_time: "about 3 minutes",
+    },
+    Peer {
+        name: "versitygw",
+        version: VERSITYGW,
+        recipe: Recipe::GoInstall { package: "github.com/versity/versitygw/cmd/versitygw" },
+        outputs: &["versitygw"],
+        expected_time: "about 2 minutes",
+    },
+    Peer {
+        name: "helm",
+        version: HELM,
+        recipe: Recipe::GoInstall { package: "helm.sh/helm/v3/cmd/helm" },
+        outputs: &["helm"],
+        expected_time: "about 2 minutes",
+    },
+    Peer {
+        name: "promtool",
+        version: PROMTOOL,
+        recipe: Recipe::Wrapper {
+            go_mod: prometheus_go_mod,
+            builds: &[("promtool", "github.com/prometheus/prometheus/cmd/promtool")],
+            ldflags: no_ldflags,
+        },
+        outputs: &["promtool"],
+        expected_time: "about 3 minutes",
+    },
+    Peer {
+        name: "cert-manager-crds",
+        version: CERT_MANAGER,
+        recipe: Recipe::ModuleFiles {
+            module: "github.com/cert-manager/cert-manager",
+            subdir: "deploy/crds",
+            output: "cert-manager-crds",
+        },
+        outputs: &["cert-manager-crds"],
+        expected_time: "seconds",
+    },
+];
+
+/// A wrapper module for `k8s.io/kubernetes`: it cannot be `go install`ed because its go.mod replaces every
+/// `k8s.io/<staging>` module with a local directory. The replace list is read from that go.mod, so it
+/// follows the pinned release instead of going stale.
+fn kubernetes_go_mod(version: &str) -> Result<String> {
+    let upstream = module_go_mod("k8s.io/kubernetes", version)?;
+    let mut go_mod = format!(
+        "module kcp-keeper.local/peers/kubernetes\n\ngo 1.26\n\nrequire k8s.io/kubernetes {version}\n\nreplace (\n"
+    );
+    for module in staging_modules(&upstream) {
+        go_mod.push_str(&format!("\t{module} => {module} {KUBERNETES_STAGING}\n"));
+    }
+    go_mod.push_str(")\n");
+    Ok(go_mod)
+}
+
+/// `k8s.io/<name>` modules that k8s.io/kubernetes's go.mod replaces with `./staging/...`.
+pub fn staging_modules(go_mod: &str) -> Vec<&str> {
+    go_mod
+        .lines()
+        .filter_map(|line| {
+            let (module, target) = line.trim().split_once("=>")?;
+            target.trim().starts_with("./staging/").then(|| module.trim())
+        })
+        .collect()
+}
+
+/// Without these the binaries report v0.0.0 and clients that check the server version complain.
+fn kubernetes_ldflags(version: &str) -> String {
+    let minor = version.split('.').nth(1).unwrap_or_default();
+    ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"]
+        .iter()
+        .map(|pkg| {
+            format!("-X {pkg}.gitVersion={version} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={minor} -X {pkg}.gitTreeState=clean")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn etcd_go_mod(version: &str) -> Result<String> {
+    Ok(format!(
+        "module kcp-keeper.local/peers/etcd\n\ngo 1.26\n\nrequire (\n\tgo.etcd.io/etcd/server/v3 {version}\n\tgo.etcd.io/etcd/etcdctl/v3 {version}\n\tgo.etcd.io/etcd/etcdutl/v3 {version}\n)\n"
+    ))
+}
+
+/// `go install` refuses prometheus because its go.mod has `exclude` directives; a wrapper module that
+/// repeats them resolves the same versions as prometheus's own build.
+fn prometheus_go_mod(version: &str) -> Result<String> {
+    let upstream = module_go_mod("github.com/prometheus/prometheus", version)?;
+    Ok(format!(
+        "module kcp-keeper.local/peers/promtool\n\ngo 1.26\n\nrequire github.com/prometheus/prometheus {version}\n\n{}",
+        exclude_directives(&upstream)
+    ))
+}
+
+/// The `exclude` directives of a go.mod, single-line and block form, verbatim.
+pub fn exclude_directives(go_mod: &str) -> String {
+    let mut out = String::new();
+    let mut in_block = false;
+    for line in go_mod.lines() {
+        let trimmed = line.trim();
+        if in_block {
+            out.push_str(line);
+            out.push('\n');
+            in_block = trimmed != ")";
+        } else if trimmed.starts_with("exclude") {
+            out.push_str(line);
+            out.push('\n');
+            in_block = trimmed.ends_with('(');
+        }
+    }
+    out
+}
+
+fn no_ldflags(_: &str) -> String {
+    String::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_modules_are_read_from_replace_directives_only() {
+        let go_mod = "require (\n\tk8s.io/api v0.0.0\n)\nreplace (\n\tk8s.io/api => ./staging/src/k8s.io/api\n\tk8s.io/kubectl => ./staging/src/k8s.io/kubectl\n\tgithub.com/x/y => github.com/x/y v1.0.0\n)\n";
+        assert_eq!(staging_modules(go_mod), vec!["k8s.io/api", "k8s.io/kubectl"]);
+    }
+
+    #[test]
+    fn exclude_directives_keep_single_lines_and_blocks_only() {
+        let go_mod = "require x v1\nexclude a v1\n\n// why\nexclude (\n\tb v2\n\tc v3\n)\nreplace d => e v1\n";
+        assert_eq!(exclude_directives(go_mod), "exclude a v1\nexclude (\n\tb v2\n\tc v3\n)\n");
+    }
+
+    #[test]
+    fn kubernetes_ldflags_set_version_for_server_and_client() {
+        let flags = kubernetes_ldflags("v1.37.2");
+        assert!(flags.contains("-X k8s.io/component-base/version.gitVersion=v1.37.2"));
+        assert!(flags.contains("-X k8s.io/client-go/pkg/version.gitMinor=37"));
+    }
+}

@@ -1,0 +1,132 @@
+//! The test bed: real peers started on 127.0.0.1 with free ports and temp dirs, stopped on drop, as
+//! controller-runtime's envtest does for Go operators. Used by every cross-process test and by the demo.
+//!
+//! ```no_run
+//! # async fn example() -> anyhow::Result<()> {
+//! let bed = testbed::ControlPlane::start().await?;
+//! let ns = bed.namespace().await?;
+//! let client = bed.client();
+//! # Ok(()) }
+//! ```
+
+pub mod apiserver;
+pub mod certs;
+pub mod coredns;
+pub mod crds;
+pub mod etcd;
+mod http;
+pub mod leaks;
+pub mod process;
+pub mod projection;
+pub mod s3;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+pub use apiserver::ApiServer;
+pub use coredns::CoreDns;
+pub use etcd::Etcd;
+pub use leaks::assert_no_secret_material;
+pub use s3::S3Server;
+
+/// Installs the rustls crypto provider once per process (two providers are linked: kube's ring and the
+/// AWS SDK's aws-lc, so rustls cannot pick one by itself).
+pub fn init_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// An etcd, a kube-apiserver on it with RBAC and client-certificate users, and the kcp-operator and
+/// cert-manager CRDs installed. Further peers (S3, CoreDNS, shard etcds) start on demand in the same temp dir.
+pub struct ControlPlane {
+    pub peers: peers::Peers,
+    pub etcd: Etcd,
+    pub apiserver: ApiServer,
+    client: kube::Client,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl ControlPlane {
+    /// Starts a one-member etcd and the apiserver.
+    pub async fn start() -> Result<Self> {
+        Self::start_with_etcd_members(1).await
+    }
+
+    pub async fn start_with_etcd_members(members: usize) -> Result<Self> {
+        init_crypto();
+        let peers = peers::locate()?;
+        let dir = tempfile::Builder::new().prefix("kcp-keeper-testbed-").tempdir()?;
+        let etcd = Etcd::start(peers.path("etcd"), &dir.path().join("etcd"), "kube", members).await?;
+        let apiserver = ApiServer::start(peers.path("kube-apiserver"), dir.path(), &etcd.client_urls()).await?;
+        let client = apiserver.admin_client().await?;
+        let mut crds = crds::read(peers.path("cert-manager-crds"))?;
+        crds.extend(crds::read(&crds::kcp_operator_standin())?);
+        crds::install(&client, crds).await.context("installing CRDs")?;
+        Ok(Self { peers, etcd, apiserver, client, dir: Some(dir) })
+    }
+
+    /// The admin client (`system:masters`).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// A client for a client-certificate user with these groups; RBAC decides what it may do.
+    pub async fn user_client(&self, user: &str, groups: &[&str]) -> Result<kube::Client> {
+        self.apiserver.user_client(user, groups).await
+    }
+
+    /// The temp dir holding every peer's data and logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.as_ref().expect("dir is kept until drop").path()
+    }
+
+    /// A fresh directory inside the bed's temp dir.
+    pub fn subdir(&self, name: &str) -> Result<PathBuf> {
+        let path = self.dir().join(format!("{name}-{:08x}", rand::random::<u32>()));
+        std::fs::create_dir_all(&path)?;
+        Ok(path)
+    }
+
+    /// Creates a namespace with a random name for one test.
+    pub async fn namespace(&self) -> Result<String> {
+        let name = format!("test-{:08x}", rand::random::<u32>());
+        self.create_namespace(&name).await?;
+        Ok(name)
+    }
+
+    /// Creates a namespace with a given name.
+    pub async fn create_namespace(&self, name: &str) -> Result<()> {
+        let ns = Namespace { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
+        Api::<Namespace>::all(self.client()).create(&PostParams::default(), &ns).await?;
+        Ok(())
+    }
+
+    /// Starts the S3 server (versitygw) with a bucket.
+    pub async fn s3(&self) -> Result<S3Server> {
+        S3Server::start(self.peers.path("versitygw"), &self.subdir("s3")?).await
+    }
+
+    /// Starts CoreDNS with `corefile` (see [`coredns::KUBEADM_COREFILE`] for the placeholders).
+    pub async fn coredns(&self, corefile: &str) -> Result<CoreDns> {
+        CoreDns::start(self.peers.path("coredns"), &self.subdir("coredns")?, corefile, &self.apiserver.admin_kubeconfig)
+            .await
+    }
+
+    /// Starts another etcd cluster (a kcp shard's) with 1 or 3 members.
+    pub async fn etcd(&self, name: &str, members: usize) -> Result<Etcd> {
+        Etcd::start(self.peers.path("etcd"), &self.subdir(name)?, name, members).await
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // A failed test keeps its data and logs; a passing one cleans up.
+        if std::thread::panicking()
+            && let Some(dir) = self.dir.take()
+        {
+            eprintln!("test bed files kept in {}", dir.keep().display());
+        }
+    }
+}

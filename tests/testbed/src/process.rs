@@ -1,0 +1,168 @@
+//! A peer process: output captured to a log file, killed on drop (and by the kernel if the test process dies),
+//! its log printed when the test that owns it fails.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+/// How much of each log is printed when a test fails.
+const LOG_TAIL_BYTES: u64 = 16 * 1024;
+
+pub struct Process {
+    name: String,
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Process {
+    /// Starts `program` with `args`, appending stdout and stderr to `log`.
+    pub fn start(name: &str, program: &Path, args: Vec<String>, log: PathBuf) -> Result<Self> {
+        Self::start_with_env(name, program, args, &[], log)
+    }
+
+    /// Like [`Process::start`], with extra environment variables (for credentials: argv is world-readable).
+    pub fn start_with_env(
+        name: &str,
+        program: &Path,
+        args: Vec<String>,
+        env: &[(&str, &str)],
+        log: PathBuf,
+    ) -> Result<Self> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut p = Self { name: name.into(), program: program.into(), args, env, log, child: None };
+        p.spawn()?;
+        Ok(p)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let out = File::options().create(true).append(true).open(&self.log)?;
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args).envs(self.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent. It makes
+        // the kernel kill the peer if the test process dies without running destructors (timeout, SIGKILL).
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("starting {} ({})", self.name, self.program.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Kills the process (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops it with SIGTERM, waiting up to `grace` before SIGKILL.
+    pub fn stop(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else { return };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = std::time::Instant::now() + grace;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Starts it again with the same arguments (after `kill` or `stop`).
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    /// Fails when the process has exited (with the tail of its log in the error).
+    pub fn check_running(&mut self) -> Result<()> {
+        if let Some(child) = self.child.as_mut()
+            && let Some(status) = child.try_wait()?
+        {
+            anyhow::bail!("{} exited ({status}); its log ends:\n{}", self.name, self.log_tail());
+        }
+        Ok(())
+    }
+
+    /// The last part of the captured output.
+    pub fn log_tail(&self) -> String {
+        tail(&self.log, LOG_TAIL_BYTES)
+    }
+
+    /// All captured output so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("===== {} log ({}) =====\n{}", self.name, self.log.display(), self.log_tail());
+        }
+    }
+}
+
+fn tail(path: &Path, bytes: u64) -> String {
+    let Ok(mut file) = File::open(path) else { return String::new() };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = file.seek(SeekFrom::Start(len.saturating_sub(bytes)));
+    let mut buf = Vec::new();
+    let _ = file.read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// A free TCP port on 127.0.0.1 (the kernel picks it; a race with other processes is possible but rare,
+/// and the peer then fails to start with a clear error).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Polls `check` until it succeeds, the process dies, or `timeout` passes.
+pub async fn wait_until<F, Fut>(process: &mut Process, timeout: Duration, what: &str, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        process.check_running()?;
+        let err = match check().await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!(
+                "{} did not become {what} within {timeout:?}: {err:#}\n{} log ends:\n{}",
+                process.name(),
+                process.name(),
+                process.log_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
