@@ -22,6 +22,7 @@ impl Etcd {
     /// Starts `size` members (1 or 3) under `dir` and waits until every member answers.
     pub async fn start(etcd: &Path, dir: &Path, name: &str, size: usize) -> Result<Self> {
         ensure!(size == 1 || size == 3, "an etcd cluster here has 1 or 3 members, not {size}");
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let ports: Vec<(u16, u16)> = (0..size).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_>>()?;
         let initial_cluster = ports
             .iter()

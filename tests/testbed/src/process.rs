@@ -77,18 +77,24 @@ impl Process {
 
     /// Stops it with SIGTERM, waiting up to `grace` before SIGKILL.
     pub fn stop(&mut self, grace: Duration) {
-        let Some(mut child) = self.child.take() else { return };
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = std::time::Instant::now() + grace;
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if self.signal_and_wait(nix::sys::signal::Signal::SIGTERM, grace).is_none() {
+            self.kill();
         }
-        let _ = child.kill();
-        let _ = child.wait();
+    }
+
+    /// Sends `signal` and waits up to `timeout` for the process to exit; returns its status if it did.
+    pub fn signal_and_wait(&mut self, signal: nix::sys::signal::Signal, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
     }
 
     /// Starts it again with the same arguments (after `kill` or `stop`).

@@ -1,0 +1,161 @@
+//! Kubernetes Events (events.k8s.io/v1) on the objects an agent acts on, rate limited twice over:
+//! - within a process, a token bucket per (object, reason) absorbs bursts;
+//! - across restarts, an Event's name is derived from (object, reason, note, time window), so a crash-looping
+//!   agent re-creating the same Event gets `AlreadyExists` instead of adding one per restart.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+/// Identical Events inside one window share a name and are created once.
+const DEDUPE_WINDOW: Duration = Duration::from_secs(10 * 60);
+/// Per (object, reason): a burst of this many, then one per refill interval.
+const BURST: f64 = 5.0;
+const REFILL_EVERY: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// Emits Events as `kcp-keeper.io/<agent>`, instance `<identity>`.
+pub struct Recorder {
+    client: kube::Client,
+    controller: String,
+    instance: String,
+    buckets: Mutex<HashMap<(String, String), (f64, Instant)>>,
+}
+
+impl Recorder {
+    pub fn new(client: kube::Client, agent: &str, identity: &str) -> Self {
+        Self {
+            client,
+            controller: format!("kcp-keeper.io/{agent}"),
+            instance: identity.to_string(),
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Emits an Event about `regarding`. `note` must not carry secret material: callers pass descriptions, and
+    /// a note that looks like PEM is withheld here as a last line of defence. Failures are logged, not returned:
+    /// an Event is never worth failing a reconcile over.
+    pub async fn publish(&self, regarding: &ObjectReference, kind: EventType, reason: &str, action: &str, note: &str) {
+        let object = format!(
+            "{}/{}/{}",
+            regarding.kind.as_deref().unwrap_or_default(),
+            regarding.namespace.as_deref().unwrap_or_default(),
+            regarding.name.as_deref().unwrap_or_default()
+        );
+        if !self.take_token(&object, reason) {
+            tracing::debug!(%object, reason, "event suppressed by rate limit");
+            return;
+        }
+        let note = sanitize(note);
+        let namespace = regarding.namespace.clone().unwrap_or_else(|| "default".into());
+        let now = Timestamp::now();
+        let window = now.as_second() as u64 / DEDUPE_WINDOW.as_secs();
+        let name = format!(
+            "{}.{:016x}",
+            regarding.name.as_deref().unwrap_or("object"),
+            stable_hash(&[&object, reason, &note, &window.to_string()])
+        );
+        let event = Event {
+            metadata: ObjectMeta { name: Some(name), namespace: Some(namespace.clone()), ..Default::default() },
+            event_time: Some(MicroTime(now)),
+            type_: Some(match kind {
+                EventType::Normal => "Normal".into(),
+                EventType::Warning => "Warning".into(),
+            }),
+            reason: Some(reason.into()),
+            action: Some(action.into()),
+            note: Some(note),
+            regarding: Some(regarding.clone()),
+            reporting_controller: Some(self.controller.clone()),
+            reporting_instance: Some(self.instance.clone()),
+            ..Default::default()
+        };
+        match Api::<Event>::namespaced(self.client.clone(), &namespace).create(&PostParams::default(), &event).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => tracing::debug!(%object, reason, "event already recorded"),
+            Err(e) => tracing::warn!(%object, reason, error = %e, "could not record event"),
+        }
+    }
+
+    fn take_token(&self, object: &str, reason: &str) -> bool {
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let (tokens, last) = buckets.entry((object.into(), reason.into())).or_insert((BURST, now));
+        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() / REFILL_EVERY.as_secs_f64()).min(BURST);
+        *last = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Event notes are limited to 1 KiB by the API, and must never carry PEM.
+fn sanitize(note: &str) -> String {
+    if note.contains("-----BEGIN") {
+        return "(message withheld: it contained PEM data)".into();
+    }
+    let mut note = note.to_string();
+    if note.len() > 1000 {
+        let mut cut = 1000;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+    }
+    note
+}
+
+/// FNV-1a: stable across processes and versions (std's hasher is randomly seeded).
+fn stable_hash(parts: &[&str]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for byte in part.bytes().chain([0]) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    hash
+}
+
+/// A reference to a namespaced object for [`Recorder::publish`].
+pub fn reference(api_version: &str, kind: &str, namespace: &str, name: &str, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(api_version.into()),
+        kind: Some(kind.into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        uid,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pem_in_a_note_is_withheld_and_long_notes_are_cut() {
+        assert!(!sanitize("bad: -----BEGIN PRIVATE KEY----- abc").contains("PRIVATE"));
+        assert_eq!(sanitize(&"é".repeat(800)).len(), 1000);
+    }
+
+    #[test]
+    fn hash_is_stable_and_separates_fields() {
+        assert_eq!(stable_hash(&["a", "b"]), stable_hash(&["a", "b"]));
+        assert_ne!(stable_hash(&["ab", ""]), stable_hash(&["a", "b"]));
+    }
+}

@@ -1,0 +1,169 @@
+//! Metrics every agent exports: build info, its own memory and CPU, configuration reloads. Agents register
+//! their own metrics under their prefix (`ca_syncer_...`) in the same registry.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+
+/// Seconds since the Unix epoch, as freshness gauges hold them (alerts compute `time() - x`).
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// A gauge holding an f64 (timestamps, seconds).
+pub type GaugeF64 = Gauge<f64, AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+/// Configuration reload outcomes.
+#[derive(Clone, Debug, Default)]
+pub struct ConfigMetrics {
+    errors: Family<ReasonLabel, Counter>,
+    last_success: GaugeF64,
+}
+
+impl ConfigMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "config_reload_errors",
+            "Configuration files that were not applied, by reason (read, parse, invalid)",
+            m.errors.clone(),
+        );
+        registry.register_with_unit(
+            "config_last_applied_timestamp",
+            "When a valid configuration was last loaded",
+            Unit::Seconds,
+            m.last_success.clone(),
+        );
+        m
+    }
+
+    pub fn mark_applied(&self) {
+        self.last_success.set(unix_now());
+    }
+
+    pub fn reload_failed(&self, reason: &str) {
+        self.errors.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
+    }
+
+    pub fn errors(&self, reason: &str) -> u64 {
+        self.errors.get_or_create(&ReasonLabel { reason: reason.into() }).get()
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    commit: String,
+}
+
+/// A fresh registry with the runtime's metrics: `<prefix>_build_info` and the standard `process_*` metrics.
+/// Returns the agent's sub-registry prefix holder through `prefixed`.
+pub fn registry(prefix: &str) -> (Registry, ConfigMetrics) {
+    let mut root = Registry::default();
+    root.register_collector(Box::new(ProcessCollector));
+    let agent = root.sub_registry_with_prefix(prefix);
+    agent.register(
+        "build",
+        "Version and commit of the running agent",
+        Info::new(BuildLabels { version: env!("CARGO_PKG_VERSION").into(), commit: crate::COMMIT.into() }),
+    );
+    let config = ConfigMetrics::register(agent);
+    (root, config)
+}
+
+/// Encodes the registry as OpenMetrics text.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+/// The process's resident memory and CPU time, read from /proc at scrape time.
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(stats) = read_proc_stats() else { return Ok(()) };
+        let rss = ConstGauge::new(stats.resident_bytes as i64);
+        rss.encode(encoder.encode_descriptor(
+            "process_resident_memory",
+            "Resident memory size",
+            Some(&Unit::Bytes),
+            rss.metric_type(),
+        )?)?;
+        let cpu = ConstCounter::new(stats.cpu_seconds);
+        cpu.encode(encoder.encode_descriptor(
+            "process_cpu",
+            "User and system CPU time spent",
+            Some(&Unit::Seconds),
+            cpu.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}
+
+struct ProcStats {
+    resident_bytes: u64,
+    cpu_seconds: f64,
+}
+
+fn read_proc_stats() -> Option<ProcStats> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    parse_proc_stats(&statm, &stat, 4096, 100.0)
+}
+
+/// Pure parser for /proc/self/statm and /proc/self/stat (page size and clock ticks given).
+fn parse_proc_stats(statm: &str, stat: &str, page_size: u64, ticks_per_second: f64) -> Option<ProcStats> {
+    let resident_pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // The command name (field 2) may contain spaces; fields after its closing parenthesis are fixed.
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the full line, i.e. 12 and 13 after the command.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some(ProcStats { resident_bytes: resident_pages * page_size, cpu_seconds: (utime + stime) / ticks_per_second })
+}
+
+/// Wraps a registry for sharing with the admin server.
+pub type SharedRegistry = Arc<Registry>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_stats_parse_rss_and_cpu_even_with_spaces_in_the_command() {
+        let statm = "2000 300 100 10 0 500 0\n";
+        let stat = "42 (my agent) S 1 42 42 0 -1 4194560 1000 0 0 0 250 50 0 0 20 0 4 0 100 1000000 300";
+        let stats = parse_proc_stats(statm, stat, 4096, 100.0).unwrap();
+        assert_eq!(stats.resident_bytes, 300 * 4096);
+        assert!((stats.cpu_seconds - 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn registry_exports_build_info_process_metrics_and_reload_counters() {
+        let (registry, config) = registry("test_agent");
+        config.reload_failed("parse");
+        let text = encode(&registry);
+        assert!(text.contains("test_agent_build_info{version=\""), "{text}");
+        assert!(text.contains("process_resident_memory_bytes "), "{text}");
+        assert!(text.contains("process_cpu_seconds_total "), "{text}");
+        assert!(text.contains("test_agent_config_reload_errors_total{reason=\"parse\"} 1"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

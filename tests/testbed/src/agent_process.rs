@@ -1,0 +1,84 @@
+//! Runs one of our agent binaries as a real process against the test bed, the way the chart runs it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::ControlPlane;
+use crate::process::{Process, free_port, wait_until};
+
+pub struct AgentProcess {
+    pub process: Process,
+    pub admin_url: String,
+}
+
+impl AgentProcess {
+    /// Starts `binary run --config <config>` with the admin kubeconfig, a free admin port, JSON logs and its
+    /// Lease in `namespace` under `identity`. `extra_env` adds or overrides environment variables.
+    pub fn start(
+        bed: &ControlPlane,
+        binary: &Path,
+        config: &Path,
+        namespace: &str,
+        identity: &str,
+        extra_env: &[(&str, &str)],
+    ) -> Result<Self> {
+        let port = free_port()?;
+        let admin_addr = format!("127.0.0.1:{port}");
+        let kubeconfig = bed.apiserver.admin_kubeconfig.display().to_string();
+        let mut env: Vec<(&str, &str)> = vec![
+            ("KCP_KEEPER_KUBECONFIG", &kubeconfig),
+            ("KCP_KEEPER_ADMIN_ADDR", &admin_addr),
+            ("KCP_KEEPER_LOG_FORMAT", "json"),
+            ("KCP_KEEPER_LOG_LEVEL", "info"),
+            ("POD_NAMESPACE", namespace),
+            ("POD_NAME", identity),
+        ];
+        env.extend_from_slice(extra_env);
+        let args = vec!["run".to_string(), "--config".into(), config.display().to_string()];
+        let log: PathBuf = bed.dir().join(format!("{identity}-{:08x}.log", rand::random::<u32>()));
+        let process = Process::start_with_env(identity, binary, args, &env, log)?;
+        Ok(Self { process, admin_url: format!("http://{admin_addr}") })
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let url = format!("{}/readyz", self.admin_url);
+        wait_until(&mut self.process, timeout, "ready", || {
+            let url = url.clone();
+            async move { crate::http::get_ok(&url).await }
+        })
+        .await
+    }
+
+    /// Sends SIGTERM and waits for the exit status (None if it did not exit within `timeout`).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        self.process.signal_and_wait(nix::sys::signal::Signal::SIGTERM, timeout)
+    }
+}
+
+/// The lifecycle every agent binary must have, checked against a real apiserver: `run` with `config` becomes
+/// ready, holds Lease `lease_name`, logs no secret material, and on SIGTERM exits 0 within seconds and
+/// releases the Lease.
+pub async fn check_lifecycle(binary: &Path, config: &Path, lease_name: &str) -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let mut agent = AgentProcess::start(&bed, binary, config, &ns, "replica-a", &[])?;
+    agent.wait_ready(Duration::from_secs(30)).await?;
+    let leases = kube::Api::<Lease>::namespaced(bed.client(), &ns);
+    let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
+    anyhow::ensure!(holder(leases.get(lease_name).await?).as_deref() == Some("replica-a"), "the replica holds the Lease");
+    let status = agent.terminate(Duration::from_secs(10));
+    anyhow::ensure!(status.is_some_and(|s| s.success()), "exit status after SIGTERM: {status:?}\n{}", agent.process.log_tail());
+    anyhow::ensure!(holder(leases.get(lease_name).await?).is_none(), "the Lease is released on the way out");
+    crate::assert_no_secret_material(&agent.process.log(), &[]);
+    Ok(())
+}
+
+/// Runs `binary` with `args` to completion: exit code and stderr.
+pub fn run_to_completion(binary: &Path, args: &[&str]) -> Result<(Option<i32>, String, String)> {
+    let out = std::process::Command::new(binary).args(args).output()?;
+    Ok((out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned()))
+}
