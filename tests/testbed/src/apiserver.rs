@@ -50,6 +50,8 @@ impl ApiServer {
             format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             "--authorization-mode=RBAC".into(),
             "--allow-privileged=true".into(),
+            // The apiserver refuses to publish a loopback address in the `kubernetes` Service endpoints.
+            "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),
             "--v=1".into(),
         ];
