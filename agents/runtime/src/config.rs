@@ -110,7 +110,9 @@ pub fn watch<T: AgentConfig>(
     metrics.mark_applied();
     tokio::spawn(async move {
         let _watcher = watcher; // dropping it stops the notifications
-        let mut last_text = std::fs::read_to_string(&file).ok();
+        // The text last tried, so an unchanged invalid file is reported once, not on every poll. It starts
+        // empty: the file may already have changed since `initial` was read.
+        let mut last_text: Option<String> = None;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
