@@ -10,15 +10,15 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
 use crate::certs::{self, EmptyPolicy};
-use crate::duration::{DurationError, parse_go_duration};
-use crate::names;
+use kcp_keeper_runtime::config::{AgentConfig, FieldError};
+use kcp_keeper_runtime::duration::{DurationError, parse_go_duration};
+use kcp_keeper_runtime::names;
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -231,25 +231,6 @@ impl BundleSpec {
     }
 }
 
-/// One invalid field. The same shape as the runtime's field errors.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldError {
-    pub path: String,
-    pub reason: String,
-}
-
-impl FieldError {
-    fn new(path: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self { path: path.into(), reason: reason.into() }
-    }
-}
-
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.reason)
-    }
-}
-
 /// Why a configuration text was not accepted.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -266,6 +247,12 @@ struct Destination<'a> {
     namespace: Option<&'a str>,
     name: &'a str,
     key: &'a str,
+}
+
+impl AgentConfig for Config {
+    fn validate(&self) -> Vec<FieldError> {
+        Config::validate(self)
+    }
 }
 
 impl Config {

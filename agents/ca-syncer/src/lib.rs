@@ -1,14 +1,19 @@
-//! ca-syncer's domain logic: strict certificate parsing, byte-stable bundles, rotation-safe retention and the
-//! configuration. Pure functions and types, no Kubernetes client and no I/O; the agent binary wires them to
-//! the cluster.
+//! ca-syncer: CA certificates into the Secrets and ConfigMaps consumers mount and hot-reload.
+//!
+//! Pure domain logic (no Kubernetes client, no I/O): [`certs`] (strict parsing), [`bundle`] (byte-stable
+//! bundles), [`rotation`] (keeping rotated-out CAs), [`config`]. The edges: [`sources`], [`live_check`],
+//! [`controller`] (the agent loop) and [`sidecar`] (`ca-syncer watch`).
 #![forbid(unsafe_code)]
 
 pub mod bundle;
 pub mod certs;
 pub mod config;
-pub mod duration;
-pub mod names;
+pub mod controller;
+pub mod live_check;
+pub mod metrics;
 pub mod rotation;
+pub mod sidecar;
+pub mod sources;
 
 #[cfg(test)]
 mod testcerts;

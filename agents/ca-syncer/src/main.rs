@@ -1,7 +1,53 @@
-//! ca-syncer: not implemented yet (see the agent issues).
+//! ca-syncer: copies CA certificates into the Secrets and ConfigMaps consumers mount and hot-reload.
 #![forbid(unsafe_code)]
 
-fn main() {
-    eprintln!("ca-syncer: not implemented yet");
-    std::process::exit(2);
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use kcp_keeper_runtime::args::RunArgs;
+
+#[derive(Parser)]
+#[command(name = "ca-syncer", version = kcp_keeper_runtime::VERSION, about = "CA bundles into hot-reloaded Secrets")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent: keep every configured bundle in sync.
+    Run(RunArgs),
+    /// Print each bundle as it would be written, with each certificate's subject, issuer and notAfter.
+    Render {
+        #[arg(long, env = "KCP_KEEPER_CONFIG")]
+        config: PathBuf,
+        #[command(flatten)]
+        kube: kcp_keeper_runtime::args::KubeArgs,
+    },
+    /// Sidecar: watch a mounted directory, write the combined bundle atomically, tell the process.
+    Watch(ca_syncer::sidecar::WatchArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    kcp_keeper_runtime::init_crypto();
+    let result = match Cli::parse().command {
+        Command::Run(args) => ca_syncer::controller::run(args).await,
+        Command::Render { config, kube } => ca_syncer::controller::render(&config, &kube).await,
+        Command::Watch(args) => ca_syncer::sidecar::main(args).await,
+    };
+    kcp_keeper_runtime::exit_code(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_passes_clap_debug_assert() {
+        Cli::command().debug_assert();
+    }
 }

@@ -47,10 +47,15 @@ async fn main() -> ExitCode {
     kcp_keeper_runtime::init_crypto();
     let result = match Cli::parse().command {
         Command::Run(args) => {
-            agent::run(INFO, args, |_registry| (), |ctx: agent::Context<Config>, ()| async move {
-                let every = ctx.config.borrow().resync_interval.0;
-                agent::idle(ctx, every).await
-            })
+            agent::run(
+                INFO,
+                args,
+                |_registry| (),
+                |ctx: agent::Context<Config>, ()| async move {
+                    let every = ctx.config.borrow().resync_interval.0;
+                    agent::idle(ctx, every).await
+                },
+            )
             .await
         }
     };

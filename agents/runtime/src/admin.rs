@@ -64,7 +64,8 @@ pub async fn serve(addr: SocketAddr, health: Arc<Health>, registry: Arc<Registry
                 async move { Ok::<_, Infallible>(response) }
             });
             tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                let _ =
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
             });
         }
     });

@@ -14,7 +14,7 @@ use crate::admin::{self, Health};
 use crate::args::RunArgs;
 use crate::config::{self, AgentConfig};
 use crate::events::Recorder;
-use crate::lease::{self, LeaseConfig, Leadership};
+use crate::lease::{self, Leadership, LeaseConfig};
 
 /// Names an agent: its binary name (Lease, Events) and metric prefix.
 #[derive(Debug, Clone, Copy)]
@@ -102,9 +102,11 @@ where
     shutdown.cancel();
     lease_token.cancel();
     if let Some(task) = lease_task {
-        match tokio::time::timeout(Duration::from_secs(5), task).await {
+        // The lease task bounds its release by the renew deadline.
+        let bound = rt.lease.renew_deadline + Duration::from_secs(1);
+        match tokio::time::timeout(bound, task).await {
             Ok(Ok(Err(e))) => tracing::warn!(error = %e, "leader election ended with an error"),
-            Err(_) => tracing::warn!("lease not released within 5s"),
+            Err(_) => tracing::warn!("lease not released in time"),
             _ => {}
         }
     }

@@ -65,11 +65,11 @@ pub struct LeaseArgs {
     pub identity: Option<String>,
 
     /// How long a Lease is valid without renewal.
-    #[arg(long, env = "KCP_KEEPER_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "KCP_KEEPER_LEASE_DURATION", default_value = "15s", value_parser = crate::duration::parse_go_duration)]
     pub lease_duration: Duration,
 
     /// A leader that has not renewed for this long stops writing; must be shorter than the lease duration.
-    #[arg(long, env = "KCP_KEEPER_LEASE_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "KCP_KEEPER_LEASE_RENEW_DEADLINE", default_value = "10s", value_parser = crate::duration::parse_go_duration)]
     pub renew_deadline: Duration,
 }
 

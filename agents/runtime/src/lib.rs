@@ -13,6 +13,7 @@ pub mod events;
 pub mod lease;
 pub mod logging;
 pub mod metrics;
+pub mod names;
 pub mod sensitive;
 pub mod shutdown;
 pub mod watch;

@@ -5,16 +5,18 @@ use std::fmt::Debug;
 use futures::{Stream, StreamExt};
 use kube::Resource;
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
-/// Yields `()` whenever an object of this kind changes, and after every (re)list, so a reconcile loop driven by
+/// Yields `()` whenever an object of this kind changes (watching metadata only: the agent re-reads what it
+/// needs, so Secret data is not streamed into memory for nothing), and after every (re)list, so a reconcile loop driven by
 /// it catches up on everything after a watch broke (apiserver restart, expired resourceVersion). Errors are
 /// logged and retried with backoff; the stream never ends on its own.
-pub fn changes<K>(api: Api<K>, config: watcher::Config) -> impl Stream<Item = ()> + Send
+pub fn changes<K>(api: Api<PartialObjectMeta<K>>, config: watcher::Config) -> impl Stream<Item = ()> + Send
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default,
 {
     watcher::watcher(api, config).default_backoff().filter_map(|event| async move {

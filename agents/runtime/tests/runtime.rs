@@ -71,7 +71,8 @@ async fn poll_backstop_applies_a_change_without_any_notification() -> Result<()>
     std::fs::write(&file, "name: first\n")?;
     let (_registry, metrics) = kcp_keeper_runtime::metrics::registry("test");
     let shutdown = CancellationToken::new();
-    let mut rx = config::watch(file.clone(), config::load(&file)?, metrics, Duration::from_millis(300), shutdown.clone())?;
+    let mut rx =
+        config::watch(file.clone(), config::load(&file)?, metrics, Duration::from_millis(300), shutdown.clone())?;
     // Write somewhere notify does not watch, then move the content in place behind its back by re-writing the
     // same inode through a hard link outside the watched directory.
     let outside = tempfile::tempdir()?;
@@ -151,12 +152,14 @@ async fn watch_triggers_resume_after_apiserver_restart_and_relist() -> Result<()
     let mut bed = testbed::ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let api = Api::<Secret>::namespaced(bed.client(), &ns);
-    let mut changes = Box::pin(kcp_keeper_runtime::watch::changes(api.clone(), Default::default()));
+    let meta = Api::<kube::core::PartialObjectMeta<Secret>>::namespaced(bed.client(), &ns);
+    let mut changes = Box::pin(kcp_keeper_runtime::watch::changes(meta, Default::default()));
     let wait = Duration::from_secs(60);
     tokio::time::timeout(wait, changes.next()).await?.expect("the initial list completes");
 
     bed.apiserver.restart().await?;
-    let secret = Secret { metadata: ObjectMeta { name: Some("after".into()), ..Default::default() }, ..Default::default() };
+    let secret =
+        Secret { metadata: ObjectMeta { name: Some("after".into()), ..Default::default() }, ..Default::default() };
     api.create(&PostParams::default(), &secret).await?;
     // The stream re-lists after the restart (one tick) and sees the new object (another); either drives a
     // reconcile that finds "after".

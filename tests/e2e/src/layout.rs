@@ -70,8 +70,7 @@ pub struct Layout {
 fn meta(name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.into()),
-        labels: (!labels.is_empty())
-            .then(|| labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+        labels: (!labels.is_empty()).then(|| labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
         ..Default::default()
     }
 }
@@ -97,7 +96,8 @@ pub async fn seed(bed: &ControlPlane) -> Result<Layout> {
         let etcd = bed.etcd(&format!("{shard}-etcd"), 1).await?;
         let mut kv = etcd.client().await?;
         for i in 0..100 {
-            kv.put(format!("/registry/demo/{shard}/object-{i:03}"), format!("value {i} of shard {shard}"), None).await?;
+            kv.put(format!("/registry/demo/{shard}/object-{i:03}"), format!("value {i} of shard {shard}"), None)
+                .await?;
         }
         shard_etcds.insert(shard, etcd);
     }
@@ -119,7 +119,10 @@ pub async fn seed(bed: &ControlPlane) -> Result<Layout> {
             }),
             ..Default::default()
         };
-        services.create(&PostParams::default(), &svc).await.with_context(|| format!("creating Service {}", seed.name))?;
+        services
+            .create(&PostParams::default(), &svc)
+            .await
+            .with_context(|| format!("creating Service {}", seed.name))?;
     }
 
     let year = Duration::from_secs(365 * 24 * 3600);
@@ -142,53 +145,80 @@ pub async fn seed(bed: &ControlPlane) -> Result<Layout> {
     );
     secrets.create(&PostParams::default(), &cert_secret).await?;
     let server = format!("https://{EXTERNAL_HOSTNAME}:6443");
-    let mut rendered = Secret {
-        metadata: meta("admin-kubeconfig", &[]),
-        ..Default::default()
-    };
+    let mut rendered = Secret { metadata: meta("admin-kubeconfig", &[]), ..Default::default() };
     let kubeconfig = kubeconfig_yaml(&format!("{server}/clusters/root"), &server_ca.cert_pem(), &admin, "kcp-admin");
     rendered.data = Some(BTreeMap::from([("kubeconfig".to_string(), ByteString(kubeconfig.into_bytes()))]));
     secrets.create(&PostParams::default(), &rendered).await?;
 
     let objects = [
-        ("operator.kcp.io", "v1alpha1", "RootShard", "root", json!({
-            "spec": {
-                "external": {"hostname": "root.kcp.example.com", "port": 6443},
-                "etcd": {"endpoints": [shard_etcds["root"].client_urls()]},
-                "certificates": {"issuerRef": {"kind": "Issuer", "name": "root-ca"}},
-            }
-        })),
-        ("operator.kcp.io", "v1alpha1", "Shard", "alpha", json!({
-            "spec": {
-                "rootShard": {"ref": {"name": "root"}},
-                "etcd": {"endpoints": [shard_etcds["alpha"].client_urls()]},
-            }
-        })),
-        ("operator.kcp.io", "v1alpha1", "FrontProxy", "frontproxy", json!({
-            "spec": {
-                "rootShard": {"ref": {"name": "root"}},
-                "external": {"hostname": EXTERNAL_HOSTNAME, "port": 6443},
-            }
-        })),
-        ("operator.kcp.io", "v1alpha1", "Kubeconfig", "admin", json!({
-            "spec": {
-                "username": "kcp-admin",
-                "groups": ["system:kcp:admin"],
-                "validity": "5m",
-                "secretRef": {"name": "admin-kubeconfig"},
-                "target": {"frontProxyRef": {"name": "frontproxy"}},
-            }
-        })),
-        ("cert-manager.io", "v1", "Certificate", "kubeconfig-cert-admin", json!({
-            "spec": {
-                "secretName": "kubeconfig-cert-admin",
-                "commonName": "kcp-admin",
-                "duration": "5m",
-                "usages": ["client auth"],
-                "subject": {"organizations": ["system:kcp:admin", "kubeconfig:admin"]},
-                "issuerRef": {"kind": "Issuer", "name": "root-client-ca"},
-            }
-        })),
+        (
+            "operator.kcp.io",
+            "v1alpha1",
+            "RootShard",
+            "root",
+            json!({
+                "spec": {
+                    "external": {"hostname": "root.kcp.example.com", "port": 6443},
+                    "etcd": {"endpoints": [shard_etcds["root"].client_urls()]},
+                    "certificates": {"issuerRef": {"kind": "Issuer", "name": "root-ca"}},
+                }
+            }),
+        ),
+        (
+            "operator.kcp.io",
+            "v1alpha1",
+            "Shard",
+            "alpha",
+            json!({
+                "spec": {
+                    "rootShard": {"ref": {"name": "root"}},
+                    "etcd": {"endpoints": [shard_etcds["alpha"].client_urls()]},
+                }
+            }),
+        ),
+        (
+            "operator.kcp.io",
+            "v1alpha1",
+            "FrontProxy",
+            "frontproxy",
+            json!({
+                "spec": {
+                    "rootShard": {"ref": {"name": "root"}},
+                    "external": {"hostname": EXTERNAL_HOSTNAME, "port": 6443},
+                }
+            }),
+        ),
+        (
+            "operator.kcp.io",
+            "v1alpha1",
+            "Kubeconfig",
+            "admin",
+            json!({
+                "spec": {
+                    "username": "kcp-admin",
+                    "groups": ["system:kcp:admin"],
+                    "validity": "5m",
+                    "secretRef": {"name": "admin-kubeconfig"},
+                    "target": {"frontProxyRef": {"name": "frontproxy"}},
+                }
+            }),
+        ),
+        (
+            "cert-manager.io",
+            "v1",
+            "Certificate",
+            "kubeconfig-cert-admin",
+            json!({
+                "spec": {
+                    "secretName": "kubeconfig-cert-admin",
+                    "commonName": "kcp-admin",
+                    "duration": "5m",
+                    "usages": ["client auth"],
+                    "subject": {"organizations": ["system:kcp:admin", "kubeconfig:admin"]},
+                    "issuerRef": {"kind": "Issuer", "name": "root-client-ca"},
+                }
+            }),
+        ),
     ];
     for (group, version, kind, name, body) in objects {
         let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));

@@ -70,12 +70,7 @@ pub struct Peers {
 impl Peers {
     /// Path of the artefact with this name (`kube-apiserver`, `etcd`, `cert-manager-crds`, ...).
     pub fn path(&self, name: &str) -> &Path {
-        &self
-            .artefacts
-            .iter()
-            .find(|a| a.name == name)
-            .unwrap_or_else(|| panic!("no peer artefact named {name}"))
-            .path
+        &self.artefacts.iter().find(|a| a.name == name).unwrap_or_else(|| panic!("no peer artefact named {name}")).path
     }
 }
 

@@ -69,9 +69,16 @@ pub async fn check_lifecycle(binary: &Path, config: &Path, lease_name: &str) -> 
     agent.wait_ready(Duration::from_secs(30)).await?;
     let leases = kube::Api::<Lease>::namespaced(bed.client(), &ns);
     let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
-    anyhow::ensure!(holder(leases.get(lease_name).await?).as_deref() == Some("replica-a"), "the replica holds the Lease");
+    anyhow::ensure!(
+        holder(leases.get(lease_name).await?).as_deref() == Some("replica-a"),
+        "the replica holds the Lease"
+    );
     let status = agent.terminate(Duration::from_secs(10));
-    anyhow::ensure!(status.is_some_and(|s| s.success()), "exit status after SIGTERM: {status:?}\n{}", agent.process.log_tail());
+    anyhow::ensure!(
+        status.is_some_and(|s| s.success()),
+        "exit status after SIGTERM: {status:?}\n{}",
+        agent.process.log_tail()
+    );
     anyhow::ensure!(holder(leases.get(lease_name).await?).is_none(), "the Lease is released on the way out");
     crate::assert_no_secret_material(&agent.process.log(), &[]);
     Ok(())
@@ -80,5 +87,9 @@ pub async fn check_lifecycle(binary: &Path, config: &Path, lease_name: &str) -> 
 /// Runs `binary` with `args` to completion: exit code and stderr.
 pub fn run_to_completion(binary: &Path, args: &[&str]) -> Result<(Option<i32>, String, String)> {
     let out = std::process::Command::new(binary).args(args).output()?;
-    Ok((out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned()))
+    Ok((
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
 }

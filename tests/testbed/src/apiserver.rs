@@ -56,7 +56,8 @@ impl ApiServer {
             "--v=1".into(),
         ];
         let process = Process::start("kube-apiserver", binary, args, dir.join("kube-apiserver.log"))?;
-        let admin = pki.client_ca.issue_client(ADMIN_USER, &["system:masters"], Duration::from_secs(365 * 24 * 3600))?;
+        let admin =
+            pki.client_ca.issue_client(ADMIN_USER, &["system:masters"], Duration::from_secs(365 * 24 * 3600))?;
         let admin_kubeconfig = dir.join("admin.kubeconfig");
         std::fs::write(&admin_kubeconfig, kubeconfig_yaml(&url, &pki.server_ca.cert_pem(), &admin, ADMIN_USER))?;
         let mut server = Self { url, process, pki, admin_kubeconfig, dir: dir.into() };

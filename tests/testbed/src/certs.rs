@@ -37,7 +37,8 @@ impl Ca {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.distinguished_name = name(common_name, &[]);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         set_validity(&mut params, validity);
         Ok(Self { issuer: CertifiedIssuer::self_signed(params, KeyPair::generate()?)? })
     }
@@ -47,7 +48,8 @@ impl Ca {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.distinguished_name = name(common_name, &[]);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         set_validity(&mut params, validity);
         Ok(Ca { issuer: CertifiedIssuer::signed_by(params, KeyPair::generate()?, &self.issuer)? })
     }

@@ -79,8 +79,10 @@ impl CoreDns {
         let mut udp = ConnectionConfig::udp();
         udp.port = self.port;
         let ns = NameServerConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST), true, vec![udp]);
-        let mut builder =
-            TokioResolver::builder_with_config(ResolverConfig::from_name_servers(vec![ns]), TokioRuntimeProvider::default());
+        let mut builder = TokioResolver::builder_with_config(
+            ResolverConfig::from_name_servers(vec![ns]),
+            TokioRuntimeProvider::default(),
+        );
         builder.options_mut().cache_size = 0;
         builder.options_mut().attempts = 1;
         builder.options_mut().timeout = Duration::from_secs(2);

@@ -92,7 +92,10 @@ impl Etcd {
             async move {
                 let mut client = tokio::time::timeout(
                     Duration::from_secs(2),
-                    etcd_client::Client::connect([url], Some(etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2)))),
+                    etcd_client::Client::connect(
+                        [url],
+                        Some(etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2))),
+                    ),
                 )
                 .await??;
                 client.status().await?;

@@ -38,12 +38,8 @@ pub fn find_secret_material(output: &str, secrets: &[&str]) -> Option<String> {
 
 /// Distinctive pieces of a secret: each base64 body line of a PEM, or the whole value when short.
 fn secret_fragments(secret: &str) -> Vec<String> {
-    let lines: Vec<String> = secret
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.starts_with("-----") && l.len() >= 16)
-        .map(String::from)
-        .collect();
+    let lines: Vec<String> =
+        secret.lines().map(str::trim).filter(|l| !l.starts_with("-----") && l.len() >= 16).map(String::from).collect();
     if lines.is_empty() && secret.len() >= 8 { vec![secret.to_string()] } else { lines }
 }
 
@@ -51,7 +47,8 @@ fn secret_fragments(secret: &str) -> Vec<String> {
 mod tests {
     use super::*;
 
-    const KEY: &str = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n-----END PRIVATE KEY-----\n";
+    const KEY: &str =
+        "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n-----END PRIVATE KEY-----\n";
 
     #[test]
     fn clean_output_passes() {
@@ -66,7 +63,8 @@ mod tests {
 
     #[test]
     fn a_pem_body_line_without_markers_is_found() {
-        let found = find_secret_material("error: bad data MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg here", &[KEY]);
+        let found =
+            find_secret_material("error: bad data MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg here", &[KEY]);
         assert_eq!(found.as_deref(), Some("a line of secret #0"));
     }
 

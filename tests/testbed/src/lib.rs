@@ -9,17 +9,18 @@
 //! # Ok(()) }
 //! ```
 
+pub mod agent_process;
 pub mod apiserver;
 pub mod certs;
 pub mod coredns;
 pub mod crds;
 pub mod etcd;
 pub mod http;
-pub mod agent_process;
 pub mod leaks;
 pub mod process;
 pub mod projection;
 pub mod s3;
+pub mod tls;
 
 use std::path::{Path, PathBuf};
 
@@ -99,7 +100,8 @@ impl ControlPlane {
 
     /// Creates a namespace with a given name.
     pub async fn create_namespace(&self, name: &str) -> Result<()> {
-        let ns = Namespace { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
+        let ns =
+            Namespace { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
         Api::<Namespace>::all(self.client()).create(&PostParams::default(), &ns).await?;
         Ok(())
     }
@@ -129,5 +131,22 @@ impl Drop for ControlPlane {
         {
             eprintln!("test bed files kept in {}", dir.keep().display());
         }
+    }
+}
+
+/// Polls `f` until it returns `Some`, panicking with `what` after `timeout`. For asserting on what an agent
+/// running in another process eventually does.
+pub async fn eventually<T, F, Fut>(timeout: std::time::Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }

@@ -46,7 +46,11 @@ impl Process {
     fn spawn(&mut self) -> Result<()> {
         let out = File::options().create(true).append(true).open(&self.log)?;
         let mut cmd = Command::new(&self.program);
-        cmd.args(&self.args).envs(self.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
         // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent. It makes
         // the kernel kill the peer if the test process dies without running destructors (timeout, SIGKILL).
         unsafe {
@@ -83,7 +87,11 @@ impl Process {
     }
 
     /// Sends `signal` and waits up to `timeout` for the process to exit; returns its status if it did.
-    pub fn signal_and_wait(&mut self, signal: nix::sys::signal::Signal, timeout: Duration) -> Option<std::process::ExitStatus> {
+    pub fn signal_and_wait(
+        &mut self,
+        signal: nix::sys::signal::Signal,
+        timeout: Duration,
+    ) -> Option<std::process::ExitStatus> {
         let child = self.child.as_mut()?;
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
         let deadline = std::time::Instant::now() + timeout;

@@ -12,7 +12,7 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use kube::api::{Api, DynamicObject, ObjectMeta, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::{WatchStreamExt, watcher};
-use testbed::ControlPlane;
+use testbed::{ControlPlane, eventually};
 
 fn meta(name: &str) -> ObjectMeta {
     ObjectMeta { name: Some(name.into()), ..Default::default() }
@@ -29,22 +29,6 @@ async fn create_service(client: &kube::Client, ns: &str, name: &str) -> Result<S
     };
     let created = Api::<Service>::namespaced(client.clone(), ns).create(&PostParams::default(), &svc).await?;
     Ok(created.spec.and_then(|s| s.cluster_ip).expect("the apiserver allocates a ClusterIP"))
-}
-
-/// Polls `f` until it returns Some, for up to `timeout`.
-async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test]
@@ -112,7 +96,11 @@ async fn restricted_user_is_forbidden_outside_its_role_and_allowed_inside() -> R
     Api::<Role>::namespaced(admin.clone(), &allowed_ns).create(&PostParams::default(), &role).await?;
     let binding = RoleBinding {
         metadata: meta("read-kubeconfig"),
-        role_ref: RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: "Role".into(), name: "read-kubeconfig".into() },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: "read-kubeconfig".into(),
+        },
         subjects: Some(vec![Subject { kind: "User".into(), name: "alice".into(), ..Default::default() }]),
     };
     Api::<RoleBinding>::namespaced(admin.clone(), &allowed_ns).create(&PostParams::default(), &binding).await?;
@@ -183,14 +171,14 @@ async fn secret_watch_resumes_and_sees_new_events_after_apiserver_restart() -> R
     let ns = bed.namespace().await?;
     let api = Api::<Secret>::namespaced(bed.client(), &ns);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let watch = tokio::spawn(watcher(api.clone(), watcher::Config::default()).default_backoff().applied_objects().for_each(
-        move |event| {
+    let watch = tokio::spawn(
+        watcher(api.clone(), watcher::Config::default()).default_backoff().applied_objects().for_each(move |event| {
             if let Ok(secret) = event {
                 let _ = tx.send(secret.metadata.name.unwrap_or_default());
             }
             async {}
-        },
-    ));
+        }),
+    );
     api.create(&PostParams::default(), &Secret { metadata: meta("before"), ..Default::default() }).await?;
     let seen = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await?;
     assert_eq!(seen.as_deref(), Some("before"));

@@ -1,0 +1,362 @@
+//! The ca-syncer binary against a real apiserver: what reaches targets, what never does, and when nothing is
+//! written at all.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Result;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
+use testbed::agent_process::AgentProcess;
+use testbed::certs::Ca;
+use testbed::tls::TlsServer;
+use testbed::{ControlPlane, assert_no_secret_material, eventually};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_ca-syncer");
+const WAIT: Duration = Duration::from_secs(30);
+const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Starts ca-syncer with `config` (YAML) against `bed`, its Lease in `lease_ns`.
+fn start_agent(bed: &ControlPlane, lease_ns: &str, config: &str) -> Result<AgentProcess> {
+    let dir = bed.subdir("ca-syncer")?;
+    let path = dir.join("config.yaml");
+    std::fs::write(&path, config)?;
+    AgentProcess::start(bed, Path::new(BINARY), &path, lease_ns, "ca-syncer-0", &[])
+}
+
+fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
+    Secret {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        data: Some(data.iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect()),
+        ..Default::default()
+    }
+}
+
+async fn key(client: &kube::Client, ns: &str, name: &str, key: &str) -> Option<String> {
+    let s = Api::<Secret>::namespaced(client.clone(), ns).get_opt(name).await.ok()??;
+    s.data?.get(key).map(|v| String::from_utf8_lossy(&v.0).into_owned())
+}
+
+async fn events(client: &kube::Client, ns: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), ns).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default()
+}
+
+/// Certificates in a PEM text, in order, as their base64 bodies (enough to compare sets).
+fn bodies(pem: &str) -> Vec<String> {
+    pem.split("-----END CERTIFICATE-----").filter(|b| b.contains("BEGIN")).map(|b| b.trim().to_string()).collect()
+}
+
+fn body(pem: &str) -> String {
+    bodies(pem).remove(0)
+}
+
+async fn metrics(agent: &AgentProcess) -> String {
+    testbed::http::get(&format!("{}/metrics", agent.admin_url)).await.map(|(_, _, body)| body).unwrap_or_default()
+}
+
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+#[tokio::test]
+async fn cert_manager_shaped_source_yields_only_certificates_and_the_key_goes_nowhere() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let (src, dst) = (bed.namespace().await?, bed.namespace().await?);
+    let root = Ca::new("kcp-root", YEAR)?;
+    let server_ca = root.intermediate("root-server-ca", YEAR)?;
+    let key_pem = server_ca.key_pem();
+    let source = secret("root-server-ca", &[("tls.crt", &server_ca.cert_pem()), ("ca.crt", &root.cert_pem()), ("tls.key", &key_pem)]);
+    Api::<Secret>::namespaced(bed.client(), &src).create(&PostParams::default(), &source).await?;
+    let config = format!(
+        "bundles:\n- name: kcp\n  sources:\n  - secret: {{namespace: {src}, name: root-server-ca, key: tls.crt}}\n  - secret: {{namespace: {src}, name: root-server-ca, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {dst}, name: kcp-ca, key: ca.crt}}\n  - configMap: {{namespace: {dst}, name: kcp-ca, key: ca.crt}}\n"
+    );
+    let mut agent = start_agent(&bed, &src, &config)?;
+    agent.wait_ready(WAIT).await?;
+
+    let bundle = key(&bed.client(), &dst, "kcp-ca", "ca.crt").await.expect("target written");
+    let mut expected = vec![body(&root.cert_pem()), body(&server_ca.cert_pem())];
+    expected.sort();
+    let mut got = bodies(&bundle);
+    got.sort();
+    assert_eq!(got, expected, "both CA certificates, nothing else");
+    let target = Api::<Secret>::namespaced(bed.client(), &dst).get("kcp-ca").await?;
+    assert_eq!(target.data.as_ref().map(|d| d.len()), Some(1), "only the configured key");
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(bed.client(), &dst).get("kcp-ca").await?;
+    assert_eq!(cm.data.unwrap()["ca.crt"], bundle, "Secret and ConfigMap targets carry the same bytes");
+
+    // Every byte a consumer, an operator or a log reader could see: decoded target data, Events, the log.
+    let mut everything = agent.process.log();
+    for s in Api::<Secret>::namespaced(bed.client(), &dst).list(&ListParams::default()).await?.items {
+        for v in s.data.unwrap_or_default().values() {
+            everything.push_str(&String::from_utf8_lossy(&v.0));
+        }
+    }
+    everything.push_str(&serde_json::to_string(&events(&bed.client(), &dst).await)?);
+    assert!(everything.contains("Published"), "an Event says what was done");
+    testbed::leaks::assert_no_secret_material(&everything.replace("BEGIN CERTIFICATE-----", ""), &[&key_pem]);
+    assert!(!bundle.contains("PRIVATE"));
+    assert!(agent.terminate(Duration::from_secs(10)).is_some_and(|s| s.success()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_source_with_a_private_key_block_is_rejected_whole_and_targets_keep_their_last_good_bundle() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let ca = Ca::new("good-ca", YEAR)?;
+    let api = Api::<Secret>::namespaced(bed.client(), &ns);
+    api.create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())])).await?;
+    let config = format!(
+        "bundles:\n- name: guarded\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
+    );
+    let mut agent = start_agent(&bed, &ns, &config)?;
+    agent.wait_ready(WAIT).await?;
+    let good = key(&bed.client(), &ns, "bundle", "ca.crt").await.expect("first bundle");
+
+    let other = Ca::new("other-ca", YEAR)?;
+    let poisoned = format!("{}{}", other.cert_pem(), other.key_pem());
+    api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": poisoned}}))).await?;
+    let client = bed.client();
+    eventually(WAIT, "a SourceRejected Event", || async {
+        events(&client, &ns).await.into_iter().find(|e| e.reason.as_deref() == Some("SourceRejected"))
+    })
+    .await;
+    let text = metrics(&agent).await;
+    assert!(metric(&text, "ca_syncer_source_errors_total{bundle=\"guarded\",reason=\"private_key\"}") >= 1.0, "{text}");
+    assert_eq!(key(&bed.client(), &ns, "bundle", "ca.crt").await.as_deref(), Some(good.as_str()), "last good bundle kept");
+    let log = agent.process.log();
+    assert!(log.contains("guarded") && log.contains("sources[0]") || log.contains("source\":0"), "names bundle and source");
+    let rejected = events(&bed.client(), &ns).await;
+    testbed::leaks::assert_no_secret_material(&format!("{log}\n{rejected:?}"), &[&other.key_pem(), &other.cert_pem()]);
+
+    // Garbage is rejected the same way.
+    api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": "not a certificate"}}))).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(key(&bed.client(), &ns, "bundle", "ca.crt").await.as_deref(), Some(good.as_str()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rotated_out_ca_stays_until_its_not_after_then_only_the_new_one_remains() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    // cert-manager >= 1.18 rotates the key: the new CA is a different certificate. The old one expires soon.
+    let old = Ca::new("kcp-ca", Duration::from_secs(20))?;
+    let new = Ca::new("kcp-ca", YEAR)?;
+    let api = Api::<Secret>::namespaced(bed.client(), &ns);
+    api.create(&PostParams::default(), &secret("source", &[("ca.crt", &old.cert_pem())])).await?;
+    let config = format!(
+        "bundles:\n- name: rotating\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
+    );
+    let mut agent = start_agent(&bed, &ns, &config)?;
+    agent.wait_ready(WAIT).await?;
+    api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": new.cert_pem()}}))).await?;
+
+    let client = bed.client();
+    let both = eventually(WAIT, "old and new CA together", || async {
+        key(&client, &ns, "bundle", "ca.crt").await.filter(|b| bodies(b).len() == 2)
+    })
+    .await;
+    assert!(both.contains(&body(&old.cert_pem())) && both.contains(&body(&new.cert_pem())));
+    let only_new = eventually(Duration::from_secs(40), "the old CA to leave after its notAfter", || async {
+        key(&client, &ns, "bundle", "ca.crt").await.filter(|b| bodies(b).len() == 1)
+    })
+    .await;
+    assert_eq!(bodies(&only_new), vec![body(&new.cert_pem())]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn output_is_byte_stable_across_source_order_and_an_idle_cycle_writes_nothing() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let (a, b, c) = (Ca::new("a-ca", YEAR)?, Ca::new("b-ca", YEAR)?, Ca::new("c-ca", YEAR)?);
+    let api = Api::<Secret>::namespaced(bed.client(), &ns);
+    api.create(&PostParams::default(), &secret("one", &[("ca.crt", &format!("{}{}", a.cert_pem(), b.cert_pem()))])).await?;
+    api.create(&PostParams::default(), &secret("two", &[("ca.crt", &format!("{}{}", c.cert_pem(), a.cert_pem()))])).await?;
+    let src = |n: &str| format!("  - secret: {{namespace: {ns}, name: {n}, key: ca.crt}}\n");
+    let config = format!(
+        "bundles:\n- name: forward\n  sources:\n{}{}  targets:\n  - secret: {{namespace: {ns}, name: forward, key: ca.crt}}\n- name: backward\n  sources:\n{}{}  targets:\n  - secret: {{namespace: {ns}, name: backward, key: ca.crt}}\n",
+        src("one"),
+        src("two"),
+        src("two"),
+        src("one"),
+    );
+    let mut agent = start_agent(&bed, &ns, &config)?;
+    agent.wait_ready(WAIT).await?;
+    let forward = key(&bed.client(), &ns, "forward", "ca.crt").await.unwrap();
+    assert_eq!(bodies(&forward).len(), 3, "a appears once");
+    assert_eq!(Some(forward.clone()), key(&bed.client(), &ns, "backward", "ca.crt").await, "identical bytes");
+
+    let rv = api.get("forward").await?.metadata.resource_version;
+    let writes = metric(&metrics(&agent).await, "ca_syncer_target_writes_total");
+    // Wake the agent a few times with unrelated changes: each wake is a full cycle.
+    for i in 0..3 {
+        api.create(&PostParams::default(), &secret(&format!("noise-{i}"), &[])).await?;
+        tokio::time::sleep(Duration::from_millis(800)).await;
+    }
+    assert_eq!(api.get("forward").await?.metadata.resource_version, rv);
+    assert_eq!(metric(&metrics(&agent).await, "ca_syncer_target_writes_total"), writes, "no write in idle cycles");
+    Ok(())
+}
+
+#[tokio::test]
+async fn selector_targets_follow_namespaces_are_restored_and_foreign_secrets_are_left_alone() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let src = bed.namespace().await?;
+    let ca = Ca::new("kcp-ca", YEAR)?;
+    Api::<Secret>::namespaced(bed.client(), &src).create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())])).await?;
+    // A namespace that already holds a same-named Secret of someone else's.
+    let foreign_ns = "trusting-foreign";
+    bed.create_namespace(foreign_ns).await?;
+    let namespaces = Api::<Namespace>::all(bed.client());
+    let label = |ns: &str| {
+        let ns = ns.to_string();
+        let api = namespaces.clone();
+        async move {
+            let patch = json!({"metadata": {"labels": {"kcp-keeper.io/trust-kcp": "true"}}});
+            api.patch(&ns, &PatchParams::default(), &Patch::Merge(patch)).await
+        }
+    };
+    Api::<Secret>::namespaced(bed.client(), foreign_ns).create(&PostParams::default(), &secret("kcp-ca", &[("ca.crt", "theirs")])).await?;
+    label(foreign_ns).await?;
+    let config = format!(
+        "bundles:\n- name: fleet\n  sources:\n  - secret: {{namespace: {src}, name: source, key: ca.crt}}\n  targets:\n  - secret:\n      name: kcp-ca\n      key: ca.crt\n      namespaceSelector:\n        matchLabels: {{kcp-keeper.io/trust-kcp: \"true\"}}\n"
+    );
+    let _agent = start_agent(&bed, &src, &config)?;
+
+    let fresh = "trusting-new";
+    bed.create_namespace(fresh).await?;
+    label(fresh).await?;
+    let client = bed.client();
+    let written = eventually(Duration::from_secs(15), "a newly labelled namespace to get its Secret", || async {
+        key(&client, fresh, "kcp-ca", "ca.crt").await
+    })
+    .await;
+    assert_eq!(body(&written), body(&ca.cert_pem()));
+
+    let targets = Api::<Secret>::namespaced(bed.client(), fresh);
+    targets.delete("kcp-ca", &DeleteParams::default()).await?;
+    eventually(Duration::from_secs(15), "the deleted target to be recreated", || async {
+        key(&client, fresh, "kcp-ca", "ca.crt").await
+    })
+    .await;
+    targets.patch("kcp-ca", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": "hand edit"}}))).await?;
+    eventually(Duration::from_secs(15), "the hand edit to be put back", || async {
+        key(&client, fresh, "kcp-ca", "ca.crt").await.filter(|k| k.contains("BEGIN CERTIFICATE"))
+    })
+    .await;
+
+    assert_eq!(key(&bed.client(), foreign_ns, "kcp-ca", "ca.crt").await.as_deref(), Some("theirs"), "left alone");
+    eventually(Duration::from_secs(15), "the foreign Secret to be reported", || async {
+        events(&client, foreign_ns).await.into_iter().find(|e| e.reason.as_deref() == Some("NotOwned"))
+    })
+    .await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn adopt_takes_over_an_existing_secret() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let ca = Ca::new("kcp-ca", YEAR)?;
+    let api = Api::<Secret>::namespaced(bed.client(), &ns);
+    api.create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())])).await?;
+    api.create(&PostParams::default(), &secret("kubev-kcp-front-proxy-ca", &[("ca.crt", "")])).await?;
+    let config = format!(
+        "bundles:\n- name: adopted\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: kubev-kcp-front-proxy-ca, key: ca.crt}}\n    adopt: true\n"
+    );
+    let mut agent = start_agent(&bed, &ns, &config)?;
+    agent.wait_ready(WAIT).await?;
+    let got = key(&bed.client(), &ns, "kubev-kcp-front-proxy-ca", "ca.crt").await.unwrap();
+    assert_eq!(body(&got), body(&ca.cert_pem()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_bundle_that_does_not_verify_the_live_endpoint_is_not_published_and_one_that_does_is() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let real = Ca::new("front-proxy-ca", YEAR)?;
+    let wrong = Ca::new("front-proxy-ca", YEAR)?;
+    let leaf = real.issue_server(&["kcp.example.com"], &[], YEAR)?;
+    let server = TlsServer::start(&leaf, &[]).await?;
+    let api = Api::<Secret>::namespaced(bed.client(), &ns);
+    api.create(&PostParams::default(), &secret("wrong", &[("ca.crt", &wrong.cert_pem())])).await?;
+    api.create(&PostParams::default(), &secret("right", &[("ca.crt", &real.cert_pem())])).await?;
+    let bundle = |name: &str| {
+        format!(
+            "- name: {name}\n  sources:\n  - secret: {{namespace: {ns}, name: {name}, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: {name}-bundle, key: ca.crt}}\n  liveCheck: {{url: \"{}\", serverName: kcp.example.com}}\n",
+            server.url()
+        )
+    };
+    let config = format!("bundles:\n{}{}", bundle("wrong"), bundle("right"));
+    let agent = start_agent(&bed, &ns, &config)?;
+    let client = bed.client();
+    eventually(WAIT, "the verified bundle to be published", || async { key(&client, &ns, "right-bundle", "ca.crt").await }).await;
+    eventually(WAIT, "a LiveCheckFailed Event", || async {
+        events(&client, &ns).await.into_iter().find(|e| e.reason.as_deref() == Some("LiveCheckFailed"))
+    })
+    .await;
+    assert!(key(&bed.client(), &ns, "wrong-bundle", "ca.crt").await.is_none(), "the unverified bundle is not written");
+    let text = metrics(&agent).await;
+    assert!(metric(&text, "ca_syncer_live_check_failures_total{bundle=\"wrong\",reason=\"not_verified\"}") >= 1.0, "{text}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn empty_means_public_roots_writes_nothing_when_the_public_roots_do_not_verify_the_endpoint() -> Result<()> {
+    // The endpoint is served from a private CA, so the public roots cannot verify it: the key must not be
+    // written empty. (The positive case needs a publicly trusted endpoint, which a loopback-only test bed
+    // cannot have.)
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let private = Ca::new("private", YEAR)?;
+    let server = TlsServer::start(&private.issue_server(&["localhost"], &[], YEAR)?, &[]).await?;
+    let api = Api::<Secret>::namespaced(bed.client(), &ns);
+    api.create(&PostParams::default(), &secret("frontproxy-ca", &[("ca.crt", "")])).await?;
+    let config = format!(
+        "bundles:\n- name: kubev\n  sources:\n  - secret: {{namespace: {ns}, name: frontproxy-ca, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: kubev-kcp-front-proxy-ca, key: ca.crt}}\n  emptyMeansPublicRoots: true\n  liveCheck: {{url: \"{}\", serverName: localhost}}\n",
+        server.url()
+    );
+    let agent = start_agent(&bed, &ns, &config)?;
+    let client = bed.client();
+    eventually(WAIT, "a LiveCheckFailed Event", || async {
+        events(&client, &ns).await.into_iter().find(|e| e.reason.as_deref() == Some("LiveCheckFailed"))
+    })
+    .await;
+    assert!(api.get_opt("kubev-kcp-front-proxy-ca").await?.is_none(), "no empty key without proof");
+    assert_no_secret_material(&agent.process.log(), &[]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn metrics_report_certificates_not_after_sync_state_and_freshness() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let ca = Ca::new("metrics-ca", YEAR)?;
+    Api::<Secret>::namespaced(bed.client(), &ns).create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())])).await?;
+    let config = format!(
+        "bundles:\n- name: observed\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
+    );
+    let mut agent = start_agent(&bed, &ns, &config)?;
+    agent.wait_ready(WAIT).await?;
+    let text = metrics(&agent).await;
+    assert_eq!(metric(&text, "ca_syncer_bundle_certificates{bundle=\"observed\"}"), 1.0, "{text}");
+    let not_after = metric(&text, "ca_syncer_certificate_not_after_timestamp_seconds{bundle=\"observed\"");
+    let expected = ca_not_after(&ca);
+    assert!((not_after - expected).abs() < 2.0, "{not_after} vs {expected}");
+    assert_eq!(metric(&text, &format!("ca_syncer_target_in_sync{{bundle=\"observed\",kind=\"Secret\",namespace=\"{ns}\"")), 1.0);
+    assert!(metric(&text, "ca_syncer_last_sync_timestamp_seconds{bundle=\"observed\"}") > 1.7e9);
+    assert!(text.contains("ca_syncer_build_info"));
+    Ok(())
+}
+
+fn ca_not_after(ca: &Ca) -> f64 {
+    let pem = ca.cert_pem();
+    let certs = ca_syncer::certs::parse_certificates(pem.as_bytes(), ca_syncer::certs::EmptyPolicy::Reject).unwrap();
+    certs[0].not_after().unix_timestamp() as f64
+}
