@@ -107,6 +107,9 @@ impl Syncer {
             changes(Api::<PartialObjectMeta<Namespace>>::all(client), Default::default()).boxed(),
         ]);
         let mut leader = self.ctx.leadership.subscribe();
+        // A fresh single replica wins the election within moments: give it that chance, so its first cycle
+        // (the one readiness waits for) is a real sync and not a follower's pass.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.ctx.leadership.clone().wait_until_leader()).await;
         let mut next = tokio::time::Instant::now();
         loop {
             tokio::select! {

@@ -74,9 +74,10 @@ pub struct WatchArgs {
     #[arg(long, env = "CA_SYNCER_WATCH_SIGNAL_PROCESS", value_parser = parse_process_name)]
     pub signal_process: Option<String>,
 
-    /// Call this plain-HTTP URL after each change (e.g. a reload endpoint on localhost); 2xx is success.
-    #[arg(long, env = "CA_SYNCER_WATCH_NOTIFY_URL", value_parser = notifier::parse_notify_url)]
-    pub notify_url: Option<http::Uri>,
+    /// Call this plain-HTTP URL after each change (e.g. a reload endpoint on localhost); 2xx is success. Its
+    /// query may carry a token: it is never logged or echoed.
+    #[arg(long, env = "CA_SYNCER_WATCH_NOTIFY_URL", hide_env_values = true)]
+    pub notify_url: Option<String>,
 
     /// HTTP method of the --notify-url call.
     #[arg(long, env = "CA_SYNCER_WATCH_NOTIFY_METHOD", value_enum, default_value_t = NotifyMethod::Post)]
@@ -277,8 +278,9 @@ impl Settings {
                 Target::Pid { pid, signal: args.signal }
             }
             (None, Some(name), None) => Target::Process { name: name.clone(), signal: args.signal },
-            (None, None, Some(uri)) => {
-                Target::Http { uri: uri.clone(), method: args.notify_method, timeout: args.notify_timeout }
+            (None, None, Some(url)) => {
+                let uri = notifier::parse_notify_url(url).map_err(|e| anyhow::anyhow!("--notify-url {e}"))?;
+                Target::Http { uri, method: args.notify_method, timeout: args.notify_timeout }
             }
             (None, None, None) => Target::None,
             _ => bail!("use at most one of --signal-pid, --signal-process and --notify-url"),
@@ -407,8 +409,10 @@ impl Sidecar {
         match self.notifier.notify().await {
             Ok(delivered) => {
                 self.pending_notification = false;
-                self.metrics.mark_reloaded();
-                tracing::info!(notified = %delivered, "process told to reload");
+                if let Some(delivered) = delivered {
+                    self.metrics.mark_reloaded();
+                    tracing::info!(notified = %delivered, "process told to reload");
+                }
             }
             Err(e) => {
                 self.metrics.error(e.reason());

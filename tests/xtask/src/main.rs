@@ -55,6 +55,8 @@ fn test() -> Result<()> {
 fn demo(once: bool) -> Result<()> {
     ensure_system_packages()?;
     ensure_peers()?;
+    // The demo starts the agent binaries from the target directory, next to itself.
+    step("build the agents", cargo(&["build", "--quiet", "--locked", "--workspace", "--bins"]))?;
     let mut args = vec!["run", "--quiet", "--locked", "--package", "e2e", "--bin", "demo", "--"];
     if once {
         args.push("--once");

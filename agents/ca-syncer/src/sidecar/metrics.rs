@@ -71,7 +71,7 @@ impl SidecarMetrics {
             m.errors.clone(),
         );
         for reason in REASONS {
-            m.errors.get_or_create(&label(reason));
+            let _ = m.errors.get_or_create(&label(reason));
         }
         m
     }
