@@ -15,8 +15,8 @@ use kcp_keeper_runtime::args::{KubeArgs, RunArgs};
 use kcp_keeper_runtime::events::{EventType, reference};
 use kcp_keeper_runtime::metrics::unix_now;
 use kcp_keeper_runtime::watch::changes;
-use kube::core::PartialObjectMeta;
 use kube::api::{Api, ListParams};
+use kube::core::PartialObjectMeta;
 use serde_json::json;
 use time::OffsetDateTime;
 
@@ -45,7 +45,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 /// `ca-syncer render`: each bundle as it would be written now (sources only; retention needs the live target).
 pub async fn render(config_path: &Path, kube: &KubeArgs) -> anyhow::Result<()> {
     let config: Config = kcp_keeper_runtime::config::load(config_path)?;
-    let needs_client = config.bundles.iter().flat_map(|b| &b.sources).any(|s| s.secret.is_some() || s.config_map.is_some());
+    let needs_client =
+        config.bundles.iter().flat_map(|b| &b.sources).any(|s| s.secret.is_some() || s.config_map.is_some());
     let client = if needs_client { Some(kube.client().await?) } else { None };
     let now = OffsetDateTime::now_utc();
     let mut failed = false;
@@ -161,7 +162,10 @@ impl Syncer {
             Err((i, e)) => {
                 // Targets keep their last good content: nothing is written for this bundle.
                 let reason = e.metric_label();
-                self.metrics.source_errors.get_or_create(&ReasonLabels { bundle: spec.name.clone(), reason: reason.into() }).inc();
+                self.metrics
+                    .source_errors
+                    .get_or_create(&ReasonLabels { bundle: spec.name.clone(), reason: reason.into() })
+                    .inc();
                 tracing::warn!(bundle = %spec.name, source = i, error = %e, "source rejected; targets keep their last good bundle");
                 if let Some(kind) = spec.sources[i].kind()
                     && let Some((object_kind, r)) = sources::SourceFailure::object(&kind)
@@ -185,7 +189,10 @@ impl Syncer {
             let roots = if current.is_empty() { sources::public_roots() } else { current.clone() };
             if let Err(e) = live_check::verify(check, &roots).await {
                 let reason = e.metric_label();
-                self.metrics.live_check_failures.get_or_create(&ReasonLabels { bundle: spec.name.clone(), reason: reason.into() }).inc();
+                self.metrics
+                    .live_check_failures
+                    .get_or_create(&ReasonLabels { bundle: spec.name.clone(), reason: reason.into() })
+                    .inc();
                 tracing::warn!(bundle = %spec.name, error = %e, "live check failed; bundle not published");
                 for t in &targets {
                     let note = format!("bundle {} not published: live check failed: {e}", spec.name);
@@ -220,7 +227,9 @@ impl Syncer {
                 Some(Placement::Selector(selector)) => {
                     let labels =
                         selector.match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
-                    let list = Api::<Namespace>::all(self.ctx.client.clone()).list(&ListParams::default().labels(&labels)).await?;
+                    let list = Api::<Namespace>::all(self.ctx.client.clone())
+                        .list(&ListParams::default().labels(&labels))
+                        .await?;
                     list.items
                         .into_iter()
                         // A terminating namespace refuses new objects; skip it rather than fail the bundle.
@@ -276,7 +285,8 @@ impl Syncer {
             let decoded = RotationState::decode(live.as_ref().and_then(|l| l.state.as_deref()).unwrap_or_default());
             let grace = spec.rotation_grace().ok().flatten();
             let plan = plan_retention(current, &previous, &decoded.state, now, grace);
-            let bundle = Bundle::build(plan.certificates.clone(), &BundleOptions { drop_expired: spec.drop_expired, now });
+            let bundle =
+                Bundle::build(plan.certificates.clone(), &BundleOptions { drop_expired: spec.drop_expired, now });
             let state = match plan.state_for(&bundle).encode() {
                 Ok(state) => state,
                 Err(e) => {
@@ -309,7 +319,11 @@ impl Syncer {
                 self.event(target, EventType::Normal, "Published", &note).await;
             }
             Err(e) => {
-                let reason = if matches!(e, ApplyError::Foreign { .. } | ApplyError::ForeignKey { .. }) { "NotOwned" } else { "WriteFailed" };
+                let reason = if matches!(e, ApplyError::Foreign { .. } | ApplyError::ForeignKey { .. }) {
+                    "NotOwned"
+                } else {
+                    "WriteFailed"
+                };
                 tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, error = %e, "target not written");
                 self.event(target, EventType::Warning, reason, &format!("bundle {}: {e}", spec.name)).await;
                 return Err(());
@@ -332,18 +346,19 @@ impl Syncer {
     async fn read_target(&self, target: &Target) -> Result<Option<LiveTarget>, kube::Error> {
         let client = self.ctx.client.clone();
         Ok(match target.kind {
-            TargetKind::Secret => Api::<Secret>::namespaced(client, &target.namespace).get_opt(&target.name).await?.map(|s| {
-                LiveTarget {
+            TargetKind::Secret => {
+                Api::<Secret>::namespaced(client, &target.namespace).get_opt(&target.name).await?.map(|s| LiveTarget {
                     data: s.data.and_then(|mut d| d.remove(&target.key)).map(|v| v.0),
                     state: s.metadata.annotations.and_then(|mut a| a.remove(STATE_ANNOTATION)),
-                }
-            }),
-            TargetKind::ConfigMap => Api::<ConfigMap>::namespaced(client, &target.namespace).get_opt(&target.name).await?.map(|c| {
-                LiveTarget {
+                })
+            }
+            TargetKind::ConfigMap => Api::<ConfigMap>::namespaced(client, &target.namespace)
+                .get_opt(&target.name)
+                .await?
+                .map(|c| LiveTarget {
                     data: c.data.and_then(|mut d| d.remove(&target.key)).map(String::into_bytes),
                     state: c.metadata.annotations.and_then(|mut a| a.remove(STATE_ANNOTATION)),
-                }
-            }),
+                }),
         })
     }
 
@@ -368,7 +383,8 @@ fn kind_name(kind: TargetKind) -> &'static str {
 /// The fields ca-syncer owns in a target: the key and the rotation state. The Secret type is set only on
 /// creation: it is immutable, and an adopted Secret keeps its own.
 fn desired_object(target: &Target, pem: &str, state: &str, creating: bool) -> serde_json::Value {
-    let annotations: BTreeMap<&str, &str> = if state.is_empty() { BTreeMap::new() } else { BTreeMap::from([(STATE_ANNOTATION, state)]) };
+    let annotations: BTreeMap<&str, &str> =
+        if state.is_empty() { BTreeMap::new() } else { BTreeMap::from([(STATE_ANNOTATION, state)]) };
     let metadata = json!({"name": target.name, "namespace": target.namespace, "annotations": annotations});
     match target.kind {
         TargetKind::Secret => {

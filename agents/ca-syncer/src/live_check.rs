@@ -41,7 +41,10 @@ impl LiveCheckError {
 /// Connects to the endpoint and completes a TLS handshake trusting only `roots`.
 pub async fn verify(check: &LiveCheck, roots: &[Certificate]) -> Result<(), LiveCheckError> {
     let uri: http::Uri = check.url.parse().map_err(|_| LiveCheckError::BadUrl(check.url.clone()))?;
-    let host = uri.host().filter(|_| uri.scheme_str() == Some("https")).ok_or_else(|| LiveCheckError::BadUrl(check.url.clone()))?;
+    let host = uri
+        .host()
+        .filter(|_| uri.scheme_str() == Some("https"))
+        .ok_or_else(|| LiveCheckError::BadUrl(check.url.clone()))?;
     // IPv6 literals come bracketed from the URI; the socket address wants them bracketed too.
     let addr = format!("{host}:{}", uri.port_u16().unwrap_or(443));
     let name = check.server_name.clone().unwrap_or_else(|| host.trim_matches(['[', ']']).to_string());
@@ -60,7 +63,8 @@ pub async fn verify(check: &LiveCheck, roots: &[Certificate]) -> Result<(), Live
         .await
         .map_err(|_| connect("timed out".into()))?
         .map_err(|e| connect(e.to_string()))?;
-    let handshake = |reason: String| LiveCheckError::Handshake { addr: addr.clone(), server_name: name.clone(), reason };
+    let handshake =
+        |reason: String| LiveCheckError::Handshake { addr: addr.clone(), server_name: name.clone(), reason };
     tokio::time::timeout(TIMEOUT, connector.connect(server_name, tcp))
         .await
         .map_err(|_| handshake("timed out".into()))?

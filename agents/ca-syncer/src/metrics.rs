@@ -56,14 +56,22 @@ impl Metrics {
             Unit::Seconds,
             m.not_after.clone(),
         );
-        registry.register("target_in_sync", "1 when the target holds the bundle, 0 otherwise", m.target_in_sync.clone());
+        registry.register(
+            "target_in_sync",
+            "1 when the target holds the bundle, 0 otherwise",
+            m.target_in_sync.clone(),
+        );
         registry.register("source_errors", "Sources that could not be used, by reason", m.source_errors.clone());
         registry.register(
             "live_check_failures",
             "Bundles not published because they did not verify the live endpoint",
             m.live_check_failures.clone(),
         );
-        registry.register("target_writes", "Writes to targets (a cycle with nothing to do writes nothing)", m.writes.clone());
+        registry.register(
+            "target_writes",
+            "Writes to targets (a cycle with nothing to do writes nothing)",
+            m.writes.clone(),
+        );
         registry.register_with_unit(
             "last_sync_timestamp",
             "When each bundle was last synced to all its targets",

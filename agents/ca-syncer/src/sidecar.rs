@@ -253,8 +253,7 @@ struct Settings {
 
 impl Settings {
     fn from_args(args: &WatchArgs) -> anyhow::Result<Self> {
-        let dir_meta =
-            std::fs::metadata(&args.dir).with_context(|| format!("--dir {}", args.dir.display()))?;
+        let dir_meta = std::fs::metadata(&args.dir).with_context(|| format!("--dir {}", args.dir.display()))?;
         ensure!(dir_meta.is_dir(), "--dir {} is not a directory", args.dir.display());
         let keys = Keys::from_args(&args.keys)?;
         let output = &args.output;
@@ -346,10 +345,8 @@ impl Sidecar {
     async fn sync(&mut self, shutdown: &CancellationToken) {
         let settings = self.settings.clone();
         // File I/O (including an fsync) off the async threads.
-        let result = tokio::task::spawn_blocking(move || sync_files(&settings))
-            .await
-            .map_err(SyncError::from)
-            .and_then(|r| r);
+        let result =
+            tokio::task::spawn_blocking(move || sync_files(&settings)).await.map_err(SyncError::from).and_then(|r| r);
         match result {
             Ok(synced) => self.accept(synced),
             Err(e) => self.reject(&e),
@@ -593,14 +590,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let missing = dir.path().join("missing");
         let out = dir.path().join("out.pem");
-        let args = parse(&[&format!("--dir={}", missing.display()), &format!("--output={}", out.display())])
-            .expect("parses");
+        let args =
+            parse(&[&format!("--dir={}", missing.display()), &format!("--output={}", out.display())]).expect("parses");
         assert!(Settings::from_args(&args).is_err());
         let watched = tempfile::tempdir().expect("tempdir");
         let nowhere = dir.path().join("no-such-dir").join("out.pem");
-        let args =
-            parse(&[&format!("--dir={}", watched.path().display()), &format!("--output={}", nowhere.display())])
-                .expect("parses");
+        let args = parse(&[&format!("--dir={}", watched.path().display()), &format!("--output={}", nowhere.display())])
+            .expect("parses");
         assert!(Settings::from_args(&args).is_err());
     }
 }

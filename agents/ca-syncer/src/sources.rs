@@ -78,7 +78,10 @@ pub async fn read(
 
 async fn get<K>(client: &kube::Client, kind: &'static str, r: &KeyRef) -> Result<K, SourceFailure>
 where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
     K::DynamicType: Default,
 {
     let api: Api<K> = Api::namespaced(client.clone(), &r.namespace);

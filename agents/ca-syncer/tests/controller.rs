@@ -68,7 +68,10 @@ async fn cert_manager_shaped_source_yields_only_certificates_and_the_key_goes_no
     let root = Ca::new("kcp-root", YEAR)?;
     let server_ca = root.intermediate("root-server-ca", YEAR)?;
     let key_pem = server_ca.key_pem();
-    let source = secret("root-server-ca", &[("tls.crt", &server_ca.cert_pem()), ("ca.crt", &root.cert_pem()), ("tls.key", &key_pem)]);
+    let source = secret(
+        "root-server-ca",
+        &[("tls.crt", &server_ca.cert_pem()), ("ca.crt", &root.cert_pem()), ("tls.key", &key_pem)],
+    );
     Api::<Secret>::namespaced(bed.client(), &src).create(&PostParams::default(), &source).await?;
     let config = format!(
         "bundles:\n- name: kcp\n  sources:\n  - secret: {{namespace: {src}, name: root-server-ca, key: tls.crt}}\n  - secret: {{namespace: {src}, name: root-server-ca, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {dst}, name: kcp-ca, key: ca.crt}}\n  - configMap: {{namespace: {dst}, name: kcp-ca, key: ca.crt}}\n"
@@ -126,14 +129,22 @@ async fn a_source_with_a_private_key_block_is_rejected_whole_and_targets_keep_th
     .await;
     let text = metrics(&agent).await;
     assert!(metric(&text, "ca_syncer_source_errors_total{bundle=\"guarded\",reason=\"private_key\"}") >= 1.0, "{text}");
-    assert_eq!(key(&bed.client(), &ns, "bundle", "ca.crt").await.as_deref(), Some(good.as_str()), "last good bundle kept");
+    assert_eq!(
+        key(&bed.client(), &ns, "bundle", "ca.crt").await.as_deref(),
+        Some(good.as_str()),
+        "last good bundle kept"
+    );
     let log = agent.process.log();
-    assert!(log.contains("guarded") && log.contains("sources[0]") || log.contains("source\":0"), "names bundle and source");
+    assert!(
+        log.contains("guarded") && log.contains("sources[0]") || log.contains("source\":0"),
+        "names bundle and source"
+    );
     let rejected = events(&bed.client(), &ns).await;
     testbed::leaks::assert_no_secret_material(&format!("{log}\n{rejected:?}"), &[&other.key_pem(), &other.cert_pem()]);
 
     // Garbage is rejected the same way.
-    api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": "not a certificate"}}))).await?;
+    api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": "not a certificate"}})))
+        .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(key(&bed.client(), &ns, "bundle", "ca.crt").await.as_deref(), Some(good.as_str()));
     Ok(())
@@ -153,7 +164,8 @@ async fn a_rotated_out_ca_stays_until_its_not_after_then_only_the_new_one_remain
     );
     let mut agent = start_agent(&bed, &ns, &config)?;
     agent.wait_ready(WAIT).await?;
-    api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": new.cert_pem()}}))).await?;
+    api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": new.cert_pem()}})))
+        .await?;
 
     let client = bed.client();
     let both = eventually(WAIT, "old and new CA together", || async {
@@ -175,8 +187,10 @@ async fn output_is_byte_stable_across_source_order_and_an_idle_cycle_writes_noth
     let ns = bed.namespace().await?;
     let (a, b, c) = (Ca::new("a-ca", YEAR)?, Ca::new("b-ca", YEAR)?, Ca::new("c-ca", YEAR)?);
     let api = Api::<Secret>::namespaced(bed.client(), &ns);
-    api.create(&PostParams::default(), &secret("one", &[("ca.crt", &format!("{}{}", a.cert_pem(), b.cert_pem()))])).await?;
-    api.create(&PostParams::default(), &secret("two", &[("ca.crt", &format!("{}{}", c.cert_pem(), a.cert_pem()))])).await?;
+    api.create(&PostParams::default(), &secret("one", &[("ca.crt", &format!("{}{}", a.cert_pem(), b.cert_pem()))]))
+        .await?;
+    api.create(&PostParams::default(), &secret("two", &[("ca.crt", &format!("{}{}", c.cert_pem(), a.cert_pem()))]))
+        .await?;
     let src = |n: &str| format!("  - secret: {{namespace: {ns}, name: {n}, key: ca.crt}}\n");
     let config = format!(
         "bundles:\n- name: forward\n  sources:\n{}{}  targets:\n  - secret: {{namespace: {ns}, name: forward, key: ca.crt}}\n- name: backward\n  sources:\n{}{}  targets:\n  - secret: {{namespace: {ns}, name: backward, key: ca.crt}}\n",
@@ -208,7 +222,9 @@ async fn selector_targets_follow_namespaces_are_restored_and_foreign_secrets_are
     let bed = ControlPlane::start().await?;
     let src = bed.namespace().await?;
     let ca = Ca::new("kcp-ca", YEAR)?;
-    Api::<Secret>::namespaced(bed.client(), &src).create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())])).await?;
+    Api::<Secret>::namespaced(bed.client(), &src)
+        .create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())]))
+        .await?;
     // A namespace that already holds a same-named Secret of someone else's.
     let foreign_ns = "trusting-foreign";
     bed.create_namespace(foreign_ns).await?;
@@ -221,7 +237,9 @@ async fn selector_targets_follow_namespaces_are_restored_and_foreign_secrets_are
             api.patch(&ns, &PatchParams::default(), &Patch::Merge(patch)).await
         }
     };
-    Api::<Secret>::namespaced(bed.client(), foreign_ns).create(&PostParams::default(), &secret("kcp-ca", &[("ca.crt", "theirs")])).await?;
+    Api::<Secret>::namespaced(bed.client(), foreign_ns)
+        .create(&PostParams::default(), &secret("kcp-ca", &[("ca.crt", "theirs")]))
+        .await?;
     label(foreign_ns).await?;
     let config = format!(
         "bundles:\n- name: fleet\n  sources:\n  - secret: {{namespace: {src}, name: source, key: ca.crt}}\n  targets:\n  - secret:\n      name: kcp-ca\n      key: ca.crt\n      namespaceSelector:\n        matchLabels: {{kcp-keeper.io/trust-kcp: \"true\"}}\n"
@@ -244,7 +262,9 @@ async fn selector_targets_follow_namespaces_are_restored_and_foreign_secrets_are
         key(&client, fresh, "kcp-ca", "ca.crt").await
     })
     .await;
-    targets.patch("kcp-ca", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": "hand edit"}}))).await?;
+    targets
+        .patch("kcp-ca", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": "hand edit"}})))
+        .await?;
     eventually(Duration::from_secs(15), "the hand edit to be put back", || async {
         key(&client, fresh, "kcp-ca", "ca.crt").await.filter(|k| k.contains("BEGIN CERTIFICATE"))
     })
@@ -296,14 +316,20 @@ async fn a_bundle_that_does_not_verify_the_live_endpoint_is_not_published_and_on
     let config = format!("bundles:\n{}{}", bundle("wrong"), bundle("right"));
     let agent = start_agent(&bed, &ns, &config)?;
     let client = bed.client();
-    eventually(WAIT, "the verified bundle to be published", || async { key(&client, &ns, "right-bundle", "ca.crt").await }).await;
+    eventually(WAIT, "the verified bundle to be published", || async {
+        key(&client, &ns, "right-bundle", "ca.crt").await
+    })
+    .await;
     eventually(WAIT, "a LiveCheckFailed Event", || async {
         events(&client, &ns).await.into_iter().find(|e| e.reason.as_deref() == Some("LiveCheckFailed"))
     })
     .await;
     assert!(key(&bed.client(), &ns, "wrong-bundle", "ca.crt").await.is_none(), "the unverified bundle is not written");
     let text = metrics(&agent).await;
-    assert!(metric(&text, "ca_syncer_live_check_failures_total{bundle=\"wrong\",reason=\"not_verified\"}") >= 1.0, "{text}");
+    assert!(
+        metric(&text, "ca_syncer_live_check_failures_total{bundle=\"wrong\",reason=\"not_verified\"}") >= 1.0,
+        "{text}"
+    );
     Ok(())
 }
 
@@ -338,7 +364,9 @@ async fn metrics_report_certificates_not_after_sync_state_and_freshness() -> Res
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let ca = Ca::new("metrics-ca", YEAR)?;
-    Api::<Secret>::namespaced(bed.client(), &ns).create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())])).await?;
+    Api::<Secret>::namespaced(bed.client(), &ns)
+        .create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())]))
+        .await?;
     let config = format!(
         "bundles:\n- name: observed\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
     );
@@ -349,7 +377,10 @@ async fn metrics_report_certificates_not_after_sync_state_and_freshness() -> Res
     let not_after = metric(&text, "ca_syncer_certificate_not_after_timestamp_seconds{bundle=\"observed\"");
     let expected = ca_not_after(&ca);
     assert!((not_after - expected).abs() < 2.0, "{not_after} vs {expected}");
-    assert_eq!(metric(&text, &format!("ca_syncer_target_in_sync{{bundle=\"observed\",kind=\"Secret\",namespace=\"{ns}\"")), 1.0);
+    assert_eq!(
+        metric(&text, &format!("ca_syncer_target_in_sync{{bundle=\"observed\",kind=\"Secret\",namespace=\"{ns}\"")),
+        1.0
+    );
     assert!(metric(&text, "ca_syncer_last_sync_timestamp_seconds{bundle=\"observed\"}") > 1.7e9);
     assert!(text.contains("ca_syncer_build_info"));
     Ok(())
