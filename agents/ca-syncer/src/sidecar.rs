@@ -58,7 +58,7 @@ pub struct WatchArgs {
 
     /// Keys (file names in --dir) to combine; repeat or separate with commas. Default: every file in the
     /// directory except hidden ones, so a Secret that also holds a private key must name its certificate keys.
-    #[arg(long = "key", env = "CA_SYNCER_WATCH_KEY", value_delimiter = ',')]
+    #[arg(long = "key", value_name = "KEY", env = "CA_SYNCER_WATCH_KEY", value_delimiter = ',')]
     pub keys: Vec<String>,
 
     /// The bundle file to write, on a volume the process mounts; must not lie inside --dir.
@@ -66,17 +66,17 @@ pub struct WatchArgs {
     pub output: PathBuf,
 
     /// Signal this process (a shared process namespace or the same pod) after each change.
-    #[arg(long, env = "CA_SYNCER_WATCH_SIGNAL_PID", value_parser = parse_pid)]
+    #[arg(long, value_name = "PID", env = "CA_SYNCER_WATCH_SIGNAL_PID", value_parser = parse_pid)]
     pub signal_pid: Option<i32>,
 
     /// Signal the processes with this name (`/proc/<pid>/comm` or the file name of argv[0]) after each change;
     /// looked up anew each time, so a restarted process is found. Needs `shareProcessNamespace: true`.
-    #[arg(long, env = "CA_SYNCER_WATCH_SIGNAL_PROCESS", value_parser = parse_process_name)]
+    #[arg(long, value_name = "NAME", env = "CA_SYNCER_WATCH_SIGNAL_PROCESS", value_parser = parse_process_name)]
     pub signal_process: Option<String>,
 
     /// Call this plain-HTTP URL after each change (e.g. a reload endpoint on localhost); 2xx is success. Its
     /// query may carry a token: it is never logged or echoed.
-    #[arg(long, env = "CA_SYNCER_WATCH_NOTIFY_URL", hide_env_values = true)]
+    #[arg(long, value_name = "URL", env = "CA_SYNCER_WATCH_NOTIFY_URL", hide_env_values = true)]
     pub notify_url: Option<String>,
 
     /// HTTP method of the --notify-url call.
@@ -222,11 +222,13 @@ async fn settle(changed: &Notify, quiet: Duration, shutdown: &CancellationToken)
 }
 
 /// Watches `dir` (not recursively: the `..data` swap happens in it) and wakes `changed` on every event except
-/// reads, which our own reading of the directory would otherwise turn into an endless loop.
+/// opens and reads, which our own reading of the directory would otherwise turn into an endless loop.
 fn watch_dir(dir: &Path, changed: Arc<Notify>) -> notify::Result<notify::RecommendedWatcher> {
     use notify::Watcher as _;
+    use notify::event::{AccessKind, AccessMode, EventKind};
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
-        Ok(event) if matches!(event.kind, notify::EventKind::Access(_)) => {}
+        // A file closed after writing is a change; every other access is not.
+        Ok(event) if matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write)) => {}
         Ok(_) => changed.notify_one(),
         Err(e) => {
             // E.g. a queue overflow: events were lost, so re-read.
@@ -260,7 +262,6 @@ impl Settings {
         let Some(file_name) = output.file_name() else {
             bail!("--output {} does not name a file", output.display());
         };
-        ensure!(!file_name.to_string_lossy().starts_with('.'), "--output must not be a hidden file");
         let output_dir = output.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let output_dir = output_dir
             .canonicalize()

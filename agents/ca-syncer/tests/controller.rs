@@ -391,3 +391,27 @@ fn ca_not_after(ca: &Ca) -> f64 {
     let certs = ca_syncer::certs::parse_certificates(pem.as_bytes(), ca_syncer::certs::EmptyPolicy::Reject).unwrap();
     certs[0].not_after().unix_timestamp() as f64
 }
+
+#[test]
+fn render_prints_each_bundle_with_subject_issuer_and_not_after_without_a_cluster() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (inline, file) = (Ca::new("inline-ca", YEAR)?, Ca::new("file-ca", YEAR)?);
+    let file_path = dir.path().join("extra.crt");
+    std::fs::write(&file_path, file.cert_pem())?;
+    let indented: String = inline.cert_pem().lines().map(|l| format!("      {l}\n")).collect();
+    let config = format!(
+        "bundles:\n- name: rendered\n  sources:\n  - inline: |\n{indented}  - file: {}\n  targets:\n  - secret: {{namespace: ns, name: bundle, key: ca.crt}}\n",
+        file_path.display()
+    );
+    let config_path = dir.path().join("config.yaml");
+    std::fs::write(&config_path, config)?;
+    let (code, stdout, stderr) = testbed::agent_process::run_to_completion(
+        Path::new(BINARY),
+        &["render", "--config", &config_path.display().to_string()],
+    )?;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("# bundle rendered: 2 certificates"), "{stdout}");
+    assert!(stdout.contains("subject=\"CN=inline-ca\" issuer=\"CN=inline-ca\" notAfter="), "{stdout}");
+    assert!(stdout.contains(&body(&file.cert_pem())) && stdout.contains(&body(&inline.cert_pem())));
+    Ok(())
+}

@@ -196,13 +196,17 @@ impl Sidecar {
     }
 
     async fn wait_metric(&self, series: &str, expected: f64) {
+        self.wait_metric_until(series, &format!("== {expected}"), |v| v == expected).await;
+    }
+
+    async fn wait_metric_until(&self, series: &str, what: &str, check: impl Fn(f64) -> bool) {
         let deadline = Instant::now() + TIMEOUT;
         loop {
             let value = self.metric(series).await;
-            if value == Some(expected) {
+            if value.is_some_and(&check) {
                 return;
             }
-            assert!(Instant::now() < deadline, "{series} is {value:?}, expected {expected}");
+            assert!(Instant::now() < deadline, "{series} is {value:?}, expected {what}");
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
@@ -221,6 +225,12 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "not within {TIMEOUT:?}: {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Asserts that the output holds exactly `expected`. Compares without printing: a failure message must not
+/// carry certificate bodies.
+fn assert_output(volumes: &Volumes, expected: Option<&[u8]>, what: &str) {
+    assert!(volumes.output_bytes().as_deref() == expected, "the output is not {what}");
 }
 
 /// Waits for `output` to hold exactly `expected`.
@@ -279,7 +289,7 @@ async fn kubelet_style_update_writes_the_combined_bundle_atomically_and_sends_ex
         tokio::time::sleep(SETTLE).await;
         assert_eq!(counter.hups(), i + 1, "exactly one SIGHUP for update {}", i + 1);
     }
-    assert_eq!(volumes.output_bytes().as_deref(), Some(bundle_of(&[&d.cert]).as_slice()));
+    assert_output(&volumes, Some(&bundle_of(&[&d.cert])), "the last update's bundle");
 
     stop.store(true, Ordering::SeqCst);
     reader.join().expect("reader");
@@ -320,7 +330,7 @@ async fn bad_update_keeps_the_last_good_file_byte_identical_and_signals_nothing_
         kubelet_update(&volumes.watched, &[("ca.crt", bad)]);
         sidecar.wait_metric(&format!("ca_syncer_sidecar_errors_total{{reason=\"{reason}\"}}"), 1.0).await;
         tokio::time::sleep(SETTLE).await;
-        assert_eq!(volumes.output_bytes().as_deref(), Some(good.as_slice()), "kept after {reason}");
+        assert_output(&volumes, Some(&good), &format!("the last good bundle, kept after {reason}"));
         assert_eq!(std::fs::metadata(&volumes.output).expect("stat").ino(), inode, "not even rewritten");
         assert_eq!(counter.hups(), 0, "nothing is sent for a rejected update ({reason})");
     }
@@ -348,7 +358,7 @@ async fn whole_cert_manager_secret_is_rejected_by_default_but_named_certificate_
 
     let every_key = Sidecar::start(&volumes, &["--poll-interval=1h".into()]);
     every_key.wait_metric("ca_syncer_sidecar_errors_total{reason=\"private_key\"}", 1.0).await;
-    assert_eq!(volumes.output_bytes(), None, "nothing is written from a Secret holding a key");
+    assert_output(&volumes, None, "absent: nothing is written from a Secret holding a key");
     let (status, _, _) = testbed::http::get(&format!("{}/readyz", every_key.admin)).await.expect("readyz");
     assert_eq!(status, 503, "not ready without a good bundle");
     every_key.stop().await;
@@ -392,9 +402,8 @@ async fn poll_backstop_applies_a_change_that_produced_no_file_event() {
     eventually("one SIGHUP for the polled change", || counter.hups() == 1).await;
     tokio::time::sleep(SETTLE).await;
     assert_eq!(counter.hups(), 1, "exactly one SIGHUP, however many polls follow");
-    assert_eq!(
-        std::fs::read(&control_output).ok().as_deref(),
-        Some(&first[..]),
+    assert!(
+        std::fs::read(&control_output).ok().as_deref() == Some(&first[..]),
         "no file event announced the change: only the poll could find it"
     );
     control.stop().await;
@@ -534,7 +543,7 @@ async fn signal_to_a_process_that_is_gone_is_counted_and_the_sidecar_keeps_worki
     kubelet_update(&volumes.watched, &[("ca.crt", &b.cert)]);
     wait_for_output(&volumes, &bundle_of(&[&b.cert]), "the update").await;
     // Retried on each poll: the counter grows while the sidecar carries on.
-    sidecar.wait_metric("ca_syncer_sidecar_errors_total{reason=\"signal\"}", 2.0).await;
+    sidecar.wait_metric_until("ca_syncer_sidecar_errors_total{reason=\"signal\"}", ">= 2", |v| v >= 2.0).await;
     assert_eq!(sidecar.metric("ca_syncer_sidecar_reloads_total").await, Some(0.0));
     kubelet_update(&volumes.watched, &[("ca.crt", &a.cert)]);
     wait_for_output(&volumes, &bundle_of(&[&a.cert]), "a later update").await;
@@ -611,7 +620,7 @@ async fn restart_with_identical_inputs_sends_no_signal_and_a_restart_after_a_cha
 
     let mut first = WatchProcess::start(&volumes, "first", counter.pid());
     first.wait_ready().await;
-    assert_eq!(volumes.output_bytes().as_deref(), Some(first_bundle.as_slice()), "ready means written");
+    assert_output(&volumes, Some(&first_bundle), "written once ready");
     logs += &first.terminate();
     let inode = std::fs::metadata(&volumes.output).expect("stat").ino();
 
@@ -629,7 +638,7 @@ async fn restart_with_identical_inputs_sends_no_signal_and_a_restart_after_a_cha
     kubelet_update(&volumes.watched, &[("ca.crt", &format!("{}{}", a.cert, a.key)), ("extra.crt", &b.cert)]);
     let mut third = WatchProcess::start(&volumes, "third", counter.pid());
     third.wait_for("/metrics", "ca_syncer_sidecar_errors_total{reason=\"private_key\"} 1").await;
-    assert_eq!(volumes.output_bytes().as_deref(), Some(first_bundle.as_slice()), "the last good file stays");
+    assert_output(&volumes, Some(&first_bundle), "the last good bundle");
     kubelet_update(&volumes.watched, &[("ca.crt", &a.cert), ("extra.crt", &c.cert)]);
     wait_for_output(&volumes, &bundle_of(&[&a.cert, &c.cert]), "the changed bundle").await;
     eventually("one SIGHUP for the change", || counter.hups() == 1).await;
@@ -638,9 +647,10 @@ async fn restart_with_identical_inputs_sends_no_signal_and_a_restart_after_a_cha
     logs += &third.terminate();
 
     // A restart finding an output that differs from its inputs tells the process, once.
-    kubelet_update(&volumes.watched, &[("ca.crt", &c.cert)]);
+    kubelet_update(&volumes.watched, &[("ca.crt", &c.cert), ("extra.crt", &b.cert)]);
     let mut fourth = WatchProcess::start(&volumes, "fourth", counter.pid());
     fourth.wait_ready().await;
+    assert_output(&volumes, Some(&bundle_of(&[&b.cert, &c.cert])), "the changed bundle");
     eventually("one SIGHUP after a restart onto changed inputs", || counter.hups() == 2).await;
     tokio::time::sleep(SETTLE).await;
     assert_eq!(counter.hups(), 2);

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use testbed::agent_process::{check_lifecycle, run_to_completion};
+use testbed::agent_process::{check_lifecycle, check_second_signal_exits_at_once, run_to_completion};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_dns-rewriter");
 
@@ -29,4 +29,11 @@ fn version_prints_version_and_commit() -> anyhow::Result<()> {
     assert_eq!(code, Some(0));
     assert!(stdout.starts_with("dns-rewriter 0.1.0 (commit "), "{stdout}");
     Ok(())
+}
+
+/// A runtime property, proven once through a real binary.
+#[tokio::test]
+async fn a_second_sigterm_during_a_stuck_drain_exits_at_once() -> anyhow::Result<()> {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("example.yaml");
+    check_second_signal_exits_at_once(Path::new(BINARY), &config).await
 }

@@ -5,8 +5,8 @@ use std::fmt::Debug;
 use futures::{Stream, StreamExt};
 use kube::Resource;
 use kube::api::Api;
-use kube::runtime::WatchStreamExt;
 use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 

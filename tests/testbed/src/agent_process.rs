@@ -84,6 +84,23 @@ pub async fn check_lifecycle(binary: &Path, config: &Path, lease_name: &str) -> 
     Ok(())
 }
 
+/// Shutdown's second signal: while the first SIGTERM's drain is stuck (the apiserver is frozen, so releasing the
+/// Lease hangs until its deadline), a second SIGTERM exits at once with 143.
+pub async fn check_second_signal_exits_at_once(binary: &Path, config: &Path) -> Result<()> {
+    use nix::sys::signal::Signal;
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let mut agent = AgentProcess::start(&bed, binary, config, &ns, "replica-a", &[])?;
+    agent.wait_ready(Duration::from_secs(30)).await?;
+    bed.apiserver.process.signal(Signal::SIGSTOP)?;
+    let first = agent.process.signal_and_wait(Signal::SIGTERM, Duration::from_millis(1500));
+    anyhow::ensure!(first.is_none(), "the drain should still be waiting on the frozen apiserver, got {first:?}");
+    let second = agent.process.signal_and_wait(Signal::SIGTERM, Duration::from_secs(2));
+    bed.apiserver.process.signal(Signal::SIGCONT)?;
+    anyhow::ensure!(second.and_then(|s| s.code()) == Some(143), "second signal: {second:?}");
+    Ok(())
+}
+
 /// Runs `binary` with `args` to completion: exit code and stderr.
 pub fn run_to_completion(binary: &Path, args: &[&str]) -> Result<(Option<i32>, String, String)> {
     let out = std::process::Command::new(binary).args(args).output()?;

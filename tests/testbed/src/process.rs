@@ -86,6 +86,13 @@ impl Process {
         }
     }
 
+    /// Sends `signal` (SIGSTOP freezes a peer so requests to it hang instead of failing fast).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) -> Result<()> {
+        let pid = self.pid().context("the process is not running")?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal)?;
+        Ok(())
+    }
+
     /// Sends `signal` and waits up to `timeout` for the process to exit; returns its status if it did.
     pub fn signal_and_wait(
         &mut self,

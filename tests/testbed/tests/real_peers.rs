@@ -150,18 +150,30 @@ async fn s3_multipart_upload_of_50_mib_reads_back_byte_identical() -> Result<()>
 }
 
 #[tokio::test]
-async fn three_member_etcd_keeps_serving_writes_with_one_member_killed() -> Result<()> {
+async fn three_member_etcd_keeps_serving_writes_with_its_leader_killed() -> Result<()> {
     let peers = peers::locate()?;
     let dir = tempfile::tempdir()?;
     let mut etcd = testbed::Etcd::start(peers.path("etcd"), dir.path(), "shard", 3).await?;
-    etcd.member_client(0).await?.put("/before", "1", None).await?;
-    etcd.kill_member(0);
-    let mut survivor = etcd.member_client(1).await?;
-    survivor.put("/after", "2", None).await?;
-    let got = etcd.member_client(2).await?.get("/after", None).await?;
-    assert_eq!(got.kvs()[0].value(), b"2");
-    let members = survivor.member_list().await?;
-    assert_eq!(members.members().len(), 3, "the killed member is still a member, just down");
+    let mut first = etcd.member_client(0).await?;
+    first.put("/before", "1", None).await?;
+    // Kill the leader: the hardest single failure, since the others must elect a new one first.
+    let status = first.status().await?;
+    let members = first.member_list().await?;
+    let leader = members.members().iter().position(|m| m.id() == status.leader()).expect("a leader");
+    etcd.kill_member(leader);
+    let survivor = (0..3).find(|i| *i != leader).unwrap();
+    let mut client = etcd.member_client(survivor).await?;
+    // A write in flight during the election may time out; the cluster must accept one within seconds.
+    let written = eventually(Duration::from_secs(15), "a write after the leader died", || {
+        let mut client = client.clone();
+        async move { client.put("/after", "2", None).await.ok() }
+    })
+    .await;
+    drop(written);
+    let other = (0..3).find(|i| *i != leader && *i != survivor).unwrap();
+    let got = etcd.member_client(other).await?.get("/after", None).await?;
+    assert_eq!(got.kvs()[0].value(), b"2", "the write is replicated to the other survivor");
+    assert_eq!(client.member_list().await?.members().len(), 3, "the killed member is still a member, just down");
     Ok(())
 }
 

@@ -91,7 +91,9 @@ pub(super) struct Notifier {
 
 impl Notifier {
     pub(super) fn new(target: Target) -> Self {
-        Self { target, client: Client::builder(TokioExecutor::new()).build_http() }
+        // Calls are minutes apart: a pooled connection would mostly be one the server has closed meanwhile.
+        let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build_http();
+        Self { target, client }
     }
 
     /// Tells the process once. `Ok(None)` when there is nobody to tell; `Ok(Some(what))` describes the delivery.

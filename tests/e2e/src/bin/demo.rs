@@ -66,7 +66,9 @@ async fn main() -> Result<ExitCode> {
         Ok(summary) => format!("ok ca-syncer: {summary}"),
         Err(e) => format!("FAIL ca-syncer: {e:#}"),
     });
-    lines.sort_by_key(|l| ["kubeconfig-rotator", "etcd-snapshotter", "dns-rewriter", "ca-syncer"].iter().position(|a| l.contains(a)));
+    lines.sort_by_key(|l| {
+        ["kubeconfig-rotator", "etcd-snapshotter", "dns-rewriter", "ca-syncer"].iter().position(|a| l.contains(a))
+    });
     for line in &lines {
         println!("{line}");
     }
@@ -105,14 +107,28 @@ fn start_agent(bed: &testbed::ControlPlane, name: &str, config: &str) -> Result<
 
 /// Waits for ca-syncer's first full cycle, checks the hub's bundle holds the CA certificates and not the CA's
 /// private key, and summarizes the cycle from the agent's own metrics.
-async fn ca_syncer_cycle(bed: &testbed::ControlPlane, layout: &layout::Layout, agent: &mut AgentProcess) -> Result<String> {
+async fn ca_syncer_cycle(
+    bed: &testbed::ControlPlane,
+    layout: &layout::Layout,
+    agent: &mut AgentProcess,
+) -> Result<String> {
     agent.wait_ready(Duration::from_secs(60)).await?;
-    let secret = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(bed.client(), HUB_NAMESPACE).get("kcp-ca").await?;
-    let bundle = secret.data.and_then(|d| d.get("ca.crt").map(|v| String::from_utf8_lossy(&v.0).into_owned())).unwrap_or_default();
+    let secret =
+        kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(bed.client(), HUB_NAMESPACE).get("kcp-ca").await?;
+    let bundle = secret
+        .data
+        .and_then(|d| d.get("ca.crt").map(|v| String::from_utf8_lossy(&v.0).into_owned()))
+        .unwrap_or_default();
     let key = layout.server_ca.key_pem();
     let key_line = key.lines().nth(1).unwrap_or_default();
-    anyhow::ensure!(!bundle.contains("PRIVATE KEY") && !bundle.contains(key_line), "the hub's bundle holds key material");
-    anyhow::ensure!(bundle.contains(layout.server_ca.cert_pem().lines().nth(1).unwrap_or("?")), "the server CA is missing");
+    anyhow::ensure!(
+        !bundle.contains("PRIVATE KEY") && !bundle.contains(key_line),
+        "the hub's bundle holds key material"
+    );
+    anyhow::ensure!(
+        bundle.contains(layout.server_ca.cert_pem().lines().nth(1).unwrap_or("?")),
+        "the server CA is missing"
+    );
     let (_, _, text) = testbed::http::get(&format!("{}/metrics", agent.admin_url)).await?;
     let values = |prefix: &str| -> Vec<f64> {
         text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse().ok()).collect()
