@@ -1,32 +1,3 @@
 //! The etcd-snapshotter binary as the chart runs it, against the real test bed.
 
-use std::path::Path;
-
-use testbed::agent_process::{check_lifecycle, run_to_completion};
-
-const BINARY: &str = env!("CARGO_BIN_EXE_etcd-snapshotter");
-
-#[tokio::test]
-async fn run_with_example_config_becomes_ready_holds_lease_and_exits_cleanly_on_sigterm() -> anyhow::Result<()> {
-    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("example.yaml");
-    check_lifecycle(Path::new(BINARY), &config, "kcp-keeper-etcd-snapshotter").await
-}
-
-#[test]
-fn invalid_config_fails_at_start_naming_the_field() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("config.yaml");
-    std::fs::write(&config, "resyncInterval: 5m\nresyncIntervall: 1m\n")?;
-    let (code, _, stderr) = run_to_completion(Path::new(BINARY), &["run", "--config", &config.display().to_string()])?;
-    assert_eq!(code, Some(1));
-    assert!(stderr.contains("unknown field `resyncIntervall`"), "{stderr}");
-    Ok(())
-}
-
-#[test]
-fn version_prints_version_and_commit() -> anyhow::Result<()> {
-    let (code, stdout, _) = run_to_completion(Path::new(BINARY), &["--version"])?;
-    assert_eq!(code, Some(0));
-    assert!(stdout.starts_with("etcd-snapshotter 0.1.0 (commit "), "{stdout}");
-    Ok(())
-}
+testbed::agent_binary_tests!("etcd-snapshotter");

@@ -14,6 +14,7 @@ pub mod lease;
 pub mod logging;
 pub mod metrics;
 pub mod names;
+pub mod placeholder;
 pub mod sensitive;
 pub mod shutdown;
 pub mod watch;

@@ -34,23 +34,12 @@ impl std::fmt::Debug for Credential {
 impl Ca {
     /// A self-signed CA valid from a minute ago for `validity`.
     pub fn new(common_name: &str, validity: Duration) -> Result<Self> {
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name = name(common_name, &[]);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages =
-            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-        set_validity(&mut params, validity);
-        Ok(Self { issuer: CertifiedIssuer::self_signed(params, KeyPair::generate()?)? })
+        Ok(Self { issuer: CertifiedIssuer::self_signed(ca_params(common_name, validity)?, KeyPair::generate()?)? })
     }
 
     /// An intermediate CA signed by this one (cert-manager's `<rootshard>-server-ca` shape).
     pub fn intermediate(&self, common_name: &str, validity: Duration) -> Result<Ca> {
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name = name(common_name, &[]);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages =
-            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-        set_validity(&mut params, validity);
+        let params = ca_params(common_name, validity)?;
         Ok(Ca { issuer: CertifiedIssuer::signed_by(params, KeyPair::generate()?, &self.issuer)? })
     }
 
@@ -88,6 +77,15 @@ impl Ca {
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(Credential { cert_pem: cert.pem(), key_pem: key.serialize_pem(), not_after })
     }
+}
+
+fn ca_params(common_name: &str, validity: Duration) -> Result<CertificateParams> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name = name(common_name, &[]);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    set_validity(&mut params, validity);
+    Ok(params)
 }
 
 fn name(common_name: &str, organizations: &[&str]) -> DistinguishedName {
