@@ -60,6 +60,15 @@ async fn read_lease(bed: &testbed::ControlPlane, namespace: &str) -> LeaseSpec {
 }
 
 /// Waits until exactly one of `instances` leads; returns its index.
+/// Two contenders "a" and "b" on one Lease, split into the one that won and the other.
+async fn leader_and_follower(bed: &testbed::ControlPlane, ns: &str) -> anyhow::Result<(Instance, Instance)> {
+    let (a, b) = (start(bed, ns, "a").await?, start(bed, ns, "b").await?);
+    Ok(match one_leader(&[&a, &b], Duration::from_secs(10)).await {
+        0 => (a, b),
+        _ => (b, a),
+    })
+}
+
 async fn one_leader(instances: &[&Instance], within: Duration) -> usize {
     let deadline = Instant::now() + within;
     loop {
@@ -109,11 +118,7 @@ async fn when_the_leader_dies_without_releasing_the_other_takes_over_within_the_
     init_tracing();
     let bed = testbed::ControlPlane::start().await?;
     let ns = bed.namespace().await?;
-    let (a, b) = (start(&bed, &ns, "a").await?, start(&bed, &ns, "b").await?);
-    let (leader, mut follower) = match one_leader(&[&a, &b], Duration::from_secs(10)).await {
-        0 => (a, b),
-        _ => (b, a),
-    };
+    let (leader, mut follower) = leader_and_follower(&bed, &ns).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // A crash: the task is dropped mid-flight, so nothing releases the lease.
@@ -145,11 +150,7 @@ async fn graceful_shutdown_releases_the_lease_so_the_other_takes_over_at_once() 
     init_tracing();
     let bed = testbed::ControlPlane::start().await?;
     let ns = bed.namespace().await?;
-    let (a, b) = (start(&bed, &ns, "a").await?, start(&bed, &ns, "b").await?);
-    let (leader, mut follower) = match one_leader(&[&a, &b], Duration::from_secs(10)).await {
-        0 => (a, b),
-        _ => (b, a),
-    };
+    let (leader, mut follower) = leader_and_follower(&bed, &ns).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let stopped_at = Instant::now();
