@@ -129,7 +129,12 @@ impl Syncer {
                 continue;
             }
             let config = self.ctx.config.borrow_and_update().clone();
-            let review = self.sync_all(&config).await;
+            // A cycle in flight is abandoned on shutdown or a lost lease: every write is an idempotent apply,
+            // and a leader must not keep writing once it may no longer hold the lease.
+            let review = tokio::select! {
+                _ = self.ctx.shutdown.cancelled() => return Ok(()),
+                review = self.sync_all(&config) => review,
+            };
             let wait = review.unwrap_or(RESYNC).min(RESYNC);
             next = tokio::time::Instant::now() + wait;
         }

@@ -150,9 +150,13 @@ fn spawn_lost_lease_monitor(leadership: &Leadership, shutdown: CancellationToken
 /// end to end before the agent's logic lands.
 pub async fn idle<C>(ctx: Context<C>, every: Duration) -> anyhow::Result<()> {
     loop {
-        match ctx.client.apiserver_version().await {
-            Ok(_) => ctx.health.mark_synced(),
-            Err(e) => tracing::warn!(error = %e, "apiserver not reachable"),
+        // Raced against shutdown: a request to a hung apiserver must not hold up the drain.
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => return Ok(()),
+            version = ctx.client.apiserver_version() => match version {
+                Ok(_) => ctx.health.mark_synced(),
+                Err(e) => tracing::warn!(error = %e, "apiserver not reachable"),
+            },
         }
         tokio::select! {
             _ = ctx.shutdown.cancelled() => return Ok(()),

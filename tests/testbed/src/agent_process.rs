@@ -101,6 +101,25 @@ pub async fn check_second_signal_exits_at_once(binary: &Path, config: &Path) -> 
     Ok(())
 }
 
+/// A leader that cannot renew its Lease (the apiserver is frozen) stops and exits non-zero, so it re-joins the
+/// election as a fresh process instead of writing on without the lease.
+pub async fn check_lost_lease_exits(binary: &Path, config: &Path) -> Result<()> {
+    use nix::sys::signal::Signal;
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let short = [("KCP_KEEPER_LEASE_DURATION", "8s"), ("KCP_KEEPER_LEASE_RENEW_DEADLINE", "3s")];
+    let mut agent = AgentProcess::start(&bed, binary, config, &ns, "replica-a", &short)?;
+    agent.wait_ready(Duration::from_secs(30)).await?;
+    bed.apiserver.process.signal(Signal::SIGSTOP)?;
+    // It stops leading within the renew deadline (3s), before the lease could end for others (8s); the exit
+    // follows after the drain, whose release attempt is bounded by the renew deadline again.
+    let status = agent.process.wait_exit(Duration::from_secs(12));
+    bed.apiserver.process.signal(Signal::SIGCONT)?;
+    anyhow::ensure!(status.and_then(|s| s.code()) == Some(1), "exit after losing the lease: {status:?}");
+    anyhow::ensure!(agent.process.log().contains("lost the lease"), "the log says why");
+    Ok(())
+}
+
 /// Runs `binary` with `args` to completion: exit code and stderr.
 pub fn run_to_completion(binary: &Path, args: &[&str]) -> Result<(Option<i32>, String, String)> {
     let out = std::process::Command::new(binary).args(args).output()?;

@@ -101,6 +101,12 @@ impl Process {
     ) -> Option<std::process::ExitStatus> {
         let child = self.child.as_mut()?;
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
+        self.wait_exit(timeout)
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own; returns its status if it did.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
         let deadline = std::time::Instant::now() + timeout;
         while std::time::Instant::now() < deadline {
             if let Ok(Some(status)) = child.try_wait() {
