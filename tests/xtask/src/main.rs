@@ -20,6 +20,11 @@ enum Task {
     Peers,
     /// Run every check CI runs: format, clippy (warnings denied), all tests.
     Test,
+    /// Run the benchmarks (optimized build) and print subject/baseline ratios; JSON goes to target/bench/.
+    Bench {
+        /// Only this benchmark.
+        name: Option<String>,
+    },
     /// Start the local control plane with a kcp-like layout and run the agents against it.
     Demo {
         /// Exit after every agent has completed one cycle, printing one summary line per agent.
@@ -38,6 +43,11 @@ fn main() -> Result<()> {
         }
         Task::Test => test(),
         Task::Demo { once } => demo(once),
+        Task::Bench { name } => {
+            let mut args = vec!["run", "--quiet", "--locked", "--release", "--package", "e2e", "--bin", "bench", "--"];
+            args.extend(name.as_deref());
+            step("bench", cargo(&args))
+        }
     }
 }
 
