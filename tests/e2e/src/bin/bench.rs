@@ -19,12 +19,14 @@ struct Args {
     rounds: usize,
 }
 
+/// A prepared measurement: the subject and the baseline, each a closure over its input.
+type Pair = (Box<dyn Fn()>, Box<dyn Fn()>);
+
 struct Bench {
     name: &'static str,
     what: &'static str,
     baseline: &'static str,
-    /// Returns (subject, baseline) closures over prepared input.
-    prepare: fn() -> (Box<dyn Fn()>, Box<dyn Fn()>),
+    prepare: fn() -> Pair,
 }
 
 const BENCHES: &[Bench] = &[Bench {
@@ -34,7 +36,7 @@ const BENCHES: &[Bench] = &[Bench {
     prepare: prepare_bundle,
 }];
 
-fn prepare_bundle() -> (Box<dyn Fn()>, Box<dyn Fn()>) {
+fn prepare_bundle() -> Pair {
     let once = Bundle::build(ca_syncer::sources::public_roots(), &options()).render();
     let input = format!("{once}{once}").into_bytes();
     let for_baseline = input.clone();
