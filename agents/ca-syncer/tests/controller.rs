@@ -155,7 +155,7 @@ async fn a_rotated_out_ca_stays_until_its_not_after_then_only_the_new_one_remain
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     // cert-manager >= 1.18 rotates the key: the new CA is a different certificate. The old one expires soon.
-    let old = Ca::new("kcp-ca", Duration::from_secs(20))?;
+    let old = Ca::new("kcp-ca", Duration::from_secs(35))?;
     let new = Ca::new("kcp-ca", YEAR)?;
     let api = Api::<Secret>::namespaced(bed.client(), &ns);
     api.create(&PostParams::default(), &secret("source", &[("ca.crt", &old.cert_pem())])).await?;
@@ -173,7 +173,7 @@ async fn a_rotated_out_ca_stays_until_its_not_after_then_only_the_new_one_remain
     })
     .await;
     assert!(both.contains(&body(&old.cert_pem())) && both.contains(&body(&new.cert_pem())));
-    let only_new = eventually(Duration::from_secs(40), "the old CA to leave after its notAfter", || async {
+    let only_new = eventually(Duration::from_secs(60), "the old CA to leave after its notAfter", || async {
         key(&client, &ns, "bundle", "ca.crt").await.filter(|b| bodies(b).len() == 1)
     })
     .await;
