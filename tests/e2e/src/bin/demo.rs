@@ -77,7 +77,7 @@ async fn main() -> Result<ExitCode> {
         return Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
     println!("running; the agents' logs follow; press Ctrl-C to stop");
-    let mut printed = ca_syncer.process.log().len();
+    let mut printed = 0;
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
