@@ -415,3 +415,36 @@ fn render_prints_each_bundle_with_subject_issuer_and_not_after_without_a_cluster
     assert!(stdout.contains(&body(&file.cert_pem())) && stdout.contains(&body(&inline.cert_pem())));
     Ok(())
 }
+
+#[tokio::test]
+async fn every_source_kind_feeds_one_bundle_with_the_public_roots_included() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let (from_cm, from_file, from_inline) =
+        (Ca::new("cm-ca", YEAR)?, Ca::new("file-ca", YEAR)?, Ca::new("inline-ca", YEAR)?);
+    let cm = k8s_openapi::api::core::v1::ConfigMap {
+        metadata: ObjectMeta { name: Some("extra-ca".into()), ..Default::default() },
+        data: Some([("ca.crt".to_string(), from_cm.cert_pem())].into()),
+        ..Default::default()
+    };
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(bed.client(), &ns)
+        .create(&PostParams::default(), &cm)
+        .await?;
+    let file = bed.subdir("ca-file")?.join("ca.crt");
+    std::fs::write(&file, from_file.cert_pem())?;
+    let indented: String = from_inline.cert_pem().lines().map(|l| format!("      {l}\n")).collect();
+    let config = format!(
+        "bundles:\n- name: everything\n  sources:\n  - configMap: {{namespace: {ns}, name: extra-ca, key: ca.crt}}\n  - file: {}\n  - inline: |\n{indented}  - publicRoots: {{}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n",
+        file.display()
+    );
+    let mut agent = start_agent(&bed, &ns, &config)?;
+    agent.wait_ready(WAIT).await?;
+    let bundle = key(&bed.client(), &ns, "bundle", "ca.crt").await.expect("target written");
+    let got = bodies(&bundle);
+    for ca in [&from_cm, &from_file, &from_inline] {
+        assert!(got.contains(&body(&ca.cert_pem())), "every source's CA is in the bundle");
+    }
+    let public = ca_syncer::sources::public_roots().len();
+    assert_eq!(got.len(), public + 3, "the public roots plus the three private CAs");
+    Ok(())
+}
