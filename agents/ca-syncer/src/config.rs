@@ -231,15 +231,6 @@ impl BundleSpec {
     }
 }
 
-/// Why a configuration text was not accepted.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("not a valid ca-syncer configuration: {0}")]
-    Parse(#[from] serde_yaml::Error),
-    #[error("invalid ca-syncer configuration: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-    Invalid(Vec<FieldError>),
-}
-
 /// One place an object key is written, for finding two targets that would fight over it.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Destination<'a> {
@@ -249,22 +240,11 @@ struct Destination<'a> {
     key: &'a str,
 }
 
+/// Parsing (strict, with field paths) is the runtime's `config::load`/`config::parse`; this adds the checks only
+/// ca-syncer knows.
 impl AgentConfig for Config {
-    fn validate(&self) -> Vec<FieldError> {
-        Config::validate(self)
-    }
-}
-
-impl Config {
-    /// Parses and validates.
-    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let config: Config = serde_yaml::from_str(text)?;
-        let errors = config.validate();
-        if errors.is_empty() { Ok(config) } else { Err(ConfigError::Invalid(errors)) }
-    }
-
     /// Every semantic error, each with its field path; empty when the configuration is valid.
-    pub fn validate(&self) -> Vec<FieldError> {
+    fn validate(&self) -> Vec<FieldError> {
         let mut errors = Vec::new();
         if self.bundles.is_empty() {
             errors.push(FieldError::new("bundles", "at least one bundle is required"));
@@ -494,7 +474,14 @@ fn validate_live_check(live: &LiveCheck, path: &str, errors: &mut Vec<FieldError
 
 #[cfg(test)]
 mod tests {
+    use kcp_keeper_runtime::config::ConfigError;
+
     use super::*;
+
+    /// Parses and validates the way the agent does at start.
+    fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        kcp_keeper_runtime::config::parse(Path::new("ca-syncer.yaml"), text)
+    }
     use crate::testcerts::TestCa;
 
     const EXAMPLE: &str = include_str!("../example.yaml");
@@ -516,7 +503,7 @@ bundles:
 
     #[test]
     fn example_yaml_parses_and_validates() {
-        let config = Config::from_yaml(EXAMPLE).unwrap_or_else(|e| panic!("{e}"));
+        let config = from_yaml(EXAMPLE).unwrap_or_else(|e| panic!("{e}"));
         let bundle = &config.bundles[0];
         assert_eq!(bundle.name, "kcp-root-ca");
         let sources: Vec<_> = bundle.sources.iter().filter_map(SourceSpec::kind).collect();
@@ -533,7 +520,7 @@ bundles:
 
     #[test]
     fn minimal_config_gets_defaults() {
-        let config = Config::from_yaml(MINIMAL).expect("valid");
+        let config = from_yaml(MINIMAL).expect("valid");
         let bundle = &config.bundles[0];
         assert!(bundle.drop_expired, "dropExpired defaults to true");
         assert!(!bundle.empty_means_public_roots);
@@ -555,8 +542,8 @@ bundles:
             ),
         ];
         for yaml in cases {
-            let err = Config::from_yaml(&yaml).unwrap_err();
-            assert!(matches!(err, ConfigError::Parse(_)), "{yaml}\n{err}");
+            let err = from_yaml(&yaml).unwrap_err();
+            assert!(matches!(err, ConfigError::Parse { .. }), "{yaml}\n{err}");
             assert!(err.to_string().contains("unknown field"), "{err}");
         }
     }
@@ -567,7 +554,7 @@ bundles:
             "    targets:",
             "      - configMap: {namespace: kcp-system, name: extra-ca, key: ca.crt}\n      - file: /etc/ca/extra.pem\n      - publicRoots: {}\n      - publicRoots:\n    targets:",
         );
-        let config = Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}"));
+        let config = from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}"));
         let kinds: Vec<_> = config.bundles[0].sources.iter().map(|s| s.kind().map(|k| k.field())).collect();
         assert_eq!(kinds, [Some("secret"), Some("configMap"), Some("file"), Some("publicRoots"), Some("publicRoots")]);
     }
@@ -716,7 +703,7 @@ bundles:
     fn rotation_grace_takes_go_durations() {
         for (grace, expected) in [("720h", 720 * 3600), ("1h30m", 5400), ("90s", 90), ("0s", 0)] {
             let yaml = format!("{MINIMAL}    rotationGrace: {grace}\n");
-            let config = Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}"));
+            let config = from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(config.bundles[0].rotation_grace(), Ok(Some(Duration::from_secs(expected))));
         }
     }
@@ -743,8 +730,8 @@ bundles:
 
     #[test]
     fn invalid_config_error_lists_every_problem() {
-        let err = Config::from_yaml("bundles: [{name: X, sources: [], targets: []}]").unwrap_err();
-        let ConfigError::Invalid(errors) = &err else { panic!("{err}") };
+        let err = from_yaml("bundles: [{name: X, sources: [], targets: []}]").unwrap_err();
+        let ConfigError::Invalid { errors, .. } = &err else { panic!("{err}") };
         assert_eq!(errors.len(), 3);
         assert!(err.to_string().contains("bundles[0].sources: at least one source is required"), "{err}");
     }

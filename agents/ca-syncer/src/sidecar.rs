@@ -133,7 +133,7 @@ pub async fn main(args: WatchArgs) -> anyhow::Result<()> {
 /// retried on the next event or poll.
 pub async fn run(args: WatchArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     let settings = Arc::new(Settings::from_args(&args)?);
-    let (mut registry, _config_metrics) = kcp_keeper_runtime::metrics::registry(METRICS_PREFIX);
+    let mut registry = kcp_keeper_runtime::metrics::registry(METRICS_PREFIX);
     let metrics = SidecarMetrics::register(registry.sub_registry_with_prefix(METRICS_PREFIX));
     let health = Arc::new(Health::default());
     let _admin = match args.admin_addr {

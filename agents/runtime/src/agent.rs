@@ -15,6 +15,7 @@ use crate::args::RunArgs;
 use crate::config::{self, AgentConfig};
 use crate::events::Recorder;
 use crate::lease::{self, Leadership, LeaseConfig};
+use crate::metrics::ConfigMetrics;
 
 /// Names an agent: its binary name (Lease, Events) and metric prefix.
 #[derive(Debug, Clone, Copy)]
@@ -56,7 +57,8 @@ where
     tracing::info!(agent = info.name, version = crate::VERSION, "starting");
     let initial: C = config::load(&args.config)?;
 
-    let (mut registry, config_metrics) = crate::metrics::registry(info.metrics_prefix);
+    let mut registry = crate::metrics::registry(info.metrics_prefix);
+    let config_metrics = ConfigMetrics::register(registry.sub_registry_with_prefix(info.metrics_prefix));
     let agent_metrics = metrics(registry.sub_registry_with_prefix(info.metrics_prefix));
     let health = Arc::new(Health::default());
     let _admin = admin::serve(rt.admin_addr, health.clone(), Arc::new(registry))

@@ -12,6 +12,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
+use sha2::{Digest, Sha256};
 
 /// Identical Events inside one window share a name and are created once.
 const DEDUPE_WINDOW: Duration = Duration::from_secs(10 * 60);
@@ -119,16 +120,16 @@ fn sanitize(note: &str) -> String {
     note
 }
 
-/// FNV-1a: stable across processes and versions (std's hasher is randomly seeded).
+/// The first 8 bytes of a SHA-256 over the parts (NUL-separated): stable across processes and versions, unlike
+/// std's randomly seeded hasher.
 fn stable_hash(parts: &[&str]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut hasher = Sha256::new();
     for part in parts {
-        for byte in part.bytes().chain([0]) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        hasher.update(part.as_bytes());
+        hasher.update([0]);
     }
-    hash
+    let digest = hasher.finalize();
+    u64::from_be_bytes(digest[..8].try_into().unwrap_or_default())
 }
 
 /// A reference to a namespaced object for [`Recorder::publish`].

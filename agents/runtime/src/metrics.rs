@@ -1,7 +1,6 @@
 //! Metrics every agent exports: build info, its own memory and CPU, configuration reloads. Agents register
 //! their own metrics under their prefix (`ca_syncer_...`) in the same registry.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::collector::Collector;
@@ -68,9 +67,9 @@ struct BuildLabels {
     commit: String,
 }
 
-/// A fresh registry with the runtime's metrics: `<prefix>_build_info` and the standard `process_*` metrics.
-/// Returns the agent's sub-registry prefix holder through `prefixed`.
-pub fn registry(prefix: &str) -> (Registry, ConfigMetrics) {
+/// A fresh registry with what every kcp-keeper process exports: `<prefix>_build_info` and the standard
+/// `process_*` metrics. Agents add their own (and, under `agent::run`, the configuration reload metrics).
+pub fn registry(prefix: &str) -> Registry {
     let mut root = Registry::default();
     root.register_collector(Box::new(ProcessCollector));
     let agent = root.sub_registry_with_prefix(prefix);
@@ -79,8 +78,7 @@ pub fn registry(prefix: &str) -> (Registry, ConfigMetrics) {
         "Version and commit of the running agent",
         Info::new(BuildLabels { version: env!("CARGO_PKG_VERSION").into(), commit: crate::COMMIT.into() }),
     );
-    let config = ConfigMetrics::register(agent);
-    (root, config)
+    root
 }
 
 /// Encodes the registry as OpenMetrics text.
@@ -139,9 +137,6 @@ fn parse_proc_stats(statm: &str, stat: &str, page_size: u64, ticks_per_second: f
     Some(ProcStats { resident_bytes: resident_pages * page_size, cpu_seconds: (utime + stime) / ticks_per_second })
 }
 
-/// Wraps a registry for sharing with the admin server.
-pub type SharedRegistry = Arc<Registry>;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,7 +152,8 @@ mod tests {
 
     #[test]
     fn registry_exports_build_info_process_metrics_and_reload_counters() {
-        let (registry, config) = registry("test_agent");
+        let mut registry = registry("test_agent");
+        let config = ConfigMetrics::register(registry.sub_registry_with_prefix("test_agent"));
         config.reload_failed("parse");
         let text = encode(&registry);
         assert!(text.contains("test_agent_build_info{version=\""), "{text}");

@@ -13,6 +13,7 @@ use k8s_openapi::api::events::v1::Event;
 use kcp_keeper_runtime::admin::{self, Health};
 use kcp_keeper_runtime::config::{self, AgentConfig, FieldError};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
+use kcp_keeper_runtime::metrics::ConfigMetrics;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use tokio_util::sync::CancellationToken;
 
@@ -43,7 +44,7 @@ async fn config_swapped_in_by_kubelet_is_applied_only_when_valid() -> Result<()>
     project(dir.path(), "name: first\n")?;
     let file = dir.path().join("config.yaml");
     let initial: Config = config::load(&file)?;
-    let (_registry, metrics) = kcp_keeper_runtime::metrics::registry("test");
+    let metrics = ConfigMetrics::default();
     let shutdown = CancellationToken::new();
     let mut rx = config::watch(file, initial, metrics.clone(), Duration::from_secs(3600), shutdown.clone())?;
 
@@ -69,7 +70,7 @@ async fn poll_backstop_applies_a_change_without_any_notification() -> Result<()>
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, "name: first\n")?;
-    let (_registry, metrics) = kcp_keeper_runtime::metrics::registry("test");
+    let metrics = ConfigMetrics::default();
     let shutdown = CancellationToken::new();
     let mut rx =
         config::watch(file.clone(), config::load(&file)?, metrics, Duration::from_millis(300), shutdown.clone())?;
@@ -90,7 +91,7 @@ async fn poll_backstop_applies_a_change_without_any_notification() -> Result<()>
 
 #[tokio::test]
 async fn readyz_follows_first_sync_and_shutdown_and_metrics_are_openmetrics() -> Result<()> {
-    let (registry, _) = kcp_keeper_runtime::metrics::registry("test_agent");
+    let registry = kcp_keeper_runtime::metrics::registry("test_agent");
     let health = Arc::new(Health::default());
     let server = admin::serve("127.0.0.1:0".parse()?, health.clone(), Arc::new(registry)).await?;
     let url = |path: &str| format!("http://{}{path}", server.addr);

@@ -58,28 +58,34 @@ impl AgentProcess {
     }
 }
 
+// The checks below fail by panicking, not by returning an error: a panic is what makes every peer print its
+// log (and the test bed keep its files) on the way out, see `Process`'s Drop.
+
+/// A fresh test bed and namespace with one ready replica, "replica-a", of `binary` holding its Lease there.
+async fn ready_replica(
+    binary: &Path,
+    config: &Path,
+    env: &[(&str, &str)],
+) -> Result<(ControlPlane, String, AgentProcess)> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let mut agent = AgentProcess::start(&bed, binary, config, &ns, "replica-a", env)?;
+    agent.wait_ready(Duration::from_secs(30)).await?;
+    Ok((bed, ns, agent))
+}
+
 /// The lifecycle every agent binary must have, checked against a real apiserver: `run` with `config` becomes
 /// ready, holds Lease `lease_name`, logs no secret material, and on SIGTERM exits 0 within seconds and
 /// releases the Lease.
 pub async fn check_lifecycle(binary: &Path, config: &Path, lease_name: &str) -> Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
-    let bed = ControlPlane::start().await?;
-    let ns = bed.namespace().await?;
-    let mut agent = AgentProcess::start(&bed, binary, config, &ns, "replica-a", &[])?;
-    agent.wait_ready(Duration::from_secs(30)).await?;
+    let (bed, ns, mut agent) = ready_replica(binary, config, &[]).await?;
     let leases = kube::Api::<Lease>::namespaced(bed.client(), &ns);
     let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
-    anyhow::ensure!(
-        holder(leases.get(lease_name).await?).as_deref() == Some("replica-a"),
-        "the replica holds the Lease"
-    );
+    assert!(holder(leases.get(lease_name).await?).as_deref() == Some("replica-a"), "the replica holds the Lease");
     let status = agent.terminate(Duration::from_secs(10));
-    anyhow::ensure!(
-        status.is_some_and(|s| s.success()),
-        "exit status after SIGTERM: {status:?}\n{}",
-        agent.process.log_tail()
-    );
-    anyhow::ensure!(holder(leases.get(lease_name).await?).is_none(), "the Lease is released on the way out");
+    assert!(status.is_some_and(|s| s.success()), "exit status after SIGTERM: {status:?}\n{}", agent.process.log_tail());
+    assert!(holder(leases.get(lease_name).await?).is_none(), "the Lease is released on the way out");
     crate::assert_no_secret_material(&agent.process.log(), &[]);
     Ok(())
 }
@@ -88,16 +94,13 @@ pub async fn check_lifecycle(binary: &Path, config: &Path, lease_name: &str) -> 
 /// Lease hangs until its deadline), a second SIGTERM exits at once with 143.
 pub async fn check_second_signal_exits_at_once(binary: &Path, config: &Path) -> Result<()> {
     use nix::sys::signal::Signal;
-    let bed = ControlPlane::start().await?;
-    let ns = bed.namespace().await?;
-    let mut agent = AgentProcess::start(&bed, binary, config, &ns, "replica-a", &[])?;
-    agent.wait_ready(Duration::from_secs(30)).await?;
+    let (bed, _ns, mut agent) = ready_replica(binary, config, &[]).await?;
     bed.apiserver.process.signal(Signal::SIGSTOP)?;
     let first = agent.process.signal_and_wait(Signal::SIGTERM, Duration::from_millis(1500));
-    anyhow::ensure!(first.is_none(), "the drain should still be waiting on the frozen apiserver, got {first:?}");
+    assert!(first.is_none(), "the drain should still be waiting on the frozen apiserver, got {first:?}");
     let second = agent.process.signal_and_wait(Signal::SIGTERM, Duration::from_secs(2));
     bed.apiserver.process.signal(Signal::SIGCONT)?;
-    anyhow::ensure!(second.and_then(|s| s.code()) == Some(143), "second signal: {second:?}");
+    assert!(second.and_then(|s| s.code()) == Some(143), "second signal: {second:?}");
     Ok(())
 }
 
@@ -105,18 +108,15 @@ pub async fn check_second_signal_exits_at_once(binary: &Path, config: &Path) -> 
 /// election as a fresh process instead of writing on without the lease.
 pub async fn check_lost_lease_exits(binary: &Path, config: &Path) -> Result<()> {
     use nix::sys::signal::Signal;
-    let bed = ControlPlane::start().await?;
-    let ns = bed.namespace().await?;
     let short = [("KCP_KEEPER_LEASE_DURATION", "8s"), ("KCP_KEEPER_LEASE_RENEW_DEADLINE", "3s")];
-    let mut agent = AgentProcess::start(&bed, binary, config, &ns, "replica-a", &short)?;
-    agent.wait_ready(Duration::from_secs(30)).await?;
+    let (bed, _ns, mut agent) = ready_replica(binary, config, &short).await?;
     bed.apiserver.process.signal(Signal::SIGSTOP)?;
     // It stops leading within the renew deadline (3s), before the lease could end for others (8s); the exit
     // follows after the drain, whose release attempt is bounded by the renew deadline again.
     let status = agent.process.wait_exit(Duration::from_secs(12));
     bed.apiserver.process.signal(Signal::SIGCONT)?;
-    anyhow::ensure!(status.and_then(|s| s.code()) == Some(1), "exit after losing the lease: {status:?}");
-    anyhow::ensure!(agent.process.log().contains("lost the lease"), "the log says why");
+    assert!(status.and_then(|s| s.code()) == Some(1), "exit after losing the lease: {status:?}");
+    assert!(agent.process.log().contains("lost the lease"), "the log says why");
     Ok(())
 }
 

@@ -87,9 +87,8 @@ fn ensure_system_packages() -> Result<()> {
         return Ok(());
     }
     eprintln!("xtask: protoc is missing; installing protobuf-compiler with apt-get");
-    let sudo = if is_root() { vec![] } else { vec!["sudo"] };
-    let mut cmd = Command::new(sudo.first().copied().unwrap_or("apt-get"));
-    if !sudo.is_empty() {
+    let mut cmd = if is_root() { Command::new("apt-get") } else { Command::new("sudo") };
+    if !is_root() {
         cmd.arg("apt-get");
     }
     cmd.args(["install", "-y", "--no-install-recommends", "protobuf-compiler"]);

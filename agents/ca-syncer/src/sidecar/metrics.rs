@@ -111,7 +111,7 @@ mod tests {
 
     #[test]
     fn metrics_carry_the_sidecar_prefix_units_and_zeroed_reasons() {
-        let (mut registry, _) = kcp_keeper_runtime::metrics::registry(super::super::METRICS_PREFIX);
+        let mut registry = kcp_keeper_runtime::metrics::registry(super::super::METRICS_PREFIX);
         let m = SidecarMetrics::register(registry.sub_registry_with_prefix(super::super::METRICS_PREFIX));
         m.set_bundle(3, None);
         m.mark_written();

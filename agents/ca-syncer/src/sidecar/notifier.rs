@@ -273,7 +273,9 @@ mod tests {
         assert!(!names_match("x", "bash", b""));
     }
 
-    /// A fake procfs: the lookup only reads `stat` and `cmdline`.
+    /// A procfs layout written to a temp dir, for states a test cannot produce on demand (a zombie with a given
+    /// name); the lookup only reads `stat` and `cmdline`. The same lookup runs on the real /proc below and in
+    /// tests/sidecar.rs.
     fn fake_proc(processes: &[(i32, &str, char, i32, &[u8])]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("tempdir");
         for (pid, comm, state, ppid, cmdline) in processes {
@@ -300,6 +302,38 @@ mod tests {
         assert_eq!(find_by_name(proc.path(), "nginx", 30), [10, 40]);
         assert_eq!(find_by_name(proc.path(), "ca-syncer", 30), Vec::<i32>::new());
         assert_eq!(find_by_name(proc.path(), "envoy", 30), Vec::<i32>::new());
+    }
+
+    #[test]
+    fn lookup_on_the_real_proc_finds_the_topmost_process_of_a_real_tree() {
+        use std::os::unix::process::CommandExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let name = format!("tree{}", std::process::id() % 100_000);
+        let launcher = dir.path().join(&name);
+        std::os::unix::fs::symlink("/bin/bash", &launcher).expect("symlink");
+        // A parent named `name` with two children that carry the same name in argv[0], like nginx's workers.
+        let script = format!("(exec -a {name} sleep 30) & (exec -a {name} sleep 30) & wait");
+        // Its own process group, so the whole tree is killed at the end.
+        let mut parent =
+            std::process::Command::new(&launcher).args(["-c", &script]).process_group(0).spawn().expect("spawn");
+        let parent_pid = i32::try_from(parent.id()).expect("pid");
+        let own = i32::try_from(std::process::id()).expect("pid");
+        let mut found = Vec::new();
+        for _ in 0..100 {
+            // Wait until both children have exec'd (each shows up under the name once it has).
+            let all = std::fs::read_dir("/proc").expect("proc").flatten().filter(|e| {
+                let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                cmdline.starts_with(format!("{name}\0").as_bytes())
+            });
+            if all.count() == 2 {
+                found = find_by_name(Path::new("/proc"), &name, own);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(parent_pid), Signal::SIGKILL);
+        let _ = parent.wait();
+        assert_eq!(found, [parent_pid], "only the top of the tree is signalled");
     }
 
     #[test]

@@ -18,11 +18,12 @@ struct Args {
     once: bool,
 }
 
-/// Agents without their own logic yet; each agent's issue moves it into a real cycle below.
+/// Agents without their own logic yet, in the summary's order (ca-syncer's line follows); each agent's issue
+/// moves it into a real cycle below.
 const NOT_BUILT: &[&str] = &["kubeconfig-rotator", "etcd-snapshotter", "dns-rewriter"];
 
-/// What ca-syncer does in the demo: the hub trusts kcp's server CA (intermediate and root), copied without
-/// the CA's private key, and every namespace labelled for it gets the same bundle.
+/// What ca-syncer does in the demo: the hub trusts kcp's server CA (intermediate and root), copied into a
+/// Secret and a ConfigMap without the CA's private key.
 const CA_SYNCER_CONFIG: &str = r#"bundles:
 - name: kcp-root-ca
   sources:
@@ -65,9 +66,6 @@ async fn main() -> Result<ExitCode> {
     lines.push(match ca_syncer_cycle(&bed, &layout, &mut ca_syncer).await {
         Ok(summary) => format!("ok ca-syncer: {summary}"),
         Err(e) => format!("FAIL ca-syncer: {e:#}"),
-    });
-    lines.sort_by_key(|l| {
-        ["kubeconfig-rotator", "etcd-snapshotter", "dns-rewriter", "ca-syncer"].iter().position(|a| l.contains(a))
     });
     for line in &lines {
         println!("{line}");
