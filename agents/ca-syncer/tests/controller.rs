@@ -136,7 +136,7 @@ async fn a_source_with_a_private_key_block_is_rejected_whole_and_targets_keep_th
     );
     let log = agent.process.log();
     assert!(
-        log.contains("guarded") && log.contains("sources[0]") || log.contains("source\":0"),
+        log.contains("guarded") && (log.contains("sources[0]") || log.contains("\"source\":0")),
         "names bundle and source"
     );
     let rejected = events(&bed.client(), &ns).await;
