@@ -13,8 +13,8 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-/// The oldest Go that builds every pinned peer (kube-apiserver v1.37 and kcp v0.32 declare `go 1.25`).
-pub const MIN_GO: (u32, u32) = (1, 25);
+/// The oldest Go that builds every pinned peer (kube-apiserver v1.37 and kcp v0.32 declare `go 1.26.0`).
+pub const MIN_GO: (u32, u32) = (1, 26);
 
 /// Why protoc cannot do what etcd-client's build needs.
 #[derive(Debug, PartialEq, Eq)]
@@ -210,7 +210,7 @@ mod tests {
         assert_eq!(parse_go_version("go1.26.8"), Some((1, 26)));
         assert_eq!(parse_go_version("go1.25rc1"), Some((1, 25)));
         assert_eq!(parse_go_version("devel +abc"), None);
-        assert!(parse_go_version("go1.24.3").unwrap() < MIN_GO);
+        assert!(parse_go_version("go1.25.9").unwrap() < MIN_GO);
     }
 
     #[test]
