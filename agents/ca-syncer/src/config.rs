@@ -488,8 +488,7 @@ fn target_from_raw<'a>(
         }
     };
     let destination = Destination { kind, namespace, name: &object.name, key: &object.key };
-    let target =
-        Target { kind, name: object.name.clone(), key: object.key.clone(), placement, adopt: target.adopt };
+    let target = Target { kind, name: object.name.clone(), key: object.key.clone(), placement, adopt: target.adopt };
     // Returned even when a name or key is malformed, so conflicts with it are reported too; the bundle is
     // refused because of the errors recorded.
     Some((target, destination))
@@ -606,7 +605,10 @@ bundles:
         assert_eq!(live.address, "frontproxy-front-proxy.kcp-system.svc.cluster.local:6443");
         assert_eq!(live.server_name, ServerName::try_from("kcp.example.com").unwrap());
         let kubev = config.bundles[1].live_check.as_ref().expect("liveCheck");
-        assert_eq!((kubev.address.as_str(), &kubev.server_name), ("kcp.example.com:443", &ServerName::try_from("kcp.example.com").unwrap()));
+        assert_eq!(
+            (kubev.address.as_str(), &kubev.server_name),
+            ("kcp.example.com:443", &ServerName::try_from("kcp.example.com").unwrap())
+        );
     }
 
     #[test]
@@ -663,13 +665,10 @@ bundles:
         );
         let config = from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}"));
         let sources = &config.bundles[0].sources;
-        assert!(matches!(sources[..], [
-            Source::Secret(_),
-            Source::ConfigMap(_),
-            Source::File(_),
-            Source::PublicRoots,
-            Source::PublicRoots
-        ]));
+        assert!(matches!(
+            sources[..],
+            [Source::Secret(_), Source::ConfigMap(_), Source::File(_), Source::PublicRoots, Source::PublicRoots]
+        ));
     }
 
     #[test]

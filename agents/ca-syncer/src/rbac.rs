@@ -61,7 +61,13 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
     for bundle in &config.bundles {
         for target in &bundle.targets {
             if let Placement::Namespace(ns) = &target.placement {
-                namespaces.entry(ns.clone()).or_default().write.entry(target.kind).or_default().insert(target.name.clone());
+                namespaces
+                    .entry(ns.clone())
+                    .or_default()
+                    .write
+                    .entry(target.kind)
+                    .or_default()
+                    .insert(target.name.clone());
             }
         }
     }
@@ -191,7 +197,11 @@ mod tests {
     use super::*;
 
     fn who() -> Subjects {
-        Subjects { namespace: "kcp-keeper".into(), service_account: "ca-syncer".into(), lease_name: "kcp-keeper-ca-syncer".into() }
+        Subjects {
+            namespace: "kcp-keeper".into(),
+            service_account: "ca-syncer".into(),
+            lease_name: "kcp-keeper-ca-syncer".into(),
+        }
     }
 
     fn example() -> Config {
@@ -221,13 +231,21 @@ mod tests {
                 .rules
                 .iter()
                 .flatten()
-                .filter(|r| r.resource_names.as_deref() == Some(&names.iter().map(|n| n.to_string()).collect::<Vec<_>>()))
+                .filter(|r| {
+                    r.resource_names.as_deref() == Some(&names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                })
                 .flat_map(|r| r.verbs.clone())
                 .collect()
         };
         assert_eq!(verbs("kcp-system", &["frontproxy-ca", "root-server-ca"]), ["get", "list", "watch"]);
         assert_eq!(verbs("railgrid-system", &["kcp-ca"]), ["get", "list", "watch", "create", "patch"]);
-        assert!(rbac.cluster_roles[0].rules.iter().flatten().any(|r| r.resources.as_deref() == Some(&["namespaces".to_string()])));
+        assert!(
+            rbac.cluster_roles[0]
+                .rules
+                .iter()
+                .flatten()
+                .any(|r| r.resources.as_deref() == Some(&["namespaces".to_string()]))
+        );
     }
 
     #[test]

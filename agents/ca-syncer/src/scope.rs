@@ -111,7 +111,8 @@ impl Scope {
         }
         for selector in plan.namespace_selectors {
             let api = Api::<Namespace>::all(client.clone());
-            let store = watches.add(format!("Namespaces {selector}"), api, watcher::Config::default().labels(&selector));
+            let store =
+                watches.add(format!("Namespaces {selector}"), api, watcher::Config::default().labels(&selector));
             scope.namespaces.insert(selector, store);
         }
         (scope, watches)

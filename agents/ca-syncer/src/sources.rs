@@ -73,11 +73,8 @@ impl Reader<'_> {
 /// Reads and strictly parses one source. `empty` allows a source with no certificate (the empty-means-public
 /// mode); otherwise an empty source is an error.
 pub async fn read(reader: &Reader<'_>, source: &Source, empty: EmptyPolicy) -> Result<Vec<Certificate>, SourceFailure> {
-    let missing = |kind, r: &KeyRef| SourceFailure::ObjectMissing {
-        kind,
-        namespace: r.namespace.clone(),
-        name: r.name.clone(),
-    };
+    let missing =
+        |kind, r: &KeyRef| SourceFailure::ObjectMissing { kind, namespace: r.namespace.clone(), name: r.name.clone() };
     let bytes = match source {
         Source::Secret(r) => {
             let secret = reader.secret(r).await?.ok_or_else(|| missing("Secret", r))?;

@@ -218,8 +218,9 @@ async fn output_is_byte_stable_across_source_order_and_an_idle_cycle_writes_noth
     };
     let mut last = synced(&metrics(&agent).await).expect("the last-sync series exists");
     for _ in 0..3 {
-        last = eventually(WAIT, "another idle cycle", || async { synced(&metrics(&agent).await).filter(|v| *v > last) })
-            .await;
+        last =
+            eventually(WAIT, "another idle cycle", || async { synced(&metrics(&agent).await).filter(|v| *v > last) })
+                .await;
     }
     assert_eq!(api.get("forward").await?.metadata.resource_version, rv);
     assert_eq!(metric(&metrics(&agent).await, "ca_syncer_target_writes_total"), writes, "no write in idle cycles");

@@ -69,7 +69,11 @@ async fn one_failing_bundle_is_counted_by_reason_and_the_leader_is_ready_with_th
     assert!(key(&bed.client(), &ns, "broken", "ca.crt").await.is_none(), "the broken one is not");
     let text = metrics(&agent).await;
     assert!(metric(&text, "ca_syncer_reconcile_errors_total{reason=\"source_unusable\"}")? >= 1.0, "{text}");
-    assert_eq!(metric(&text, "ca_syncer_reconcile_errors_total{reason=\"live_check_failed\"}")?, 0.0, "every reason is exported");
+    assert_eq!(
+        metric(&text, "ca_syncer_reconcile_errors_total{reason=\"live_check_failed\"}")?,
+        0.0,
+        "every reason is exported"
+    );
     assert!(metric(&text, "ca_syncer_reconcile_duration_seconds_count")? >= 2.0, "{text}");
     assert_eq!(metric(&text, "ca_syncer_leader")?, 1.0);
     // Backoff: retried without a trigger, with growing delays (1s, 2s, 4s, each plus up to as much jitter):

@@ -62,7 +62,15 @@ async fn setup() -> Result<Setup> {
     )?;
     let (code, rbac, stderr) = run_to_completion(
         Path::new(BINARY),
-        &["rbac", "--config", &config.display().to_string(), "--namespace", &agent_ns, "--service-account", "ca-syncer"],
+        &[
+            "rbac",
+            "--config",
+            &config.display().to_string(),
+            "--namespace",
+            &agent_ns,
+            "--service-account",
+            "ca-syncer",
+        ],
     )?;
     assert_eq!(code, Some(0), "{stderr}");
     assert!(apply_yaml(&bed.client(), &rbac).await? >= 4, "{rbac}");
@@ -90,14 +98,17 @@ async fn with_only_its_rendered_roles_it_does_its_whole_job_and_its_token_reads_
     let bundle = key(&client, &s.dst, "kcp-ca", "ca.crt").await.expect("the named target is written");
     assert_eq!(bundle.matches("BEGIN CERTIFICATE").count(), 2);
     let cms = Api::<ConfigMap>::namespaced(client.clone(), &selected);
-    let cm = testbed::eventually(WAIT, "the selector target", || async { cms.get_opt("kcp-ca").await.ok().flatten() }).await;
+    let cm =
+        testbed::eventually(WAIT, "the selector target", || async { cms.get_opt("kcp-ca").await.ok().flatten() }).await;
     assert_eq!(cm.data.unwrap()["ca.crt"], bundle);
     // A namespace labelled later gets its copy: the Namespace watch follows the selector.
     let later = s.bed.namespace().await?;
     label(&client, &later, &s.agent_ns).await?;
     let later_cms = Api::<ConfigMap>::namespaced(client.clone(), &later);
-    testbed::eventually(WAIT, "a namespace labelled later", || async { later_cms.get_opt("kcp-ca").await.ok().flatten() })
-        .await;
+    testbed::eventually(WAIT, "a namespace labelled later", || async {
+        later_cms.get_opt("kcp-ca").await.ok().flatten()
+    })
+    .await;
 
     // The audit log, before the test uses the token itself: every request the agent sent stayed inside its scope, and none was refused.
     let requests = testbed::audit::by_user(&s.bed.apiserver.audit_log, &s.user)?;

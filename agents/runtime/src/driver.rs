@@ -180,6 +180,8 @@ where
     let mut config = ctx.config.clone();
     let mut leadership = ctx.leadership.subscribe();
     let health = &ctx.health;
+    // Kept across wake-ups, so a stream of watch failures does not keep postponing the probe.
+    let mut next_probe = Instant::now();
     'generation: loop {
         let (reconciler, watches) = build(config.borrow_and_update().clone());
         let mut watches = watches.start();
@@ -225,8 +227,9 @@ where
                 everything = false;
             }
             let next_due = items.values().map(|s| s.due).min();
-            let probe = async {
-                tokio::time::sleep(settings.probe_interval).await;
+            let probe_at = next_probe;
+            let probe = async move {
+                tokio::time::sleep_until(probe_at).await;
                 ctx.client.apiserver_version().await
             };
             // Wait for the next reason to run.
@@ -252,6 +255,9 @@ where
                 }
                 Some(signal) = watches.next() => match signal {
                     Signal::Failed(_) => {
+                        if health.is_reachable() {
+                            next_probe = Instant::now() + settings.probe_interval;
+                        }
                         health.set_reachable(false);
                         continue;
                     }
@@ -266,6 +272,7 @@ where
                     }
                 },
                 answer = probe, if !health.is_reachable() => {
+                    next_probe = Instant::now() + settings.probe_interval;
                     if answer.is_ok() {
                         health.set_reachable(true);
                     }
@@ -431,7 +438,8 @@ mod tests {
             assert!(*delay >= base && *delay < 2 * base, "attempt {n}: {delay:?}");
         }
         assert!(delays[9] >= Duration::from_secs(60) && delays[9] <= Duration::from_secs(120), "{:?}", delays[9]);
-        let distinct: std::collections::BTreeSet<_> = (0..5).map(|_| ObjectBackoff::new(default_backoff()).failed("x")).collect();
+        let distinct: std::collections::BTreeSet<_> =
+            (0..5).map(|_| ObjectBackoff::new(default_backoff()).failed("x")).collect();
         assert!(distinct.len() > 1, "jitter makes first delays differ: {distinct:?}");
         backoff.succeeded("a");
         assert!(backoff.failed("a") < Duration::from_secs(2), "a success resets the backoff");

@@ -53,8 +53,8 @@ impl Watches {
         let index = self.streams.len();
         let name = name.into();
         let label = name.clone();
-        let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff()).filter_map(
-            move |event| {
+        let stream =
+            reflector::reflector(writer, watcher::watcher(api, config).default_backoff()).filter_map(move |event| {
                 let signal = match event {
                     Ok(Event::InitDone) => Some(Signal::Synced(index)),
                     Ok(Event::Apply(_) | Event::Delete(_)) => Some(Signal::Changed(index)),
@@ -66,8 +66,7 @@ impl Watches {
                     }
                 };
                 futures::future::ready(signal)
-            },
-        );
+            });
         self.streams.push(stream.boxed());
         self.names.push(name);
         store

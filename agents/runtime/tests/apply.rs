@@ -141,10 +141,15 @@ async fn fields_ownership_sets_only_a_pod_template_annotation_on_a_foreign_deplo
     assert_eq!(template["kcp-keeper.io/restarted-for"], "serial-2");
     assert_eq!(template["theirs"], "kept", "their template annotation stays");
     let mut expected = before.spec.clone().unwrap();
-    expected.template.metadata.as_mut().unwrap().annotations.as_mut().unwrap().insert(
-        "kcp-keeper.io/restarted-for".into(),
-        "serial-2".into(),
-    );
+    expected
+        .template
+        .metadata
+        .as_mut()
+        .unwrap()
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("kcp-keeper.io/restarted-for".into(), "serial-2".into());
     assert_eq!(after.spec, Some(expected), "nothing else in the spec changed");
     assert_eq!(after.metadata.annotations, before.metadata.annotations, "object annotations untouched");
     assert!(
@@ -159,10 +164,7 @@ async fn fields_ownership_sets_only_a_pod_template_annotation_on_a_foreign_deplo
     // The same apply again is a no-op: no request at all.
     let user = testbed::apiserver::ADMIN_USER;
     let patches = |log: &std::path::Path| -> Result<usize> {
-        Ok(testbed::audit::by_user(log, user)?
-            .iter()
-            .filter(|r| r.resource == "deployments" && r.is_write())
-            .count())
+        Ok(testbed::audit::by_user(log, user)?.iter().filter(|r| r.resource == "deployments" && r.is_write()).count())
     };
     let writes = patches(&bed.apiserver.audit_log)?;
     assert!(writes >= 2, "the audit log sees the create and the apply ({writes})");

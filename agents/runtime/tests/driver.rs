@@ -181,7 +181,11 @@ async fn a_failing_item_is_counted_by_reason_and_retried_with_growing_delays() -
     assert!(took >= Duration::from_secs(7) && took < Duration::from_secs(20), "4 attempts took {took:?}");
     assert!(run.health.is_ready(), "a failing item does not make the leader unready");
     let text = kcp_keeper_runtime::metrics::encode(&run.registry);
-    assert!(text.contains("reconcile_errors_total{reason=\"always_fails\"} 4") || text.contains("reconcile_errors_total{reason=\"always_fails\"} 5"), "{text}");
+    assert!(
+        text.contains("reconcile_errors_total{reason=\"always_fails\"} 4")
+            || text.contains("reconcile_errors_total{reason=\"always_fails\"} 5"),
+        "{text}"
+    );
     run.shutdown.cancel();
     Ok(())
 }

@@ -28,7 +28,8 @@ pub struct ApiServer {
 }
 
 /// Every request at Metadata level (never a body, so no Secret data lands in the log), written as it completes.
-const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n";
+const AUDIT_POLICY: &str =
+    "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n";
 
 impl ApiServer {
     pub async fn start(binary: &Path, dir: &Path, etcd_servers: &str) -> Result<Self> {

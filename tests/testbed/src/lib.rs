@@ -86,14 +86,17 @@ impl ControlPlane {
         use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
         use k8s_openapi::api::core::v1::ServiceAccount;
         let accounts = Api::<ServiceAccount>::namespaced(self.client(), namespace);
-        let account =
-            ServiceAccount { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
+        let account = ServiceAccount {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            ..Default::default()
+        };
         accounts.create(&PostParams::default(), &account).await.context("creating the ServiceAccount")?;
         let request = TokenRequest {
             spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() },
             ..Default::default()
         };
-        let minted = accounts.create_token_request(name, &PostParams::default(), &request).await.context("TokenRequest")?;
+        let minted =
+            accounts.create_token_request(name, &PostParams::default(), &request).await.context("TokenRequest")?;
         let token = minted.status.map(|s| s.token).context("the TokenRequest has no token")?;
         let user = format!("system:serviceaccount:{namespace}:{name}");
         Ok((self.apiserver.token_kubeconfig(&user, &token)?, user))

@@ -5,10 +5,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use serde::Deserialize;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta};
+use serde::Deserialize;
 use testbed::ControlPlane;
 use testbed::agent_process::AgentProcess;
 
