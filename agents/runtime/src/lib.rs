@@ -8,6 +8,7 @@ pub mod agent;
 pub mod apply;
 pub mod args;
 pub mod config;
+pub mod dirwatch;
 pub mod duration;
 pub mod events;
 pub mod lease;
