@@ -18,6 +18,7 @@ pub mod names;
 pub mod placeholder;
 pub mod sensitive;
 pub mod shutdown;
+pub mod status;
 pub mod watch;
 
 pub use sensitive::Sensitive;
