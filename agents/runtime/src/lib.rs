@@ -12,6 +12,7 @@ pub mod dirwatch;
 pub mod duration;
 pub mod events;
 pub mod lease;
+pub mod marked_block;
 pub mod logging;
 pub mod metrics;
 pub mod names;
