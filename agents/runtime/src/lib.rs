@@ -17,6 +17,7 @@ pub mod logging;
 pub mod metrics;
 pub mod names;
 pub mod placeholder;
+pub mod retry;
 pub mod sensitive;
 pub mod shutdown;
 pub mod status;
