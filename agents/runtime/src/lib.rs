@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod names;
 pub mod placeholder;
 pub mod retry;
+pub mod schedule;
 pub mod sensitive;
 pub mod shutdown;
 pub mod status;
