@@ -1,6 +1,10 @@
 //! One YAML file per agent, read strictly: an unknown field is an error, and every error names the field path
 //! and the reason (`bundles[1].targets[0].secret.key: must not be empty`). A changed file is applied only
 //! when it is valid; otherwise the old configuration stays, the error is logged and counted.
+//!
+//! Parse, don't validate: serde reads the file into the agent's raw type ([`AgentConfig::Raw`], plain data as
+//! written), and [`AgentConfig::from_raw`] turns it into the validated configuration (enums, durations, parsed
+//! URLs) or every error at once. The agent never sees the raw form.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -14,10 +18,12 @@ use tokio_util::sync::CancellationToken;
 use crate::dirwatch::{self, WatchSettings};
 use crate::metrics::ConfigMetrics;
 
-/// An agent's configuration type. Implementations use `#[serde(deny_unknown_fields)]` on every struct.
-pub trait AgentConfig: DeserializeOwned + PartialEq + Send + Sync + 'static {
-    /// Every semantic error (not just the first), each with its field path.
-    fn validate(&self) -> Vec<FieldError>;
+/// An agent's validated configuration, built from its raw serde form.
+pub trait AgentConfig: Sized + PartialEq + Send + Sync + 'static {
+    /// The file as written. Implementations use `#[serde(deny_unknown_fields)]` on every struct.
+    type Raw: DeserializeOwned;
+    /// The validated configuration, or every semantic error (not just the first), each with its field path.
+    fn from_raw(raw: Self::Raw) -> Result<Self, Vec<FieldError>>;
 }
 
 /// One invalid field.
@@ -64,7 +70,7 @@ impl ConfigError {
 /// Parses and validates configuration text. `file` is only used in error messages.
 pub fn parse<T: AgentConfig>(file: &Path, text: &str) -> Result<T, ConfigError> {
     let deserializer = serde_yaml::Deserializer::from_str(text);
-    let config: T = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+    let raw: T::Raw = serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = e.path().to_string();
         ConfigError::Parse {
             file: file.into(),
@@ -72,11 +78,7 @@ pub fn parse<T: AgentConfig>(file: &Path, text: &str) -> Result<T, ConfigError> 
             reason: e.into_inner().to_string(),
         }
     })?;
-    let errors = config.validate();
-    if !errors.is_empty() {
-        return Err(ConfigError::Invalid { file: file.into(), errors });
-    }
-    Ok(config)
+    T::from_raw(raw).map_err(|errors| ConfigError::Invalid { file: file.into(), errors })
 }
 
 /// Reads, parses and validates the file.
@@ -131,13 +133,16 @@ mod tests {
     }
 
     impl AgentConfig for Config {
-        fn validate(&self) -> Vec<FieldError> {
-            self.bundles
+        type Raw = Self;
+        fn from_raw(raw: Self) -> Result<Self, Vec<FieldError>> {
+            let errors: Vec<_> = raw
+                .bundles
                 .iter()
                 .enumerate()
                 .filter(|(_, b)| b.name.is_empty())
                 .map(|(i, _)| FieldError::new(format!("bundles[{i}].name"), "must not be empty"))
-                .collect()
+                .collect();
+            if errors.is_empty() { Ok(raw) } else { Err(errors) }
         }
     }
 

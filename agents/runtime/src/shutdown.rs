@@ -73,7 +73,8 @@ where
     A: FnOnce() -> AF,
     AF: Future<Output = ()>,
 {
-    let mut job = std::pin::pin!(job);
+    // Boxed so that giving up really drops it (and its connections) before the abort hook runs.
+    let mut job = Box::pin(job);
     tokio::select! {
         biased;
         value = &mut job => return JobEnd::Finished(value),
