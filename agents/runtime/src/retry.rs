@@ -76,11 +76,11 @@ impl Default for RetryPolicy {
 #[derive(Debug, thiserror::Error)]
 pub enum RetryError<E> {
     /// The error is not worth retrying (it came at attempt `attempts`).
-    #[error("{what}: {source}")]
-    Permanent { what: String, attempts: usize, source: E },
-    /// Retryable errors until the attempts or the waiting time ran out; `source` is the last.
-    #[error("{what}: gave up after {attempts} attempts: {source}")]
-    Exhausted { what: String, attempts: usize, source: E },
+    #[error("{what}: {error}")]
+    Permanent { what: String, attempts: usize, error: E },
+    /// Retryable errors until the attempts or the waiting time ran out; `error` is the last.
+    #[error("{what}: gave up after {attempts} attempts: {error}")]
+    Exhausted { what: String, attempts: usize, error: E },
     /// Shutdown started; the call was abandoned.
     #[error("{what}: abandoned at shutdown")]
     ShutDown { what: String },
@@ -97,9 +97,9 @@ impl<E> RetryError<E> {
     }
 
     /// The last error from the call, if one was seen.
-    pub fn into_source(self) -> Option<E> {
+    pub fn into_error(self) -> Option<E> {
         match self {
-            Self::Permanent { source, .. } | Self::Exhausted { source, .. } => Some(source),
+            Self::Permanent { error, .. } | Self::Exhausted { error, .. } => Some(error),
             Self::ShutDown { .. } => None,
         }
     }
@@ -139,12 +139,12 @@ where
         result = attempts => result,
     };
     let attempts = retries.get() + 1;
-    result.map_err(|source| {
+    result.map_err(|error| {
         let what = what.to_string();
-        if source.is_retryable() {
-            RetryError::Exhausted { what, attempts, source }
+        if error.is_retryable() {
+            RetryError::Exhausted { what, attempts, error }
         } else {
-            RetryError::Permanent { what, attempts, source }
+            RetryError::Permanent { what, attempts, error }
         }
     })
 }

@@ -245,7 +245,13 @@ enum Claim {
     AlreadyRun(DateTime<Utc>),
     /// The Lease does not name us: we are not the leader.
     NotHolder,
+    /// The Lease kept changing between our read and our write.
+    Contended,
 }
+
+/// Reads and conditional writes per claim before it counts as contended (the elector writes every retry
+/// period, so two in a row are already unlikely).
+const CLAIM_ATTEMPTS: usize = 5;
 
 impl LeaseRecord {
     /// The last tick recorded for `schedule`, and the Lease's resourceVersion and holder.
@@ -265,7 +271,7 @@ impl LeaseRecord {
     /// Records `tick` as fired, only while the Lease names us and no later tick is recorded.
     async fn claim(&self, key: &str, tick: DateTime<Utc>) -> Result<Claim, kube::Error> {
         let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-        loop {
+        for _ in 0..CLAIM_ATTEMPTS {
             let (record, resource_version, holder) = self.read(key).await?;
             if holder.as_deref() != Some(self.identity.as_str()) {
                 return Ok(Claim::NotHolder);
@@ -284,6 +290,7 @@ impl LeaseRecord {
                 Err(e) => return Err(e),
             }
         }
+        Ok(Claim::Contended)
     }
 }
 
@@ -349,8 +356,8 @@ pub async fn run<F, Fut>(
                     tracing::info!(schedule = schedule.name(), %tick, %record, "tick already run by another leader");
                     handled = Some(record);
                 }
-                Ok(Claim::NotHolder) => {
-                    tracing::debug!(schedule = schedule.name(), %tick, "the lease does not name us; not firing");
+                Ok(Claim::NotHolder | Claim::Contended) => {
+                    tracing::debug!(schedule = schedule.name(), %tick, "the lease does not name us or kept changing; not firing yet");
                     if pause(&shutdown, Duration::from_millis(500)).await {
                         return;
                     }
