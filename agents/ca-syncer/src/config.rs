@@ -557,6 +557,8 @@ fn live_check_from_raw(live: &RawLiveCheck, path: &str, errors: &mut Vec<FieldEr
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use kcp_keeper_runtime::config::ConfigError;
 
     use super::*;

@@ -178,7 +178,7 @@ fn meta(namespace: Option<&str>) -> ObjectMeta {
 }
 
 fn role_ref(kind: &str) -> RoleRef {
-    RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: kind.into(), name: ROLE_NAME.into() }
+    RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: kind.into(), name: ROLE_NAME.into() }
 }
 
 fn subject(who: &Subjects) -> Subject {

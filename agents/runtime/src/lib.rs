@@ -1,7 +1,7 @@
 //! What every kcp-keeper agent shares: CLI plumbing, strict configuration with live reload, logging, a
 //! secret-hiding type, the admin server (`/livez`, `/readyz`, `/metrics`), leader election, scoped watches and
-//! the reconcile driver, server-side-apply writes that never clobber, rate-limited Events and graceful shutdown. An agent is its own logic plus a
-//! call to [`agent::run`].
+//! the reconcile driver, server-side-apply writes that never clobber, rate-limited Events and graceful
+//! shutdown. An agent is its own logic plus a call to [`agent::run`].
 
 pub mod admin;
 pub mod agent;

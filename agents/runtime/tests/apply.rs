@@ -137,10 +137,10 @@ async fn fields_ownership_sets_only_a_pod_template_annotation_on_a_foreign_deplo
     });
     assert_eq!(apply(&api, restart.clone(), Ownership::Fields).await?, Outcome::Updated);
     let after = api.get("hub").await?;
-    let template = after.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().annotations.clone().unwrap();
+    let template = after.spec.template.metadata.as_ref().unwrap().annotations.clone().unwrap();
     assert_eq!(template["kcp-keeper.io/restarted-for"], "serial-2");
     assert_eq!(template["theirs"], "kept", "their template annotation stays");
-    let mut expected = before.spec.clone().unwrap();
+    let mut expected = before.spec.clone();
     expected
         .template
         .metadata
@@ -150,7 +150,7 @@ async fn fields_ownership_sets_only_a_pod_template_annotation_on_a_foreign_deplo
         .as_mut()
         .unwrap()
         .insert("kcp-keeper.io/restarted-for".into(), "serial-2".into());
-    assert_eq!(after.spec, Some(expected), "nothing else in the spec changed");
+    assert_eq!(after.spec, expected, "nothing else in the spec changed");
     assert_eq!(after.metadata.annotations, before.metadata.annotations, "object annotations untouched");
     assert!(
         !after.metadata.labels.unwrap_or_default().contains_key(kcp_keeper_runtime::apply::MANAGED_BY_LABEL),

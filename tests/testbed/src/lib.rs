@@ -92,12 +92,12 @@ impl ControlPlane {
         };
         accounts.create(&PostParams::default(), &account).await.context("creating the ServiceAccount")?;
         let request = TokenRequest {
-            spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() },
+            spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
             ..Default::default()
         };
         let minted =
             accounts.create_token_request(name, &PostParams::default(), &request).await.context("TokenRequest")?;
-        let token = minted.status.map(|s| s.token).context("the TokenRequest has no token")?;
+        let token = minted.status.and_then(|s| s.token).context("the TokenRequest has no token")?;
         let user = format!("system:serviceaccount:{namespace}:{name}");
         Ok((self.apiserver.token_kubeconfig(&user, &token)?, user))
     }
