@@ -104,7 +104,11 @@ impl MarkedBlock {
         let body: Vec<&str> = text[found.lines].lines().collect();
         let inner = &body[1..body.len() - 1];
         Ok(Some(
-            inner.iter().map(|l| l.strip_prefix(found.indent.as_str()).unwrap_or(l.trim_start())).collect::<Vec<_>>().join("\n"),
+            inner
+                .iter()
+                .map(|l| l.strip_prefix(found.indent.as_str()).unwrap_or(l.trim_start()))
+                .collect::<Vec<_>>()
+                .join("\n"),
         ))
     }
 
@@ -425,7 +429,9 @@ mod tests {
     fn setting_is_idempotent_replace_changes_only_the_block_and_remove_restores_the_original_bytes() {
         let once = block().set(KUBEADM, Some(RULES)).unwrap();
         assert_eq!(block().set(&once, Some(RULES)).unwrap(), once, "idempotent");
-        let fewer = block().set(&once, Some("rewrite name exact kcp.example.com. front-proxy.kcp-system.svc.cluster.local.")).unwrap();
+        let fewer = block()
+            .set(&once, Some("rewrite name exact kcp.example.com. front-proxy.kcp-system.svc.cluster.local."))
+            .unwrap();
         assert_eq!(fewer.lines().count(), once.lines().count() - 1, "removing a rule removes exactly its line");
         assert_eq!(block().set(&fewer, None).unwrap(), KUBEADM, "remove gives back the original bytes");
         assert_eq!(block().set(KUBEADM, None).unwrap(), KUBEADM, "removing nothing changes nothing");
@@ -457,7 +463,8 @@ mod tests {
         let once = block().set(KUBEADM, Some(RULES)).unwrap();
         let begin = once.lines().find(|l| l.contains("kcp-keeper:begin")).unwrap().to_string();
         let end = "    # kcp-keeper:end dns-rewriter";
-        let cases: Vec<(String, fn(&BlockError) -> bool)> = vec![
+        type Expected = fn(&BlockError) -> bool;
+        let cases: Vec<(String, Expected)> = vec![
             (once.replacen(&begin, &format!("{begin}\n{begin}"), 1), |e| matches!(e, BlockError::DuplicateBegin(2, _))),
             (once.replacen(end, &format!("{end}\n{end}"), 1), |e| matches!(e, BlockError::DuplicateEnd(2, _))),
             (once.replacen(end, "", 1), |e| matches!(e, BlockError::Unterminated(..))),

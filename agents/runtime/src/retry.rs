@@ -42,7 +42,13 @@ impl Retryable for std::io::Error {
         use std::io::ErrorKind::*;
         matches!(
             self.kind(),
-            ConnectionRefused | ConnectionReset | ConnectionAborted | NotConnected | BrokenPipe | TimedOut | Interrupted
+            ConnectionRefused
+                | ConnectionReset
+                | ConnectionAborted
+                | NotConnected
+                | BrokenPipe
+                | TimedOut
+                | Interrupted
         )
     }
 }
@@ -125,14 +131,12 @@ where
         .with_total_delay(Some(policy.max_waiting))
         .with_jitter();
     let retries = Cell::new(0usize);
-    let attempts = op
-        .retry(backoff)
-        .sleep(tokio::time::sleep)
-        .when(|e: &E| e.is_retryable())
-        .notify(|error: &E, delay: Duration| {
+    let attempts = op.retry(backoff).sleep(tokio::time::sleep).when(|e: &E| e.is_retryable()).notify(
+        |error: &E, delay: Duration| {
             retries.set(retries.get() + 1);
             tracing::warn!(call = what, attempt = retries.get(), %error, ?delay, "call failed; retrying");
-        });
+        },
+    );
     let result = tokio::select! {
         biased;
         () = shutdown.cancelled() => return Err(RetryError::ShutDown { what: what.into() }),

@@ -82,7 +82,9 @@ pub enum ScheduleError {
     TimeZone(String),
     #[error("{0}: {1}")]
     Duration(&'static str, String),
-    #[error("name {0:?}: must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending alphanumeric")]
+    #[error(
+        "name {0:?}: must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+    )]
     Name(String),
 }
 
@@ -169,7 +171,8 @@ impl Schedule {
         if jitter_ms == 0 {
             return tick;
         }
-        let digest = Sha256::new().chain_update(self.name.as_bytes()).chain_update(tick.timestamp().to_be_bytes()).finalize();
+        let digest =
+            Sha256::new().chain_update(self.name.as_bytes()).chain_update(tick.timestamp().to_be_bytes()).finalize();
         let mut first = [0u8; 8];
         first.copy_from_slice(&digest[..8]);
         let offset = u64::from_be_bytes(first) % jitter_ms;
@@ -386,7 +389,13 @@ mod tests {
     use super::*;
 
     fn spec(cron: &str) -> ScheduleSpec {
-        ScheduleSpec { cron: cron.into(), time_zone: None, jitter: None, missed: Missed::RunOnce, starting_deadline: None }
+        ScheduleSpec {
+            cron: cron.into(),
+            time_zone: None,
+            jitter: None,
+            missed: Missed::RunOnce,
+            starting_deadline: None,
+        }
     }
 
     fn at(text: &str) -> DateTime<Utc> {
@@ -439,10 +448,7 @@ mod tests {
         let now = at("2026-11-30T14:03:00Z");
         assert_eq!(skip.plan(now, after), Plan::Fire { tick: at("2026-11-30T14:00:00Z"), missed: 3 });
         // A tick already handled is not due again.
-        assert_eq!(
-            run_once.plan(now, at("2026-11-30T14:00:00Z")),
-            Plan::Wait { until: at("2026-11-30T15:00:00Z") }
-        );
+        assert_eq!(run_once.plan(now, at("2026-11-30T14:00:00Z")), Plan::Wait { until: at("2026-11-30T15:00:00Z") });
     }
 
     #[test]

@@ -33,7 +33,12 @@ use crate::apply::{ApplyError, Outcome};
 ///
 /// Returns [`Outcome::Unchanged`] without writing when the live status already holds it, [`Outcome::Updated`]
 /// otherwise. The object must exist (statuses are not created).
-pub async fn apply_status<K>(api: &Api<K>, dt: &K::DynamicType, name: &str, status: Value) -> Result<Outcome, ApplyError>
+pub async fn apply_status<K>(
+    api: &Api<K>,
+    dt: &K::DynamicType,
+    name: &str,
+    status: Value,
+) -> Result<Outcome, ApplyError>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
 {

@@ -123,7 +123,14 @@ async fn the_watchers_own_reads_do_not_wake_it() {
     let loads = Arc::new(Loads::default());
     let shutdown = CancellationToken::new();
     let settings = WatchSettings { debounce: Duration::from_millis(50), poll: Duration::from_secs(3600) };
-    let mut rx = dirwatch::follow(dir.path(), settings, 1, loader(file.clone(), loads.clone()), |_: &String| {}, shutdown.clone());
+    let mut rx = dirwatch::follow(
+        dir.path(),
+        settings,
+        1,
+        loader(file.clone(), loads.clone()),
+        |_: &String| {},
+        shutdown.clone(),
+    );
     std::fs::write(&file, "2").unwrap();
     wait_for_value(&mut rx, 2).await;
     let attempts = loads.attempts.load(Ordering::SeqCst);

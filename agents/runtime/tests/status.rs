@@ -40,7 +40,8 @@ async fn certificate(api: &Api<DynamicObject>, ar: &ApiResource) -> Result<()> {
         "type": "Ready", "status": "True", "reason": "Ready", "message": "Certificate is up to date and has not expired",
         "lastTransitionTime": "2026-11-30T10:00:00Z", "observedGeneration": 1,
     }]}});
-    let cert_manager = PatchParams { field_manager: Some("cert-manager-certificates-readiness".into()), ..Default::default() };
+    let cert_manager =
+        PatchParams { field_manager: Some("cert-manager-certificates-readiness".into()), ..Default::default() };
     api.patch_status(NAME, &cert_manager, &Patch::Merge(&ready)).await?;
     Ok(())
 }
@@ -72,7 +73,8 @@ async fn issuing_condition_is_applied_to_status_beside_ready_and_repeating_it_ma
     certificate(&api, &ar).await?;
     let before = api.get(NAME).await?;
 
-    let outcome = apply_status(&api, &ar, NAME, issuing(&before, "True", "ManuallyTriggered", Timestamp::now())).await?;
+    let outcome =
+        apply_status(&api, &ar, NAME, issuing(&before, "True", "ManuallyTriggered", Timestamp::now())).await?;
     assert_eq!(outcome, Outcome::Updated);
     let live = api.get(NAME).await?;
     let types: Vec<_> = conditions(&live).iter().map(|c| c["type"].as_str().unwrap_or("").to_string()).collect();
@@ -94,7 +96,8 @@ async fn issuing_condition_is_applied_to_status_beside_ready_and_repeating_it_ma
     let writes = certificate_writes(&bed.client()).await?;
     for _ in 0..3 {
         let live = api.get(NAME).await?;
-        let outcome = apply_status(&api, &ar, NAME, issuing(&live, "True", "ManuallyTriggered", Timestamp::now())).await?;
+        let outcome =
+            apply_status(&api, &ar, NAME, issuing(&live, "True", "ManuallyTriggered", Timestamp::now())).await?;
         assert_eq!(outcome, Outcome::Unchanged);
     }
     assert_eq!(api.get(NAME).await?.metadata.resource_version, rv, "resourceVersion must not move");
@@ -108,7 +111,8 @@ async fn issuing_condition_is_applied_to_status_beside_ready_and_repeating_it_ma
     ]}});
     api.patch_status(NAME, &PatchParams::default(), &Patch::Merge(&done)).await?;
     let flipped = api.get(NAME).await?;
-    let outcome = apply_status(&api, &ar, NAME, issuing(&flipped, "True", "ManuallyTriggered", Timestamp::now())).await?;
+    let outcome =
+        apply_status(&api, &ar, NAME, issuing(&flipped, "True", "ManuallyTriggered", Timestamp::now())).await?;
     assert_eq!(outcome, Outcome::Updated);
     assert!(certificate_writes(&bed.client()).await? > writes);
     let ours = conditions(&api.get(NAME).await?).into_iter().find(|c| c["type"] == "Issuing").unwrap();

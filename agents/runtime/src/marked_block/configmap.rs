@@ -74,9 +74,11 @@ pub async fn write_block(
     for conflicts in 0..ATTEMPTS {
         let live = match seen.take() {
             Some(live) => live,
-            None => {
-                api.get_opt(name).await.map_err(|e| WriteError::Kube(object.clone(), e))?.ok_or_else(|| WriteError::Missing(object.clone()))?
-            }
+            None => api
+                .get_opt(name)
+                .await
+                .map_err(|e| WriteError::Kube(object.clone(), e))?
+                .ok_or_else(|| WriteError::Missing(object.clone()))?,
         };
         let text = live
             .data
