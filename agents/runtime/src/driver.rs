@@ -191,7 +191,9 @@ where
         let mut everything = true;
         loop {
             let leading = ctx.leadership.is_leader();
-            health.set_leading(leading);
+            // Until the election has answered, this replica is neither leader nor follower: it counts as a
+            // leader that has not reconciled, so it is not ready yet.
+            health.set_leading(leading || !ctx.leadership.is_decided());
             metrics.leader.set(i64::from(leading));
             if leading && watches.all_synced() {
                 let now = Instant::now();
@@ -333,20 +335,31 @@ async fn until(deadline: Option<Instant>) {
 /// Runs a `kube::runtime::Controller` only while this replica leads: `controller` is called with a future
 /// that resolves when leadership is lost or shutdown starts, to pass to `Controller::graceful_shutdown_on`
 /// (in-flight reconciles finish, no new ones start), and returns the controller's run future, drained to the
-/// end. Followers keep nothing running; readiness follows the lease the same way as under [`run`].
+/// end. Followers keep nothing running. Readiness: leadership is recorded as under [`run`], and a leader counts
+/// as reconciled once its controller runs; the agent reports its own caches with
+/// [`crate::admin::Health::set_watches_synced`] (e.g. after `Store::wait_until_ready`).
 pub async fn run_controller_while_leading<C, F, Fut>(ctx: &Context<C>, mut controller: F)
 where
     F: FnMut(std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>>) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let mut leadership = ctx.leadership.clone();
+    let mut changes = ctx.leadership.subscribe();
     loop {
-        ctx.health.set_leading(false);
-        tokio::select! {
-            () = ctx.shutdown.cancelled() => return,
-            () = leadership.wait_until_leader() => {}
+        while !ctx.leadership.is_leader() {
+            // Undecided counts as a leader that has not reconciled: not ready until the election answered.
+            ctx.health.set_leading(!ctx.leadership.is_decided());
+            tokio::select! {
+                () = ctx.shutdown.cancelled() => return,
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        ctx.shutdown.cancelled().await;
+                        return;
+                    }
+                }
+            }
         }
         ctx.health.set_leading(true);
+        ctx.health.mark_reconciled();
         let mut lost = ctx.leadership.subscribe();
         let shutdown = ctx.shutdown.clone();
         let stop = Box::pin(async move {

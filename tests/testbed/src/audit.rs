@@ -35,7 +35,7 @@ struct Event {
     #[serde(rename = "auditID")]
     audit_id: String,
     verb: String,
-    #[serde(default)]
+    #[serde(default, rename = "requestURI")]
     request_uri: String,
     user: User,
     #[serde(default)]
