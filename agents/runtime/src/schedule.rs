@@ -299,9 +299,12 @@ impl LeaseRecord {
 
 /// Runs `job` for every tick of `schedule` while this replica leads, until `shutdown`. Jobs run one at a
 /// time; ticks that pass during a long job are handled by the missed-tick policy.
+///
+/// `record` is the agent's Lease; `None` only when leader election is off (one replica by configuration):
+/// then nothing is recorded and a restart does not catch up ticks it missed while down.
 pub async fn run<F, Fut>(
     schedule: Schedule,
-    record: LeaseRecord,
+    record: Option<LeaseRecord>,
     mut leadership: Leadership,
     shutdown: CancellationToken,
     mut job: F,
@@ -320,8 +323,12 @@ pub async fn run<F, Fut>(
             () = shutdown.cancelled() => return,
             () = leadership.wait_until_leader() => {}
         }
-        let recorded = match record.read(&key).await {
-            Ok((recorded, _, _)) => recorded,
+        let read = match &record {
+            Some(record) => record.read(&key).await.map(|(recorded, _, _)| recorded),
+            None => Ok(None),
+        };
+        let recorded = match read {
+            Ok(recorded) => recorded,
             Err(error) => {
                 tracing::warn!(schedule = schedule.name(), %error, "cannot read the schedule record; retrying");
                 if pause(&shutdown, Duration::from_secs(2)).await {
@@ -346,7 +353,7 @@ pub async fn run<F, Fut>(
                 tracing::warn!(schedule = schedule.name(), %tick, missed, "ticks past their starting deadline skipped");
                 handled = Some(tick);
             }
-            Plan::Fire { tick, missed } => match record.claim(&key, tick).await {
+            Plan::Fire { tick, missed } => match claim(record.as_ref(), &key, tick).await {
                 Ok(Claim::Won) => {
                     if missed > 0 {
                         tracing::warn!(schedule = schedule.name(), %tick, missed, "running once for missed ticks");
@@ -355,9 +362,9 @@ pub async fn run<F, Fut>(
                     handled = Some(tick);
                     job(Tick { at: tick, missed }).await;
                 }
-                Ok(Claim::AlreadyRun(record)) => {
-                    tracing::info!(schedule = schedule.name(), %tick, %record, "tick already run by another leader");
-                    handled = Some(record);
+                Ok(Claim::AlreadyRun(recorded)) => {
+                    tracing::info!(schedule = schedule.name(), %tick, %recorded, "tick already run by another leader");
+                    handled = Some(recorded);
                 }
                 Ok(Claim::NotHolder | Claim::Contended) => {
                     tracing::debug!(schedule = schedule.name(), %tick, "the lease does not name us or kept changing; not firing yet");
@@ -373,6 +380,14 @@ pub async fn run<F, Fut>(
                 }
             },
         }
+    }
+}
+
+/// Claims `tick` on the Lease; without one (no leader election) every tick is ours.
+async fn claim(record: Option<&LeaseRecord>, key: &str, tick: DateTime<Utc>) -> Result<Claim, kube::Error> {
+    match record {
+        Some(record) => record.claim(key, tick).await,
+        None => Ok(Claim::Won),
     }
 }
 

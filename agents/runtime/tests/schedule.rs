@@ -61,7 +61,7 @@ fn schedule_on(replica: &Replica, ns: &str, schedule: Schedule, fired: Fired, st
         }
         async {}
     };
-    tokio::spawn(schedule::run(schedule, record, replica.leadership.clone(), replica.shutdown.clone(), job));
+    tokio::spawn(schedule::run(schedule, Some(record), replica.leadership.clone(), replica.shutdown.clone(), job));
 }
 
 #[tokio::test]
@@ -111,4 +111,27 @@ async fn a_new_leader_does_not_run_again_the_tick_the_old_leader_ran_and_followe
         replica.shutdown.cancel();
     }
     Ok(())
+}
+
+#[tokio::test]
+async fn without_leader_election_every_tick_fires_with_nothing_recorded() {
+    let spec = ScheduleSpec {
+        cron: "* * * * * *".into(),
+        time_zone: None,
+        jitter: None,
+        missed: Missed::Skip,
+        starting_deadline: None,
+    };
+    let schedule = Schedule::new("drill-root", &spec).unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let shutdown = CancellationToken::new();
+    let job = move |tick: Tick| {
+        let _ = tx.send(tick.at);
+        async {}
+    };
+    tokio::spawn(schedule::run(schedule, None, lease::Leadership::always(), shutdown.clone(), job));
+    let first = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+    assert_eq!(second - first, chrono::Duration::seconds(1), "consecutive ticks, each once");
+    shutdown.cancel();
 }
