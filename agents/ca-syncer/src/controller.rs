@@ -54,7 +54,9 @@ pub enum SyncError {
 /// `ca-syncer run`.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     agent::run(INFO, args, Metrics::register, |ctx: Context<Config>, metrics: Metrics| async move {
-        let settings = Settings { resync: ctx.config.borrow().resync_interval, ..Settings::default() };
+        // The configured resyncInterval comes back as each reconcile's requeue time, so a reloaded value
+        // applies at once; the driver's own resync is only a backstop.
+        let settings = Settings { resync: Duration::from_secs(3600), ..Settings::default() };
         let reconcile = metrics.reconcile.clone();
         let (client, events) = (ctx.client.clone(), ctx.events.clone());
         let published = Arc::new(Mutex::new(BTreeMap::new()));
@@ -173,7 +175,9 @@ impl Reconciler for Syncer {
         let Some(bundle) = self.config.bundles.iter().find(|b| b.name == item.0) else { return Ok(None) };
         let now = OffsetDateTime::now_utc();
         let review = self.sync_bundle(bundle, now).await?;
-        Ok(review.map(|at| Duration::try_from(at - now).unwrap_or(Duration::ZERO) + Duration::from_secs(1)))
+        let resync = self.config.resync_interval;
+        let due = review.map(|at| Duration::try_from(at - now).unwrap_or(Duration::ZERO) + Duration::from_secs(1));
+        Ok(Some(due.map_or(resync, |due| due.min(resync))))
     }
 }
 
