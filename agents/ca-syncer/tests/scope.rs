@@ -197,3 +197,43 @@ async fn a_follower_is_ready_once_its_caches_sync_and_never_writes() -> Result<(
     assert_eq!(metric(&text, "ca_syncer_reconcile_duration_seconds_count")?, 0.0, "a follower never reconciles");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_replica_whose_watch_cannot_list_is_not_ready_until_its_initial_list_arrives() -> Result<()> {
+    use k8s_openapi::api::rbac::v1::Role;
+    use kube::api::DeleteParams;
+    let s = setup().await?;
+    // Take away the source namespace's Role: the watch of the source cannot list.
+    let roles = Api::<Role>::namespaced(s.bed.client(), &s.src);
+    let taken = roles.get(ca_syncer::rbac::ROLE_NAME).await?;
+    roles.delete(ca_syncer::rbac::ROLE_NAME, &DeleteParams::default()).await?;
+    let agent =
+        AgentProcess::start_as(&s.bed, &s.kubeconfig, Path::new(BINARY), &s.config, &s.agent_ns, "ca-syncer-0", &[])?;
+    let readyz = || async {
+        testbed::http::get(&format!("{}/readyz", agent.admin_url)).await.ok().map(|(code, _, body)| (code, body))
+    };
+    // It leads (its Lease works) and is alive, but says why it is not ready.
+    wait_for_metric(&agent, "ca_syncer_leader", "leading", |v| v == 1.0).await;
+    let denied = testbed::eventually(WAIT, "the watch refused", || async {
+        let requests = testbed::audit::by_user(&s.bed.apiserver.audit_log, &s.user).ok()?;
+        requests.into_iter().find(|r| r.resource == "secrets" && r.code == Some(403))
+    })
+    .await;
+    assert_eq!(denied.namespace.as_deref(), Some(s.src.as_str()), "{denied:?}");
+    assert_eq!(readyz().await, Some((503, "watches have not delivered their initial list".to_string())));
+
+    // Give the Role back: the watch lists, and the replica becomes ready and does its job.
+    let mut back = taken.clone();
+    back.metadata = kube::api::ObjectMeta {
+        name: taken.metadata.name.clone(),
+        namespace: taken.metadata.namespace.clone(),
+        ..Default::default()
+    };
+    roles.create(&PostParams::default(), &back).await?;
+    testbed::eventually(std::time::Duration::from_secs(90), "ready once the list arrives", || async {
+        readyz().await.filter(|(code, _)| *code == 200)
+    })
+    .await;
+    assert!(key(&s.bed.client(), &s.dst, "kcp-ca", "ca.crt").await.is_some());
+    Ok(())
+}
