@@ -1,6 +1,6 @@
 //! Our marked block inside a Corefile key that another field manager ("kubeadm") owns, on a real apiserver:
 //! only the block changes, a no-op makes zero writes, a concurrent change by the owner is kept, ambiguous
-//! content is refused without a write.
+//! content is refused without a write, and a real CoreDNS loads a Corefile holding our block.
 
 use std::collections::BTreeMap;
 
@@ -149,5 +149,33 @@ async fn ambiguous_content_is_refused_and_nothing_is_written() -> Result<()> {
     assert!(matches!(err, WriteError::MissingKey(..)), "{err}");
     let err = write_block(&api, "absent", "Corefile", &block(), Some(RULES), None).await.unwrap_err();
     assert!(matches!(err, WriteError::Missing(_)), "{err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_corefile_with_our_block_loads_in_real_coredns_and_the_block_acts_inside_the_server_block() -> Result<()> {
+    use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+    let bed = testbed::ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let service = Service {
+        metadata: ObjectMeta { name: Some("root-kcp".into()), ..Default::default() },
+        spec: Some(ServiceSpec {
+            ports: Some(vec![ServicePort { port: 6443, ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let service = Api::<Service>::namespaced(bed.client(), &ns).create(&PostParams::default(), &service).await?;
+    let cluster_ip: std::net::Ipv4Addr = service.spec.and_then(|s| s.cluster_ip).expect("a ClusterIP").parse()?;
+
+    // The test bed's kubeadm-shaped Corefile; its server key carries the port placeholder.
+    let block = MarkedBlock::new("dns-rewriter", ".:{{port}}")?;
+    let rule = format!("rewrite name exact kcp-root.example.com. root-kcp.{ns}.svc.cluster.local.");
+    let corefile = block.set(testbed::coredns::KUBEADM_COREFILE, Some(&rule))?;
+    assert_eq!(block.set(&corefile, None)?, testbed::coredns::KUBEADM_COREFILE);
+
+    let coredns = bed.coredns(&corefile).await?;
+    let answer = coredns.resolve_a("kcp-root.example.com").await?;
+    assert_eq!(answer, [cluster_ip], "the rewrite in our block answers with the Service's ClusterIP");
     Ok(())
 }
