@@ -1,15 +1,12 @@
-//! The dns-rewriter binary as the chart runs it, against the real test bed.
+//! The dns-rewriter binary is not built yet: it must say so and fail, never run and report ready.
 
-testbed::agent_binary_tests!("dns-rewriter");
-
-/// A runtime property, proven once through a real binary.
-#[tokio::test]
-async fn a_second_sigterm_during_a_stuck_drain_exits_at_once() -> anyhow::Result<()> {
-    testbed::agent_process::check_second_signal_exits_at_once(std::path::Path::new(BINARY), &example_config()).await
-}
-
-/// A runtime property, proven once through a real binary.
-#[tokio::test]
-async fn a_leader_that_cannot_renew_its_lease_exits_to_rejoin() -> anyhow::Result<()> {
-    testbed::agent_process::check_lost_lease_exits(std::path::Path::new(BINARY), &example_config()).await
+#[test]
+fn the_unbuilt_binary_refuses_to_run_and_says_why() {
+    let binary = env!("CARGO_BIN_EXE_dns-rewriter");
+    for args in [&["run", "--config", "/nonexistent.yaml"][..], &[][..], &["--version"][..]] {
+        let out = std::process::Command::new(binary).args(args).output().expect("the binary starts");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("dns-rewriter is not built yet"), "{args:?}: {stderr}");
+    }
 }
