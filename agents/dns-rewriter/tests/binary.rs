@@ -1,4 +1,5 @@
-//! The dns-rewriter binary as the chart runs it, against the real test bed.
+//! The dns-rewriter binary as the chart runs it, against the real test bed. `run` is still the runtime's
+//! placeholder loop (on this agent's real configuration); these prove the lifecycle around it.
 
 testbed::agent_binary_tests!("dns-rewriter");
 
