@@ -391,12 +391,12 @@ mod tests {
 
     #[test]
     fn the_block_is_inserted_before_the_closing_brace_with_the_servers_indentation() {
-        let content = snippet(&[("kcp-root.example.com", "root-kcp")]);
-        let out = set(KUBEADM, ".:53", Some(&content)).unwrap();
+        let text = snippet(&[("kcp-root.example.com", "root-kcp")]);
+        let out = set(KUBEADM, ".:53", Some(&text)).unwrap();
         let expected_tail = "    loadbalance\n    # kcp-keeper:begin dns-rewriter (managed by kcp-keeper: edits inside this block are overwritten)\n    # Managed by kcp-keeper (dns-rewriter); edits here are overwritten.\n    # Split horizon: each kcp public name below answers with its in-cluster Service.\n    rewrite name exact kcp-root.example.com. root-kcp.kcp-system.svc.cluster.local.\n    # kcp-keeper:end dns-rewriter\n}\n";
         assert!(out.ends_with(expected_tail), "{out}");
-        assert_eq!(content(&out, ".:53").unwrap().as_deref(), Some(content.as_str()));
-        let odd = set(ODD, ".:53", Some(&content)).unwrap();
+        assert_eq!(content(&out, ".:53").unwrap().as_deref(), Some(text.as_str()));
+        let odd = set(ODD, ".:53", Some(&text)).unwrap();
         assert!(odd.contains("\treload\n\t# kcp-keeper:begin dns-rewriter"), "{odd}");
         assert!(odd.starts_with("# the cluster's DNS\nexample.org:53 {\n\tforward . 9.9.9.9\n}\n"), "{odd}");
     }
@@ -408,9 +408,9 @@ mod tests {
             let two = snippet(&[("a.example.com", "a"), ("b.example.com", "b"), ("c.example.com", "c")]);
             let mut text = original.to_string();
             for cycle in 0..20 {
-                let content = if cycle % 2 == 0 { &one } else { &two };
-                let next = set(&text, ".:53", Some(content)).unwrap();
-                assert_eq!(set(&next, ".:53", Some(content)).unwrap(), next, "setting the same content is a no-op");
+                let lines = if cycle % 2 == 0 { &one } else { &two };
+                let next = set(&text, ".:53", Some(lines)).unwrap();
+                assert_eq!(set(&next, ".:53", Some(lines)).unwrap(), next, "setting the same content is a no-op");
                 assert_eq!(set(&next, ".:53", None).unwrap(), original, "outside the block nothing changed");
                 text = next;
             }
@@ -431,33 +431,33 @@ mod tests {
 
     #[test]
     fn the_server_block_is_found_by_key_with_a_port_placeholder_or_scheme() {
-        let content = snippet(&[("a.example.com", "a")]);
+        let lines = snippet(&[("a.example.com", "a")]);
         let text = ".:{{port}} {\n    errors\n}\n";
-        assert!(set(text, ".:{{port}}", Some(&content)).unwrap().contains("rewrite name exact a.example.com."));
-        assert!(set("dns://.:53 {\n    errors\n}\n", ".:53", Some(&content)).is_ok());
-        assert!(set(".:53, example.com:53 {\n    errors\n}\n", ".:53", Some(&content)).is_ok());
+        assert!(set(text, ".:{{port}}", Some(&lines)).unwrap().contains("rewrite name exact a.example.com."));
+        assert!(set("dns://.:53 {\n    errors\n}\n", ".:53", Some(&lines)).is_ok());
+        assert!(set(".:53, example.com:53 {\n    errors\n}\n", ".:53", Some(&lines)).is_ok());
     }
 
     #[test]
     fn ambiguous_corefiles_are_refused() {
-        let content = snippet(&[("a.example.com", "a")]);
-        let block = set(KUBEADM, ".:53", Some(&content)).unwrap();
+        let lines = snippet(&[("a.example.com", "a")]);
+        let block = set(KUBEADM, ".:53", Some(&lines)).unwrap();
         let begin = block.lines().find(|l| l.contains("kcp-keeper:begin")).unwrap().to_string();
         let end = block.lines().find(|l| l.contains("kcp-keeper:end")).unwrap().to_string();
         let cases: Vec<(String, BlockError)> = vec![
             (KUBEADM.replace(".:53", ".:5353"), BlockError::NoServerBlock),
             (format!("{KUBEADM}{KUBEADM}"), BlockError::AmbiguousServerBlock(2)),
             (KUBEADM.replace("    loadbalance\n}", "    loadbalance }"), BlockError::ClosingBraceNotAlone(22)),
-            (KUBEADM.replace("}\n", ""), BlockError::Unbalanced(17)),
+            (KUBEADM.replace("}\n", ""), BlockError::Unbalanced(19)),
             (KUBEADM.replace("health {", "health{"), BlockError::AmbiguousBrace(3)),
             (block.replacen(&end, "", 1), BlockError::Unterminated(23)),
-            (block.replacen(&begin, "", 1), BlockError::EndWithoutBegin(26)),
+            (block.replacen(&begin, "", 1), BlockError::EndWithoutBegin(27)),
             (block.replacen(&end, &format!("{end}\n{begin}\n{end}"), 1), BlockError::DuplicateBegin(2)),
             (format!("{block}{}\n", end.trim()), BlockError::DuplicateEnd(2)),
             (format!("{}\n{}\n{KUBEADM}", begin.trim(), end.trim()), BlockError::OutsideServerBlock),
         ];
         for (text, want) in cases {
-            assert_eq!(set(&text, ".:53", Some(&content)).unwrap_err(), want, "{text}");
+            assert_eq!(set(&text, ".:53", Some(&lines)).unwrap_err(), want, "{text}");
         }
     }
 
@@ -470,8 +470,8 @@ mod tests {
 
     #[test]
     fn the_pre_write_check_accepts_our_candidate_and_refuses_tampering() {
-        let content = snippet(&[("a.example.com", "a"), ("b.example.com", "b")]);
-        let candidate = set(KUBEADM, ".:53", Some(&content)).unwrap();
+        let lines = snippet(&[("a.example.com", "a"), ("b.example.com", "b")]);
+        let candidate = set(KUBEADM, ".:53", Some(&lines)).unwrap();
         assert_eq!(check_candidate(KUBEADM, &candidate, ".:53", &domain()), Ok(2));
         let foreign = candidate.replace("ttl 30", "ttl 5");
         assert_eq!(check_candidate(KUBEADM, &foreign, ".:53", &domain()), Err(CandidateError::ForeignBytesChanged));

@@ -376,8 +376,11 @@ pub fn load(file: &Path) -> Result<Config, ConfigError> {
 /// Unknown and missing field messages name keys, which are kept.
 fn without_value(message: &str) -> String {
     let message = message.split(" at line ").next().unwrap_or(message);
-    if message.starts_with("unknown field") || message.starts_with("missing field") {
-        return message.to_string();
+    // serde_yaml may put the path in front; the path is reported separately.
+    for kept in ["unknown field", "missing field"] {
+        if let Some(at) = message.find(kept) {
+            return message[at..].to_string();
+        }
     }
     match message.split_once(", expected ") {
         Some((_, expected)) => format!("invalid value, expected {expected}"),
@@ -485,7 +488,8 @@ mod tests {
     #[test]
     fn unknown_fields_are_errors_naming_their_path() {
         let msg = err("mode: k3s\nrules:\n- host: a.example.com\n  service: {namespace: a, name: b, nmae: c}\n");
-        assert!(msg.starts_with("c.yaml: rules[0].service: unknown field `nmae`"), "{msg}");
+        assert!(msg.starts_with("c.yaml: rules[0].service"), "{msg}");
+        assert!(msg.ends_with("unknown field `nmae`, expected `namespace` or `name`"), "{msg}");
     }
 
     #[test]

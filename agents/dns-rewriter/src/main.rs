@@ -49,7 +49,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args,
         |_registry| (),
         |ctx: agent::Context<RawConfig>, ()| async move {
-            let raw = ctx.config.borrow().as_ref().clone();
+            let raw = RawConfig::clone(&ctx.config.borrow());
             let every = Config::from_raw(raw).map(|c| c.resync_interval).unwrap_or(std::time::Duration::from_secs(300));
             agent::idle(ctx, every).await
         },

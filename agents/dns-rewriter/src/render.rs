@@ -56,6 +56,7 @@ pub fn check(text: &str, domain: &Domain) -> Result<usize, GrammarError> {
         return Err(err(text.lines().count(), "the text must end with a newline"));
     }
     let mut rules = RuleSet::new();
+    let mut last: Option<Hostname> = None;
     for (i, l) in text[HEADER.len()..].lines().enumerate() {
         let n = header_lines + i + 1;
         let words: Vec<&str> = l.split(' ').collect();
@@ -81,9 +82,10 @@ pub fn check(text: &str, domain: &Domain) -> Result<usize, GrammarError> {
         if Hostname::parse(to).is_err() {
             return Err(err(n, "the target is not a valid hostname"));
         }
-        if rules.iter().next_back().is_some_and(|(last, _)| *last >= host) {
+        if last.as_ref().is_some_and(|last| *last >= host) {
             return Err(err(n, "rules are sorted by public name, each name once"));
         }
+        last = Some(host.clone());
         let _ = rules.insert(host, Target { service, cluster_ip: None });
     }
     if render(&rules, domain) != text {
