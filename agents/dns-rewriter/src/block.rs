@@ -332,7 +332,9 @@ fn tokens(text: &str) -> Result<Vec<Token>, BlockError> {
             "{" => Kind::Open,
             "}" => Kind::Close,
             w if w.len() > 2 && w.starts_with('{') && w.ends_with('}') => Kind::Word,
-            w if w.ends_with('{') || w.starts_with('}') => return Err(BlockError::AmbiguousBrace(line_of(text, start))),
+            w if w.ends_with('{') || w.starts_with('}') => {
+                return Err(BlockError::AmbiguousBrace(line_of(text, start)));
+            }
             _ => Kind::Word,
         };
         out.push(Token { kind, start, end: i });

@@ -20,7 +20,10 @@ pub const OPERATOR_VERSION: &str = "v1alpha1";
 
 /// The API resource of an operator kind.
 pub fn api_resource(kind: Kind) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(OPERATOR_GROUP, OPERATOR_VERSION, kind.name()), kind.plural())
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(OPERATOR_GROUP, OPERATOR_VERSION, kind.name()),
+        kind.plural(),
+    )
 }
 
 /// What the planner needs from the cluster.
@@ -38,7 +41,8 @@ pub async fn read(client: &kube::Client, config: &Config) -> anyhow::Result<Clus
             continue;
         }
         let api: Api<Service> = Api::namespaced(client.clone(), rule.service.namespace());
-        let found = api.get_opt(rule.service.name()).await.with_context(|| format!("reading Service {}", rule.service))?;
+        let found =
+            api.get_opt(rule.service.name()).await.with_context(|| format!("reading Service {}", rule.service))?;
         if let Some(svc) = found {
             services.insert(key, ServiceFacts::from_service(&svc));
         }
@@ -57,7 +61,8 @@ pub async fn read(client: &kube::Client, config: &Config) -> anyhow::Result<Clus
             services.insert((facts.namespace.clone(), facts.name.clone()), facts);
         }
         for &kind in &discovery.kinds {
-            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &discovery.namespace, &api_resource(kind));
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &discovery.namespace, &api_resource(kind));
             let list = api
                 .list(&ListParams::default())
                 .await
@@ -84,6 +89,7 @@ pub fn plan_with(config: &Config, view: &ClusterView) -> Plan {
 pub async fn current_value(client: &kube::Client, config: &Config) -> anyhow::Result<Option<String>> {
     let key = config.target.configmap();
     let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &key.namespace);
-    let cm = api.get_opt(&key.name).await.with_context(|| format!("reading ConfigMap {}/{}", key.namespace, key.name))?;
+    let cm =
+        api.get_opt(&key.name).await.with_context(|| format!("reading ConfigMap {}/{}", key.namespace, key.name))?;
     Ok(cm.and_then(|cm| cm.data).and_then(|mut data| data.remove(&key.key)))
 }

@@ -189,7 +189,12 @@ impl Config {
         let mut errors = Vec::new();
         let mut err = |path: &str, reason: &str| errors.push(FieldError::new(path, reason));
 
-        let key_of = |errs: &mut dyn FnMut(&str, &str), section: &str, ns: Option<String>, name: Option<String>, key: Option<String>, defaults: (&str, &str, &str)| {
+        let key_of = |errs: &mut dyn FnMut(&str, &str),
+                      section: &str,
+                      ns: Option<String>,
+                      name: Option<String>,
+                      key: Option<String>,
+                      defaults: (&str, &str, &str)| {
             let ns = ns.unwrap_or_else(|| defaults.0.into());
             let name = name.unwrap_or_else(|| defaults.1.into());
             let key = key.unwrap_or_else(|| defaults.2.into());
@@ -211,7 +216,14 @@ impl Config {
                     err("corefile", "only allowed when mode is corefile");
                 }
                 let k3s = raw.k3s.unwrap_or(RawK3s { namespace: None, name: None, key: None });
-                let key = key_of(&mut err, "k3s", k3s.namespace, k3s.name, k3s.key, (DEFAULT_K3S_NAMESPACE, DEFAULT_K3S_NAME, DEFAULT_K3S_KEY));
+                let key = key_of(
+                    &mut err,
+                    "k3s",
+                    k3s.namespace,
+                    k3s.name,
+                    k3s.key,
+                    (DEFAULT_K3S_NAMESPACE, DEFAULT_K3S_NAME, DEFAULT_K3S_KEY),
+                );
                 if !key.key.ends_with(".override") || key.key == ".override" {
                     err("k3s.key", "must end in .override: k3s imports only those keys into its main server block");
                 }
@@ -227,10 +239,19 @@ impl Config {
                         None
                     }
                     Some(c) => {
-                        let key = key_of(&mut err, "corefile", c.namespace, c.name, c.key, (DEFAULT_K3S_NAMESPACE, DEFAULT_COREFILE_NAME, DEFAULT_COREFILE_KEY));
+                        let key = key_of(
+                            &mut err,
+                            "corefile",
+                            c.namespace,
+                            c.name,
+                            c.key,
+                            (DEFAULT_K3S_NAMESPACE, DEFAULT_COREFILE_NAME, DEFAULT_COREFILE_KEY),
+                        );
                         let server_block = c.server_block.unwrap_or_else(|| DEFAULT_SERVER_BLOCK.into());
                         if server_block.is_empty()
-                            || server_block.chars().any(|c| c.is_whitespace() || c == '{' || c == '}' || c == '#' || c == '"')
+                            || server_block
+                                .chars()
+                                .any(|c| c.is_whitespace() || c == '{' || c == '}' || c == '#' || c == '"')
                         {
                             err("corefile.serverBlock", "must be one server block key such as .:53");
                         }
@@ -289,7 +310,7 @@ impl Config {
             }
         }
 
-        let discovery = raw.discovery.and_then(|d| {
+        let discovery = raw.discovery.map(|d| {
             if let Err(r) = names::check_dns_label(&d.namespace) {
                 err("discovery.namespace", &r);
             }
@@ -297,7 +318,7 @@ impl Config {
             if kinds.is_empty() {
                 err("discovery", "enable at least one of rootShards, shards, frontProxies (or leave discovery out)");
             }
-            Some(Discovery { namespace: d.namespace, kinds })
+            Discovery { namespace: d.namespace, kinds }
         });
 
         let raw_verify = raw.verify.unwrap_or(RawVerify { resolver: None, timeout: None });
@@ -312,7 +333,8 @@ impl Config {
         if timeout.is_zero() {
             err("verify.timeout", "must be more than 0");
         }
-        let resync_interval = duration(&mut err, "resyncInterval", raw.resync_interval.as_deref(), Duration::from_secs(300));
+        let resync_interval =
+            duration(&mut err, "resyncInterval", raw.resync_interval.as_deref(), Duration::from_secs(300));
         if resync_interval < Duration::from_secs(10) {
             err("resyncInterval", "must be at least 10s");
         }
@@ -425,11 +447,15 @@ mod tests {
 
     #[test]
     fn corefile_mode_names_the_configmap_and_server_block() {
-        let config =
-            parse_text("mode: corefile\ncorefile:\n  name: coredns\n  serverBlock: '.:5353'\nclusterDomain: k8s.internal\n")
-                .unwrap();
+        let config = parse_text(
+            "mode: corefile\ncorefile:\n  name: coredns\n  serverBlock: '.:5353'\nclusterDomain: k8s.internal\n",
+        )
+        .unwrap();
         let Target::Corefile { key, server_block } = config.target else { panic!() };
-        assert_eq!((key.namespace.as_str(), key.name.as_str(), key.key.as_str()), ("kube-system", "coredns", "Corefile"));
+        assert_eq!(
+            (key.namespace.as_str(), key.name.as_str(), key.key.as_str()),
+            ("kube-system", "coredns", "Corefile")
+        );
         assert_eq!(server_block, ".:5353");
         assert_eq!(config.cluster_domain.as_str(), "k8s.internal");
     }
@@ -473,7 +499,9 @@ mod tests {
 
     #[test]
     fn a_host_inside_the_cluster_domain_is_refused() {
-        let msg = err("mode: k3s\nrules:\n- host: x.kcp-system.svc.cluster.local\n  service: {namespace: kcp-system, name: root-kcp}\n");
+        let msg = err(
+            "mode: k3s\nrules:\n- host: x.kcp-system.svc.cluster.local\n  service: {namespace: kcp-system, name: root-kcp}\n",
+        );
         assert!(msg.contains("rules[0].host: lies inside the cluster domain"), "{msg}");
     }
 
@@ -499,7 +527,9 @@ mod tests {
             format!("mode: {secretish}\n"),
             format!("mode: k3s\nrules:\n- host: {secretish}.example.com\n  service: {{namespace: a, name: b}}\n"),
             format!("mode: k3s\nrules:\n- host: a.example.com\n  service: {{namespace: {secretish}, name: b}}\n"),
-            format!("mode: k3s\nrules:\n- host: a.example.com\n  service: {{namespace: a, name: b}}\n  port: {secretish}\n"),
+            format!(
+                "mode: k3s\nrules:\n- host: a.example.com\n  service: {{namespace: a, name: b}}\n  port: {secretish}\n"
+            ),
             format!("mode: k3s\nverify: {{resolver: {secretish}}}\n"),
             format!("mode: k3s\nverify: {{timeout: {secretish}}}\n"),
             format!("mode: k3s\nclusterDomain: {secretish}\n"),

@@ -94,7 +94,12 @@ impl fmt::Display for Origin {
 
 impl OperatorObject {
     pub fn origin(&self, field: impl Into<String>) -> Origin {
-        Origin::Object { kind: self.kind, namespace: self.namespace.clone(), name: self.name.clone(), field: field.into() }
+        Origin::Object {
+            kind: self.kind,
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            field: field.into(),
+        }
     }
 }
 
@@ -159,7 +164,8 @@ pub fn public_names(obj: &OperatorObject) -> (Vec<Candidate>, Vec<UnreadableFiel
             let deprecated = spec.pointer("/externalHostname").and_then(Value::as_str).filter(|h| !h.is_empty());
             let found = match (external, deprecated) {
                 (Some(host), _) => {
-                    let port = spec.pointer("/external/port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
+                    let port =
+                        spec.pointer("/external/port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
                     Some((host, port, "spec.external.hostname"))
                 }
                 (None, Some(host)) => Some((host, Some(6443), "spec.externalHostname")),
@@ -234,8 +240,16 @@ mod tests {
             hosts(&names),
             vec![
                 ("alpha.kcp.example.com", Some(6443), "Shard kcp-system/alpha spec.extraArgs[1]".to_string()),
-                ("alpha.kcp.example.com", None, "Shard kcp-system/alpha spec.certificateTemplates.server.spec.dnsNames[0]".into()),
-                ("alpha-2.kcp.example.com", None, "Shard kcp-system/alpha spec.certificateTemplates.server.spec.dnsNames[1]".into()),
+                (
+                    "alpha.kcp.example.com",
+                    None,
+                    "Shard kcp-system/alpha spec.certificateTemplates.server.spec.dnsNames[0]".into()
+                ),
+                (
+                    "alpha-2.kcp.example.com",
+                    None,
+                    "Shard kcp-system/alpha spec.certificateTemplates.server.spec.dnsNames[1]".into()
+                ),
             ]
         );
         assert!(!names[0].from_certificate && names[1].from_certificate);
@@ -249,12 +263,19 @@ mod tests {
             json!({"extraArgs": ["--shard-virtual-workspace-url", "https://root.kcp.example.com"], "external": {"hostname": "kcp.example.com", "port": 443}}),
         );
         let (names, _) = public_names(&root);
-        assert_eq!(hosts(&names), vec![("root.kcp.example.com", Some(443), "RootShard kcp-system/root spec.extraArgs[1]".into())]);
+        assert_eq!(
+            hosts(&names),
+            vec![("root.kcp.example.com", Some(443), "RootShard kcp-system/root spec.extraArgs[1]".into())]
+        );
     }
 
     #[test]
     fn an_unreadable_url_is_reported_by_its_field() {
-        let shard = obj(Kind::Shard, "alpha", json!({"extraArgs": ["--shard-virtual-workspace-url=not a url", "--shard-virtual-workspace-url=ftp://x.example.com", "--shard-virtual-workspace-url"]}));
+        let shard = obj(
+            Kind::Shard,
+            "alpha",
+            json!({"extraArgs": ["--shard-virtual-workspace-url=not a url", "--shard-virtual-workspace-url=ftp://x.example.com", "--shard-virtual-workspace-url"]}),
+        );
         let (names, unreadable) = public_names(&shard);
         assert!(names.is_empty());
         let fields: Vec<String> = unreadable.iter().map(|u| u.0.to_string()).collect();
@@ -270,10 +291,20 @@ mod tests {
 
     #[test]
     fn a_front_proxy_names_itself_by_its_external_hostname_then_the_deprecated_field() {
-        let fp = obj(Kind::FrontProxy, "frontproxy", json!({"external": {"hostname": "kcp.example.com", "port": 443}, "externalHostname": "old.example.com"}));
-        assert_eq!(hosts(&public_names(&fp).0), vec![("kcp.example.com", Some(443), "FrontProxy kcp-system/frontproxy spec.external.hostname".into())]);
+        let fp = obj(
+            Kind::FrontProxy,
+            "frontproxy",
+            json!({"external": {"hostname": "kcp.example.com", "port": 443}, "externalHostname": "old.example.com"}),
+        );
+        assert_eq!(
+            hosts(&public_names(&fp).0),
+            vec![("kcp.example.com", Some(443), "FrontProxy kcp-system/frontproxy spec.external.hostname".into())]
+        );
         let old = obj(Kind::FrontProxy, "frontproxy", json!({"externalHostname": "old.example.com"}));
-        assert_eq!(hosts(&public_names(&old).0), vec![("old.example.com", Some(6443), "FrontProxy kcp-system/frontproxy spec.externalHostname".into())]);
+        assert_eq!(
+            hosts(&public_names(&old).0),
+            vec![("old.example.com", Some(6443), "FrontProxy kcp-system/frontproxy spec.externalHostname".into())]
+        );
         let none = obj(Kind::FrontProxy, "frontproxy", json!({"rootShard": {"ref": {"name": "root"}}}));
         assert!(public_names(&none).0.is_empty());
     }

@@ -33,7 +33,9 @@ pub enum RuleError {
     ServiceNotFound { origin: Origin, component: &'static str, instance: String },
     #[error("{origin}: {count} Services carry the operator's labels for it; expected one")]
     ServiceAmbiguous { origin: Origin, count: usize },
-    #[error("{host}: claimed for Service {first} by {first_origin} and for Service {second} by {second_origin}; neither is written")]
+    #[error(
+        "{host}: claimed for Service {first} by {first_origin} and for Service {second} by {second_origin}; neither is written"
+    )]
     Conflict { host: Hostname, first: ServiceRef, first_origin: Origin, second: ServiceRef, second_origin: Origin },
 }
 
@@ -70,9 +72,13 @@ impl RuleError {
 /// Something worth saying that does not stop a rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuleWarning {
-    #[error("{host}: Service {service} does not expose port {port} of the public URL; DNS cannot change ports, so clients following the public URL will fail to connect until the Service exposes {port} too")]
+    #[error(
+        "{host}: Service {service} does not expose port {port} of the public URL; DNS cannot change ports, so clients following the public URL will fail to connect until the Service exposes {port} too"
+    )]
     PortMissing { host: Hostname, service: ServiceRef, port: u16 },
-    #[error("{host}: rules[{rule}] points at Service {configured}; {origin} would point at {discovered}; the configured rule wins")]
+    #[error(
+        "{host}: rules[{rule}] points at Service {configured}; {origin} would point at {discovered}; the configured rule wins"
+    )]
     OverriddenByConfig { host: Hostname, rule: usize, configured: ServiceRef, origin: Origin, discovered: ServiceRef },
     #[error("{origin}: skipped: {reason}")]
     Skipped { origin: Origin, reason: &'static str },
@@ -97,7 +103,12 @@ struct Entry {
 
 /// Plans the rules. `services` is `None` when there is no cluster to read: the configured rules are then
 /// taken as written (no Service checks, no ClusterIPs) and `objects` must be empty.
-pub fn plan(domain: &Domain, configured: &[Rule], objects: &[OperatorObject], services: Option<&[ServiceFacts]>) -> Plan {
+pub fn plan(
+    domain: &Domain,
+    configured: &[Rule],
+    objects: &[OperatorObject],
+    services: Option<&[ServiceFacts]>,
+) -> Plan {
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
     let mut chosen: BTreeMap<Hostname, Entry> = BTreeMap::new();
@@ -113,9 +124,8 @@ pub fn plan(domain: &Domain, configured: &[Rule], objects: &[OperatorObject], se
                 service_ports: None,
             }),
             Some(services) => {
-                let facts = services
-                    .iter()
-                    .find(|s| s.namespace == rule.service.namespace() && s.name == rule.service.name());
+                let facts =
+                    services.iter().find(|s| s.namespace == rule.service.namespace() && s.name == rule.service.name());
                 match usable(&rule.host, &rule.service, facts, &origin) {
                     Ok((ip, service_ports)) => Some(Entry {
                         service: rule.service.clone(),
@@ -125,7 +135,7 @@ pub fn plan(domain: &Domain, configured: &[Rule], objects: &[OperatorObject], se
                         service_ports: Some(service_ports),
                     }),
                     Err(e) => {
-                        errors.push(e);
+                        errors.push(*e);
                         None
                     }
                 }
@@ -136,7 +146,8 @@ pub fn plan(domain: &Domain, configured: &[Rule], objects: &[OperatorObject], se
             chosen.insert(rule.host.clone(), entry);
         }
     }
-    let configured_hosts: BTreeMap<&Hostname, usize> = configured.iter().enumerate().map(|(i, r)| (&r.host, i)).collect();
+    let configured_hosts: BTreeMap<&Hostname, usize> =
+        configured.iter().enumerate().map(|(i, r)| (&r.host, i)).collect();
 
     let mut objects: Vec<&OperatorObject> = objects.iter().collect();
     objects.sort_by(|a, b| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)));
@@ -227,8 +238,8 @@ pub fn plan(domain: &Domain, configured: &[Rule], objects: &[OperatorObject], se
                         );
                     }
                     // One error per object and Service, not one per name.
-                    Err(e) if errors.contains(&e) => {}
-                    Err(e) => errors.push(e),
+                    Err(e) if errors.contains(&*e) => {}
+                    Err(e) => errors.push(*e),
                 },
             }
         }
@@ -253,13 +264,13 @@ fn usable(
     service: &ServiceRef,
     facts: Option<&ServiceFacts>,
     origin: &Origin,
-) -> Result<(std::net::IpAddr, Vec<u16>), RuleError> {
+) -> Result<(std::net::IpAddr, Vec<u16>), Box<RuleError>> {
     let (origin, host, service) = (origin.clone(), host.clone(), service.clone());
-    let Some(facts) = facts else { return Err(RuleError::ServiceMissing { origin, host, service }) };
+    let Some(facts) = facts else { return Err(Box::new(RuleError::ServiceMissing { origin, host, service })) };
     match facts.cluster_ip {
         ClusterIp::Ip(ip) => Ok((ip, facts.ports.clone())),
-        ClusterIp::Headless => Err(RuleError::ServiceHeadless { origin, host, service }),
-        ClusterIp::Missing => Err(RuleError::ServiceNoClusterIp { origin, host, service }),
+        ClusterIp::Headless => Err(Box::new(RuleError::ServiceHeadless { origin, host, service })),
+        ClusterIp::Missing => Err(Box::new(RuleError::ServiceNoClusterIp { origin, host, service })),
     }
 }
 
@@ -292,7 +303,9 @@ mod tests {
             namespace: "kcp-system".into(),
             name: name.into(),
             labels: labels
-                .map(|(c, i)| [(COMPONENT_LABEL.to_string(), c.to_string()), (INSTANCE_LABEL.to_string(), i.to_string())].into())
+                .map(|(c, i)| {
+                    [(COMPONENT_LABEL.to_string(), c.to_string()), (INSTANCE_LABEL.to_string(), i.to_string())].into()
+                })
                 .unwrap_or_default(),
             cluster_ip: ip,
             ports: ports.to_vec(),
@@ -313,15 +326,28 @@ mod tests {
     }
 
     fn seed_objects() -> Vec<OperatorObject> {
-        let o = |kind, name: &str, spec| OperatorObject { kind, namespace: "kcp-system".into(), name: name.into(), spec };
+        let o =
+            |kind, name: &str, spec| OperatorObject { kind, namespace: "kcp-system".into(), name: name.into(), spec };
         vec![
-            o(Kind::Shard, "alpha", json!({"rootShard": {"ref": {"name": "root"}}, "extraArgs": ["--shard-virtual-workspace-url=https://alpha.kcp.example.com:6443"]})),
-            o(Kind::FrontProxy, "frontproxy", json!({"rootShard": {"ref": {"name": "root"}}, "external": {"hostname": "kcp.example.com", "port": 6443}})),
-            o(Kind::RootShard, "root", json!({
-                "external": {"hostname": "kcp.example.com", "port": 6443},
-                "extraArgs": ["--shard-virtual-workspace-url=https://root.kcp.example.com:6443"],
-                "certificateTemplates": {"server": {"spec": {"dnsNames": ["root.kcp.example.com", "kcp-root.example.com", "*.root.kcp.example.com", "root-kcp.kcp-system.svc.cluster.local"]}}},
-            })),
+            o(
+                Kind::Shard,
+                "alpha",
+                json!({"rootShard": {"ref": {"name": "root"}}, "extraArgs": ["--shard-virtual-workspace-url=https://alpha.kcp.example.com:6443"]}),
+            ),
+            o(
+                Kind::FrontProxy,
+                "frontproxy",
+                json!({"rootShard": {"ref": {"name": "root"}}, "external": {"hostname": "kcp.example.com", "port": 6443}}),
+            ),
+            o(
+                Kind::RootShard,
+                "root",
+                json!({
+                    "external": {"hostname": "kcp.example.com", "port": 6443},
+                    "extraArgs": ["--shard-virtual-workspace-url=https://root.kcp.example.com:6443"],
+                    "certificateTemplates": {"server": {"spec": {"dnsNames": ["root.kcp.example.com", "kcp-root.example.com", "*.root.kcp.example.com", "root-kcp.kcp-system.svc.cluster.local"]}}},
+                }),
+            ),
         ]
     }
 
@@ -404,7 +430,13 @@ mod tests {
         let reasons: Vec<&str> = p.errors.iter().map(RuleError::reason).collect();
         assert_eq!(
             reasons,
-            vec!["service_missing", "service_headless", "service_no_cluster_ip", "invalid_hostname", "service_not_found"]
+            vec![
+                "service_missing",
+                "service_headless",
+                "service_no_cluster_ip",
+                "invalid_hostname",
+                "service_not_found"
+            ]
         );
         let hosts: Vec<&str> = p.rules.iter().map(|(h, _)| h.as_str()).collect();
         assert_eq!(
@@ -421,8 +453,7 @@ mod tests {
         let messages: Vec<String> = p.errors.iter().map(ToString::to_string).collect();
         assert_eq!(messages[0], "rules[1]: b.example.com: Service kcp-system/missing does not exist");
         assert_eq!(
-            messages[3],
-            "Shard kcp-system/beta spec.extraArgs[0]: invalid hostname: must be lowercase",
+            messages[3], "Shard kcp-system/beta spec.extraArgs[0]: invalid hostname: must be lowercase",
             "names the field, not the value"
         );
         assert!(messages[4].starts_with("Shard kcp-system/gamma: no Service in its namespace is labelled"));
@@ -456,7 +487,11 @@ mod tests {
         let p = plan(&domain(), &[rule("kcp.example.com", "root-kcp", None)], &seed_objects(), Some(&services));
         let target = p.rules.get(&Hostname::parse("kcp.example.com").unwrap()).unwrap();
         assert_eq!(target.service.name(), "root-kcp");
-        assert!(p.warnings.iter().any(|w| matches!(w, RuleWarning::OverriddenByConfig { rule: 0, .. })), "{:?}", p.warnings);
+        assert!(
+            p.warnings.iter().any(|w| matches!(w, RuleWarning::OverriddenByConfig { rule: 0, .. })),
+            "{:?}",
+            p.warnings
+        );
     }
 
     #[test]

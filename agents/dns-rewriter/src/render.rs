@@ -185,7 +185,10 @@ mod tests {
             (format!("{good}rewrite name exact *.example.com. b.kcp-system.svc.cluster.local.\n"), "public name"),
             (format!("{good}rewrite name exact A.example.com. b.kcp-system.svc.cluster.local.\n"), "public name"),
             (format!("{good}rewrite  name exact z.example.com. b.kcp-system.svc.cluster.local.\n"), "five words"),
-            (format!("{good}rewrite name exact z.svc.cluster.local. b.kcp-system.svc.cluster.local.\n"), "cluster domain"),
+            (
+                format!("{good}rewrite name exact z.svc.cluster.local. b.kcp-system.svc.cluster.local.\n"),
+                "cluster domain",
+            ),
             (format!("{good}rewrite name exact z.example.com. b.kcp-system.svc.other.local.\n"), "target"),
             (format!("{HEADER}{}\n{}\n", lines[1], lines[0]), "sorted"),
             (format!("{HEADER}{}\n{}\n", lines[0], lines[0]), "sorted"),

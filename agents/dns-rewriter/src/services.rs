@@ -59,7 +59,11 @@ mod tests {
 
     fn svc(type_: Option<&str>, ip: Option<&str>) -> Service {
         Service {
-            metadata: ObjectMeta { name: Some("root-kcp".into()), namespace: Some("kcp-system".into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some("root-kcp".into()),
+                namespace: Some("kcp-system".into()),
+                ..Default::default()
+            },
             spec: Some(ServiceSpec {
                 type_: type_.map(Into::into),
                 cluster_ip: ip.map(Into::into),

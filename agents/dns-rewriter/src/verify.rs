@@ -62,8 +62,10 @@ pub fn resolver(server: SocketAddr, timeout: Duration) -> anyhow::Result<TokioRe
     let mut udp = ConnectionConfig::udp();
     udp.port = server.port();
     let ns = NameServerConfig::new(server.ip(), true, vec![udp]);
-    let mut builder =
-        TokioResolver::builder_with_config(ResolverConfig::from_name_servers(vec![ns]), TokioRuntimeProvider::default());
+    let mut builder = TokioResolver::builder_with_config(
+        ResolverConfig::from_name_servers(vec![ns]),
+        TokioRuntimeProvider::default(),
+    );
     let options = builder.options_mut();
     options.cache_size = 0;
     options.attempts = 1;
@@ -87,8 +89,13 @@ pub async fn check_one(resolver: &TokioResolver, host: &Hostname, expected: Opti
         Some(IpAddr::V6(_)) => RecordType::AAAA,
         _ => RecordType::A,
     };
-    let mut check =
-        HostCheck { host: host.clone(), expected, answered: Vec::new(), other_names: Vec::new(), outcome: Outcome::Error };
+    let mut check = HostCheck {
+        host: host.clone(),
+        expected,
+        answered: Vec::new(),
+        other_names: Vec::new(),
+        outcome: Outcome::Error,
+    };
     match resolver.lookup(host.fqdn().as_str(), record_type).await {
         Ok(lookup) => {
             for record in lookup.answers() {

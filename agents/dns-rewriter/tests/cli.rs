@@ -55,11 +55,15 @@ fn render_offline_prints_the_k3s_snippet_from_the_configured_rules() {
 #[test]
 fn render_offline_in_corefile_mode_prints_the_marked_block() {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "c.yaml", &format!("mode: corefile\ncorefile: {{name: coredns}}\n{TWO_RULES}"));
+    let config =
+        write_config(dir.path(), "c.yaml", &format!("mode: corefile\ncorefile: {{name: coredns}}\n{TWO_RULES}"));
     let (code, stdout, stderr) = run(&["render", "--offline", "--config", config.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.first().copied(), Some("# kcp-keeper:begin dns-rewriter (managed by kcp-keeper: edits inside this block are overwritten)"));
+    assert_eq!(
+        lines.first().copied(),
+        Some("# kcp-keeper:begin dns-rewriter (managed by kcp-keeper: edits inside this block are overwritten)")
+    );
     assert_eq!(lines.last().copied(), Some("# kcp-keeper:end dns-rewriter"));
     assert_eq!(lines.iter().filter(|l| l.starts_with("rewrite name exact ")).count(), 2, "{stdout}");
 }
@@ -79,7 +83,13 @@ fn render_refuses_an_invalid_configuration_naming_the_field_but_not_the_value() 
     assert!(!stderr.contains("Private-Name"), "{stderr}");
 }
 
-async fn create_operator_object(client: &kube::Client, ns: &str, kind: dns_rewriter::discovery::Kind, name: &str, spec: serde_json::Value) -> Result<()> {
+async fn create_operator_object(
+    client: &kube::Client,
+    ns: &str,
+    kind: dns_rewriter::discovery::Kind,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<()> {
     let resource = dns_rewriter::cluster::api_resource(kind);
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
     let mut obj = DynamicObject::new(name, &resource);
@@ -90,7 +100,8 @@ async fn create_operator_object(client: &kube::Client, ns: &str, kind: dns_rewri
 
 /// Objects shaped like the seed's (tests/e2e/src/layout.rs) plus a shard whose Service is headless.
 #[tokio::test]
-async fn render_against_the_apiserver_discovers_what_the_explicit_configuration_says_and_names_bad_rules() -> Result<()> {
+async fn render_against_the_apiserver_discovers_what_the_explicit_configuration_says_and_names_bad_rules() -> Result<()>
+{
     use dns_rewriter::discovery::Kind;
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
@@ -114,32 +125,60 @@ async fn render_against_the_apiserver_discovers_what_the_explicit_configuration_
         "extraArgs": ["--shard-virtual-workspace-url=https://root.kcp.example.com:6443"],
         "certificateTemplates": {"server": {"spec": {"dnsNames": ["root.kcp.example.com", "kcp-root.example.com"]}}},
     })).await?;
-    create_operator_object(&client, &ns, Kind::Shard, "alpha", json!({
-        "rootShard": {"ref": {"name": "root"}},
-        "extraArgs": ["--shard-virtual-workspace-url=https://alpha.kcp.example.com:6443"],
-    })).await?;
-    create_operator_object(&client, &ns, Kind::Shard, "beta", json!({
-        "rootShard": {"ref": {"name": "root"}},
-        "extraArgs": ["--shard-virtual-workspace-url=https://beta.kcp.example.com:6443"],
-    })).await?;
-    create_operator_object(&client, &ns, Kind::FrontProxy, "frontproxy", json!({
-        "rootShard": {"ref": {"name": "root"}},
-        "external": {"hostname": "kcp.example.com", "port": 443},
-    })).await?;
+    create_operator_object(
+        &client,
+        &ns,
+        Kind::Shard,
+        "alpha",
+        json!({
+            "rootShard": {"ref": {"name": "root"}},
+            "extraArgs": ["--shard-virtual-workspace-url=https://alpha.kcp.example.com:6443"],
+        }),
+    )
+    .await?;
+    create_operator_object(
+        &client,
+        &ns,
+        Kind::Shard,
+        "beta",
+        json!({
+            "rootShard": {"ref": {"name": "root"}},
+            "extraArgs": ["--shard-virtual-workspace-url=https://beta.kcp.example.com:6443"],
+        }),
+    )
+    .await?;
+    create_operator_object(
+        &client,
+        &ns,
+        Kind::FrontProxy,
+        "frontproxy",
+        json!({
+            "rootShard": {"ref": {"name": "root"}},
+            "external": {"hostname": "kcp.example.com", "port": 443},
+        }),
+    )
+    .await?;
 
     let dir = tempfile::tempdir()?;
     let kubeconfig = common::kubeconfig(&bed).to_str().unwrap().to_string();
-    let discovered = write_config(dir.path(), "discovered.yaml", &format!(
-        "mode: k3s\ndiscovery: {{namespace: {ns}, rootShards: true, shards: true, frontProxies: true}}\n"
-    ));
-    let explicit = write_config(dir.path(), "explicit.yaml", &format!(
-        "mode: k3s\nrules:\n\
+    let discovered = write_config(
+        dir.path(),
+        "discovered.yaml",
+        &format!("mode: k3s\ndiscovery: {{namespace: {ns}, rootShards: true, shards: true, frontProxies: true}}\n"),
+    );
+    let explicit = write_config(
+        dir.path(),
+        "explicit.yaml",
+        &format!(
+            "mode: k3s\nrules:\n\
          - {{host: kcp.example.com, service: {{namespace: {ns}, name: frontproxy-front-proxy}}, port: 443}}\n\
          - {{host: root.kcp.example.com, service: {{namespace: {ns}, name: root-kcp}}, port: 6443}}\n\
          - {{host: kcp-root.example.com, service: {{namespace: {ns}, name: root-kcp}}}}\n\
          - {{host: alpha.kcp.example.com, service: {{namespace: {ns}, name: alpha-shard-kcp}}, port: 6443}}\n"
-    ));
-    let (code_d, out_d, err_d) = run(&["render", "--kubeconfig", &kubeconfig, "--config", discovered.to_str().unwrap()]);
+        ),
+    );
+    let (code_d, out_d, err_d) =
+        run(&["render", "--kubeconfig", &kubeconfig, "--config", discovered.to_str().unwrap()]);
     let (code_e, out_e, err_e) = run(&["render", "--kubeconfig", &kubeconfig, "--config", explicit.to_str().unwrap()]);
     assert_eq!(code_e, Some(0), "{err_e}");
     assert_eq!(out_d, out_e, "discovery and the explicit configuration render the same bytes\n{err_d}");
@@ -147,10 +186,15 @@ async fn render_against_the_apiserver_discovers_what_the_explicit_configuration_
     assert!(!out_d.contains("beta"), "{out_d}");
     assert_eq!(code_d, Some(1), "a rule error makes render exit 1: {err_d}");
     assert!(
-        err_d.contains(&format!("error: Shard {ns}/beta spec.extraArgs[0]: beta.kcp.example.com: Service {ns}/beta-shard-kcp is headless")),
+        err_d.contains(&format!(
+            "error: Shard {ns}/beta spec.extraArgs[0]: beta.kcp.example.com: Service {ns}/beta-shard-kcp is headless"
+        )),
         "{err_d}"
     );
-    assert!(err_d.contains("warning: kcp.example.com: Service") && err_d.contains("does not expose port 443"), "{err_d}");
+    assert!(
+        err_d.contains("warning: kcp.example.com: Service") && err_d.contains("does not expose port 443"),
+        "{err_d}"
+    );
     Ok(())
 }
 
@@ -170,20 +214,47 @@ async fn check_prints_expected_and_answered_per_host_and_fails_when_one_does_not
     let dir = tempfile::tempdir()?;
     let kubeconfig = common::kubeconfig(&bed).to_str().unwrap().to_string();
     let rule = |host: &str, svc: &str| format!("- {{host: {host}, service: {{namespace: {ns}, name: {svc}}}}}\n");
-    let both = write_config(dir.path(), "both.yaml", &format!(
-        "mode: k3s\nverify: {{resolver: '127.0.0.1:{}'}}\nrules:\n{}{}", dns.port,
-        rule("kcp-root.example.com", "root-kcp"), rule("alpha.kcp.example.com", "alpha-shard-kcp")
-    ));
+    let both = write_config(
+        dir.path(),
+        "both.yaml",
+        &format!(
+            "mode: k3s\nverify: {{resolver: '127.0.0.1:{}'}}\nrules:\n{}{}",
+            dns.port,
+            rule("kcp-root.example.com", "root-kcp"),
+            rule("alpha.kcp.example.com", "alpha-shard-kcp")
+        ),
+    );
     let (code, stdout, stderr) = run(&["check", "--kubeconfig", &kubeconfig, "--config", both.to_str().unwrap()]);
     assert_eq!(code, Some(1), "{stdout}{stderr}");
-    let row = |host: &str| stdout.lines().find(|l| l.starts_with(host)).unwrap_or_default().split_whitespace().map(String::from).collect::<Vec<_>>();
-    assert_eq!(row("kcp-root.example.com"), vec!["kcp-root.example.com".to_string(), root.to_string(), root.to_string(), "ok".into()], "{stdout}");
-    assert_eq!(row("alpha.kcp.example.com"), vec!["alpha.kcp.example.com".to_string(), alpha.to_string(), "-".into(), "no_answer".into()], "{stdout}");
+    let row = |host: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(host))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        row("kcp-root.example.com"),
+        vec!["kcp-root.example.com".to_string(), root.to_string(), root.to_string(), "ok".into()],
+        "{stdout}"
+    );
+    assert_eq!(
+        row("alpha.kcp.example.com"),
+        vec!["alpha.kcp.example.com".to_string(), alpha.to_string(), "-".into(), "no_answer".into()],
+        "{stdout}"
+    );
 
     // Only the loaded rule, and the resolver from the flag: every host answers, exit 0.
-    let one = write_config(dir.path(), "one.yaml", &format!("mode: k3s\nrules:\n{}", rule("kcp-root.example.com", "root-kcp")));
+    let one = write_config(
+        dir.path(),
+        "one.yaml",
+        &format!("mode: k3s\nrules:\n{}", rule("kcp-root.example.com", "root-kcp")),
+    );
     let resolver = format!("127.0.0.1:{}", dns.port);
-    let (code, stdout, stderr) = run(&["check", "--kubeconfig", &kubeconfig, "--resolver", &resolver, "--config", one.to_str().unwrap()]);
+    let (code, stdout, stderr) =
+        run(&["check", "--kubeconfig", &kubeconfig, "--resolver", &resolver, "--config", one.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     assert!(stdout.starts_with("HOST"), "{stdout}");
     Ok(())
