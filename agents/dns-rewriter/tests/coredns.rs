@@ -78,11 +78,13 @@ async fn every_rendered_shape_loads_in_real_coredns_and_answers_the_cluster_ip_u
 }
 
 /// The negative control for the test above: a line our grammar refuses is refused by CoreDNS too, so
-/// "CoreDNS started and answered" is a check that can fail.
+/// "CoreDNS started and answered" is a check that can fail. (Not every refused line fails CoreDNS: a rule
+/// with one name, `rewrite name exact a.example.com.`, loads as a rewrite of the name `exact`, since the
+/// match type is optional. That is why the grammar insists on the exact five-word form.)
 #[tokio::test]
 async fn a_snippet_our_check_refuses_also_fails_to_load_in_real_coredns() -> Result<()> {
     let bed = ControlPlane::start().await?;
-    let broken = format!("{HEADER}rewrite name exact kcp-root.example.com.\n");
+    let broken = format!("{HEADER}rewrite name regex (kcp-root.example.com. root-kcp.kcp-system.svc.cluster.local.\n");
     assert!(render::check(&broken, &domain()).is_err());
     for mode in [Mode::K3s, Mode::Corefile] {
         let (corefile, custom) = placed(mode, &broken)?;
@@ -129,15 +131,20 @@ async fn a_changed_snippet_is_reloaded_added_rules_answer_and_removed_rules_stop
     Ok(())
 }
 
-/// Verification against real DNS: a loaded rule is a match; a name whose rule is not loaded has no answer;
-/// when the Service was recreated with a new ClusterIP, the old expectation is a mismatch.
+/// Verification against real DNS: a loaded rule is a match; a rule whose Service is gone has no answer
+/// (NXDOMAIN from the kubernetes plugin); a name without a rule is an error here (the test bed's CoreDNS has
+/// no upstream, so it answers REFUSED or SERVFAIL); when the Service was recreated with a new ClusterIP, the
+/// old expectation is a mismatch.
 #[tokio::test]
-async fn verification_tells_match_no_answer_and_a_recreated_service_apart() -> Result<()> {
+async fn verification_tells_match_no_answer_error_and_a_recreated_service_apart() -> Result<()> {
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let client = bed.client();
     let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
-    let set = rules(&[("kcp-root.example.com", &ns, "root-kcp", root)]);
+    let gone = create_service(&client, &ns, "gone", &[], false).await?.unwrap();
+    let set = rules(&[("kcp-root.example.com", &ns, "root-kcp", root), ("gone.example.com", &ns, "gone", gone)]);
+    let api = kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &ns);
+    api.delete("gone", &Default::default()).await?;
     let (corefile, custom) = placed(Mode::K3s, &render::render(&set, &domain()))?;
     let dns = coredns_with(&bed, &corefile, &custom).await?;
     let resolver = verify::resolver(([127, 0, 0, 1], dns.port).into(), Duration::from_secs(2))?;
@@ -151,10 +158,11 @@ async fn verification_tells_match_no_answer_and_a_recreated_service_apart() -> R
     assert_eq!(ok.answered, vec![root]);
     assert!(ok.other_names.is_empty());
 
-    let missing = verify::check_one(&resolver, &Hostname::parse("alpha.kcp.example.com")?, Some(root)).await;
-    assert_eq!(missing.outcome, Outcome::NoAnswer, "{missing:?}");
+    let gone_check = verify::check_one(&resolver, &Hostname::parse("gone.example.com")?, Some(gone)).await;
+    assert_eq!(gone_check.outcome, Outcome::NoAnswer, "{gone_check:?}");
+    let unruled = verify::check_one(&resolver, &Hostname::parse("alpha.kcp.example.com")?, Some(root)).await;
+    assert_eq!(unruled.outcome, Outcome::Error, "{unruled:?}");
 
-    let api = kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &ns);
     api.delete("root-kcp", &Default::default()).await?;
     let recreated = testbed::eventually(Duration::from_secs(10), "the Service to be gone", || {
         let client = client.clone();
