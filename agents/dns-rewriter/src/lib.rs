@@ -20,11 +20,11 @@ pub mod rules;
 pub mod services;
 pub mod verify;
 
-/// Until the runtime's reconcile driver lands, `run` is the runtime's placeholder loop on this agent's real
-/// configuration: the file is read with the same strict rules (this impl lets the runtime's loader and
-/// reloader use them), but nothing is written yet.
-impl kcp_keeper_runtime::config::AgentConfig for config::RawConfig {
-    fn validate(&self) -> Vec<kcp_keeper_runtime::config::FieldError> {
-        config::Config::from_raw(self.clone()).err().unwrap_or_default()
+/// The runtime loads and reloads the file through this (the daemon, once built, gets a [`config::Config`]).
+impl kcp_keeper_runtime::config::AgentConfig for config::Config {
+    type Raw = config::RawConfig;
+
+    fn from_raw(raw: config::RawConfig) -> Result<Self, Vec<kcp_keeper_runtime::config::FieldError>> {
+        config::Config::from_raw(raw)
     }
 }

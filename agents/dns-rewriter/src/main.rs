@@ -1,15 +1,15 @@
 //! dns-rewriter: CoreDNS split-horizon rules for kcp's public hostnames.
+//!
+//! The one-shots `render` and `check` are built. The daemon (`run`) is not: it refuses to start, because a
+//! binary that served `/readyz` 200 while writing nothing would let a deployment look healthy with none of
+//! the agent's work done.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use dns_rewriter::cli::{CheckArgs, RenderArgs};
-use dns_rewriter::config::{Config, RawConfig};
-use kcp_keeper_runtime::agent::{self, AgentInfo};
 use kcp_keeper_runtime::args::RunArgs;
-
-const INFO: AgentInfo = AgentInfo { name: "dns-rewriter", metrics_prefix: "dns_rewriter" };
 
 #[derive(Parser)]
 #[command(name = "dns-rewriter", version = kcp_keeper_runtime::VERSION, about = "CoreDNS split-horizon rules for kcp")]
@@ -20,8 +20,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the agent. Not built yet: loads and watches the configuration, serves the admin port and joins
-    /// leader election, but writes nothing (the daemon arrives with the runtime's reconcile driver).
+    /// Run the agent. Not built yet: refuses to start.
     Run(RunArgs),
     /// Print what would be written: the k3s snippet, or the marked Corefile block.
     Render(RenderArgs),
@@ -33,7 +32,10 @@ enum Command {
 async fn main() -> ExitCode {
     kcp_keeper_runtime::init_crypto();
     let outcome = match Cli::parse().command {
-        Command::Run(args) => run(args).await.map(|()| true),
+        Command::Run(_) => Err(anyhow::anyhow!(
+            "dns-rewriter run is not built yet (the daemon that writes CoreDNS rules arrives with its issue); \
+             this binary refuses to run it. `dns-rewriter render` and `dns-rewriter check` work."
+        )),
         Command::Render(args) => dns_rewriter::cli::render(&args).await,
         Command::Check(args) => dns_rewriter::cli::check(&args).await,
     };
@@ -41,20 +43,6 @@ async fn main() -> ExitCode {
         Ok(false) => ExitCode::FAILURE,
         other => kcp_keeper_runtime::exit_code(other.map(|_| ())),
     }
-}
-
-async fn run(args: RunArgs) -> anyhow::Result<()> {
-    agent::run(
-        INFO,
-        args,
-        |_registry| (),
-        |ctx: agent::Context<RawConfig>, ()| async move {
-            let raw = RawConfig::clone(&ctx.config.borrow());
-            let every = Config::from_raw(raw).map(|c| c.resync_interval).unwrap_or(std::time::Duration::from_secs(300));
-            agent::idle(ctx, every).await
-        },
-    )
-    .await
 }
 
 #[cfg(test)]

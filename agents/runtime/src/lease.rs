@@ -6,6 +6,14 @@
 //! as long as the replicas' clocks disagree by less than `lease_duration - renew_deadline`.
 //! Two contenders never both win a takeover: every write replaces the object at the resourceVersion just read,
 //! so the apiserver lets exactly one through and answers the other with 409.
+//!
+//! Why ours and not `kube-lease-manager` (0.13 builds on kube 5): its model is a lease duration plus a grace
+//! for clock skew, written with server-side apply; ours is client-go's (lease duration, renew deadline, retry
+//! period), which the chart's flags, `kubectl get lease` readers and client-go based tooling share. The
+//! properties we rely on (a holder stops leading before anyone may take its lease, even when the apiserver
+//! hangs mid-request; the lease is released on shutdown; apiserver errors never end the election) are proven
+//! here against a real apiserver, killed and frozen (`tests/lease.rs`); moving would mean proving them again
+//! for a different model, for about 300 lines saved.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,15 +105,6 @@ impl LeaseConfig {
 pub enum LeaseError {
     #[error("invalid leader election configuration: {0}")]
     Config(String),
-}
-
-impl LeaseError {
-    /// A low-cardinality label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::Config(_) => "config",
-        }
-    }
 }
 
 /// Whether this replica leads right now. Cheap to clone; every clone follows the same election.
