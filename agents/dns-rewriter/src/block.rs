@@ -1,61 +1,16 @@
 //! Corefile mode: our rules live in a clearly marked block inside one server block (`.:53`) of a Corefile
-//! that someone else owns (kubeadm, a cluster's admins). Every byte outside the block is kept: the block is
-//! inserted as whole lines just before the line holding the server block's closing `}`, replaced in place,
-//! or removed as exactly the lines it occupies, so insert-then-remove gives back the original text.
-//! Anything ambiguous (two blocks, a lone marker, a block outside the server block, no or two matching server
-//! blocks, a closing brace sharing its line) is refused: a person has to look.
-//!
-//! The markers are those of the runtime's marked-block module (`runtime-blocks` branch, not merged when this
-//! was written), so a block written by this module is found by that one. Once it is merged this module
-//! should be folded into it; only the structure is parsed here (Caddyfile tokens), what the block says is
-//! [`crate::render`]'s business.
+//! that someone else owns (kubeadm, a cluster's admins), and every byte outside the block is kept. The
+//! structure (finding the server block and the markers, refusing anything ambiguous, inserting, replacing,
+//! removing) is the runtime's marked-block module ([`kcp_keeper_runtime::marked_block`]); this module adds
+//! what dns-rewriter needs on top: the block's id, the content as the renderer writes it (lines ending in a
+//! newline), the block shown on its own, and the pre-write check of a candidate Corefile.
 
-use std::ops::Range;
+use kcp_keeper_runtime::marked_block::{BlockError, MarkedBlock};
 
 use crate::hostname::Domain;
 
 /// The block's owner id in its markers.
 pub const BLOCK_ID: &str = "dns-rewriter";
-const BEGIN: &str = "# kcp-keeper:begin";
-const END: &str = "# kcp-keeper:end";
-const DEFAULT_INDENT: &str = "    ";
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BlockError {
-    #[error("{0} begin markers; expected at most one")]
-    DuplicateBegin(usize),
-    #[error("{0} end markers; expected at most one")]
-    DuplicateEnd(usize),
-    #[error("the block begins on line {0} but never ends")]
-    Unterminated(usize),
-    #[error("an end marker on line {0} has no begin marker before it")]
-    EndWithoutBegin(usize),
-    #[error("the block lies outside the configured server block")]
-    OutsideServerBlock,
-    #[error("no server block with the configured key")]
-    NoServerBlock,
-    #[error("{0} server blocks with the configured key; expected one")]
-    AmbiguousServerBlock(usize),
-    #[error("the closing brace of the server block shares line {0} with other content")]
-    ClosingBraceNotAlone(usize),
-    #[error("unbalanced braces or quotes at line {0}")]
-    Unbalanced(usize),
-    #[error("a brace on line {0} is attached to a word: put braces apart with spaces")]
-    AmbiguousBrace(usize),
-    #[error("the block's content holds a marker line or braces")]
-    InvalidContent,
-}
-
-impl BlockError {
-    /// A low-cardinality label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::InvalidContent => "invalid_content",
-            Self::NoServerBlock => "no_server_block",
-            _ => "ambiguous",
-        }
-    }
-}
 
 /// Why a Corefile candidate was refused before writing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,53 +25,26 @@ pub enum CandidateError {
     ForeignBytesChanged,
 }
 
+fn block(server_key: &str) -> Result<MarkedBlock, BlockError> {
+    MarkedBlock::new(BLOCK_ID, server_key)
+}
+
 /// The content of our block in `corefile` (lines without indentation, each ending in a newline), or `None`.
 pub fn content(corefile: &str, server_key: &str) -> Result<Option<String>, BlockError> {
-    let server = server_block(corefile, server_key)?;
-    let Some(found) = locate(corefile, &server)? else { return Ok(None) };
-    let body: Vec<&str> = corefile[found.lines].lines().collect();
-    let mut out = String::new();
-    for line in &body[1..body.len() - 1] {
-        let line = line.trim_end_matches('\r');
-        out.push_str(line.strip_prefix(found.indent.as_str()).unwrap_or(line.trim_start()));
-        out.push('\n');
-    }
-    Ok(Some(out))
+    Ok(block(server_key)?.content(corefile)?.map(|lines| if lines.is_empty() { lines } else { lines + "\n" }))
 }
 
 /// `corefile` with our block set to `content`, or removed when `content` is `None`. Every other byte is kept.
 pub fn set(corefile: &str, server_key: &str, content: Option<&str>) -> Result<String, BlockError> {
-    let server = server_block(corefile, server_key)?;
-    let found = locate(corefile, &server)?;
-    let newline = if corefile.contains("\r\n") { "\r\n" } else { "\n" };
-    let block = |indent: &str, content: &str| render_block(indent, content, newline);
-    let (range, replacement) = match (found, content) {
-        (Some(found), Some(content)) => (found.lines, block(&found.indent, content)?),
-        (Some(found), None) => (found.lines, String::new()),
-        (None, Some(content)) => (server.close_line_start..server.close_line_start, block(&server.indent, content)?),
-        (None, None) => return Ok(corefile.to_string()),
-    };
-    Ok(format!("{}{replacement}{}", &corefile[..range.start], &corefile[range.end..]))
+    block(server_key)?.set(corefile, content)
 }
 
 /// The block as it appears in a Corefile, without indentation (what `render` prints in Corefile mode).
 pub fn standalone(content: &str) -> Result<String, BlockError> {
-    render_block("", content, "\n")
-}
-
-fn render_block(indent: &str, content: &str, newline: &str) -> Result<String, BlockError> {
-    check_content(content)?;
-    let mut out =
-        format!("{indent}{BEGIN} {BLOCK_ID} (managed by kcp-keeper: edits inside this block are overwritten){newline}");
-    for line in content.lines() {
-        if line.trim().is_empty() {
-            out.push_str(newline);
-        } else {
-            out.push_str(&format!("{indent}{}{newline}", line.trim_end_matches('\r')));
-        }
-    }
-    out.push_str(&format!("{indent}{END} {BLOCK_ID}{newline}"));
-    Ok(out)
+    // Placed in an empty server block, whose default indentation is four spaces.
+    let placed = set(". {\n}\n", ".", Some(content))?;
+    let inner = placed.strip_prefix(". {\n").and_then(|s| s.strip_suffix("}\n")).unwrap_or_default();
+    Ok(inner.lines().map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l))).collect())
 }
 
 /// The pre-write check of Corefile mode: the candidate's block passes the renderer's grammar, and the
@@ -127,219 +55,12 @@ pub fn check_candidate(
     server_key: &str,
     domain: &Domain,
 ) -> Result<usize, CandidateError> {
-    let block = content(candidate, server_key)?.ok_or(CandidateError::NoBlock)?;
-    let rules = crate::render::check(&block, domain)?;
+    let content = content(candidate, server_key)?.ok_or(CandidateError::NoBlock)?;
+    let rules = crate::render::check(&content, domain)?;
     if set(candidate, server_key, None)? != set(original, server_key, None)? {
         return Err(CandidateError::ForeignBytesChanged);
     }
     Ok(rules)
-}
-
-fn check_content(content: &str) -> Result<(), BlockError> {
-    let bad = content.lines().any(|l| {
-        let t = l.trim();
-        t.starts_with(BEGIN) || t.starts_with(END)
-    });
-    let tokens = tokens(content).map_err(|_| BlockError::InvalidContent)?;
-    if bad || tokens.iter().any(|t| t.kind != Kind::Word) {
-        return Err(BlockError::InvalidContent);
-    }
-    Ok(())
-}
-
-#[derive(Debug)]
-struct Found {
-    /// The block's lines, markers included, with their line ends.
-    lines: Range<usize>,
-    indent: String,
-}
-
-fn locate(text: &str, server: &ServerBlock) -> Result<Option<Found>, BlockError> {
-    let mut begins = Vec::new();
-    let mut ends = Vec::new();
-    for (i, range) in lines(text).enumerate() {
-        let trimmed = text[range.clone()].trim();
-        if is_marker(trimmed, BEGIN) {
-            begins.push((i + 1, range));
-        } else if is_marker(trimmed, END) {
-            ends.push((i + 1, range));
-        }
-    }
-    match (begins.as_slice(), ends.as_slice()) {
-        ([], []) => Ok(None),
-        (b, _) if b.len() > 1 => Err(BlockError::DuplicateBegin(b.len())),
-        (_, e) if e.len() > 1 => Err(BlockError::DuplicateEnd(e.len())),
-        ([(line, _)], []) => Err(BlockError::Unterminated(*line)),
-        ([], [(line, _)]) => Err(BlockError::EndWithoutBegin(*line)),
-        ([(_, begin)], [(line, end)]) => {
-            if end.start < begin.start {
-                return Err(BlockError::EndWithoutBegin(*line));
-            }
-            if begin.start <= server.open || end.end > server.close_line_start {
-                return Err(BlockError::OutsideServerBlock);
-            }
-            let line = &text[begin.clone()];
-            let indent = line[..line.len() - line.trim_start().len()].to_string();
-            Ok(Some(Found { lines: begin.start..end.end, indent }))
-        }
-        _ => unreachable!("every length combination is matched above"),
-    }
-}
-
-fn is_marker(trimmed: &str, prefix: &str) -> bool {
-    trimmed
-        .strip_prefix(prefix)
-        .and_then(|rest| rest.strip_prefix(' '))
-        .and_then(|rest| rest.strip_prefix(BLOCK_ID))
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
-}
-
-/// Byte ranges of the lines of `text`, each with its line end.
-fn lines(text: &str) -> impl Iterator<Item = Range<usize>> + '_ {
-    let mut start = 0;
-    std::iter::from_fn(move || {
-        if start >= text.len() {
-            return None;
-        }
-        let end = text[start..].find('\n').map_or(text.len(), |i| start + i + 1);
-        let range = start..end;
-        start = end;
-        Some(range)
-    })
-}
-
-#[derive(Debug)]
-struct ServerBlock {
-    /// Offset of the opening brace.
-    open: usize,
-    /// Offset of the start of the line holding the closing brace.
-    close_line_start: usize,
-    /// Indentation of the block's first directive.
-    indent: String,
-}
-
-/// The one top-level server block whose keys include `key` (a `dns://` prefix and trailing commas ignored).
-fn server_block(text: &str, key: &str) -> Result<ServerBlock, BlockError> {
-    let wanted = normalize_key(key);
-    let mut depth = 0usize;
-    let mut keys: Vec<&str> = Vec::new();
-    let mut current: Option<(usize, bool)> = None;
-    let mut first_directive: Option<usize> = None;
-    let mut matches = Vec::new();
-    for token in tokens(text)? {
-        match token.kind {
-            Kind::Open => {
-                if depth == 0 {
-                    current = Some((token.start, keys.iter().any(|k| normalize_key(k) == wanted)));
-                    first_directive = None;
-                    keys.clear();
-                }
-                depth += 1;
-            }
-            Kind::Close => {
-                depth = depth.checked_sub(1).ok_or(BlockError::Unbalanced(line_of(text, token.start)))?;
-                if depth == 0
-                    && let Some((open, true)) = current.take()
-                {
-                    let line_start = text[..token.start].rfind('\n').map_or(0, |i| i + 1);
-                    if !text[line_start..token.start].trim().is_empty() {
-                        return Err(BlockError::ClosingBraceNotAlone(line_of(text, token.start)));
-                    }
-                    let indent = first_directive
-                        .filter(|&at| line_of(text, at) != line_of(text, open))
-                        .map(|at| text[text[..at].rfind('\n').map_or(0, |i| i + 1)..at].to_string())
-                        .filter(|indent| indent.trim().is_empty())
-                        .unwrap_or_else(|| DEFAULT_INDENT.into());
-                    matches.push(ServerBlock { open, close_line_start: line_start, indent });
-                }
-            }
-            Kind::Word if depth == 0 => keys.push(&text[token.start..token.end]),
-            Kind::Word => {
-                if depth == 1 && first_directive.is_none() {
-                    first_directive = Some(token.start);
-                }
-            }
-        }
-    }
-    if depth != 0 {
-        return Err(BlockError::Unbalanced(line_of(text, text.len())));
-    }
-    match matches.len() {
-        0 => Err(BlockError::NoServerBlock),
-        1 => Ok(matches.remove(0)),
-        n => Err(BlockError::AmbiguousServerBlock(n)),
-    }
-}
-
-fn normalize_key(key: &str) -> &str {
-    let key = key.trim_end_matches(',');
-    key.strip_prefix("dns://").unwrap_or(key)
-}
-
-fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())].matches('\n').count() + 1
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Open,
-    Close,
-    Word,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Token {
-    kind: Kind,
-    start: usize,
-    end: usize,
-}
-
-/// Caddyfile tokens with byte offsets: whitespace-separated, `#` comments skipped, quoted strings as one word,
-/// `{`/`}` alone as braces, `{$ENV}`-style placeholders as words.
-fn tokens(text: &str) -> Result<Vec<Token>, BlockError> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if b.is_ascii_whitespace() {
-            i += 1;
-            continue;
-        }
-        if b == b'#' {
-            while i < bytes.len() && bytes[i] != b'\n' {
-                i += 1;
-            }
-            continue;
-        }
-        let start = i;
-        if b == b'"' {
-            i += 1;
-            while i < bytes.len() && bytes[i] != b'"' {
-                i += if bytes[i] == b'\\' { 2 } else { 1 };
-            }
-            if i >= bytes.len() {
-                return Err(BlockError::Unbalanced(line_of(text, start)));
-            }
-            i += 1;
-            out.push(Token { kind: Kind::Word, start, end: i });
-            continue;
-        }
-        while i < bytes.len() && !bytes[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        let kind = match &text[start..i] {
-            "{" => Kind::Open,
-            "}" => Kind::Close,
-            w if w.len() > 2 && w.starts_with('{') && w.ends_with('}') => Kind::Word,
-            w if w.ends_with('{') || w.starts_with('}') => {
-                return Err(BlockError::AmbiguousBrace(line_of(text, start)));
-            }
-            _ => Kind::Word,
-        };
-        out.push(Token { kind, start, end: i });
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -441,33 +162,30 @@ mod tests {
     }
 
     #[test]
-    fn ambiguous_corefiles_are_refused() {
+    fn an_ambiguous_corefile_is_refused_by_the_runtime_module() {
         let lines = snippet(&[("a.example.com", "a")]);
-        let block = set(KUBEADM, ".:53", Some(&lines)).unwrap();
-        let begin = block.lines().find(|l| l.contains("kcp-keeper:begin")).unwrap().to_string();
-        let end = block.lines().find(|l| l.contains("kcp-keeper:end")).unwrap().to_string();
-        let cases: Vec<(String, BlockError)> = vec![
-            (KUBEADM.replace(".:53", ".:5353"), BlockError::NoServerBlock),
-            (format!("{KUBEADM}{KUBEADM}"), BlockError::AmbiguousServerBlock(2)),
-            (KUBEADM.replace("    loadbalance\n}", "    loadbalance }"), BlockError::ClosingBraceNotAlone(22)),
-            (KUBEADM.replace("}\n", ""), BlockError::Unbalanced(19)),
-            (KUBEADM.replace("health {", "health{"), BlockError::AmbiguousBrace(3)),
-            (block.replacen(&end, "", 1), BlockError::Unterminated(23)),
-            (block.replacen(&begin, "", 1), BlockError::EndWithoutBegin(27)),
-            (block.replacen(&end, &format!("{end}\n{begin}\n{end}"), 1), BlockError::DuplicateBegin(2)),
-            (format!("{block}{}\n", end.trim()), BlockError::DuplicateEnd(2)),
-            (format!("{}\n{}\n{KUBEADM}", begin.trim(), end.trim()), BlockError::OutsideServerBlock),
-        ];
-        for (text, want) in cases {
-            assert_eq!(set(&text, ".:53", Some(&lines)).unwrap_err(), want, "{text}");
-        }
+        assert_eq!(
+            set(&format!("{KUBEADM}{KUBEADM}"), ".:53", Some(&lines)).unwrap_err(),
+            BlockError::AmbiguousServerBlock(2, ".:53".into())
+        );
+        assert_eq!(set(KUBEADM, ".:5353", Some(&lines)).unwrap_err(), BlockError::NoServerBlock(".:5353".into()));
+    }
+
+    #[test]
+    fn standalone_shows_the_markers_around_the_content() {
+        let lines = snippet(&[("a.example.com", "a")]);
+        let shown = standalone(&lines).unwrap();
+        assert!(shown.starts_with("# kcp-keeper:begin dns-rewriter (managed by kcp-keeper"), "{shown}");
+        assert!(shown.ends_with(&format!("{lines}# kcp-keeper:end dns-rewriter\n")), "{shown}");
     }
 
     #[test]
     fn content_that_could_break_out_of_the_block_is_refused() {
-        for bad in ["}\n", "forward . 1.1.1.1 {\n", "# kcp-keeper:end dns-rewriter\n", "\"open\n"] {
-            assert_eq!(set(KUBEADM, ".:53", Some(bad)).unwrap_err(), BlockError::InvalidContent, "{bad:?}");
+        for bad in ["}\n", "forward . 1.1.1.1 {\n", "\"open\n"] {
+            assert_eq!(set(KUBEADM, ".:53", Some(bad)).unwrap_err(), BlockError::ContentUnbalanced, "{bad:?}");
         }
+        let marker = "# kcp-keeper:end dns-rewriter\n";
+        assert_eq!(set(KUBEADM, ".:53", Some(marker)).unwrap_err(), BlockError::ContentHasMarker);
     }
 
     #[test]
