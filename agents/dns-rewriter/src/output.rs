@@ -55,3 +55,47 @@ pub fn desired_value(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigMapKey;
+    use crate::hostname::Hostname;
+    use crate::rules::{ServiceRef, Target as RuleTarget};
+
+    fn key() -> ConfigMapKey {
+        ConfigMapKey { namespace: "kube-system".into(), name: "coredns".into(), key: "Corefile".into() }
+    }
+
+    fn rules() -> RuleSet {
+        let mut set = RuleSet::new();
+        let target = RuleTarget { service: ServiceRef::parse("kcp-system", "root-kcp").unwrap(), cluster_ip: None };
+        set.insert(Hostname::parse("kcp-root.example.com").unwrap(), target).unwrap();
+        set
+    }
+
+    const COREFILE: &str = ".:53 {\n    errors\n    kubernetes cluster.local\n}\n";
+
+    #[test]
+    fn k3s_mode_writes_the_checked_snippet_as_the_whole_key() {
+        let domain = Domain::parse("cluster.local").unwrap();
+        let value = desired_value(&Target::K3s(key()), &domain, &rules(), None).unwrap();
+        assert_eq!(value, render::render(&rules(), &domain));
+    }
+
+    #[test]
+    fn corefile_mode_sets_the_block_in_the_current_corefile_and_never_creates_one() {
+        let domain = Domain::parse("cluster.local").unwrap();
+        let target = Target::Corefile { key: key(), server_block: ".:53".into() };
+        let value = desired_value(&target, &domain, &rules(), Some(COREFILE)).unwrap();
+        assert_eq!(block::set(&value, ".:53", None).unwrap(), COREFILE);
+        assert!(
+            value.contains("    rewrite name exact kcp-root.example.com. root-kcp.kcp-system.svc.cluster.local.\n")
+        );
+        assert_eq!(desired_value(&target, &domain, &rules(), Some(&value)).unwrap(), value, "idempotent");
+        assert_eq!(desired_value(&target, &domain, &rules(), None), Err(OutputError::NoCorefile));
+        let other = Target::Corefile { key: key(), server_block: ".:5353".into() };
+        let err = desired_value(&other, &domain, &rules(), Some(COREFILE)).unwrap_err();
+        assert_eq!(err.reason(), "no_server_block", "{err}");
+    }
+}
