@@ -98,7 +98,8 @@ async fn create_operator_object(
     Ok(())
 }
 
-/// Objects shaped like the seed's (tests/e2e/src/layout.rs) plus a shard whose Service is headless.
+/// Objects shaped like the seed's (tests/e2e/src/layout.rs), with every field the operator's real CRDs require,
+/// plus a shard whose Service is headless.
 #[tokio::test]
 async fn render_against_the_apiserver_discovers_what_the_explicit_configuration_says_and_names_bad_rules() -> Result<()>
 {
@@ -121,6 +122,9 @@ async fn render_against_the_apiserver_discovers_what_the_explicit_configuration_
         create_service(&client, &ns, name, &labels, headless).await?;
     }
     create_operator_object(&client, &ns, Kind::RootShard, "root", json!({
+        "cache": {"embedded": {"enabled": true}},
+        "certificates": {"issuerRef": {"kind": "Issuer", "name": "root-ca"}},
+        "etcd": {"endpoints": ["http://root-etcd.kcp-system.svc.cluster.local:2379"]},
         "external": {"hostname": "kcp.example.com", "port": 443},
         "extraArgs": ["--shard-virtual-workspace-url=https://root.kcp.example.com:6443"],
         "certificateTemplates": {"server": {"spec": {"dnsNames": ["root.kcp.example.com", "kcp-root.example.com"]}}},
@@ -132,6 +136,7 @@ async fn render_against_the_apiserver_discovers_what_the_explicit_configuration_
         "alpha",
         json!({
             "rootShard": {"ref": {"name": "root"}},
+            "etcd": {"endpoints": ["http://shard-etcd.kcp-system.svc.cluster.local:2379"]},
             "extraArgs": ["--shard-virtual-workspace-url=https://alpha.kcp.example.com:6443"],
         }),
     )
@@ -143,6 +148,7 @@ async fn render_against_the_apiserver_discovers_what_the_explicit_configuration_
         "beta",
         json!({
             "rootShard": {"ref": {"name": "root"}},
+            "etcd": {"endpoints": ["http://shard-etcd.kcp-system.svc.cluster.local:2379"]},
             "extraArgs": ["--shard-virtual-workspace-url=https://beta.kcp.example.com:6443"],
         }),
     )
