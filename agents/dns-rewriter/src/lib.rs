@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod config;
 pub mod discovery;
 pub mod hostname;
+pub mod metrics;
 pub mod output;
 pub mod plan;
 pub mod render;
