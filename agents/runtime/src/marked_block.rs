@@ -14,7 +14,7 @@
 //!   nothing; a person has to look.
 //!
 //! Only the structure is parsed (Caddyfile tokens: whitespace-separated, `#` comments, `"` quotes, `{`/`}` as
-//! their own tokens, `{$ENV}` placeholders as words); what the block says is the renderer's business.
+//! their own tokens, `{$ENV}` substitutions as words); what the block says is the renderer's business.
 //! The write path, against a ConfigMap key, is [`configmap`].
 
 pub mod configmap;
@@ -364,7 +364,7 @@ fn tokens(text: &str) -> Result<Vec<Token>, BlockError> {
         let kind = match word {
             "{" => Kind::Open,
             "}" => Kind::Close,
-            // `{$ENV}` and `{%ENV%}` placeholders are words.
+            // `{$ENV}` and `{%ENV%}` substitutions are words.
             w if w.len() > 2 && w.starts_with('{') && w.ends_with('}') => Kind::Word,
             w if w.ends_with('{') || w.starts_with('}') => {
                 return Err(BlockError::AmbiguousBrace(w.into(), line_of(text, start)));
