@@ -36,6 +36,9 @@ pub struct Context<C> {
     pub shutdown: CancellationToken,
     pub events: Arc<Recorder>,
     pub identity: String,
+    /// Where schedules record the ticks they ran ([`crate::schedule::LeaseRecord`]): this agent's own Lease.
+    /// `None` when leader election is off (then every tick fires and nothing is recorded).
+    pub lease_record: Option<crate::schedule::LeaseRecord>,
 }
 
 /// Runs an agent: logging, configuration (fails at start with the field path when invalid), metrics and the
@@ -72,12 +75,14 @@ where
     let identity = rt.lease.identity();
 
     let lease_token = CancellationToken::new();
+    let lease_name = rt.lease.lease_name.clone().unwrap_or_else(|| format!("kcp-keeper-{}", info.name));
+    let lease_record = rt.lease.enabled.then(|| crate::schedule::LeaseRecord {
+        api: kube::Api::namespaced(client.clone(), &rt.lease.lease_namespace),
+        lease_name: lease_name.clone(),
+        identity: identity.clone(),
+    });
     let (leadership, lease_task) = if rt.lease.enabled {
-        let mut lease_config = LeaseConfig::new(
-            rt.lease.lease_namespace.clone(),
-            rt.lease.lease_name.clone().unwrap_or_else(|| format!("kcp-keeper-{}", info.name)),
-            identity.clone(),
-        );
+        let mut lease_config = LeaseConfig::new(rt.lease.lease_namespace.clone(), lease_name, identity.clone());
         lease_config.lease_duration = rt.lease.lease_duration;
         lease_config.renew_deadline = rt.lease.renew_deadline;
         lease_config.validate().map_err(|e| anyhow::anyhow!("leader election: {e}"))?;
@@ -97,7 +102,8 @@ where
     }
     let config = config::watch(args.config.clone(), initial, config_metrics, config::POLL_INTERVAL, shutdown.clone())?;
     let events = Arc::new(Recorder::new(client.clone(), info.name, &identity));
-    let ctx = Context { client, config, leadership, health, shutdown: shutdown.clone(), events, identity };
+    let ctx =
+        Context { client, config, leadership, health, shutdown: shutdown.clone(), events, identity, lease_record };
     let result = body(ctx, agent_metrics).await;
 
     // Release the lease on the way out so another replica takes over at once.

@@ -72,6 +72,7 @@ async fn a_controller_reconciles_only_while_its_replica_leads_with_the_drivers_m
         shutdown: shutdown.clone(),
         events: Arc::new(Recorder::new(bed.client(), "test", "replica-0")),
         identity: "replica-0".into(),
+        lease_record: None,
     };
     let mut registry = Registry::default();
     let shared = Arc::new(Shared {

@@ -65,6 +65,7 @@ fn start(bed: &testbed::ControlPlane, ns: &str, leadership: Leadership, fail: bo
         shutdown: shutdown.clone(),
         events: Arc::new(Recorder::new(client.clone(), "test", "test-0")),
         identity: "test-0".into(),
+        lease_record: None,
     };
     let mut registry = Registry::default();
     let metrics = ReconcileMetrics::register::<TestError>(&mut registry);
