@@ -137,13 +137,7 @@ pub fn locate_only(names: &[&str]) -> Result<Peers> {
 
 /// Builds every missing peer (printing progress to stderr) and returns all paths.
 pub fn ensure_all() -> Result<Peers> {
-    io("creating the peer cache", fs::create_dir_all(peers_dir()))?;
-    let lock_path = peers_dir().join(".lock");
-    let lock = io(lock_path.display(), fs::File::create(&lock_path))?;
-    if lock.try_lock().is_err() {
-        eprintln!("peers: another build holds {}, waiting", lock_path.display());
-        io("locking the peer cache", lock.lock())?;
-    }
+    let lock = lock_cache(&peers_dir())?;
     for peer in PEERS {
         if peer.is_built() {
             continue;
@@ -155,6 +149,36 @@ pub fn ensure_all() -> Result<Peers> {
     }
     drop(lock);
     locate()
+}
+
+/// Creates the cache directory, takes its lock (waiting for another build to finish) and clears what a killed
+/// build left behind: under the lock no other build is running, so every scratch dir is stale.
+fn lock_cache(dir: &Path) -> Result<fs::File> {
+    fs::create_dir_all(dir).map_err(|e| {
+        Error::Other(format!(
+            "cannot create the peer cache {}: {e}; set KCP_KEEPER_CACHE to a writable directory",
+            dir.display()
+        ))
+    })?;
+    let lock_path = dir.join(".lock");
+    let lock = fs::File::create(&lock_path).map_err(|e| {
+        Error::Other(format!(
+            "cannot write in the peer cache {}: {e}; set KCP_KEEPER_CACHE to a writable directory",
+            dir.display()
+        ))
+    })?;
+    if lock.try_lock().is_err() {
+        eprintln!("peers: another build holds {}, waiting", lock_path.display());
+        io("locking the peer cache", lock.lock())?;
+    }
+    for entry in io(dir.display(), fs::read_dir(dir))? {
+        let entry = io(dir.display(), entry)?;
+        if entry.file_name().to_string_lossy().starts_with(".build-") {
+            eprintln!("peers: removing {}, left by an interrupted build", entry.path().display());
+            io("removing an interrupted build", fs::remove_dir_all(entry.path()))?;
+        }
+    }
+    Ok(lock)
 }
 
 fn build(peer: &Peer) -> Result<()> {
@@ -321,4 +345,31 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unwritable_cache_is_reported_with_the_way_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("not-a-dir");
+        fs::write(&file, "").unwrap();
+        let err = lock_cache(&file.join("peers")).unwrap_err().to_string();
+        assert!(err.contains("cannot create the peer cache") && err.contains("KCP_KEEPER_CACHE"), "{err}");
+    }
+
+    #[test]
+    fn a_killed_build_leaves_nothing_behind_for_the_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join(".build-kubernetes-4242").join("out");
+        fs::create_dir_all(&stale).unwrap();
+        fs::write(stale.join("kube-apiserver"), "half").unwrap();
+        let finished = dir.path().join("etcd-v3.6.16");
+        fs::create_dir_all(&finished).unwrap();
+        let _lock = lock_cache(dir.path()).unwrap();
+        assert!(!dir.path().join(".build-kubernetes-4242").exists(), "the stale build dir is still there");
+        assert!(finished.exists(), "a finished peer was removed");
+    }
 }

@@ -1,11 +1,14 @@
 //! `cargo xtask ...`: the commands a developer and CI type. Each installs what it needs first and says so.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)] // one exception: the parent-death signal in child.rs
 
 use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+
+mod child;
+mod prereqs;
 
 #[derive(Parser)]
 #[command(about = "kcp-keeper developer tasks")]
@@ -46,6 +49,8 @@ fn main() -> Result<()> {
         Task::Bench { name } => {
             let mut args = vec!["run", "--quiet", "--locked", "--release", "--package", "e2e", "--bin", "bench", "--"];
             args.extend(name.as_deref());
+            prereqs::ensure_protoc()?;
+            ensure_peers()?;
             step("bench", cargo(&args))
         }
     }
@@ -53,7 +58,8 @@ fn main() -> Result<()> {
 
 fn test() -> Result<()> {
     let started = Instant::now();
-    ensure_system_packages()?;
+    prereqs::ensure_rust_components()?;
+    prereqs::ensure_protoc()?;
     ensure_peers()?;
     step("format", cargo(&["fmt", "--all", "--check"]))?;
     step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))?;
@@ -63,7 +69,7 @@ fn test() -> Result<()> {
 }
 
 fn demo(once: bool) -> Result<()> {
-    ensure_system_packages()?;
+    prereqs::ensure_protoc()?;
     ensure_peers()?;
     // The demo starts the agent binaries from the target directory, next to itself.
     step("build the agents", cargo(&["build", "--quiet", "--locked", "--workspace", "--bins"]))?;
@@ -72,49 +78,26 @@ fn demo(once: bool) -> Result<()> {
         args.push("--once");
     }
     // The demo prints its own summary; pass its exit code on unchanged.
-    let status = cargo(&args).status().context("starting the demo")?;
-    std::process::exit(status.code().unwrap_or(1));
+    let status = child::run(cargo(&args), "the demo")?;
+    std::process::exit(child::exit_code(status));
 }
 
 fn ensure_peers() -> Result<peers::Peers> {
+    prereqs::check_go()?;
     eprintln!("xtask: checking peers in {}", peers::cache_root().join("peers").display());
     peers::ensure_all().context("building the peers")
 }
 
-/// Debian packages the build needs: protoc for etcd-client's generated gRPC code.
-fn ensure_system_packages() -> Result<()> {
-    if which("protoc") {
-        return Ok(());
-    }
-    eprintln!("xtask: protoc is missing; installing protobuf-compiler with apt-get");
-    let mut cmd = if is_root() { Command::new("apt-get") } else { Command::new("sudo") };
-    if !is_root() {
-        cmd.arg("apt-get");
-    }
-    cmd.args(["install", "-y", "--no-install-recommends", "protobuf-compiler"]);
-    step("apt-get install protobuf-compiler", cmd)
-}
-
-fn which(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
-        .unwrap_or(false)
-}
-
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false)
-}
-
-fn cargo(args: &[&str]) -> Command {
+pub(crate) fn cargo(args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.args(args);
     cmd
 }
 
-fn step(name: &str, mut cmd: Command) -> Result<()> {
+pub(crate) fn step(name: &str, cmd: Command) -> Result<()> {
     eprintln!("xtask: == {name}");
     let started = Instant::now();
-    let status = cmd.status().with_context(|| format!("starting {name}"))?;
+    let status = child::run(cmd, name)?;
     if !status.success() {
         bail!("{name} failed ({status})");
     }

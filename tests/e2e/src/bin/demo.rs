@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use e2e::layout::{self, EXTERNAL_HOSTNAME, HUB_NAMESPACE, KCP_NAMESPACE, SERVICES};
 use testbed::agent_process::AgentProcess;
+use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser)]
 struct Args {
@@ -45,6 +46,25 @@ fn ca_syncer_config(front_proxy_url: &str) -> String {
 #[tokio::main]
 async fn main() -> Result<ExitCode> {
     let args = Args::parse();
+    // Installed first, so a stop during start-up is handled too. SIGTERM is what scripts, `timeout` and CI
+    // runners send (through the xtask, which passes it on); Ctrl-C sends SIGINT.
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    tokio::select! {
+        result = run(args.once) => result,
+        // Returning drops `run`'s future, and with it every peer and agent (killed and waited for) and the
+        // test bed's temp dir.
+        _ = interrupt.recv() => stopped("SIGINT"),
+        _ = terminate.recv() => stopped("SIGTERM"),
+    }
+}
+
+fn stopped(signal: &str) -> Result<ExitCode> {
+    eprintln!("demo: {signal} received; stopping the agents and the control plane");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run(once: bool) -> Result<ExitCode> {
     eprintln!("demo: starting etcd and kube-apiserver");
     let bed = testbed::ControlPlane::start().await?;
     eprintln!("demo: starting kcp (root shard, alpha shard, front proxy, an etcd each) and seeding the layout");
@@ -70,6 +90,7 @@ async fn main() -> Result<ExitCode> {
     }
     println!("  S3: {} bucket {}", s3.endpoint, s3.bucket);
     println!("  CoreDNS: 127.0.0.1:{}", dns.port);
+    println!("  data and logs: {}", bed.dir().display());
 
     let mut lines = Vec::new();
     for agent in NOT_BUILT {
@@ -84,16 +105,13 @@ async fn main() -> Result<ExitCode> {
         println!("{line}");
     }
     let all_ok = lines.iter().all(|l| l.starts_with("ok "));
-    if args.once {
+    if once {
         return Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
     println!("running; the agents' logs follow; press Ctrl-C to stop");
     let mut printed = 0;
     loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let log = ca_syncer.process.log();
         for line in log[printed.min(log.len())..].lines() {
             println!("[ca-syncer] {line}");

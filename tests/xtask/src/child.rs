@@ -1,0 +1,50 @@
+//! Running a child so that stopping the xtask stops it too.
+//!
+//! `cargo xtask ...` execs into this binary, so the process that scripts, `timeout` and CI runners signal is
+//! the xtask, not the demo or the test run it starts. Two links keep the chain unwinding: SIGINT and SIGTERM
+//! sent to the xtask are passed on to the child (the xtask then waits for it and exits with its status), and
+//! the child gets a parent-death signal, so even a SIGKILLed xtask leaves no child behind.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, ExitStatus};
+
+use anyhow::{Context, Result};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+/// Runs `cmd` to completion, forwarding SIGINT and SIGTERM to it.
+pub fn run(mut cmd: Command, what: &str) -> Result<ExitStatus> {
+    // Registered before the spawn so a signal that arrives in between is queued, not fatal. The handlers are
+    // reset to the default in the child by exec.
+    let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing the signal handlers")?;
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent. The setting
+    // survives exec (cargo execs into the demo), and the xtask is single-threaded, so the thread that spawned
+    // the child lives exactly as long as the xtask.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from));
+    }
+    let mut child = cmd.spawn().with_context(|| format!("starting {what}"))?;
+    let pid = Pid::from_raw(child.id() as i32);
+    let handle = signals.handle();
+    let forwarder = std::thread::spawn(move || {
+        for number in signals.forever() {
+            if let Ok(signal) = Signal::try_from(number) {
+                eprintln!("xtask: {signal} received; passing it on to {pid} and waiting for it to exit");
+                let _ = kill(pid, signal);
+            }
+        }
+    });
+    let status = child.wait().with_context(|| format!("waiting for {what}"));
+    handle.close();
+    let _ = forwarder.join();
+    status
+}
+
+/// The exit code that reports `status` to our own caller: the child's code, or 128 + the signal that ended it.
+pub fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1)
+}
