@@ -214,7 +214,7 @@ fn build(peer: &Peer) -> Result<()> {
             copy_dir(&dir.join(subdir), &out.join(output))?;
         }
         Recipe::Source { source, builds } => {
-            let tree = source_tree(source, &scratch)?;
+            let tree = source_tree(source, &third_party_dir(), &scratch)?;
             let go_mod = io("reading the source's go.mod", fs::read_to_string(tree.join("go.mod")))?;
             let ldflags = (source.ldflags)(source, &go_mod);
             for (binary, package) in *builds {
@@ -235,8 +235,8 @@ fn build(peer: &Peer) -> Result<()> {
 }
 
 /// The pinned source tree unpacked (or cloned) under `scratch`, after checking it is the pinned one.
-fn source_tree(source: &SourceArchive, scratch: &Path) -> Result<PathBuf> {
-    let archive = third_party_dir().join(source.archive);
+fn source_tree(source: &SourceArchive, third_party: &Path, scratch: &Path) -> Result<PathBuf> {
+    let archive = third_party.join(source.archive);
     if archive.exists() {
         eprintln!("peers: checking {}", archive.display());
         let actual = sha256_file(&archive)?;
@@ -250,7 +250,11 @@ fn source_tree(source: &SourceArchive, scratch: &Path) -> Result<PathBuf> {
         let mut tar = Command::new("tar");
         tar.arg("-xzf").arg(&archive).arg("-C").arg(scratch);
         run(tar)?;
-        return Ok(scratch.join(source.prefix));
+        let tree = scratch.join(source.prefix);
+        if !tree.join("go.mod").exists() {
+            return Err(Error::Other(format!("{} did not unpack into {}/", archive.display(), source.prefix)));
+        }
+        return Ok(tree);
     }
     // Without the archive, the tag from git; a tag can be moved, so the commit is checked too.
     eprintln!(
@@ -350,6 +354,54 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn archive_with_go_mod(dir: &Path) -> (PathBuf, String) {
+        let tree = dir.join("src").join("demo-v1");
+        fs::create_dir_all(&tree).unwrap();
+        fs::write(tree.join("go.mod"), "module demo\n").unwrap();
+        let archive = dir.join("third_party").join("demo.tar.gz");
+        fs::create_dir_all(archive.parent().unwrap()).unwrap();
+        let mut tar = Command::new("tar");
+        tar.arg("-czf").arg(&archive).arg("-C").arg(dir.join("src")).arg("demo-v1");
+        run(tar).unwrap();
+        let sha = sha256_file(&archive).unwrap();
+        (archive, sha)
+    }
+
+    fn source(sha256: &'static str) -> SourceArchive {
+        SourceArchive {
+            archive: "demo.tar.gz",
+            sha256,
+            prefix: "demo-v1",
+            git_url: "https://git.invalid/demo.git",
+            tag: "v1",
+            commit: "0000000000000000000000000000000000000000",
+            ldflags: |_, _| String::new(),
+        }
+    }
+
+    #[test]
+    fn source_archive_with_the_pinned_sha256_is_unpacked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (archive, sha) = archive_with_go_mod(dir.path());
+        let scratch = dir.path().join("scratch");
+        fs::create_dir_all(&scratch).unwrap();
+        let sha: &'static str = Box::leak(sha.into_boxed_str());
+        let tree = source_tree(&source(sha), archive.parent().unwrap(), &scratch).unwrap();
+        assert_eq!(fs::read_to_string(tree.join("go.mod")).unwrap(), "module demo\n");
+    }
+
+    #[test]
+    fn source_archive_with_another_sha256_is_refused_before_unpacking() {
+        let dir = tempfile::tempdir().unwrap();
+        let (archive, _) = archive_with_go_mod(dir.path());
+        let scratch = dir.path().join("scratch");
+        fs::create_dir_all(&scratch).unwrap();
+        let wrong = "0000000000000000000000000000000000000000000000000000000000000000";
+        let err = source_tree(&source(wrong), archive.parent().unwrap(), &scratch).unwrap_err().to_string();
+        assert!(err.contains("refusing to build it") && err.contains(wrong), "{err}");
+        assert_eq!(fs::read_dir(&scratch).unwrap().count(), 0, "nothing was unpacked");
+    }
 
     #[test]
     fn an_unwritable_cache_is_reported_with_the_way_out() {
