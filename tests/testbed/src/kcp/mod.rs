@@ -87,7 +87,7 @@ impl Kcp {
         let root_admin = write(
             &common,
             "root-shard-admin.kubeconfig",
-            &pki.kubeconfig(&root_url, "shard-admin", &["system:masters"])?,
+            &pki.kubeconfig_with_context(&root_url, "shard-admin", &["system:masters"], "shard-base")?,
         )?;
         let lca = write(
             &common,

@@ -82,6 +82,15 @@ impl KcpPki {
         Ok(kubeconfig_yaml(server, &self.server_ca_bundle(), &cred, user))
     }
 
+    /// The same, with its one context named `context`: a non-root shard reads the root shard's kubeconfig at
+    /// context `shard-base`, as kcp's own harness writes it.
+    pub fn kubeconfig_with_context(&self, server: &str, user: &str, groups: &[&str], context: &str) -> Result<String> {
+        let yaml = self.kubeconfig(server, user, groups)?;
+        Ok(yaml
+            .replace("- name: testbed\n  context:", &format!("- name: {context}\n  context:"))
+            .replace("current-context: testbed\n", &format!("current-context: {context}\n")))
+    }
+
     pub fn service_account_key_pem(&self) -> &str {
         &self.sa_key_pem
     }
