@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use rcgen::KeyPair;
 
-use crate::apiserver::kubeconfig_yaml;
+use crate::apiserver::kubeconfig_yaml_with_context;
 use crate::certs::{Ca, Credential};
 
 const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -78,17 +78,14 @@ impl KcpPki {
 
     /// A kubeconfig for `server` as `user` with a fresh client certificate, trusting the server CA bundle.
     pub fn kubeconfig(&self, server: &str, user: &str, groups: &[&str]) -> Result<String> {
-        let cred = self.client(user, groups, YEAR)?;
-        Ok(kubeconfig_yaml(server, &self.server_ca_bundle(), &cred, user))
+        self.kubeconfig_with_context(server, user, groups, "testbed")
     }
 
     /// The same, with its one context named `context`: a non-root shard reads the root shard's kubeconfig at
     /// context `shard-base`, as kcp's own harness writes it.
     pub fn kubeconfig_with_context(&self, server: &str, user: &str, groups: &[&str], context: &str) -> Result<String> {
-        let yaml = self.kubeconfig(server, user, groups)?;
-        Ok(yaml
-            .replace("- name: testbed\n  context:", &format!("- name: {context}\n  context:"))
-            .replace("current-context: testbed\n", &format!("current-context: {context}\n")))
+        let cred = self.client(user, groups, YEAR)?;
+        Ok(kubeconfig_yaml_with_context(server, &self.server_ca_bundle(), &cred, user, context))
     }
 
     pub fn service_account_key_pem(&self) -> &str {
