@@ -56,10 +56,16 @@ async fn admin_client_certificate_through_the_front_proxy_is_the_certificates_us
     let _logs = kcp.logs_on_failure();
     let client = kcp.admin_client("root").await?;
     let review = serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
-    let req = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&review)?)?;
-    let answer: serde_json::Value = serde_json::from_str(&client.request_text(req).await?)?;
+    let body = serde_json::to_vec(&review)?;
+    let text = kcp::retry_bad_gateway(|| {
+        let req = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .expect("a valid request");
+        client.request_text(req)
+    })
+    .await?;
+    let answer: serde_json::Value = serde_json::from_str(&text)?;
     let user = &answer["status"]["userInfo"];
     assert_eq!(user["username"], ADMIN_USER, "{answer}");
     let groups: Vec<&str> = user["groups"].as_array().into_iter().flatten().filter_map(|g| g.as_str()).collect();
@@ -92,7 +98,14 @@ async fn workspace_on_alpha_is_served_by_alpha_and_stored_only_in_alphas_etcd() 
     let client = kcp.admin_client(&ws.path).await?;
     let cm =
         ConfigMap { metadata: ObjectMeta { name: Some("proof".into()), ..Default::default() }, ..Default::default() };
-    Api::<ConfigMap>::namespaced(client, "default").create(&PostParams::default(), &cm).await?;
+    let configmaps = Api::<ConfigMap>::namespaced(client, "default");
+    let params = PostParams::default();
+    match kcp::retry_bad_gateway(|| configmaps.create(&params, &cm)).await {
+        Ok(_) => {}
+        // 409: a retried create whose first attempt did reach the shard.
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
 
     let on_alpha = kcp.etcd_keys_containing("alpha", &ws.cluster)?;
     assert!(

@@ -241,7 +241,13 @@ impl Kcp {
         let api: Api<DynamicObject> = Api::all_with(self.admin_client("root").await?, &workspace_resource());
         let mut ws = DynamicObject::new(&name, &workspace_resource());
         ws.data = json!({"spec": {"location": {"selector": {"matchLabels": {SHARD_LABEL: shard}}}}});
-        api.create(&PostParams::default(), &ws).await.with_context(|| format!("creating workspace {name}"))?;
+        let params = PostParams::default();
+        match retry_bad_gateway(|| api.create(&params, &ws)).await {
+            Ok(_) => {}
+            // 409: a retried create whose first attempt did reach the shard.
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e).with_context(|| format!("creating workspace {name}")),
+        }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let ws = api.get(&name).await?;
@@ -304,6 +310,25 @@ pub struct Workspace {
     pub cluster: String,
     /// `spec.URL`: the front proxy URL clients are told.
     pub url: String,
+}
+
+/// Runs a request again while the front proxy answers 502. Go's reverse proxy cannot resend a request whose body
+/// it already wrote when the shard closes the HTTP/2 connection (GOAWAY) under it, which happens now and then on a
+/// busy machine; a GET is resent by the transport itself, a POST or PATCH surfaces as 502.
+pub async fn retry_bad_gateway<T, F, Fut>(mut request: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match request().await {
+            Err(kube::Error::Api(s)) if s.code == 502 && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 pub fn workspace_resource() -> ApiResource {
