@@ -40,10 +40,7 @@ impl Fingerprint {
 impl fmt::Display for Fingerprint {
     /// Lowercase hex, 64 characters.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for byte in self.0 {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
+        f.write_str(&hex::encode(self.0))
     }
 }
 
@@ -62,26 +59,9 @@ impl FromStr for Fingerprint {
     type Err = InvalidFingerprint;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bytes = s.as_bytes();
-        if bytes.len() != 64 {
-            return Err(InvalidFingerprint);
-        }
         let mut out = [0u8; 32];
-        for (slot, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-            let high = hex_value(pair[0]).ok_or(InvalidFingerprint)?;
-            let low = hex_value(pair[1]).ok_or(InvalidFingerprint)?;
-            *slot = (high << 4) | low;
-        }
+        hex::decode_to_slice(s, &mut out).map_err(|_| InvalidFingerprint)?;
         Ok(Self(out))
-    }
-}
-
-fn hex_value(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
     }
 }
 

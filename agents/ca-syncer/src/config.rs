@@ -1,50 +1,158 @@
-//! The agent's configuration file (YAML), read strictly, and its validation.
+//! The agent's configuration file (YAML): parsed into raw types, then turned into the validated
+//! [`Config`] the agent works with.
 //!
-//! Serde rejects unknown fields and wrong types; [`Config::validate`] then returns every semantic error at once,
-//! each with its field path (`bundles[1].targets[0].secret.key: must not be empty`), so one run of the agent
-//! (or of `render`) shows everything that is wrong.
+//! Serde rejects unknown fields and wrong types in the raw form ([`RawConfig`]); [`Config::from_raw`] then
+//! returns every semantic error at once, each with its field path (`bundles[1].targets[0].secret.key: must not
+//! be empty`), so one run of the agent (or of `render`) shows everything that is wrong. What comes out has no
+//! options left to interpret: sources and targets are enums, durations are durations, the live-check URL is
+//! parsed into its address and server name, inline PEM is parsed into certificates.
 //!
-//! Sources and targets are "exactly one of these keys" objects. They are plain structs with optional fields,
-//! not serde enums, so that a mistake is reported with the field path and the list of keys that were set
-//! rather than as a YAML tag error; [`SourceSpec::kind`] and [`TargetSpec::kind`] give the enum view.
+//! In the file, sources and targets are "exactly one of these keys" objects. They are plain structs with
+//! optional fields, not serde enums, so that a mistake is reported with the field path and the list of keys
+//! that were set rather than as a YAML tag error.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use rustls::pki_types::ServerName;
 use serde::{Deserialize, Deserializer};
 
-use crate::certs::{self, EmptyPolicy};
+use crate::certs::{self, Certificate, EmptyPolicy};
 use kcp_keeper_runtime::config::{AgentConfig, FieldError};
-use kcp_keeper_runtime::duration::{DurationError, parse_go_duration};
+use kcp_keeper_runtime::duration::parse_go_duration;
 use kcp_keeper_runtime::names;
+
+/// How often every bundle is reconciled without a change: file sources have no watch, and clocks move
+/// certificates out.
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(60);
+
+// ---- The validated configuration -------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub bundles: Vec<Bundle>,
+    pub resync_interval: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bundle {
+    /// A DNS label, unique; names the bundle in logs, Events and metrics.
+    pub name: String,
+    pub sources: Vec<Source>,
+    pub targets: Vec<Target>,
+    /// How long a CA that left the sources stays published at most; `None`: until its notAfter.
+    pub rotation_grace: Option<Duration>,
+    pub drop_expired: bool,
+    pub live_check: Option<LiveCheck>,
+    /// Sources may be empty; the key is then written empty, only once the public roots verify `live_check`
+    /// (which is then always set).
+    pub empty_means_public_roots: bool,
+}
+
+/// Where certificates come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Secret(KeyRef),
+    ConfigMap(KeyRef),
+    /// Parsed at load, with the same strict parser as every other source.
+    Inline(Vec<Certificate>),
+    /// An absolute path, re-read every cycle.
+    File(PathBuf),
+    PublicRoots,
+}
+
+/// A key of a Secret or ConfigMap in a named namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KeyRef {
+    pub namespace: String,
+    pub name: String,
+    pub key: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TargetKind {
+    Secret,
+    ConfigMap,
+}
+
+impl TargetKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TargetKind::Secret => "Secret",
+            TargetKind::ConfigMap => "ConfigMap",
+        }
+    }
+
+    fn field(&self) -> &'static str {
+        match self {
+            TargetKind::Secret => "secret",
+            TargetKind::ConfigMap => "configMap",
+        }
+    }
+}
+
+/// One object key the bundle is written to, in one namespace or in every namespace a selector matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub kind: TargetKind,
+    pub name: String,
+    pub key: String,
+    pub placement: Placement,
+    /// Take over an existing object (or key) that kcp-keeper did not create.
+    pub adopt: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    Namespace(String),
+    /// `matchLabels`, at least one.
+    Selector(BTreeMap<String, String>),
+}
+
+impl Placement {
+    /// The selector as a label selector string (`a=b,c=d`), for a watch.
+    pub fn label_selector(labels: &BTreeMap<String, String>) -> String {
+        labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+    }
+}
+
+/// A TLS endpoint the bundle must verify, parsed once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveCheck {
+    /// As configured, for messages.
+    pub url: String,
+    /// `host:port` to connect to (IPv6 bracketed).
+    pub address: String,
+    /// The name the server's certificate is verified for.
+    pub server_name: ServerName<'static>,
+}
+
+// ---- The file as written ---------------------------------------------------------------------------------
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Config {
-    pub bundles: Vec<BundleSpec>,
+pub struct RawConfig {
+    pub bundles: Vec<RawBundle>,
+    /// Go duration; default 60s.
+    #[serde(default)]
+    pub resync_interval: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct BundleSpec {
-    /// Names the bundle in logs, Events and metrics; a DNS label, unique.
+pub struct RawBundle {
     pub name: String,
-    pub sources: Vec<SourceSpec>,
-    pub targets: Vec<TargetSpec>,
-    /// Go duration. How long a CA that left the sources stays published at most; without it, until its
-    /// notAfter. See [`crate::rotation`].
+    pub sources: Vec<RawSource>,
+    pub targets: Vec<RawTarget>,
     #[serde(default)]
     pub rotation_grace: Option<String>,
-    /// Leave out certificates past their notAfter.
     #[serde(default = "default_true")]
     pub drop_expired: bool,
-    /// A TLS endpoint whose presented chain the bundle must verify before it is published.
     #[serde(default)]
-    pub live_check: Option<LiveCheck>,
-    /// For consumers that read an empty key as "use the public roots" (KubeV's `kubev-kcp-front-proxy-ca`): an
-    /// empty key may be written, and only when the public roots verify the `liveCheck` endpoint.
+    pub live_check: Option<RawLiveCheck>,
     #[serde(default)]
     pub empty_means_public_roots: bool,
 }
@@ -56,18 +164,15 @@ fn default_true() -> bool {
 /// One source: exactly one of the fields is set.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct SourceSpec {
+pub struct RawSource {
     #[serde(default)]
     pub secret: Option<KeyRef>,
     #[serde(default)]
     pub config_map: Option<KeyRef>,
-    /// PEM text in the configuration itself.
     #[serde(default)]
     pub inline: Option<String>,
-    /// An absolute path to a PEM file (e.g. a mounted volume).
     #[serde(default)]
     pub file: Option<PathBuf>,
-    /// The public roots (`publicRoots: {}`).
     #[serde(default, deserialize_with = "present")]
     pub public_roots: Option<PublicRoots>,
 }
@@ -82,78 +187,21 @@ fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<PublicRo
     Ok(Some(Option::<PublicRoots>::deserialize(deserializer)?.unwrap_or_default()))
 }
 
-/// A key of a Secret or ConfigMap in a named namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct KeyRef {
-    pub namespace: String,
-    pub name: String,
-    pub key: String,
-}
-
-/// The enum view of a [`SourceSpec`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source<'a> {
-    Secret(&'a KeyRef),
-    ConfigMap(&'a KeyRef),
-    Inline(&'a str),
-    File(&'a Path),
-    PublicRoots,
-}
-
-impl SourceSpec {
-    /// The one kind this source is, or `None` when not exactly one field is set (a validation error).
-    pub fn kind(&self) -> Option<Source<'_>> {
-        let mut set = self.set_fields();
-        match (set.next(), set.next()) {
-            (Some(kind), None) => Some(kind),
-            _ => None,
-        }
-    }
-
-    fn set_fields(&self) -> impl Iterator<Item = Source<'_>> {
-        [
-            self.secret.as_ref().map(Source::Secret),
-            self.config_map.as_ref().map(Source::ConfigMap),
-            self.inline.as_deref().map(Source::Inline),
-            self.file.as_deref().map(Source::File),
-            self.public_roots.map(|_| Source::PublicRoots),
-        ]
-        .into_iter()
-        .flatten()
-    }
-}
-
-impl Source<'_> {
-    fn field(&self) -> &'static str {
-        match self {
-            Source::Secret(_) => "secret",
-            Source::ConfigMap(_) => "configMap",
-            Source::Inline(_) => "inline",
-            Source::File(_) => "file",
-            Source::PublicRoots => "publicRoots",
-        }
-    }
-}
-
 /// One target: exactly one of `secret` / `configMap`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct TargetSpec {
+pub struct RawTarget {
     #[serde(default)]
-    pub secret: Option<TargetObject>,
+    pub secret: Option<RawTargetObject>,
     #[serde(default)]
-    pub config_map: Option<TargetObject>,
-    /// Take over an existing object (or key) that kcp-keeper did not create. Off: such an object is left
-    /// alone and reported.
+    pub config_map: Option<RawTargetObject>,
     #[serde(default)]
     pub adopt: bool,
 }
 
-/// The object a target writes: its name and key, in one namespace or in every namespace a selector matches.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct TargetObject {
+pub struct RawTargetObject {
     pub name: String,
     pub key: String,
     #[serde(default)]
@@ -169,69 +217,19 @@ pub struct NamespaceSelector {
     pub match_labels: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TargetKind {
-    Secret,
-    ConfigMap,
-}
-
-impl TargetKind {
-    fn field(&self) -> &'static str {
-        match self {
-            TargetKind::Secret => "secret",
-            TargetKind::ConfigMap => "configMap",
-        }
-    }
-}
-
-/// Where a target object lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placement<'a> {
-    Namespace(&'a str),
-    Selector(&'a NamespaceSelector),
-}
-
-impl TargetSpec {
-    /// The kind and object, or `None` when not exactly one of `secret` / `configMap` is set.
-    pub fn kind(&self) -> Option<(TargetKind, &TargetObject)> {
-        match (&self.secret, &self.config_map) {
-            (Some(object), None) => Some((TargetKind::Secret, object)),
-            (None, Some(object)) => Some((TargetKind::ConfigMap, object)),
-            _ => None,
-        }
-    }
-}
-
-impl TargetObject {
-    /// `None` when not exactly one of `namespace` / `namespaceSelector` is set.
-    pub fn placement(&self) -> Option<Placement<'_>> {
-        match (&self.namespace, &self.namespace_selector) {
-            (Some(namespace), None) => Some(Placement::Namespace(namespace)),
-            (None, Some(selector)) => Some(Placement::Selector(selector)),
-            _ => None,
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct LiveCheck {
+pub struct RawLiveCheck {
     /// `https://host[:port][/path]`.
     pub url: String,
-    /// The name to verify the server's certificate for, when it differs from the URL's host (e.g. the URL is
-    /// an in-cluster Service, the certificate is for the public hostname).
+    /// The name to verify the server's certificate for, when it differs from the URL's host.
     #[serde(default)]
     pub server_name: Option<String>,
 }
 
-impl BundleSpec {
-    /// The parsed `rotationGrace`; `None` when not configured.
-    pub fn rotation_grace(&self) -> Result<Option<Duration>, DurationError> {
-        self.rotation_grace.as_deref().map(parse_go_duration).transpose()
-    }
-}
+// ---- Raw to validated ------------------------------------------------------------------------------------
 
-/// One place an object key is written, for finding two targets that would fight over it.
+/// One place an object key is read or written, for finding two targets that would fight over it.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Destination<'a> {
     kind: TargetKind,
@@ -240,19 +238,31 @@ struct Destination<'a> {
     key: &'a str,
 }
 
-/// Parsing (strict, with field paths) is the runtime's `config::load`/`config::parse`; this adds the checks only
-/// ca-syncer knows.
 impl AgentConfig for Config {
-    /// Every semantic error, each with its field path; empty when the configuration is valid.
-    fn validate(&self) -> Vec<FieldError> {
+    type Raw = RawConfig;
+
+    fn from_raw(raw: RawConfig) -> Result<Self, Vec<FieldError>> {
         let mut errors = Vec::new();
-        if self.bundles.is_empty() {
+        if raw.bundles.is_empty() {
             errors.push(FieldError::new("bundles", "at least one bundle is required"));
         }
+        let resync_interval = match raw.resync_interval.as_deref().map(parse_go_duration).transpose() {
+            Ok(None) => DEFAULT_RESYNC,
+            Ok(Some(d)) if d >= Duration::from_secs(1) => d,
+            Ok(Some(_)) => {
+                errors.push(FieldError::new("resyncInterval", "must be at least 1s"));
+                DEFAULT_RESYNC
+            }
+            Err(e) => {
+                errors.push(FieldError::new("resyncInterval", e.to_string()));
+                DEFAULT_RESYNC
+            }
+        };
         let mut names: HashMap<&str, usize> = HashMap::new();
         // Targets already seen in earlier bundles, for cross-bundle conflicts.
         let mut written: Vec<(Destination<'_>, String)> = Vec::new();
-        for (i, bundle) in self.bundles.iter().enumerate() {
+        let mut bundles = Vec::new();
+        for (i, bundle) in raw.bundles.iter().enumerate() {
             let path = format!("bundles[{i}]");
             check(&mut errors, format!("{path}.name"), names::check_dns_label(&bundle.name));
             match names.entry(&bundle.name) {
@@ -264,9 +274,11 @@ impl AgentConfig for Config {
                     slot.insert(i);
                 }
             }
-            validate_bundle(bundle, &path, &mut written, &mut errors);
+            if let Some(bundle) = bundle_from_raw(bundle, &path, &mut written, &mut errors) {
+                bundles.push(bundle);
+            }
         }
-        errors
+        if errors.is_empty() { Ok(Config { bundles, resync_interval }) } else { Err(errors) }
     }
 }
 
@@ -276,20 +288,26 @@ fn check(errors: &mut Vec<FieldError>, path: String, result: Result<(), String>)
     }
 }
 
-fn validate_bundle<'a>(
-    bundle: &'a BundleSpec,
+/// The validated bundle, or `None` with its errors recorded.
+fn bundle_from_raw<'a>(
+    bundle: &'a RawBundle,
     path: &str,
     written: &mut Vec<(Destination<'a>, String)>,
     errors: &mut Vec<FieldError>,
-) {
+) -> Option<Bundle> {
+    let errors_before = errors.len();
     if bundle.sources.is_empty() {
         errors.push(FieldError::new(format!("{path}.sources"), "at least one source is required"));
     }
     let mut read: Vec<(Destination<'a>, String)> = Vec::new();
+    let mut sources = Vec::new();
     for (j, source) in bundle.sources.iter().enumerate() {
         let path = format!("{path}.sources[{j}]");
-        if let Some(destination) = validate_source(source, &path, errors) {
-            read.push((destination, path));
+        if let Some((source, destination)) = source_from_raw(source, &path, errors) {
+            sources.push(source);
+            if let Some(destination) = destination {
+                read.push((destination, path));
+            }
         }
     }
 
@@ -297,9 +315,11 @@ fn validate_bundle<'a>(
         errors.push(FieldError::new(format!("{path}.targets"), "at least one target is required"));
     }
     let earlier_bundles = written.len();
-    for (j, target) in bundle.targets.iter().enumerate() {
+    let mut targets = Vec::new();
+    for (j, raw) in bundle.targets.iter().enumerate() {
         let path = format!("{path}.targets[{j}]");
-        let Some(destination) = validate_target(target, &path, errors) else { continue };
+        let Some((target, destination)) = target_from_raw(raw, &path, errors) else { continue };
+        targets.push(target);
         if let Some((_, source)) = read.iter().find(|(d, _)| *d == destination) {
             errors.push(FieldError::new(
                 path.clone(),
@@ -323,18 +343,30 @@ fn validate_bundle<'a>(
         written.push((destination, path));
     }
 
-    if let Err(reason) = bundle.rotation_grace() {
-        errors.push(FieldError::new(format!("{path}.rotationGrace"), reason.to_string()));
-    }
-    if let Some(live) = &bundle.live_check {
-        validate_live_check(live, &format!("{path}.liveCheck"), errors);
-    }
+    let rotation_grace = match bundle.rotation_grace.as_deref().map(parse_go_duration).transpose() {
+        Ok(grace) => grace,
+        Err(reason) => {
+            errors.push(FieldError::new(format!("{path}.rotationGrace"), reason.to_string()));
+            None
+        }
+    };
+    let live_check =
+        bundle.live_check.as_ref().and_then(|live| live_check_from_raw(live, &format!("{path}.liveCheck"), errors));
     if bundle.empty_means_public_roots && bundle.live_check.is_none() {
         errors.push(FieldError::new(
             format!("{path}.emptyMeansPublicRoots"),
             "requires liveCheck: an empty key is written only when the public roots verify the live endpoint",
         ));
     }
+    (errors.len() == errors_before).then(|| Bundle {
+        name: bundle.name.clone(),
+        sources,
+        targets,
+        rotation_grace,
+        drop_expired: bundle.drop_expired,
+        live_check,
+        empty_means_public_roots: bundle.empty_means_public_roots,
+    })
 }
 
 /// Two destinations can be the same object key: same kind, name and key, and either the same namespace or a
@@ -349,82 +381,117 @@ fn may_overlap(a: &Destination<'_>, b: &Destination<'_>) -> bool {
         }
 }
 
-/// Validates a source; returns the object key it reads when it reads one.
-fn validate_source<'a>(source: &'a SourceSpec, path: &str, errors: &mut Vec<FieldError>) -> Option<Destination<'a>> {
-    let set: Vec<Source<'_>> = source.set_fields().collect();
-    let [kind] = set.as_slice() else {
+/// The validated source and the object key it reads (when it reads one).
+fn source_from_raw<'a>(
+    source: &'a RawSource,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) -> Option<(Source, Option<Destination<'a>>)> {
+    let set: Vec<&str> = [
+        source.secret.as_ref().map(|_| "secret"),
+        source.config_map.as_ref().map(|_| "configMap"),
+        source.inline.as_ref().map(|_| "inline"),
+        source.file.as_ref().map(|_| "file"),
+        source.public_roots.map(|_| "publicRoots"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if set.len() != 1 {
         let reason = if set.is_empty() {
             "must set one of secret, configMap, inline, file, publicRoots".to_owned()
         } else {
-            let fields: Vec<&str> = set.iter().map(Source::field).collect();
-            format!("must set exactly one of secret, configMap, inline, file, publicRoots; has {}", fields.join(", "))
+            format!("must set exactly one of secret, configMap, inline, file, publicRoots; has {}", set.join(", "))
         };
         errors.push(FieldError::new(path, reason));
         return None;
-    };
-    match *kind {
-        Source::Secret(key_ref) | Source::ConfigMap(key_ref) => {
-            let kind = if matches!(kind, Source::Secret(_)) { TargetKind::Secret } else { TargetKind::ConfigMap };
-            let path = format!("{path}.{}", kind.field());
-            check(errors, format!("{path}.namespace"), names::check_dns_label(&key_ref.namespace));
-            check(errors, format!("{path}.name"), names::check_dns_subdomain(&key_ref.name));
-            check(errors, format!("{path}.key"), names::check_data_key(&key_ref.key));
-            if key_ref.key.ends_with(".key") {
-                errors.push(FieldError::new(
-                    format!("{path}.key"),
-                    "names a private key (like tls.key); ca-syncer copies certificates only, use tls.crt or ca.crt",
-                ));
-            }
-            Some(Destination { kind, namespace: Some(&key_ref.namespace), name: &key_ref.name, key: &key_ref.key })
-        }
-        Source::Inline(text) => {
-            // The same strict parser as at run time: a key pasted into the configuration fails at start. The
-            // error names the block, never its content.
-            if let Err(err) = certs::parse_certificates(text.as_bytes(), EmptyPolicy::Reject) {
-                errors.push(FieldError::new(format!("{path}.inline"), err.to_string()));
-            }
-            None
-        }
-        Source::File(file) => {
-            if !file.is_absolute() {
-                errors.push(FieldError::new(format!("{path}.file"), "must be an absolute path"));
-            }
-            None
-        }
-        Source::PublicRoots => None,
     }
+    let key_ref = |key_ref: &'a KeyRef, kind: TargetKind, errors: &mut Vec<FieldError>| {
+        let path = format!("{path}.{}", kind.field());
+        let before = errors.len();
+        check(errors, format!("{path}.namespace"), names::check_dns_label(&key_ref.namespace));
+        check(errors, format!("{path}.name"), names::check_dns_subdomain(&key_ref.name));
+        check(errors, format!("{path}.key"), names::check_data_key(&key_ref.key));
+        if key_ref.key.ends_with(".key") {
+            errors.push(FieldError::new(
+                format!("{path}.key"),
+                "names a private key (like tls.key); ca-syncer copies certificates only, use tls.crt or ca.crt",
+            ));
+        }
+        let destination =
+            Destination { kind, namespace: Some(&key_ref.namespace), name: &key_ref.name, key: &key_ref.key };
+        (errors.len() == before).then_some(destination)
+    };
+    if let Some(r) = &source.secret {
+        let destination = key_ref(r, TargetKind::Secret, errors)?;
+        return Some((Source::Secret(r.clone()), Some(destination)));
+    }
+    if let Some(r) = &source.config_map {
+        let destination = key_ref(r, TargetKind::ConfigMap, errors)?;
+        return Some((Source::ConfigMap(r.clone()), Some(destination)));
+    }
+    if let Some(text) = &source.inline {
+        // The same strict parser as at run time: a key pasted into the configuration fails at start. The
+        // error names the block, never its content.
+        return match certs::parse_certificates(text.as_bytes(), EmptyPolicy::Reject) {
+            Ok(certs) => Some((Source::Inline(certs), None)),
+            Err(err) => {
+                errors.push(FieldError::new(format!("{path}.inline"), err.to_string()));
+                None
+            }
+        };
+    }
+    if let Some(file) = &source.file {
+        if !file.is_absolute() {
+            errors.push(FieldError::new(format!("{path}.file"), "must be an absolute path"));
+            return None;
+        }
+        return Some((Source::File(file.clone()), None));
+    }
+    Some((Source::PublicRoots, None))
 }
 
-/// Validates a target; returns the object key it writes when it is well-formed enough to say.
-fn validate_target<'a>(target: &'a TargetSpec, path: &str, errors: &mut Vec<FieldError>) -> Option<Destination<'a>> {
-    let Some((kind, object)) = target.kind() else {
-        let reason = if target.secret.is_some() {
-            "must set exactly one of secret, configMap; has both"
-        } else {
-            "must set one of secret, configMap"
-        };
-        errors.push(FieldError::new(path, reason));
-        return None;
+/// The validated target and the object key it writes.
+fn target_from_raw<'a>(
+    target: &'a RawTarget,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) -> Option<(Target, Destination<'a>)> {
+    let (kind, object) = match (&target.secret, &target.config_map) {
+        (Some(object), None) => (TargetKind::Secret, object),
+        (None, Some(object)) => (TargetKind::ConfigMap, object),
+        (Some(_), Some(_)) => {
+            errors.push(FieldError::new(path, "must set exactly one of secret, configMap; has both"));
+            return None;
+        }
+        (None, None) => {
+            errors.push(FieldError::new(path, "must set one of secret, configMap"));
+            return None;
+        }
     };
     let path = format!("{path}.{}", kind.field());
     check(errors, format!("{path}.name"), names::check_dns_subdomain(&object.name));
     check(errors, format!("{path}.key"), names::check_data_key(&object.key));
-    let namespace = match object.placement() {
-        Some(Placement::Namespace(namespace)) => {
+    let (placement, namespace) = match (&object.namespace, &object.namespace_selector) {
+        (Some(namespace), None) => {
             check(errors, format!("{path}.namespace"), names::check_dns_label(namespace));
-            Some(namespace)
+            (Placement::Namespace(namespace.clone()), Some(namespace.as_str()))
         }
-        Some(Placement::Selector(selector)) => {
+        (None, Some(selector)) => {
             validate_selector(selector, &format!("{path}.namespaceSelector"), errors);
-            None
+            (Placement::Selector(selector.match_labels.clone()), None)
         }
-        None => {
-            let has = if object.namespace.is_some() { "; has both" } else { "" };
+        (namespace, _) => {
+            let has = if namespace.is_some() { "; has both" } else { "" };
             errors.push(FieldError::new(path, format!("must set exactly one of namespace, namespaceSelector{has}")));
             return None;
         }
     };
-    Some(Destination { kind, namespace, name: &object.name, key: &object.key })
+    let destination = Destination { kind, namespace, name: &object.name, key: &object.key };
+    let target = Target { kind, name: object.name.clone(), key: object.key.clone(), placement, adopt: target.adopt };
+    // Returned even when a name or key is malformed, so conflicts with it are reported too; the bundle is
+    // refused because of the errors recorded.
+    Some((target, destination))
 }
 
 fn validate_selector(selector: &NamespaceSelector, path: &str, errors: &mut Vec<FieldError>) {
@@ -448,32 +515,50 @@ fn validate_selector(selector: &NamespaceSelector, path: &str, errors: &mut Vec<
     }
 }
 
-fn validate_live_check(live: &LiveCheck, path: &str, errors: &mut Vec<FieldError>) {
-    match live.url.parse::<http::Uri>() {
-        Err(_) => errors.push(FieldError::new(format!("{path}.url"), "is not a URL")),
-        Ok(uri) => {
-            if uri.scheme_str() != Some("https") {
-                errors.push(FieldError::new(format!("{path}.url"), "must be an https:// URL"));
+fn live_check_from_raw(live: &RawLiveCheck, path: &str, errors: &mut Vec<FieldError>) -> Option<LiveCheck> {
+    let url_error = |errors: &mut Vec<FieldError>, reason: &str| {
+        errors.push(FieldError::new(format!("{path}.url"), reason));
+        None::<(String, String)>
+    };
+    let parsed = match live.url.parse::<http::Uri>() {
+        Err(_) => url_error(errors, "is not a URL"),
+        Ok(uri) if uri.scheme_str() != Some("https") => url_error(errors, "must be an https:// URL"),
+        Ok(uri) => match uri.authority() {
+            Some(authority) if authority.as_str().contains('@') => url_error(errors, "must not carry credentials"),
+            Some(authority) if !authority.host().is_empty() => {
+                let host = authority.host();
+                // IPv6 literals come bracketed from the URI; the socket address wants them bracketed too.
+                let address = format!("{host}:{}", authority.port_u16().unwrap_or(443));
+                Some((address, host.trim_matches(['[', ']']).to_string()))
             }
-            match uri.authority() {
-                None => errors.push(FieldError::new(format!("{path}.url"), "must name a host")),
-                Some(authority) if authority.as_str().contains('@') => {
-                    errors.push(FieldError::new(format!("{path}.url"), "must not carry credentials"));
-                }
-                Some(authority) if authority.host().is_empty() => {
-                    errors.push(FieldError::new(format!("{path}.url"), "must name a host"));
-                }
-                Some(_) => {}
+            _ => url_error(errors, "must name a host"),
+        },
+    };
+    let name = match &live.server_name {
+        Some(name) => match names::check_server_name(name) {
+            Ok(()) => Some(name.clone()),
+            Err(reason) => {
+                errors.push(FieldError::new(format!("{path}.serverName"), reason));
+                None
             }
+        },
+        None => parsed.as_ref().map(|(_, host)| host.clone()),
+    };
+    let (address, _) = parsed?;
+    let name = name?;
+    match ServerName::try_from(name) {
+        Ok(server_name) => Some(LiveCheck { url: live.url.clone(), address, server_name }),
+        Err(_) => {
+            errors.push(FieldError::new(format!("{path}.serverName"), "must be a DNS hostname or an IP address"));
+            None
         }
-    }
-    if let Some(server_name) = &live.server_name {
-        check(errors, format!("{path}.serverName"), names::check_server_name(server_name));
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use kcp_keeper_runtime::config::ConfigError;
 
     use super::*;
@@ -487,8 +572,11 @@ mod tests {
     const EXAMPLE: &str = include_str!("../example.yaml");
 
     fn errors_of(yaml: &str) -> Vec<String> {
-        let config: Config = serde_yaml::from_str(yaml).expect("parses");
-        config.validate().iter().map(ToString::to_string).collect()
+        let raw: RawConfig = serde_yaml::from_str(yaml).expect("parses");
+        match Config::from_raw(raw) {
+            Ok(_) => Vec::new(),
+            Err(errors) => errors.iter().map(ToString::to_string).collect(),
+        }
     }
 
     /// A valid one-bundle configuration to break in tests.
@@ -502,20 +590,27 @@ bundles:
 "#;
 
     #[test]
-    fn example_yaml_parses_and_validates() {
+    fn example_yaml_parses_into_enums_durations_and_a_parsed_url() {
         let config = from_yaml(EXAMPLE).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(config.resync_interval, DEFAULT_RESYNC);
         let bundle = &config.bundles[0];
         assert_eq!(bundle.name, "kcp-root-ca");
-        let sources: Vec<_> = bundle.sources.iter().filter_map(SourceSpec::kind).collect();
         let key = |key: &str| KeyRef { namespace: "kcp-system".into(), name: "root-server-ca".into(), key: key.into() };
-        assert_eq!(sources[..2], [Source::Secret(&key("tls.crt")), Source::Secret(&key("ca.crt"))]);
-        let (kind, object) = bundle.targets[0].kind().expect("one kind");
-        assert_eq!(kind, TargetKind::Secret);
-        assert_eq!((object.name.as_str(), object.key.as_str()), ("kcp-ca", "ca.crt"));
-        assert_eq!(object.placement(), Some(Placement::Namespace("railgrid-system")));
-        let (_, selected) = bundle.targets[1].kind().expect("one kind");
-        assert!(matches!(selected.placement(), Some(Placement::Selector(s)) if !s.match_labels.is_empty()));
+        assert_eq!(bundle.sources, [Source::Secret(key("tls.crt")), Source::Secret(key("ca.crt"))]);
+        let target = &bundle.targets[0];
+        assert_eq!(target.kind, TargetKind::Secret);
+        assert_eq!((target.name.as_str(), target.key.as_str()), ("kcp-ca", "ca.crt"));
+        assert_eq!(target.placement, Placement::Namespace("railgrid-system".into()));
+        assert!(matches!(&bundle.targets[1].placement, Placement::Selector(s) if !s.is_empty()));
         assert!(bundle.drop_expired);
+        let live = bundle.live_check.as_ref().expect("liveCheck");
+        assert_eq!(live.address, "frontproxy-front-proxy.kcp-system.svc.cluster.local:6443");
+        assert_eq!(live.server_name, ServerName::try_from("kcp.example.com").unwrap());
+        let kubev = config.bundles[1].live_check.as_ref().expect("liveCheck");
+        assert_eq!(
+            (kubev.address.as_str(), &kubev.server_name),
+            ("kcp.example.com:443", &ServerName::try_from("kcp.example.com").unwrap())
+        );
     }
 
     #[test]
@@ -524,9 +619,25 @@ bundles:
         let bundle = &config.bundles[0];
         assert!(bundle.drop_expired, "dropExpired defaults to true");
         assert!(!bundle.empty_means_public_roots);
-        assert_eq!(bundle.rotation_grace(), Ok(None));
+        assert_eq!(bundle.rotation_grace, None);
         assert!(bundle.live_check.is_none());
         assert!(!bundle.targets[0].adopt);
+    }
+
+    #[test]
+    fn resync_interval_is_a_duration_of_at_least_a_second() {
+        let config = from_yaml(&format!("resyncInterval: 5s\n{MINIMAL}")).expect("valid");
+        assert_eq!(config.resync_interval, Duration::from_secs(5));
+        assert_eq!(errors_of(&format!("resyncInterval: 500ms\n{MINIMAL}")), ["resyncInterval: must be at least 1s"]);
+        assert_eq!(errors_of(&format!("resyncInterval: soon\n{MINIMAL}")).len(), 1);
+    }
+
+    #[test]
+    fn ipv6_live_check_connects_bracketed_and_verifies_the_bare_address() {
+        let config = from_yaml(&format!("{MINIMAL}    liveCheck: {{url: \"https://[::1]:8443\"}}\n")).expect("valid");
+        let live = config.bundles[0].live_check.clone().expect("liveCheck");
+        assert_eq!(live.address, "[::1]:8443");
+        assert_eq!(live.server_name, ServerName::try_from("::1").unwrap());
     }
 
     #[test]
@@ -555,8 +666,11 @@ bundles:
             "      - configMap: {namespace: kcp-system, name: extra-ca, key: ca.crt}\n      - file: /etc/ca/extra.pem\n      - publicRoots: {}\n      - publicRoots:\n    targets:",
         );
         let config = from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}"));
-        let kinds: Vec<_> = config.bundles[0].sources.iter().map(|s| s.kind().map(|k| k.field())).collect();
-        assert_eq!(kinds, [Some("secret"), Some("configMap"), Some("file"), Some("publicRoots"), Some("publicRoots")]);
+        let sources = &config.bundles[0].sources;
+        assert!(matches!(
+            sources[..],
+            [Source::Secret(_), Source::ConfigMap(_), Source::File(_), Source::PublicRoots, Source::PublicRoots]
+        ));
     }
 
     #[test]
@@ -704,7 +818,7 @@ bundles:
         for (grace, expected) in [("720h", 720 * 3600), ("1h30m", 5400), ("90s", 90), ("0s", 0)] {
             let yaml = format!("{MINIMAL}    rotationGrace: {grace}\n");
             let config = from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(config.bundles[0].rotation_grace(), Ok(Some(Duration::from_secs(expected))));
+            assert_eq!(config.bundles[0].rotation_grace, Some(Duration::from_secs(expected)));
         }
     }
 

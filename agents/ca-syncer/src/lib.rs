@@ -1,8 +1,9 @@
 //! ca-syncer: CA certificates into the Secrets and ConfigMaps consumers mount and hot-reload.
 //!
 //! Pure domain logic (no Kubernetes client, no I/O): [`certs`] (strict parsing), [`bundle`] (byte-stable
-//! bundles), [`rotation`] (keeping rotated-out CAs), [`config`]. The edges: [`sources`], [`live_check`],
-//! [`controller`] (the agent loop) and [`sidecar`] (`ca-syncer watch`).
+//! bundles), [`rotation`] (keeping rotated-out CAs), [`config`], [`rbac`] (the Roles a configuration needs).
+//! The edges: [`scope`] (watches and stores built from the configuration), [`sources`], [`live_check`],
+//! [`controller`] (the reconciler the runtime's driver runs) and [`sidecar`] (`ca-syncer watch`).
 #![forbid(unsafe_code)]
 
 pub mod bundle;
@@ -11,7 +12,9 @@ pub mod config;
 pub mod controller;
 pub mod live_check;
 pub mod metrics;
+pub mod rbac;
 pub mod rotation;
+pub mod scope;
 pub mod sidecar;
 pub mod sources;
 

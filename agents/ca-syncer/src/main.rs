@@ -25,6 +25,18 @@ enum Command {
         #[command(flatten)]
         kube: kcp_keeper_runtime::args::KubeArgs,
     },
+    /// Print the Roles and bindings this configuration needs (exact: Secrets only by name).
+    Rbac {
+        #[arg(long, env = "KCP_KEEPER_CONFIG")]
+        config: PathBuf,
+        /// The agent's namespace: its ServiceAccount and Lease live there.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "kcp-keeper")]
+        namespace: String,
+        #[arg(long, default_value = "ca-syncer")]
+        service_account: String,
+        #[arg(long, env = "KCP_KEEPER_LEASE_NAME", default_value = "kcp-keeper-ca-syncer")]
+        lease_name: String,
+    },
     /// Sidecar: watch a mounted directory, write the combined bundle atomically, tell the process.
     Watch(ca_syncer::sidecar::WatchArgs),
 }
@@ -35,6 +47,10 @@ async fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Run(args) => ca_syncer::controller::run(args).await,
         Command::Render { config, kube } => ca_syncer::controller::render(&config, &kube).await,
+        Command::Rbac { config, namespace, service_account, lease_name } => {
+            let who = ca_syncer::rbac::Subjects { namespace, service_account, lease_name };
+            ca_syncer::controller::print_rbac(&config, &who)
+        }
         Command::Watch(args) => ca_syncer::sidecar::main(args).await,
     };
     kcp_keeper_runtime::exit_code(result)

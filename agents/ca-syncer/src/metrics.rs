@@ -1,6 +1,7 @@
 //! ca-syncer's metrics, prefix `ca_syncer_`. Label sets are bounded by the configuration: bundles, their
 //! certificates and their targets.
 
+use kcp_keeper_runtime::driver::ReconcileMetrics;
 use kcp_keeper_runtime::metrics::GaugeF64;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -13,7 +14,7 @@ pub struct BundleLabel {
     pub bundle: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct CertLabels {
     pub bundle: String,
     pub subject: String,
@@ -21,7 +22,7 @@ pub struct CertLabels {
     pub sha256: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct TargetLabels {
     pub bundle: String,
     pub kind: String,
@@ -35,8 +36,10 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Metrics {
+    /// `reconcile_duration_seconds`, `reconcile_errors_total{reason}` (reasons: [`crate::controller::SyncError`]).
+    pub reconcile: ReconcileMetrics,
     pub certificates: Family<BundleLabel, Gauge>,
     pub not_after: Family<CertLabels, GaugeF64>,
     pub target_in_sync: Family<TargetLabels, Gauge>,
@@ -48,7 +51,16 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
+        let m = Self {
+            reconcile: ReconcileMetrics::register::<crate::controller::SyncError>(registry),
+            certificates: Family::default(),
+            not_after: Family::default(),
+            target_in_sync: Family::default(),
+            source_errors: Family::default(),
+            live_check_failures: Family::default(),
+            writes: Family::default(),
+            last_sync: Family::default(),
+        };
         registry.register("bundle_certificates", "Certificates in each bundle as last built", m.certificates.clone());
         registry.register_with_unit(
             "certificate_not_after_timestamp",

@@ -2,10 +2,11 @@
 //! volume and tells the process that reads it.
 //!
 //! kubelet updates a mounted volume by writing a fresh timestamped directory and swapping the `..data` symlink,
-//! so the *directory* is watched: a watch on a file would stay on the old inode. Every file event (after a short
-//! debounce, because one update is a burst of events) and every poll re-reads every key, parses it with the
-//! strict parser (only CERTIFICATE blocks; a key with anything else rejects the whole update), builds one
-//! deduplicated, byte-stable bundle and compares its bytes with the output file. Only then:
+//! so the *directory* is watched (the runtime's `dirwatch`, shared with the configuration reload): a watch on a
+//! file would stay on the old inode. Every file event (after a short debounce, because one update is a burst of
+//! events) and every poll re-reads every key, parses it with the strict parser (only CERTIFICATE blocks; a key
+//! with anything else rejects the whole update), builds one deduplicated, byte-stable bundle and compares its
+//! bytes with the output file. Only then:
 //!
 //! - a changed, valid bundle is written atomically (temp file in the output's directory, fsync, rename), and
 //!   the process is told once (a signal to a pid or to processes found by name, or an HTTP call);
@@ -29,11 +30,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use kcp_keeper_runtime::admin::{self, Health};
+use kcp_keeper_runtime::dirwatch::{DirWatch, WatchSettings};
 use kcp_keeper_runtime::duration::parse_go_duration;
 use kcp_keeper_runtime::logging::LogFormat;
 use nix::sys::signal::Signal;
-use tokio::sync::Notify;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use notifier::NotifyMethod;
@@ -145,17 +145,13 @@ pub async fn run(args: WatchArgs, shutdown: CancellationToken) -> anyhow::Result
         None => None,
     };
 
-    let changed = Arc::new(Notify::new());
-    // Kept alive for the whole loop: dropping the watcher ends the notifications.
-    let _watcher = match watch_dir(&settings.dir, changed.clone()) {
-        Ok(watcher) => Some(watcher),
-        Err(e) => {
-            // Typically the inotify watch limit of the node. Polling still converges, only slower.
-            tracing::warn!(error = %e, dir = %settings.dir.display(), "cannot watch the directory; polling only");
-            metrics.error("watch");
-            None
-        }
-    };
+    // Kept for the whole loop: dropping it ends the notifications.
+    let mut dirwatch =
+        DirWatch::new(&settings.dir, WatchSettings { debounce: settings.debounce, poll: settings.poll_interval });
+    if dirwatch.is_polling_only() {
+        // Typically the inotify watch limit of the node. Polling still converges, only slower.
+        metrics.error("watch");
+    }
 
     output::remove_stale_temp_files(&settings.output);
     // What the process may have loaded already: an output file left by our previous run. Without one, the
@@ -186,58 +182,15 @@ pub async fn run(args: WatchArgs, shutdown: CancellationToken) -> anyhow::Result
     };
     loop {
         sidecar.sync(&shutdown).await;
-        let next_poll = Instant::now() + settings.poll_interval;
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
-            () = changed.notified() => {
-                if !settle(&changed, settings.debounce, &shutdown).await {
-                    break;
-                }
-            }
-            () = tokio::time::sleep_until(next_poll) => tracing::debug!("poll"),
+            wake = dirwatch.next() => tracing::debug!(?wake, "re-reading"),
         }
     }
     health.start_draining();
     tracing::info!("shutting down");
     Ok(())
-}
-
-/// Waits until no event arrived for `quiet` (bounded, so a directory that never calms down is still read).
-/// Returns false if shutdown started meanwhile.
-async fn settle(changed: &Notify, quiet: Duration, shutdown: &CancellationToken) -> bool {
-    let deadline = Instant::now() + quiet.saturating_mul(10).max(Duration::from_secs(1));
-    loop {
-        tokio::select! {
-            biased;
-            () = shutdown.cancelled() => return false,
-            () = changed.notified() => {
-                if Instant::now() >= deadline {
-                    return true;
-                }
-            }
-            () = tokio::time::sleep(quiet) => return true,
-        }
-    }
-}
-
-/// Watches `dir` (not recursively: the `..data` swap happens in it) and wakes `changed` on every event except
-/// opens and reads, which our own reading of the directory would otherwise turn into an endless loop.
-fn watch_dir(dir: &Path, changed: Arc<Notify>) -> notify::Result<notify::RecommendedWatcher> {
-    use notify::Watcher as _;
-    use notify::event::{AccessKind, AccessMode, EventKind};
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
-        // A file closed after writing is a change; every other access is not.
-        Ok(event) if matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write)) => {}
-        Ok(_) => changed.notify_one(),
-        Err(e) => {
-            // E.g. a queue overflow: events were lost, so re-read.
-            tracing::warn!(error = %e, "file watch error; re-reading");
-            changed.notify_one();
-        }
-    })?;
-    watcher.watch(dir, notify::RecursiveMode::NonRecursive)?;
-    Ok(watcher)
 }
 
 /// The validated configuration.

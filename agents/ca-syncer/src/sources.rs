@@ -1,10 +1,12 @@
-//! Reading a bundle's sources: the I/O edge in front of the strict parser.
+//! Reading a bundle's sources: the I/O edge in front of the strict parser. The agent reads through its
+//! reflector stores ([`crate::scope::Scope`]); `render`, a one-shot, reads with GETs.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 
 use crate::certs::{Certificate, EmptyPolicy, SourceError, parse_certificates};
 use crate::config::{KeyRef, Source};
+use crate::scope::Scope;
 
 /// Why a source could not be used. Never carries the source's content.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +26,7 @@ pub enum SourceFailure {
 }
 
 impl SourceFailure {
+    /// The reason label of `<prefix>_source_errors_total`.
     pub fn metric_label(&self) -> &'static str {
         match self {
             SourceFailure::ObjectMissing { .. } | SourceFailure::KeyMissing { .. } => "missing",
@@ -34,40 +37,60 @@ impl SourceFailure {
     }
 
     /// The object to put an Event on: the source Secret or ConfigMap, when there is one.
-    pub fn object(source: &Source<'_>) -> Option<(&'static str, KeyRef)> {
+    pub fn object(source: &Source) -> Option<(&'static str, &KeyRef)> {
         match source {
-            Source::Secret(r) => Some(("Secret", (*r).clone())),
-            Source::ConfigMap(r) => Some(("ConfigMap", (*r).clone())),
+            Source::Secret(r) => Some(("Secret", r)),
+            Source::ConfigMap(r) => Some(("ConfigMap", r)),
             _ => None,
+        }
+    }
+}
+
+/// Where Secrets and ConfigMaps are read from.
+pub enum Reader<'a> {
+    /// The agent's reflector stores.
+    Stores(&'a Scope),
+    /// GETs, for one-shot commands; `None` when no source reads from the cluster.
+    Client(Option<&'a kube::Client>),
+}
+
+impl Reader<'_> {
+    async fn secret(&self, r: &KeyRef) -> Result<Option<Secret>, SourceFailure> {
+        match self {
+            Reader::Stores(scope) => Ok(scope.secret(&r.namespace, &r.name).map(|s| (*s).clone())),
+            Reader::Client(client) => get(*client, "Secret", r).await,
+        }
+    }
+
+    async fn config_map(&self, r: &KeyRef) -> Result<Option<ConfigMap>, SourceFailure> {
+        match self {
+            Reader::Stores(scope) => Ok(scope.config_map(&r.namespace, &r.name).map(|c| (*c).clone())),
+            Reader::Client(client) => get(*client, "ConfigMap", r).await,
         }
     }
 }
 
 /// Reads and strictly parses one source. `empty` allows a source with no certificate (the empty-means-public
 /// mode); otherwise an empty source is an error.
-/// `client` may be `None` when no source reads from the cluster (`ca-syncer render` without a cluster).
-pub async fn read(
-    client: Option<&kube::Client>,
-    source: &Source<'_>,
-    empty: EmptyPolicy,
-) -> Result<Vec<Certificate>, SourceFailure> {
+pub async fn read(reader: &Reader<'_>, source: &Source, empty: EmptyPolicy) -> Result<Vec<Certificate>, SourceFailure> {
+    let missing =
+        |kind, r: &KeyRef| SourceFailure::ObjectMissing { kind, namespace: r.namespace.clone(), name: r.name.clone() };
     let bytes = match source {
         Source::Secret(r) => {
-            let client = client.ok_or(SourceFailure::NoClient)?;
-            let secret = get::<Secret>(client, "Secret", r).await?;
+            let secret = reader.secret(r).await?.ok_or_else(|| missing("Secret", r))?;
             let data = secret.data.unwrap_or_default();
             data.get(&r.key).map(|v| v.0.clone()).ok_or_else(|| key_missing("Secret", r))?
         }
         Source::ConfigMap(r) => {
-            let client = client.ok_or(SourceFailure::NoClient)?;
-            let cm = get::<ConfigMap>(client, "ConfigMap", r).await?;
+            let cm = reader.config_map(r).await?.ok_or_else(|| missing("ConfigMap", r))?;
             match (cm.data.unwrap_or_default().remove(&r.key), cm.binary_data.unwrap_or_default().remove(&r.key)) {
                 (Some(text), _) => text.into_bytes(),
                 (None, Some(bytes)) => bytes.0,
                 (None, None) => return Err(key_missing("ConfigMap", r)),
             }
         }
-        Source::Inline(text) => text.as_bytes().to_vec(),
+        // Parsed at load with the same strict parser.
+        Source::Inline(certs) => return Ok(certs.clone()),
         Source::File(path) => tokio::fs::read(path)
             .await
             .map_err(|source| SourceFailure::File { path: path.display().to_string(), source })?,
@@ -76,7 +99,7 @@ pub async fn read(
     Ok(parse_certificates(&bytes, empty)?)
 }
 
-async fn get<K>(client: &kube::Client, kind: &'static str, r: &KeyRef) -> Result<K, SourceFailure>
+async fn get<K>(client: Option<&kube::Client>, kind: &'static str, r: &KeyRef) -> Result<Option<K>, SourceFailure>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -84,12 +107,14 @@ where
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
+    let client = client.ok_or(SourceFailure::NoClient)?;
     let api: Api<K> = Api::namespaced(client.clone(), &r.namespace);
-    match api.get_opt(&r.name).await {
-        Ok(Some(object)) => Ok(object),
-        Ok(None) => Err(SourceFailure::ObjectMissing { kind, namespace: r.namespace.clone(), name: r.name.clone() }),
-        Err(source) => Err(SourceFailure::Api { kind, namespace: r.namespace.clone(), name: r.name.clone(), source }),
-    }
+    api.get_opt(&r.name).await.map_err(|source| SourceFailure::Api {
+        kind,
+        namespace: r.namespace.clone(),
+        name: r.name.clone(),
+        source,
+    })
 }
 
 fn key_missing(kind: &'static str, r: &KeyRef) -> SourceFailure {

@@ -13,18 +13,67 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-/// Readiness: false until the agent's first successful sync, false again once shutdown starts.
-#[derive(Debug, Default)]
+/// Readiness, from what the replica has proven rather than from its loop having run:
+/// - its watches have delivered their initial list (caches are synced), and
+/// - the apiserver answers (a watch error clears this until a request succeeds again), and
+/// - while it leads, its first full reconcile has run (a failing item is reported by metrics and Events, not
+///   here: one bad target must not take every replica out of the Service), and
+/// - shutdown has not started.
+#[derive(Debug)]
 pub struct Health {
-    synced: AtomicBool,
+    watches_synced: AtomicBool,
+    reachable: AtomicBool,
+    leading: AtomicBool,
+    reconciled: AtomicBool,
     draining: AtomicBool,
 }
 
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            watches_synced: AtomicBool::new(false),
+            reachable: AtomicBool::new(true),
+            leading: AtomicBool::new(false),
+            reconciled: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+        }
+    }
+}
+
 impl Health {
-    /// Called by the agent after its first complete, successful cycle.
+    /// For a process without watches or leader election (the sidecar): its first complete pass is all there is.
     pub fn mark_synced(&self) {
-        if !self.synced.swap(true, Ordering::SeqCst) {
-            tracing::info!("first sync complete: ready");
+        self.watches_synced.store(true, Ordering::SeqCst);
+        self.mark_reconciled();
+    }
+
+    /// Every watch has delivered its initial list (or, `false`, a new set of watches has not yet).
+    pub fn set_watches_synced(&self, synced: bool) {
+        if !self.watches_synced.swap(synced, Ordering::SeqCst) && synced {
+            tracing::info!("watches synced");
+        }
+    }
+
+    /// Whether the apiserver answered the last time we asked.
+    pub fn set_reachable(&self, reachable: bool) {
+        if self.reachable.swap(reachable, Ordering::SeqCst) != reachable {
+            tracing::info!(reachable, "apiserver reachability changed");
+        }
+    }
+
+    pub fn is_reachable(&self) -> bool {
+        self.reachable.load(Ordering::SeqCst)
+    }
+
+    /// Whether this replica leads; a leader is ready only once it has reconciled.
+    pub fn set_leading(&self, leading: bool) {
+        self.leading.store(leading, Ordering::SeqCst);
+    }
+
+    /// The leader's first full reconcile has run.
+    pub fn mark_reconciled(&self) {
+        if !self.reconciled.swap(true, Ordering::SeqCst) {
+            tracing::info!("first reconcile complete");
         }
     }
 
@@ -33,8 +82,24 @@ impl Health {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// `None` when ready, otherwise the first reason it is not.
+    pub fn not_ready_reason(&self) -> Option<&'static str> {
+        let get = |flag: &AtomicBool| flag.load(Ordering::SeqCst);
+        if get(&self.draining) {
+            Some("shutting down")
+        } else if !get(&self.watches_synced) {
+            Some("watches have not delivered their initial list")
+        } else if !get(&self.reachable) {
+            Some("the apiserver is not reachable")
+        } else if get(&self.leading) && !get(&self.reconciled) {
+            Some("leading, but the first reconcile has not run")
+        } else {
+            None
+        }
+    }
+
     pub fn is_ready(&self) -> bool {
-        self.synced.load(Ordering::SeqCst) && !self.draining.load(Ordering::SeqCst)
+        self.not_ready_reason().is_none()
     }
 }
 
@@ -78,8 +143,10 @@ fn respond(req: &Request<Incoming>, health: &Health, registry: &Registry) -> Res
     }
     match req.uri().path() {
         "/livez" => text(StatusCode::OK, "ok\n"),
-        "/readyz" if health.is_ready() => text(StatusCode::OK, "ok\n"),
-        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        "/readyz" => match health.not_ready_reason() {
+            None => text(StatusCode::OK, "ok\n"),
+            Some(reason) => text(StatusCode::SERVICE_UNAVAILABLE, reason),
+        },
         "/metrics" => Response::builder()
             .header(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")
             .body(Full::new(Bytes::from(crate::metrics::encode(registry))))

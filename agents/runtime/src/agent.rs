@@ -146,23 +146,3 @@ fn spawn_lost_lease_monitor(leadership: &Leadership, shutdown: CancellationToken
         }
     })
 }
-
-/// The loop of an agent whose own work is not built yet: it proves the apiserver answers (its "sync"), becomes
-/// ready, re-checks every `every`, and returns on shutdown. Lets the binary, chart and probes be exercised
-/// end to end before the agent's logic lands.
-pub async fn idle<C>(ctx: Context<C>, every: Duration) -> anyhow::Result<()> {
-    loop {
-        // Raced against shutdown: a request to a hung apiserver must not hold up the drain.
-        tokio::select! {
-            _ = ctx.shutdown.cancelled() => return Ok(()),
-            version = ctx.client.apiserver_version() => match version {
-                Ok(_) => ctx.health.mark_synced(),
-                Err(e) => tracing::warn!(error = %e, "apiserver not reachable"),
-            },
-        }
-        tokio::select! {
-            _ = ctx.shutdown.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(every) => {}
-        }
-    }
-}

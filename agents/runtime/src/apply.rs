@@ -66,8 +66,34 @@ impl ApplyError {
     }
 }
 
-/// Applies `desired` (a partial object with `apiVersion`, `kind` and `metadata.name`) through `api`.
+/// Applies `desired` (a partial object with `apiVersion`, `kind` and `metadata.name`) through `api`, reading
+/// the live object first.
 pub async fn apply<K>(api: &Api<K>, desired: Value, ownership: Ownership) -> Result<Outcome, ApplyError>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+    K::DynamicType: Default,
+{
+    let name = desired.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+    let live = if name.is_empty() {
+        None
+    } else {
+        api.get_opt(&name).await.map_err(|source| ApplyError::Kube {
+            kind: K::kind(&K::DynamicType::default()).to_string(),
+            object: name.clone(),
+            source,
+        })?
+    };
+    apply_over(api, desired, ownership, live.as_ref()).await
+}
+
+/// Like [`apply`], comparing with `live` as the caller last saw it (from a reflector store) instead of reading
+/// it again. A stale `live` costs at most one write the apiserver finds to be a no-op.
+pub async fn apply_over<K>(
+    api: &Api<K>,
+    desired: Value,
+    ownership: Ownership,
+    live: Option<&K>,
+) -> Result<Outcome, ApplyError>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
     K::DynamicType: Default,
@@ -88,8 +114,7 @@ where
         Ownership::Owned { .. } => mark_owned(desired),
         Ownership::Fields => desired,
     };
-    let live = api.get_opt(&name).await.map_err(kube_err)?;
-    if let Some(live) = &live {
+    if let Some(live) = live {
         let live_json = serde_json::to_value(live).map_err(|e| ApplyError::Malformed(e.to_string()))?;
         if let Ownership::Owned { adopt: false } = ownership {
             check_ownership(live, &live_json, &desired).map_err(|key| match key {

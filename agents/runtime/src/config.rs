@@ -1,23 +1,29 @@
 //! One YAML file per agent, read strictly: an unknown field is an error, and every error names the field path
 //! and the reason (`bundles[1].targets[0].secret.key: must not be empty`). A changed file is applied only
 //! when it is valid; otherwise the old configuration stays, the error is logged and counted.
+//!
+//! Parse, don't validate: serde reads the file into the agent's raw type ([`AgentConfig::Raw`], plain data as
+//! written), and [`AgentConfig::from_raw`] turns it into the validated configuration (enums, durations, parsed
+//! URLs) or every error at once. The agent never sees the raw form.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::Watcher;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::dirwatch::{self, WatchSettings};
 use crate::metrics::ConfigMetrics;
 
-/// An agent's configuration type. Implementations use `#[serde(deny_unknown_fields)]` on every struct.
-pub trait AgentConfig: DeserializeOwned + PartialEq + Send + Sync + 'static {
-    /// Every semantic error (not just the first), each with its field path.
-    fn validate(&self) -> Vec<FieldError>;
+/// An agent's validated configuration, built from its raw serde form.
+pub trait AgentConfig: Sized + PartialEq + Send + Sync + 'static {
+    /// The file as written. Implementations use `#[serde(deny_unknown_fields)]` on every struct.
+    type Raw: DeserializeOwned;
+    /// The validated configuration, or every semantic error (not just the first), each with its field path.
+    fn from_raw(raw: Self::Raw) -> Result<Self, Vec<FieldError>>;
 }
 
 /// One invalid field.
@@ -64,7 +70,7 @@ impl ConfigError {
 /// Parses and validates configuration text. `file` is only used in error messages.
 pub fn parse<T: AgentConfig>(file: &Path, text: &str) -> Result<T, ConfigError> {
     let deserializer = serde_yaml::Deserializer::from_str(text);
-    let config: T = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+    let raw: T::Raw = serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = e.path().to_string();
         ConfigError::Parse {
             file: file.into(),
@@ -72,11 +78,7 @@ pub fn parse<T: AgentConfig>(file: &Path, text: &str) -> Result<T, ConfigError> 
             reason: e.into_inner().to_string(),
         }
     })?;
-    let errors = config.validate();
-    if !errors.is_empty() {
-        return Err(ConfigError::Invalid { file: file.into(), errors });
-    }
-    Ok(config)
+    T::from_raw(raw).map_err(|errors| ConfigError::Invalid { file: file.into(), errors })
 }
 
 /// Reads, parses and validates the file.
@@ -89,8 +91,9 @@ pub fn load<T: AgentConfig>(file: &Path) -> Result<T, ConfigError> {
 /// configuration in force for long).
 pub const POLL_INTERVAL: Duration = Duration::from_secs(30);
 
-/// Watches `file` and publishes each new valid configuration. kubelet updates a mounted ConfigMap by swapping
-/// the `..data` symlink in the file's directory, so the directory is watched, not the file.
+/// Watches `file` and publishes each new valid configuration; an invalid one is logged and counted once, and the
+/// previous configuration stays. kubelet updates a mounted ConfigMap by swapping the `..data` symlink in the
+/// file's directory, so the directory is watched, through [`crate::dirwatch`].
 pub fn watch<T: AgentConfig>(
     file: PathBuf,
     initial: T,
@@ -98,60 +101,17 @@ pub fn watch<T: AgentConfig>(
     poll: Duration,
     shutdown: CancellationToken,
 ) -> anyhow::Result<watch::Receiver<Arc<T>>> {
-    let (tx, rx) = watch::channel(Arc::new(initial));
-    let (notify_tx, mut notify_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
-            let _ = notify_tx.send(());
-        }
-    })?;
-    let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
-    watcher.watch(&dir, notify::RecursiveMode::NonRecursive)?;
     metrics.mark_applied();
-    tokio::spawn(async move {
-        let _watcher = watcher; // dropping it stops the notifications
-        // The text last tried, so an unchanged invalid file is reported once, not on every poll. It starts
-        // empty: the file may already have changed since `initial` was read.
-        let mut last_text: Option<String> = None;
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                Some(()) = notify_rx.recv() => {
-                    // An update arrives as a burst of events; read once it settled.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    while notify_rx.try_recv().is_ok() {}
-                }
-                _ = tokio::time::sleep(poll) => {}
-            }
-            let text = match std::fs::read_to_string(&file) {
-                Ok(text) => text,
-                Err(source) => {
-                    let err = ConfigError::Read { file: file.clone(), source };
-                    tracing::error!(error = %err, "configuration not reloaded; keeping the previous one");
-                    metrics.reload_failed(err.metric_label());
-                    continue;
-                }
-            };
-            if last_text.as_deref() == Some(text.as_str()) {
-                continue;
-            }
-            last_text = Some(text.clone());
-            match parse::<T>(&file, &text) {
-                Ok(config) => {
-                    metrics.mark_applied();
-                    if **tx.borrow() != config {
-                        tracing::info!(file = %file.display(), "configuration reloaded");
-                        let _ = tx.send(Arc::new(config));
-                    }
-                }
-                Err(err) => {
-                    tracing::error!(error = %err, "invalid configuration not applied; keeping the previous one");
-                    metrics.reload_failed(err.metric_label());
-                }
-            }
-        }
-    });
-    Ok(rx)
+    let settings = WatchSettings { poll, ..WatchSettings::default() };
+    let dir = dirwatch::parent_dir(&file);
+    let loaded = metrics.clone();
+    let load = move || {
+        let config = load::<T>(&file)?;
+        loaded.mark_applied();
+        Ok(config)
+    };
+    let on_error = move |err: &ConfigError| metrics.reload_failed(err.metric_label());
+    Ok(dirwatch::follow(dir, settings, initial, load, on_error, shutdown))
 }
 
 #[cfg(test)]
@@ -173,13 +133,16 @@ mod tests {
     }
 
     impl AgentConfig for Config {
-        fn validate(&self) -> Vec<FieldError> {
-            self.bundles
+        type Raw = Self;
+        fn from_raw(raw: Self) -> Result<Self, Vec<FieldError>> {
+            let errors: Vec<_> = raw
+                .bundles
                 .iter()
                 .enumerate()
                 .filter(|(_, b)| b.name.is_empty())
                 .map(|(i, _)| FieldError::new(format!("bundles[{i}].name"), "must not be empty"))
-                .collect()
+                .collect();
+            if errors.is_empty() { Ok(raw) } else { Err(errors) }
         }
     }
 

@@ -6,6 +6,14 @@
 //! as long as the replicas' clocks disagree by less than `lease_duration - renew_deadline`.
 //! Two contenders never both win a takeover: every write replaces the object at the resourceVersion just read,
 //! so the apiserver lets exactly one through and answers the other with 409.
+//!
+//! Why ours and not `kube-lease-manager` (0.13 builds on kube 5): its model is a lease duration plus a grace
+//! for clock skew, written with server-side apply; ours is client-go's (lease duration, renew deadline, retry
+//! period), which the chart's flags, `kubectl get lease` readers and client-go based tooling share. The
+//! properties we rely on (a holder stops leading before anyone may take its lease, even when the apiserver
+//! hangs mid-request; the lease is released on shutdown; apiserver errors never end the election) are proven
+//! here against a real apiserver, killed and frozen (`tests/lease.rs`); moving would mean proving them again
+//! for a different model, for about 300 lines saved.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,21 +107,15 @@ pub enum LeaseError {
     Config(String),
 }
 
-impl LeaseError {
-    /// A low-cardinality label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::Config(_) => "config",
-        }
-    }
-}
-
 /// Whether this replica leads right now. Cheap to clone; every clone follows the same election.
 ///
 /// Once the election task has ended (shutdown, or aborted/panicked), this reads as not leading.
 #[derive(Clone, Debug)]
 pub struct Leadership {
     rx: watch::Receiver<bool>,
+    /// Whether the election has answered once (leading, or someone else holds the lease): until then this
+    /// replica is neither leader nor follower, and not ready.
+    decided: Arc<std::sync::atomic::AtomicBool>,
     /// Keeps [`Leadership::always`]'s channel open: a closed channel means the election task is gone.
     _always: Option<Arc<watch::Sender<bool>>>,
 }
@@ -137,6 +139,12 @@ impl Leadership {
         }
     }
 
+    /// Whether the election has decided this replica's role at least once (a change is announced on
+    /// [`Leadership::subscribe`]'s channel).
+    pub fn is_decided(&self) -> bool {
+        self.decided.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// A receiver that sees every change; `changed()` fails once the election task has ended.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.rx.clone()
@@ -145,7 +153,7 @@ impl Leadership {
     /// Always leading: for one-shot commands and for running with leader election disabled.
     pub fn always() -> Self {
         let (tx, rx) = watch::channel(true);
-        Self { rx, _always: Some(Arc::new(tx)) }
+        Self { rx, decided: Arc::new(true.into()), _always: Some(Arc::new(tx)) }
     }
 }
 
@@ -236,21 +244,25 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> (Leadership, JoinHandle<Result<(), LeaseError>>) {
     let (tx, rx) = watch::channel(false);
+    let decided = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let span = tracing::info_span!(
         "lease",
         lease = %format!("{}/{}", config.namespace, config.name),
         identity = %config.identity
     );
+    let election_decided = decided.clone();
     let task = tokio::spawn(
         async move {
             config.validate().map_err(LeaseError::Config)?;
             let api = Api::namespaced(client, &config.namespace);
-            Elector { api, config, tx, renewed_at: None, holds: false, failures: 0 }.run(shutdown).await;
+            Elector { api, config, tx, decided: election_decided, renewed_at: None, holds: false, failures: 0 }
+                .run(shutdown)
+                .await;
             Ok(())
         }
         .instrument(span),
     );
-    (Leadership { rx, _always: None }, task)
+    (Leadership { rx, decided, _always: None }, task)
 }
 
 /// The result of one attempt to acquire or renew.
@@ -271,6 +283,7 @@ struct Elector {
     api: Api<Lease>,
     config: LeaseConfig,
     tx: watch::Sender<bool>,
+    decided: Arc<std::sync::atomic::AtomicBool>,
     /// While leading: the monotonic time matching the renewTime of our last successful write.
     renewed_at: Option<Instant>,
     /// Whether the lease named us when we last read or wrote it, so shutdown knows whether to release it.
@@ -362,6 +375,7 @@ impl Elector {
                     return;
                 }
                 self.renewed_at = Some(written_at);
+                self.decide();
                 if self.set_leader(true) {
                     match decision {
                         Decision::Acquire { previous: Some(previous) } => {
@@ -379,6 +393,7 @@ impl Elector {
             Outcome::Following { holder } => {
                 self.holds = false;
                 self.renewed_at = None;
+                self.decide();
                 if self.set_leader(false) {
                     tracing::warn!(%holder, "another replica holds the lease; no longer leading");
                 } else {
@@ -405,6 +420,13 @@ impl Elector {
                 renew_deadline = ?self.config.renew_deadline,
                 "could not renew the lease within the renew deadline; no longer leading (still trying)"
             );
+        }
+    }
+
+    /// The first answer decides this replica's role; watchers are woken even when leadership did not change.
+    fn decide(&self) {
+        if !self.decided.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.tx.send_modify(|_| {});
         }
     }
 

@@ -122,7 +122,20 @@ struct ProcStats {
 fn read_proc_stats() -> Option<ProcStats> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    parse_proc_stats(&statm, &stat, 4096, 100.0)
+    let (page_size, ticks) = system_units()?;
+    parse_proc_stats(&statm, &stat, page_size, ticks)
+}
+
+/// The page size and clock ticks per second, from the system: 64 KiB pages on some arm64 kernels, and
+/// USER_HZ is not always 100. Read once; they cannot change while the process runs.
+fn system_units() -> Option<(u64, f64)> {
+    use nix::unistd::{SysconfVar, sysconf};
+    static UNITS: std::sync::OnceLock<Option<(u64, f64)>> = std::sync::OnceLock::new();
+    *UNITS.get_or_init(|| {
+        let page = sysconf(SysconfVar::PAGE_SIZE).ok()??;
+        let ticks = sysconf(SysconfVar::CLK_TCK).ok()??;
+        Some((u64::try_from(page).ok()?, ticks as f64))
+    })
 }
 
 /// Pure parser for /proc/self/statm and /proc/self/stat (page size and clock ticks given).
@@ -148,6 +161,21 @@ mod tests {
         let stats = parse_proc_stats(statm, stat, 4096, 100.0).unwrap();
         assert_eq!(stats.resident_bytes, 300 * 4096);
         assert!((stats.cpu_seconds - 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn page_size_and_ticks_come_from_the_system() {
+        let (page, ticks) = system_units().expect("sysconf answers on Linux");
+        assert!(page.is_power_of_two() && page >= 4096, "{page}");
+        assert!(ticks >= 1.0, "{ticks}");
+        // The same page size the kernel reports for this process's mappings (KernelPageSize in smaps).
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
+        let kernel_kb: u64 = smaps
+            .lines()
+            .find_map(|l| l.strip_prefix("KernelPageSize:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("KernelPageSize");
+        assert_eq!(page, kernel_kb * 1024);
     }
 
     #[test]

@@ -105,3 +105,71 @@ async fn a_key_we_stop_writing_is_removed_and_the_owned_keys_annotation_follows(
     assert_eq!(live.metadata.annotations.unwrap()[OWNED_KEYS_ANNOTATION], "ca.crt");
     Ok(())
 }
+
+/// kubeconfig-rotator's restart of a consumer it does not own (as `kubectl rollout restart` does): only the
+/// pod-template annotation is applied, with field ownership, and every other field stays as its owner set it.
+#[tokio::test]
+async fn fields_ownership_sets_only_a_pod_template_annotation_on_a_foreign_deployment() -> Result<()> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let bed = testbed::ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let api = Api::<Deployment>::namespaced(bed.client(), &ns);
+    let theirs: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "hub", "annotations": {"owner-note": "theirs"}},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "hub"}},
+            "template": {
+                "metadata": {"labels": {"app": "hub"}, "annotations": {"theirs": "kept"}},
+                "spec": {"containers": [{"name": "hub", "image": "registry.example/hub:1"}]}
+            }
+        }
+    }))?;
+    let params = PostParams { field_manager: Some("hub-chart".into()), ..Default::default() };
+    api.create(&params, &theirs).await?;
+    let before = api.get("hub").await?;
+
+    let restart = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "hub", "namespace": ns},
+        "spec": {"template": {"metadata": {"annotations": {"kcp-keeper.io/restarted-for": "serial-2"}}}}
+    });
+    assert_eq!(apply(&api, restart.clone(), Ownership::Fields).await?, Outcome::Updated);
+    let after = api.get("hub").await?;
+    let template = after.spec.template.metadata.as_ref().unwrap().annotations.clone().unwrap();
+    assert_eq!(template["kcp-keeper.io/restarted-for"], "serial-2");
+    assert_eq!(template["theirs"], "kept", "their template annotation stays");
+    let mut expected = before.spec.clone();
+    expected
+        .template
+        .metadata
+        .as_mut()
+        .unwrap()
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("kcp-keeper.io/restarted-for".into(), "serial-2".into());
+    assert_eq!(after.spec, expected, "nothing else in the spec changed");
+    assert_eq!(after.metadata.annotations, before.metadata.annotations, "object annotations untouched");
+    assert!(
+        !after.metadata.labels.unwrap_or_default().contains_key(kcp_keeper_runtime::apply::MANAGED_BY_LABEL),
+        "a foreign object is not marked as ours"
+    );
+    let managers: Vec<_> = after.metadata.managed_fields.unwrap_or_default();
+    let ours = managers.iter().find(|m| m.manager.as_deref() == Some("kcp-keeper")).expect("our field manager");
+    let owned = serde_json::to_string(&ours.fields_v1)?;
+    assert!(owned.contains("kcp-keeper.io/restarted-for") && !owned.contains("replicas"), "{owned}");
+
+    // The same apply again is a no-op: no request at all.
+    let user = testbed::apiserver::ADMIN_USER;
+    let patches = |log: &std::path::Path| -> Result<usize> {
+        Ok(testbed::audit::by_user(log, user)?.iter().filter(|r| r.resource == "deployments" && r.is_write()).count())
+    };
+    let writes = patches(&bed.apiserver.audit_log)?;
+    assert!(writes >= 2, "the audit log sees the create and the apply ({writes})");
+    assert_eq!(apply(&api, restart, Ownership::Fields).await?, Outcome::Unchanged);
+    assert_eq!(api.get("hub").await?.metadata.resource_version, after.metadata.resource_version);
+    assert_eq!(patches(&bed.apiserver.audit_log)?, writes, "no write to deployments");
+    Ok(())
+}

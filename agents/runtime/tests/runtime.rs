@@ -24,8 +24,9 @@ struct Config {
 }
 
 impl AgentConfig for Config {
-    fn validate(&self) -> Vec<FieldError> {
-        if self.name.is_empty() { vec![FieldError::new("name", "must not be empty")] } else { vec![] }
+    type Raw = Self;
+    fn from_raw(raw: Self) -> Result<Self, Vec<FieldError>> {
+        if raw.name.is_empty() { Err(vec![FieldError::new("name", "must not be empty")]) } else { Ok(raw) }
     }
 }
 
@@ -97,8 +98,16 @@ async fn readyz_follows_first_sync_and_shutdown_and_metrics_are_openmetrics() ->
     let url = |path: &str| format!("http://{}{path}", server.addr);
 
     assert_eq!(testbed::http::get(&url("/livez")).await?.0, 200);
-    assert_eq!(testbed::http::get(&url("/readyz")).await?.0, 503, "not ready before the first sync");
-    health.mark_synced();
+    assert_eq!(testbed::http::get(&url("/readyz")).await?.0, 503, "not ready before the watches synced");
+    health.set_watches_synced(true);
+    health.set_leading(true);
+    let (status, _, body) = testbed::http::get(&url("/readyz")).await?;
+    assert_eq!((status, body.as_str()), (503, "leading, but the first reconcile has not run"));
+    health.mark_reconciled();
+    assert_eq!(testbed::http::get(&url("/readyz")).await?.0, 200);
+    health.set_reachable(false);
+    assert_eq!(testbed::http::get(&url("/readyz")).await?.2, "the apiserver is not reachable");
+    health.set_reachable(true);
     assert_eq!(testbed::http::get(&url("/readyz")).await?.0, 200);
     health.start_draining();
     assert_eq!(testbed::http::get(&url("/readyz")).await?.0, 503, "not ready once shutdown starts");
@@ -149,22 +158,35 @@ async fn events_are_recorded_on_the_object_and_a_repeat_storm_creates_one() -> R
 }
 
 #[tokio::test]
-async fn watch_triggers_resume_after_apiserver_restart_and_relist() -> Result<()> {
+async fn a_scoped_watch_syncs_sees_only_its_name_and_resumes_after_an_apiserver_restart() -> Result<()> {
+    use kcp_keeper_runtime::watch::{Signal, Watches, by_name};
+    use kube::runtime::reflector::ObjectRef;
     let mut bed = testbed::ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let api = Api::<Secret>::namespaced(bed.client(), &ns);
-    let meta = Api::<kube::core::PartialObjectMeta<Secret>>::namespaced(bed.client(), &ns);
-    let mut changes = Box::pin(kcp_keeper_runtime::watch::changes(meta, Default::default()));
+    let secret = |name: &str| Secret {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        ..Default::default()
+    };
+    api.create(&PostParams::default(), &secret("other")).await?;
+    let mut watches = Watches::new();
+    let store = watches.add("watched", api.clone(), by_name("watched"));
+    let mut set = watches.start();
     let wait = Duration::from_secs(60);
-    tokio::time::timeout(wait, changes.next()).await?.expect("the initial list completes");
+    assert_eq!(tokio::time::timeout(wait, set.next()).await?, Some(Signal::Synced(0)));
+    assert!(set.all_synced());
+    assert!(store.state().is_empty(), "the field selector keeps other Secrets out of the store");
 
     bed.apiserver.restart().await?;
-    let secret =
-        Secret { metadata: ObjectMeta { name: Some("after".into()), ..Default::default() }, ..Default::default() };
-    api.create(&PostParams::default(), &secret).await?;
-    // The stream re-lists after the restart (one tick) and sees the new object (another); either drives a
-    // reconcile that finds "after".
-    tokio::time::timeout(wait, changes.next()).await?.expect("a tick after the restart");
-    assert!(api.get_opt("after").await?.is_some());
+    api.create(&PostParams::default(), &secret("watched")).await?;
+    // Whatever the watch reports on the way (a failure, a re-list), the store ends up holding the object
+    // created after the restart: the watch resumed.
+    let key = ObjectRef::new("watched").within(&ns);
+    tokio::time::timeout(wait, async {
+        while store.get(&key).is_none() {
+            set.next().await;
+        }
+    })
+    .await?;
     Ok(())
 }

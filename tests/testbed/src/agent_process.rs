@@ -24,9 +24,23 @@ impl AgentProcess {
         identity: &str,
         extra_env: &[(&str, &str)],
     ) -> Result<Self> {
+        Self::start_as(bed, &bed.apiserver.admin_kubeconfig, binary, config, namespace, identity, extra_env)
+    }
+
+    /// Like [`AgentProcess::start`], authenticating with `kubeconfig` (a ServiceAccount token's) instead of the
+    /// admin's.
+    pub fn start_as(
+        bed: &ControlPlane,
+        kubeconfig: &Path,
+        binary: &Path,
+        config: &Path,
+        namespace: &str,
+        identity: &str,
+        extra_env: &[(&str, &str)],
+    ) -> Result<Self> {
         let port = free_port()?;
         let admin_addr = format!("127.0.0.1:{port}");
-        let kubeconfig = bed.apiserver.admin_kubeconfig.display().to_string();
+        let kubeconfig = kubeconfig.display().to_string();
         let mut env: Vec<(&str, &str)> = vec![
             ("KCP_KEEPER_KUBECONFIG", &kubeconfig),
             ("KCP_KEEPER_ADMIN_ADDR", &admin_addr),
@@ -128,46 +142,4 @@ pub fn run_to_completion(binary: &Path, args: &[&str]) -> Result<(Option<i32>, S
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     ))
-}
-
-/// The binary tests every agent has, run against its own built binary: the lifecycle with the example
-/// configuration in its crate, a strict configuration error at start, and `--version`.
-/// Use as `testbed::agent_binary_tests!("dns-rewriter");` in the agent's `tests/binary.rs`.
-#[macro_export]
-macro_rules! agent_binary_tests {
-    ($name:literal) => {
-        const BINARY: &str = env!(concat!("CARGO_BIN_EXE_", $name));
-
-        fn example_config() -> std::path::PathBuf {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("example.yaml")
-        }
-
-        #[tokio::test]
-        async fn run_with_example_config_becomes_ready_holds_lease_and_exits_cleanly_on_sigterm() -> anyhow::Result<()>
-        {
-            let lease = concat!("kcp-keeper-", $name);
-            $crate::agent_process::check_lifecycle(std::path::Path::new(BINARY), &example_config(), lease).await
-        }
-
-        #[test]
-        fn invalid_config_fails_at_start_naming_the_field() -> anyhow::Result<()> {
-            let dir = tempfile::tempdir()?;
-            let config = dir.path().join("config.yaml");
-            std::fs::write(&config, "notAField: 1\n")?;
-            let args = ["run", "--config", config.to_str().unwrap_or_default()];
-            let (code, _, stderr) = $crate::agent_process::run_to_completion(std::path::Path::new(BINARY), &args)?;
-            assert_eq!(code, Some(1));
-            assert!(stderr.contains("unknown field `notAField`"), "{stderr}");
-            Ok(())
-        }
-
-        #[test]
-        fn version_prints_version_and_commit() -> anyhow::Result<()> {
-            let (code, stdout, _) =
-                $crate::agent_process::run_to_completion(std::path::Path::new(BINARY), &["--version"])?;
-            assert_eq!(code, Some(0));
-            assert!(stdout.starts_with(concat!($name, " 0.1.0 (commit ")), "{stdout}");
-            Ok(())
-        }
-    };
 }

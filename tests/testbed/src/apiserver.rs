@@ -22,8 +22,14 @@ pub struct ApiServer {
     pub process: Process,
     pub pki: Pki,
     pub admin_kubeconfig: PathBuf,
+    /// The audit log (JSON lines, Metadata level): who did what, read by [`crate::audit`].
+    pub audit_log: PathBuf,
     dir: PathBuf,
 }
+
+/// Every request at Metadata level (never a body, so no Secret data lands in the log), written as it completes.
+const AUDIT_POLICY: &str =
+    "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n";
 
 impl ApiServer {
     pub async fn start(binary: &Path, dir: &Path, etcd_servers: &str) -> Result<Self> {
@@ -49,6 +55,11 @@ impl ApiServer {
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             "--authorization-mode=RBAC".into(),
+            format!("--audit-policy-file={}", write("audit-policy.yaml", AUDIT_POLICY)?),
+            format!("--audit-log-path={}", dir.join("audit.log").display()),
+            "--audit-log-format=json".into(),
+            // Written before the response is sent, so a test reads every request it has seen answered.
+            "--audit-log-mode=blocking".into(),
             "--allow-privileged=true".into(),
             // The apiserver refuses to publish a loopback address in the `kubernetes` Service endpoints.
             "--endpoint-reconciler-type=none".into(),
@@ -60,7 +71,8 @@ impl ApiServer {
             pki.client_ca.issue_client(ADMIN_USER, &["system:masters"], Duration::from_secs(365 * 24 * 3600))?;
         let admin_kubeconfig = dir.join("admin.kubeconfig");
         std::fs::write(&admin_kubeconfig, kubeconfig_yaml(&url, &pki.server_ca.cert_pem(), &admin, ADMIN_USER))?;
-        let mut server = Self { url, process, pki, admin_kubeconfig, dir: dir.into() };
+        let audit_log = dir.join("audit.log");
+        let mut server = Self { url, process, pki, admin_kubeconfig, audit_log, dir: dir.into() };
         server.wait_ready().await?;
         Ok(server)
     }
@@ -81,6 +93,18 @@ impl ApiServer {
     /// A client for a restricted user: RBAC decides what it may do.
     pub async fn user_client(&self, user: &str, groups: &[&str]) -> Result<kube::Client> {
         client_from_file(&self.user_kubeconfig(user, groups, Duration::from_secs(24 * 3600))?).await
+    }
+
+    /// Writes a kubeconfig that authenticates with a bearer token (a ServiceAccount's) and returns its path.
+    pub fn token_kubeconfig(&self, user: &str, token: &str) -> Result<PathBuf> {
+        let path = self.dir.join(format!("token-{}.kubeconfig", rand::random::<u32>()));
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: testbed\n  context:\n    cluster: testbed\n    user: {user}\ncurrent-context: testbed\n",
+            server = self.url,
+            ca = B64.encode(self.pki.server_ca.cert_pem()),
+        );
+        std::fs::write(&path, yaml)?;
+        Ok(path)
     }
 
     /// Kills the apiserver process and starts it again on the same port, etcd and certificates.

@@ -11,6 +11,7 @@
 
 pub mod agent_process;
 pub mod apiserver;
+pub mod audit;
 pub mod certs;
 pub mod coredns;
 pub mod crds;
@@ -78,6 +79,28 @@ impl ControlPlane {
     /// A client for a client-certificate user with these groups; RBAC decides what it may do.
     pub async fn user_client(&self, user: &str, groups: &[&str]) -> Result<kube::Client> {
         self.apiserver.user_client(user, groups).await
+    }
+
+    /// Creates ServiceAccount `namespace/name`, mints a token for it (TokenRequest, one hour) and returns a
+    /// kubeconfig using it, and the user name the apiserver knows it by.
+    pub async fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> Result<(PathBuf, String)> {
+        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let accounts = Api::<ServiceAccount>::namespaced(self.client(), namespace);
+        let account = ServiceAccount {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            ..Default::default()
+        };
+        accounts.create(&PostParams::default(), &account).await.context("creating the ServiceAccount")?;
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
+            ..Default::default()
+        };
+        let minted =
+            accounts.create_token_request(name, &PostParams::default(), &request).await.context("TokenRequest")?;
+        let token = minted.status.and_then(|s| s.token).context("the TokenRequest has no token")?;
+        let user = format!("system:serviceaccount:{namespace}:{name}");
+        Ok((self.apiserver.token_kubeconfig(&user, &token)?, user))
     }
 
     /// The temp dir holding every peer's data and logs.

@@ -1,0 +1,261 @@
+//! `ca-syncer rbac`: the exact Roles a configuration needs, rendered from the same [`Plan`] the watches are
+//! built from, so the RBAC and what the agent does cannot drift apart.
+//!
+//! Why a subcommand and not a static file: the narrowing that matters (`resourceNames` on Secrets) comes from
+//! the names in the configuration, so the configuration is the only exact source. docs/ca-syncer.md shows
+//! this command's output for `example.yaml` (a test keeps it identical), the RBAC test applies the output
+//! for its own configuration, and a chart renders the same from its values or ships the output.
+//!
+//! What is granted:
+//! - in each namespace the configuration names: get/list/watch on exactly the Secrets and ConfigMaps named
+//!   there (list and watch are limited by `resourceNames` through the `metadata.name` field selector every
+//!   watch uses), create/patch on the targets among them, create on Events;
+//! - for namespace-selector targets: a ClusterRole with the same verbs on that object name only, list/watch on
+//!   Namespaces (their labels are not secret), create on Events;
+//! - in the agent's own namespace: its Lease (create cannot be limited by name: the name is not in the URL).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::ObjectMeta;
+
+use crate::config::{Config, Placement, TargetKind};
+use crate::scope::Plan;
+
+/// The names in the rendered objects.
+pub const ROLE_NAME: &str = "kcp-keeper-ca-syncer";
+
+/// Who the Roles are bound to, and where its Lease lives.
+#[derive(Debug, Clone)]
+pub struct Subjects {
+    /// The agent's namespace (its ServiceAccount and Lease).
+    pub namespace: String,
+    pub service_account: String,
+    pub lease_name: String,
+}
+
+/// Everything the configuration needs, ready to apply.
+#[derive(Debug, Default, Clone)]
+pub struct Rbac {
+    pub roles: Vec<Role>,
+    pub role_bindings: Vec<RoleBinding>,
+    pub cluster_roles: Vec<ClusterRole>,
+    pub cluster_role_bindings: Vec<ClusterRoleBinding>,
+}
+
+/// Per namespace: which Secrets and ConfigMaps are read, and which are written.
+#[derive(Default)]
+struct Access {
+    read: BTreeMap<TargetKind, BTreeSet<String>>,
+    write: BTreeMap<TargetKind, BTreeSet<String>>,
+}
+
+pub fn render(config: &Config, who: &Subjects) -> Rbac {
+    let plan = Plan::of(config);
+    let mut namespaces: BTreeMap<String, Access> = BTreeMap::new();
+    for named in &plan.named {
+        if let Some(ns) = &named.namespace {
+            namespaces.entry(ns.clone()).or_default().read.entry(named.kind).or_default().insert(named.name.clone());
+        }
+    }
+    for bundle in &config.bundles {
+        for target in &bundle.targets {
+            if let Placement::Namespace(ns) = &target.placement {
+                namespaces
+                    .entry(ns.clone())
+                    .or_default()
+                    .write
+                    .entry(target.kind)
+                    .or_default()
+                    .insert(target.name.clone());
+            }
+        }
+    }
+    namespaces.entry(who.namespace.clone()).or_default();
+
+    let mut rbac = Rbac::default();
+    for (ns, access) in &namespaces {
+        let mut rules = Vec::new();
+        for kind in [TargetKind::Secret, TargetKind::ConfigMap] {
+            if let Some(names) = access.read.get(&kind) {
+                rules.push(rule("", resource(kind), names, &["get", "list", "watch"]));
+            }
+            if let Some(names) = access.write.get(&kind) {
+                rules.push(rule("", resource(kind), names, &["create", "patch"]));
+            }
+        }
+        if !rules.is_empty() {
+            rules.push(rule("events.k8s.io", "events", &BTreeSet::new(), &["create"]));
+        }
+        if *ns == who.namespace {
+            let lease = BTreeSet::from([who.lease_name.clone()]);
+            rules.push(rule("coordination.k8s.io", "leases", &lease, &["get", "update"]));
+            rules.push(rule("coordination.k8s.io", "leases", &BTreeSet::new(), &["create"]));
+        }
+        rbac.roles.push(Role { metadata: meta(Some(ns)), rules: Some(rules) });
+        rbac.role_bindings.push(RoleBinding {
+            metadata: meta(Some(ns)),
+            role_ref: role_ref("Role"),
+            subjects: Some(vec![subject(who)]),
+        });
+    }
+
+    if !plan.cluster_wide.is_empty() {
+        let mut rules = Vec::new();
+        for kind in [TargetKind::Secret, TargetKind::ConfigMap] {
+            let names: BTreeSet<String> =
+                plan.cluster_wide.iter().filter(|(k, _)| *k == kind).map(|(_, n)| n.clone()).collect();
+            if !names.is_empty() {
+                rules.push(rule("", resource(kind), &names, &["get", "list", "watch", "create", "patch"]));
+            }
+        }
+        rules.push(rule("", "namespaces", &BTreeSet::new(), &["list", "watch"]));
+        rules.push(rule("events.k8s.io", "events", &BTreeSet::new(), &["create"]));
+        rbac.cluster_roles.push(ClusterRole { metadata: meta(None), rules: Some(rules), ..Default::default() });
+        rbac.cluster_role_bindings.push(ClusterRoleBinding {
+            metadata: meta(None),
+            role_ref: role_ref("ClusterRole"),
+            subjects: Some(vec![subject(who)]),
+        });
+    }
+    rbac
+}
+
+impl Rbac {
+    /// Multi-document YAML, in a stable order: Roles and RoleBindings by namespace, then the cluster-wide ones.
+    pub fn to_yaml(&self) -> Result<String, serde_yaml::Error> {
+        let mut docs = Vec::new();
+        for (role, binding) in self.roles.iter().zip(&self.role_bindings) {
+            docs.push(document("Role", role)?);
+            docs.push(document("RoleBinding", binding)?);
+        }
+        for (role, binding) in self.cluster_roles.iter().zip(&self.cluster_role_bindings) {
+            docs.push(document("ClusterRole", role)?);
+            docs.push(document("ClusterRoleBinding", binding)?);
+        }
+        Ok(docs.join("---\n"))
+    }
+}
+
+/// One object as YAML with `apiVersion` and `kind` first, as people write them.
+fn document(kind: &str, object: &impl serde::Serialize) -> Result<String, serde_yaml::Error> {
+    let mut value = serde_yaml::to_value(object)?;
+    let mut out = serde_yaml::Mapping::new();
+    out.insert("apiVersion".into(), "rbac.authorization.k8s.io/v1".into());
+    out.insert("kind".into(), kind.into());
+    if let serde_yaml::Value::Mapping(fields) = &mut value {
+        for (k, v) in std::mem::take(fields) {
+            out.insert(k, v);
+        }
+    }
+    serde_yaml::to_string(&out)
+}
+
+fn resource(kind: TargetKind) -> &'static str {
+    match kind {
+        TargetKind::Secret => "secrets",
+        TargetKind::ConfigMap => "configmaps",
+    }
+}
+
+fn rule(group: &str, resource: &str, names: &BTreeSet<String>, verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(vec![resource.into()]),
+        resource_names: (!names.is_empty()).then(|| names.iter().cloned().collect()),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn meta(namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(ROLE_NAME.into()),
+        namespace: namespace.map(Into::into),
+        labels: Some(BTreeMap::from([("app.kubernetes.io/name".to_string(), "ca-syncer".to_string())])),
+        ..Default::default()
+    }
+}
+
+fn role_ref(kind: &str) -> RoleRef {
+    RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: kind.into(), name: ROLE_NAME.into() }
+}
+
+fn subject(who: &Subjects) -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: who.service_account.clone(),
+        namespace: Some(who.namespace.clone()),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn who() -> Subjects {
+        Subjects {
+            namespace: "kcp-keeper".into(),
+            service_account: "ca-syncer".into(),
+            lease_name: "kcp-keeper-ca-syncer".into(),
+        }
+    }
+
+    fn example() -> Config {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("example.yaml");
+        kcp_keeper_runtime::config::load(&path).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn secrets_are_only_ever_granted_by_name() {
+        let rbac = render(&example(), &who());
+        let rules = rbac
+            .roles
+            .iter()
+            .flat_map(|r| r.rules.iter().flatten())
+            .chain(rbac.cluster_roles.iter().flat_map(|r| r.rules.iter().flatten()));
+        for rule in rules.filter(|r| r.resources.iter().flatten().any(|res| res == "secrets")) {
+            assert!(rule.resource_names.as_ref().is_some_and(|n| !n.is_empty()), "secrets without names: {rule:?}");
+        }
+    }
+
+    #[test]
+    fn a_source_is_read_only_and_a_target_is_writable() {
+        let rbac = render(&example(), &who());
+        let role = |ns: &str| rbac.roles.iter().find(|r| r.metadata.namespace.as_deref() == Some(ns)).unwrap();
+        let verbs = |ns: &str, names: &[&str]| -> Vec<String> {
+            role(ns)
+                .rules
+                .iter()
+                .flatten()
+                .filter(|r| {
+                    r.resource_names.as_deref() == Some(&names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                })
+                .flat_map(|r| r.verbs.clone())
+                .collect()
+        };
+        assert_eq!(verbs("kcp-system", &["frontproxy-ca", "root-server-ca"]), ["get", "list", "watch"]);
+        assert_eq!(verbs("railgrid-system", &["kcp-ca"]), ["get", "list", "watch", "create", "patch"]);
+        assert!(
+            rbac.cluster_roles[0]
+                .rules
+                .iter()
+                .flatten()
+                .any(|r| r.resources.as_deref() == Some(&["namespaces".to_string()]))
+        );
+    }
+
+    #[test]
+    fn the_docs_show_exactly_what_the_command_renders_for_the_example() {
+        let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ca-syncer.md"))
+            .expect("docs/ca-syncer.md");
+        let rendered = render(&example(), &who()).to_yaml().expect("renders");
+        assert!(
+            docs.contains(&format!("```yaml\n{rendered}```")),
+            "docs/ca-syncer.md must show `ca-syncer rbac --config example.yaml` verbatim:\n{rendered}"
+        );
+    }
+}

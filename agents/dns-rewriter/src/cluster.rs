@@ -1,0 +1,95 @@
+//! The thin edge to the apiserver: read the Services and operator objects the configuration names, as plain
+//! data for [`crate::plan`]. Reads are scoped: a configured rule's Service by namespace and name (`get`), and
+//! in the discovery namespace only the operator's kinds that are switched on and the Services carrying the
+//! operator's component labels.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::core::{ApiResource, GroupVersionKind};
+
+use crate::config::Config;
+use crate::discovery::{COMPONENT_LABEL, Kind, OperatorObject};
+use crate::plan::{Plan, plan};
+use crate::services::ServiceFacts;
+
+pub const OPERATOR_GROUP: &str = "operator.kcp.io";
+pub const OPERATOR_VERSION: &str = "v1alpha1";
+
+/// The API resource of an operator kind.
+pub fn api_resource(kind: Kind) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(OPERATOR_GROUP, OPERATOR_VERSION, kind.name()),
+        kind.plural(),
+    )
+}
+
+/// What the planner needs from the cluster.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterView {
+    pub services: Vec<ServiceFacts>,
+    pub objects: Vec<OperatorObject>,
+}
+
+pub async fn read(client: &kube::Client, config: &Config) -> anyhow::Result<ClusterView> {
+    let mut services: BTreeMap<(String, String), ServiceFacts> = BTreeMap::new();
+    for rule in &config.rules {
+        let key = (rule.service.namespace().to_string(), rule.service.name().to_string());
+        if services.contains_key(&key) {
+            continue;
+        }
+        let api: Api<Service> = Api::namespaced(client.clone(), rule.service.namespace());
+        let found =
+            api.get_opt(rule.service.name()).await.with_context(|| format!("reading Service {}", rule.service))?;
+        if let Some(svc) = found {
+            services.insert(key, ServiceFacts::from_service(&svc));
+        }
+    }
+    let mut objects = Vec::new();
+    if let Some(discovery) = &config.discovery {
+        let components: Vec<&str> = discovery.kinds.iter().map(|k| k.component()).collect();
+        let selector = format!("{COMPONENT_LABEL} in ({})", components.join(","));
+        let api: Api<Service> = Api::namespaced(client.clone(), &discovery.namespace);
+        let list = api
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .with_context(|| format!("listing Services in {}", discovery.namespace))?;
+        for svc in &list.items {
+            let facts = ServiceFacts::from_service(svc);
+            services.insert((facts.namespace.clone(), facts.name.clone()), facts);
+        }
+        for &kind in &discovery.kinds {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &discovery.namespace, &api_resource(kind));
+            let list = api
+                .list(&ListParams::default())
+                .await
+                .with_context(|| format!("listing {} objects in {}", kind.name(), discovery.namespace))?;
+            for obj in list.items {
+                objects.push(OperatorObject {
+                    kind,
+                    namespace: obj.metadata.namespace.clone().unwrap_or_else(|| discovery.namespace.clone()),
+                    name: obj.metadata.name.clone().unwrap_or_default(),
+                    spec: obj.data.get("spec").cloned().unwrap_or_default(),
+                });
+            }
+        }
+    }
+    Ok(ClusterView { services: services.into_values().collect(), objects })
+}
+
+/// The plan for `config` against what the cluster holds.
+pub fn plan_with(config: &Config, view: &ClusterView) -> Plan {
+    plan(&config.cluster_domain, &config.rules, &view.objects, Some(&view.services))
+}
+
+/// The current value of the target key (`None` when the ConfigMap or key does not exist).
+pub async fn current_value(client: &kube::Client, config: &Config) -> anyhow::Result<Option<String>> {
+    let key = config.target.configmap();
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &key.namespace);
+    let cm =
+        api.get_opt(&key.name).await.with_context(|| format!("reading ConfigMap {}/{}", key.namespace, key.name))?;
+    Ok(cm.and_then(|cm| cm.data).and_then(|mut data| data.remove(&key.key)))
+}

@@ -1,0 +1,180 @@
+//! dns-rewriter's metrics, prefix `dns_rewriter_`, for the daemon to update (not wired yet: the daemon is not
+//! built). Every series an alert reads exists with a value from the start and stays when something fails:
+//! a rule error reason reads 0 until it happens, a host that stops answering reads `verified 0` with the time
+//! of its last check. A host's series go only when the host leaves the rules.
+//!
+//! - `dns_rewriter_rules`: rules in the last planned value;
+//! - `dns_rewriter_rule_errors{reason}`: rules left out by the last plan, by [`RuleError::reason`];
+//! - `dns_rewriter_write_timestamp_seconds`: the last successful write of the target key;
+//! - `dns_rewriter_host_verified{host}`: 1 when the last check of `host` answered exactly its Service's
+//!   ClusterIP under its own name, else 0;
+//! - `dns_rewriter_host_check_timestamp_seconds{host}`: when `host` was last checked.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use kcp_keeper_runtime::metrics::{GaugeF64, ReasonLabel, unix_now};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::plan::{Plan, RuleError};
+use crate::verify::{HostCheck, Outcome};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct HostLabel {
+    pub host: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    rules: Gauge,
+    rule_errors: Family<ReasonLabel, Gauge>,
+    write_timestamp: GaugeF64,
+    host_verified: Family<HostLabel, Gauge>,
+    host_checked: Family<HostLabel, GaugeF64>,
+    /// The hosts with series, so a host that left the rules can be removed.
+    hosts: Arc<Mutex<BTreeSet<HostLabel>>>,
+}
+
+impl Metrics {
+    /// Registers under `registry` (the agent's prefixed sub-registry), every rule error reason at 0.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            rules: Gauge::default(),
+            rule_errors: Family::default(),
+            write_timestamp: GaugeF64::default(),
+            host_verified: Family::default(),
+            host_checked: Family::default(),
+            hosts: Arc::default(),
+        };
+        for reason in RuleError::REASONS {
+            let _ = m.rule_errors.get_or_create(&ReasonLabel { reason: (*reason).into() });
+        }
+        registry.register("rules", "Rules in the last planned value", m.rules.clone());
+        registry.register("rule_errors", "Rules left out by the last plan, by reason", m.rule_errors.clone());
+        registry.register_with_unit(
+            "write_timestamp",
+            "When the target key was last written successfully",
+            Unit::Seconds,
+            m.write_timestamp.clone(),
+        );
+        registry.register(
+            "host_verified",
+            "1 when the host last answered exactly its Service's ClusterIP under its own name",
+            m.host_verified.clone(),
+        );
+        registry.register_with_unit(
+            "host_check_timestamp",
+            "When the host was last checked through the resolver",
+            Unit::Seconds,
+            m.host_checked.clone(),
+        );
+        m
+    }
+
+    /// Records a plan: rule count, and errors by reason (every reason keeps a value).
+    pub fn observe_plan(&self, plan: &Plan) {
+        self.rules.set(i64::try_from(plan.rules.len()).unwrap_or(i64::MAX));
+        for reason in RuleError::REASONS {
+            let n = plan.errors.iter().filter(|e| e.reason() == *reason).count();
+            self.rule_errors.get_or_create(&ReasonLabel { reason: (*reason).into() }).set(n as i64);
+        }
+        let current: BTreeSet<HostLabel> =
+            plan.rules.iter().map(|(host, _)| HostLabel { host: host.as_str().into() }).collect();
+        let mut hosts = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
+        for gone in hosts.difference(&current) {
+            self.host_verified.remove(gone);
+            self.host_checked.remove(gone);
+        }
+        for host in &current {
+            // A new host reads "not verified" until its first check.
+            let _ = self.host_verified.get_or_create(host);
+        }
+        *hosts = current;
+    }
+
+    pub fn wrote(&self) {
+        self.write_timestamp.set(unix_now());
+    }
+
+    /// Records checks: 1 for a match, 0 for anything else, and the time of the check.
+    pub fn observe_checks(&self, checks: &[HostCheck]) {
+        let now = unix_now();
+        for c in checks {
+            let label = HostLabel { host: c.host.as_str().into() };
+            self.host_verified.get_or_create(&label).set(i64::from(c.outcome == Outcome::Match));
+            self.host_checked.get_or_create(&label).set(now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hostname::Hostname;
+    use crate::rules::{RuleSet, ServiceRef, Target};
+
+    fn registry() -> (Registry, Metrics) {
+        let mut root = Registry::default();
+        let m = Metrics::register(root.sub_registry_with_prefix("dns_rewriter"));
+        (root, m)
+    }
+
+    fn plan(hosts: &[&str], errors: Vec<RuleError>) -> Plan {
+        let mut rules = RuleSet::new();
+        for h in hosts {
+            let target = Target { service: ServiceRef::parse("kcp-system", "root-kcp").unwrap(), cluster_ip: None };
+            rules.insert(Hostname::parse(h).unwrap(), target).unwrap();
+        }
+        Plan { rules, errors, warnings: vec![] }
+    }
+
+    fn check(host: &str, outcome: Outcome) -> HostCheck {
+        HostCheck {
+            host: Hostname::parse(host).unwrap(),
+            expected: None,
+            answered: vec![],
+            other_names: vec![],
+            outcome,
+        }
+    }
+
+    #[test]
+    fn every_rule_error_reason_is_exported_at_zero_from_the_start() {
+        let (root, _) = registry();
+        let text = kcp_keeper_runtime::metrics::encode(&root);
+        for reason in RuleError::REASONS {
+            assert!(text.contains(&format!("dns_rewriter_rule_errors{{reason=\"{reason}\"}} 0")), "{reason}\n{text}");
+        }
+        assert!(text.contains("dns_rewriter_rules 0"), "{text}");
+        assert!(text.contains("dns_rewriter_write_timestamp_seconds 0"), "{text}");
+    }
+
+    #[test]
+    fn a_failing_host_keeps_its_series_at_zero_and_a_removed_host_loses_them() {
+        let (root, m) = registry();
+        let error = RuleError::InvalidUrl { origin: crate::discovery::Origin::Rule(0) };
+        m.observe_plan(&plan(&["a.example.com", "b.example.com"], vec![error]));
+        let text = kcp_keeper_runtime::metrics::encode(&root);
+        assert!(text.contains("dns_rewriter_rules 2"), "{text}");
+        assert!(text.contains("dns_rewriter_rule_errors{reason=\"invalid_url\"} 1"), "{text}");
+        assert!(
+            text.contains("dns_rewriter_host_verified{host=\"b.example.com\"} 0"),
+            "not verified until checked\n{text}"
+        );
+
+        m.observe_checks(&[check("a.example.com", Outcome::Match), check("b.example.com", Outcome::Mismatch)]);
+        let text = kcp_keeper_runtime::metrics::encode(&root);
+        assert!(text.contains("dns_rewriter_host_verified{host=\"a.example.com\"} 1"), "{text}");
+        assert!(text.contains("dns_rewriter_host_verified{host=\"b.example.com\"} 0"), "{text}");
+        assert!(text.contains("dns_rewriter_host_check_timestamp_seconds{host=\"b.example.com\"}"), "{text}");
+
+        m.observe_plan(&plan(&["a.example.com"], vec![]));
+        let text = kcp_keeper_runtime::metrics::encode(&root);
+        assert!(!text.contains("b.example.com"), "{text}");
+        assert!(text.contains("dns_rewriter_rule_errors{reason=\"invalid_url\"} 0"), "{text}");
+        assert!(text.contains("dns_rewriter_host_verified{host=\"a.example.com\"} 1"), "{text}");
+    }
+}

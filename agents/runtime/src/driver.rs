@@ -1,0 +1,460 @@
+//! The reconcile driver: when to reconcile, who may, and what it cost.
+//!
+//! An agent describes its work as a [`Reconciler`]: the items a full pass covers (ca-syncer: its bundles) and
+//! how to reconcile one. [`run`] does the rest:
+//! - triggers: the agent's scoped watches ([`crate::watch`]), a configuration change (the watches are rebuilt
+//!   from the new configuration), a leadership change, the time an item asked to be looked at again, and a
+//!   resync interval as a backstop;
+//! - debounce: changes arrive in bursts (a Secret and its namespace, a rotation touching two keys), one pass
+//!   follows the burst;
+//! - leader gating: every replica keeps its caches warm, only the leader reconciles (and so writes);
+//! - backoff: an item that failed is retried with exponential backoff and jitter (`backon`), reset by its next
+//!   success; a new trigger still runs it at once, as controller-runtime's queue does;
+//! - observability: a span per item reconcile, `<prefix>_reconcile_duration_seconds`,
+//!   `<prefix>_reconcile_errors_total{reason}` with the reason taken from the agent's own error enum
+//!   ([`ErrorReason`]), every reason exported at 0 from the start so no series appears out of nowhere;
+//! - readiness ([`crate::admin::Health`]): watches synced, apiserver reachable, and for the leader its first
+//!   full pass has run. A failing item is reported by metrics and Events, not readiness.
+//!
+//! Per-object agents (a reconcile per Kubernetes object, driven by its own watch and owned objects) use
+//! `kube::runtime::Controller` instead, through [`run_controller_while_leading`] and [`ReconcileMetrics::observe`],
+//! under the same leader gating and metrics.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use futures::StreamExt;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::agent::Context;
+use crate::metrics::{GaugeF64, ReasonLabel, unix_now};
+use crate::watch::{Signal, Watches};
+
+/// An agent's error enum, mapped to a bounded metric label by its variant names, with no list of strings to
+/// keep by hand: derive `strum::IntoStaticStr` and `strum::VariantNames` (with the same
+/// `#[strum(serialize_all = "snake_case")]`) and this trait comes for free.
+pub trait ErrorReason: std::error::Error + Send + Sync + 'static {
+    /// Every label this type can produce.
+    fn reasons() -> &'static [&'static str];
+    /// The label of this error.
+    fn reason(&self) -> &'static str;
+}
+
+impl<E> ErrorReason for E
+where
+    E: std::error::Error + strum::VariantNames + Send + Sync + 'static,
+    for<'a> &'a E: Into<&'static str>,
+{
+    fn reasons() -> &'static [&'static str] {
+        E::VARIANTS
+    }
+
+    fn reason(&self) -> &'static str {
+        self.into()
+    }
+}
+
+/// What an agent reconciles, item by item.
+pub trait Reconciler: Send + Sync {
+    /// One unit of work (a bundle); its Display names it in spans and logs (`bundle/kcp-root-ca`).
+    type Item: Clone + Ord + Display + Send + Sync;
+    type Error: ErrorReason;
+
+    /// The items of a full pass, from the configuration this reconciler was built with.
+    fn items(&self) -> Vec<Self::Item>;
+
+    /// Reconciles one item. `Ok(Some(d))` asks to be run again within `d` (a certificate due to expire).
+    fn reconcile(&self, item: &Self::Item) -> impl Future<Output = Result<Option<Duration>, Self::Error>> + Send;
+}
+
+/// `<prefix>_reconcile_duration_seconds`, `<prefix>_reconcile_errors_total{reason}`,
+/// `<prefix>_reconcile_pass_timestamp_seconds` (when the leader last finished a full pass).
+#[derive(Clone, Debug)]
+pub struct ReconcileMetrics {
+    duration: Histogram,
+    errors: Family<ReasonLabel, Counter>,
+    last_pass: GaugeF64,
+    leader: Gauge,
+}
+
+impl ReconcileMetrics {
+    /// Registers under the agent's prefix, with every reason `E` can give at 0.
+    pub fn register<E: ErrorReason>(registry: &mut Registry) -> Self {
+        let m = Self {
+            // 1 ms to ~30 s.
+            duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            errors: Family::default(),
+            last_pass: GaugeF64::default(),
+            leader: Gauge::default(),
+        };
+        for reason in E::reasons() {
+            let _ = m.errors.get_or_create(&ReasonLabel { reason: (*reason).into() });
+        }
+        registry.register_with_unit(
+            "reconcile_duration",
+            "Time spent reconciling one item",
+            Unit::Seconds,
+            m.duration.clone(),
+        );
+        registry.register("reconcile_errors", "Failed reconciles, by reason", m.errors.clone());
+        registry.register_with_unit(
+            "reconcile_pass_timestamp",
+            "When this replica, leading, last finished a full pass over every item",
+            Unit::Seconds,
+            m.last_pass.clone(),
+        );
+        registry.register("leader", "1 while this replica holds the lease", m.leader.clone());
+        m
+    }
+
+    /// Times `reconcile` and counts its error by reason; for `kube::runtime::Controller` reconcilers too.
+    pub async fn observe<T, E: ErrorReason>(&self, reconcile: impl Future<Output = Result<T, E>>) -> Result<T, E> {
+        let started = Instant::now();
+        let result = reconcile.await;
+        self.duration.observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            self.errors.get_or_create(&ReasonLabel { reason: e.reason().into() }).inc();
+        }
+        result
+    }
+}
+
+/// Timing of the driver.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Quiet time after a change before the pass runs.
+    pub debounce: Duration,
+    /// Every item is reconciled at least this often.
+    pub resync: Duration,
+    /// Retry delays after a failure: exponential with jitter.
+    pub backoff: ExponentialBuilder,
+    /// While the apiserver is unreachable, how often to ask it again.
+    pub probe_interval: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            debounce: Duration::from_millis(300),
+            resync: Duration::from_secs(60),
+            backoff: default_backoff(),
+            probe_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// 1 s doubling to 60 s, each with up to as much again of jitter, never giving up.
+pub fn default_backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(60))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+}
+
+/// When an item runs next, and its backoff while it keeps failing.
+struct ItemState {
+    due: Instant,
+    backoff: Option<ExponentialBackoff>,
+}
+
+/// Runs `build`'s reconciler until shutdown. `build` is called with each applied configuration and returns
+/// the reconciler and the watches it reads through (their stores live in the reconciler).
+pub async fn run<C, R, B>(ctx: &Context<C>, metrics: &ReconcileMetrics, settings: Settings, mut build: B)
+where
+    C: Send + Sync + 'static,
+    R: Reconciler,
+    B: FnMut(Arc<C>) -> (R, Watches),
+{
+    let mut config = ctx.config.clone();
+    let mut leadership = ctx.leadership.subscribe();
+    let health = &ctx.health;
+    // Kept across wake-ups, so a stream of watch failures does not keep postponing the probe.
+    let mut next_probe = Instant::now();
+    'generation: loop {
+        let (reconciler, watches) = build(config.borrow_and_update().clone());
+        let mut watches = watches.start();
+        health.set_watches_synced(watches.all_synced());
+        let mut items: BTreeMap<R::Item, ItemState> = BTreeMap::new();
+        // Set by anything that makes every item due: a change, a new configuration, leadership.
+        let mut everything = true;
+        loop {
+            let leading = ctx.leadership.is_leader();
+            // Until the election has answered, this replica is neither leader nor follower: it counts as a
+            // leader that has not reconciled, so it is not ready yet.
+            health.set_leading(leading || !ctx.leadership.is_decided());
+            metrics.leader.set(i64::from(leading));
+            if leading && watches.all_synced() {
+                let now = Instant::now();
+                let mut current: BTreeMap<R::Item, ItemState> = BTreeMap::new();
+                let mut ran = 0;
+                for item in reconciler.items() {
+                    let state = items.remove(&item).unwrap_or(ItemState { due: now, backoff: None });
+                    current.insert(item, state);
+                }
+                items = current;
+                let pass = async {
+                    for (item, state) in items.iter_mut() {
+                        if everything || state.due <= Instant::now() {
+                            run_item(&reconciler, item, state, metrics, &settings).await;
+                            ran += 1;
+                        }
+                    }
+                };
+                // A pass in flight is abandoned on shutdown or a lost lease: writes are idempotent applies, and
+                // a replica that may no longer hold the lease must not write on.
+                let mut lost = ctx.leadership.subscribe();
+                tokio::select! {
+                    biased;
+                    () = ctx.shutdown.cancelled() => return,
+                    Ok(_) = lost.wait_for(|leading| !*leading) => continue,
+                    () = pass => {}
+                }
+                if everything || ran == items.len() {
+                    metrics.last_pass.set(unix_now());
+                    health.mark_reconciled();
+                }
+                tracing::debug!(ran, full = everything, "pass done");
+                everything = false;
+            }
+            let next_due = items.values().map(|s| s.due).min();
+            let probe_at = next_probe;
+            let probe = async move {
+                tokio::time::sleep_until(probe_at).await;
+                ctx.client.apiserver_version().await
+            };
+            // Wait for the next reason to run.
+            tokio::select! {
+                biased;
+                () = ctx.shutdown.cancelled() => return,
+                changed = config.changed() => {
+                    if changed.is_ok() {
+                        tracing::info!("configuration changed: rebuilding watches");
+                        continue 'generation;
+                    }
+                    // The configuration task ended: only at shutdown.
+                    ctx.shutdown.cancelled().await;
+                    return;
+                }
+                changed = leadership.changed() => {
+                    if changed.is_err() {
+                        // The election ended: only at shutdown (or after a lost lease, which shuts down).
+                        ctx.shutdown.cancelled().await;
+                        return;
+                    }
+                    everything = true;
+                }
+                Some(signal) = watches.next() => match signal {
+                    Signal::Failed(_) => {
+                        if health.is_reachable() {
+                            next_probe = Instant::now() + settings.probe_interval;
+                        }
+                        health.set_reachable(false);
+                        continue;
+                    }
+                    Signal::Synced(_) => {
+                        health.set_watches_synced(watches.all_synced());
+                        everything = true;
+                        debounce(&mut watches, &settings, health).await;
+                    }
+                    Signal::Changed(_) => {
+                        everything = true;
+                        debounce(&mut watches, &settings, health).await;
+                    }
+                },
+                answer = probe, if !health.is_reachable() => {
+                    next_probe = Instant::now() + settings.probe_interval;
+                    if answer.is_ok() {
+                        health.set_reachable(true);
+                    }
+                }
+                () = until(next_due) => {}
+            }
+        }
+    }
+}
+
+/// Waits until `settings.debounce` has passed without a change, recording syncs and failures meanwhile.
+async fn debounce(watches: &mut crate::watch::WatchSet, settings: &Settings, health: &crate::admin::Health) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(settings.debounce) => return,
+            Some(signal) = watches.next() => match signal {
+                Signal::Failed(_) => health.set_reachable(false),
+                Signal::Synced(_) => health.set_watches_synced(watches.all_synced()),
+                Signal::Changed(_) => {}
+            },
+        }
+    }
+}
+
+async fn run_item<R: Reconciler>(
+    reconciler: &R,
+    item: &R::Item,
+    state: &mut ItemState,
+    metrics: &ReconcileMetrics,
+    settings: &Settings,
+) {
+    let span = tracing::info_span!("reconcile", object = %item);
+    let result = metrics.observe(reconciler.reconcile(item)).instrument(span.clone()).await;
+    let now = Instant::now();
+    match result {
+        Ok(requeue) => {
+            state.backoff = None;
+            state.due = now + requeue.unwrap_or(settings.resync).min(settings.resync);
+        }
+        Err(e) => {
+            let backoff = state.backoff.get_or_insert_with(|| settings.backoff.build());
+            let delay = backoff.next().unwrap_or(settings.resync);
+            span.in_scope(|| {
+                tracing::warn!(reason = e.reason(), error = %e, retry_in = ?delay, "reconcile failed");
+            });
+            state.due = now + delay;
+        }
+    }
+}
+
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs a `kube::runtime::Controller` only while this replica leads: `controller` is called with a future
+/// that resolves when leadership is lost or shutdown starts, to pass to `Controller::graceful_shutdown_on`
+/// (in-flight reconciles finish, no new ones start), and returns the controller's run future, drained to the
+/// end. Followers keep nothing running. Readiness: leadership is recorded as under [`run`], and a leader counts
+/// as reconciled once its controller runs; the agent reports its own caches with
+/// [`crate::admin::Health::set_watches_synced`] (e.g. after `Store::wait_until_ready`).
+pub async fn run_controller_while_leading<C, F, Fut>(ctx: &Context<C>, mut controller: F)
+where
+    F: FnMut(std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>>) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut changes = ctx.leadership.subscribe();
+    loop {
+        while !ctx.leadership.is_leader() {
+            // Undecided counts as a leader that has not reconciled: not ready until the election answered.
+            ctx.health.set_leading(!ctx.leadership.is_decided());
+            tokio::select! {
+                () = ctx.shutdown.cancelled() => return,
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        ctx.shutdown.cancelled().await;
+                        return;
+                    }
+                }
+            }
+        }
+        ctx.health.set_leading(true);
+        ctx.health.mark_reconciled();
+        let mut lost = ctx.leadership.subscribe();
+        let shutdown = ctx.shutdown.clone();
+        let stop = Box::pin(async move {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                // An ended election (Err) reads as lost too.
+                _ = lost.wait_for(|leading| !*leading) => {}
+            }
+        });
+        controller(stop).await;
+        if ctx.shutdown.is_cancelled() {
+            return;
+        }
+    }
+}
+
+/// Per-object exponential backoff with jitter for a `Controller`'s `error_policy` (which has no state of its
+/// own): `failed(key)` gives the next delay, `succeeded(key)` resets it.
+#[derive(Default)]
+pub struct ObjectBackoff {
+    builder: Option<ExponentialBuilder>,
+    state: std::sync::Mutex<std::collections::HashMap<String, ExponentialBackoff>>,
+}
+
+impl ObjectBackoff {
+    pub fn new(builder: ExponentialBuilder) -> Self {
+        Self { builder: Some(builder), state: Default::default() }
+    }
+
+    pub fn failed(&self, key: &str) -> Duration {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let builder = self.builder.unwrap_or_else(default_backoff);
+        state.entry(key.to_string()).or_insert_with(|| builder.build()).next().unwrap_or(Duration::from_secs(60))
+    }
+
+    pub fn succeeded(&self, key: &str) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+    #[strum(serialize_all = "snake_case")]
+    enum TestError {
+        #[error("source missing")]
+        SourceMissing,
+        #[error("write failed: {0}")]
+        WriteFailed(String),
+    }
+
+    #[test]
+    fn error_reasons_come_from_variant_names_and_cover_every_variant() {
+        assert_eq!(TestError::reasons(), ["source_missing", "write_failed"]);
+        assert_eq!(TestError::WriteFailed("x".into()).reason(), "write_failed");
+        assert_eq!(TestError::SourceMissing.reason(), "source_missing");
+    }
+
+    #[test]
+    fn every_reason_is_exported_at_zero_before_any_error() {
+        let mut registry = Registry::default();
+        let _ = ReconcileMetrics::register::<TestError>(&mut registry);
+        let text = crate::metrics::encode(&registry);
+        assert!(text.contains("reconcile_errors_total{reason=\"source_missing\"} 0"), "{text}");
+        assert!(text.contains("reconcile_errors_total{reason=\"write_failed\"} 0"), "{text}");
+        assert!(text.contains("reconcile_duration_seconds_count 0"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn observe_times_the_reconcile_and_counts_its_error_by_reason() {
+        let mut registry = Registry::default();
+        let metrics = ReconcileMetrics::register::<TestError>(&mut registry);
+        let _ = metrics.observe(async { Err::<(), _>(TestError::WriteFailed("boom".into())) }).await;
+        let _ = metrics.observe(async { Ok::<_, TestError>(()) }).await;
+        let text = crate::metrics::encode(&registry);
+        assert!(text.contains("reconcile_errors_total{reason=\"write_failed\"} 1"), "{text}");
+        assert!(text.contains("reconcile_duration_seconds_count 2"), "{text}");
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_up_to_its_cap_and_resets_after_success() {
+        let backoff = ObjectBackoff::new(default_backoff());
+        let delays: Vec<Duration> = (0..10).map(|_| backoff.failed("a")).collect();
+        // Jitter adds up to one more delay: attempt n lies in [2^n, 2^(n+1)) seconds, capped at 60 (+60).
+        for (n, delay) in delays.iter().enumerate().take(5) {
+            let base = Duration::from_secs(1 << n);
+            assert!(*delay >= base && *delay < 2 * base, "attempt {n}: {delay:?}");
+        }
+        assert!(delays[9] >= Duration::from_secs(60) && delays[9] <= Duration::from_secs(120), "{:?}", delays[9]);
+        let distinct: std::collections::BTreeSet<_> =
+            (0..5).map(|_| ObjectBackoff::new(default_backoff()).failed("x")).collect();
+        assert!(distinct.len() > 1, "jitter makes first delays differ: {distinct:?}");
+        backoff.succeeded("a");
+        assert!(backoff.failed("a") < Duration::from_secs(2), "a success resets the backoff");
+    }
+}

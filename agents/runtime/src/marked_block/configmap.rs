@@ -1,0 +1,106 @@
+//! Writes a [`MarkedBlock`] into one key of a ConfigMap that another writer owns (kubeadm's
+//! `kube-system/coredns`, key `Corefile`).
+//!
+//! Server-side apply is the wrong tool here: it would have to force ownership of the whole key away from its
+//! owner. Instead each write is a merge patch of that one key carrying the `resourceVersion` the new text was
+//! computed from, as field manager `kcp-keeper`: if the owner changed anything since (even a byte outside our
+//! block), the apiserver answers 409, we read again and recompute from the fresh text, so the owner's change
+//! is never lost. Unchanged text sends no request. We never create the ConfigMap or the key: both are the
+//! owner's.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use super::{BlockError, MarkedBlock};
+use crate::FIELD_MANAGER;
+use crate::apply::Outcome;
+
+/// How many times a write re-reads after a conflict before giving up (the owner writing that often means
+/// something is fighting us; the next reconcile tries again).
+pub const ATTEMPTS: u32 = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("ConfigMap {0} does not exist (it is not ours to create)")]
+    Missing(String),
+    #[error("ConfigMap {0} has no key {1:?} (it is not ours to create)")]
+    MissingKey(String, String),
+    #[error("ConfigMap {0} key {1:?}: {2}")]
+    Block(String, String, BlockError),
+    #[error("ConfigMap {0} kept changing under us: {1} conflicting writes in a row")]
+    Conflict(String, u32),
+    #[error("ConfigMap {0}: {1}")]
+    Kube(String, kube::Error),
+}
+
+impl WriteError {
+    /// A low-cardinality label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Missing(_) | Self::MissingKey(..) => "missing",
+            Self::Block(_, _, e) => e.metric_label(),
+            Self::Conflict(..) => "conflict",
+            Self::Kube(..) => "apiserver",
+        }
+    }
+}
+
+/// What a write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// [`Outcome::Updated`] or [`Outcome::Unchanged`] (never created).
+    pub outcome: Outcome,
+    /// How many writes the apiserver refused because the object had moved on (each followed by a re-read).
+    pub conflicts: u32,
+}
+
+/// Sets `block` to `content` (`None` removes it) in `key` of ConfigMap `name`. `seen` is the object as the
+/// caller last saw it (e.g. from a reflector store; it may be stale: a conflict makes us re-read); `None`
+/// reads it first.
+pub async fn write_block(
+    api: &Api<ConfigMap>,
+    name: &str,
+    key: &str,
+    block: &MarkedBlock,
+    content: Option<&str>,
+    mut seen: Option<ConfigMap>,
+) -> Result<Written, WriteError> {
+    let object = match api.namespace() {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    };
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    for conflicts in 0..ATTEMPTS {
+        let live = match seen.take() {
+            Some(live) => live,
+            None => api
+                .get_opt(name)
+                .await
+                .map_err(|e| WriteError::Kube(object.clone(), e))?
+                .ok_or_else(|| WriteError::Missing(object.clone()))?,
+        };
+        let text = live
+            .data
+            .as_ref()
+            .and_then(|data| data.get(key))
+            .ok_or_else(|| WriteError::MissingKey(object.clone(), key.into()))?;
+        let desired = block.set(text, content).map_err(|e| WriteError::Block(object.clone(), key.into(), e))?;
+        if desired == *text {
+            return Ok(Written { outcome: Outcome::Unchanged, conflicts });
+        }
+        // The resourceVersion makes the patch conditional: the apiserver refuses it if the object moved on.
+        let patch = json!({
+            "metadata": {"resourceVersion": live.metadata.resource_version},
+            "data": {key: desired},
+        });
+        match api.patch(name, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => return Ok(Written { outcome: Outcome::Updated, conflicts }),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                tracing::debug!(configmap = %object, "the ConfigMap changed since it was read; reading it again");
+            }
+            Err(e) => return Err(WriteError::Kube(object, e)),
+        }
+    }
+    Err(WriteError::Conflict(object, ATTEMPTS))
+}
