@@ -1,7 +1,9 @@
 //! Seeds a test bed with what kcp-operator and cert-manager would have created in a real cluster
-//! (DESIGN.md section 7): namespaces `kcp-system` and `railgrid-system`, a `root` and an `alpha` shard etcd with
-//! data, shard and front-proxy Services with fixed ClusterIPs and the operator's labels, cert-manager-shaped CA
-//! Secrets, and RootShard/Shard/FrontProxy/Kubeconfig objects with the Certificate and Secrets they lead to.
+//! (DESIGN.md section 7), around real kcp: a root shard and an `alpha` shard, each on its own etcd, behind a
+//! front proxy (what the operator's pods would run). The cluster (the bed's kube-apiserver) holds namespaces
+//! `kcp-system` and `railgrid-system`, shard and front-proxy Services with fixed ClusterIPs and the operator's
+//! labels, cert-manager-shaped CA Secrets of kcp's real CAs, and RootShard/Shard/FrontProxy/Kubeconfig objects
+//! (validated by the operator's real CRDs) with the Certificate and Secrets they lead to.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,6 +16,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 use testbed::apiserver::kubeconfig_yaml;
 use testbed::certs::Ca;
+use testbed::kcp::Kcp;
 use testbed::{ControlPlane, Etcd};
 
 pub const KCP_NAMESPACE: &str = "kcp-system";
@@ -56,15 +59,36 @@ pub const SERVICES: &[ServiceSeed] = &[
 /// How long the seeded admin kubeconfig's client certificate lives: short, so rotation is due at once.
 pub const ADMIN_CERT_VALIDITY: Duration = Duration::from_secs(5 * 60);
 
+/// The Service name the operator gives the front proxy, as a name its serving certificate carries.
+pub const FRONT_PROXY_SERVICE_HOST: &str = "frontproxy-front-proxy.kcp-system.svc.cluster.local";
+
 /// What [`seed`] created that the caller needs to reach.
 pub struct Layout {
-    pub shard_etcds: BTreeMap<&'static str, Etcd>,
+    /// The real kcp: its shards (each with its etcd), front proxy and CAs.
+    pub kcp: Kcp,
+}
+
+impl Layout {
+    /// A shard's etcd (`root` or `alpha`).
+    pub fn shard_etcd(&self, shard: &str) -> &Etcd {
+        &self.kcp.shard(shard).etcd
+    }
+
     /// The CA that issues kcp client certificates (`Issuer/root-client-ca`), for stand-ins that play
     /// cert-manager.
-    pub client_ca: Ca,
-    /// The root CA and intermediate server CA of `Secret/root-server-ca`.
-    pub server_root_ca: Ca,
-    pub server_ca: Ca,
+    pub fn client_ca(&self) -> &Ca {
+        &self.kcp.pki.client_ca
+    }
+
+    /// The intermediate server CA of `Secret/root-server-ca` (its `tls.crt`).
+    pub fn server_ca(&self) -> &Ca {
+        &self.kcp.pki.server_ca
+    }
+
+    /// The root CA every kcp CA comes from (`ca.crt` of the CA Secrets).
+    pub fn server_root_ca(&self) -> &Ca {
+        &self.kcp.pki.root_ca
+    }
 }
 
 fn meta(name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
@@ -84,23 +108,13 @@ fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
     }
 }
 
-/// Creates the layout in `bed`. Shard etcds hold a few keys each so snapshots have something in them.
+/// Starts real kcp and creates the layout around it in `bed`.
 pub async fn seed(bed: &ControlPlane) -> Result<Layout> {
     let client = bed.client();
     for ns in [KCP_NAMESPACE, HUB_NAMESPACE] {
         bed.create_namespace(ns).await.with_context(|| format!("creating namespace {ns}"))?;
     }
-
-    let mut shard_etcds = BTreeMap::new();
-    for shard in ["root", "alpha"] {
-        let etcd = bed.etcd(&format!("{shard}-etcd"), 1).await?;
-        let mut kv = etcd.client().await?;
-        for i in 0..100 {
-            kv.put(format!("/registry/demo/{shard}/object-{i:03}"), format!("value {i} of shard {shard}"), None)
-                .await?;
-        }
-        shard_etcds.insert(shard, etcd);
-    }
+    let kcp = bed.kcp(&[EXTERNAL_HOSTNAME, FRONT_PROXY_SERVICE_HOST]).await.context("starting kcp")?;
 
     let services = Api::<Service>::namespaced(client.clone(), KCP_NAMESPACE);
     for seed in SERVICES {
@@ -125,28 +139,32 @@ pub async fn seed(bed: &ControlPlane) -> Result<Layout> {
             .with_context(|| format!("creating Service {}", seed.name))?;
     }
 
-    let year = Duration::from_secs(365 * 24 * 3600);
-    let server_root_ca = Ca::new("root-ca", year * 10)?;
-    let server_ca = server_root_ca.intermediate("root-server-ca", year * 5)?;
-    let client_ca = Ca::new("root-client-ca", year * 5)?;
+    let pki = &kcp.pki;
     let secrets = Api::<Secret>::namespaced(client.clone(), KCP_NAMESPACE);
     // cert-manager's CA Secrets carry the CA's private key next to the certificates; agents must never copy it.
-    for (name, ca, root) in
-        [("root-server-ca", &server_ca, &server_root_ca), ("root-client-ca", &client_ca, &client_ca)]
-    {
-        let s = secret(name, &[("tls.crt", &ca.cert_pem()), ("tls.key", &ca.key_pem()), ("ca.crt", &root.cert_pem())]);
+    for (name, ca) in [
+        ("root-ca", &pki.root_ca),
+        ("root-server-ca", &pki.server_ca),
+        ("root-client-ca", &pki.client_ca),
+        ("root-front-proxy-client-ca", &pki.front_proxy_client_ca),
+    ] {
+        let data = pki.ca_secret_data(ca);
+        let s = secret(name, &data.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>());
         secrets.create(&PostParams::default(), &s).await?;
     }
 
-    let admin = client_ca.issue_client("kcp-admin", &["system:kcp:admin", "kubeconfig:admin"], ADMIN_CERT_VALIDITY)?;
+    let admin = pki.client("kcp-admin", &["system:kcp:admin", "kubeconfig:admin"], ADMIN_CERT_VALIDITY)?;
     let cert_secret = secret(
         "kubeconfig-cert-admin",
-        &[("tls.crt", &admin.cert_pem), ("tls.key", &admin.key_pem), ("ca.crt", &client_ca.cert_pem())],
+        &[("tls.crt", &admin.cert_pem), ("tls.key", &admin.key_pem), ("ca.crt", &pki.client_ca.cert_pem())],
     );
     secrets.create(&PostParams::default(), &cert_secret).await?;
-    let server = format!("https://{EXTERNAL_HOSTNAME}:6443");
+    // The operator renders `https://<FrontProxy spec.external.hostname>:<port>`; here that name has no DNS, so the
+    // server is the real front proxy's loopback address (its certificate names the public hostname too). The CA
+    // is the server CA's `tls.crt`, as the operator writes it.
+    let server = format!("{}/clusters/root", kcp.front_proxy.url);
     let mut rendered = Secret { metadata: meta("admin-kubeconfig", &[]), ..Default::default() };
-    let kubeconfig = kubeconfig_yaml(&format!("{server}/clusters/root"), &server_ca.cert_pem(), &admin, "kcp-admin");
+    let kubeconfig = kubeconfig_yaml(&server, &pki.server_ca.cert_pem(), &admin, "kcp-admin");
     rendered.data = Some(BTreeMap::from([("kubeconfig".to_string(), ByteString(kubeconfig.into_bytes()))]));
     secrets.create(&PostParams::default(), &rendered).await?;
 
@@ -159,8 +177,9 @@ pub async fn seed(bed: &ControlPlane) -> Result<Layout> {
             json!({
                 "spec": {
                     "external": {"hostname": "root.kcp.example.com", "port": 6443},
-                    "etcd": {"endpoints": [shard_etcds["root"].client_urls()]},
+                    "etcd": {"endpoints": [kcp.shard("root").etcd.client_urls()]},
                     "certificates": {"issuerRef": {"kind": "Issuer", "name": "root-ca"}},
+                    "cache": {"embedded": {"enabled": true}},
                 }
             }),
         ),
@@ -172,7 +191,7 @@ pub async fn seed(bed: &ControlPlane) -> Result<Layout> {
             json!({
                 "spec": {
                     "rootShard": {"ref": {"name": "root"}},
-                    "etcd": {"endpoints": [shard_etcds["alpha"].client_urls()]},
+                    "etcd": {"endpoints": [kcp.shard("alpha").etcd.client_urls()]},
                 }
             }),
         ),
@@ -228,5 +247,5 @@ pub async fn seed(bed: &ControlPlane) -> Result<Layout> {
         api.create(&PostParams::default(), &obj).await.with_context(|| format!("creating {kind} {name}"))?;
     }
 
-    Ok(Layout { shard_etcds, client_ca, server_root_ca, server_ca })
+    Ok(Layout { kcp })
 }

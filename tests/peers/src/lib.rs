@@ -4,6 +4,9 @@
 //! (`$KCP_KEEPER_CACHE`, default `~/.cache/kcp-keeper`). A peer's directory only appears once its build
 //! finished (it is built in a scratch directory and renamed into place), so an interrupted build is simply
 //! redone and a finished one is never redone. A file lock keeps parallel callers from building twice.
+//!
+//! kcp cannot come from a module download (its go.mod replaces modules with in-tree directories); it is built
+//! from a pinned source archive in the third-party directory ([`third_party_dir`]).
 
 use std::fmt;
 use std::fs;
@@ -13,7 +16,7 @@ use std::time::Instant;
 
 mod pins;
 
-pub use pins::{PEERS, Peer, Recipe};
+pub use pins::{PEERS, Peer, Recipe, SourceArchive};
 
 /// Errors while building or locating peers. Messages say what to run next.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +44,18 @@ pub fn cache_root() -> PathBuf {
     }
     let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
     home.join(".cache").join("kcp-keeper")
+}
+
+/// Where pinned upstream archives live: `$KCP_KEEPER_THIRD_PARTY`, by default `../shared/third_party` beside the
+/// checkout (where this project's CI keeps them).
+pub fn third_party_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("KCP_KEEPER_THIRD_PARTY") {
+        return PathBuf::from(dir);
+    }
+    // CARGO_MANIFEST_DIR is <checkout>/tests/peers.
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let checkout = checkout.canonicalize().unwrap_or(checkout);
+    checkout.parent().unwrap_or(&checkout).join("shared").join("third_party")
 }
 
 fn peers_dir() -> PathBuf {
@@ -99,6 +114,23 @@ pub fn locate() -> Result<Peers> {
             return Err(Error::Missing { name: peer.name.into(), version: peer.version.into() });
         }
         artefacts.extend(peer.artefacts());
+    }
+    Ok(Peers { artefacts })
+}
+
+/// Paths of the named artefacts only, for a bed that needs a few peers (kcp's needs etcd and kcp, not helm).
+pub fn locate_only(names: &[&str]) -> Result<Peers> {
+    let mut artefacts = Vec::new();
+    for name in names {
+        let peer = PEERS
+            .iter()
+            .find(|p| p.outputs.contains(name))
+            .ok_or_else(|| Error::Other(format!("no peer builds an artefact named {name}")))?;
+        let artefact = peer.artefacts().into_iter().find(|a| a.name == *name).expect("listed in outputs");
+        if !artefact.path.exists() {
+            return Err(Error::Missing { name: peer.name.into(), version: peer.version.into() });
+        }
+        artefacts.push(artefact);
     }
     Ok(Peers { artefacts })
 }
@@ -181,6 +213,17 @@ fn build(peer: &Peer) -> Result<()> {
             let dir = module_dir(module, peer.version)?;
             copy_dir(&dir.join(subdir), &out.join(output))?;
         }
+        Recipe::Source { source, builds } => {
+            let tree = source_tree(source, &third_party_dir(), &scratch)?;
+            let go_mod = io("reading the source's go.mod", fs::read_to_string(tree.join("go.mod")))?;
+            let ldflags = (source.ldflags)(source, &go_mod);
+            for (binary, package) in *builds {
+                eprintln!("peers: go build {package}");
+                let mut cmd = go(&tree);
+                cmd.args(["build", "-trimpath", "-ldflags", &ldflags, "-o"]).arg(out.join(binary)).arg(package);
+                run(cmd)?;
+            }
+        }
     }
     let dest = peer.dir();
     if dest.exists() {
@@ -189,6 +232,64 @@ fn build(peer: &Peer) -> Result<()> {
     io("moving the peer into place", fs::rename(&out, &dest))?;
     io("removing the build dir", fs::remove_dir_all(&scratch))?;
     Ok(())
+}
+
+/// The pinned source tree unpacked (or cloned) under `scratch`, after checking it is the pinned one.
+fn source_tree(source: &SourceArchive, third_party: &Path, scratch: &Path) -> Result<PathBuf> {
+    let archive = third_party.join(source.archive);
+    if archive.exists() {
+        eprintln!("peers: checking {}", archive.display());
+        let actual = sha256_file(&archive)?;
+        if actual != source.sha256 {
+            return Err(Error::Other(format!(
+                "{} has sha256 {actual}, the pin says {}: refusing to build it",
+                archive.display(),
+                source.sha256
+            )));
+        }
+        let mut tar = Command::new("tar");
+        tar.arg("-xzf").arg(&archive).arg("-C").arg(scratch);
+        run(tar)?;
+        let tree = scratch.join(source.prefix);
+        if !tree.join("go.mod").exists() {
+            return Err(Error::Other(format!("{} did not unpack into {}/", archive.display(), source.prefix)));
+        }
+        return Ok(tree);
+    }
+    // Without the archive, the tag from git; a tag can be moved, so the commit is checked too.
+    eprintln!(
+        "peers: {} not found (set KCP_KEEPER_THIRD_PARTY); cloning {} {}",
+        archive.display(),
+        source.git_url,
+        source.tag
+    );
+    let tree = scratch.join(source.prefix);
+    let mut clone = Command::new("git");
+    clone.args(["clone", "--quiet", "--depth=1", "--branch", source.tag, source.git_url]).arg(&tree);
+    run(clone)?;
+    let head = Command::new("git")
+        .arg("-C")
+        .arg(&tree)
+        .args(["rev-parse", "HEAD^{commit}"])
+        .output()
+        .map_err(|e| Error::Io("starting git rev-parse".into(), e))?;
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    if head != source.commit {
+        return Err(Error::Other(format!(
+            "{} {} is commit {head}, the pin says {}: refusing to build it",
+            source.git_url, source.tag, source.commit
+        )));
+    }
+    Ok(tree)
+}
+
+/// Hex sha256 of a file, streamed (the kcp archive is tens of MiB).
+fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::Digest;
+    let mut file = io(path.display(), fs::File::open(path))?;
+    let mut hasher = sha2::Sha256::new();
+    io(path.display(), std::io::copy(&mut file, &mut hasher))?;
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// A `go` command with the settings every peer build shares: static binaries, no toolchain switching.
@@ -253,6 +354,54 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn archive_with_go_mod(dir: &Path) -> (PathBuf, String) {
+        let tree = dir.join("src").join("demo-v1");
+        fs::create_dir_all(&tree).unwrap();
+        fs::write(tree.join("go.mod"), "module demo\n").unwrap();
+        let archive = dir.join("third_party").join("demo.tar.gz");
+        fs::create_dir_all(archive.parent().unwrap()).unwrap();
+        let mut tar = Command::new("tar");
+        tar.arg("-czf").arg(&archive).arg("-C").arg(dir.join("src")).arg("demo-v1");
+        run(tar).unwrap();
+        let sha = sha256_file(&archive).unwrap();
+        (archive, sha)
+    }
+
+    fn source(sha256: &'static str) -> SourceArchive {
+        SourceArchive {
+            archive: "demo.tar.gz",
+            sha256,
+            prefix: "demo-v1",
+            git_url: "https://git.invalid/demo.git",
+            tag: "v1",
+            commit: "0000000000000000000000000000000000000000",
+            ldflags: |_, _| String::new(),
+        }
+    }
+
+    #[test]
+    fn source_archive_with_the_pinned_sha256_is_unpacked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (archive, sha) = archive_with_go_mod(dir.path());
+        let scratch = dir.path().join("scratch");
+        fs::create_dir_all(&scratch).unwrap();
+        let sha: &'static str = Box::leak(sha.into_boxed_str());
+        let tree = source_tree(&source(sha), archive.parent().unwrap(), &scratch).unwrap();
+        assert_eq!(fs::read_to_string(tree.join("go.mod")).unwrap(), "module demo\n");
+    }
+
+    #[test]
+    fn source_archive_with_another_sha256_is_refused_before_unpacking() {
+        let dir = tempfile::tempdir().unwrap();
+        let (archive, _) = archive_with_go_mod(dir.path());
+        let scratch = dir.path().join("scratch");
+        fs::create_dir_all(&scratch).unwrap();
+        let wrong = "0000000000000000000000000000000000000000000000000000000000000000";
+        let err = source_tree(&source(wrong), archive.parent().unwrap(), &scratch).unwrap_err().to_string();
+        assert!(err.contains("refusing to build it") && err.contains(wrong), "{err}");
+        assert_eq!(fs::read_dir(&scratch).unwrap().count(), 0, "nothing was unpacked");
+    }
 
     #[test]
     fn an_unwritable_cache_is_reported_with_the_way_out() {

@@ -12,6 +12,7 @@ pub const VERSITYGW: &str = "v1.7.0";
 pub const HELM: &str = "v3.21.4";
 pub const PROMTOOL: &str = "v0.309.1";
 pub const CERT_MANAGER: &str = "v1.21.2";
+pub const KCP: &str = "v0.32.3";
 
 /// How a peer is built.
 pub enum Recipe {
@@ -25,6 +26,27 @@ pub enum Recipe {
     },
     /// Files copied out of a module download (CRD manifests).
     ModuleFiles { module: &'static str, subdir: &'static str, output: &'static str },
+    /// An upstream source tree whose go.mod replaces modules with in-tree directories, so no module download
+    /// can build it: taken from a pinned source archive in the third-party directory (see
+    /// [`crate::third_party_dir`]), or, without the archive, cloned from git at the tag and checked against the
+    /// commit. Then one `go build` per binary inside the tree.
+    Source { source: &'static SourceArchive, builds: &'static [(&'static str, &'static str)] },
+}
+
+/// Where a source tree comes from and how to tell it is the pinned one.
+pub struct SourceArchive {
+    /// Path of the archive inside the third-party directory.
+    pub archive: &'static str,
+    /// sha256 of the archive, checked before anything is unpacked.
+    pub sha256: &'static str,
+    /// The directory the archive unpacks into (`git archive --prefix`).
+    pub prefix: &'static str,
+    /// Used only without the archive: the repository, the tag to clone and the commit the tag must point at.
+    pub git_url: &'static str,
+    pub tag: &'static str,
+    pub commit: &'static str,
+    /// Version ldflags from the pin, the commit and the tree's go.mod.
+    pub ldflags: fn(&SourceArchive, &str) -> String,
 }
 
 pub struct Peer {
@@ -110,7 +132,57 @@ pub static PEERS: &[Peer] = &[
         outputs: &["cert-manager-crds"],
         expected_time: "seconds",
     },
+    Peer {
+        name: "kcp",
+        version: KCP,
+        recipe: Recipe::Source {
+            source: &KCP_SOURCE,
+            builds: &[("kcp", "./cmd/kcp"), ("kcp-front-proxy", "./cmd/kcp-front-proxy")],
+        },
+        outputs: &["kcp", "kcp-front-proxy"],
+        expected_time: "about 10 minutes on 2 cores",
+    },
 ];
+
+/// kcp's go.mod replaces five `github.com/kcp-dev/*` modules with `./staging/src/...` directories that are not in
+/// the module download, and the proxy refuses one of them, so kcp is built from its source tree.
+pub static KCP_SOURCE: SourceArchive = SourceArchive {
+    archive: "kcp-v0.32.3/kcp-v0.32.3-src.tar.gz",
+    sha256: "4e5e18ff0a557723c58fddee01d507b453fdeec43d8c8693fcc14632ed880557",
+    prefix: "kcp-v0.32.3",
+    git_url: "https://github.com/kcp-dev/kcp.git",
+    tag: KCP,
+    commit: "08be0a1c8de29f5ec6fc27d3563288be970bd3b4",
+    ldflags: kcp_ldflags,
+};
+
+/// The version kcp's own Makefile stamps: `<required k8s.io/kubernetes version>+kcp-<tag>`, with the
+/// Kubernetes major and minor, so `/version` names both the Kubernetes base and the kcp pin.
+fn kcp_ldflags(source: &SourceArchive, go_mod: &str) -> String {
+    let kube = required_version(go_mod, "k8s.io/kubernetes").unwrap_or("v0.0.0");
+    let mut parts = kube.trim_start_matches('v').split('.');
+    let (major, minor) = (parts.next().unwrap_or("0"), parts.next().unwrap_or("0"));
+    let version = format!("{kube}+kcp-{}", source.tag);
+    ["k8s.io/client-go/pkg/version", "k8s.io/component-base/version"]
+        .iter()
+        .map(|pkg| {
+            format!(
+                "-X {pkg}.gitVersion={version} -X {pkg}.gitMajor={major} -X {pkg}.gitMinor={minor} -X {pkg}.gitCommit={} -X {pkg}.gitTreeState=clean",
+                source.commit
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The version a go.mod's `require` names for a module (single-line or block form).
+pub fn required_version<'a>(go_mod: &'a str, module: &str) -> Option<&'a str> {
+    go_mod.lines().find_map(|line| {
+        let line = line.trim().trim_start_matches("require").trim();
+        let mut words = line.split_whitespace();
+        (words.next() == Some(module)).then(|| words.next()).flatten()
+    })
+}
 
 /// A wrapper module for `k8s.io/kubernetes`: it cannot be `go install`ed because its go.mod replaces every
 /// `k8s.io/<staging>` module with a local directory. The replace list is read from that go.mod, so it
@@ -203,6 +275,22 @@ mod tests {
     fn exclude_directives_keep_single_lines_and_blocks_only() {
         let go_mod = "require x v1\nexclude a v1\n\n// why\nexclude (\n\tb v2\n\tc v3\n)\nreplace d => e v1\n";
         assert_eq!(exclude_directives(go_mod), "exclude a v1\nexclude (\n\tb v2\n\tc v3\n)\n");
+    }
+
+    #[test]
+    fn required_version_reads_require_lines_not_replace_lines() {
+        let go_mod = "require (\n\tk8s.io/api v0.1.0\n\tk8s.io/kubernetes v1.36.0\n)\nreplace (\n\tk8s.io/kubernetes => github.com/kcp-dev/kubernetes v1.37.0\n)\n";
+        assert_eq!(required_version(go_mod, "k8s.io/kubernetes"), Some("v1.36.0"));
+        assert_eq!(required_version("require k8s.io/kubernetes v1.2.3\n", "k8s.io/kubernetes"), Some("v1.2.3"));
+        assert_eq!(required_version(go_mod, "k8s.io/kube"), None);
+    }
+
+    #[test]
+    fn kcp_ldflags_report_the_kubernetes_base_and_the_kcp_pin() {
+        let flags = kcp_ldflags(&KCP_SOURCE, "require (\n\tk8s.io/kubernetes v1.36.0\n)\n");
+        assert!(flags.contains("-X k8s.io/component-base/version.gitVersion=v1.36.0+kcp-v0.32.3 "), "{flags}");
+        assert!(flags.contains("-X k8s.io/client-go/pkg/version.gitMinor=36 "), "{flags}");
+        assert!(flags.contains(&format!("version.gitCommit={}", KCP_SOURCE.commit)), "{flags}");
     }
 
     #[test]

@@ -129,8 +129,19 @@ impl ApiServer {
 
 /// A kubeconfig with everything embedded, as kcp-operator renders them (contexts are named after the user).
 pub fn kubeconfig_yaml(server: &str, ca_pem: &str, cred: &Credential, user: &str) -> String {
+    kubeconfig_yaml_with_context(server, ca_pem, cred, user, "testbed")
+}
+
+/// The same with the context named `context` (kcp reads a root shard kubeconfig at context `shard-base`).
+pub fn kubeconfig_yaml_with_context(
+    server: &str,
+    ca_pem: &str,
+    cred: &Credential,
+    user: &str,
+    context: &str,
+) -> String {
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: testbed\n  context:\n    cluster: testbed\n    user: {user}\ncurrent-context: testbed\n",
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: {context}\n  context:\n    cluster: testbed\n    user: {user}\ncurrent-context: {context}\n",
         ca = B64.encode(ca_pem),
         cert = B64.encode(&cred.cert_pem),
         key = B64.encode(&cred.key_pem),

@@ -8,9 +8,10 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, PostParams};
 use serde::Deserialize;
 
-/// The kcp-operator stand-in CRDs shipped with the test bed (see the file's header for why).
-pub fn kcp_operator_standin() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("crds").join("kcp-operator-standin.yaml")
+/// kcp-operator v0.9.0's CRDs, vendored unmodified (provenance and license beside them): the Go module proxy
+/// refuses that module, so they cannot come from a module download as cert-manager's do.
+pub fn kcp_operator() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crds").join("kcp-operator-v0.9.0")
 }
 
 /// Every CRD in a YAML file or in every `.yaml` file of a directory.

@@ -17,6 +17,7 @@ pub mod coredns;
 pub mod crds;
 pub mod etcd;
 pub mod http;
+pub mod kcp;
 pub mod leaks;
 pub mod process;
 pub mod projection;
@@ -42,7 +43,7 @@ pub fn init_crypto() {
 }
 
 /// An etcd, a kube-apiserver on it with RBAC and client-certificate users, and the kcp-operator and
-/// cert-manager CRDs installed. Further peers (S3, CoreDNS, shard etcds) start on demand in the same temp dir.
+/// cert-manager CRDs installed. Further peers (S3, CoreDNS, shard etcds, kcp) start on demand in the same temp dir.
 pub struct ControlPlane {
     pub peers: peers::Peers,
     pub etcd: Etcd,
@@ -65,7 +66,7 @@ impl ControlPlane {
         let apiserver = ApiServer::start(peers.path("kube-apiserver"), dir.path(), &etcd.client_urls()).await?;
         let client = apiserver.admin_client().await?;
         let mut crds = crds::read(peers.path("cert-manager-crds"))?;
-        crds.extend(crds::read(&crds::kcp_operator_standin())?);
+        crds.extend(crds::read(&crds::kcp_operator())?);
         crds::install(&client, crds).await.context("installing CRDs")?;
         Ok(Self { peers, etcd, apiserver, client, dir: Some(dir) })
     }
@@ -138,6 +139,12 @@ impl ControlPlane {
     pub async fn coredns(&self, corefile: &str) -> Result<CoreDns> {
         CoreDns::start(self.peers.path("coredns"), &self.subdir("coredns")?, corefile, &self.apiserver.admin_kubeconfig)
             .await
+    }
+
+    /// Starts real kcp (root shard, `alpha`, front proxy, an etcd each) in this bed's temp dir; the front proxy's
+    /// certificate also names `front_proxy_hostnames`. Tests share one per binary instead: [`kcp::shared`].
+    pub async fn kcp(&self, front_proxy_hostnames: &[&str]) -> Result<kcp::Kcp> {
+        kcp::Kcp::start(&self.peers, &self.subdir("kcp")?, front_proxy_hostnames).await
     }
 
     /// Starts another etcd cluster (a kcp shard's) with 1 or 3 members.

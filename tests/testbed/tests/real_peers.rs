@@ -209,7 +209,7 @@ async fn secret_watch_resumes_and_sees_new_events_after_apiserver_restart() -> R
 }
 
 #[tokio::test]
-async fn cert_manager_and_kcp_operator_kinds_are_served() -> Result<()> {
+async fn cert_manager_and_kcp_operator_kinds_are_served_with_their_real_schemas() -> Result<()> {
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     for (group, kind, body) in [
@@ -221,7 +221,7 @@ async fn cert_manager_and_kcp_operator_kinds_are_served() -> Result<()> {
         (
             "operator.kcp.io/v1alpha1",
             "Kubeconfig",
-            serde_json::json!({"username": "admin", "validity": "8766h", "secretRef": {"name": "admin-kubeconfig"}}),
+            serde_json::json!({"username": "admin", "validity": "8766h", "secretRef": {"name": "admin-kubeconfig"}, "target": {"frontProxyRef": {"name": "frontproxy"}}}),
         ),
     ] {
         let (g, v) = group.split_once('/').unwrap();
@@ -233,5 +233,15 @@ async fn cert_manager_and_kcp_operator_kinds_are_served() -> Result<()> {
         let back = api.get("admin").await?;
         assert_eq!(back.data["spec"], body, "{kind} is stored as written");
     }
+    // The operator's schema requires spec.target; an open stand-in schema would store this.
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("operator.kcp.io", "v1alpha1", "Kubeconfig"));
+    let mut invalid = DynamicObject::new("no-target", &resource);
+    invalid.data = serde_json::json!({"spec": {"username": "admin", "validity": "8766h", "secretRef": {"name": "x"}}});
+    let api: Api<DynamicObject> = Api::namespaced_with(bed.client(), &ns, &resource);
+    let err = api.create(&PostParams::default(), &invalid).await.unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 422 && s.message.contains("spec.target")),
+        "expected 422 naming spec.target, got {err}"
+    );
     Ok(())
 }

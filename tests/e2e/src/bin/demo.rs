@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use e2e::layout::{self, HUB_NAMESPACE, KCP_NAMESPACE, SERVICES};
+use e2e::layout::{self, EXTERNAL_HOSTNAME, HUB_NAMESPACE, KCP_NAMESPACE, SERVICES};
 use testbed::agent_process::AgentProcess;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -24,16 +24,24 @@ struct Args {
 const NOT_BUILT: &[&str] = &["kubeconfig-rotator", "etcd-snapshotter", "dns-rewriter"];
 
 /// What ca-syncer does in the demo: the hub trusts kcp's server CA (intermediate and root), copied into a
-/// Secret and a ConfigMap without the CA's private key.
-const CA_SYNCER_CONFIG: &str = r#"bundles:
+/// Secret and a ConfigMap without the CA's private key, published only once the bundle verifies the real front
+/// proxy's chain for its public hostname (dialled on loopback).
+fn ca_syncer_config(front_proxy_url: &str) -> String {
+    format!(
+        r#"bundles:
 - name: kcp-root-ca
   sources:
-  - secret: {namespace: kcp-system, name: root-server-ca, key: tls.crt}
-  - secret: {namespace: kcp-system, name: root-server-ca, key: ca.crt}
+  - secret: {{namespace: kcp-system, name: root-server-ca, key: tls.crt}}
+  - secret: {{namespace: kcp-system, name: root-server-ca, key: ca.crt}}
   targets:
-  - secret: {namespace: railgrid-system, name: kcp-ca, key: ca.crt}
-  - configMap: {namespace: railgrid-system, name: kcp-ca, key: ca.crt}
-"#;
+  - secret: {{namespace: railgrid-system, name: kcp-ca, key: ca.crt}}
+  - configMap: {{namespace: railgrid-system, name: kcp-ca, key: ca.crt}}
+  liveCheck:
+    url: {front_proxy_url}
+    serverName: {EXTERNAL_HOSTNAME}
+"#
+    )
+}
 
 #[tokio::main]
 async fn main() -> Result<ExitCode> {
@@ -59,7 +67,7 @@ fn stopped(signal: &str) -> Result<ExitCode> {
 async fn run(once: bool) -> Result<ExitCode> {
     eprintln!("demo: starting etcd and kube-apiserver");
     let bed = testbed::ControlPlane::start().await?;
-    eprintln!("demo: seeding the kcp-like layout");
+    eprintln!("demo: starting kcp (root shard, alpha shard, front proxy, an etcd each) and seeding the layout");
     let layout = layout::seed(&bed).await?;
     let s3 = bed.s3().await?;
     let dns = bed.coredns(testbed::coredns::K3S_COREFILE).await?;
@@ -72,8 +80,13 @@ async fn run(once: bool) -> Result<ExitCode> {
     for svc in SERVICES {
         println!("  service {}/{} {} (public name {})", KCP_NAMESPACE, svc.name, svc.cluster_ip, svc.public_hostname);
     }
-    for (shard, etcd) in &layout.shard_etcds {
-        println!("  shard {shard} etcd: {}", etcd.client_urls());
+    let kcp = &layout.kcp;
+    let kcp_kubeconfig = bed.dir().join("kcp-admin.kubeconfig");
+    std::fs::write(&kcp_kubeconfig, kcp.admin_kubeconfig("root")?)?;
+    println!("  kcp ready in {:.0?}: front proxy {}", kcp.ready_in, kcp.front_proxy.url);
+    println!("    kubectl --kubeconfig {} get workspaces", kcp_kubeconfig.display());
+    for shard in &kcp.shards {
+        println!("  kcp shard {}: {} on etcd {}", shard.name, shard.url, shard.etcd.client_urls());
     }
     println!("  S3: {} bucket {}", s3.endpoint, s3.bucket);
     println!("  CoreDNS: 127.0.0.1:{}", dns.port);
@@ -83,7 +96,7 @@ async fn run(once: bool) -> Result<ExitCode> {
     for agent in NOT_BUILT {
         lines.push(format!("FAIL {agent}: not implemented"));
     }
-    let mut ca_syncer = start_agent(&bed, "ca-syncer", CA_SYNCER_CONFIG)?;
+    let mut ca_syncer = start_agent(&bed, "ca-syncer", &ca_syncer_config(&layout.kcp.front_proxy.url))?;
     lines.push(match ca_syncer_cycle(&bed, &layout, &mut ca_syncer).await {
         Ok(summary) => format!("ok ca-syncer: {summary}"),
         Err(e) => format!("FAIL ca-syncer: {e:#}"),
@@ -135,14 +148,14 @@ async fn ca_syncer_cycle(
         .data
         .and_then(|d| d.get("ca.crt").map(|v| String::from_utf8_lossy(&v.0).into_owned()))
         .unwrap_or_default();
-    let key = layout.server_ca.key_pem();
+    let key = layout.server_ca().key_pem();
     let key_line = key.lines().nth(1).unwrap_or_default();
     anyhow::ensure!(
         !bundle.contains("PRIVATE KEY") && !bundle.contains(key_line),
         "the hub's bundle holds key material"
     );
     anyhow::ensure!(
-        bundle.contains(layout.server_ca.cert_pem().lines().nth(1).unwrap_or("?")),
+        bundle.contains(layout.server_ca().cert_pem().lines().nth(1).unwrap_or("?")),
         "the server CA is missing"
     );
     let (_, _, text) = testbed::http::get(&format!("{}/metrics", agent.admin_url)).await?;
@@ -152,8 +165,10 @@ async fn ca_syncer_cycle(
     let per_bundle = values("ca_syncer_bundle_certificates{");
     let targets = values("ca_syncer_target_in_sync{").iter().filter(|v| **v == 1.0).count();
     Ok(format!(
-        "synced {} bundle(s) with {} certificate(s) into {targets} target(s), no private key copied",
+        "synced {} bundle(s) with {} certificate(s) into {targets} target(s) after verifying the kcp front proxy at \
+         {}, no private key copied",
         per_bundle.len(),
-        per_bundle.iter().sum::<f64>()
+        per_bundle.iter().sum::<f64>(),
+        layout.kcp.front_proxy.url
     ))
 }
