@@ -67,7 +67,7 @@ fn start_demo() -> RunningDemo {
     assert!(work_dir.is_dir(), "the demo's data dir {} does not exist", work_dir.display());
     let tree = descendants(xtask.id() as i32);
     let names: BTreeSet<&str> = tree.values().map(String::as_str).collect();
-    for expected in ["demo", "etcd", "kube-apiserver", "versitygw", "coredns", "ca-syncer"] {
+    for expected in ["demo", "etcd", "kube-apiserver", "kcp", "kcp-front-proxy", "versitygw", "coredns", "ca-syncer"] {
         assert!(names.contains(expected), "no {expected} process below the xtask; found {names:?}");
     }
     RunningDemo { xtask, work_dir, tree }
