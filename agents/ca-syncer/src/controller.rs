@@ -293,8 +293,9 @@ impl Syncer {
             name: target.name.clone(),
         };
         published.targets.insert(labels.clone());
+        // A new series starts at 0; an existing one keeps its value until this pass knows better, so a target
+        // that stays in sync never reads 0 mid-pass (an alert or a reader would see a flap).
         let in_sync = self.metrics.target_in_sync.get_or_create(&labels).clone();
-        in_sync.set(0);
         let live = self.read_target(target);
         let (pem, state, bundle) = if current.is_empty() {
             // Empty-means-public mode, verified above: the key is written empty, with nothing retained, because
@@ -312,6 +313,7 @@ impl Syncer {
                 Ok(state) => state,
                 Err(e) => {
                     tracing::warn!(bundle = %spec.name, error = %e, "rotation state too large; not written");
+                    in_sync.set(0);
                     return Err(TargetError::StateTooLarge);
                 }
             };
@@ -349,6 +351,7 @@ impl Syncer {
                     "WriteFailed"
                 };
                 tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, error = %e, "target not written");
+                in_sync.set(0);
                 self.event(target, EventType::Warning, reason, &format!("bundle {}: {e}", spec.name)).await;
                 return Err(TargetError::Apply(e));
             }
