@@ -116,3 +116,10 @@ pub async fn check(args: &CheckArgs) -> anyhow::Result<bool> {
     std::io::stdout().write_all(out.as_bytes())?;
     Ok(plan.errors.is_empty() && checks.iter().all(|c| c.outcome == verify::Outcome::Match))
 }
+
+/// `dns-rewriter rbac`: the Roles the configuration needs, as YAML.
+pub fn print_rbac(config_path: &std::path::Path, who: &crate::rbac::Subjects) -> anyhow::Result<()> {
+    let config = config::load(config_path)?;
+    std::io::stdout().write_all(crate::rbac::render(&config, who).to_yaml()?.as_bytes())?;
+    Ok(())
+}

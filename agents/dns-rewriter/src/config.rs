@@ -30,6 +30,7 @@
 //! verify:                        # optional
 //!   resolver: 10.43.0.10:53      # port defaults to 53
 //!   timeout: 2s                  # default
+//!   settle: 2m                   # default: after a write, how long until every name must answer
 //! resyncInterval: 5m             # default
 //! ```
 
@@ -126,6 +127,8 @@ pub struct RawDiscovery {
 pub struct RawVerify {
     pub resolver: Option<String>,
     pub timeout: Option<String>,
+    #[serde(default)]
+    pub settle: Option<String>,
 }
 
 /// The validated configuration.
@@ -181,7 +184,13 @@ pub struct Discovery {
 pub struct Verify {
     pub resolver: Option<SocketAddr>,
     pub timeout: Duration,
+    /// After a write, how long the names may take to answer: the kubelet's ConfigMap projection delay (its
+    /// sync period plus cache TTL, about a minute by default) plus CoreDNS's reload interval (30s by default).
+    pub settle: Duration,
 }
+
+/// The default of `verify.settle`: 60s of projection delay plus 30s of reload interval, rounded up.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(120);
 
 impl Config {
     /// Every error at once, each with its field path.
@@ -321,7 +330,7 @@ impl Config {
             Discovery { namespace: d.namespace, kinds }
         });
 
-        let raw_verify = raw.verify.unwrap_or(RawVerify { resolver: None, timeout: None });
+        let raw_verify = raw.verify.unwrap_or(RawVerify { resolver: None, timeout: None, settle: None });
         let resolver = raw_verify.resolver.as_deref().and_then(|text| match parse_resolver(text) {
             Some(addr) => Some(addr),
             None => {
@@ -332,6 +341,10 @@ impl Config {
         let timeout = duration(&mut err, "verify.timeout", raw_verify.timeout.as_deref(), Duration::from_secs(2));
         if timeout.is_zero() {
             err("verify.timeout", "must be more than 0");
+        }
+        let settle = duration(&mut err, "verify.settle", raw_verify.settle.as_deref(), DEFAULT_SETTLE);
+        if settle.is_zero() {
+            err("verify.settle", "must be more than 0");
         }
         let resync_interval =
             duration(&mut err, "resyncInterval", raw.resync_interval.as_deref(), Duration::from_secs(300));
@@ -345,7 +358,7 @@ impl Config {
                 cluster_domain,
                 rules,
                 discovery,
-                verify: Verify { resolver, timeout },
+                verify: Verify { resolver, timeout, settle },
                 resync_interval,
             }),
             _ => Err(errors),
@@ -442,7 +455,7 @@ mod tests {
         );
         assert_eq!(config.cluster_domain.as_str(), "cluster.local");
         assert_eq!(config.resync_interval, Duration::from_secs(300));
-        assert_eq!(config.verify, Verify { resolver: None, timeout: Duration::from_secs(2) });
+        assert_eq!(config.verify, Verify { resolver: None, timeout: Duration::from_secs(2), settle: DEFAULT_SETTLE });
     }
 
     #[test]

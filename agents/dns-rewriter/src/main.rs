@@ -1,10 +1,7 @@
 //! dns-rewriter: CoreDNS split-horizon rules for kcp's public hostnames.
-//!
-//! The one-shots `render` and `check` are built. The daemon (`run`) is not: it refuses to start, because a
-//! binary that served `/readyz` 200 while writing nothing would let a deployment look healthy with none of
-//! the agent's work done.
 #![forbid(unsafe_code)]
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -20,24 +17,37 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the agent. Not built yet: refuses to start.
+    /// Run the agent: keep the rules written, checked and answering.
     Run(RunArgs),
     /// Print what would be written: the k3s snippet, or the marked Corefile block.
     Render(RenderArgs),
     /// Ask the resolver for every public name and print expected against answered.
     Check(CheckArgs),
+    /// Print the Roles and bindings this configuration needs (the one ConfigMap only by name).
+    Rbac {
+        #[arg(long, env = "KCP_KEEPER_CONFIG")]
+        config: PathBuf,
+        /// The agent's namespace: its ServiceAccount and Lease live there.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "kcp-keeper")]
+        namespace: String,
+        #[arg(long, default_value = "dns-rewriter")]
+        service_account: String,
+        #[arg(long, env = "KCP_KEEPER_LEASE_NAME", default_value = "kcp-keeper-dns-rewriter")]
+        lease_name: String,
+    },
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     kcp_keeper_runtime::init_crypto();
     let outcome = match Cli::parse().command {
-        Command::Run(_) => Err(anyhow::anyhow!(
-            "dns-rewriter run is not built yet (the daemon that writes CoreDNS rules arrives with its issue); \
-             this binary refuses to run it. `dns-rewriter render` and `dns-rewriter check` work."
-        )),
+        Command::Run(args) => dns_rewriter::daemon::run(args).await.map(|()| true),
         Command::Render(args) => dns_rewriter::cli::render(&args).await,
         Command::Check(args) => dns_rewriter::cli::check(&args).await,
+        Command::Rbac { config, namespace, service_account, lease_name } => {
+            let who = dns_rewriter::rbac::Subjects { namespace, service_account, lease_name };
+            dns_rewriter::cli::print_rbac(&config, &who).map(|()| true)
+        }
     };
     match outcome {
         Ok(false) => ExitCode::FAILURE,

@@ -1,5 +1,4 @@
-//! dns-rewriter's metrics, prefix `dns_rewriter_`, for the daemon to update (not wired yet: the daemon is not
-//! built). Every series an alert reads exists with a value from the start and stays when something fails:
+//! dns-rewriter's metrics, prefix `dns_rewriter_`, updated by the daemon ([`crate::daemon`]). Every series an alert reads exists with a value from the start and stays when something fails:
 //! a rule error reason reads 0 until it happens, a host that stops answering reads `verified 0` with the time
 //! of its last check. A host's series go only when the host leaves the rules.
 //!
@@ -8,11 +7,15 @@
 //! - `dns_rewriter_write_timestamp_seconds`: the last successful write of the target key;
 //! - `dns_rewriter_host_verified{host}`: 1 when the last check of `host` answered exactly its Service's
 //!   ClusterIP under its own name, else 0;
-//! - `dns_rewriter_host_check_timestamp_seconds{host}`: when `host` was last checked.
+//! - `dns_rewriter_host_check_timestamp_seconds{host}`: when `host` was last checked;
+//! - the driver's `dns_rewriter_reconcile_duration_seconds`, `dns_rewriter_reconcile_errors_total{reason}`
+//!   (reasons: [`crate::daemon::CycleError`]), `dns_rewriter_reconcile_pass_timestamp_seconds` (when the
+//!   last cycle finished) and `dns_rewriter_leader`.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
+use kcp_keeper_runtime::driver::ReconcileMetrics;
 use kcp_keeper_runtime::metrics::{GaugeF64, ReasonLabel, unix_now};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -29,6 +32,7 @@ pub struct HostLabel {
 
 #[derive(Clone, Debug)]
 pub struct Metrics {
+    pub reconcile: ReconcileMetrics,
     rules: Gauge,
     rule_errors: Family<ReasonLabel, Gauge>,
     write_timestamp: GaugeF64,
@@ -42,6 +46,7 @@ impl Metrics {
     /// Registers under `registry` (the agent's prefixed sub-registry), every rule error reason at 0.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
+            reconcile: ReconcileMetrics::register::<crate::daemon::CycleError>(registry),
             rules: Gauge::default(),
             rule_errors: Family::default(),
             write_timestamp: GaugeF64::default(),

@@ -1,0 +1,257 @@
+//! `dns-rewriter run`: the daemon, on the runtime's reconcile driver. It has one item, the managed key; a cycle
+//! runs on any change to what [`crate::scope`] watches, on a configuration change, on leadership, and every
+//! `resyncInterval`:
+//!
+//! 1. plan the rules from the stores ([`crate::plan`]); per-rule errors are counted, logged and, when new,
+//!    published as Events on the managed ConfigMap; the other rules go on;
+//! 2. compute the new value of the key and check it before writing ([`crate::output::desired_value`]);
+//! 3. write only when the bytes differ, conditional on the resourceVersion it was computed from
+//!    ([`crate::write`]); a cycle with nothing to do sends no write;
+//! 4. verify through the resolver: after a write, ask until every name answers its Service's ClusterIP or
+//!    `verify.settle` (projection delay plus reload interval) has passed; otherwise ask once. Each host's result
+//!    is exported, so a host that answers anything else (a cache holding a recreated Service's old address,
+//!    rules that never loaded) shows as `host_verified 0`.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kcp_keeper_runtime::agent::{self, AgentInfo, Context};
+use kcp_keeper_runtime::apply::Outcome;
+use kcp_keeper_runtime::args::RunArgs;
+use kcp_keeper_runtime::driver::{self, Reconciler, Settings};
+use kcp_keeper_runtime::events::{EventType, Recorder, reference};
+use tokio::time::Instant;
+
+use crate::config::{Config, ConfigMapKey, Target};
+use crate::metrics::Metrics;
+use crate::output::{OutputError, desired_value};
+use crate::plan::Plan;
+use crate::rules::RuleSet;
+use crate::scope::Scope;
+use crate::verify::{self, HostCheck, Outcome as Answer};
+use crate::write::{self, WriteError};
+
+pub const INFO: AgentInfo = AgentInfo { name: "dns-rewriter", metrics_prefix: "dns_rewriter" };
+
+/// How often to ask again while waiting for a written change to answer.
+const VERIFY_POLL: Duration = Duration::from_secs(1);
+
+/// Why a cycle failed; `dns_rewriter_reconcile_errors_total{reason}` is the variant's name. A rule error is
+/// not among them: it leaves that rule out, and the cycle writes the others.
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
+pub enum CycleError {
+    /// The value failed our own pre-write check, or the Corefile is not one we can safely edit: nothing written.
+    #[error("nothing written: {0}")]
+    Refused(OutputError),
+    #[error("write failed: {0}")]
+    WriteFailed(WriteError),
+    /// Some names did not answer exactly their Service's ClusterIP.
+    #[error("{failed} of {total} names do not answer their Service's ClusterIP: {detail}")]
+    NotVerified { failed: usize, total: usize, detail: String },
+}
+
+/// `dns-rewriter run`.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    agent::run(INFO, args, Metrics::register, |ctx: Context<Config>, metrics: Metrics| async move {
+        // The configured resyncInterval comes back as each cycle's requeue time, so a reloaded value applies at
+        // once; the driver's own resync is only a backstop.
+        let settings = Settings { resync: Duration::from_secs(3600), ..Settings::default() };
+        let reconcile = metrics.reconcile.clone();
+        let (client, events) = (ctx.client.clone(), ctx.events.clone());
+        let reported = Arc::new(Mutex::new(BTreeSet::new()));
+        driver::run(&ctx, &reconcile, settings, |config: Arc<Config>| {
+            let (scope, watches) = Scope::build(&client, &config);
+            let rewriter = Rewriter {
+                client: client.clone(),
+                events: events.clone(),
+                metrics: metrics.clone(),
+                config,
+                scope,
+                reported: reported.clone(),
+            };
+            (rewriter, watches)
+        })
+        .await;
+        Ok(())
+    })
+    .await
+}
+
+/// The driver's one item: the managed key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ManagedKey(String);
+
+impl fmt::Display for ManagedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "configmap/{}", self.0)
+    }
+}
+
+struct Rewriter {
+    client: kube::Client,
+    events: Arc<Recorder>,
+    metrics: Metrics,
+    config: Arc<Config>,
+    scope: Scope,
+    /// The rule errors and warnings already published as Events, so a steady problem is told once, not every
+    /// cycle (and a no-op cycle sends nothing).
+    reported: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl Reconciler for Rewriter {
+    type Item = ManagedKey;
+    type Error = CycleError;
+
+    fn items(&self) -> Vec<ManagedKey> {
+        let key = self.config.target.configmap();
+        vec![ManagedKey(format!("{}/{}/{}", key.namespace, key.name, key.key))]
+    }
+
+    async fn reconcile(&self, _: &ManagedKey) -> Result<Option<Duration>, CycleError> {
+        let plan = crate::cluster::plan_with(&self.config, &self.scope.view());
+        self.metrics.observe_plan(&plan);
+        self.report(&plan).await;
+        let written = self.write(&plan.rules).await;
+        // Verification runs even when the write failed: the metrics then say what the cluster answers now.
+        let checks = self.verify(&plan.rules, matches!(written, Ok(true))).await;
+        written?;
+        let failed: Vec<&HostCheck> = checks.iter().filter(|c| c.outcome != Answer::Match).collect();
+        if !failed.is_empty() {
+            let detail = failed.iter().map(|c| format!("{} {}", c.host.as_str(), c.outcome)).collect::<Vec<_>>();
+            return Err(CycleError::NotVerified {
+                failed: failed.len(),
+                total: checks.len(),
+                detail: detail.join(", "),
+            });
+        }
+        Ok(Some(self.config.resync_interval))
+    }
+}
+
+impl Rewriter {
+    fn key(&self) -> &ConfigMapKey {
+        self.config.target.configmap()
+    }
+
+    /// Writes the key when its bytes differ; `Ok(true)` when it wrote.
+    async fn write(&self, rules: &RuleSet) -> Result<bool, CycleError> {
+        let key = self.key();
+        let live = self.scope.configmap();
+        let current = write::current_value(live.as_ref(), key);
+        let value = match desired_value(&self.config.target, &self.config.cluster_domain, rules, current) {
+            Ok(value) => value,
+            Err(e) => {
+                tracing::warn!(error = %e, "not written");
+                self.event(EventType::Warning, "WriteRefused", &format!("key {}: nothing written: {e}", key.key)).await;
+                return Err(CycleError::Refused(e));
+            }
+        };
+        // Corefile mode never creates the ConfigMap; `desired_value` has already refused a missing Corefile.
+        debug_assert!(live.is_some() || matches!(self.config.target, Target::K3s(_)));
+        match write::write(&self.client, key, live.as_ref(), &value).await {
+            Ok(Outcome::Unchanged) => Ok(false),
+            Ok(outcome) => {
+                self.metrics.wrote();
+                let verb = if outcome == Outcome::Created { "created" } else { "updated" };
+                tracing::info!(configmap = %format!("{}/{}", key.namespace, key.name), key = %key.key, rules = rules.len(), "{verb}");
+                let note = format!("key {} {verb} with {} rules", key.key, rules.len());
+                self.event(EventType::Normal, "RulesWritten", &note).await;
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "write failed");
+                if !matches!(e, WriteError::Conflict(_)) {
+                    self.event(EventType::Warning, "WriteFailed", &format!("key {}: {e}", key.key)).await;
+                }
+                Err(CycleError::WriteFailed(e))
+            }
+        }
+    }
+
+    /// Asks the resolver for every name; after a write, again until all match or `verify.settle` has passed.
+    /// Without `verify.resolver` nothing is asked, and every host reads "not verified".
+    async fn verify(&self, rules: &RuleSet, after_write: bool) -> Vec<HostCheck> {
+        let Some(addr) = self.config.verify.resolver else { return Vec::new() };
+        let resolver = match verify::resolver(addr, self.config.verify.timeout) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot build a resolver; not verified");
+                return Vec::new();
+            }
+        };
+        let deadline = Instant::now() + if after_write { self.config.verify.settle } else { Duration::ZERO };
+        loop {
+            let checks = verify::check_all(&resolver, rules).await;
+            self.metrics.observe_checks(&checks);
+            if checks.iter().all(|c| c.outcome == Answer::Match) || Instant::now() + VERIFY_POLL > deadline {
+                for c in checks.iter().filter(|c| c.outcome != Answer::Match) {
+                    tracing::warn!(host = c.host.as_str(), expected = ?c.expected, answered = ?c.answered, outcome = %c.outcome, "not verified");
+                }
+                return checks;
+            }
+            tokio::time::sleep(VERIFY_POLL).await;
+        }
+    }
+
+    /// Logs every rule error and warning, and publishes the new ones as Events on the managed ConfigMap.
+    async fn report(&self, plan: &Plan) {
+        let current: Vec<(EventType, String, String)> = plan
+            .errors
+            .iter()
+            .map(|e| (EventType::Warning, camel(e.reason()), e.to_string()))
+            .chain(plan.warnings.iter().map(|w| (EventType::Warning, "RuleWarning".to_string(), w.to_string())))
+            .collect();
+        let new: Vec<&(EventType, String, String)> = {
+            let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+            let new = current.iter().filter(|(_, _, note)| !reported.contains(note)).collect();
+            *reported = current.iter().map(|(_, _, note)| note.clone()).collect();
+            new
+        };
+        for e in &plan.errors {
+            tracing::warn!(reason = e.reason(), "rule left out: {e}");
+        }
+        for w in &plan.warnings {
+            tracing::warn!("{w}");
+        }
+        for (kind, reason, note) in new {
+            self.event(*kind, reason, note).await;
+        }
+    }
+
+    async fn event(&self, kind: EventType, reason: &str, note: &str) {
+        let key = self.key();
+        let regarding = reference("v1", "ConfigMap", &key.namespace, &key.name, None);
+        self.events.publish(&regarding, kind, reason, "Rewrite", note).await;
+    }
+}
+
+/// `service_missing` to `ServiceMissing`, an Event reason.
+fn camel(snake: &str) -> String {
+    snake
+        .split('_')
+        .map(|w| {
+            let mut chars = w.chars();
+            chars.next().map(|c| c.to_ascii_uppercase().to_string() + chars.as_str()).unwrap_or_default()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_reasons_are_the_rule_error_reasons_in_camel_case() {
+        assert_eq!(camel("service_missing"), "ServiceMissing");
+        assert_eq!(camel("conflict"), "Conflict");
+    }
+
+    #[test]
+    fn cycle_error_reasons_are_its_variant_names() {
+        use kcp_keeper_runtime::driver::ErrorReason;
+        assert_eq!(CycleError::reasons(), ["refused", "write_failed", "not_verified"]);
+    }
+}

@@ -1,0 +1,97 @@
+//! `dns-rewriter rbac`: the exact Roles a configuration needs, from the same configuration the watches are
+//! built from ([`crate::scope`]). docs/dns-rewriter.md shows this command's output for `example.yaml` (a test
+//! keeps them identical), and the RBAC test runs the agent with a ServiceAccount holding exactly this.
+//!
+//! What is granted, all namespaced:
+//! - the managed ConfigMap's namespace: get/list/watch/patch on that one ConfigMap (`resourceNames`; list and
+//!   watch are narrowed by the `metadata.name` field selector; in k3s mode a missing `coredns-custom` is
+//!   created by a server-side apply, which is a patch), and create on Events (they are about that ConfigMap);
+//! - each namespace whose Services the rules or discovery read: list/watch on Services;
+//! - the discovery namespace: list/watch on the operator kinds switched on;
+//! - the agent's own namespace: its Lease (create cannot be limited by name: the name is not in the URL).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use kcp_keeper_runtime::rbac::{Roles, rule, service_account};
+
+use crate::cluster::OPERATOR_GROUP;
+use crate::config::Config;
+use crate::scope::service_scopes;
+
+pub const ROLE_NAME: &str = "kcp-keeper-dns-rewriter";
+
+/// Who the Roles are bound to, and where its Lease lives.
+#[derive(Debug, Clone)]
+pub struct Subjects {
+    pub namespace: String,
+    pub service_account: String,
+    pub lease_name: String,
+}
+
+pub fn render(config: &Config, who: &Subjects) -> Roles {
+    let mut by_namespace: BTreeMap<String, Vec<PolicyRule>> = BTreeMap::new();
+    let mut add = |ns: &str, rule: PolicyRule| by_namespace.entry(ns.to_string()).or_default().push(rule);
+    let key = config.target.configmap();
+    add(&key.namespace, rule("", &["configmaps"], &[&key.name], &["get", "list", "watch", "patch"]));
+    add(&key.namespace, rule("events.k8s.io", &["events"], &[], &["create"]));
+    for ns in service_scopes(config).keys() {
+        add(ns, rule("", &["services"], &[], &["list", "watch"]));
+    }
+    if let Some(d) = &config.discovery {
+        let plurals: Vec<&str> = d.kinds.iter().map(|k| k.plural()).collect();
+        add(&d.namespace, rule(OPERATOR_GROUP, &plurals, &[], &["list", "watch"]));
+    }
+    add(&who.namespace, rule("coordination.k8s.io", &["leases"], &[&who.lease_name], &["get", "update"]));
+    add(&who.namespace, rule("coordination.k8s.io", &["leases"], &[], &["create"]));
+    let mut roles = Roles::default();
+    for (ns, rules) in by_namespace {
+        roles.add(&ns, ROLE_NAME, "dns-rewriter", rules, service_account(&who.namespace, &who.service_account));
+    }
+    roles
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn who() -> Subjects {
+        Subjects {
+            namespace: "kcp-keeper".into(),
+            service_account: "dns-rewriter".into(),
+            lease_name: "kcp-keeper-dns-rewriter".into(),
+        }
+    }
+
+    fn example() -> Config {
+        crate::config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("example.yaml")).unwrap()
+    }
+
+    #[test]
+    fn configmaps_are_only_ever_granted_by_name_and_nothing_is_cluster_wide() {
+        let roles = render(&example(), &who());
+        let rules: Vec<&PolicyRule> = roles.roles.iter().flat_map(|r| r.rules.iter().flatten()).collect();
+        let configmaps: Vec<&&PolicyRule> =
+            rules.iter().filter(|r| r.resources.iter().flatten().any(|res| res == "configmaps")).collect();
+        assert_eq!(configmaps.len(), 1);
+        assert_eq!(configmaps[0].resource_names.as_deref(), Some(&["coredns-custom".to_string()][..]));
+        assert!(
+            rules.iter().all(|r| !r.verbs.iter().any(|v| v == "delete" || v == "update" && r.resource_names.is_none()))
+        );
+        let namespaces: Vec<&str> = roles.roles.iter().filter_map(|r| r.metadata.namespace.as_deref()).collect();
+        assert_eq!(namespaces, ["kcp-keeper", "kcp-system", "kube-system"]);
+    }
+
+    #[test]
+    fn the_docs_show_exactly_what_the_command_renders_for_the_example() {
+        let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/dns-rewriter.md"))
+            .expect("docs/dns-rewriter.md");
+        let rendered = render(&example(), &who()).to_yaml().expect("renders");
+        assert!(
+            docs.contains(&format!("```yaml\n{rendered}```")),
+            "docs/dns-rewriter.md must show `dns-rewriter rbac --config example.yaml` verbatim:\n{rendered}"
+        );
+    }
+}

@@ -1,0 +1,177 @@
+//! What the daemon watches, exactly as the configuration names it, and the plain data read from those watches:
+//! - the one ConfigMap it writes (by `metadata.name`, so RBAC can name it with `resourceNames`);
+//! - Services in each namespace a configured rule names, and in the discovery namespace those carrying the
+//!   operator's component labels for the kinds switched on;
+//! - the operator's RootShards, Shards and FrontProxies in the discovery namespace, only the kinds switched on.
+//!
+//! Reads come from the watches' stores, never from fresh GETs each cycle.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kcp_keeper_runtime::watch::{Watches, by_name};
+use kube::api::Api;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+
+use crate::cluster::ClusterView;
+use crate::config::Config;
+use crate::discovery::{COMPONENT_LABEL, Kind};
+use crate::operator::{FrontProxy, OperatorKind, RootShard, Shard};
+use crate::services::ServiceFacts;
+
+/// What one namespace's Service watch covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceScope {
+    /// Every Service: a configured rule names one here (by name; Services are not secret, and one watch per
+    /// namespace keeps a Service created later in view).
+    All,
+    /// Only those labelled `app.kubernetes.io/component in (...)`: the discovery namespace's operator Services.
+    Components(Vec<&'static str>),
+}
+
+impl ServiceScope {
+    fn watcher_config(&self) -> watcher::Config {
+        match self {
+            ServiceScope::All => watcher::Config::default(),
+            ServiceScope::Components(c) => {
+                watcher::Config::default().labels(&format!("{COMPONENT_LABEL} in ({})", c.join(",")))
+            }
+        }
+    }
+}
+
+/// The Service watches a configuration needs, by namespace.
+pub fn service_scopes(config: &Config) -> BTreeMap<String, ServiceScope> {
+    let mut scopes: BTreeMap<String, ServiceScope> = BTreeMap::new();
+    if let Some(d) = &config.discovery {
+        let components = d.kinds.iter().map(|k| k.component()).collect();
+        scopes.insert(d.namespace.clone(), ServiceScope::Components(components));
+    }
+    let namespaces: BTreeSet<&str> = config.rules.iter().map(|r| r.service.namespace()).collect();
+    for ns in namespaces {
+        scopes.insert(ns.to_string(), ServiceScope::All);
+    }
+    scopes
+}
+
+/// The stores behind the watches.
+pub struct Scope {
+    configmap: Store<ConfigMap>,
+    services: Vec<Store<Service>>,
+    root_shards: Option<Store<RootShard>>,
+    shards: Option<Store<Shard>>,
+    front_proxies: Option<Store<FrontProxy>>,
+}
+
+impl Scope {
+    pub fn build(client: &kube::Client, config: &Config) -> (Self, Watches) {
+        let mut watches = Watches::new();
+        let key = config.target.configmap();
+        let configmap = watches.add(
+            format!("configmap {}/{}", key.namespace, key.name),
+            Api::<ConfigMap>::namespaced(client.clone(), &key.namespace),
+            by_name(&key.name),
+        );
+        let services = service_scopes(config)
+            .into_iter()
+            .map(|(ns, scope)| {
+                let api = Api::<Service>::namespaced(client.clone(), &ns);
+                watches.add(format!("services in {ns}"), api, scope.watcher_config())
+            })
+            .collect();
+        let mut scope = Self { configmap, services, root_shards: None, shards: None, front_proxies: None };
+        if let Some(d) = &config.discovery {
+            for kind in &d.kinds {
+                let name = format!("{} in {}", kind.plural(), d.namespace);
+                match kind {
+                    Kind::RootShard => {
+                        scope.root_shards =
+                            Some(watches.add(name, Api::namespaced(client.clone(), &d.namespace), Default::default()))
+                    }
+                    Kind::Shard => {
+                        scope.shards =
+                            Some(watches.add(name, Api::namespaced(client.clone(), &d.namespace), Default::default()))
+                    }
+                    Kind::FrontProxy => {
+                        scope.front_proxies =
+                            Some(watches.add(name, Api::namespaced(client.clone(), &d.namespace), Default::default()))
+                    }
+                }
+            }
+        }
+        (scope, watches)
+    }
+
+    /// The managed ConfigMap as last seen, if it exists.
+    pub fn configmap(&self) -> Option<ConfigMap> {
+        self.configmap.state().first().map(|cm| (**cm).clone())
+    }
+
+    /// Services and operator objects, as the planner reads them.
+    pub fn view(&self) -> ClusterView {
+        let mut services: BTreeMap<(String, String), ServiceFacts> = BTreeMap::new();
+        for store in &self.services {
+            for svc in store.state() {
+                let facts = ServiceFacts::from_service(&svc);
+                services.insert((facts.namespace.clone(), facts.name.clone()), facts);
+            }
+        }
+        let mut objects = Vec::new();
+        objects.extend(objects_of(self.root_shards.as_ref()));
+        objects.extend(objects_of(self.shards.as_ref()));
+        objects.extend(objects_of(self.front_proxies.as_ref()));
+        ClusterView { services: services.into_values().collect(), objects }
+    }
+}
+
+fn objects_of<K>(store: Option<&Store<K>>) -> Vec<crate::discovery::OperatorObject>
+where
+    K: OperatorKind + Clone + 'static,
+{
+    store.map(|s| s.state().iter().map(|o| o.to_object()).collect()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        crate::config::parse(Path::new("test.yaml"), text).unwrap()
+    }
+
+    #[test]
+    fn services_are_watched_only_in_the_namespaces_the_configuration_needs() {
+        let c = config(
+            "mode: k3s\nrules:\n- {host: a.example.com, service: {namespace: apps, name: a}}\n\
+             - {host: b.example.com, service: {namespace: apps, name: b}}\n\
+             discovery: {namespace: kcp-system, shards: true, frontProxies: true}\n",
+        );
+        let scopes = service_scopes(&c);
+        assert_eq!(
+            scopes,
+            BTreeMap::from([
+                ("apps".to_string(), ServiceScope::All),
+                ("kcp-system".to_string(), ServiceScope::Components(vec!["shard", "front-proxy"])),
+            ])
+        );
+        let selector = scopes["kcp-system"].watcher_config().label_selector;
+        assert_eq!(selector.as_deref(), Some("app.kubernetes.io/component in (shard,front-proxy)"));
+    }
+
+    #[test]
+    fn a_rule_in_the_discovery_namespace_widens_that_watch_to_every_service() {
+        let c = config(
+            "mode: k3s\nrules:\n- {host: a.example.com, service: {namespace: kcp-system, name: a}}\n\
+             discovery: {namespace: kcp-system, rootShards: true}\n",
+        );
+        assert_eq!(service_scopes(&c), BTreeMap::from([("kcp-system".to_string(), ServiceScope::All)]));
+    }
+
+    #[test]
+    fn without_rules_or_discovery_no_service_is_watched() {
+        assert!(service_scopes(&config("mode: k3s\n")).is_empty());
+    }
+}

@@ -1,0 +1,102 @@
+//! Building blocks for an agent's `rbac` subcommand: the Roles a configuration needs, rendered from the same
+//! configuration the watches are built from, so the documented RBAC and what the agent does cannot drift apart.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::ObjectMeta;
+
+/// Namespaced Roles, each bound to one ServiceAccount.
+#[derive(Debug, Default, Clone)]
+pub struct Roles {
+    pub roles: Vec<Role>,
+    pub role_bindings: Vec<RoleBinding>,
+}
+
+impl Roles {
+    /// Adds Role `name` in `namespace` with `rules`, bound to `subject`; `app` labels both.
+    pub fn add(&mut self, namespace: &str, name: &str, app: &str, rules: Vec<PolicyRule>, subject: Subject) {
+        let meta = ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([("app.kubernetes.io/name".to_string(), app.to_string())])),
+            ..Default::default()
+        };
+        self.roles.push(Role { metadata: meta.clone(), rules: Some(rules) });
+        self.role_bindings.push(RoleBinding {
+            metadata: meta,
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: name.into(),
+            },
+            subjects: Some(vec![subject]),
+        });
+    }
+
+    /// Multi-document YAML: each Role followed by its RoleBinding, in the order added.
+    pub fn to_yaml(&self) -> Result<String, serde_yaml::Error> {
+        let mut docs = Vec::new();
+        for (role, binding) in self.roles.iter().zip(&self.role_bindings) {
+            docs.push(document("Role", role)?);
+            docs.push(document("RoleBinding", binding)?);
+        }
+        Ok(docs.join("---\n"))
+    }
+}
+
+/// One rule; `names` empty means every object of the resource.
+pub fn rule(group: &str, resources: &[&str], names: &[&str], verbs: &[&str]) -> PolicyRule {
+    let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(strings(resources)),
+        resource_names: (!names.is_empty()).then(|| strings(names)),
+        verbs: strings(verbs),
+        ..Default::default()
+    }
+}
+
+pub fn service_account(namespace: &str, name: &str) -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: name.into(),
+        namespace: Some(namespace.into()),
+        ..Default::default()
+    }
+}
+
+/// One object as YAML with `apiVersion` and `kind` first, as people write them.
+fn document(kind: &str, object: &impl serde::Serialize) -> Result<String, serde_yaml::Error> {
+    let mut value = serde_yaml::to_value(object)?;
+    let mut out = serde_yaml::Mapping::new();
+    out.insert("apiVersion".into(), "rbac.authorization.k8s.io/v1".into());
+    out.insert("kind".into(), kind.into());
+    if let serde_yaml::Value::Mapping(fields) = &mut value {
+        for (k, v) in std::mem::take(fields) {
+            out.insert(k, v);
+        }
+    }
+    serde_yaml::to_string(&out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_role_renders_with_its_binding_kind_first_and_names_only_when_given() {
+        let mut roles = Roles::default();
+        roles.add(
+            "kube-system",
+            "kcp-keeper-x",
+            "x",
+            vec![rule("", &["configmaps"], &["one"], &["get"]), rule("", &["services"], &[], &["list"])],
+            service_account("kcp-keeper", "x"),
+        );
+        let yaml = roles.to_yaml().unwrap();
+        assert!(yaml.starts_with("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\n"), "{yaml}");
+        assert!(yaml.contains("---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n"), "{yaml}");
+        assert_eq!(yaml.matches("resourceNames").count(), 1, "{yaml}");
+    }
+}
