@@ -7,9 +7,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use common::{coredns_with, create_service, domain, rules};
+use common::{coredns_with, create_operator_object, create_service, domain, rules};
 use dns_rewriter::render;
-use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::json;
 use testbed::ControlPlane;
 use testbed::agent_process::run_to_completion;
@@ -83,21 +82,6 @@ fn render_refuses_an_invalid_configuration_naming_the_field_but_not_the_value() 
     assert!(!stderr.contains("Private-Name"), "{stderr}");
 }
 
-async fn create_operator_object(
-    client: &kube::Client,
-    ns: &str,
-    kind: dns_rewriter::discovery::Kind,
-    name: &str,
-    spec: serde_json::Value,
-) -> Result<()> {
-    let resource = dns_rewriter::cluster::api_resource(kind);
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
-    let mut obj = DynamicObject::new(name, &resource);
-    obj.data = json!({ "spec": spec });
-    api.create(&PostParams::default(), &obj).await?;
-    Ok(())
-}
-
 /// Objects shaped like the seed's (tests/e2e/src/layout.rs), with every field the operator's real CRDs require,
 /// plus a shard whose Service is headless.
 #[tokio::test]
@@ -107,40 +91,15 @@ async fn render_against_the_apiserver_discovers_what_the_explicit_configuration_
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let client = bed.client();
-    for (name, component, instance, headless) in [
-        ("root-kcp", "rootshard", "root", false),
-        ("root-proxy", "rootshard-proxy", "root", false),
-        ("alpha-shard-kcp", "shard", "alpha", false),
-        ("beta-shard-kcp", "shard", "beta", true),
-        ("frontproxy-front-proxy", "front-proxy", "frontproxy", false),
-    ] {
-        let labels = [
-            ("app.kubernetes.io/component", component),
-            ("app.kubernetes.io/instance", instance),
-            ("app.kubernetes.io/managed-by", "kcp-operator"),
-        ];
+    let explicit_rules = common::seed_operator(&client, &ns).await?;
+    // Beside the seed's: another Service of the root shard (not its main one), and a shard whose Service is
+    // headless.
+    for (name, component, instance, headless) in
+        [("root-proxy", "rootshard-proxy", "root", false), ("beta-shard-kcp", "shard", "beta", true)]
+    {
+        let labels = [("app.kubernetes.io/component", component), ("app.kubernetes.io/instance", instance)];
         create_service(&client, &ns, name, &labels, headless).await?;
     }
-    create_operator_object(&client, &ns, Kind::RootShard, "root", json!({
-        "cache": {"embedded": {"enabled": true}},
-        "certificates": {"issuerRef": {"kind": "Issuer", "name": "root-ca"}},
-        "etcd": {"endpoints": ["http://root-etcd.kcp-system.svc.cluster.local:2379"]},
-        "external": {"hostname": "kcp.example.com", "port": 443},
-        "extraArgs": ["--shard-virtual-workspace-url=https://root.kcp.example.com:6443"],
-        "certificateTemplates": {"server": {"spec": {"dnsNames": ["root.kcp.example.com", "kcp-root.example.com"]}}},
-    })).await?;
-    create_operator_object(
-        &client,
-        &ns,
-        Kind::Shard,
-        "alpha",
-        json!({
-            "rootShard": {"ref": {"name": "root"}},
-            "etcd": {"endpoints": ["http://shard-etcd.kcp-system.svc.cluster.local:2379"]},
-            "extraArgs": ["--shard-virtual-workspace-url=https://alpha.kcp.example.com:6443"],
-        }),
-    )
-    .await?;
     create_operator_object(
         &client,
         &ns,
@@ -153,17 +112,6 @@ async fn render_against_the_apiserver_discovers_what_the_explicit_configuration_
         }),
     )
     .await?;
-    create_operator_object(
-        &client,
-        &ns,
-        Kind::FrontProxy,
-        "frontproxy",
-        json!({
-            "rootShard": {"ref": {"name": "root"}},
-            "external": {"hostname": "kcp.example.com", "port": 443},
-        }),
-    )
-    .await?;
 
     let dir = tempfile::tempdir()?;
     let kubeconfig = common::kubeconfig(&bed).to_str().unwrap().to_string();
@@ -172,17 +120,7 @@ async fn render_against_the_apiserver_discovers_what_the_explicit_configuration_
         "discovered.yaml",
         &format!("mode: k3s\ndiscovery: {{namespace: {ns}, rootShards: true, shards: true, frontProxies: true}}\n"),
     );
-    let explicit = write_config(
-        dir.path(),
-        "explicit.yaml",
-        &format!(
-            "mode: k3s\nrules:\n\
-         - {{host: kcp.example.com, service: {{namespace: {ns}, name: frontproxy-front-proxy}}, port: 443}}\n\
-         - {{host: root.kcp.example.com, service: {{namespace: {ns}, name: root-kcp}}, port: 6443}}\n\
-         - {{host: kcp-root.example.com, service: {{namespace: {ns}, name: root-kcp}}}}\n\
-         - {{host: alpha.kcp.example.com, service: {{namespace: {ns}, name: alpha-shard-kcp}}, port: 6443}}\n"
-        ),
-    );
+    let explicit = write_config(dir.path(), "explicit.yaml", &format!("mode: k3s\n{explicit_rules}"));
     let (code_d, out_d, err_d) =
         run(&["render", "--kubeconfig", &kubeconfig, "--config", discovered.to_str().unwrap()]);
     let (code_e, out_e, err_e) = run(&["render", "--kubeconfig", &kubeconfig, "--config", explicit.to_str().unwrap()]);

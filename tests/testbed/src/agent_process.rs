@@ -66,9 +66,43 @@ impl AgentProcess {
         .await
     }
 
+    /// The agent's `/metrics` text (empty when it does not answer).
+    pub async fn metrics(&self) -> String {
+        crate::http::get(&format!("{}/metrics", self.admin_url)).await.map(|(_, _, body)| body).unwrap_or_default()
+    }
+
+    /// The value of the one series starting with `series` (name and labels) in the agent's metrics now.
+    pub async fn metric(&self, series: &str) -> Result<f64> {
+        metric(&self.metrics().await, series)
+    }
+
+    /// Waits until the series `series` satisfies `check`, and returns its value; a missing series never
+    /// satisfies it.
+    pub async fn wait_for_metric(&self, series: &str, timeout: Duration, check: impl Fn(f64) -> bool) -> f64 {
+        crate::eventually(timeout, &format!("{series} to reach the expected value"), || async {
+            self.metric(series).await.ok().filter(|v| check(*v))
+        })
+        .await
+    }
+
     /// Sends SIGTERM and waits for the exit status (None if it did not exit within `timeout`).
     pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         self.process.signal_and_wait(nix::sys::signal::Signal::SIGTERM, timeout)
+    }
+}
+
+/// The value of the one series starting with `series` in an OpenMetrics `text`; a missing series is an
+/// error, never 0.
+pub fn metric(text: &str, series: &str) -> Result<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with(series))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .collect();
+    match values[..] {
+        [value] => Ok(value),
+        [] => anyhow::bail!("no series {series} in\n{text}"),
+        _ => anyhow::bail!("{} series match {series}", values.len()),
     }
 }
 

@@ -74,6 +74,46 @@ pub async fn project_configmap(client: &kube::Client, namespace: &str, name: &st
     project_strings(dir, &cm.data.unwrap_or_default())
 }
 
+/// The kubelet's side of a ConfigMap volume, kept up: polls ConfigMap `namespace/name` every `interval` and
+/// projects its `data` into `dir` whenever it changed (a ConfigMap that does not exist projects nothing, as
+/// an optional volume). The real kubelet's delay is its sync period plus its cache TTL; here it is `interval`.
+/// Stops when the returned handle is dropped.
+pub fn follow_configmap(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    dir: &Path,
+    interval: std::time::Duration,
+) -> Following {
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client, namespace);
+    let (name, dir) = (name.to_string(), dir.to_path_buf());
+    let task = tokio::spawn(async move {
+        let mut projected: Option<BTreeMap<String, String>> = None;
+        loop {
+            if let Ok(Some(cm)) = api.get_opt(&name).await {
+                let data = cm.data.unwrap_or_default();
+                if projected.as_ref() != Some(&data) {
+                    match project_strings(&dir, &data) {
+                        Ok(()) => projected = Some(data),
+                        Err(e) => eprintln!("projecting ConfigMap {name}: {e:#}"),
+                    }
+                }
+            }
+            tokio::time::sleep(interval).await;
+        }
+    });
+    Following(task)
+}
+
+/// A running [`follow_configmap`]; dropping it stops the projection.
+pub struct Following(tokio::task::JoinHandle<()>);
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ use dns_rewriter::rules::{RuleSet, ServiceRef, Target};
 use hickory_resolver::proto::rr::{RData, RecordType};
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use kube::api::{Api, ObjectMeta, PostParams};
+use testbed::agent_process::AgentProcess;
 use testbed::{ControlPlane, CoreDns};
 
 pub fn domain() -> Domain {
@@ -107,4 +108,162 @@ pub async fn coredns_with(bed: &ControlPlane, corefile: &str, custom: &BTreeMap<
 /// Where the test bed's kubeconfig is, for the binary.
 pub fn kubeconfig(bed: &ControlPlane) -> &Path {
     &bed.apiserver.admin_kubeconfig
+}
+
+pub const BINARY: &str = env!("CARGO_BIN_EXE_dns-rewriter");
+/// Bound for anything the agent does on its own (start, a cycle, a reload); generous for a loaded machine.
+pub const WAIT: Duration = Duration::from_secs(60);
+/// How often the test's kubelet looks at a ConfigMap (the real one: its sync period plus cache TTL).
+pub const PROJECTION: Duration = Duration::from_millis(500);
+pub const K3S_CONFIGMAP: &str = "coredns-custom";
+pub const COREFILE_CONFIGMAP: &str = "coredns";
+
+/// A real CoreDNS on a k3s-shaped Corefile whose `custom` directory is `kube-system/coredns-custom`, projected
+/// the kubelet way while the returned handle lives (as an optional volume: nothing until it exists).
+pub async fn k3s_coredns(bed: &ControlPlane, corefile: &str) -> Result<(CoreDns, testbed::projection::Following)> {
+    let dns = bed.coredns(corefile).await?;
+    let custom = dns.dir.join("custom");
+    let following =
+        testbed::projection::follow_configmap(bed.client(), "kube-system", K3S_CONFIGMAP, &custom, PROJECTION);
+    Ok((dns, following))
+}
+
+/// A real CoreDNS on a kubeadm-shaped Corefile that lives in ConfigMap `kube-system/coredns` (key `Corefile`),
+/// projected the kubelet way: CoreDNS reads `<dir>/Corefile`, a symlink into the projected volume, as it reads
+/// `/etc/coredns/Corefile` in a pod. Returns the Corefile as first written, its server block key, and the handle.
+pub async fn corefile_coredns(bed: &ControlPlane) -> Result<(CoreDns, String, String, testbed::projection::Following)> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let dns = bed.coredns(testbed::coredns::KUBEADM_COREFILE).await?;
+    let original = std::fs::read_to_string(dns.dir.join("Corefile"))?;
+    let data = BTreeMap::from([("Corefile".to_string(), original.clone())]);
+    let cm = ConfigMap {
+        metadata: ObjectMeta { name: Some(COREFILE_CONFIGMAP.into()), ..Default::default() },
+        data: Some(data.clone()),
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(bed.client(), "kube-system").create(&PostParams::default(), &cm).await?;
+    let volume = dns.dir.join("volume");
+    testbed::projection::project_strings(&volume, &data)?;
+    let link = dns.dir.join("Corefile.link");
+    std::os::unix::fs::symlink(volume.join("Corefile"), &link)?;
+    std::fs::rename(&link, dns.dir.join("Corefile"))?;
+    let following =
+        testbed::projection::follow_configmap(bed.client(), "kube-system", COREFILE_CONFIGMAP, &volume, PROJECTION);
+    let server = format!(".:{}", dns.port);
+    Ok((dns, original, server, following))
+}
+
+/// The value of `key` in ConfigMap `kube-system/name`, and the ConfigMap's resourceVersion.
+pub async fn configmap_key(client: &kube::Client, name: &str, key: &str) -> Option<(String, String)> {
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "kube-system")
+        .get_opt(name)
+        .await
+        .ok()??;
+    let rv = cm.metadata.resource_version.clone().unwrap_or_default();
+    cm.data?.get(key).map(|v| (v.clone(), rv))
+}
+
+/// Writes `config` into a fresh directory of the bed; returns its path.
+pub fn write_config(bed: &ControlPlane, config: &str) -> Result<std::path::PathBuf> {
+    let path = bed.subdir("dns-rewriter")?.join("config.yaml");
+    std::fs::write(&path, config)?;
+    Ok(path)
+}
+
+/// Starts `dns-rewriter run` as the admin with its Lease in `lease_ns`, and waits until it is ready.
+pub async fn start_agent(bed: &ControlPlane, lease_ns: &str, config: &Path) -> Result<AgentProcess> {
+    let mut agent = AgentProcess::start(bed, Path::new(BINARY), config, lease_ns, "dns-rewriter-0", &[])?;
+    agent.wait_ready(WAIT).await?;
+    Ok(agent)
+}
+
+/// `dns_rewriter_reconcile_pass_timestamp_seconds`: when the last cycle finished.
+pub async fn last_cycle(agent: &AgentProcess) -> f64 {
+    agent.metric("dns_rewriter_reconcile_pass_timestamp_seconds ").await.expect("the cycle timestamp series")
+}
+
+/// Waits until `n` more cycles have finished after `since` (a cycle timestamp), each observed.
+pub async fn wait_cycles(agent: &AgentProcess, since: f64, n: usize) -> f64 {
+    let mut at = since;
+    for _ in 0..n {
+        let before = at;
+        at = agent.wait_for_metric("dns_rewriter_reconcile_pass_timestamp_seconds ", WAIT, |v| v > before).await;
+    }
+    at
+}
+
+/// The Events about ConfigMap `kube-system/name`: (reason, note).
+pub async fn events_about(client: &kube::Client, name: &str) -> Vec<(String, String)> {
+    use k8s_openapi::api::events::v1::Event;
+    let list = Api::<Event>::namespaced(client.clone(), "kube-system").list(&Default::default()).await;
+    list.map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+/// Creates a kcp-operator object (validated by the operator's real CRDs, which the bed installs).
+pub async fn create_operator_object(
+    client: &kube::Client,
+    ns: &str,
+    kind: dns_rewriter::discovery::Kind,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<()> {
+    use kube::api::DynamicObject;
+    let resource = dns_rewriter::cluster::api_resource(kind);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    let mut obj = DynamicObject::new(name, &resource);
+    obj.data = serde_json::json!({ "spec": spec });
+    api.create(&PostParams::default(), &obj).await?;
+    Ok(())
+}
+
+/// The operator's Services (its labels) and objects shaped like the seed's (tests/e2e/src/layout.rs), with
+/// every field the real CRDs require: a root shard named by its virtual-workspace URL and certificate DNS
+/// names, a shard by its URL, a front proxy by its external hostname (port 443, which its Service lacks).
+/// Returns the explicit rules that say the same, as configuration YAML.
+pub async fn seed_operator(client: &kube::Client, ns: &str) -> Result<String> {
+    use dns_rewriter::discovery::Kind;
+    use serde_json::json;
+    for (name, component, instance) in [
+        ("root-kcp", "rootshard", "root"),
+        ("alpha-shard-kcp", "shard", "alpha"),
+        ("frontproxy-front-proxy", "front-proxy", "frontproxy"),
+    ] {
+        let labels = [
+            ("app.kubernetes.io/component", component),
+            ("app.kubernetes.io/instance", instance),
+            ("app.kubernetes.io/managed-by", "kcp-operator"),
+        ];
+        create_service(client, ns, name, &labels, false).await?;
+    }
+    let etcd = |name: &str| json!({"endpoints": [format!("http://{name}-etcd.kcp-system.svc.cluster.local:2379")]});
+    let root = json!({
+        "cache": {"embedded": {"enabled": true}},
+        "certificates": {"issuerRef": {"kind": "Issuer", "name": "root-ca"}},
+        "etcd": etcd("root"),
+        "external": {"hostname": "kcp.example.com", "port": 443},
+        "extraArgs": ["--shard-virtual-workspace-url=https://root.kcp.example.com:6443"],
+        "certificateTemplates": {"server": {"spec": {"dnsNames": ["root.kcp.example.com", "kcp-root.example.com"]}}},
+    });
+    create_operator_object(client, ns, Kind::RootShard, "root", root).await?;
+    let alpha = json!({
+        "rootShard": {"ref": {"name": "root"}},
+        "etcd": etcd("alpha"),
+        "extraArgs": ["--shard-virtual-workspace-url=https://alpha.kcp.example.com:6443"],
+    });
+    create_operator_object(client, ns, Kind::Shard, "alpha", alpha).await?;
+    let proxy =
+        json!({"rootShard": {"ref": {"name": "root"}}, "external": {"hostname": "kcp.example.com", "port": 443}});
+    create_operator_object(client, ns, Kind::FrontProxy, "frontproxy", proxy).await?;
+    Ok(format!(
+        "rules:\n\
+         - {{host: kcp.example.com, service: {{namespace: {ns}, name: frontproxy-front-proxy}}, port: 443}}\n\
+         - {{host: root.kcp.example.com, service: {{namespace: {ns}, name: root-kcp}}, port: 6443}}\n\
+         - {{host: kcp-root.example.com, service: {{namespace: {ns}, name: root-kcp}}}}\n\
+         - {{host: alpha.kcp.example.com, service: {{namespace: {ns}, name: alpha-shard-kcp}}, port: 6443}}\n"
+    ))
 }

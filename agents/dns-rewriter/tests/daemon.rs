@@ -1,0 +1,257 @@
+//! `dns-rewriter run` as a process against the test bed's real kube-apiserver and a real CoreDNS that reads
+//! the agent's ConfigMap projected the kubelet way (tests/common: `k3s_coredns`, `corefile_coredns`). The agent
+//! writes; CoreDNS's `reload` picks the change up; DNS queries to 127.0.0.1 prove the answers. Test traffic is
+//! DNS to 127.0.0.1 only; ClusterIPs are data in the answers.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use common::*;
+use dns_rewriter::block;
+use dns_rewriter::render;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use testbed::ControlPlane;
+use testbed::coredns::K3S_COREFILE;
+
+const OVERRIDE_KEY: &str = "kcp-split-horizon.override";
+
+/// A configuration verifying through `dns_port` on loopback, with a short resync so cycles come often.
+fn config(mode: &str, body: &str, dns_port: u16) -> String {
+    format!("{mode}{body}verify: {{resolver: '127.0.0.1:{dns_port}', settle: 60s}}\nresyncInterval: 10s\n")
+}
+
+fn rule(host: &str, ns: &str, service: &str) -> String {
+    format!("- {{host: {host}, service: {{namespace: {ns}, name: {service}}}}}\n")
+}
+
+fn verified(host: &str) -> String {
+    format!("dns_rewriter_host_verified{{host=\"{host}\"}}")
+}
+
+/// Changes a label on a watched Service: a change that wakes the agent but changes no rule.
+async fn touch(client: &kube::Client, ns: &str, name: &str, value: usize) -> Result<()> {
+    let patch = json!({"metadata": {"labels": {"test.kcp-keeper.io/touched": value.to_string()}}});
+    Api::<Service>::namespaced(client.clone(), ns).patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn k3s_mode_the_agent_writes_and_coredns_answers_the_public_name_with_the_service_cluster_ip() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let client = bed.client();
+    let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
+    let (dns, _kubelet) = k3s_coredns(&bed, K3S_COREFILE).await?;
+    let path = write_config(
+        &bed,
+        &config("mode: k3s\n", &format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")), dns.port),
+    )?;
+    let agent = start_agent(&bed, &ns, &path).await?;
+
+    // Ready comes after the first cycle, which wrote, then asked CoreDNS until the name answered.
+    assert_eq!(agent.metric(&verified("kcp-root.example.com")).await?, 1.0);
+    assert_eq!(answers(&dns, "kcp-root.example.com").await, vec![("kcp-root.example.com".to_string(), root)]);
+    let (value, _) = configmap_key(&client, K3S_CONFIGMAP, OVERRIDE_KEY).await.context("the key is written")?;
+    assert_eq!(value, render::render(&rules(&[("kcp-root.example.com", &ns, "root-kcp", root)]), &domain()));
+    assert_eq!(agent.metric("dns_rewriter_rules ").await?, 1.0);
+    assert!(agent.metric("dns_rewriter_write_timestamp_seconds ").await? > 0.0);
+    assert!(agent.metric("dns_rewriter_host_check_timestamp_seconds{host=\"kcp-root.example.com\"}").await? > 0.0);
+    let events = events_about(&client, K3S_CONFIGMAP).await;
+    assert!(events.iter().any(|(reason, note)| reason == "RulesWritten" && note.contains("1 rules")), "{events:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn corefile_mode_changes_only_the_marked_block_over_many_cycles_and_removing_a_rule_removes_its_line()
+-> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let client = bed.client();
+    let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
+    let alpha = create_service(&client, &ns, "alpha-shard-kcp", &[], false).await?.unwrap();
+    let (dns, original, server, _kubelet) = corefile_coredns(&bed).await?;
+    let mode = format!("mode: corefile\ncorefile: {{serverBlock: '{server}'}}\n");
+    let one = format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp"));
+    let two = format!("{one}{}", rule("alpha.kcp.example.com", &ns, "alpha-shard-kcp"));
+    let path = write_config(&bed, &config(&mode, &two, dns.port))?;
+    let agent = start_agent(&bed, &ns, &path).await?;
+    wait_answer(&dns, "kcp-root.example.com", root, WAIT).await;
+    wait_answer(&dns, "alpha.kcp.example.com", alpha, WAIT).await;
+
+    let (written, rv) = configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await.context("the Corefile")?;
+    assert_eq!(block::set(&written, &server, None)?, original, "every byte outside the block is the original's");
+    let both = rules(&[
+        ("kcp-root.example.com", &ns, "root-kcp", root),
+        ("alpha.kcp.example.com", &ns, "alpha-shard-kcp", alpha),
+    ]);
+    assert_eq!(block::content(&written, &server)?, Some(render::render(&both, &domain())));
+
+    // Many cycles, each woken by a change to a watched Service that changes no rule: not one write.
+    let mut at = last_cycle(&agent).await;
+    for i in 0..5 {
+        touch(&client, &ns, "alpha-shard-kcp", i).await?;
+        at = wait_cycles(&agent, at, 1).await;
+    }
+    let (after, rv_after) = configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await.context("the Corefile")?;
+    assert_eq!(after, written, "identical bytes after many cycles");
+    assert_eq!(rv_after, rv, "and no write at all: the resourceVersion is unchanged");
+
+    // Removing a rule from the configuration (reloaded live) removes exactly its line.
+    std::fs::write(&path, config(&mode, &one, dns.port))?;
+    let removed = testbed::eventually(WAIT, "the Corefile to change", || async {
+        configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await.filter(|(v, _)| *v != written).map(|(v, _)| v)
+    })
+    .await;
+    let line = format!("    rewrite name exact alpha.kcp.example.com. alpha-shard-kcp.{ns}.svc.cluster.local.");
+    let expected: Vec<&str> = written.lines().filter(|l| *l != line).collect();
+    assert_eq!(written.lines().count(), expected.len() + 1, "the line was there:\n{written}");
+    assert_eq!(removed.lines().collect::<Vec<_>>(), expected, "exactly that line is gone");
+    assert!(removed.ends_with('\n'));
+    wait_no_answer(&dns, "alpha.kcp.example.com", WAIT).await;
+    wait_answer(&dns, "kcp-root.example.com", root, WAIT).await;
+    agent.wait_for_metric("dns_rewriter_rules ", WAIT, |v| v == 1.0).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn discovery_from_operator_objects_writes_what_the_equivalent_explicit_configuration_writes() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let client = bed.client();
+    let explicit = seed_operator(&client, &ns).await?;
+    let (dns, _kubelet) = k3s_coredns(&bed, K3S_COREFILE).await?;
+    let discovery = format!("discovery: {{namespace: {ns}, rootShards: true, shards: true, frontProxies: true}}\n");
+    let path = write_config(&bed, &config("mode: k3s\n", &discovery, dns.port))?;
+    let agent = start_agent(&bed, &ns, &path).await?;
+    let hosts = ["alpha.kcp.example.com", "kcp-root.example.com", "kcp.example.com", "root.kcp.example.com"];
+    for host in hosts {
+        assert_eq!(agent.metric(&verified(host)).await?, 1.0, "{host} answers its Service's ClusterIP");
+    }
+    let (discovered, rv) = configmap_key(&client, K3S_CONFIGMAP, OVERRIDE_KEY).await.context("the key")?;
+    assert_eq!(discovered.lines().filter(|l| l.starts_with("rewrite name exact")).count(), hosts.len());
+
+    // The explicit configuration, reloaded live: its cycle finds nothing to write.
+    let reloaded_before = agent.metric("dns_rewriter_config_last_applied_timestamp_seconds ").await?;
+    std::fs::write(&path, config("mode: k3s\n", &explicit, dns.port))?;
+    let reloaded = agent
+        .wait_for_metric("dns_rewriter_config_last_applied_timestamp_seconds ", WAIT, |v| v > reloaded_before)
+        .await;
+    wait_cycles(&agent, reloaded, 1).await;
+    let (explicit_value, explicit_rv) = configmap_key(&client, K3S_CONFIGMAP, OVERRIDE_KEY).await.context("the key")?;
+    assert_eq!(explicit_value, discovered, "the same bytes");
+    assert_eq!(explicit_rv, rv, "so no write");
+    Ok(())
+}
+
+#[tokio::test]
+async fn each_bad_rule_is_an_error_for_itself_alone_named_counted_and_evented_while_the_others_are_written()
+-> Result<()> {
+    use dns_rewriter::discovery::Kind;
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let client = bed.client();
+    let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
+    create_service(&client, &ns, "beta-shard-kcp", &[], true).await?;
+    // A public name no rule can carry, from an operator object (the configuration itself refuses such names).
+    create_operator_object(
+        &client,
+        &ns,
+        Kind::FrontProxy,
+        "frontproxy",
+        json!({
+            "rootShard": {"ref": {"name": "root"}}, "external": {"hostname": "kcp_edge.example.com", "port": 443},
+        }),
+    )
+    .await?;
+    let (dns, _kubelet) = k3s_coredns(&bed, K3S_COREFILE).await?;
+    let body = format!(
+        "rules:\n- {{host: kcp-root.example.com, service: {{namespace: {ns}, name: root-kcp}}, port: 443}}\n{}{}\
+         discovery: {{namespace: {ns}, frontProxies: true}}\n",
+        rule("gone.example.com", &ns, "gone"),
+        rule("beta.kcp.example.com", &ns, "beta-shard-kcp"),
+    );
+    let path = write_config(&bed, &config("mode: k3s\n", &body, dns.port))?;
+    let agent = start_agent(&bed, &ns, &path).await?;
+
+    // The good rule is written and answers; the bad ones are not written.
+    assert_eq!(agent.metric(&verified("kcp-root.example.com")).await?, 1.0);
+    wait_answer(&dns, "kcp-root.example.com", root, WAIT).await;
+    let (value, _) = configmap_key(&client, K3S_CONFIGMAP, OVERRIDE_KEY).await.context("the key")?;
+    assert_eq!(value, render::render(&rules(&[("kcp-root.example.com", &ns, "root-kcp", root)]), &domain()));
+    assert_eq!(agent.metric("dns_rewriter_rules ").await?, 1.0);
+    for (reason, n) in
+        [("service_missing", 1.0), ("service_headless", 1.0), ("invalid_hostname", 1.0), ("conflict", 0.0)]
+    {
+        let series = format!("dns_rewriter_rule_errors{{reason=\"{reason}\"}}");
+        assert_eq!(agent.metric(&series).await?, n, "{series}");
+    }
+    assert!(agent.metric(&verified("gone.example.com")).await.is_err(), "a rule not written has no host series");
+
+    // Each error is an Event on the managed ConfigMap naming where the rule came from; the port is a warning.
+    let events = testbed::eventually(WAIT, "four Events", || async {
+        let events = events_about(&client, K3S_CONFIGMAP).await;
+        (events.iter().filter(|(r, _)| r != "RulesWritten").count() >= 4).then_some(events)
+    })
+    .await;
+    let has = |reason: &str, text: &str| events.iter().any(|(r, n)| r == reason && n.contains(text));
+    assert!(
+        has("ServiceMissing", &format!("rules[1]: gone.example.com: Service {ns}/gone does not exist")),
+        "{events:?}"
+    );
+    assert!(
+        has("ServiceHeadless", &format!("rules[2]: beta.kcp.example.com: Service {ns}/beta-shard-kcp is headless")),
+        "{events:?}"
+    );
+    assert!(
+        has("InvalidHostname", &format!("FrontProxy {ns}/frontproxy spec.external.hostname: invalid hostname")),
+        "{events:?}"
+    );
+    assert!(!events.iter().any(|(_, n)| n.contains("kcp_edge")), "an invalid name is never repeated: {events:?}");
+    assert!(has("RuleWarning", "does not expose port 443"), "{events:?}");
+    assert!(agent.process.log().contains("does not expose port 443"), "the warning is logged too");
+    Ok(())
+}
+
+/// k3s's own Corefile caches answers (`cache 30`); with a TTL of 30s, a Service recreated with a new ClusterIP
+/// keeps answering its old address from the cache for a while. The agent's verification sees that: the host
+/// reads 0 (an alert) until CoreDNS answers the new address, then 1 again.
+#[tokio::test]
+async fn verification_alerts_while_a_recreated_service_answers_its_old_address_and_clears_on_the_new() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let client = bed.client();
+    let old = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
+    let cached = K3S_COREFILE.replace("ttl 5", "ttl 30").replace("    reload", "    cache 30\n    reload");
+    let (dns, _kubelet) = k3s_coredns(&bed, &cached).await?;
+    let path = write_config(
+        &bed,
+        &config("mode: k3s\n", &format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")), dns.port),
+    )?;
+    let agent = start_agent(&bed, &ns, &path).await?;
+    let series = verified("kcp-root.example.com");
+    assert_eq!(agent.metric(&series).await?, 1.0);
+    let checked = "dns_rewriter_host_check_timestamp_seconds{host=\"kcp-root.example.com\"}";
+    let checked_before = agent.metric(checked).await?;
+
+    // Fill the cache, then recreate the Service: it gets a new ClusterIP.
+    assert_eq!(answers(&dns, "kcp-root.example.com").await, vec![("kcp-root.example.com".to_string(), old)]);
+    let api = Api::<Service>::namespaced(client.clone(), &ns);
+    api.delete("root-kcp", &Default::default()).await?;
+    let new = testbed::eventually(WAIT, "the Service recreated", || {
+        let (client, ns) = (client.clone(), ns.clone());
+        async move { create_service(&client, &ns, "root-kcp", &[], false).await.ok().flatten() }
+    })
+    .await;
+    assert_ne!(new, old);
+
+    agent.wait_for_metric(&series, WAIT, |v| v == 0.0).await;
+    assert!(agent.metric(checked).await? > checked_before, "a fresh check, not a stale value");
+    // Once the cache lets go, the new address answers and the alert clears.
+    agent.wait_for_metric(&series, Duration::from_secs(90), |v| v == 1.0).await;
+    assert_eq!(answers(&dns, "kcp-root.example.com").await, vec![("kcp-root.example.com".to_string(), new)]);
+    Ok(())
+}
