@@ -17,6 +17,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kcp_keeper_runtime::admin::Health;
 use kcp_keeper_runtime::agent::{self, AgentInfo, Context};
 use kcp_keeper_runtime::apply::Outcome;
 use kcp_keeper_runtime::args::RunArgs;
@@ -24,7 +25,7 @@ use kcp_keeper_runtime::driver::{self, Reconciler, Settings};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
 use tokio::time::Instant;
 
-use crate::config::{Config, ConfigMapKey, Target};
+use crate::config::{Config, ConfigMapKey};
 use crate::metrics::Metrics;
 use crate::output::{OutputError, desired_value};
 use crate::plan::Plan;
@@ -43,6 +44,11 @@ const VERIFY_POLL: Duration = Duration::from_secs(1);
 #[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
 #[strum(serialize_all = "snake_case")]
 pub enum CycleError {
+    /// The ConfigMap to write into does not exist; it is never created (see [`crate::write`]).
+    #[error(
+        "ConfigMap {0} does not exist; dns-rewriter writes into it but never creates it: create it once (the chart does)"
+    )]
+    ConfigMapMissing(String),
     /// The value failed our own pre-write check, or the Corefile is not one we can safely edit: nothing written.
     #[error("nothing written: {0}")]
     Refused(OutputError),
@@ -62,11 +68,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let reconcile = metrics.reconcile.clone();
         let (client, events) = (ctx.client.clone(), ctx.events.clone());
         let reported = Arc::new(Mutex::new(BTreeSet::new()));
+        // One item whose whole job fails together: a leader is ready once it has written (or found nothing to
+        // write), not merely after a pass that failed.
+        ctx.health.require_success();
+        let health = ctx.health.clone();
         driver::run(&ctx, &reconcile, settings, |config: Arc<Config>| {
             let (scope, watches) = Scope::build(&client, &config);
             let rewriter = Rewriter {
                 client: client.clone(),
                 events: events.clone(),
+                health: health.clone(),
                 metrics: metrics.clone(),
                 config,
                 scope,
@@ -93,6 +104,7 @@ impl fmt::Display for ManagedKey {
 struct Rewriter {
     client: kube::Client,
     events: Arc<Recorder>,
+    health: Arc<Health>,
     metrics: Metrics,
     config: Arc<Config>,
     scope: Scope,
@@ -118,6 +130,7 @@ impl Reconciler for Rewriter {
         // Verification runs even when the write failed: the metrics then say what the cluster answers now.
         let checks = self.verify(&plan.rules, matches!(written, Ok(true))).await;
         written?;
+        self.health.mark_succeeded();
         let failed: Vec<&HostCheck> = checks.iter().filter(|c| c.outcome != Answer::Match).collect();
         if !failed.is_empty() {
             let detail = failed.iter().map(|c| format!("{} {}", c.host.as_str(), c.outcome)).collect::<Vec<_>>();
@@ -139,8 +152,13 @@ impl Rewriter {
     /// Writes the key when its bytes differ; `Ok(true)` when it wrote.
     async fn write(&self, rules: &RuleSet) -> Result<bool, CycleError> {
         let key = self.key();
-        let live = self.scope.configmap();
-        let current = write::current_value(live.as_ref(), key);
+        let Some(live) = self.scope.configmap() else {
+            let error = CycleError::ConfigMapMissing(format!("{}/{}", key.namespace, key.name));
+            tracing::warn!(%error, "not written");
+            self.event(EventType::Warning, "ConfigMapMissing", &error.to_string()).await;
+            return Err(error);
+        };
+        let current = write::current_value(Some(&live), key);
         let value = match desired_value(&self.config.target, &self.config.cluster_domain, rules, current) {
             Ok(value) => value,
             Err(e) => {
@@ -149,15 +167,12 @@ impl Rewriter {
                 return Err(CycleError::Refused(e));
             }
         };
-        // Corefile mode never creates the ConfigMap; `desired_value` has already refused a missing Corefile.
-        debug_assert!(live.is_some() || matches!(self.config.target, Target::K3s(_)));
-        match write::write(&self.client, key, live.as_ref(), &value).await {
+        match write::write(&self.client, key, &live, &value).await {
             Ok(Outcome::Unchanged) => Ok(false),
-            Ok(outcome) => {
+            Ok(_) => {
                 self.metrics.wrote();
-                let verb = if outcome == Outcome::Created { "created" } else { "updated" };
-                tracing::info!(configmap = %format!("{}/{}", key.namespace, key.name), key = %key.key, rules = rules.len(), "{verb}");
-                let note = format!("key {} {verb} with {} rules", key.key, rules.len());
+                tracing::info!(configmap = %format!("{}/{}", key.namespace, key.name), key = %key.key, rules = rules.len(), "updated");
+                let note = format!("key {} updated with {} rules", key.key, rules.len());
                 self.event(EventType::Normal, "RulesWritten", &note).await;
                 Ok(true)
             }
@@ -252,6 +267,6 @@ mod tests {
     #[test]
     fn cycle_error_reasons_are_its_variant_names() {
         use kcp_keeper_runtime::driver::ErrorReason;
-        assert_eq!(CycleError::reasons(), ["refused", "write_failed", "not_verified"]);
+        assert_eq!(CycleError::reasons(), ["config_map_missing", "refused", "write_failed", "not_verified"]);
     }
 }

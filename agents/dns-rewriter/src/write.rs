@@ -3,9 +3,12 @@
 //! An update is a merge patch of that one key carrying the `resourceVersion` the new value was computed from
 //! (field manager `kcp-keeper`): if anyone changed the ConfigMap since (in Corefile mode, even a byte of the
 //! Corefile outside our block), the apiserver refuses it with 409 and the next cycle recomputes from the fresh
-//! object, so no one's change is lost. Only in k3s mode, and only when `coredns-custom` does not exist, is the
-//! ConfigMap created (server-side apply of the one key: RBAC's `resourceNames` can allow a patch by name, not
-//! a create). A Corefile ConfigMap is never created: it is its owner's.
+//! object, so no one's change is lost.
+//!
+//! The ConfigMap is never created, in either mode: a Corefile ConfigMap is its owner's, and creating
+//! `coredns-custom` would need `create` on every ConfigMap of `kube-system` (RBAC cannot limit a create by name;
+//! the apiserver checks `create` even for a server-side apply that would create). It is created once at
+//! install time instead (the chart, or `kubectl -n kube-system create configmap coredns-custom`).
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kcp_keeper_runtime::FIELD_MANAGER;
@@ -28,39 +31,26 @@ pub fn current_value<'a>(live: Option<&'a ConfigMap>, key: &ConfigMapKey) -> Opt
     live?.data.as_ref()?.get(&key.key).map(String::as_str)
 }
 
-/// Sets `key` to `value` in the ConfigMap `live` (as last seen; `None`: it does not exist and is created).
+/// Sets `key` to `value` in the ConfigMap `live` (as last seen).
 pub async fn write(
     client: &kube::Client,
     key: &ConfigMapKey,
-    live: Option<&ConfigMap>,
+    live: &ConfigMap,
     value: &str,
 ) -> Result<Outcome, WriteError> {
     let object = format!("{}/{}", key.namespace, key.name);
-    if current_value(live, key) == Some(value) {
+    if current_value(Some(live), key) == Some(value) {
         return Ok(Outcome::Unchanged);
     }
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &key.namespace);
-    let (patch, params, outcome) = match live {
-        Some(live) => {
-            // The resourceVersion makes the patch conditional.
-            let patch = json!({
-                "metadata": {"resourceVersion": live.metadata.resource_version},
-                "data": {key.key.as_str(): value},
-            });
-            let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-            (Patch::Merge(patch), params, Outcome::Updated)
-        }
-        None => {
-            let patch = json!({
-                "apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": key.name, "namespace": key.namespace},
-                "data": {key.key.as_str(): value},
-            });
-            (Patch::Apply(patch), PatchParams::apply(FIELD_MANAGER), Outcome::Created)
-        }
-    };
-    match api.patch(&key.name, &params, &patch).await {
-        Ok(_) => Ok(outcome),
+    // The resourceVersion makes the patch conditional.
+    let patch = json!({
+        "metadata": {"resourceVersion": live.metadata.resource_version},
+        "data": {key.key.as_str(): value},
+    });
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    match api.patch(&key.name, &params, &Patch::Merge(patch)).await {
+        Ok(_) => Ok(Outcome::Updated),
         Err(kube::Error::Api(status)) if status.code == 409 => Err(WriteError::Conflict(object)),
         Err(e) => Err(WriteError::Kube(object, e)),
     }

@@ -2,14 +2,20 @@
 //! it; a leader that cannot renew exits non-zero; a second SIGTERM during a stuck drain exits at once; an
 //! invalid configuration fails at start naming the field; `--version` works.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
+use common::BINARY;
 use testbed::agent_process::{self, run_to_completion};
 
-const BINARY: &str = env!("CARGO_BIN_EXE_dns-rewriter");
+/// What the chart creates at install: the empty `kube-system/coredns-custom` the agent writes its key into.
+fn prepare(client: kube::Client) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>> {
+    Box::pin(common::create_coredns_custom(client))
+}
 
-/// A configuration that can become ready on any fresh test bed: k3s mode, no rule (the key holds the header
+/// A configuration that can become ready on a prepared test bed: k3s mode, no rule (the key holds the header
 /// alone), nothing to verify.
 fn ready_config(dir: &Path) -> Result<PathBuf> {
     let path = dir.join("config.yaml");
@@ -20,19 +26,21 @@ fn ready_config(dir: &Path) -> Result<PathBuf> {
 #[tokio::test]
 async fn run_becomes_ready_holds_its_lease_and_on_sigterm_exits_0_releasing_it() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    agent_process::check_lifecycle(Path::new(BINARY), &ready_config(dir.path())?, "kcp-keeper-dns-rewriter").await
+    let config = ready_config(dir.path())?;
+    agent_process::check_lifecycle_prepared(Path::new(BINARY), &config, "kcp-keeper-dns-rewriter", prepare).await
 }
 
 #[tokio::test]
 async fn a_leader_that_cannot_renew_its_lease_exits_non_zero_to_rejoin() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    agent_process::check_lost_lease_exits(Path::new(BINARY), &ready_config(dir.path())?).await
+    agent_process::check_lost_lease_exits_prepared(Path::new(BINARY), &ready_config(dir.path())?, prepare).await
 }
 
 #[tokio::test]
 async fn a_second_sigterm_during_a_stuck_drain_exits_at_once() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    agent_process::check_second_signal_exits_at_once(Path::new(BINARY), &ready_config(dir.path())?).await
+    let config = ready_config(dir.path())?;
+    agent_process::check_second_signal_exits_at_once_prepared(Path::new(BINARY), &config, prepare).await
 }
 
 #[test]

@@ -255,3 +255,40 @@ async fn verification_alerts_while_a_recreated_service_answers_its_old_address_a
     assert_eq!(answers(&dns, "kcp-root.example.com").await, vec![("kcp-root.example.com".to_string(), new)]);
     Ok(())
 }
+
+/// The agent never creates `coredns-custom` (its RBAC names the one ConfigMap, and a create cannot be limited
+/// by name): until it exists, the leader says why and is not ready; once created, it writes and becomes ready.
+#[tokio::test]
+async fn without_its_configmap_the_agent_names_it_and_is_not_ready_until_it_exists_then_writes() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let client = bed.client();
+    let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
+    let path = write_config(&bed, &format!("mode: k3s\nrules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")))?;
+    let agent = testbed::agent_process::AgentProcess::start(
+        &bed,
+        std::path::Path::new(BINARY),
+        &path,
+        &ns,
+        "dns-rewriter-0",
+        &[],
+    )?;
+    let missing = "dns_rewriter_reconcile_errors_total{reason=\"config_map_missing\"}";
+    agent.wait_for_metric(missing, WAIT, |v| v >= 1.0).await;
+    let (code, _, body) = testbed::http::get(&format!("{}/readyz", agent.admin_url)).await?;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("no cycle has succeeded yet"), "{body}");
+    assert!(agent.process.log().contains("ConfigMap kube-system/coredns-custom does not exist"));
+    let events = events_about(&client, K3S_CONFIGMAP).await;
+    assert!(events.iter().any(|(reason, _)| reason == "ConfigMapMissing"), "{events:?}");
+
+    create_coredns_custom(client.clone()).await?;
+    testbed::eventually(WAIT, "/readyz 200", || async {
+        let code = testbed::http::get(&format!("{}/readyz", agent.admin_url)).await.map(|r| r.0).unwrap_or(0);
+        (code == 200).then_some(())
+    })
+    .await;
+    let (value, _) = configmap_key(&client, K3S_CONFIGMAP, OVERRIDE_KEY).await.context("the key")?;
+    assert_eq!(value, render::render(&rules(&[("kcp-root.example.com", &ns, "root-kcp", root)]), &domain()));
+    Ok(())
+}

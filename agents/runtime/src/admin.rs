@@ -18,6 +18,8 @@ use tokio::net::TcpListener;
 /// - the apiserver answers (a watch error clears this until a request succeeds again), and
 /// - while it leads, its first full reconcile has run (a failing item is reported by metrics and Events, not
 ///   here: one bad target must not take every replica out of the Service), and
+/// - for an agent that asked for it ([`Health::require_success`]), while it leads, a cycle has succeeded (an
+///   agent with one item, whose whole job fails together, is not ready until it has done that job once), and
 /// - shutdown has not started.
 #[derive(Debug)]
 pub struct Health {
@@ -25,6 +27,8 @@ pub struct Health {
     reachable: AtomicBool,
     leading: AtomicBool,
     reconciled: AtomicBool,
+    needs_success: AtomicBool,
+    succeeded: AtomicBool,
     draining: AtomicBool,
 }
 
@@ -35,6 +39,8 @@ impl Default for Health {
             reachable: AtomicBool::new(true),
             leading: AtomicBool::new(false),
             reconciled: AtomicBool::new(false),
+            needs_success: AtomicBool::new(false),
+            succeeded: AtomicBool::new(false),
             draining: AtomicBool::new(false),
         }
     }
@@ -77,6 +83,18 @@ impl Health {
         }
     }
 
+    /// From now on a leader is ready only once [`Health::mark_succeeded`] has been called.
+    pub fn require_success(&self) {
+        self.needs_success.store(true, Ordering::SeqCst);
+    }
+
+    /// A cycle did its job (for [`Health::require_success`]).
+    pub fn mark_succeeded(&self) {
+        if !self.succeeded.swap(true, Ordering::SeqCst) {
+            tracing::info!("first successful cycle");
+        }
+    }
+
     /// Called when shutdown starts, so load balancers and rollouts stop counting on this replica.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
@@ -93,6 +111,8 @@ impl Health {
             Some("the apiserver is not reachable")
         } else if get(&self.leading) && !get(&self.reconciled) {
             Some("leading, but the first reconcile has not run")
+        } else if get(&self.leading) && get(&self.needs_success) && !get(&self.succeeded) {
+            Some("leading, but no cycle has succeeded yet")
         } else {
             None
         }
@@ -159,4 +179,25 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
     *response.status_mut() = status;
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_that_requires_success_is_not_ready_as_leader_until_a_cycle_succeeded() {
+        let health = Health::default();
+        health.set_watches_synced(true);
+        health.set_leading(true);
+        health.mark_reconciled();
+        assert!(health.is_ready(), "without the requirement, a pass that ran is enough");
+        health.require_success();
+        assert_eq!(health.not_ready_reason(), Some("leading, but no cycle has succeeded yet"));
+        health.set_leading(false);
+        assert!(health.is_ready(), "a follower does not reconcile, so it needs no success");
+        health.set_leading(true);
+        health.mark_succeeded();
+        assert!(health.is_ready());
+    }
 }

@@ -109,13 +109,23 @@ pub fn metric(text: &str, series: &str) -> Result<f64> {
 // The checks below fail by panicking, not by returning an error: a panic is what makes every peer print its
 // log (and the test bed keep its files) on the way out, see `Process`'s Drop.
 
+/// What a fresh test bed needs before an agent can do its job there (e.g. a ConfigMap the agent edits but may not
+/// create), run as the admin before the agent starts.
+pub type Prepare = fn(kube::Client) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>;
+
+fn nothing_to_prepare(_: kube::Client) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>> {
+    Box::pin(async { Ok(()) })
+}
+
 /// A fresh test bed and namespace with one ready replica, "replica-a", of `binary` holding its Lease there.
 async fn ready_replica(
     binary: &Path,
     config: &Path,
     env: &[(&str, &str)],
+    prepare: Prepare,
 ) -> Result<(ControlPlane, String, AgentProcess)> {
     let bed = ControlPlane::start().await?;
+    prepare(bed.client()).await?;
     let ns = bed.namespace().await?;
     let mut agent = AgentProcess::start(&bed, binary, config, &ns, "replica-a", env)?;
     agent.wait_ready(Duration::from_secs(30)).await?;
@@ -126,8 +136,13 @@ async fn ready_replica(
 /// ready, holds Lease `lease_name`, logs no secret material, and on SIGTERM exits 0 within seconds and
 /// releases the Lease.
 pub async fn check_lifecycle(binary: &Path, config: &Path, lease_name: &str) -> Result<()> {
+    check_lifecycle_prepared(binary, config, lease_name, nothing_to_prepare).await
+}
+
+/// [`check_lifecycle`] on a bed `prepare`d first.
+pub async fn check_lifecycle_prepared(binary: &Path, config: &Path, lease_name: &str, prepare: Prepare) -> Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
-    let (bed, ns, mut agent) = ready_replica(binary, config, &[]).await?;
+    let (bed, ns, mut agent) = ready_replica(binary, config, &[], prepare).await?;
     let leases = kube::Api::<Lease>::namespaced(bed.client(), &ns);
     let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
     assert!(holder(leases.get(lease_name).await?).as_deref() == Some("replica-a"), "the replica holds the Lease");
@@ -141,8 +156,13 @@ pub async fn check_lifecycle(binary: &Path, config: &Path, lease_name: &str) -> 
 /// Shutdown's second signal: while the first SIGTERM's drain is stuck (the apiserver is frozen, so releasing the
 /// Lease hangs until its deadline), a second SIGTERM exits at once with 143.
 pub async fn check_second_signal_exits_at_once(binary: &Path, config: &Path) -> Result<()> {
+    check_second_signal_exits_at_once_prepared(binary, config, nothing_to_prepare).await
+}
+
+/// [`check_second_signal_exits_at_once`] on a bed `prepare`d first.
+pub async fn check_second_signal_exits_at_once_prepared(binary: &Path, config: &Path, prepare: Prepare) -> Result<()> {
     use nix::sys::signal::Signal;
-    let (bed, _ns, mut agent) = ready_replica(binary, config, &[]).await?;
+    let (bed, _ns, mut agent) = ready_replica(binary, config, &[], prepare).await?;
     bed.apiserver.process.signal(Signal::SIGSTOP)?;
     let first = agent.process.signal_and_wait(Signal::SIGTERM, Duration::from_millis(1500));
     assert!(first.is_none(), "the drain should still be waiting on the frozen apiserver, got {first:?}");
@@ -155,9 +175,14 @@ pub async fn check_second_signal_exits_at_once(binary: &Path, config: &Path) -> 
 /// A leader that cannot renew its Lease (the apiserver is frozen) stops and exits non-zero, so it re-joins the
 /// election as a fresh process instead of writing on without the lease.
 pub async fn check_lost_lease_exits(binary: &Path, config: &Path) -> Result<()> {
+    check_lost_lease_exits_prepared(binary, config, nothing_to_prepare).await
+}
+
+/// [`check_lost_lease_exits`] on a bed `prepare`d first.
+pub async fn check_lost_lease_exits_prepared(binary: &Path, config: &Path, prepare: Prepare) -> Result<()> {
     use nix::sys::signal::Signal;
     let short = [("KCP_KEEPER_LEASE_DURATION", "8s"), ("KCP_KEEPER_LEASE_RENEW_DEADLINE", "3s")];
-    let (bed, _ns, mut agent) = ready_replica(binary, config, &short).await?;
+    let (bed, _ns, mut agent) = ready_replica(binary, config, &short, prepare).await?;
     bed.apiserver.process.signal(Signal::SIGSTOP)?;
     // It stops leading within the renew deadline (3s), before the lease could end for others (8s); the exit
     // follows after the drain, whose release attempt is bounded by the renew deadline again.

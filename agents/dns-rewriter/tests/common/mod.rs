@@ -118,9 +118,22 @@ pub const PROJECTION: Duration = Duration::from_millis(500);
 pub const K3S_CONFIGMAP: &str = "coredns-custom";
 pub const COREFILE_CONFIGMAP: &str = "coredns";
 
-/// A real CoreDNS on a k3s-shaped Corefile whose `custom` directory is `kube-system/coredns-custom`, projected
-/// the kubelet way while the returned handle lives (as an optional volume: nothing until it exists).
+/// Creates the empty `kube-system/coredns-custom`, as the chart does at install (the agent writes its key there
+/// but never creates the ConfigMap).
+pub async fn create_coredns_custom(client: kube::Client) -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let cm = ConfigMap {
+        metadata: ObjectMeta { name: Some(K3S_CONFIGMAP.into()), ..Default::default() },
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(client, "kube-system").create(&PostParams::default(), &cm).await?;
+    Ok(())
+}
+
+/// A real CoreDNS on a k3s-shaped Corefile whose `custom` directory is `kube-system/coredns-custom` (created
+/// empty here), projected the kubelet way while the returned handle lives.
 pub async fn k3s_coredns(bed: &ControlPlane, corefile: &str) -> Result<(CoreDns, testbed::projection::Following)> {
+    create_coredns_custom(bed.client()).await?;
     let dns = bed.coredns(corefile).await?;
     let custom = dns.dir.join("custom");
     let following =
