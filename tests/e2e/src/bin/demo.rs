@@ -2,6 +2,8 @@
 //! `--once` prints one line per agent (`ok <agent>: ...` / `FAIL <agent>: ...`) and exits 0 only if all are ok.
 #![forbid(unsafe_code)]
 
+mod dns_rewriter;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -21,7 +23,7 @@ struct Args {
 
 /// Agents without their own logic yet, in the summary's order (ca-syncer's line follows); each agent's issue
 /// moves it into a real cycle below.
-const NOT_BUILT: &[&str] = &["kubeconfig-rotator", "etcd-snapshotter", "dns-rewriter"];
+const NOT_BUILT: &[&str] = &["kubeconfig-rotator", "etcd-snapshotter"];
 
 /// What ca-syncer does in the demo: the hub trusts kcp's server CA (intermediate and root), copied into a
 /// Secret and a ConfigMap without the CA's private key, published only once the bundle verifies the real front
@@ -71,6 +73,7 @@ async fn run(once: bool) -> Result<ExitCode> {
     let layout = layout::seed(&bed).await?;
     let s3 = bed.s3().await?;
     let dns = bed.coredns(testbed::coredns::K3S_COREFILE).await?;
+    let _coredns_custom = dns_rewriter::prepare(&bed, &dns).await?;
 
     println!("control plane is up:");
     println!("  export KUBECONFIG={}", bed.apiserver.admin_kubeconfig.display());
@@ -101,6 +104,11 @@ async fn run(once: bool) -> Result<ExitCode> {
         Ok(summary) => format!("ok ca-syncer: {summary}"),
         Err(e) => format!("FAIL ca-syncer: {e:#}"),
     });
+    let mut dns_rewriter = start_agent(&bed, "dns-rewriter", &dns_rewriter::config(dns.port))?;
+    lines.push(match dns_rewriter::cycle(&dns, &mut dns_rewriter).await {
+        Ok(summary) => format!("ok dns-rewriter: {summary}"),
+        Err(e) => format!("FAIL dns-rewriter: {e:#}"),
+    });
     for line in &lines {
         println!("{line}");
     }
@@ -109,14 +117,16 @@ async fn run(once: bool) -> Result<ExitCode> {
         return Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
     println!("running; the agents' logs follow; press Ctrl-C to stop");
-    let mut printed = 0;
+    let mut agents = [("ca-syncer", ca_syncer, 0), ("dns-rewriter", dns_rewriter, 0)];
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let log = ca_syncer.process.log();
-        for line in log[printed.min(log.len())..].lines() {
-            println!("[ca-syncer] {line}");
+        for (name, agent, printed) in &mut agents {
+            let log = agent.process.log();
+            for line in log[(*printed).min(log.len())..].lines() {
+                println!("[{name}] {line}");
+            }
+            *printed = log.len();
         }
-        printed = log.len();
     }
 }
 
