@@ -17,6 +17,7 @@ pub mod rotation;
 pub mod scope;
 pub mod sidecar;
 pub mod sources;
+pub mod state;
 
 #[cfg(test)]
 mod testcerts;
