@@ -318,6 +318,8 @@ async fn a_bundle_that_does_not_verify_the_live_endpoint_is_not_published_and_on
     })
     .await;
     assert!(key(&bed.client(), &ns, "wrong-bundle", "ca.crt").await.is_none(), "the unverified bundle is not written");
+    let in_sync = format!("ca_syncer_target_in_sync{{bundle=\"wrong\",kind=\"Secret\",namespace=\"{ns}\",name=\"wrong-bundle\"}}");
+    wait_for_metric(&agent, &in_sync, "the unverified target reads 0", |v| v == 0.0).await;
     let text = metrics(&agent).await;
     assert!(
         metric(&text, "ca_syncer_live_check_failures_total{bundle=\"wrong\",reason=\"not_verified\"}")? >= 1.0,
