@@ -632,3 +632,36 @@ fn base64(text: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(text)
 }
+
+#[test]
+fn a_file_source_holding_the_machines_ca_bundle_with_certifi_style_comments_is_rendered_whole() -> Result<()> {
+    let system = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt")?;
+    let count = system.matches("-----BEGIN CERTIFICATE-----").count();
+    assert!(count > 100, "the machine's CA bundle: {count}");
+    // certifi's cacert.pem: a comment block before each certificate, blank lines between.
+    let commented = system.replace(
+        "-----BEGIN CERTIFICATE-----",
+        "\n# Issuer: CN=Example O=Example\n# Subject: CN=Example O=Example\n# Label: \"Example\"\n# SHA256 Fingerprint: 00:11\n-----BEGIN CERTIFICATE-----",
+    );
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("cacert.pem");
+    std::fs::write(&file, commented)?;
+    let config_path = dir.path().join("config.yaml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "bundles:\n- name: distro\n  sources:\n  - file: {}\n  targets:\n  - secret: {{namespace: ns, name: bundle, key: ca.crt}}\n",
+            file.display()
+        ),
+    )?;
+    let (code, stdout, stderr) = testbed::agent_process::run_to_completion(
+        Path::new(BINARY),
+        &["render", "--config", &config_path.display().to_string()],
+    )?;
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let rendered: usize =
+        stdout.lines().find_map(|l| l.strip_prefix("# bundle distro: ")?.strip_suffix(" certificates")?.parse().ok()).expect(&stdout);
+    // Duplicates in the system bundle (if any) collapse; nothing is lost otherwise.
+    assert!(rendered > 100 && rendered <= count, "{rendered} of {count}");
+    Ok(())
+}
