@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -55,8 +56,17 @@ pub enum SyncError {
     StateUnavailable(crate::state::StateError),
 }
 
-/// `ca-syncer run`.
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+/// `ca-syncer run`. `public_roots_file` replaces the compiled-in public roots for the empty-means-public
+/// check (tests only).
+pub async fn run(args: RunArgs, public_roots_file: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    let public_roots = match public_roots_file {
+        None => sources::public_roots(),
+        Some(path) => {
+            let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            parse_certificates(&bytes, EmptyPolicy::Reject).with_context(|| format!("{}", path.display()))?
+        }
+    };
+    let public_roots = Arc::new(public_roots);
     // The agent's own namespace (its Lease's) holds the bundles' rotation records.
     let namespace = args.runtime.lease.lease_namespace.clone();
     let lease_name = args.runtime.lease.lease_name.clone().unwrap_or_else(|| format!("kcp-keeper-{}", INFO.name));
@@ -70,7 +80,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let terminating = Terminating::default();
         let state = StateStore::new(client.clone(), &namespace);
         let own_object = reference("coordination.k8s.io/v1", "Lease", &namespace, &lease_name, None);
-        let public_roots = Arc::new(sources::public_roots());
         driver::run(&ctx, &reconcile, settings, |config: Arc<Config>| {
             let (scope, watches) = Scope::build(&client, &config);
             let syncer = Syncer {

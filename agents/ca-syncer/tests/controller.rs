@@ -331,8 +331,7 @@ async fn a_bundle_that_does_not_verify_the_live_endpoint_is_not_published_and_on
 #[tokio::test]
 async fn empty_means_public_roots_writes_nothing_when_the_public_roots_do_not_verify_the_endpoint() -> Result<()> {
     // The endpoint is served from a private CA, so the public roots cannot verify it: the key must not be
-    // written empty. (The positive case needs a publicly trusted endpoint, which a loopback-only test bed
-    // cannot have.)
+    // written empty. (The positive case, with a test root named as the public roots, is the next test.)
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let private = Ca::new("private", YEAR)?;
@@ -663,5 +662,45 @@ fn a_file_source_holding_the_machines_ca_bundle_with_certifi_style_comments_is_r
         stdout.lines().find_map(|l| l.strip_prefix("# bundle distro: ")?.strip_suffix(" certificates")?.parse().ok()).expect(&stdout);
     // Duplicates in the system bundle (if any) collapse; nothing is lost otherwise.
     assert!(rendered > 100 && rendered <= count, "{rendered} of {count}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn empty_means_public_roots_writes_the_empty_key_only_where_the_public_roots_verify_the_endpoint() -> Result<()> {
+    // The test names the "public roots" (a test root) in place of the compiled-in ones: one endpoint is served
+    // under that root, the other under a private CA.
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let (public, private) = (Ca::new("test-public-root", YEAR)?, Ca::new("private", YEAR)?);
+    let roots = bed.subdir("public-roots")?.join("roots.pem");
+    std::fs::write(&roots, public.cert_pem())?;
+    let trusted = TlsServer::start(&public.issue_server(&["localhost"], &[], YEAR)?, &[]).await?;
+    let untrusted = TlsServer::start(&private.issue_server(&["localhost"], &[], YEAR)?, &[]).await?;
+    let api = Api::<Secret>::namespaced(bed.client(), &ns);
+    api.create(&PostParams::default(), &secret("frontproxy-ca", &[("ca.crt", "")])).await?;
+    let bundle = |name: &str, url: String| {
+        format!(
+            "- name: {name}\n  sources:\n  - secret: {{namespace: {ns}, name: frontproxy-ca, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: {name}, key: ca.crt}}\n  emptyMeansPublicRoots: true\n  liveCheck: {{url: \"{url}\", serverName: localhost}}\n"
+        )
+    };
+    let config = format!("bundles:\n{}{}", bundle("verified", trusted.url()), bundle("unverified", untrusted.url()));
+    let path = write_config(&bed, &config)?;
+    let env = [("CA_SYNCER_PUBLIC_ROOTS_FILE", roots.to_str().expect("utf-8 path"))];
+    let _agent = testbed::agent_process::AgentProcess::start(&bed, Path::new(BINARY), &path, &ns, "ca-syncer-0", &env)?;
+    let client = bed.client();
+    let written = eventually(WAIT, "the verified bundle's empty key", || async {
+        Api::<Secret>::namespaced(client.clone(), &ns).get_opt("verified").await.ok().flatten()
+    })
+    .await;
+    let data = written.data.unwrap_or_default();
+    assert_eq!(data.get("ca.crt").map(|v| v.0.len()), Some(0), "the key is written, and empty");
+    eventually(WAIT, "a LiveCheckFailed Event for the other", || async {
+        events(&client, &ns).await.into_iter().find(|e| {
+            e.reason.as_deref() == Some("LiveCheckFailed")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("unverified")
+        })
+    })
+    .await;
+    assert!(api.get_opt("unverified").await?.is_none(), "no empty key where the public roots do not verify");
     Ok(())
 }
