@@ -426,7 +426,14 @@ impl Syncer {
         if current.is_empty() {
             // Empty-means-public mode: the key is written empty, with nothing retained, because a consumer
             // holding any CA would stop trusting the public roots.
-            return Some(TargetPlan { target, exists, pem: String::new(), cache: String::new(), bundle: None, retention: None });
+            return Some(TargetPlan {
+                target,
+                exists,
+                pem: String::new(),
+                cache: String::new(),
+                bundle: None,
+                retention: None,
+            });
         }
         // A target we cannot parse is simply replaced; nothing from it is retained.
         let previous = parse_certificates(&live.unwrap_or_default(), EmptyPolicy::Allow).unwrap_or_default();
@@ -440,7 +447,14 @@ impl Syncer {
             }
         };
         let review = min_time(plan.next_review_at(), bundle.earliest_not_after().filter(|_| spec.drop_expired));
-        Some(TargetPlan { target, exists, pem: bundle.render(), cache, bundle: Some((bundle, review)), retention: Some(plan) })
+        Some(TargetPlan {
+            target,
+            exists,
+            pem: bundle.render(),
+            cache,
+            bundle: Some((bundle, review)),
+            retention: Some(plan),
+        })
     }
 
     async fn write_target(
@@ -504,7 +518,11 @@ impl Syncer {
                 };
                 tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, error = %e, "target not written");
                 in_sync.set(0);
-                self.event(target, EventType::Warning, reason, &format!("bundle {}: {e}", spec.name)).await;
+                // A conflict (the object changed since it was read, often only the cache lagging behind our own
+                // last write) is retried at once with a fresh read; it is not worth a Warning on the object.
+                if !matches!(e, ApplyError::Conflict { .. }) {
+                    self.event(target, EventType::Warning, reason, &format!("bundle {}: {e}", spec.name)).await;
+                }
                 return Err(e);
             }
         }
@@ -525,9 +543,10 @@ impl Syncer {
     /// The target's current key content, from the store, if the object exists (the key may be absent).
     fn read_target(&self, target: &Resolved) -> Option<Vec<u8>> {
         match target.kind {
-            TargetKind::Secret => self.scope.secret(&target.namespace, &target.name).map(|s| {
-                s.data.as_ref().and_then(|d| d.get(&target.key)).map(|v| v.0.clone()).unwrap_or_default()
-            }),
+            TargetKind::Secret => self
+                .scope
+                .secret(&target.namespace, &target.name)
+                .map(|s| s.data.as_ref().and_then(|d| d.get(&target.key)).map(|v| v.0.clone()).unwrap_or_default()),
             TargetKind::ConfigMap => self.scope.config_map(&target.namespace, &target.name).map(|c| {
                 c.data.as_ref().and_then(|d| d.get(&target.key)).map(|v| v.clone().into_bytes()).unwrap_or_default()
             }),

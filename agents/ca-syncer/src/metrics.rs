@@ -64,7 +64,11 @@ impl Metrics {
             last_sync: Family::default(),
             skipped_targets: Family::default(),
         };
-        registry.register("bundle_certificates", "Certificates in each bundle as last built (sources plus retained)", m.certificates.clone());
+        registry.register(
+            "bundle_certificates",
+            "Certificates in each bundle as last built (sources plus retained)",
+            m.certificates.clone(),
+        );
         registry.register_with_unit(
             "certificate_not_after_timestamp",
             "notAfter of each certificate in each bundle",

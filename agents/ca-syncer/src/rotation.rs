@@ -630,7 +630,10 @@ mod tests {
         let holding = plan_retention(&[new.cert()], &[old.cert(), gone.cert()], &record, now, None);
         let fresh = plan_retention(&[new.cert()], &[], &record, now, None);
         let next = next_state(&[new.cert()], [&holding, &fresh]);
-        assert_eq!(next, RotationState::new([old.cert().fingerprint(), new.cert().fingerprint()], [(old.cert().fingerprint(), now)]));
+        assert_eq!(
+            next,
+            RotationState::new([old.cert().fingerprint(), new.cert().fingerprint()], [(old.cert().fingerprint(), now)])
+        );
         // Once no target retains it (expired), it is forgotten, and a target editor cannot bring it back.
         let later = old.not_after + time::Duration::SECOND;
         let expired = plan_retention(&[new.cert()], &[old.cert()], &next, later, None);

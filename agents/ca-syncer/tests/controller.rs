@@ -78,13 +78,7 @@ async fn a_source_with_a_private_key_block_is_rejected_whole_and_targets_keep_th
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let ca = Ca::new("good-ca", YEAR)?;
-    let api = Api::<Secret>::namespaced(bed.client(), &ns);
-    api.create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())])).await?;
-    let config = format!(
-        "bundles:\n- name: guarded\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
-    );
-    let mut agent = start_agent(&bed, &ns, &config)?;
-    agent.wait_ready(WAIT).await?;
+    let (api, agent) = start_one_bundle(&bed, &ns, &ns, "guarded", &ca.cert_pem(), "").await?;
     let good = key(&bed.client(), &ns, "bundle", "ca.crt").await.expect("first bundle");
 
     let other = Ca::new("other-ca", YEAR)?;
@@ -95,9 +89,12 @@ async fn a_source_with_a_private_key_block_is_rejected_whole_and_targets_keep_th
         events(&client, &ns).await.into_iter().find(|e| e.reason.as_deref() == Some("SourceRejected"))
     })
     .await;
-    wait_for_metric(&agent, "ca_syncer_source_errors_total{bundle=\"guarded\",reason=\"private_key\"}", "the key counted", |v| {
-        v >= 1.0
-    })
+    wait_for_metric(
+        &agent,
+        "ca_syncer_source_errors_total{bundle=\"guarded\",reason=\"private_key\"}",
+        "the key counted",
+        |v| v >= 1.0,
+    )
     .await;
     assert_eq!(
         key(&bed.client(), &ns, "bundle", "ca.crt").await.as_deref(),
@@ -135,13 +132,7 @@ async fn a_rotated_out_ca_stays_until_its_not_after_then_only_the_new_one_remain
     // cert-manager >= 1.18 rotates the key: the new CA is a different certificate. The old one expires soon.
     let old = Ca::new("kcp-ca", Duration::from_secs(35))?;
     let new = Ca::new("kcp-ca", YEAR)?;
-    let api = Api::<Secret>::namespaced(bed.client(), &ns);
-    api.create(&PostParams::default(), &secret("source", &[("ca.crt", &old.cert_pem())])).await?;
-    let config = format!(
-        "bundles:\n- name: rotating\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
-    );
-    let mut agent = start_agent(&bed, &ns, &config)?;
-    agent.wait_ready(WAIT).await?;
+    let (api, _agent) = start_one_bundle(&bed, &ns, &ns, "rotating", &old.cert_pem(), "").await?;
     api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": new.cert_pem()}})))
         .await?;
 
@@ -318,7 +309,9 @@ async fn a_bundle_that_does_not_verify_the_live_endpoint_is_not_published_and_on
     })
     .await;
     assert!(key(&bed.client(), &ns, "wrong-bundle", "ca.crt").await.is_none(), "the unverified bundle is not written");
-    let in_sync = format!("ca_syncer_target_in_sync{{bundle=\"wrong\",kind=\"Secret\",namespace=\"{ns}\",name=\"wrong-bundle\"}}");
+    let in_sync = format!(
+        "ca_syncer_target_in_sync{{bundle=\"wrong\",kind=\"Secret\",namespace=\"{ns}\",name=\"wrong-bundle\"}}"
+    );
     wait_for_metric(&agent, &in_sync, "the unverified target reads 0", |v| v == 0.0).await;
     let text = metrics(&agent).await;
     assert!(
@@ -358,14 +351,7 @@ async fn metrics_report_certificates_not_after_sync_state_and_freshness() -> Res
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let ca = Ca::new("metrics-ca", YEAR)?;
-    Api::<Secret>::namespaced(bed.client(), &ns)
-        .create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())]))
-        .await?;
-    let config = format!(
-        "bundles:\n- name: observed\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
-    );
-    let mut agent = start_agent(&bed, &ns, &config)?;
-    agent.wait_ready(WAIT).await?;
+    let (_, agent) = start_one_bundle(&bed, &ns, &ns, "observed", &ca.cert_pem(), "").await?;
     let text = metrics(&agent).await;
     assert_eq!(metric(&text, "ca_syncer_bundle_certificates{bundle=\"observed\"}")?, 1.0, "{text}");
     let not_after = metric(&text, "ca_syncer_certificate_not_after_timestamp_seconds{bundle=\"observed\"")?;
@@ -453,19 +439,17 @@ async fn a_forged_rotation_annotation_with_an_injected_ca_is_put_back_in_one_cyc
     let bed = ControlPlane::start().await?;
     let (agent_ns, ns) = (bed.namespace().await?, bed.namespace().await?);
     let (ours, injected) = (Ca::new("kcp-ca", YEAR)?, Ca::new("attacker-ca", YEAR)?);
-    let api = Api::<Secret>::namespaced(bed.client(), &ns);
-    api.create(&PostParams::default(), &secret("source", &[("ca.crt", &ours.cert_pem())])).await?;
     // No resync to speak of: only the cycle the edit itself triggers can put it back.
-    let config = format!(
-        "resyncInterval: 1h\nbundles:\n- name: guarded\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
-    );
-    let mut agent = start_agent(&bed, &agent_ns, &config)?;
-    agent.wait_ready(WAIT).await?;
+    let (api, agent) =
+        start_one_bundle(&bed, &ns, &agent_ns, "guarded", &ours.cert_pem(), "resyncInterval: 1h\n").await?;
     let good = key(&bed.client(), &ns, "bundle", "ca.crt").await.expect("published");
     let record = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(bed.client(), &agent_ns)
         .get("ca-syncer-state-guarded")
         .await?;
-    assert!(record.data.unwrap()["state.json"].contains(&fingerprint(&ours.cert_pem())), "the record is kept by the agent");
+    assert!(
+        record.data.unwrap()["state.json"].contains(&fingerprint(&ours.cert_pem())),
+        "the record is kept by the agent"
+    );
 
     // Someone who can edit the target adds a CA to the data and its fingerprint to the annotation.
     let forged = format!(
@@ -491,7 +475,10 @@ async fn a_forged_rotation_annotation_with_an_injected_ca_is_put_back_in_one_cyc
     assert_eq!(event.regarding.and_then(|r| r.name).as_deref(), Some("bundle"));
     let after = api.get("bundle").await?;
     let annotation = after.metadata.annotations.unwrap_or_default()["ca-syncer.kcp-keeper.io/rotation-state"].clone();
-    assert!(!annotation.contains(&fingerprint(&injected.cert_pem())), "the forged annotation is put back: {annotation}");
+    assert!(
+        !annotation.contains(&fingerprint(&injected.cert_pem())),
+        "the forged annotation is put back: {annotation}"
+    );
     let took = metric(&metrics(&agent).await, "ca_syncer_reconcile_duration_seconds_count")? - cycles;
     assert!((1.0..=2.0).contains(&took), "put back by the cycle the edit triggered (and its own echo): {took}");
     Ok(())
@@ -502,14 +489,9 @@ async fn a_rejected_source_leaves_its_targets_at_0_and_keeps_the_not_after_of_wh
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let ca = Ca::new("kept-ca", YEAR)?;
-    let api = Api::<Secret>::namespaced(bed.client(), &ns);
-    api.create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())])).await?;
-    let config = format!(
-        "bundles:\n- name: alarmed\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
-    );
-    let mut agent = start_agent(&bed, &ns, &config)?;
-    agent.wait_ready(WAIT).await?;
-    let in_sync = format!("ca_syncer_target_in_sync{{bundle=\"alarmed\",kind=\"Secret\",namespace=\"{ns}\",name=\"bundle\"}}");
+    let (api, agent) = start_one_bundle(&bed, &ns, &ns, "alarmed", &ca.cert_pem(), "").await?;
+    let in_sync =
+        format!("ca_syncer_target_in_sync{{bundle=\"alarmed\",kind=\"Secret\",namespace=\"{ns}\",name=\"bundle\"}}");
     wait_for_metric(&agent, &in_sync, "in sync", |v| v == 1.0).await;
     api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": "garbage"}}))).await?;
     wait_for_metric(&agent, &in_sync, "the target out of sync reads 0", |v| v == 0.0).await;
@@ -524,13 +506,7 @@ async fn bundle_certificates_counts_the_published_bundle_with_a_retained_ca_not_
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let (old, new) = (Ca::new("kcp-ca", YEAR)?, Ca::new("kcp-ca", YEAR)?);
-    let api = Api::<Secret>::namespaced(bed.client(), &ns);
-    api.create(&PostParams::default(), &secret("source", &[("ca.crt", &old.cert_pem())])).await?;
-    let config = format!(
-        "bundles:\n- name: rotating\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
-    );
-    let mut agent = start_agent(&bed, &ns, &config)?;
-    agent.wait_ready(WAIT).await?;
+    let (api, agent) = start_one_bundle(&bed, &ns, &ns, "rotating", &old.cert_pem(), "").await?;
     let series = "ca_syncer_bundle_certificates{bundle=\"rotating\"}";
     wait_for_metric(&agent, series, "one certificate", |v| v == 1.0).await;
     api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": new.cert_pem()}})))
@@ -607,9 +583,7 @@ async fn a_write_over_an_object_changed_since_it_was_read_is_refused_not_taken_o
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let api = Api::<Secret>::namespaced(bed.client(), &ns);
-    let desired = |text: &str| {
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bundle", "namespace": ns}, "data": {"ca.crt": base64(text)}})
-    };
+    let desired = |text: &str| json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bundle", "namespace": ns}, "data": {"ca.crt": base64(text)}});
     write_checked(&api, desired("ours"), Ownership::Owned { adopt: false }, None).await?;
     // The agent reads the object (its ownership check passes on this copy)...
     let read = api.get("bundle").await?;
@@ -658,8 +632,10 @@ fn a_file_source_holding_the_machines_ca_bundle_with_certifi_style_comments_is_r
         &["render", "--config", &config_path.display().to_string()],
     )?;
     assert_eq!(code, Some(0), "{stdout}{stderr}");
-    let rendered: usize =
-        stdout.lines().find_map(|l| l.strip_prefix("# bundle distro: ")?.strip_suffix(" certificates")?.parse().ok()).expect(&stdout);
+    let rendered: usize = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("# bundle distro: ")?.strip_suffix(" certificates")?.parse().ok())
+        .expect(&stdout);
     // Duplicates in the system bundle (if any) collapse; nothing is lost otherwise.
     assert!(rendered > 100 && rendered <= count, "{rendered} of {count}");
     Ok(())

@@ -80,7 +80,9 @@ fn pasted_configs() -> [(String, &'static str); 2] {
 }
 
 fn assert_not_echoed(text: &str) {
-    for secret in ["MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcw", "pastedKeyBody", "PRIVATE KEY", "pastedTokenBody", "eyJhbGci"] {
+    for secret in
+        ["MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcw", "pastedKeyBody", "PRIVATE KEY", "pastedTokenBody", "eyJhbGci"]
+    {
         assert!(!text.contains(secret), "{secret} echoed in:\n{text}");
     }
 }
@@ -106,8 +108,10 @@ async fn a_key_or_token_under_a_field_of_the_wrong_type_is_refused_on_reload_wit
     let ns = bed.namespace().await?;
     let dir = tempfile::tempdir()?;
     let good = ready_config(dir.path())?;
-    let config = write_config(&bed, &std::fs::read_to_string(good)?.replace("namespace: default", &format!("namespace: {ns}")))?;
-    let mut agent = testbed::agent_process::AgentProcess::start(&bed, Path::new(BINARY), &config, &ns, "ca-syncer-0", &[])?;
+    let config =
+        write_config(&bed, &std::fs::read_to_string(good)?.replace("namespace: default", &format!("namespace: {ns}")))?;
+    let mut agent =
+        testbed::agent_process::AgentProcess::start(&bed, Path::new(BINARY), &config, &ns, "ca-syncer-0", &[])?;
     agent.wait_ready(WAIT).await?;
     for (round, (text, expected)) in pasted_configs().into_iter().enumerate() {
         // Swapped in whole, as kubelet does, so no half-written file is ever read.
@@ -115,8 +119,10 @@ async fn a_key_or_token_under_a_field_of_the_wrong_type_is_refused_on_reload_wit
         std::fs::write(&staged, text)?;
         std::fs::rename(&staged, &config)?;
         let count = (round + 1) as f64;
-        wait_for_metric(&agent, "ca_syncer_config_reload_errors_total{reason=\"parse\"}", "the parse error", |v| v == count)
-            .await;
+        wait_for_metric(&agent, "ca_syncer_config_reload_errors_total{reason=\"parse\"}", "the parse error", |v| {
+            v == count
+        })
+        .await;
         let log = agent.process.log();
         assert!(log.contains(expected), "{expected} in:\n{log}");
         assert_not_echoed(&format!("{log}\n{}", metrics(&agent).await));

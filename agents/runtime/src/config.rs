@@ -277,7 +277,10 @@ mod tests {
     #[test]
     fn describe_mismatch_keeps_the_shape_and_drops_what_was_found() {
         let cases = [
-            ("invalid type: string \"s3cret, expected u8\", expected u32 at line 3 column 9", "expected u32, found string at line 3 column 9"),
+            (
+                "invalid type: string \"s3cret, expected u8\", expected u32 at line 3 column 9",
+                "expected u32, found string at line 3 column 9",
+            ),
             ("invalid value: integer `77`, expected a port", "invalid integer, expected a port"),
             ("unknown variant `s3cret`, expected `a` or `b`", "unknown variant, expected `a` or `b`"),
             ("missing field `name`", "missing field `name`"),
