@@ -396,7 +396,7 @@ impl Syncer {
     /// Sets `skipped_targets{bundle,reason}` (every reason, 0 when none) and drops the in-sync series of the
     /// skipped targets: a target in a namespace being deleted is neither in sync nor out of it.
     fn record_skipped(&self, spec: &Bundle, skipped: &[(Resolved, SkipReason)]) {
-        for reason in [SkipReason::Terminating] {
+        for reason in SkipReason::ALL {
             let count = skipped.iter().filter(|(_, r)| *r == reason).count();
             let labels = ReasonLabels { bundle: spec.name.clone(), reason: reason.as_str().into() };
             self.metrics.skipped_targets.get_or_create(&labels).set(count as i64);
@@ -604,6 +604,9 @@ enum SkipReason {
 }
 
 impl SkipReason {
+    /// Every reason, so each series exists (at 0) before anything is skipped.
+    const ALL: [SkipReason; 1] = [SkipReason::Terminating];
+
     fn as_str(self) -> &'static str {
         match self {
             Self::Terminating => "terminating",
