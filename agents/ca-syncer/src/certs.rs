@@ -213,7 +213,7 @@ impl BlockKind {
     fn of_label(label: &str) -> Self {
         // Any label mentioning PRIVATE counts as a key: RSA/EC/DSA/OPENSSH/ENCRYPTED/ANY PRIVATE KEY, and
         // whatever a tool invents next. Reporting it as a key is what makes the alert useful.
-        if label.contains("PRIVATE") {
+        if label.to_ascii_uppercase().contains("PRIVATE") {
             return Self::PrivateKey;
         }
         match label {
@@ -247,7 +247,7 @@ impl fmt::Display for BlockKind {
 /// content, so the error can go to logs, Events and status as it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SourceError {
-    #[error("source is {size} bytes, over the {limit}-byte limit")]
+    #[error("source is over the {limit}-byte limit ({size} bytes read before stopping)")]
     TooLarge { size: usize, limit: usize },
     #[error(
         "non-whitespace text outside PEM blocks on line {line}, where block {block} would start; only CERTIFICATE blocks and whitespace are allowed"
@@ -344,7 +344,10 @@ fn frame(input: &[u8]) -> Result<Vec<Block<'_>>, SourceError> {
         let line = raw.trim_ascii();
         match open.take() {
             None => {
-                if line.is_empty() {
+                // Distribution bundles (certifi's cacert.pem, Red Hat's tls-ca-bundle.pem) describe each
+                // certificate in `#` comment lines between blocks; those and blank lines are all that may lie
+                // outside a block.
+                if line.is_empty() || line.starts_with(b"#") {
                     continue;
                 }
                 let index = blocks.len() + 1;
@@ -593,7 +596,7 @@ mod tests {
         let both_len = first_len + other.pem().lines().count();
         let cases = [
             (format!("subject=CN = root\n{}", root.pem()), 1, 1),
-            (format!("{}# the next one\n{}", root.pem(), other.pem()), 2, first_len + 1),
+            (format!("{}the next one\n{}", root.pem(), other.pem()), 2, first_len + 1),
             (format!("{}{}trailing words\n", root.pem(), other.pem()), 3, both_len + 1),
             (format!("{}{}.", root.pem(), other.pem()), 3, both_len + 1),
         ];
@@ -721,5 +724,39 @@ mod tests {
         let shown = format!("{cert:?}");
         assert!(shown.contains("CN=root") && shown.contains(&cert.fingerprint().to_string()), "{shown}");
         assert!(!shown.contains(&testcerts::base64_body(&ca.pem())[..32]));
+    }
+
+    /// The machine's CA bundle with comments before each certificate, the way certifi's cacert.pem writes them.
+    fn distribution_bundle() -> Option<(String, usize)> {
+        let system = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").ok()?;
+        let count = system.matches("-----BEGIN CERTIFICATE-----").count();
+        let commented = system.replace(
+            "-----BEGIN CERTIFICATE-----",
+            "\n# Issuer: CN=Example Root O=Example\n# Label: \"Example Root\"\n# SHA256 Fingerprint: 00:11:22\n-----BEGIN CERTIFICATE-----",
+        );
+        Some((format!("\n# Mozilla's CA bundle, as certifi ships it\n{commented}"), count))
+    }
+
+    #[test]
+    fn a_distribution_bundle_with_comment_lines_between_blocks_parses_whole() {
+        let Some((bundle, count)) = distribution_bundle() else {
+            panic!("the test needs the machine's CA bundle at /etc/ssl/certs/ca-certificates.crt");
+        };
+        assert!(count > 100, "{count}");
+        let certs = parse_certificates(bundle.as_bytes(), EmptyPolicy::Reject).expect("parses");
+        assert_eq!(certs.len(), count);
+    }
+
+    #[test]
+    fn outside_blocks_only_comments_and_blank_lines_pass_and_a_lowercase_key_label_is_a_private_key() {
+        let ca = TestCa::root("ca");
+        let ok = format!("# comment\n\n   # indented comment\n{}", ca.pem());
+        assert_eq!(parse_certificates(ok.as_bytes(), EmptyPolicy::Reject).expect("parses").len(), 1);
+        let text = format!("{}Issuer: CN=x\n", ca.pem());
+        let err = parse_certificates(text.as_bytes(), EmptyPolicy::Reject).unwrap_err();
+        assert_eq!(err.metric_label(), "text_outside_blocks");
+        let key = format!("# a key\n{}-----BEGIN private key-----\nAAAA\n-----END private key-----\n", ca.pem());
+        let err = parse_certificates(key.as_bytes(), EmptyPolicy::Reject).unwrap_err();
+        assert_eq!(err.metric_label(), "private_key");
     }
 }

@@ -9,13 +9,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kcp_keeper_runtime::agent::{self, AgentInfo, Context};
 use kcp_keeper_runtime::apply::{self, ApplyError, Outcome, Ownership};
 use kcp_keeper_runtime::args::{KubeArgs, RunArgs};
-use kcp_keeper_runtime::driver::{self, Reconciler, Settings};
+use kcp_keeper_runtime::driver::{self, ErrorReason, Reconciler, Settings};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
 use kcp_keeper_runtime::metrics::unix_now;
 use kube::api::Api;
@@ -23,13 +24,14 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use crate::bundle::{Bundle as Built, BundleOptions};
-use crate::certs::{Certificate, EmptyPolicy, parse_certificates};
+use crate::certs::{Certificate, EmptyPolicy, Fingerprint, parse_certificates};
 use crate::config::{Bundle, Config, Placement, TargetKind};
 use crate::live_check::LiveCheckError;
 use crate::metrics::{BundleLabel, CertLabels, Metrics, ReasonLabels, TargetLabels};
-use crate::rotation::{RotationState, STATE_ANNOTATION, plan_retention};
+use crate::rotation::{self, DropReason, RetentionPlan, RotationState, STATE_ANNOTATION, plan_retention};
 use crate::scope::Scope;
 use crate::sources::{self, Reader, SourceFailure};
+use crate::state::StateStore;
 use crate::{live_check, rbac};
 
 pub const INFO: AgentInfo = AgentInfo { name: "ca-syncer", metrics_prefix: "ca_syncer" };
@@ -49,10 +51,25 @@ pub enum SyncError {
     TargetWriteFailed { failed: usize, total: usize, first: ApplyError },
     #[error("rotation state too large to record; not written")]
     RotationStateTooLarge,
+    /// The bundle's rotation record could not be read or written: nothing is written for the bundle.
+    #[error("rotation record: {0}")]
+    StateUnavailable(crate::state::StateError),
 }
 
-/// `ca-syncer run`.
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+/// `ca-syncer run`. `public_roots_file` replaces the compiled-in public roots for the empty-means-public
+/// check (tests only).
+pub async fn run(args: RunArgs, public_roots_file: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    let public_roots = match public_roots_file {
+        None => sources::public_roots(),
+        Some(path) => {
+            let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            parse_certificates(&bytes, EmptyPolicy::Reject).with_context(|| format!("{}", path.display()))?
+        }
+    };
+    let public_roots = Arc::new(public_roots);
+    // The agent's own namespace (its Lease's) holds the bundles' rotation records.
+    let namespace = args.runtime.lease.lease_namespace.clone();
+    let lease_name = args.runtime.lease.lease_name.clone().unwrap_or_else(|| format!("kcp-keeper-{}", INFO.name));
     agent::run(INFO, args, Metrics::register, |ctx: Context<Config>, metrics: Metrics| async move {
         // The configured resyncInterval comes back as each reconcile's requeue time, so a reloaded value
         // applies at once; the driver's own resync is only a backstop.
@@ -60,6 +77,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let reconcile = metrics.reconcile.clone();
         let (client, events) = (ctx.client.clone(), ctx.events.clone());
         let published = Arc::new(Mutex::new(BTreeMap::new()));
+        let terminating = Terminating::default();
+        let state = StateStore::new(client.clone(), &namespace);
+        let own_object = reference("coordination.k8s.io/v1", "Lease", &namespace, &lease_name, None);
         driver::run(&ctx, &reconcile, settings, |config: Arc<Config>| {
             let (scope, watches) = Scope::build(&client, &config);
             let syncer = Syncer {
@@ -69,6 +89,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 config,
                 scope,
                 published: published.clone(),
+                terminating: terminating.clone(),
+                state: state.clone(),
+                own_object: own_object.clone(),
+                public_roots: public_roots.clone(),
             };
             (syncer, watches)
         })
@@ -152,6 +176,11 @@ struct Syncer {
     config: Arc<Config>,
     scope: Scope,
     published: Arc<Mutex<BTreeMap<String, Published>>>,
+    terminating: Terminating,
+    state: StateStore,
+    /// The agent's Lease: where Events about sources without an object of their own go.
+    own_object: k8s_openapi::api::core::v1::ObjectReference,
+    public_roots: Arc<Vec<Certificate>>,
 }
 
 /// One object a target resolves to.
@@ -183,7 +212,8 @@ impl Reconciler for Syncer {
 
 impl Syncer {
     async fn sync_bundle(&self, spec: &Bundle, now: OffsetDateTime) -> Result<Option<OffsetDateTime>, SyncError> {
-        let bundle_label = || BundleLabel { bundle: spec.name.clone() };
+        let (targets, skipped) = self.resolve_targets(spec);
+        self.record_skipped(spec, &skipped);
         let current = match read_sources(&Reader::Stores(&self.scope), spec).await {
             Ok(certs) => certs,
             Err((index, failure)) => {
@@ -192,49 +222,88 @@ impl Syncer {
                     .source_errors
                     .get_or_create(&ReasonLabels { bundle: spec.name.clone(), reason: failure.metric_label().into() })
                     .inc();
-                if let Some((object_kind, r)) = SourceFailure::object(&spec.sources[index]) {
-                    let regarding = reference("v1", object_kind, &r.namespace, &r.name, None);
-                    let note = format!("bundle {}: sources[{index}] ({}) not used: {failure}", spec.name, r.key);
-                    self.events.publish(&regarding, EventType::Warning, "SourceRejected", "Sync", &note).await;
-                }
+                // The driver's own line names neither the bundle nor the source in JSON logs (no spans there).
+                tracing::warn!(bundle = %spec.name, source = index, reason = failure.metric_label(), error = %failure, "source rejected");
+                let note = format!("bundle {}: sources[{index}] not used: {failure}", spec.name);
+                let regarding = match SourceFailure::object(&spec.sources[index]) {
+                    Some((object_kind, r)) => reference("v1", object_kind, &r.namespace, &r.name, None),
+                    // A file (or inline) source has no object of its own: the Event goes on the agent's Lease.
+                    None => self.own_object.clone(),
+                };
+                self.events.publish(&regarding, EventType::Warning, "SourceRejected", "Sync", &note).await;
+                self.out_of_sync(spec, &targets);
                 return Err(SyncError::SourceUnusable { index, failure });
             }
         };
-        let targets = self.resolve_targets(spec);
-        if let Some(check) = &spec.live_check {
-            // An empty bundle means "public roots" to its consumers: then the public roots must verify.
-            let roots = if current.is_empty() { sources::public_roots() } else { current.clone() };
-            if let Err(e) = live_check::verify(check, &roots).await {
-                use kcp_keeper_runtime::driver::ErrorReason;
-                self.metrics
-                    .live_check_failures
-                    .get_or_create(&ReasonLabels { bundle: spec.name.clone(), reason: e.reason().into() })
-                    .inc();
-                for t in &targets {
-                    let note = format!("bundle {} not published: live check failed: {e}", spec.name);
-                    self.event(t, EventType::Warning, "LiveCheckFailed", &note).await;
+        let stored = match self.state.read(&spec.name).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                self.out_of_sync(spec, &targets);
+                return Err(SyncError::StateUnavailable(e));
+            }
+        };
+        for problem in &stored.decoded.problems {
+            tracing::warn!(bundle = %spec.name, problem = %problem, "rotation record partly ignored");
+        }
+        let mut plans = Vec::with_capacity(targets.len());
+        for target in &targets {
+            match self.plan_target(spec, &current, &stored.decoded.state, target, now) {
+                Some(plan) => plans.push(plan),
+                None => {
+                    self.out_of_sync(spec, &targets);
+                    return Err(SyncError::RotationStateTooLarge);
                 }
-                return Err(SyncError::LiveCheckFailed(e));
             }
         }
-        self.metrics.certificates.get_or_create(&bundle_label()).set(current.len() as i64);
+        if let Some(check) = &spec.live_check
+            && let Err(e) = self.live_check(check, &current, &plans).await
+        {
+            self.metrics
+                .live_check_failures
+                .get_or_create(&ReasonLabels { bundle: spec.name.clone(), reason: e.reason().into() })
+                .inc();
+            for t in &targets {
+                let note = format!("bundle {} not published: live check failed: {e}", spec.name);
+                self.event(t, EventType::Warning, "LiveCheckFailed", &note).await;
+            }
+            self.out_of_sync(spec, &targets);
+            return Err(SyncError::LiveCheckFailed(e));
+        }
+        // The record is written before any target, so a target never holds a certificate the record does not
+        // know came from the sources (else it would be dropped the cycle after it leaves them).
+        let record = if current.is_empty() {
+            RotationState::default()
+        } else {
+            rotation::next_state(&current, plans.iter().filter_map(|p| p.retention.as_ref()))
+        };
+        if record != stored.decoded.state
+            && let Err(e) = self.state.write(&spec.name, &stored, &record).await
+        {
+            self.out_of_sync(spec, &targets);
+            return Err(SyncError::StateUnavailable(e));
+        }
+        let certificates = match plans.is_empty() {
+            true => Built::build(current, &BundleOptions { drop_expired: spec.drop_expired, now }).len(),
+            false => plans.iter().flat_map(|p| p.fingerprints()).collect::<BTreeSet<_>>().len(),
+        };
+        self.metrics.certificates.get_or_create(&BundleLabel { bundle: spec.name.clone() }).set(certificates as i64);
+
         let mut review = None;
         let mut published = Published::default();
         let mut failures: Vec<ApplyError> = Vec::new();
-        for target in &targets {
-            match self.sync_target(spec, &current, target, now, &mut published).await {
+        for plan in plans {
+            match self.write_target(spec, plan, &mut published).await {
                 Ok(at) => review = min_time(review, at),
-                Err(TargetError::StateTooLarge) => return Err(SyncError::RotationStateTooLarge),
-                Err(TargetError::Apply(e)) => failures.push(e),
+                Err(e) => failures.push(e),
             }
         }
-        self.forget_stale(&spec.name, published);
         let total = targets.len();
         let failed = failures.len();
+        self.forget_stale(&spec.name, published, failed > 0);
         let mut failures = failures.into_iter();
         match failures.next() {
             None => {
-                self.metrics.last_sync.get_or_create(&bundle_label()).set(unix_now());
+                self.metrics.last_sync.get_or_create(&BundleLabel { bundle: spec.name.clone() }).set(unix_now());
                 Ok(review)
             }
             Some(first @ (ApplyError::Foreign { .. } | ApplyError::ForeignKey { .. })) => {
@@ -244,10 +313,53 @@ impl Syncer {
         }
     }
 
-    /// Removes the series this bundle set last time and not this time.
-    fn forget_stale(&self, bundle: &str, now: Published) {
+    /// Verifies the endpoint with each distinct bundle as it will be published (sources plus what each target
+    /// retains); with no target, the sources alone. An empty bundle means "public roots" to its consumers: then
+    /// the public roots must verify.
+    async fn live_check(
+        &self,
+        check: &crate::config::LiveCheck,
+        current: &[Certificate],
+        plans: &[TargetPlan<'_>],
+    ) -> Result<(), LiveCheckError> {
+        if current.is_empty() {
+            return live_check::verify(check, &self.public_roots).await;
+        }
+        let mut bundles: BTreeMap<Vec<Fingerprint>, Vec<Certificate>> = BTreeMap::new();
+        for plan in plans {
+            if let Some((built, _)) = &plan.bundle {
+                bundles.entry(built.fingerprints().collect()).or_insert_with(|| built.certificates().to_vec());
+            }
+        }
+        if bundles.is_empty() {
+            bundles.insert(Vec::new(), current.to_vec());
+        }
+        for roots in bundles.values() {
+            live_check::verify(check, roots).await?;
+        }
+        Ok(())
+    }
+
+    /// A bundle that cannot be published leaves every target out of sync: each reads 0 (the certificates it
+    /// still holds keep their notAfter series).
+    fn out_of_sync(&self, spec: &Bundle, targets: &[Resolved]) {
+        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = published.entry(spec.name.clone()).or_default();
+        for target in targets {
+            let labels = target_labels(spec, target);
+            self.metrics.target_in_sync.get_or_create(&labels).set(0);
+            entry.targets.insert(labels);
+        }
+    }
+
+    /// Removes the series this bundle set last time and not this time. After a failed write the certificates
+    /// published before may still be in that target, so none of their series is removed then.
+    fn forget_stale(&self, bundle: &str, mut now: Published, some_failed: bool) {
         let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(before) = published.get(bundle) {
+            if some_failed {
+                now.certs.extend(before.certs.iter().cloned());
+            }
             for gone in before.certs.difference(&now.certs) {
                 self.metrics.not_after.remove(gone);
             }
@@ -258,83 +370,120 @@ impl Syncer {
         published.insert(bundle.to_string(), now);
     }
 
-    fn resolve_targets(&self, spec: &Bundle) -> Vec<Resolved> {
+    /// The objects the bundle's targets resolve to now, and those skipped (with why).
+    fn resolve_targets(&self, spec: &Bundle) -> (Vec<Resolved>, Vec<(Resolved, SkipReason)>) {
         let mut out = Vec::new();
+        let mut skipped = Vec::new();
         for target in &spec.targets {
-            let namespaces = match &target.placement {
-                Placement::Namespace(ns) => vec![ns.clone()],
+            let (namespaces, terminating) = match &target.placement {
+                Placement::Namespace(ns) if self.terminating.is_skipped(ns) => (vec![], vec![ns.clone()]),
+                Placement::Namespace(ns) => (vec![ns.clone()], vec![]),
                 Placement::Selector(labels) => self.scope.namespaces(labels),
             };
-            for namespace in namespaces {
-                out.push(Resolved {
-                    kind: target.kind,
-                    namespace,
-                    name: target.name.clone(),
-                    key: target.key.clone(),
-                    adopt: target.adopt,
-                });
-            }
+            let resolved = |namespace: String| Resolved {
+                kind: target.kind,
+                namespace,
+                name: target.name.clone(),
+                key: target.key.clone(),
+                adopt: target.adopt,
+            };
+            out.extend(namespaces.into_iter().map(resolved));
+            skipped.extend(terminating.into_iter().map(|ns| (resolved(ns), SkipReason::Terminating)));
         }
-        out
+        (out, skipped)
     }
 
-    async fn sync_target(
+    /// Sets `skipped_targets{bundle,reason}` (every reason, 0 when none) and drops the in-sync series of the
+    /// skipped targets: a target in a namespace being deleted is neither in sync nor out of it.
+    fn record_skipped(&self, spec: &Bundle, skipped: &[(Resolved, SkipReason)]) {
+        for reason in SkipReason::ALL {
+            let count = skipped.iter().filter(|(_, r)| *r == reason).count();
+            let labels = ReasonLabels { bundle: spec.name.clone(), reason: reason.as_str().into() };
+            self.metrics.skipped_targets.get_or_create(&labels).set(count as i64);
+        }
+        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        for (target, _) in skipped {
+            let labels = target_labels(spec, target);
+            self.metrics.target_in_sync.remove(&labels);
+            if let Some(entry) = published.get_mut(&spec.name) {
+                entry.targets.remove(&labels);
+            }
+        }
+    }
+
+    /// What to write to one target: the sources plus what it retains, per the bundle's record.
+    /// `None` when the cache annotation would be too large to write.
+    fn plan_target<'a>(
         &self,
         spec: &Bundle,
         current: &[Certificate],
-        target: &Resolved,
+        record: &RotationState,
+        target: &'a Resolved,
         now: OffsetDateTime,
-        published: &mut Published,
-    ) -> Result<Option<OffsetDateTime>, TargetError> {
-        let labels = TargetLabels {
-            bundle: spec.name.clone(),
-            kind: target.kind.as_str().into(),
-            namespace: target.namespace.clone(),
-            name: target.name.clone(),
+    ) -> Option<TargetPlan<'a>> {
+        let live = self.read_target(target);
+        let exists = live.is_some();
+        if current.is_empty() {
+            // Empty-means-public mode: the key is written empty, with nothing retained, because a consumer
+            // holding any CA would stop trusting the public roots.
+            return Some(TargetPlan {
+                target,
+                exists,
+                pem: String::new(),
+                cache: String::new(),
+                bundle: None,
+                retention: None,
+            });
+        }
+        // A target we cannot parse is simply replaced; nothing from it is retained.
+        let previous = parse_certificates(&live.unwrap_or_default(), EmptyPolicy::Allow).unwrap_or_default();
+        let plan = plan_retention(current, &previous, record, now, spec.rotation_grace);
+        let bundle = Built::build(plan.certificates.clone(), &BundleOptions { drop_expired: spec.drop_expired, now });
+        let cache = match plan.state_for(&bundle).encode() {
+            Ok(cache) => cache,
+            Err(e) => {
+                tracing::warn!(bundle = %spec.name, error = %e, "rotation state too large; not written");
+                return None;
+            }
         };
+        let review = min_time(plan.next_review_at(), bundle.earliest_not_after().filter(|_| spec.drop_expired));
+        Some(TargetPlan {
+            target,
+            exists,
+            pem: bundle.render(),
+            cache,
+            bundle: Some((bundle, review)),
+            retention: Some(plan),
+        })
+    }
+
+    async fn write_target(
+        &self,
+        spec: &Bundle,
+        plan: TargetPlan<'_>,
+        published: &mut Published,
+    ) -> Result<Option<OffsetDateTime>, ApplyError> {
+        let target = plan.target;
+        let labels = target_labels(spec, target);
         published.targets.insert(labels.clone());
         // A new series starts at 0; an existing one keeps its value until this pass knows better, so a target
         // that stays in sync never reads 0 mid-pass (an alert or a reader would see a flap).
         let in_sync = self.metrics.target_in_sync.get_or_create(&labels).clone();
-        let live = self.read_target(target);
-        let (pem, state, bundle) = if current.is_empty() {
-            // Empty-means-public mode, verified above: the key is written empty, with nothing retained, because
-            // a consumer holding any CA would stop trusting the public roots.
-            (String::new(), String::new(), None)
-        } else {
-            let previous_text = live.as_ref().and_then(|l| l.data.clone()).unwrap_or_default();
-            // A target we cannot parse is simply replaced; nothing from it is retained.
-            let previous = parse_certificates(&previous_text, EmptyPolicy::Allow).unwrap_or_default();
-            let decoded = RotationState::decode(live.as_ref().and_then(|l| l.state.as_deref()).unwrap_or_default());
-            let plan = plan_retention(current, &previous, &decoded.state, now, spec.rotation_grace);
-            let bundle =
-                Built::build(plan.certificates.clone(), &BundleOptions { drop_expired: spec.drop_expired, now });
-            let state = match plan.state_for(&bundle).encode() {
-                Ok(state) => state,
-                Err(e) => {
-                    tracing::warn!(bundle = %spec.name, error = %e, "rotation state too large; not written");
-                    in_sync.set(0);
-                    return Err(TargetError::StateTooLarge);
-                }
-            };
-            let review = min_time(plan.next_review_at(), bundle.earliest_not_after().filter(|_| spec.drop_expired));
-            (bundle.render(), state, Some((bundle, review)))
-        };
-        let desired = desired_object(target, &pem, &state, live.is_none());
+        let desired = desired_object(target, &plan.pem, &plan.cache, !plan.exists);
         let ownership = Ownership::Owned { adopt: target.adopt };
         let outcome = match target.kind {
             TargetKind::Secret => {
                 let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
                 let live = self.scope.secret(&target.namespace, &target.name);
-                apply::apply_over(&api, desired, ownership, live.as_deref()).await
+                write_checked(&api, desired, ownership, live.as_deref()).await
             }
             TargetKind::ConfigMap => {
                 let api = Api::<ConfigMap>::namespaced(self.client.clone(), &target.namespace);
                 let live = self.scope.config_map(&target.namespace, &target.name);
-                apply::apply_over(&api, desired, ownership, live.as_deref()).await
+                write_checked(&api, desired, ownership, live.as_deref()).await
             }
         };
-        let count = bundle.as_ref().map_or(0, |(b, _)| b.len());
+        let count = plan.bundle.as_ref().map_or(0, |(b, _)| b.len());
         match outcome {
             Ok(Outcome::Unchanged) => {}
             Ok(outcome) => {
@@ -343,8 +492,25 @@ impl Syncer {
                 let note = format!("bundle {}: {verb} key {} with {count} certificates", spec.name, target.key);
                 tracing::info!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, certificates = count, "{verb}");
                 self.event(target, EventType::Normal, "Published", &note).await;
+                let removed = plan.foreign_removed();
+                if removed > 0 {
+                    let note = format!(
+                        "bundle {}: removed {removed} certificates from key {} that its sources never held",
+                        spec.name, target.key
+                    );
+                    tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, removed, "foreign certificates removed");
+                    self.event(target, EventType::Warning, "ForeignCertificateRemoved", &note).await;
+                }
             }
             Err(e) => {
+                if terminating(&e) {
+                    // Not retried every cycle: skipped (and counted as such) until it is probed again.
+                    tracing::info!(bundle = %spec.name, namespace = %target.namespace, "target namespace is being deleted; skipped");
+                    self.terminating.skip(&target.namespace);
+                    self.metrics.target_in_sync.remove(&labels);
+                    published.targets.remove(&labels);
+                    return Ok(None);
+                }
                 let reason = if matches!(e, ApplyError::Foreign { .. } | ApplyError::ForeignKey { .. }) {
                     "NotOwned"
                 } else {
@@ -352,12 +518,16 @@ impl Syncer {
                 };
                 tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, error = %e, "target not written");
                 in_sync.set(0);
-                self.event(target, EventType::Warning, reason, &format!("bundle {}: {e}", spec.name)).await;
-                return Err(TargetError::Apply(e));
+                // A conflict (the object changed since it was read, often only the cache lagging behind our own
+                // last write) is retried at once with a fresh read; it is not worth a Warning on the object.
+                if !matches!(e, ApplyError::Conflict { .. }) {
+                    self.event(target, EventType::Warning, reason, &format!("bundle {}: {e}", spec.name)).await;
+                }
+                return Err(e);
             }
         }
         in_sync.set(1);
-        let Some((bundle, review)) = bundle else { return Ok(None) };
+        let Some((bundle, review)) = plan.bundle else { return Ok(None) };
         for cert in bundle.certificates() {
             let labels = CertLabels {
                 bundle: spec.name.clone(),
@@ -370,16 +540,15 @@ impl Syncer {
         Ok(review)
     }
 
-    /// The target's current key content and rotation state, from the store, if it exists.
-    fn read_target(&self, target: &Resolved) -> Option<LiveTarget> {
+    /// The target's current key content, from the store, if the object exists (the key may be absent).
+    fn read_target(&self, target: &Resolved) -> Option<Vec<u8>> {
         match target.kind {
-            TargetKind::Secret => self.scope.secret(&target.namespace, &target.name).map(|s| LiveTarget {
-                data: s.data.as_ref().and_then(|d| d.get(&target.key)).map(|v| v.0.clone()),
-                state: s.metadata.annotations.as_ref().and_then(|a| a.get(STATE_ANNOTATION)).cloned(),
-            }),
-            TargetKind::ConfigMap => self.scope.config_map(&target.namespace, &target.name).map(|c| LiveTarget {
-                data: c.data.as_ref().and_then(|d| d.get(&target.key)).map(|v| v.clone().into_bytes()),
-                state: c.metadata.annotations.as_ref().and_then(|a| a.get(STATE_ANNOTATION)).cloned(),
+            TargetKind::Secret => self
+                .scope
+                .secret(&target.namespace, &target.name)
+                .map(|s| s.data.as_ref().and_then(|d| d.get(&target.key)).map(|v| v.0.clone()).unwrap_or_default()),
+            TargetKind::ConfigMap => self.scope.config_map(&target.namespace, &target.name).map(|c| {
+                c.data.as_ref().and_then(|d| d.get(&target.key)).map(|v| v.clone().into_bytes()).unwrap_or_default()
             }),
         }
     }
@@ -390,17 +559,111 @@ impl Syncer {
     }
 }
 
-enum TargetError {
-    Apply(ApplyError),
-    StateTooLarge,
+/// Applies `desired` over `live` (as the cache last saw it) with `live`'s `resourceVersion` as a precondition:
+/// if someone changed the object after the ownership check read it, the apiserver refuses the write (409)
+/// instead of letting a forced apply take over what may now be someone else's. The next cycle reads the change
+/// and checks ownership again. An object that does not exist yet has no version to hold the write to; see
+/// docs/ca-syncer.md.
+pub async fn write_checked<K>(
+    api: &Api<K>,
+    mut desired: serde_json::Value,
+    ownership: Ownership,
+    live: Option<&K>,
+) -> Result<Outcome, ApplyError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + fmt::Debug,
+    K::DynamicType: Default,
+{
+    if let Some(version) = live.and_then(|l| l.meta().resource_version.clone()) {
+        desired["metadata"]["resourceVersion"] = json!(version);
+    }
+    apply::apply_over(api, desired, ownership, live).await
 }
 
-struct LiveTarget {
-    data: Option<Vec<u8>>,
-    state: Option<String>,
+/// The apiserver refuses new objects in a namespace that is being deleted (NamespaceLifecycle admission).
+fn terminating(error: &ApplyError) -> bool {
+    let ApplyError::Kube { source: kube::Error::Api(status), .. } = error else { return false };
+    status.code == 403
+        && status.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
 }
 
-/// The fields ca-syncer owns in a target: the key and the rotation state. The Secret type is set only on
+fn target_labels(spec: &Bundle, target: &Resolved) -> TargetLabels {
+    TargetLabels {
+        bundle: spec.name.clone(),
+        kind: target.kind.as_str().into(),
+        namespace: target.namespace.clone(),
+        name: target.name.clone(),
+    }
+}
+
+/// Why a target was not attempted this cycle; `ca_syncer_skipped_targets{reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SkipReason {
+    /// Its namespace is being deleted: new objects are refused there.
+    Terminating,
+}
+
+impl SkipReason {
+    /// Every reason, so each series exists (at 0) before anything is skipped.
+    const ALL: [SkipReason; 1] = [SkipReason::Terminating];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Terminating => "terminating",
+        }
+    }
+}
+
+/// Named target namespaces found to be terminating (from a refused create), skipped until probed again.
+/// Selector targets need no memory: the Namespace watch says which are being deleted.
+#[derive(Default, Clone)]
+struct Terminating(Arc<Mutex<BTreeMap<String, std::time::Instant>>>);
+
+/// How long a namespace found terminating is skipped before one write is tried again (it may have been
+/// deleted and created anew).
+const TERMINATING_REPROBE: Duration = Duration::from_secs(600);
+
+impl Terminating {
+    fn skip(&self, namespace: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(namespace.to_string(), std::time::Instant::now());
+    }
+
+    fn is_skipped(&self, namespace: &str) -> bool {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get(namespace) {
+            Some(since) if since.elapsed() < TERMINATING_REPROBE => true,
+            Some(_) => {
+                map.remove(namespace);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+/// One target's part of a cycle, planned before anything is written.
+struct TargetPlan<'a> {
+    target: &'a Resolved,
+    exists: bool,
+    pem: String,
+    /// The cache annotation: what this target holds, for people reading it. Never read back.
+    cache: String,
+    bundle: Option<(Built, Option<OffsetDateTime>)>,
+    retention: Option<RetentionPlan>,
+}
+
+impl TargetPlan<'_> {
+    fn fingerprints(&self) -> impl Iterator<Item = Fingerprint> + '_ {
+        self.bundle.iter().flat_map(|(b, _)| b.fingerprints())
+    }
+
+    /// Certificates found in the target that the bundle's sources never held (hand-edited in).
+    fn foreign_removed(&self) -> usize {
+        self.retention.iter().flat_map(|r| &r.dropped).filter(|d| d.reason == DropReason::NotPublishedByUs).count()
+    }
+}
+
+/// The fields ca-syncer owns in a target: the key and the cache annotation of what it holds. The Secret type is set only on
 /// creation: it is immutable, and an adopted Secret keeps its own.
 fn desired_object(target: &Resolved, pem: &str, state: &str, creating: bool) -> serde_json::Value {
     let annotations: BTreeMap<&str, &str> =

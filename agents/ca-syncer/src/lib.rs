@@ -2,7 +2,8 @@
 //!
 //! Pure domain logic (no Kubernetes client, no I/O): [`certs`] (strict parsing), [`bundle`] (byte-stable
 //! bundles), [`rotation`] (keeping rotated-out CAs), [`config`], [`rbac`] (the Roles a configuration needs).
-//! The edges: [`scope`] (watches and stores built from the configuration), [`sources`], [`live_check`],
+//! The edges: [`scope`] (watches and stores built from the configuration), [`sources`], [`state`] (each
+//! bundle's rotation record, in the agent's own namespace), [`live_check`],
 //! [`controller`] (the reconciler the runtime's driver runs) and [`sidecar`] (`ca-syncer watch`).
 #![forbid(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod rotation;
 pub mod scope;
 pub mod sidecar;
 pub mod sources;
+pub mod state;
 
 #[cfg(test)]
 mod testcerts;

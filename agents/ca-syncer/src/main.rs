@@ -17,7 +17,14 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent: keep every configured bundle in sync.
-    Run(RunArgs),
+    Run {
+        #[command(flatten)]
+        args: RunArgs,
+        /// For tests only: the roots "empty means public roots" is verified with, instead of the compiled-in
+        /// public roots (a loopback test bed has no publicly trusted endpoint).
+        #[arg(long, env = "CA_SYNCER_PUBLIC_ROOTS_FILE", hide = true)]
+        public_roots_file: Option<PathBuf>,
+    },
     /// Print each bundle as it would be written, with each certificate's subject, issuer and notAfter.
     Render {
         #[arg(long, env = "KCP_KEEPER_CONFIG")]
@@ -45,7 +52,7 @@ enum Command {
 async fn main() -> ExitCode {
     kcp_keeper_runtime::init_crypto();
     let result = match Cli::parse().command {
-        Command::Run(args) => ca_syncer::controller::run(args).await,
+        Command::Run { args, public_roots_file } => ca_syncer::controller::run(args, public_roots_file).await,
         Command::Render { config, kube } => ca_syncer::controller::render(&config, &kube).await,
         Command::Rbac { config, namespace, service_account, lease_name } => {
             let who = ca_syncer::rbac::Subjects { namespace, service_account, lease_name };

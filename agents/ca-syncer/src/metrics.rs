@@ -47,6 +47,8 @@ pub struct Metrics {
     pub live_check_failures: Family<ReasonLabels, Counter>,
     pub writes: Family<BundleLabel, Counter>,
     pub last_sync: Family<BundleLabel, GaugeF64>,
+    /// Targets not attempted this cycle, by reason (`terminating`); every reason present from the first cycle.
+    pub skipped_targets: Family<ReasonLabels, Gauge>,
 }
 
 impl Metrics {
@@ -60,8 +62,13 @@ impl Metrics {
             live_check_failures: Family::default(),
             writes: Family::default(),
             last_sync: Family::default(),
+            skipped_targets: Family::default(),
         };
-        registry.register("bundle_certificates", "Certificates in each bundle as last built", m.certificates.clone());
+        registry.register(
+            "bundle_certificates",
+            "Certificates in each bundle as last built (sources plus retained)",
+            m.certificates.clone(),
+        );
         registry.register_with_unit(
             "certificate_not_after_timestamp",
             "notAfter of each certificate in each bundle",
@@ -89,6 +96,11 @@ impl Metrics {
             "When each bundle was last synced to all its targets",
             Unit::Seconds,
             m.last_sync.clone(),
+        );
+        registry.register(
+            "skipped_targets",
+            "Targets not attempted in the last cycle, by reason (terminating: the namespace is being deleted)",
+            m.skipped_targets.clone(),
         );
         m
     }

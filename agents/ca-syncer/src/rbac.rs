@@ -12,7 +12,10 @@
 //!   watch uses), create/patch on the targets among them, create on Events;
 //! - for namespace-selector targets: a ClusterRole with the same verbs on that object name only, list/watch on
 //!   Namespaces (their labels are not secret), create on Events;
-//! - in the agent's own namespace: its Lease (create cannot be limited by name: the name is not in the URL).
+//! - in the agent's own namespace: each bundle's rotation record ([`crate::state`]: get/update by name, and
+//!   create, which cannot be limited by name), create on Events (about file sources, on the Lease), and its
+//!   Lease (create again not limited by name: the name of an object to create is not in the URL, so RBAC never
+//!   sees it).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -83,6 +86,11 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
             if let Some(names) = access.write.get(&kind) {
                 rules.push(rule("", resource(kind), names, &["create", "patch"]));
             }
+        }
+        if *ns == who.namespace {
+            let records: BTreeSet<String> = config.bundles.iter().map(|b| crate::state::object_name(&b.name)).collect();
+            rules.push(rule("", "configmaps", &records, &["get", "update"]));
+            rules.push(rule("", "configmaps", &BTreeSet::new(), &["create"]));
         }
         if !rules.is_empty() {
             rules.push(rule("events.k8s.io", "events", &BTreeSet::new(), &["create"]));

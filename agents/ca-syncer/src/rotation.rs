@@ -9,15 +9,17 @@
 //!   `min(notAfter, leftSourcesAt + grace)`. A grace of zero drops it at once (trust-manager's behaviour).
 //! - An expired certificate is never retained, whatever the configuration says about expired source
 //!   certificates.
-//! - Only certificates this agent published are retained: one found in the target but not recorded in the state
-//!   (hand-edited into the target, or there before the target was adopted) is dropped, so a hand-edit is put
-//!   back rather than kept until its notAfter.
+//! - Only certificates this agent saw in the bundle's sources are retained: one found in a target but not in
+//!   the bundle's record (hand-edited in, or there before the target was adopted) is dropped, so a hand edit is
+//!   put back rather than kept until its notAfter.
 //!
-//! "When did it leave the sources" and "what did we publish" are state, and the state lives in the target
-//! itself, in an annotation ([`STATE_ANNOTATION`]) written together with the data: an agent restart, a leader
-//! change or a second replica sees the same state, and the state can never describe different data than the
-//! object holds. The state is per target: a target created during a rotation starts from the current sources.
-//! Trusting one target's state for another would let whoever can write one target inject a CA into all of them.
+//! "Which certificates were in the sources" and "when did each leave them" are state. That record is kept
+//! where only the agent writes: one object per bundle in the agent's own namespace ([`crate::state`]). The
+//! target's own annotation ([`STATE_ANNOTATION`]) is written as a cache for people reading the target, and is
+//! never read back: whoever can edit a target could otherwise add a CA to its data and its fingerprint to the
+//! annotation, and have it kept. The certificate bytes of a retained CA come from the target (a target
+//! created during a rotation starts from the current sources); the record decides which of them are kept, by
+//! SHA-256 of the DER, which an editor cannot forge for a certificate of their own.
 //!
 //! A certificate that comes back into the sources loses its "left" time; if it leaves again, its grace starts
 //! again.
@@ -43,7 +45,8 @@ pub const MAX_STATE_BYTES: usize = 96 * 1024;
 
 const STATE_VERSION: u32 = 1;
 
-/// What was published to a target and when each retained certificate left the sources.
+/// The certificates seen in a bundle's sources (those there now and those retained since they left), and when
+/// each retained one left. Also the shape of the cache annotation on targets.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RotationState {
     published: BTreeSet<Fingerprint>,
@@ -197,7 +200,8 @@ pub enum DropReason {
     Expired,
     /// Left the sources longer than the grace ago.
     GraceElapsed,
-    /// In the target but not recorded as published by this agent (hand-edited in, or there before adoption).
+    /// In the target but not in the bundle's record of what its sources held (hand-edited in, or there before
+    /// adoption).
     NotPublishedByUs,
 }
 
@@ -258,7 +262,8 @@ impl RetentionPlan {
 
 /// Decides which certificates to publish: all of `current` (the sources now), plus each certificate of
 /// `previous` (what the target holds, as published before) that left the sources and is still within its
-/// retention, as described in the module docs. `state` is the target's decoded [`STATE_ANNOTATION`].
+/// retention, as described in the module docs. `state` is the bundle's record ([`crate::state`]), never the
+/// target's annotation.
 pub fn plan_retention(
     current: &[Certificate],
     previous: &[Certificate],
@@ -300,6 +305,19 @@ pub fn plan_retention(
         certificates.insert(fp, cert.clone());
     }
     RetentionPlan { certificates: certificates.into_values().collect(), retained, dropped }
+}
+
+/// The bundle's record after a cycle: every certificate in the sources now, plus each certificate retained in at
+/// least one target (`plans`), with the time it left. A certificate no target retains any more is forgotten.
+pub fn next_state<'a>(current: &[Certificate], plans: impl IntoIterator<Item = &'a RetentionPlan>) -> RotationState {
+    let mut seen: BTreeSet<Fingerprint> = current.iter().map(Certificate::fingerprint).collect();
+    let mut left = BTreeMap::new();
+    for retained in plans.into_iter().flat_map(|p| &p.retained) {
+        let fp = retained.certificate.fingerprint();
+        seen.insert(fp);
+        left.insert(fp, retained.left_sources_at);
+    }
+    RotationState::new(seen, left)
 }
 
 fn whole_seconds(t: OffsetDateTime) -> OffsetDateTime {
@@ -599,5 +617,26 @@ mod tests {
         let expected: BTreeSet<Fingerprint> = bundle.fingerprints().collect();
         assert_eq!(state.published(), &expected);
         assert_eq!(state.left_sources().keys().copied().collect::<Vec<_>>(), [old.cert().fingerprint()]);
+    }
+
+    #[test]
+    fn next_state_records_the_sources_and_what_a_target_retains_and_forgets_what_none_does() {
+        let old = TestCa::root_valid("old", at(T2025), at(T2025 + 30 * DAY));
+        let gone = TestCa::root_valid("gone", at(T2025), at(T2025 + 30 * DAY));
+        let new = TestCa::root("new");
+        let now = at(T2025 + DAY);
+        let record = RotationState::new([old.cert().fingerprint(), new.cert().fingerprint()], []);
+        // One target still holds the old CA, another never did; `gone` was hand-edited into the first.
+        let holding = plan_retention(&[new.cert()], &[old.cert(), gone.cert()], &record, now, None);
+        let fresh = plan_retention(&[new.cert()], &[], &record, now, None);
+        let next = next_state(&[new.cert()], [&holding, &fresh]);
+        assert_eq!(
+            next,
+            RotationState::new([old.cert().fingerprint(), new.cert().fingerprint()], [(old.cert().fingerprint(), now)])
+        );
+        // Once no target retains it (expired), it is forgotten, and a target editor cannot bring it back.
+        let later = old.not_after + time::Duration::SECOND;
+        let expired = plan_retention(&[new.cert()], &[old.cert()], &next, later, None);
+        assert_eq!(next_state(&[new.cert()], [&expired]), RotationState::new([new.cert().fingerprint()], []));
     }
 }

@@ -126,18 +126,20 @@ impl Scope {
         lookup(&self.config_maps, namespace, name)
     }
 
-    /// The namespaces `labels` selects, sorted, without those being deleted (they refuse new objects).
-    pub fn namespaces(&self, labels: &BTreeMap<String, String>) -> Vec<String> {
-        let Some(store) = self.namespaces.get(&Placement::label_selector(labels)) else { return Vec::new() };
-        let mut names: Vec<String> = store
-            .state()
-            .iter()
-            .filter(|ns| ns.metadata.deletion_timestamp.is_none())
-            .filter(|ns| ns.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Terminating"))
-            .filter_map(|ns| ns.metadata.name.clone())
-            .collect();
-        names.sort();
-        names
+    /// The namespaces `labels` selects, sorted: those that take new objects, and those being deleted (they
+    /// refuse new objects, so their targets are skipped and counted as such).
+    pub fn namespaces(&self, labels: &BTreeMap<String, String>) -> (Vec<String>, Vec<String>) {
+        let Some(store) = self.namespaces.get(&Placement::label_selector(labels)) else { return Default::default() };
+        let (mut active, mut terminating) = (Vec::new(), Vec::new());
+        for ns in store.state() {
+            let Some(name) = ns.metadata.name.clone() else { continue };
+            let deleting = ns.metadata.deletion_timestamp.is_some()
+                || ns.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating");
+            if deleting { terminating.push(name) } else { active.push(name) }
+        }
+        active.sort();
+        terminating.sort();
+        (active, terminating)
     }
 }
 

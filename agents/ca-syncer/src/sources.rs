@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 
-use crate::certs::{Certificate, EmptyPolicy, SourceError, parse_certificates};
+use crate::certs::{Certificate, EmptyPolicy, MAX_SOURCE_BYTES, SourceError, parse_certificates};
 use crate::config::{KeyRef, Source};
 use crate::scope::Scope;
 
@@ -91,9 +91,7 @@ pub async fn read(reader: &Reader<'_>, source: &Source, empty: EmptyPolicy) -> R
         }
         // Parsed at load with the same strict parser.
         Source::Inline(certs) => return Ok(certs.clone()),
-        Source::File(path) => tokio::fs::read(path)
-            .await
-            .map_err(|source| SourceFailure::File { path: path.display().to_string(), source })?,
+        Source::File(path) => read_bounded(path).await?,
         Source::PublicRoots => return Ok(public_roots()),
     };
     Ok(parse_certificates(&bytes, empty)?)
@@ -117,6 +115,20 @@ where
     })
 }
 
+/// Reads at most one byte more than a source may hold, so a huge (or endless) file is refused without being
+/// read whole.
+async fn read_bounded(path: &std::path::Path) -> Result<Vec<u8>, SourceFailure> {
+    use tokio::io::AsyncReadExt;
+    let failure = |source| SourceFailure::File { path: path.display().to_string(), source };
+    let file = tokio::fs::File::open(path).await.map_err(failure)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SOURCE_BYTES as u64 + 1).read_to_end(&mut bytes).await.map_err(failure)?;
+    if bytes.len() > MAX_SOURCE_BYTES {
+        return Err(SourceError::TooLarge { size: bytes.len(), limit: MAX_SOURCE_BYTES }.into());
+    }
+    Ok(bytes)
+}
+
 fn key_missing(kind: &'static str, r: &KeyRef) -> SourceFailure {
     SourceFailure::KeyMissing { kind, namespace: r.namespace.clone(), name: r.name.clone(), key: r.key.clone() }
 }
@@ -136,5 +148,13 @@ mod tests {
         let roots = public_roots();
         assert!(roots.len() > 100, "{}", roots.len());
         assert!(roots.iter().all(Certificate::is_ca));
+    }
+
+    #[tokio::test]
+    async fn a_file_source_is_read_no_further_than_its_limit() {
+        // /dev/zero never ends: only a bounded read returns at all.
+        let source = Source::File("/dev/zero".into());
+        let err = read(&Reader::Client(None), &source, EmptyPolicy::Reject).await.unwrap_err();
+        assert_eq!(err.metric_label(), "too_large", "{err}");
     }
 }

@@ -1,44 +1,20 @@
 //! The ca-syncer binary against a real apiserver: what reaches targets, what never does, and when nothing is
 //! written at all.
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
-use k8s_openapi::ByteString;
+use common::*;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
-use testbed::agent_process::AgentProcess;
 use testbed::certs::Ca;
 use testbed::tls::TlsServer;
 use testbed::{ControlPlane, assert_no_secret_material, eventually};
-
-const BINARY: &str = env!("CARGO_BIN_EXE_ca-syncer");
-const WAIT: Duration = Duration::from_secs(30);
-const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// Starts ca-syncer with `config` (YAML) against `bed`, its Lease in `lease_ns`.
-fn start_agent(bed: &ControlPlane, lease_ns: &str, config: &str) -> Result<AgentProcess> {
-    let dir = bed.subdir("ca-syncer")?;
-    let path = dir.join("config.yaml");
-    std::fs::write(&path, config)?;
-    AgentProcess::start(bed, Path::new(BINARY), &path, lease_ns, "ca-syncer-0", &[])
-}
-
-fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
-    Secret {
-        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-        data: Some(data.iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect()),
-        ..Default::default()
-    }
-}
-
-async fn key(client: &kube::Client, ns: &str, name: &str, key: &str) -> Option<String> {
-    let s = Api::<Secret>::namespaced(client.clone(), ns).get_opt(name).await.ok()??;
-    s.data?.get(key).map(|v| String::from_utf8_lossy(&v.0).into_owned())
-}
 
 async fn events(client: &kube::Client, ns: &str) -> Vec<Event> {
     Api::<Event>::namespaced(client.clone(), ns).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default()
@@ -51,14 +27,6 @@ fn bodies(pem: &str) -> Vec<String> {
 
 fn body(pem: &str) -> String {
     bodies(pem).remove(0)
-}
-
-async fn metrics(agent: &AgentProcess) -> String {
-    testbed::http::get(&format!("{}/metrics", agent.admin_url)).await.map(|(_, _, body)| body).unwrap_or_default()
-}
-
-fn metric(text: &str, prefix: &str) -> f64 {
-    text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
 
 #[tokio::test]
@@ -110,13 +78,7 @@ async fn a_source_with_a_private_key_block_is_rejected_whole_and_targets_keep_th
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let ca = Ca::new("good-ca", YEAR)?;
-    let api = Api::<Secret>::namespaced(bed.client(), &ns);
-    api.create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())])).await?;
-    let config = format!(
-        "bundles:\n- name: guarded\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
-    );
-    let mut agent = start_agent(&bed, &ns, &config)?;
-    agent.wait_ready(WAIT).await?;
+    let (api, agent) = start_one_bundle(&bed, &ns, &ns, "guarded", &ca.cert_pem(), "").await?;
     let good = key(&bed.client(), &ns, "bundle", "ca.crt").await.expect("first bundle");
 
     let other = Ca::new("other-ca", YEAR)?;
@@ -127,26 +89,39 @@ async fn a_source_with_a_private_key_block_is_rejected_whole_and_targets_keep_th
         events(&client, &ns).await.into_iter().find(|e| e.reason.as_deref() == Some("SourceRejected"))
     })
     .await;
-    let text = metrics(&agent).await;
-    assert!(metric(&text, "ca_syncer_source_errors_total{bundle=\"guarded\",reason=\"private_key\"}") >= 1.0, "{text}");
+    wait_for_metric(
+        &agent,
+        "ca_syncer_source_errors_total{bundle=\"guarded\",reason=\"private_key\"}",
+        "the key counted",
+        |v| v >= 1.0,
+    )
+    .await;
     assert_eq!(
         key(&bed.client(), &ns, "bundle", "ca.crt").await.as_deref(),
         Some(good.as_str()),
         "last good bundle kept"
     );
     let log = agent.process.log();
-    assert!(
-        log.contains("guarded") && (log.contains("sources[0]") || log.contains("\"source\":0")),
-        "names bundle and source"
-    );
+    // The rejection's own line names the bundle, the source and the kind of problem.
+    let rejection =
+        log.lines().find(|l| l.contains("source rejected")).unwrap_or_else(|| panic!("no rejection line:\n{log}"));
+    for part in ["\"bundle\":\"guarded\"", "\"source\":0", "private key"] {
+        assert!(rejection.contains(part), "{part} in {rejection}");
+    }
     let rejected = events(&bed.client(), &ns).await;
     testbed::leaks::assert_no_secret_material(&format!("{log}\n{rejected:?}"), &[&other.key_pem(), &other.cert_pem()]);
 
-    // Garbage is rejected the same way.
-    api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": "not a certificate"}})))
-        .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(key(&bed.client(), &ns, "bundle", "ca.crt").await.as_deref(), Some(good.as_str()));
+    // Garbage is rejected the same way, and so are PEM headers: each counted, the last good bundle kept.
+    let cases = [
+        ("not a certificate".to_string(), "text_outside_blocks"),
+        (ca.cert_pem().replacen("-----\n", "-----\nProc-Type: 4,ENCRYPTED\n", 1), "pem_headers"),
+    ];
+    for (content, reason) in cases {
+        api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": content}}))).await?;
+        let series = format!("ca_syncer_source_errors_total{{bundle=\"guarded\",reason=\"{reason}\"}}");
+        wait_for_metric(&agent, &series, reason, |v| v >= 1.0).await;
+        assert_eq!(key(&bed.client(), &ns, "bundle", "ca.crt").await.as_deref(), Some(good.as_str()), "{reason}");
+    }
     Ok(())
 }
 
@@ -157,13 +132,7 @@ async fn a_rotated_out_ca_stays_until_its_not_after_then_only_the_new_one_remain
     // cert-manager >= 1.18 rotates the key: the new CA is a different certificate. The old one expires soon.
     let old = Ca::new("kcp-ca", Duration::from_secs(35))?;
     let new = Ca::new("kcp-ca", YEAR)?;
-    let api = Api::<Secret>::namespaced(bed.client(), &ns);
-    api.create(&PostParams::default(), &secret("source", &[("ca.crt", &old.cert_pem())])).await?;
-    let config = format!(
-        "bundles:\n- name: rotating\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
-    );
-    let mut agent = start_agent(&bed, &ns, &config)?;
-    agent.wait_ready(WAIT).await?;
+    let (api, _agent) = start_one_bundle(&bed, &ns, &ns, "rotating", &old.cert_pem(), "").await?;
     api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": new.cert_pem()}})))
         .await?;
 
@@ -215,7 +184,8 @@ async fn output_is_byte_stable_across_source_order_and_an_idle_cycle_writes_noth
     let mut last =
         eventually(WAIT, "a settling cycle", || async { synced(&metrics(&agent).await).filter(|v| *v > first) }).await;
     let rv = api.get("forward").await?.metadata.resource_version;
-    let writes = metric(&metrics(&agent).await, "ca_syncer_target_writes_total");
+    let writes_series = "ca_syncer_target_writes_total{bundle=\"forward\"}";
+    let writes = metric(&metrics(&agent).await, writes_series)?;
     // Unrelated Secrets wake nothing (the watches are scoped); the 1s resync runs cycles, proven by the
     // last-sync timestamp moving.
     for i in 0..3 {
@@ -227,7 +197,7 @@ async fn output_is_byte_stable_across_source_order_and_an_idle_cycle_writes_noth
                 .await;
     }
     assert_eq!(api.get("forward").await?.metadata.resource_version, rv);
-    assert_eq!(metric(&metrics(&agent).await, "ca_syncer_target_writes_total"), writes, "no write in idle cycles");
+    assert_eq!(metric(&metrics(&agent).await, writes_series)?, writes, "no write in idle cycles");
     Ok(())
 }
 
@@ -339,9 +309,13 @@ async fn a_bundle_that_does_not_verify_the_live_endpoint_is_not_published_and_on
     })
     .await;
     assert!(key(&bed.client(), &ns, "wrong-bundle", "ca.crt").await.is_none(), "the unverified bundle is not written");
+    let in_sync = format!(
+        "ca_syncer_target_in_sync{{bundle=\"wrong\",kind=\"Secret\",namespace=\"{ns}\",name=\"wrong-bundle\"}}"
+    );
+    wait_for_metric(&agent, &in_sync, "the unverified target reads 0", |v| v == 0.0).await;
     let text = metrics(&agent).await;
     assert!(
-        metric(&text, "ca_syncer_live_check_failures_total{bundle=\"wrong\",reason=\"not_verified\"}") >= 1.0,
+        metric(&text, "ca_syncer_live_check_failures_total{bundle=\"wrong\",reason=\"not_verified\"}")? >= 1.0,
         "{text}"
     );
     Ok(())
@@ -350,8 +324,7 @@ async fn a_bundle_that_does_not_verify_the_live_endpoint_is_not_published_and_on
 #[tokio::test]
 async fn empty_means_public_roots_writes_nothing_when_the_public_roots_do_not_verify_the_endpoint() -> Result<()> {
     // The endpoint is served from a private CA, so the public roots cannot verify it: the key must not be
-    // written empty. (The positive case needs a publicly trusted endpoint, which a loopback-only test bed
-    // cannot have.)
+    // written empty. (The positive case, with a test root named as the public roots, is the next test.)
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let private = Ca::new("private", YEAR)?;
@@ -378,24 +351,17 @@ async fn metrics_report_certificates_not_after_sync_state_and_freshness() -> Res
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let ca = Ca::new("metrics-ca", YEAR)?;
-    Api::<Secret>::namespaced(bed.client(), &ns)
-        .create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())]))
-        .await?;
-    let config = format!(
-        "bundles:\n- name: observed\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
-    );
-    let mut agent = start_agent(&bed, &ns, &config)?;
-    agent.wait_ready(WAIT).await?;
+    let (_, agent) = start_one_bundle(&bed, &ns, &ns, "observed", &ca.cert_pem(), "").await?;
     let text = metrics(&agent).await;
-    assert_eq!(metric(&text, "ca_syncer_bundle_certificates{bundle=\"observed\"}"), 1.0, "{text}");
-    let not_after = metric(&text, "ca_syncer_certificate_not_after_timestamp_seconds{bundle=\"observed\"");
+    assert_eq!(metric(&text, "ca_syncer_bundle_certificates{bundle=\"observed\"}")?, 1.0, "{text}");
+    let not_after = metric(&text, "ca_syncer_certificate_not_after_timestamp_seconds{bundle=\"observed\"")?;
     let expected = ca_not_after(&ca);
     assert!((not_after - expected).abs() < 2.0, "{not_after} vs {expected}");
     assert_eq!(
-        metric(&text, &format!("ca_syncer_target_in_sync{{bundle=\"observed\",kind=\"Secret\",namespace=\"{ns}\"")),
+        metric(&text, &format!("ca_syncer_target_in_sync{{bundle=\"observed\",kind=\"Secret\",namespace=\"{ns}\""))?,
         1.0
     );
-    assert!(metric(&text, "ca_syncer_last_sync_timestamp_seconds{bundle=\"observed\"}") > 1.7e9);
+    assert!(metric(&text, "ca_syncer_last_sync_timestamp_seconds{bundle=\"observed\"}")? > 1.7e9);
     assert!(text.contains("ca_syncer_build_info"));
     Ok(())
 }
@@ -460,5 +426,257 @@ async fn every_source_kind_feeds_one_bundle_with_the_public_roots_included() -> 
     }
     let public = ca_syncer::sources::public_roots().len();
     assert_eq!(got.len(), public + 3, "the public roots plus the three private CAs");
+    Ok(())
+}
+
+fn fingerprint(pem: &str) -> String {
+    let certs = ca_syncer::certs::parse_certificates(pem.as_bytes(), ca_syncer::certs::EmptyPolicy::Reject).unwrap();
+    certs[0].fingerprint().to_string()
+}
+
+#[tokio::test]
+async fn a_forged_rotation_annotation_with_an_injected_ca_is_put_back_in_one_cycle_with_an_event() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let (agent_ns, ns) = (bed.namespace().await?, bed.namespace().await?);
+    let (ours, injected) = (Ca::new("kcp-ca", YEAR)?, Ca::new("attacker-ca", YEAR)?);
+    // No resync to speak of: only the cycle the edit itself triggers can put it back.
+    let (api, agent) =
+        start_one_bundle(&bed, &ns, &agent_ns, "guarded", &ours.cert_pem(), "resyncInterval: 1h\n").await?;
+    let good = key(&bed.client(), &ns, "bundle", "ca.crt").await.expect("published");
+    let record = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(bed.client(), &agent_ns)
+        .get("ca-syncer-state-guarded")
+        .await?;
+    assert!(
+        record.data.unwrap()["state.json"].contains(&fingerprint(&ours.cert_pem())),
+        "the record is kept by the agent"
+    );
+
+    // Someone who can edit the target adds a CA to the data and its fingerprint to the annotation.
+    let forged = format!(
+        r#"{{"version":1,"published":["{}","{}"]}}"#,
+        fingerprint(&ours.cert_pem()),
+        fingerprint(&injected.cert_pem())
+    );
+    let edit = json!({
+        "metadata": {"annotations": {"ca-syncer.kcp-keeper.io/rotation-state": forged}},
+        "stringData": {"ca.crt": format!("{good}{}", injected.cert_pem())},
+    });
+    let cycles = metric(&metrics(&agent).await, "ca_syncer_reconcile_duration_seconds_count")?;
+    api.patch("bundle", &PatchParams::default(), &Patch::Merge(edit)).await?;
+    let client = bed.client();
+    eventually(WAIT, "the injected CA removed", || async {
+        key(&client, &ns, "bundle", "ca.crt").await.filter(|k| *k == good)
+    })
+    .await;
+    let event = eventually(WAIT, "a ForeignCertificateRemoved Event", || async {
+        events(&client, &ns).await.into_iter().find(|e| e.reason.as_deref() == Some("ForeignCertificateRemoved"))
+    })
+    .await;
+    assert_eq!(event.regarding.and_then(|r| r.name).as_deref(), Some("bundle"));
+    let after = api.get("bundle").await?;
+    let annotation = after.metadata.annotations.unwrap_or_default()["ca-syncer.kcp-keeper.io/rotation-state"].clone();
+    assert!(
+        !annotation.contains(&fingerprint(&injected.cert_pem())),
+        "the forged annotation is put back: {annotation}"
+    );
+    let took = metric(&metrics(&agent).await, "ca_syncer_reconcile_duration_seconds_count")? - cycles;
+    assert!((1.0..=2.0).contains(&took), "put back by the cycle the edit triggered (and its own echo): {took}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rejected_source_leaves_its_targets_at_0_and_keeps_the_not_after_of_what_they_still_hold() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let ca = Ca::new("kept-ca", YEAR)?;
+    let (api, agent) = start_one_bundle(&bed, &ns, &ns, "alarmed", &ca.cert_pem(), "").await?;
+    let in_sync =
+        format!("ca_syncer_target_in_sync{{bundle=\"alarmed\",kind=\"Secret\",namespace=\"{ns}\",name=\"bundle\"}}");
+    wait_for_metric(&agent, &in_sync, "in sync", |v| v == 1.0).await;
+    api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": "garbage"}}))).await?;
+    wait_for_metric(&agent, &in_sync, "the target out of sync reads 0", |v| v == 0.0).await;
+    let text = metrics(&agent).await;
+    let not_after = metric(&text, "ca_syncer_certificate_not_after_timestamp_seconds{bundle=\"alarmed\"")?;
+    assert!((not_after - ca_not_after(&ca)).abs() < 2.0, "the still-published CA keeps its notAfter: {text}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn bundle_certificates_counts_the_published_bundle_with_a_retained_ca_not_the_sources() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let (old, new) = (Ca::new("kcp-ca", YEAR)?, Ca::new("kcp-ca", YEAR)?);
+    let (api, agent) = start_one_bundle(&bed, &ns, &ns, "rotating", &old.cert_pem(), "").await?;
+    let series = "ca_syncer_bundle_certificates{bundle=\"rotating\"}";
+    wait_for_metric(&agent, series, "one certificate", |v| v == 1.0).await;
+    api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": new.cert_pem()}})))
+        .await?;
+    wait_for_metric(&agent, series, "the new CA and the retained old one", |v| v == 2.0).await;
+    let text = metrics(&agent).await;
+    for ca in [&old, &new] {
+        let series = format!("sha256=\"{}\"", &fingerprint(&ca.cert_pem())[..16]);
+        assert!(text.lines().any(|l| l.contains(&series)), "each published CA has its notAfter series: {text}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_file_source_that_is_rejected_is_reported_on_the_agents_lease() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let ca = Ca::new("file-ca", YEAR)?;
+    let file = bed.subdir("ca-file")?.join("ca.crt");
+    std::fs::write(&file, format!("{}{}", ca.cert_pem(), ca.key_pem()))?;
+    let config = format!(
+        "bundles:\n- name: filed\n  sources:\n  - file: {}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n",
+        file.display()
+    );
+    let agent = start_agent(&bed, &ns, &config)?;
+    let client = bed.client();
+    let event = eventually(WAIT, "a SourceRejected Event on the Lease", || async {
+        events(&client, &ns).await.into_iter().find(|e| e.reason.as_deref() == Some("SourceRejected"))
+    })
+    .await;
+    let regarding = event.regarding.clone().expect("regarding");
+    assert_eq!((regarding.kind.as_deref(), regarding.name.as_deref()), (Some("Lease"), Some("kcp-keeper-ca-syncer")));
+    assert!(event.note.as_deref().is_some_and(|n| n.contains("private key")), "{event:?}");
+    assert_no_secret_material(&format!("{event:?}\n{}", agent.process.log()), &[&ca.key_pem()]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_target_in_a_terminating_namespace_is_skipped_counted_and_not_retried_every_cycle() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let (ns, doomed) = (bed.namespace().await?, bed.namespace().await?);
+    let ca = Ca::new("kcp-ca", YEAR)?;
+    Api::<Secret>::namespaced(bed.client(), &ns)
+        .create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())]))
+        .await?;
+    // kube-apiserver alone has no namespace controller: a deleted namespace stays Terminating.
+    Api::<Namespace>::all(bed.client()).delete(&doomed, &DeleteParams::default()).await?;
+    let config = format!(
+        "resyncInterval: 1s\nbundles:\n- name: spread\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n  - secret: {{namespace: {doomed}, name: bundle, key: ca.crt}}\n"
+    );
+    let agent = start_agent(&bed, &ns, &config)?;
+    let skipped = "ca_syncer_skipped_targets{bundle=\"spread\",reason=\"terminating\"}";
+    wait_for_metric(&agent, skipped, "the terminating target counted", |v| v == 1.0).await;
+    let series = "ca_syncer_last_sync_timestamp_seconds{bundle=\"spread\"}";
+    let mut last = wait_for_metric(&agent, series, "the other target synced", |v| v > 0.0).await;
+    for _ in 0..3 {
+        last = wait_for_metric(&agent, series, "another cycle", |v| v > last).await;
+    }
+    let text = metrics(&agent).await;
+    assert!(!text.contains(&format!("namespace=\"{doomed}\"")), "its target left the in-sync series: {text}");
+    let creates: Vec<_> = testbed::audit::by_user(&bed.apiserver.audit_log, testbed::apiserver::ADMIN_USER)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.resource == "secrets" && r.namespace.as_deref() == Some(doomed.as_str()) && r.is_write())
+        .collect();
+    assert_eq!(creates.len(), 1, "one refused create, then skipped: {creates:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_write_over_an_object_changed_since_it_was_read_is_refused_not_taken_over() -> Result<()> {
+    use ca_syncer::controller::write_checked;
+    use kcp_keeper_runtime::apply::{ApplyError, Ownership};
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let api = Api::<Secret>::namespaced(bed.client(), &ns);
+    let desired = |text: &str| json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bundle", "namespace": ns}, "data": {"ca.crt": base64(text)}});
+    write_checked(&api, desired("ours"), Ownership::Owned { adopt: false }, None).await?;
+    // The agent reads the object (its ownership check passes on this copy)...
+    let read = api.get("bundle").await?;
+    // ...someone else takes it over before the write...
+    let takeover = json!({"metadata": {"labels": {"app.kubernetes.io/managed-by": "someone-else"}}, "stringData": {"ca.crt": "theirs"}});
+    api.patch("bundle", &PatchParams::default(), &Patch::Merge(takeover)).await?;
+    // ...and the write, made over what was read, is refused.
+    let refused = write_checked(&api, desired("ours again"), Ownership::Owned { adopt: false }, Some(&read)).await;
+    assert!(matches!(refused, Err(ApplyError::Conflict { .. })), "{refused:?}");
+    assert_eq!(key(&bed.client(), &ns, "bundle", "ca.crt").await.as_deref(), Some("theirs"), "not taken over");
+    // The next cycle reads the change and sees a foreign object.
+    let fresh = api.get("bundle").await?;
+    let next = write_checked(&api, desired("ours again"), Ownership::Owned { adopt: false }, Some(&fresh)).await;
+    assert!(matches!(next, Err(ApplyError::Foreign { .. })), "{next:?}");
+    Ok(())
+}
+
+fn base64(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+#[test]
+fn a_file_source_holding_the_machines_ca_bundle_with_certifi_style_comments_is_rendered_whole() -> Result<()> {
+    let system = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt")?;
+    let count = system.matches("-----BEGIN CERTIFICATE-----").count();
+    assert!(count > 100, "the machine's CA bundle: {count}");
+    // certifi's cacert.pem: a comment block before each certificate, blank lines between.
+    let commented = system.replace(
+        "-----BEGIN CERTIFICATE-----",
+        "\n# Issuer: CN=Example O=Example\n# Subject: CN=Example O=Example\n# Label: \"Example\"\n# SHA256 Fingerprint: 00:11\n-----BEGIN CERTIFICATE-----",
+    );
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("cacert.pem");
+    std::fs::write(&file, commented)?;
+    let config_path = dir.path().join("config.yaml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "bundles:\n- name: distro\n  sources:\n  - file: {}\n  targets:\n  - secret: {{namespace: ns, name: bundle, key: ca.crt}}\n",
+            file.display()
+        ),
+    )?;
+    let (code, stdout, stderr) = testbed::agent_process::run_to_completion(
+        Path::new(BINARY),
+        &["render", "--config", &config_path.display().to_string()],
+    )?;
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let rendered: usize = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("# bundle distro: ")?.strip_suffix(" certificates")?.parse().ok())
+        .expect(&stdout);
+    // Duplicates in the system bundle (if any) collapse; nothing is lost otherwise.
+    assert!(rendered > 100 && rendered <= count, "{rendered} of {count}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn empty_means_public_roots_writes_the_empty_key_only_where_the_public_roots_verify_the_endpoint() -> Result<()> {
+    // The test names the "public roots" (a test root) in place of the compiled-in ones: one endpoint is served
+    // under that root, the other under a private CA.
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let (public, private) = (Ca::new("test-public-root", YEAR)?, Ca::new("private", YEAR)?);
+    let roots = bed.subdir("public-roots")?.join("roots.pem");
+    std::fs::write(&roots, public.cert_pem())?;
+    let trusted = TlsServer::start(&public.issue_server(&["localhost"], &[], YEAR)?, &[]).await?;
+    let untrusted = TlsServer::start(&private.issue_server(&["localhost"], &[], YEAR)?, &[]).await?;
+    let api = Api::<Secret>::namespaced(bed.client(), &ns);
+    api.create(&PostParams::default(), &secret("frontproxy-ca", &[("ca.crt", "")])).await?;
+    let bundle = |name: &str, url: String| {
+        format!(
+            "- name: {name}\n  sources:\n  - secret: {{namespace: {ns}, name: frontproxy-ca, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: {name}, key: ca.crt}}\n  emptyMeansPublicRoots: true\n  liveCheck: {{url: \"{url}\", serverName: localhost}}\n"
+        )
+    };
+    let config = format!("bundles:\n{}{}", bundle("verified", trusted.url()), bundle("unverified", untrusted.url()));
+    let path = write_config(&bed, &config)?;
+    let env = [("CA_SYNCER_PUBLIC_ROOTS_FILE", roots.to_str().expect("utf-8 path"))];
+    let _agent = testbed::agent_process::AgentProcess::start(&bed, Path::new(BINARY), &path, &ns, "ca-syncer-0", &env)?;
+    let client = bed.client();
+    let written = eventually(WAIT, "the verified bundle's empty key", || async {
+        Api::<Secret>::namespaced(client.clone(), &ns).get_opt("verified").await.ok().flatten()
+    })
+    .await;
+    let data = written.data.unwrap_or_default();
+    assert_eq!(data.get("ca.crt").map(|v| v.0.len()), Some(0), "the key is written, and empty");
+    eventually(WAIT, "a LiveCheckFailed Event for the other", || async {
+        events(&client, &ns).await.into_iter().find(|e| {
+            e.reason.as_deref() == Some("LiveCheckFailed")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("unverified")
+        })
+    })
+    .await;
+    assert!(api.get_opt("unverified").await?.is_none(), "no empty key where the public roots do not verify");
     Ok(())
 }

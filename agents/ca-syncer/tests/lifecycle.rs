@@ -61,3 +61,71 @@ fn version_prints_version_and_commit() -> Result<()> {
     assert!(stdout.starts_with("ca-syncer 0.1.0 (commit "), "{stdout}");
     Ok(())
 }
+
+/// A private key and a token, pasted under fields of the wrong type: what must never be echoed.
+const PASTED_KEY: &str = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7pastedKeyBody\n-----END PRIVATE KEY-----\n";
+const PASTED_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.pastedTokenBody0123456789";
+
+fn pasted_configs() -> [(String, &'static str); 2] {
+    let key: String = PASTED_KEY.lines().map(|l| format!("  {l}\n")).collect();
+    [
+        (format!("bundles: |\n{key}"), "bundles: expected a sequence, found string"),
+        (
+            format!(
+                "bundles:\n- name: a\n  sources:\n  - publicRoots: {{}}\n  targets:\n  - secret: {{namespace: n, name: t, key: ca.crt}}\n  dropExpired: {PASTED_TOKEN}\n"
+            ),
+            "bundles[0].dropExpired: expected a boolean, found string",
+        ),
+    ]
+}
+
+fn assert_not_echoed(text: &str) {
+    for secret in
+        ["MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcw", "pastedKeyBody", "PRIVATE KEY", "pastedTokenBody", "eyJhbGci"]
+    {
+        assert!(!text.contains(secret), "{secret} echoed in:\n{text}");
+    }
+}
+
+#[test]
+fn a_key_or_token_under_a_field_of_the_wrong_type_fails_the_start_by_path_and_type_without_echoing_it() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    for (text, expected) in pasted_configs() {
+        let config = dir.path().join("config.yaml");
+        std::fs::write(&config, text)?;
+        let (code, stdout, stderr) =
+            run_to_completion(Path::new(BINARY), &["run", "--config", &config.display().to_string()])?;
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(stderr.contains(expected), "{stderr}");
+        assert_not_echoed(&format!("{stdout}\n{stderr}"));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_key_or_token_under_a_field_of_the_wrong_type_is_refused_on_reload_without_echoing_it() -> Result<()> {
+    let bed = testbed::ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let dir = tempfile::tempdir()?;
+    let good = ready_config(dir.path())?;
+    let config =
+        write_config(&bed, &std::fs::read_to_string(good)?.replace("namespace: default", &format!("namespace: {ns}")))?;
+    let mut agent =
+        testbed::agent_process::AgentProcess::start(&bed, Path::new(BINARY), &config, &ns, "ca-syncer-0", &[])?;
+    agent.wait_ready(WAIT).await?;
+    for (round, (text, expected)) in pasted_configs().into_iter().enumerate() {
+        // Swapped in whole, as kubelet does, so no half-written file is ever read.
+        let staged = config.with_extension("staged");
+        std::fs::write(&staged, text)?;
+        std::fs::rename(&staged, &config)?;
+        let count = (round + 1) as f64;
+        wait_for_metric(&agent, "ca_syncer_config_reload_errors_total{reason=\"parse\"}", "the parse error", |v| {
+            v == count
+        })
+        .await;
+        let log = agent.process.log();
+        assert!(log.contains(expected), "{expected} in:\n{log}");
+        assert_not_echoed(&format!("{log}\n{}", metrics(&agent).await));
+    }
+    Ok(())
+}

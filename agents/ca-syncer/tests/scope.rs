@@ -110,6 +110,11 @@ async fn with_only_its_rendered_roles_it_does_its_whole_job_and_its_token_reads_
     })
     .await;
 
+    // The bundle's rotation record, created and kept in the agent's own namespace with the documented RBAC.
+    let record =
+        Api::<ConfigMap>::namespaced(client.clone(), &s.agent_ns).get(&ca_syncer::state::object_name("kcp")).await?;
+    assert!(record.data.is_some_and(|d| d.contains_key(ca_syncer::state::STATE_KEY)), "the record is written");
+
     // The audit log, before the test uses the token itself: every request the agent sent stayed inside its scope, and none was refused.
     let requests = testbed::audit::by_user(&s.bed.apiserver.audit_log, &s.user)?;
     assert!(requests.iter().any(|r| r.resource == "secrets" && r.verb == "watch"), "the agent's watches are logged");

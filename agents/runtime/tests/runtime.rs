@@ -39,6 +39,17 @@ async fn next_change(rx: &mut tokio::sync::watch::Receiver<Arc<Config>>) -> Resu
     Ok(rx.borrow().name.clone())
 }
 
+/// Waits until the reload error counter for `reason` reads 1.
+async fn counted(metrics: &ConfigMetrics, reason: &str) -> Result<()> {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while metrics.errors(reason) == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn config_swapped_in_by_kubelet_is_applied_only_when_valid() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -52,13 +63,14 @@ async fn config_swapped_in_by_kubelet_is_applied_only_when_valid() -> Result<()>
     project(dir.path(), "name: second\n")?;
     assert_eq!(next_change(&mut rx).await?, "second");
 
-    // Unknown field, then a semantic error: both rejected, the old configuration stays, each is counted.
+    // Unknown field, then a semantic error: both rejected, the old configuration stays, each counted once.
     project(dir.path(), "name: third\nnmae: typo\n")?;
+    counted(&metrics, "parse").await?;
     project(dir.path(), "name: ''\n")?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    counted(&metrics, "invalid").await?;
     assert!(!rx.has_changed()?, "an invalid file must not be applied");
     assert_eq!(rx.borrow().name, "second");
-    assert!(metrics.errors("parse") + metrics.errors("invalid") >= 1);
+    assert_eq!((metrics.errors("parse"), metrics.errors("invalid")), (1, 1), "exactly one error of each kind");
 
     project(dir.path(), "name: fourth\n")?;
     assert_eq!(next_change(&mut rx).await?, "fourth");
@@ -178,15 +190,21 @@ async fn a_scoped_watch_syncs_sees_only_its_name_and_resumes_after_an_apiserver_
     assert!(store.state().is_empty(), "the field selector keeps other Secrets out of the store");
 
     bed.apiserver.restart().await?;
-    api.create(&PostParams::default(), &secret("watched")).await?;
-    // Whatever the watch reports on the way (a failure, a re-list), the store ends up holding the object
-    // created after the restart: the watch resumed.
+    let created = api.create(&PostParams::default(), &secret("watched")).await?;
+    // The object exists only after the restart, so only a watch that resumed can deliver it: the store gets it
+    // with a signal of this watch's (a change, or the re-list after the break), and it is that very object.
     let key = ObjectRef::new("watched").within(&ns);
-    tokio::time::timeout(wait, async {
-        while store.get(&key).is_none() {
-            set.next().await;
+    let delivered_by = tokio::time::timeout(wait, async {
+        loop {
+            let signal = set.next().await;
+            if store.get(&key).is_some() {
+                return signal;
+            }
         }
     })
     .await?;
+    assert!(matches!(delivered_by, Some(Signal::Changed(0) | Signal::Synced(0))), "{delivered_by:?}");
+    let seen = store.get(&key).expect("delivered");
+    assert_eq!(seen.metadata.uid, created.metadata.uid, "the store holds the object created after the restart");
     Ok(())
 }

@@ -29,6 +29,27 @@ pub fn start_agent(bed: &ControlPlane, lease_ns: &str, config: &str) -> Result<A
     AgentProcess::start(bed, Path::new(BINARY), &path, lease_ns, "ca-syncer-0", &[])
 }
 
+/// Secret `source` (key `ca.crt`) holding `pem` in `ns`, and ca-syncer running, ready, with its Lease in
+/// `lease_ns` and one bundle `name` from that Secret into Secret `bundle` in `ns`, after `prefix` (top-level
+/// settings such as `resyncInterval: 1s\n`). Returns the namespace's Secrets and the agent.
+pub async fn start_one_bundle(
+    bed: &ControlPlane,
+    ns: &str,
+    lease_ns: &str,
+    name: &str,
+    pem: &str,
+    prefix: &str,
+) -> Result<(Api<Secret>, AgentProcess)> {
+    let api = Api::<Secret>::namespaced(bed.client(), ns);
+    api.create(&kube::api::PostParams::default(), &secret("source", &[("ca.crt", pem)])).await?;
+    let config = format!(
+        "{prefix}bundles:\n- name: {name}\n  sources:\n  - secret: {{namespace: {ns}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{namespace: {ns}, name: bundle, key: ca.crt}}\n"
+    );
+    let mut agent = start_agent(bed, lease_ns, &config)?;
+    agent.wait_ready(WAIT).await?;
+    Ok((api, agent))
+}
+
 pub fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
     Secret {
         metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
