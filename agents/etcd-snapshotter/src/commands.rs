@@ -25,7 +25,8 @@ fn progress_line(received: u64, total: u64) {
     eprint!("\r  {:>4}%  {:>8.1} MiB of {:.1} MiB", percent, received as f64 / 1048576.0, total as f64 / 1048576.0);
 }
 
-/// Takes one snapshot of each selected shard now (retention is left to the daemon). Fails if any failed.
+/// Takes one snapshot of each selected shard now, then applies retention as a scheduled tick does. Fails if
+/// any failed.
 pub async fn snapshot(config: &Path, shards: &[String]) -> anyhow::Result<()> {
     let (config, store) = open(config)?;
     for name in shards {
@@ -48,10 +49,26 @@ pub async fn snapshot(config: &Path, shards: &[String]) -> anyhow::Result<()> {
             eprintln!();
         }
         match result {
-            Ok(m) => println!(
-                "{}\trevision {}\t{} keys\t{} bytes ({} in etcd)\t{:.1}s",
-                m.id, m.revision, m.key_count, m.object_size_bytes, m.db_size_bytes, m.total_seconds
-            ),
+            Ok(m) => {
+                println!(
+                    "{}\trevision {}\t{} keys\t{} bytes ({} in etcd)\t{:.1}s\tspilled {} bytes",
+                    m.id,
+                    m.revision,
+                    m.key_count,
+                    m.object_size_bytes,
+                    m.db_size_bytes,
+                    m.total_seconds,
+                    m.spilled_bytes
+                );
+                let report = catalog::apply_retention(&store, &shard.name, &config.retention, &m.id).await?;
+                println!(
+                    "retention {}: kept {}, deleted {}, locked {}",
+                    shard.name,
+                    report.kept,
+                    report.deleted.len(),
+                    report.locked.len()
+                );
+            }
             Err(error) => {
                 let reason: &'static str = (&error).into();
                 eprintln!("error: shard {}: {reason}: {error}", shard.name);
