@@ -52,7 +52,15 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     kcp_keeper_runtime::init_crypto();
-    let result = match Cli::parse().command {
+    let command = Cli::parse().command;
+    if !matches!(command, Command::Run(_)) {
+        // One-shots say what they skipped or cleaned (a member down, an abandoned upload) in plain text.
+        let level = std::env::var("KCP_KEEPER_LOG_LEVEL").unwrap_or_else(|_| "warn".into());
+        if let Err(e) = kcp_keeper_runtime::logging::init(&level, kcp_keeper_runtime::logging::LogFormat::Plain) {
+            return kcp_keeper_runtime::exit_code(Err(e));
+        }
+    }
+    let result = match command {
         Command::Run(args) => etcd_snapshotter::daemon::run(args).await,
         Command::Snapshot { config, shard } => commands::snapshot(&config, &shard).await,
         Command::List { config, shard } => commands::list(&config, shard.as_deref()).await,
