@@ -39,7 +39,7 @@ pub async fn snapshot(config: &Path, shards: &[String]) -> anyhow::Result<()> {
         let pending = Pending::default();
         let progress: Option<snapshot::Progress<'_>> = terminal.then_some(&progress_line);
         let result = tokio::select! {
-            result = snapshot::take(&config, shard, &store, &metrics, &pending, progress) => result,
+            result = snapshot::take(&config, shard, &store, &metrics, &pending, None, progress) => result,
             _ = tokio::signal::ctrl_c() => {
                 pending.abort(&store).await;
                 anyhow::bail!("interrupted: the upload in flight was aborted");

@@ -135,7 +135,7 @@ impl Job {
             Err(e) => return self.failed(&SnapshotError::Storage(e), started).await,
         };
         let pending = Pending::default();
-        let take = snapshot::take(&self.config, &self.shard, &store, &self.metrics, &pending, None);
+        let take = snapshot::take(&self.config, &self.shard, &store, &self.metrics, &pending, Some(tick.at), None);
         let end = finish_or_abort(&self.shutdown, Grace::default(), take, || pending.abort(&store)).await;
         let manifest = match end {
             JobEnd::Finished(Ok(manifest)) => manifest,

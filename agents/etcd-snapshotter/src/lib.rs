@@ -3,7 +3,7 @@
 //! Pure logic (no I/O): [`config`], [`retention`], [`manifest`] (bucket layout and manifest format),
 //! [`trailer`] (etcd's trailing sha256), [`encode`] (zstd, age and parts). The edges: [`member`] (etcd),
 //! [`storage`] (S3), [`snapshot`] (one proven snapshot), [`catalog`] (listing, retention applied),
-//! [`restore`], [`daemon`] (`run`) and [`commands`] (the one-shots).
+//! [`restore`], [`daemon`] (`run`), [`commands`] (the one-shots) and [`rbac`].
 #![forbid(unsafe_code)]
 
 pub mod catalog;
@@ -14,6 +14,7 @@ pub mod encode;
 pub mod manifest;
 pub mod member;
 pub mod metrics;
+pub mod rbac;
 pub mod restore;
 pub mod retention;
 pub mod snapshot;

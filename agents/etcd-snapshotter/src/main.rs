@@ -47,6 +47,16 @@ enum Command {
     },
     /// Download, verify and `etcdutl snapshot restore` a snapshot into a new member data directory.
     Restore(commands::RestoreArgs),
+    /// Print the Role and RoleBinding the daemon needs (its Lease and Events, nothing else).
+    Rbac {
+        /// The agent's namespace: its ServiceAccount and Lease live there.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "kcp-keeper")]
+        namespace: String,
+        #[arg(long, default_value = "etcd-snapshotter")]
+        service_account: String,
+        #[arg(long, env = "KCP_KEEPER_LEASE_NAME", default_value = "kcp-keeper-etcd-snapshotter")]
+        lease_name: String,
+    },
 }
 
 #[tokio::main]
@@ -68,6 +78,10 @@ async fn main() -> ExitCode {
             commands::verify(&config, &id, identity_file.as_deref(), &etcdutl).await
         }
         Command::Restore(args) => commands::restore(args).await,
+        Command::Rbac { namespace, service_account, lease_name } => {
+            print!("{}", etcd_snapshotter::rbac::render(&namespace, &service_account, &lease_name));
+            Ok(())
+        }
     };
     kcp_keeper_runtime::exit_code(result)
 }

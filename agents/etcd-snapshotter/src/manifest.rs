@@ -108,6 +108,9 @@ pub struct Manifest {
     /// age recipients the object is encrypted to; empty when not encrypted.
     pub encryption_recipients: Vec<String>,
     pub agent_version: String,
+    /// The schedule tick this snapshot was taken for (absent for a one-shot `snapshot`).
+    #[serde(default)]
+    pub tick: Option<DateTime<Utc>>,
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
     pub stream_seconds: f64,
@@ -173,6 +176,7 @@ pub(crate) fn sample() -> Manifest {
         compression: "zstd".into(),
         encryption_recipients: vec![],
         agent_version: "0.1.0".into(),
+        tick: None,
         started_at: at,
         finished_at: at,
         stream_seconds: 0.5,

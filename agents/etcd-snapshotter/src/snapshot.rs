@@ -93,6 +93,7 @@ pub async fn take(
     store: &Store,
     metrics: &Metrics,
     pending: &Pending,
+    tick: Option<chrono::DateTime<Utc>>,
     progress: Option<Progress<'_>>,
 ) -> Result<Manifest, SnapshotError> {
     let started = Instant::now();
@@ -176,6 +177,7 @@ pub async fn take(
         compression: config.compression.as_str().into(),
         encryption_recipients: config.recipients.iter().map(|r| r.id.clone()).collect(),
         agent_version: kcp_keeper_runtime::VERSION.into(),
+        tick,
         started_at,
         finished_at: Utc::now(),
         stream_seconds,

@@ -21,24 +21,45 @@ pub const NO_METADATA: (&str, &str) = ("AWS_EC2_METADATA_DISABLED", "true");
 pub struct Bed {
     pub peers: peers::Peers,
     pub s3: S3Server,
-    pub dir: tempfile::TempDir,
+    dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    /// A kube-apiserver, for the daemon (Lease, Events, ServiceAccount tokens).
+    pub cluster: Option<testbed::ControlPlane>,
 }
 
 impl Bed {
+    /// etcd and S3 only: enough for the one-shots.
     pub async fn start() -> Result<Self> {
         testbed::init_crypto();
         let peers = peers::locate()?;
-        let dir = tempfile::Builder::new().prefix("etcd-snapshotter-test-").tempdir()?;
-        let s3 = S3Server::start(peers.path("versitygw"), dir.path()).await?;
-        Ok(Self { peers, s3, dir })
+        let tmp = tempfile::Builder::new().prefix("etcd-snapshotter-test-").tempdir()?;
+        let s3 = S3Server::start(peers.path("versitygw"), tmp.path()).await?;
+        Ok(Self { peers, s3, dir: tmp.path().into(), _tmp: Some(tmp), cluster: None })
+    }
+
+    /// With a kube-apiserver too, for the daemon.
+    pub async fn with_cluster() -> Result<Self> {
+        let cluster = testbed::ControlPlane::start().await?;
+        let s3 = cluster.s3().await?;
+        Ok(Self {
+            peers: peers::locate()?,
+            s3,
+            dir: cluster.subdir("snapshotter")?,
+            _tmp: None,
+            cluster: Some(cluster),
+        })
+    }
+
+    pub fn cluster(&self) -> &testbed::ControlPlane {
+        self.cluster.as_ref().expect("started with_cluster")
     }
 
     pub async fn etcd(&self, name: &str, members: usize) -> Result<Etcd> {
-        Etcd::start(self.peers.path("etcd"), &self.dir.path().join(name), name, members).await
+        Etcd::start(self.peers.path("etcd"), &self.dir.join(name), name, members).await
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        self.dir.join(name)
     }
 
     pub fn etcdutl(&self) -> &Path {
