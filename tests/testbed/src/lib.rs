@@ -19,6 +19,7 @@ pub mod etcd;
 pub mod http;
 pub mod kcp;
 pub mod leaks;
+pub mod metrics;
 pub mod process;
 pub mod projection;
 pub mod s3;

@@ -1,0 +1,76 @@
+//! What the bucket holds: published snapshots (those with a manifest), and retention applied to them.
+
+use crate::manifest::{self, Location, Manifest};
+use crate::retention::{self, Policy, Trigger};
+use crate::storage::{StorageError, Store};
+
+/// Every published snapshot of `shard` (or of all shards under the prefix), newest revision first. A
+/// manifest that does not parse is reported and left alone: it is neither listed nor deleted.
+pub async fn list(store: &Store, shard: Option<&str>) -> Result<Vec<Manifest>, StorageError> {
+    let dir = match shard {
+        Some(shard) => manifest::shard_dir(&store.prefix, shard),
+        None if store.prefix.is_empty() => String::new(),
+        None => format!("{}/", store.prefix),
+    };
+    let mut out = Vec::new();
+    for key in store.list_keys(&dir).await? {
+        let Some(id) = manifest::id_of_manifest_key(&store.prefix, &key) else { continue };
+        match Manifest::from_json(&store.get_bytes(&key).await?) {
+            Ok(m) if m.id == id => out.push(m),
+            Ok(_) => tracing::warn!(key, "a manifest whose id does not match its location; ignored"),
+            Err(error) => tracing::warn!(key, %error, "a manifest that does not parse; ignored"),
+        }
+    }
+    out.sort_by(|a, b| b.revision.cmp(&a.revision).then(b.started_at.cmp(&a.started_at)));
+    Ok(out)
+}
+
+/// The snapshot with `id`, or the newest of `shard` when `id` is `latest`.
+pub async fn find(store: &Store, shard: Option<&str>, id: &str) -> anyhow::Result<Manifest> {
+    if id == "latest" {
+        let all = list(store, shard).await?;
+        return all.into_iter().next().ok_or_else(|| anyhow::anyhow!("no published snapshot found"));
+    }
+    let location = Location::from_id(&store.prefix, id)
+        .ok_or_else(|| anyhow::anyhow!("{id:?} is not a snapshot id (<shard>/<time>-r<revision>)"))?;
+    let bytes = store.get_bytes(&location.manifest_key()).await?;
+    let manifest = Manifest::from_json(&bytes)?;
+    anyhow::ensure!(manifest.id == id, "the manifest at {id} names another snapshot");
+    Ok(manifest)
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RetentionReport {
+    pub kept: usize,
+    pub deleted: Vec<String>,
+    /// Snapshots retention would delete but object lock protects.
+    pub locked: Vec<String>,
+}
+
+/// Applies the policy after `just_published` was published (see [`Trigger`]): data object first (so a
+/// locked one keeps its manifest and stays listed), then the manifest.
+pub async fn apply_retention(
+    store: &Store,
+    shard: &str,
+    policy: &Policy,
+    just_published: &str,
+) -> Result<RetentionReport, StorageError> {
+    let manifests = list(store, Some(shard)).await?;
+    let entries: Vec<_> = manifests.iter().map(Manifest::entry).collect();
+    let decision = retention::plan(&entries, policy, &Trigger::AfterSuccess(just_published.into()));
+    let mut report = RetentionReport { kept: decision.keep.len(), ..Default::default() };
+    for id in decision.delete {
+        let manifest = manifests.iter().find(|m| m.id == id).expect("planned from this list");
+        let location = Location::from_id(&store.prefix, &id).expect("listed ids are valid");
+        let data = format!("{}{}", location.dir(), manifest.object);
+        if store.delete_unless_locked(&data).await? && store.delete_unless_locked(&location.manifest_key()).await? {
+            tracing::info!(id, "retention deleted a snapshot");
+            report.deleted.push(id);
+        } else {
+            tracing::info!(id, "retention skipped a snapshot under object lock");
+            report.locked.push(id);
+            report.kept += 1;
+        }
+    }
+    Ok(report)
+}

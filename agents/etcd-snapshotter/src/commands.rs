@@ -1,0 +1,162 @@
+//! The one-shots for operators: `snapshot` (now), `list`, `verify ID` and `restore`.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use kcp_keeper_runtime::config::load;
+
+use crate::catalog;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::restore::{self, MemberFlags};
+use crate::snapshot::{self, Pending};
+use crate::storage::Store;
+
+fn open(config: &Path) -> anyhow::Result<(Config, Store)> {
+    let config: Config = load(config)?;
+    let store = Store::new(&config.storage)?;
+    Ok((config, store))
+}
+
+/// A progress line on stderr, only on a terminal.
+fn progress_line(received: u64, total: u64) {
+    let percent = if total == 0 { 100 } else { received * 100 / total };
+    eprint!("\r  {:>4}%  {:>8.1} MiB of {:.1} MiB", percent, received as f64 / 1048576.0, total as f64 / 1048576.0);
+}
+
+/// Takes one snapshot of each selected shard now, then applies retention as a scheduled tick does. Fails if
+/// any failed.
+pub async fn snapshot(config: &Path, shards: &[String]) -> anyhow::Result<()> {
+    let (config, store) = open(config)?;
+    for name in shards {
+        anyhow::ensure!(config.shards.iter().any(|s| &s.name == name), "no shard named {name:?} in the configuration");
+    }
+    let metrics = Metrics::default();
+    let terminal = std::io::stderr().is_terminal();
+    let mut failed = 0;
+    for shard in config.shards.iter().filter(|s| shards.is_empty() || shards.contains(&s.name)) {
+        let pending = Pending::default();
+        let progress: Option<snapshot::Progress<'_>> = terminal.then_some(&progress_line);
+        let result = tokio::select! {
+            result = snapshot::take(&config, shard, &store, &metrics, &pending, None, progress) => result,
+            _ = tokio::signal::ctrl_c() => {
+                pending.abort(&store).await;
+                anyhow::bail!("interrupted: the upload in flight was aborted");
+            }
+        };
+        if terminal {
+            eprintln!();
+        }
+        match result {
+            Ok(m) => {
+                println!(
+                    "{}\trevision {}\t{} keys\t{} bytes ({} in etcd)\t{:.1}s\tspilled {} bytes",
+                    m.id,
+                    m.revision,
+                    m.key_count,
+                    m.object_size_bytes,
+                    m.db_size_bytes,
+                    m.total_seconds,
+                    m.spilled_bytes
+                );
+                let report = catalog::apply_retention(&store, &shard.name, &config.retention, &m.id).await?;
+                println!(
+                    "retention {}: kept {}, deleted {}, locked {}",
+                    shard.name,
+                    report.kept,
+                    report.deleted.len(),
+                    report.locked.len()
+                );
+            }
+            Err(error) => {
+                let reason: &'static str = (&error).into();
+                eprintln!("error: shard {}: {reason}: {error}", shard.name);
+                failed += 1;
+            }
+        }
+    }
+    anyhow::ensure!(failed == 0, "{failed} snapshot(s) failed");
+    Ok(())
+}
+
+/// Prints every published snapshot, newest revision first.
+pub async fn list(config: &Path, shard: Option<&str>) -> anyhow::Result<()> {
+    let (_, store) = open(config)?;
+    let manifests = catalog::list(&store, shard).await?;
+    println!(
+        "{:<40} {:<10} {:<20} {:>12} {:>8} {:>12} {}",
+        "ID", "SHARD", "TIME", "REVISION", "KEYS", "SIZE", "VERIFIED"
+    );
+    for m in manifests {
+        let verified = m.verified_at.map(|t| t.format("%Y-%m-%dT%H:%MZ").to_string()).unwrap_or_else(|| "no".into());
+        println!(
+            "{:<40} {:<10} {:<20} {:>12} {:>8} {:>12} {}",
+            m.id,
+            m.shard,
+            m.started_at.format("%Y-%m-%dT%H:%M:%SZ"),
+            m.revision,
+            m.key_count,
+            m.object_size_bytes,
+            verified
+        );
+    }
+    Ok(())
+}
+
+fn identities(path: Option<&Path>) -> anyhow::Result<Option<Vec<crate::encode::Identity>>> {
+    path.map(restore::read_identities).transpose()
+}
+
+/// A scratch directory for a download: inside the spill directory, which is sized for snapshots.
+fn scratch(config: &Config) -> anyhow::Result<tempfile::TempDir> {
+    std::fs::create_dir_all(&config.spill.directory).context("creating the spill directory")?;
+    Ok(tempfile::Builder::new().prefix("fetch-").tempdir_in(&config.spill.directory)?)
+}
+
+/// Downloads `id` and proves it: the object's sha256, etcd's trailing sha256, and etcdutl reading the
+/// database at the manifest's revision.
+pub async fn verify(config: &Path, id: &str, identity_file: Option<&Path>, etcdutl: &Path) -> anyhow::Result<()> {
+    let (config, store) = open(config)?;
+    let manifest = catalog::find(&store, None, id).await?;
+    let dir = scratch(&config)?;
+    let fetched = restore::fetch(&store, manifest, identities(identity_file)?, dir.path()).await?;
+    let status = restore::check_structure(etcdutl, &fetched)?;
+    println!(
+        "ok {}: object sha256 and etcd's sha256 match the manifest; etcdutl reads revision {} ({} bytes)",
+        fetched.manifest.id, status.revision, status.total_size
+    );
+    Ok(())
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RestoreArgs {
+    #[arg(long, env = "KCP_KEEPER_CONFIG")]
+    pub config: PathBuf,
+    /// A snapshot id (`<shard>/<time>-r<revision>`) or `latest` (then --shard is required).
+    #[arg(long, default_value = "latest")]
+    pub id: String,
+    /// The shard whose latest snapshot to restore.
+    #[arg(long)]
+    pub shard: Option<String>,
+    /// age identity file for encrypted snapshots.
+    #[arg(long)]
+    pub identity_file: Option<PathBuf>,
+    #[arg(long, env = "ETCDUTL", default_value = "etcdutl")]
+    pub etcdutl: PathBuf,
+    #[command(flatten)]
+    pub member: MemberFlags,
+}
+
+/// Downloads, proves and restores a snapshot into a new member data directory; prints the next steps.
+pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
+    let (config, store) = open(&args.config)?;
+    anyhow::ensure!(args.id != "latest" || args.shard.is_some(), "--id latest needs --shard");
+    let manifest = catalog::find(&store, args.shard.as_deref(), &args.id).await?;
+    let dir = scratch(&config)?;
+    let fetched = restore::fetch(&store, manifest, identities(args.identity_file.as_deref())?, dir.path()).await?;
+    restore::check_structure(&args.etcdutl, &fetched)?;
+    restore::etcdutl_restore(&args.etcdutl, &fetched.db, &args.member)?;
+    print!("{}", restore::next_steps(&fetched.manifest, &args.member));
+    Ok(())
+}

@@ -1,0 +1,181 @@
+//! `etcd-snapshotter run`: one cron schedule per shard on the runtime's schedules (leader only, each tick
+//! recorded on the Lease before it runs, so two replicas take one snapshot per tick), one snapshot at a time
+//! (the memory budget is the process's, not a shard's), each under `finish_or_abort` so a shutdown aborts the
+//! multipart upload rather than leaving it half done. Retention runs only after a published snapshot.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kcp_keeper_runtime::agent::{self, AgentInfo, Context};
+use kcp_keeper_runtime::args::RunArgs;
+use kcp_keeper_runtime::events::{EventType, Recorder};
+use kcp_keeper_runtime::metrics::unix_now;
+use kcp_keeper_runtime::schedule::{self, Tick};
+use kcp_keeper_runtime::shutdown::{Grace, JobEnd, finish_or_abort};
+use tokio_util::sync::CancellationToken;
+
+use crate::catalog;
+use crate::config::{Config, Shard};
+use crate::metrics::{Metrics, PREFIX};
+use crate::snapshot::{self, Pending, SnapshotError};
+use crate::storage::Store;
+
+pub const INFO: AgentInfo = AgentInfo { name: "etcd-snapshotter", metrics_prefix: PREFIX };
+
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let lease = &args.runtime.lease;
+    // Events are about the agent's own Lease: the snapshots themselves are not Kubernetes objects.
+    let regarding = ObjectReference {
+        api_version: Some("coordination.k8s.io/v1".into()),
+        kind: Some("Lease".into()),
+        namespace: Some(lease.lease_namespace.clone()),
+        name: Some(lease.lease_name.clone().unwrap_or_else(|| format!("kcp-keeper-{}", INFO.name))),
+        ..Default::default()
+    };
+    agent::run::<Config, _, _, _>(INFO, args, Metrics::register, move |ctx, metrics| daemon(ctx, metrics, regarding))
+        .await
+}
+
+async fn daemon(mut ctx: Context<Config>, metrics: Metrics, regarding: ObjectReference) -> anyhow::Result<()> {
+    let one_at_a_time = Arc::new(tokio::sync::Mutex::new(()));
+    let regarding = Arc::new(regarding);
+    loop {
+        let config = ctx.config.borrow_and_update().clone();
+        metrics.configure(&config.spill);
+        for shard in &config.shards {
+            metrics.init_shard(&shard.name);
+        }
+        // Ready only once the bucket answered: a replica that cannot reach storage does nothing useful.
+        if !wait_for_storage(&config, &metrics, &ctx.shutdown).await {
+            return Ok(());
+        }
+        ctx.health.mark_synced();
+        let schedules = ctx.shutdown.child_token();
+        let mut tasks = tokio::task::JoinSet::new();
+        for shard in config.shards.clone() {
+            let job = Job {
+                config: config.clone(),
+                shard: shard.clone(),
+                metrics: metrics.clone(),
+                events: ctx.events.clone(),
+                regarding: regarding.clone(),
+                shutdown: ctx.shutdown.clone(),
+                one_at_a_time: one_at_a_time.clone(),
+            };
+            let (record, leadership, token) = (ctx.lease_record.clone(), ctx.leadership.clone(), schedules.clone());
+            tasks.spawn(async move {
+                let job = Arc::new(job);
+                schedule::run(shard.schedule.clone(), record, leadership, token, move |tick| {
+                    let job = job.clone();
+                    async move { job.run(tick).await }
+                })
+                .await;
+            });
+        }
+        tokio::select! {
+            () = ctx.shutdown.cancelled() => {}
+            changed = ctx.config.changed() => if changed.is_ok() {
+                tracing::info!("configuration changed: restarting the schedules after the snapshot in flight");
+            },
+        }
+        // A snapshot in flight finishes (or is aborted by its own shutdown guard) before the schedules restart.
+        schedules.cancel();
+        while tasks.join_next().await.is_some() {}
+        if ctx.shutdown.is_cancelled() {
+            return Ok(());
+        }
+    }
+}
+
+/// Waits until the bucket answers; false if shutdown came first.
+async fn wait_for_storage(config: &Config, metrics: &Metrics, shutdown: &CancellationToken) -> bool {
+    let mut delay = std::time::Duration::from_secs(1);
+    loop {
+        let result = match Store::new(&config.storage) {
+            Ok(store) => store.reachable().await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => {
+                metrics.storage_reachable.set(1);
+                return true;
+            }
+            Err(error) => {
+                metrics.storage_reachable.set(0);
+                tracing::warn!(%error, "the bucket does not answer; not ready");
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(std::time::Duration::from_secs(30));
+    }
+}
+
+struct Job {
+    config: Arc<Config>,
+    shard: Shard,
+    metrics: Metrics,
+    events: Arc<Recorder>,
+    regarding: Arc<ObjectReference>,
+    shutdown: CancellationToken,
+    one_at_a_time: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Job {
+    async fn run(&self, tick: Tick) {
+        let _turn = self.one_at_a_time.lock().await;
+        let shard = &self.shard.name;
+        let started = std::time::Instant::now();
+        let label = self.metrics.shard(shard);
+        // Credentials are read per run, so a rotated Secret is used without a restart.
+        let store = match Store::new(&self.config.storage) {
+            Ok(store) => store,
+            Err(e) => return self.failed(&SnapshotError::Storage(e), started).await,
+        };
+        let pending = Pending::default();
+        let take = snapshot::take(&self.config, &self.shard, &store, &self.metrics, &pending, Some(tick.at), None);
+        let end = finish_or_abort(&self.shutdown, Grace::default(), take, || pending.abort(&store)).await;
+        let manifest = match end {
+            JobEnd::Finished(Ok(manifest)) => manifest,
+            JobEnd::Finished(Err(error)) => return self.failed(&error, started).await,
+            JobEnd::Aborted | JobEnd::AbortTimedOut => return self.failed(&SnapshotError::Interrupted, started).await,
+        };
+        self.metrics.last_success.get_or_create(&label).set(unix_now());
+        self.metrics.duration.get_or_create(&label).set(started.elapsed().as_secs_f64());
+        self.metrics.object_bytes.get_or_create(&label).set(manifest.object_size_bytes as i64);
+        self.metrics.db_bytes.get_or_create(&label).set(manifest.db_size_bytes as i64);
+        self.metrics.revision.get_or_create(&label).set(manifest.revision as i64);
+        tracing::info!(
+            shard, id = manifest.id, tick = %tick.at, revision = manifest.revision, keys = manifest.key_count,
+            bytes = manifest.object_size_bytes, seconds = manifest.total_seconds, "snapshot published"
+        );
+        let note = format!(
+            "snapshot {} of shard {shard}: revision {}, {} keys, {} bytes in {:.1}s",
+            manifest.id, manifest.revision, manifest.key_count, manifest.object_size_bytes, manifest.total_seconds
+        );
+        self.events.publish(&self.regarding, EventType::Normal, "SnapshotTaken", "Snapshot", &note).await;
+        match catalog::apply_retention(&store, shard, &self.config.retention, &manifest.id).await {
+            Ok(report) => {
+                self.metrics.kept.get_or_create(&label).set(report.kept as i64);
+                self.metrics.locked_skipped.get_or_create(&label).inc_by(report.locked.len() as u64);
+            }
+            Err(error) => {
+                let error = SnapshotError::Retention(error);
+                tracing::warn!(shard, %error, "retention failed; nothing more was deleted");
+                self.metrics.failed(shard, &error);
+            }
+        }
+    }
+
+    async fn failed(&self, error: &SnapshotError, started: std::time::Instant) {
+        let shard = &self.shard.name;
+        let reason: &'static str = error.into();
+        self.metrics.failed(shard, error);
+        self.metrics.duration.get_or_create(&self.metrics.shard(shard)).set(started.elapsed().as_secs_f64());
+        tracing::error!(shard, reason, error = %error, "snapshot failed; nothing was published and retention did not run");
+        let note = format!("snapshot of shard {shard} failed ({reason}): {error}");
+        self.events.publish(&self.regarding, EventType::Warning, "SnapshotFailed", "Snapshot", &note).await;
+    }
+}

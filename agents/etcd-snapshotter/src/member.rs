@@ -1,0 +1,119 @@
+//! Picking the member a snapshot streams from: one client per member URL (etcd-client balances when given
+//! several, and a snapshot must come from exactly one), skipping members that do not answer, learners (their
+//! data may lag) and members with an active alarm (NOSPACE, CORRUPT). A follower is preferred so the
+//! leader's disk is spared the long read transaction.
+
+use std::time::Duration;
+
+use etcd_client::{AlarmAction, AlarmType, Client, ConnectOptions, GetOptions};
+
+use crate::config::{Shard, TlsFiles};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Bounds every unary call (status, alarms, counting, HashKV on a large store).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The member chosen, with a client connected to it alone.
+pub struct Chosen {
+    pub client: Client,
+    pub endpoint: String,
+    pub id: u64,
+    pub name: String,
+    pub version: String,
+    pub is_leader: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("no healthy voting member among {} endpoint(s): {}", skipped.len(), skipped.join("; "))]
+pub struct NoMember {
+    /// One line per endpoint saying why it was skipped.
+    pub skipped: Vec<String>,
+}
+
+pub async fn connect(endpoint: &str, tls: Option<&TlsFiles>) -> anyhow::Result<Client> {
+    let mut options = ConnectOptions::new().with_connect_timeout(CONNECT_TIMEOUT);
+    if let Some(tls) = tls {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| anyhow::anyhow!("reading a TLS file of the shard: {}", e.kind()))
+        };
+        let mut config =
+            etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca_file)?));
+        if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+            config = config.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+        }
+        options = options.with_tls(config);
+    }
+    let client = tokio::time::timeout(CONNECT_TIMEOUT * 2, Client::connect([endpoint], Some(options)))
+        .await
+        .map_err(|_| anyhow::anyhow!("connecting timed out"))??;
+    Ok(client)
+}
+
+async fn bounded<T>(
+    what: &str,
+    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(CALL_TIMEOUT, f).await {
+        Ok(result) => Ok(result?),
+        Err(_) => anyhow::bail!("{what} timed out after {CALL_TIMEOUT:?}"),
+    }
+}
+
+async fn probe(endpoint: &str, tls: Option<&TlsFiles>) -> anyhow::Result<Chosen> {
+    let mut client = connect(endpoint, tls).await?;
+    let status = bounded("status", client.status()).await?;
+    if status.is_learner() {
+        anyhow::bail!("a learner");
+    }
+    if !status.errors().is_empty() {
+        anyhow::bail!("reports errors: {}", status.errors().join(", "));
+    }
+    let id = status.header().map(|h| h.member_id()).unwrap_or_default();
+    let alarms = bounded("alarm list", client.alarm(AlarmAction::Get, AlarmType::None, None)).await?;
+    if let Some(alarm) = alarms.alarms().iter().find(|a| a.member_id() == id) {
+        anyhow::bail!("has an active alarm ({:?})", alarm.alarm());
+    }
+    let members = bounded("member list", client.member_list()).await?;
+    let name = members.members().iter().find(|m| m.id() == id).map(|m| m.name().to_string()).unwrap_or_default();
+    Ok(Chosen {
+        client,
+        endpoint: endpoint.to_string(),
+        id,
+        name,
+        version: status.version().to_string(),
+        is_leader: status.leader() == id,
+    })
+}
+
+/// The member to stream from: the first healthy follower in configuration order, else a healthy leader.
+pub async fn choose(shard: &Shard) -> Result<Chosen, NoMember> {
+    let mut skipped = Vec::new();
+    let mut leader = None;
+    for (i, endpoint) in shard.endpoints.iter().enumerate() {
+        match probe(endpoint, shard.tls.as_ref()).await {
+            Ok(chosen) if chosen.is_leader && shard.endpoints.len() > 1 => {
+                leader.get_or_insert(chosen);
+            }
+            Ok(chosen) => return Ok(chosen),
+            Err(e) => {
+                tracing::warn!(shard = shard.name, endpoint = i, error = %format!("{e:#}"), "member skipped");
+                skipped.push(format!("endpoints[{i}]: {e:#}"));
+            }
+        }
+    }
+    leader.ok_or(NoMember { skipped })
+}
+
+/// The member's current store revision.
+pub async fn revision(client: &mut Client) -> anyhow::Result<i64> {
+    let status = bounded("status", client.status()).await?;
+    status.header().map(|h| h.revision()).ok_or_else(|| anyhow::anyhow!("status has no header"))
+}
+
+/// Keys at `revision` and `HashKV(revision)` with the compact revision it reports.
+pub async fn fingerprint(client: &mut Client, revision: i64) -> anyhow::Result<(u64, u32, i64)> {
+    let options = GetOptions::new().with_all_keys().with_count_only().with_revision(revision);
+    let count = bounded("count keys", client.get("", Some(options))).await?.count();
+    let hash = bounded("HashKV", client.hash_kv(revision)).await?;
+    Ok((count.max(0) as u64, hash.hash(), hash.compact_version()))
+}

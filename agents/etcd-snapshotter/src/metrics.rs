@@ -1,0 +1,138 @@
+//! `etcd_snapshotter_*` metrics. Every per-shard series is created at start with a value (failures by every
+//! reason at 0, last success at 0), so a shard that never succeeds is visible to alerts as `time() - 0`
+//! rather than missing.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+use strum::VariantNames;
+
+use kcp_keeper_runtime::metrics::GaugeF64;
+
+use crate::snapshot::SnapshotError;
+
+pub const PREFIX: &str = "etcd_snapshotter";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabel {
+    pub shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    pub shard: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    pub last_success: Family<ShardLabel, GaugeF64>,
+    pub duration: Family<ShardLabel, GaugeF64>,
+    pub object_bytes: Family<ShardLabel, Gauge>,
+    pub db_bytes: Family<ShardLabel, Gauge>,
+    pub revision: Family<ShardLabel, Gauge>,
+    pub failures: Family<FailureLabels, Counter>,
+    pub kept: Family<ShardLabel, Gauge>,
+    pub spilled: Family<ShardLabel, Counter>,
+    pub locked_skipped: Family<ShardLabel, Counter>,
+    pub storage_reachable: Gauge,
+    pub memory_budget: Gauge,
+    pub part_size: Gauge,
+    pub parts_in_flight_max: Gauge,
+    pub parts_in_flight: Gauge,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let seconds = Unit::Seconds;
+        registry.register_with_unit(
+            "last_success_timestamp",
+            "When the shard's last snapshot was published (0: never since start)",
+            seconds.clone(),
+            m.last_success.clone(),
+        );
+        registry.register_with_unit(
+            "duration",
+            "Duration of the shard's last snapshot run",
+            seconds,
+            m.duration.clone(),
+        );
+        registry.register_with_unit("object", "Size of the last published object", Unit::Bytes, m.object_bytes.clone());
+        registry.register_with_unit(
+            "database",
+            "Size of the last streamed etcd database",
+            Unit::Bytes,
+            m.db_bytes.clone(),
+        );
+        registry.register("revision", "Revision of the last published snapshot", m.revision.clone());
+        registry.register("failures", "Snapshot runs that failed, by reason", m.failures.clone());
+        registry.register("snapshots_kept", "Published snapshots left after the last retention pass", m.kept.clone());
+        registry.register_with_unit(
+            "spilled",
+            "Bytes written to the spill directory because S3 lagged",
+            Unit::Bytes,
+            m.spilled.clone(),
+        );
+        registry.register(
+            "retention_locked_skipped",
+            "Snapshots retention would delete but object lock protects",
+            m.locked_skipped.clone(),
+        );
+        registry.register(
+            "storage_reachable",
+            "Whether the bucket answered the last request (1) or not (0)",
+            m.storage_reachable.clone(),
+        );
+        registry.register_with_unit(
+            "memory_budget",
+            "Configured bound on snapshot bytes held in memory",
+            Unit::Bytes,
+            m.memory_budget.clone(),
+        );
+        registry.register_with_unit("part_size", "Configured multipart part size", Unit::Bytes, m.part_size.clone());
+        registry.register(
+            "parts_in_flight_max",
+            "Configured bound on parts uploading at once",
+            m.parts_in_flight_max.clone(),
+        );
+        registry.register("parts_in_flight", "Parts uploading now", m.parts_in_flight.clone());
+        m
+    }
+
+    /// Creates every per-shard series with a value, so none is missing before the first run.
+    pub fn init_shard(&self, shard: &str) {
+        let label = ShardLabel { shard: shard.into() };
+        let _ = self.last_success.get_or_create(&label);
+        let _ = self.duration.get_or_create(&label);
+        let _ = self.object_bytes.get_or_create(&label);
+        let _ = self.db_bytes.get_or_create(&label);
+        let _ = self.revision.get_or_create(&label);
+        let _ = self.kept.get_or_create(&label);
+        let _ = self.spilled.get_or_create(&label);
+        let _ = self.locked_skipped.get_or_create(&label);
+        for reason in SnapshotError::VARIANTS {
+            let _ = self.failures.get_or_create(&FailureLabels { shard: shard.into(), reason: reason.to_string() });
+        }
+    }
+
+    pub fn configure(&self, spill: &crate::config::Spill) {
+        self.memory_budget.set(spill.memory_budget as i64);
+        self.part_size.set(spill.part_size as i64);
+        self.parts_in_flight_max.set(spill.parts_in_flight as i64);
+    }
+
+    pub fn shard(&self, shard: &str) -> ShardLabel {
+        ShardLabel { shard: shard.into() }
+    }
+
+    pub fn failed(&self, shard: &str, error: &SnapshotError) {
+        let reason: &'static str = error.into();
+        self.failures.get_or_create(&FailureLabels { shard: shard.into(), reason: reason.into() }).inc();
+        if matches!(error, SnapshotError::Storage(_)) {
+            self.storage_reachable.set(0);
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Getting a snapshot back: download to a local file while hashing (checked against the manifest's
+//! `objectSha256`), decrypt and decompress into `snapshot.db` while checking etcd's trailing sha256 (and
+//! that it is the manifest's `etcdSha256`), then `etcdutl snapshot status` for the structure and revision,
+//! and for a restore `etcdutl snapshot restore` with `--bump-revision` and `--mark-compacted`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail, ensure};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::encode::{self, Identity};
+use crate::manifest::{Location, Manifest};
+use crate::storage::Store;
+use crate::trailer::TrailerCheck;
+
+/// A downloaded, proven etcd database file.
+pub struct Fetched {
+    pub db: PathBuf,
+    pub manifest: Manifest,
+}
+
+/// Reads age identities from a file (`age-keygen` output).
+pub fn read_identities(path: &Path) -> anyhow::Result<Vec<Identity>> {
+    let file = age::IdentityFile::from_file(path.display().to_string())
+        .with_context(|| format!("reading the identity file {}", path.display()))?;
+    Ok(file.into_identities()?)
+}
+
+/// Downloads the snapshot of `manifest` into `dir` and proves both hashes; returns the database path.
+pub async fn fetch(
+    store: &Store,
+    manifest: Manifest,
+    identities: Option<Vec<Identity>>,
+    dir: &Path,
+) -> anyhow::Result<Fetched> {
+    let location = Location::from_id(&store.prefix, &manifest.id).context("the manifest's id is not valid")?;
+    let encrypted = !manifest.encryption_recipients.is_empty();
+    if encrypted && identities.is_none() {
+        bail!("the snapshot is encrypted with age: give --identity-file");
+    }
+    let object_path = dir.join("object");
+    let mut body = store.get(&format!("{}{}", location.dir(), manifest.object)).await?;
+    let mut file = tokio::fs::File::create(&object_path).await?;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    while let Some(chunk) = body.try_next().await.context("downloading the snapshot object")? {
+        hasher.update(&chunk);
+        size += chunk.len() as u64;
+        file.write_all(&chunk).await?;
+    }
+    file.flush().await?;
+    drop(file);
+    let object_sha256 = hex::encode(hasher.finalize());
+    ensure!(
+        object_sha256 == manifest.object_sha256 && size == manifest.object_size_bytes,
+        "the object's sha256 {object_sha256} ({size} bytes) is not the manifest's {} ({} bytes)",
+        manifest.object_sha256,
+        manifest.object_size_bytes
+    );
+
+    let db = dir.join("snapshot.db");
+    let (db_path, compression) = (db.clone(), manifest.compression.clone());
+    let verified = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let input = std::io::BufReader::new(std::fs::File::open(&object_path)?);
+        let mut sink = CheckedFile {
+            file: std::io::BufWriter::new(std::fs::File::create(&db_path)?),
+            check: TrailerCheck::default(),
+        };
+        encode::decode(input, &compression, identities.as_deref().filter(|_| encrypted), &mut sink)?;
+        sink.file.flush()?;
+        let _ = std::fs::remove_file(&object_path);
+        Ok(sink.check.finish()?)
+    })
+    .await??;
+    let etcd_sha256 = hex::encode(verified.sha256);
+    ensure!(
+        etcd_sha256 == manifest.etcd_sha256 && verified.total_bytes == manifest.db_size_bytes,
+        "the database's trailing sha256 {etcd_sha256} is not the manifest's {}",
+        manifest.etcd_sha256
+    );
+    Ok(Fetched { db, manifest })
+}
+
+struct CheckedFile {
+    file: std::io::BufWriter<std::fs::File>,
+    check: TrailerCheck,
+}
+
+impl Write for CheckedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.check.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+/// What `etcdutl snapshot status -w json` says about a database file.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub hash: u64,
+    pub revision: i64,
+    pub total_key: u64,
+    pub total_size: u64,
+}
+
+pub fn etcdutl_status(etcdutl: &Path, db: &Path) -> anyhow::Result<Status> {
+    let out = Command::new(etcdutl)
+        .args(["snapshot", "status", "-w", "json"])
+        .arg(db)
+        .output()
+        .with_context(|| format!("running {}", etcdutl.display()))?;
+    ensure!(out.status.success(), "etcdutl snapshot status failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    Ok(serde_json::from_slice(&out.stdout).context("reading etcdutl's JSON")?)
+}
+
+/// Proves a fetched snapshot: both hashes (done by [`fetch`]), then etcdutl reads its structure and finds
+/// the manifest's revision.
+pub fn check_structure(etcdutl: &Path, fetched: &Fetched) -> anyhow::Result<Status> {
+    let status = etcdutl_status(etcdutl, &fetched.db)?;
+    ensure!(
+        status.revision == fetched.manifest.revision as i64,
+        "etcdutl reads revision {} in the database, the manifest says {}",
+        status.revision,
+        fetched.manifest.revision
+    );
+    Ok(status)
+}
+
+/// The member flags of `etcdutl snapshot restore`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MemberFlags {
+    /// This member's name (as in --initial-cluster).
+    #[arg(long)]
+    pub name: String,
+    /// The new cluster's members: `name=peerURL,...` (one entry for a single member).
+    #[arg(long)]
+    pub initial_cluster: String,
+    /// This member's peer URL.
+    #[arg(long)]
+    pub initial_advertise_peer_urls: String,
+    /// A token new to this restore, so restored members never join the old cluster.
+    #[arg(long, default_value = "etcd-restored")]
+    pub initial_cluster_token: String,
+    /// The data directory to create (must not exist).
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Revisions to add, so watchers never see time run backwards (kcp and kube-apiserver watch caches).
+    #[arg(long, default_value_t = 1_000_000_000)]
+    pub bump_revision: u64,
+}
+
+/// Runs `etcdutl snapshot restore` for one member.
+pub fn etcdutl_restore(etcdutl: &Path, db: &Path, flags: &MemberFlags) -> anyhow::Result<()> {
+    ensure!(
+        !flags.data_dir.exists(),
+        "the data directory {} exists; restore never overwrites",
+        flags.data_dir.display()
+    );
+    let out = Command::new(etcdutl)
+        .args(["snapshot", "restore"])
+        .arg(db)
+        .arg(format!("--name={}", flags.name))
+        .arg(format!("--initial-cluster={}", flags.initial_cluster))
+        .arg(format!("--initial-advertise-peer-urls={}", flags.initial_advertise_peer_urls))
+        .arg(format!("--initial-cluster-token={}", flags.initial_cluster_token))
+        .arg(format!("--data-dir={}", flags.data_dir.display()))
+        .arg(format!("--bump-revision={}", flags.bump_revision))
+        .arg("--mark-compacted")
+        .output()
+        .with_context(|| format!("running {}", etcdutl.display()))?;
+    ensure!(out.status.success(), "etcdutl snapshot restore failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    Ok(())
+}
+
+/// What to do after restoring one member of a 3-member shard.
+pub fn next_steps(manifest: &Manifest, flags: &MemberFlags) -> String {
+    let members = flags.initial_cluster.split(',').count();
+    let mut text = format!(
+        "restored snapshot {} (revision {}, {} keys, etcd {}) into {}\n\
+         the restored revision is {} + {} (bumped) and everything below it is marked compacted\n\nnext steps:\n",
+        manifest.id,
+        manifest.revision,
+        manifest.key_count,
+        manifest.etcd_version,
+        flags.data_dir.display(),
+        manifest.revision,
+        flags.bump_revision,
+    );
+    if members > 1 {
+        text.push_str(&format!(
+            "  1. stop every member of the old cluster ({members} members in --initial-cluster)\n\
+             2. run this same restore (same snapshot id, same --initial-cluster and --initial-cluster-token) on each\n\
+             \x20    other member with its own --name, --initial-advertise-peer-urls and --data-dir\n\
+             3. start all {members} members on their restored data directories (the membership is in the data now;\n\
+             \x20    etcd ignores --initial-cluster once a data directory exists)\n\
+             4. check `etcdctl endpoint status --cluster` shows one leader and {members} members\n\
+             5. restart the kcp shard (its watch caches must resync), then check its /readyz\n"
+        ));
+    } else {
+        text.push_str(
+            "  1. stop the old member\n  2. start etcd with this --data-dir and --name\n\
+             \x20 3. restart the kcp shard (its watch caches must resync), then check its /readyz\n",
+        );
+    }
+    text
+}

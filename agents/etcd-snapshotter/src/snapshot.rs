@@ -1,0 +1,425 @@
+//! One snapshot of one shard, proven before it is published:
+//!
+//! 1. clean what an interrupted run left (multipart uploads, data objects without a manifest, spill files);
+//! 2. pick a healthy voting member and pin the revision (`bracket`);
+//! 3. stream `Maintenance.Snapshot` through the trailer check, zstd and age into parts; parts go to a
+//!    multipart upload, a bounded number in memory, the rest through the spill directory when S3 lags;
+//! 4. at the end compare etcd's trailing sha256 with ours; on any failure abort the upload;
+//! 5. complete the upload, check the stored size, then write the manifest, last.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::types::CompletedPart;
+use bytes::Bytes;
+use chrono::Utc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinSet;
+
+use crate::config::{Config, Shard};
+use crate::encode::Encoder;
+use crate::manifest::{self, FORMAT_VERSION, Location, Manifest, Member};
+use crate::member::{self, NoMember};
+use crate::metrics::Metrics;
+use crate::storage::{Body, StorageError, Store};
+use crate::trailer::{TrailerCheck, TrailerError};
+
+/// Why a snapshot run failed; the variant name is the `reason` label of the failure counter.
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
+pub enum SnapshotError {
+    #[error(transparent)]
+    NoMember(#[from] NoMember),
+    #[error("etcd: {0}")]
+    Etcd(String),
+    #[error("the member's revision moved during each of {0} attempts to start the stream; cannot pin the revision")]
+    RevisionUnstable(usize),
+    #[error("snapshot hash mismatch, upload aborted: {0}")]
+    HashMismatch(#[from] TrailerError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("spill directory: {0}")]
+    Spill(String),
+    #[error("compressing or encrypting: {0}")]
+    Encode(String),
+    #[error("the stored object has {stored} bytes, {written} were uploaded")]
+    SizeMismatch { stored: u64, written: u64 },
+    #[error("shutdown: the snapshot did not finish within its grace and its upload was aborted")]
+    Interrupted,
+    #[error("retention: {0}")]
+    Retention(StorageError),
+}
+
+fn etcd(context: &str) -> impl Fn(etcd_client::Error) -> SnapshotError + '_ {
+    move |e| SnapshotError::Etcd(format!("{context}: {e}"))
+}
+
+/// Attempts at pinning the revision; each costs one status call and the stream's first message.
+const BRACKET_ATTEMPTS: usize = 10;
+
+/// The multipart upload in progress, for the shutdown hook to abort.
+#[derive(Clone, Default)]
+pub struct Pending(Arc<Mutex<Option<(String, String)>>>);
+
+impl Pending {
+    fn set(&self, key: &str, upload_id: &str) {
+        *self.0.lock().expect("pending lock") = Some((key.into(), upload_id.into()));
+    }
+    fn clear(&self) {
+        *self.0.lock().expect("pending lock") = None;
+    }
+    /// Aborts the upload in progress, if any (the shutdown hook of `finish_or_abort`).
+    pub async fn abort(&self, store: &Store) {
+        let taken = self.0.lock().expect("pending lock").take();
+        if let Some((key, upload_id)) = taken {
+            match store.abort_upload(&key, &upload_id).await {
+                Ok(()) => tracing::info!(key, "multipart upload aborted"),
+                Err(error) => {
+                    tracing::error!(key, %error, "aborting the multipart upload failed; the next run cleans it")
+                }
+            }
+        }
+    }
+}
+
+/// Progress for a terminal: bytes received of the total etcd announced.
+pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Send + Sync);
+
+/// Takes, proves and publishes one snapshot of `shard`.
+pub async fn take(
+    config: &Config,
+    shard: &Shard,
+    store: &Store,
+    metrics: &Metrics,
+    pending: &Pending,
+    tick: Option<chrono::DateTime<Utc>>,
+    progress: Option<Progress<'_>>,
+) -> Result<Manifest, SnapshotError> {
+    let started = Instant::now();
+    let started_at = Utc::now();
+    store.reachable().await?;
+    metrics.storage_reachable.set(1);
+    clean_interrupted(store, &shard.name).await?;
+    let spill_root = config.spill.directory.join(&shard.name);
+    clean_spill(&spill_root);
+
+    let mut chosen = member::choose(shard).await?;
+    tracing::info!(shard = shard.name, member = chosen.name, endpoint = chosen.endpoint, "streaming from member");
+    let (mut stream, first, revision) = bracket(&mut chosen.client).await?;
+    let location = Location::new(&store.prefix, &shard.name, started_at, revision as u64);
+    let encrypted = !config.recipients.is_empty();
+    let object = manifest::object_name(config.compression.as_str(), encrypted);
+    let key = location.object_key(config.compression.as_str(), encrypted);
+
+    // Keys and HashKV at the pinned revision, read while the stream runs (a compaction later could remove it).
+    let mut fingerprint_client = chosen.client.clone();
+    let fingerprint = tokio::spawn(async move { member::fingerprint(&mut fingerprint_client, revision).await });
+
+    let upload_id = store.create_upload(&key).await?;
+    pending.set(&key, &upload_id);
+    let spill_dir = tempfile::Builder::new()
+        .prefix("run-")
+        .tempdir_in(create_dir(&spill_root)?)
+        .map_err(|e| SnapshotError::Spill(format!("creating a run directory: {}", e.kind())))?;
+    let streamed = stream_parts(
+        config,
+        store,
+        metrics,
+        &shard.name,
+        (&key, &upload_id),
+        spill_dir.path(),
+        &mut stream,
+        first,
+        progress,
+    )
+    .await;
+    let stream_seconds = started.elapsed().as_secs_f64();
+    let result = async {
+        let mut streamed = streamed?;
+        store.complete_upload(&key, &upload_id, std::mem::take(&mut streamed.parts)).await?;
+        pending.clear();
+        let stored = store.size(&key).await?;
+        if stored != streamed.object_size {
+            return Err(SnapshotError::SizeMismatch { stored, written: streamed.object_size });
+        }
+        let (key_count, hash_kv, compact_revision) = fingerprint
+            .await
+            .map_err(|e| SnapshotError::Etcd(format!("fingerprint task: {e}")))?
+            .map_err(|e| SnapshotError::Etcd(format!("{e:#}")))?;
+        Ok((streamed, key_count, hash_kv, compact_revision))
+    }
+    .await;
+    let (streamed, key_count, hash_kv, compact_revision) = match result {
+        Ok(done) => done,
+        Err(error) => {
+            pending.abort(store).await;
+            // A completed object without a manifest is not a snapshot; remove it now rather than next run.
+            let _ = store.delete_unless_locked(&key).await;
+            return Err(error);
+        }
+    };
+    let manifest = Manifest {
+        format_version: FORMAT_VERSION,
+        id: location.id.clone(),
+        shard: shard.name.clone(),
+        member: Member { name: chosen.name.clone(), id: format!("{:x}", chosen.id), endpoint: chosen.endpoint.clone() },
+        etcd_version: chosen.version.clone(),
+        revision: revision as u64,
+        compact_revision,
+        key_count,
+        hash_kv,
+        object,
+        db_size_bytes: streamed.db_size,
+        object_size_bytes: streamed.object_size,
+        etcd_sha256: hex::encode(streamed.etcd_sha256),
+        object_sha256: hex::encode(streamed.object_sha256),
+        compression: config.compression.as_str().into(),
+        encryption_recipients: config.recipients.iter().map(|r| r.id.clone()).collect(),
+        agent_version: kcp_keeper_runtime::VERSION.into(),
+        tick,
+        started_at,
+        finished_at: Utc::now(),
+        stream_seconds,
+        total_seconds: started.elapsed().as_secs_f64(),
+        spilled_bytes: streamed.spilled_bytes,
+        verified_at: None,
+    };
+    store.put(&location.manifest_key(), manifest.to_json()).await?;
+    Ok(manifest)
+}
+
+/// Opens the stream with the revision pinned: etcd puts no revision in the stream, so the member's revision
+/// is read before the request and again after the first message (by then the server holds its read
+/// transaction). When both agree, nothing was written in between and the snapshot holds exactly that
+/// revision; otherwise the stream is dropped (it cost one message) and tried again.
+async fn bracket(
+    client: &mut etcd_client::Client,
+) -> Result<(etcd_client::SnapshotStreaming, etcd_client::SnapshotResponse, i64), SnapshotError> {
+    for attempt in 1..=BRACKET_ATTEMPTS {
+        let before = member::revision(client).await.map_err(|e| SnapshotError::Etcd(format!("{e:#}")))?;
+        let mut stream = client.snapshot().await.map_err(etcd("starting the snapshot"))?;
+        let first = stream
+            .message()
+            .await
+            .map_err(etcd("first snapshot message"))?
+            .ok_or_else(|| SnapshotError::Etcd("the snapshot stream ended before its first message".into()))?;
+        let after = member::revision(client).await.map_err(|e| SnapshotError::Etcd(format!("{e:#}")))?;
+        if before == after {
+            return Ok((stream, first, before));
+        }
+        tracing::debug!(attempt, before, after, "revision moved while the stream opened; again");
+        tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
+    }
+    Err(SnapshotError::RevisionUnstable(BRACKET_ATTEMPTS))
+}
+
+struct Streamed {
+    parts: Vec<CompletedPart>,
+    db_size: u64,
+    object_size: u64,
+    etcd_sha256: [u8; 32],
+    object_sha256: [u8; 32],
+    spilled_bytes: u64,
+}
+
+/// Hands finished parts to the uploader: in memory while the budget has room (waiting at most
+/// `spill_after` for room), else through a file in the spill directory, so etcd's stream never waits on S3
+/// for longer than that.
+struct Dispatcher<'a> {
+    memory: Arc<Semaphore>,
+    spill_after: Duration,
+    dir: &'a Path,
+    tx: mpsc::UnboundedSender<(i32, Body, Option<OwnedSemaphorePermit>)>,
+    next: i32,
+    spilled: u64,
+}
+
+impl Dispatcher<'_> {
+    async fn submit(&mut self, part: Bytes) -> Result<(), SnapshotError> {
+        self.next += 1;
+        let waited = tokio::time::timeout(self.spill_after, self.memory.clone().acquire_owned()).await;
+        let message = match waited {
+            Ok(permit) => (self.next, Body::Memory(part), Some(permit.expect("the semaphore is never closed"))),
+            Err(_) => {
+                let path = self.dir.join(format!("part-{:05}", self.next));
+                tokio::fs::write(&path, &part)
+                    .await
+                    .map_err(|e| SnapshotError::Spill(format!("writing a part: {}", e.kind())))?;
+                self.spilled += part.len() as u64;
+                (self.next, Body::File(path), None)
+            }
+        };
+        // The uploader only goes away on an error, which try_join reports first.
+        let _ = self.tx.send(message);
+        Ok(())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn stream_parts(
+    config: &Config,
+    store: &Store,
+    metrics: &Metrics,
+    shard: &str,
+    (key, upload_id): (&str, &str),
+    spill_dir: &Path,
+    stream: &mut etcd_client::SnapshotStreaming,
+    first: etcd_client::SnapshotResponse,
+    progress: Option<Progress<'_>>,
+) -> Result<Streamed, SnapshotError> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let uploader = upload_parts(
+        store.clone(),
+        key.to_string(),
+        upload_id.to_string(),
+        rx,
+        config.spill.parts_in_flight,
+        metrics.clone(),
+    );
+    let producer = async move {
+        let encode_err = |e: std::io::Error| SnapshotError::Encode(e.to_string());
+        let mut encoder = Encoder::new(config.compression, &config.recipients, config.spill.part_size as usize)
+            .map_err(encode_err)?;
+        let mut trailer = TrailerCheck::default();
+        let mut dispatcher = Dispatcher {
+            memory: Arc::new(Semaphore::new(config.spill.memory_parts)),
+            spill_after: config.spill.spill_after,
+            dir: spill_dir,
+            tx,
+            next: 0,
+            spilled: 0,
+        };
+        let total_hint = first.remaining_bytes() + first.blob().len() as u64;
+        let mut message = Some(first);
+        while let Some(response) = message {
+            trailer.update(response.blob());
+            encoder.write(response.blob()).map_err(encode_err)?;
+            for part in encoder.take_parts() {
+                dispatcher.submit(part).await?;
+            }
+            if let Some(progress) = progress {
+                progress(trailer.total(), total_hint.max(trailer.total()));
+            }
+            message = stream.message().await.map_err(etcd("snapshot stream"))?;
+        }
+        let db_size = trailer.total();
+        // Checked before the last part is handed over: a mismatch never completes the upload.
+        let verified = trailer.finish()?;
+        let (rest, encoded) = encoder.finish().map_err(encode_err)?;
+        for part in rest {
+            dispatcher.submit(part).await?;
+        }
+        let spilled = dispatcher.spilled;
+        drop(dispatcher);
+        Ok::<_, SnapshotError>((db_size, verified, encoded, spilled))
+    };
+    let ((db_size, verified, encoded, spilled), parts) = tokio::try_join!(producer, uploader)?;
+    if spilled > 0 {
+        tracing::warn!(shard, spilled, "S3 lagged: parts went through the spill directory");
+    }
+    metrics.spilled.get_or_create(&metrics.shard(shard)).inc_by(spilled);
+    Ok(Streamed {
+        parts,
+        db_size,
+        object_size: encoded.size,
+        etcd_sha256: verified.sha256,
+        object_sha256: encoded.sha256,
+        spilled_bytes: spilled,
+    })
+}
+
+/// Uploads parts as they come, at most `in_flight` at once; the first failure (after the SDK's bounded
+/// retries) ends the run.
+async fn upload_parts(
+    store: Store,
+    key: String,
+    upload_id: String,
+    mut rx: mpsc::UnboundedReceiver<(i32, Body, Option<OwnedSemaphorePermit>)>,
+    in_flight: usize,
+    metrics: Metrics,
+) -> Result<Vec<CompletedPart>, SnapshotError> {
+    let mut running: JoinSet<Result<CompletedPart, StorageError>> = JoinSet::new();
+    let mut done = Vec::new();
+    let joined = |r: Result<Result<CompletedPart, StorageError>, tokio::task::JoinError>| {
+        r.map_err(|e| SnapshotError::Encode(format!("upload task: {e}")))?.map_err(SnapshotError::from)
+    };
+    loop {
+        if running.len() >= in_flight {
+            done.push(joined(running.join_next().await.expect("non-empty"))?);
+            continue;
+        }
+        tokio::select! {
+            message = rx.recv() => match message {
+                Some((number, body, permit)) => {
+                    let (store, key, upload_id, metrics) = (store.clone(), key.clone(), upload_id.clone(), metrics.clone());
+                    running.spawn(async move {
+                        metrics.parts_in_flight.inc();
+                        let file = match &body { Body::File(path) => Some(path.clone()), Body::Memory(_) => None };
+                        let result = store.upload_part(&key, &upload_id, number, body).await;
+                        metrics.parts_in_flight.dec();
+                        if let Some(path) = file {
+                            let _ = tokio::fs::remove_file(path).await;
+                        }
+                        drop(permit);
+                        result
+                    });
+                }
+                None => break,
+            },
+            Some(result) = running.join_next(), if !running.is_empty() => done.push(joined(result)?),
+        }
+    }
+    while let Some(result) = running.join_next().await {
+        done.push(joined(result)?);
+    }
+    Ok(done)
+}
+
+fn create_dir(dir: &Path) -> Result<&Path, SnapshotError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| SnapshotError::Spill(format!("creating the spill directory: {}", e.kind())))?;
+    Ok(dir)
+}
+
+/// Removes run directories an interrupted run left in the shard's spill directory.
+fn clean_spill(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path: PathBuf = entry.path();
+        if entry.file_name().to_string_lossy().starts_with("run-") {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+/// Aborts every multipart upload under the shard's directory and removes data objects whose manifest was
+/// never written: both are what a killed run leaves. One run per shard at a time (the leader), so nothing
+/// here is another run's work in progress.
+pub async fn clean_interrupted(store: &Store, shard: &str) -> Result<CleanReport, StorageError> {
+    let dir = manifest::shard_dir(&store.prefix, shard);
+    let mut report = CleanReport::default();
+    for (key, upload_id) in store.list_uploads(&dir).await? {
+        store.abort_upload(&key, &upload_id).await?;
+        tracing::warn!(key, "aborted a multipart upload an interrupted run left");
+        report.aborted_uploads += 1;
+    }
+    let keys = store.list_keys(&dir).await?;
+    for key in &keys {
+        let Some((snapshot_dir, _)) = key.rsplit_once('/') else { continue };
+        let has_manifest = keys.iter().any(|k| k == &format!("{snapshot_dir}/{}", manifest::MANIFEST));
+        if !has_manifest {
+            if store.delete_unless_locked(key).await? {
+                tracing::warn!(key, "removed a data object without a manifest (an interrupted run)");
+                report.removed_orphans += 1;
+            }
+        }
+    }
+    Ok(report)
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CleanReport {
+    pub aborted_uploads: usize,
+    pub removed_orphans: usize,
+}

@@ -1,0 +1,359 @@
+//! The bucket, through the AWS SDK configured for S3-compatible stores: explicit region, optional endpoint and
+//! path-style addressing, request checksums only when required (unless configured), static credentials set
+//! explicitly so the SDK has no credential chain to walk and never probes a cloud metadata endpoint, bounded
+//! attempts with exponential backoff and a timeout per attempt.
+//!
+//! Errors carry the operation and the SDK's error code, never a credential: the SDK's own messages do not
+//! include keys, and the credentials live only inside its provider.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use aws_sdk_s3::config::{BehaviorVersion, Credentials as SdkCredentials, Region};
+use aws_sdk_s3::error::ProvideErrorMetadata;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, ServerSideEncryption as SdkSse};
+use bytes::Bytes;
+use kcp_keeper_runtime::Sensitive;
+
+use crate::config::{ChecksumMode, Credentials, ServerSideEncryption, Storage};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("S3 {operation}: {detail}")]
+    Request { operation: &'static str, detail: String },
+    #[error("S3 credentials: {0}")]
+    Credentials(String),
+    #[error("reading spilled part {path}: {detail}")]
+    SpillRead { path: PathBuf, detail: String },
+}
+
+impl StorageError {
+    fn request<E: ProvideErrorMetadata + std::error::Error>(operation: &'static str, err: E) -> Self {
+        // The code and message the store sent, or the SDK's classification (dispatch failure, timeout).
+        let detail = match (err.code(), err.message()) {
+            (Some(code), Some(message)) => format!("{code}: {message}"),
+            (Some(code), None) => code.to_string(),
+            _ => {
+                let mut text = err.to_string();
+                let mut source = err.source();
+                while let Some(s) = source {
+                    text.push_str(": ");
+                    text.push_str(&s.to_string());
+                    source = s.source();
+                }
+                text
+            }
+        };
+        StorageError::Request { operation, detail }
+    }
+}
+
+/// A part's bytes: in memory, or in a spill file uploaded from disk.
+pub enum Body {
+    Memory(Bytes),
+    File(PathBuf),
+}
+
+/// One bucket under one prefix.
+#[derive(Clone)]
+pub struct Store {
+    client: aws_sdk_s3::Client,
+    pub bucket: String,
+    pub prefix: String,
+    sse: Option<ServerSideEncryption>,
+    checksum: ChecksumMode,
+}
+
+/// Reads the static keys the configuration points at. Web identity is not built (see the docs' status).
+fn static_credentials(credentials: &Credentials) -> Result<(String, Sensitive<String>), StorageError> {
+    let read_file = |dir: &Path, name: &str| {
+        std::fs::read_to_string(dir.join(name))
+            .map(|s| s.trim().to_string())
+            .map_err(|e| StorageError::Credentials(format!("reading {name} in the secretDirectory: {}", e.kind())))
+    };
+    let read_env = |name: &str| {
+        std::env::var(name).map_err(|_| StorageError::Credentials(format!("{name} is not set in the environment")))
+    };
+    let (key, secret) = match credentials {
+        Credentials::SecretDirectory(dir) => {
+            (read_file(dir, "AWS_ACCESS_KEY_ID")?, read_file(dir, "AWS_SECRET_ACCESS_KEY")?)
+        }
+        Credentials::Environment {} => (read_env("AWS_ACCESS_KEY_ID")?, read_env("AWS_SECRET_ACCESS_KEY")?),
+        Credentials::WebIdentity(_) => {
+            return Err(StorageError::Credentials(
+                "webIdentity credentials are not built yet; use secretDirectory or environment".into(),
+            ));
+        }
+    };
+    if key.is_empty() || secret.is_empty() {
+        return Err(StorageError::Credentials("the access key id or secret access key is empty".into()));
+    }
+    Ok((key, Sensitive::new(secret)))
+}
+
+impl Store {
+    /// Builds the client; credentials are read now (call again per run so a rotated Secret is picked up).
+    pub fn new(storage: &Storage) -> Result<Self, StorageError> {
+        let (key, secret) = static_credentials(&storage.credentials)?;
+        let checksum = match storage.checksum_mode {
+            ChecksumMode::WhenRequired => (
+                aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
+                aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
+            ),
+            ChecksumMode::WhenSupported => (
+                aws_sdk_s3::config::RequestChecksumCalculation::WhenSupported,
+                aws_sdk_s3::config::ResponseChecksumValidation::WhenSupported,
+            ),
+        };
+        let mut config = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new(storage.region.clone()))
+            .force_path_style(storage.path_style)
+            .credentials_provider(SdkCredentials::new(key, secret.into_inner(), None, None, "etcd-snapshotter"))
+            .request_checksum_calculation(checksum.0)
+            .response_checksum_validation(checksum.1)
+            .retry_config(
+                aws_smithy_types::retry::RetryConfig::standard()
+                    .with_max_attempts(storage.max_attempts)
+                    .with_initial_backoff(Duration::from_millis(500))
+                    .with_max_backoff(Duration::from_secs(10)),
+            )
+            .timeout_config(
+                aws_smithy_types::timeout::TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .operation_attempt_timeout(storage.attempt_timeout)
+                    .build(),
+            );
+        if let Some(endpoint) = &storage.endpoint {
+            config = config.endpoint_url(endpoint);
+        }
+        Ok(Self {
+            client: aws_sdk_s3::Client::from_conf(config.build()),
+            bucket: storage.bucket.clone(),
+            prefix: storage.prefix.clone(),
+            sse: storage.server_side_encryption.clone(),
+            checksum: storage.checksum_mode,
+        })
+    }
+
+    fn sse(&self) -> (Option<SdkSse>, Option<String>) {
+        match &self.sse {
+            None => (None, None),
+            Some(ServerSideEncryption::Aes256) => (Some(SdkSse::Aes256), None),
+            Some(ServerSideEncryption::AwsKms { key_id }) => (Some(SdkSse::AwsKms), key_id.clone()),
+        }
+    }
+
+    /// Whether the bucket answers (and our credentials are accepted).
+    pub async fn reachable(&self) -> Result<(), StorageError> {
+        self.client
+            .head_bucket()
+            .bucket(&self.bucket)
+            .send()
+            .await
+            .map_err(|e| StorageError::request("HeadBucket", e))?;
+        Ok(())
+    }
+
+    pub async fn create_upload(&self, key: &str) -> Result<String, StorageError> {
+        let (sse, kms) = self.sse();
+        let mut request = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .set_server_side_encryption(sse)
+            .set_ssekms_key_id(kms);
+        if self.checksum == ChecksumMode::WhenSupported {
+            request = request.checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32);
+        }
+        let out = request.send().await.map_err(|e| StorageError::request("CreateMultipartUpload", e))?;
+        out.upload_id.ok_or(StorageError::Request { operation: "CreateMultipartUpload", detail: "no upload id".into() })
+    }
+
+    pub async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: i32,
+        body: Body,
+    ) -> Result<CompletedPart, StorageError> {
+        let stream = match body {
+            Body::Memory(bytes) => ByteStream::from(bytes),
+            Body::File(path) => ByteStream::from_path(&path)
+                .await
+                .map_err(|e| StorageError::SpillRead { path: path.clone(), detail: e.to_string() })?,
+        };
+        let mut request = self
+            .client
+            .upload_part()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(number)
+            .body(stream);
+        if self.checksum == ChecksumMode::WhenSupported {
+            request = request.checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32);
+        }
+        let out = request.send().await.map_err(|e| StorageError::request("UploadPart", e))?;
+        Ok(CompletedPart::builder()
+            .part_number(number)
+            .set_e_tag(out.e_tag)
+            .set_checksum_crc32(out.checksum_crc32)
+            .build())
+    }
+
+    pub async fn complete_upload(
+        &self,
+        key: &str,
+        upload_id: &str,
+        mut parts: Vec<CompletedPart>,
+    ) -> Result<(), StorageError> {
+        parts.sort_by_key(|p| p.part_number);
+        self.client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
+            .send()
+            .await
+            .map_err(|e| StorageError::request("CompleteMultipartUpload", e))?;
+        Ok(())
+    }
+
+    pub async fn abort_upload(&self, key: &str, upload_id: &str) -> Result<(), StorageError> {
+        self.client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await
+            .map_err(|e| StorageError::request("AbortMultipartUpload", e))?;
+        Ok(())
+    }
+
+    /// Multipart uploads in progress under `prefix`: (key, upload id).
+    pub async fn list_uploads(&self, prefix: &str) -> Result<Vec<(String, String)>, StorageError> {
+        let mut out = Vec::new();
+        let (mut key_marker, mut id_marker) = (None, None);
+        loop {
+            let page = self
+                .client
+                .list_multipart_uploads()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .set_key_marker(key_marker.take())
+                .set_upload_id_marker(id_marker.take())
+                .send()
+                .await
+                .map_err(|e| StorageError::request("ListMultipartUploads", e))?;
+            for upload in page.uploads() {
+                if let (Some(key), Some(id)) = (upload.key(), upload.upload_id()) {
+                    out.push((key.to_string(), id.to_string()));
+                }
+            }
+            if page.is_truncated() != Some(true) {
+                return Ok(out);
+            }
+            key_marker = page.next_key_marker;
+            id_marker = page.next_upload_id_marker;
+            if key_marker.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Every key under `prefix`.
+    pub async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        let mut out = Vec::new();
+        let mut token = None;
+        loop {
+            let page = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|e| StorageError::request("ListObjectsV2", e))?;
+            out.extend(page.contents().iter().filter_map(|o| o.key().map(str::to_string)));
+            match page.next_continuation_token {
+                Some(next) if page.is_truncated() == Some(true) => token = Some(next),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    pub async fn put(&self, key: &str, body: Vec<u8>) -> Result<(), StorageError> {
+        let (sse, kms) = self.sse();
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .content_type("application/json")
+            .set_server_side_encryption(sse)
+            .set_ssekms_key_id(kms)
+            .body(ByteStream::from(body))
+            .send()
+            .await
+            .map_err(|e| StorageError::request("PutObject", e))?;
+        Ok(())
+    }
+
+    pub async fn get_bytes(&self, key: &str) -> Result<Vec<u8>, StorageError> {
+        let out = self.get(key).await?;
+        let bytes =
+            out.collect().await.map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
+        Ok(bytes.to_vec())
+    }
+
+    pub async fn get(&self, key: &str) -> Result<ByteStream, StorageError> {
+        let out = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| StorageError::request("GetObject", e))?;
+        Ok(out.body)
+    }
+
+    pub async fn size(&self, key: &str) -> Result<u64, StorageError> {
+        let out = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| StorageError::request("HeadObject", e))?;
+        Ok(out.content_length.unwrap_or(-1).max(0) as u64)
+    }
+
+    /// Deletes `key` unless object lock protects it: `Ok(false)` when it is locked (a retention date in the
+    /// future or a legal hold), so retention skips it and goes on.
+    pub async fn delete_unless_locked(&self, key: &str) -> Result<bool, StorageError> {
+        let head = match self.client.head_object().bucket(&self.bucket).key(key).send().await {
+            Ok(head) => head,
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => return Ok(true),
+            Err(e) => return Err(StorageError::request("HeadObject", e)),
+        };
+        let now = aws_smithy_types::DateTime::from(std::time::SystemTime::now());
+        let retained = head.object_lock_retain_until_date().is_some_and(|until| until.secs() > now.secs());
+        let held = head.object_lock_legal_hold_status() == Some(&aws_sdk_s3::types::ObjectLockLegalHoldStatus::On);
+        if retained || held {
+            return Ok(false);
+        }
+        // With a version id the object really goes, rather than hiding behind a delete marker.
+        match self.client.delete_object().bucket(&self.bucket).key(key).set_version_id(head.version_id).send().await {
+            Ok(_) => Ok(true),
+            Err(e) if e.code() == Some("AccessDenied") => Ok(false),
+            Err(e) => Err(StorageError::request("DeleteObject", e)),
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! Helpers shared by the etcd-snapshotter tests: a real etcd and a real versitygw on loopback, configuration
+//! files, running the binary as a process, reading the bucket.
+#![allow(dead_code)]
+
+pub mod proxy;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use anyhow::Result;
+use testbed::{Etcd, S3Server};
+
+pub const BINARY: &str = env!("CARGO_BIN_EXE_etcd-snapshotter");
+pub const PREFIX: &str = "kcp/etcd";
+
+/// Every process the tests start gets this: the SDK must never probe a cloud metadata endpoint (no test
+/// traffic may leave 127.0.0.0/8), and static credentials alone already keep it from doing so.
+pub const NO_METADATA: (&str, &str) = ("AWS_EC2_METADATA_DISABLED", "true");
+
+pub struct Bed {
+    pub peers: peers::Peers,
+    pub s3: S3Server,
+    dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    /// A kube-apiserver, for the daemon (Lease, Events, ServiceAccount tokens).
+    pub cluster: Option<testbed::ControlPlane>,
+}
+
+impl Bed {
+    /// etcd and S3 only: enough for the one-shots.
+    pub async fn start() -> Result<Self> {
+        testbed::init_crypto();
+        let peers = peers::locate()?;
+        let tmp = tempfile::Builder::new().prefix("etcd-snapshotter-test-").tempdir()?;
+        let s3 = S3Server::start(peers.path("versitygw"), tmp.path()).await?;
+        Ok(Self { peers, s3, dir: tmp.path().into(), _tmp: Some(tmp), cluster: None })
+    }
+
+    /// With a kube-apiserver too, for the daemon.
+    pub async fn with_cluster() -> Result<Self> {
+        let cluster = testbed::ControlPlane::start().await?;
+        let s3 = cluster.s3().await?;
+        Ok(Self {
+            peers: peers::locate()?,
+            s3,
+            dir: cluster.subdir("snapshotter")?,
+            _tmp: None,
+            cluster: Some(cluster),
+        })
+    }
+
+    pub fn cluster(&self) -> &testbed::ControlPlane {
+        self.cluster.as_ref().expect("started with_cluster")
+    }
+
+    pub async fn etcd(&self, name: &str, members: usize) -> Result<Etcd> {
+        Etcd::start(self.peers.path("etcd"), &self.dir.join(name), name, members).await
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    pub fn etcdutl(&self) -> &Path {
+        self.peers.path("etcdutl")
+    }
+
+    /// The S3 keys as a mounted Secret would hold them.
+    pub fn secret_dir(&self) -> Result<PathBuf> {
+        let dir = self.path("s3-secret");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("AWS_ACCESS_KEY_ID"), &self.s3.access_key)?;
+        std::fs::write(dir.join("AWS_SECRET_ACCESS_KEY"), &self.s3.secret_key)?;
+        Ok(dir)
+    }
+}
+
+/// What varies between test configurations.
+pub struct Options<'a> {
+    pub shards: Vec<(&'a str, Vec<String>)>,
+    pub s3_endpoint: String,
+    pub bucket: String,
+    pub extra_storage: &'a str,
+    pub compression: &'a str,
+    pub recipients: Vec<String>,
+    pub keep_last: usize,
+    pub spill: &'a str,
+    pub cron: &'a str,
+}
+
+impl<'a> Options<'a> {
+    pub fn new(bed: &Bed, shard: &'a str, endpoints: Vec<String>) -> Self {
+        Self {
+            shards: vec![(shard, endpoints)],
+            s3_endpoint: bed.s3.endpoint.clone(),
+            bucket: bed.s3.bucket.clone(),
+            extra_storage: "",
+            compression: "zstd",
+            recipients: vec![],
+            keep_last: 10,
+            spill: "memoryBudget: 64Mi\n  partSize: 5Mi\n  partsInFlight: 2",
+            cron: "0 0 1 1 *",
+        }
+    }
+}
+
+/// Writes a configuration using the bed's S3 with credentials from a secret directory.
+pub fn write_config(bed: &Bed, options: &Options) -> Result<PathBuf> {
+    let mut text = String::from("shards:\n");
+    for (name, endpoints) in &options.shards {
+        text.push_str(&format!(
+            "  - name: {name}\n    endpoints: [{}]\n    schedule:\n      cron: \"{}\"\n",
+            endpoints.join(", "),
+            options.cron
+        ));
+    }
+    text.push_str(&format!(
+        "storage:\n  bucket: {}\n  prefix: {PREFIX}\n  endpoint: {}\n  region: {}\n  pathStyle: true\n  maxAttempts: 2\n  attemptTimeout: 30s\n  credentials:\n    secretDirectory: {}\n{}",
+        options.bucket,
+        options.s3_endpoint,
+        testbed::s3::REGION,
+        bed.secret_dir()?.display(),
+        options.extra_storage
+    ));
+    text.push_str(&format!("compression: {}\n", options.compression));
+    if !options.recipients.is_empty() {
+        text.push_str(&format!("encryption:\n  ageRecipients: [{}]\n", options.recipients.join(", ")));
+    }
+    text.push_str(&format!("retention:\n  keepLast: {}\n", options.keep_last));
+    text.push_str(&format!("spill:\n  directory: {}\n  {}\n", bed.path("spill").display(), options.spill));
+    let path = bed.path(&format!("config-{:08x}.yaml", rand_u32()));
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+pub fn rand_u32() -> u32 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() ^ std::process::id()
+}
+
+/// Runs the binary to completion with the no-metadata environment.
+pub fn cli(args: &[&str]) -> Output {
+    std::process::Command::new(BINARY).args(args).env(NO_METADATA.0, NO_METADATA.1).output().expect("the binary runs")
+}
+
+pub fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `etcd-snapshotter snapshot --config <config>`; panics unless it succeeds.
+pub fn snapshot_ok(config: &Path) -> String {
+    let out = cli(&["snapshot", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "snapshot failed: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Puts `count` keys under `prefix` with values of `size` pseudo-random (incompressible) bytes.
+pub async fn load(client: &mut etcd_client::Client, prefix: &str, count: usize, size: usize) -> Result<()> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(rand_u32());
+    for i in 0..count {
+        let value: Vec<u8> = (0..size)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        client.put(format!("{prefix}/{i:06}"), value, None).await?;
+    }
+    Ok(())
+}
+
+/// The manifests in the bucket (published snapshots), as JSON.
+pub async fn manifests(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    for key in keys(s3, bucket).await {
+        if key.ends_with("/manifest.json") {
+            let body = s3.get_object().bucket(bucket).key(&key).send().await.unwrap().body.collect().await.unwrap();
+            out.push(serde_json::from_slice(&body.into_bytes()).unwrap());
+        }
+    }
+    out
+}
+
+pub async fn keys(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<String> {
+    let out = s3.list_objects_v2().bucket(bucket).send().await.unwrap();
+    out.contents().iter().filter_map(|o| o.key().map(str::to_string)).collect()
+}
+
+pub async fn uploads(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<String> {
+    let out = s3.list_multipart_uploads().bucket(bucket).send().await.unwrap();
+    out.uploads().iter().filter_map(|u| u.key().map(str::to_string)).collect()
+}
+
+/// The member's revision and the number of keys it serves.
+pub async fn revision_and_keys(client: &mut etcd_client::Client) -> (i64, i64) {
+    let options = etcd_client::GetOptions::new().with_all_keys().with_count_only();
+    let response = client.get("", Some(options)).await.unwrap();
+    (response.header().unwrap().revision(), response.count())
+}
+
+pub const WAIT: Duration = Duration::from_secs(60);

@@ -1,0 +1,162 @@
+//! `etcd-snapshotter run` as processes against a real kube-apiserver, etcd and versitygw: schedules on the
+//! Lease, two replicas, metrics, Events, RBAC with a real ServiceAccount token, S3 failures.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common::proxy::Proxy;
+use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, ListParams, PostParams};
+use testbed::agent_process::AgentProcess;
+use testbed::metrics::{scrape, value};
+
+const LEASE: &str = "kcp-keeper-etcd-snapshotter";
+const EVERY_FIVE_SECONDS: &str = "*/5 * * * * *";
+
+/// Applies what `etcd-snapshotter rbac` prints for `namespace`.
+async fn apply_documented_rbac(client: &kube::Client, namespace: &str) {
+    let out = cli(&["rbac", "--namespace", namespace, "--service-account", "etcd-snapshotter"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    let mut docs = yaml.split("\n---\n");
+    let role: Role = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+    let binding: RoleBinding = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+    Api::<Role>::namespaced(client.clone(), namespace).create(&PostParams::default(), &role).await.unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), namespace).create(&PostParams::default(), &binding).await.unwrap();
+}
+
+async fn events(client: &kube::Client, namespace: &str, reason: &str) -> Vec<Event> {
+    let all = Api::<Event>::namespaced(client.clone(), namespace).list(&ListParams::default()).await.unwrap();
+    all.items.into_iter().filter(|e| e.reason.as_deref() == Some(reason)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_with_the_documented_rbac_take_exactly_one_snapshot_per_tick() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 50, 1000).await.unwrap();
+    apply_documented_rbac(&cluster.client(), &ns).await;
+    let (kubeconfig, user) = cluster.service_account_kubeconfig(&ns, "etcd-snapshotter").await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.cron = EVERY_FIVE_SECONDS;
+    let config = write_config(&bed, &options).unwrap();
+
+    let start = |identity: &str| {
+        AgentProcess::start_as(cluster, &kubeconfig, Path::new(BINARY), &config, &ns, identity, &[NO_METADATA]).unwrap()
+    };
+    let (mut a, mut b) = (start("replica-a"), start("replica-b"));
+    a.wait_ready(WAIT).await.unwrap();
+    b.wait_ready(WAIT).await.unwrap();
+
+    let s3 = bed.s3.client();
+    let by_tick = testbed::eventually(Duration::from_secs(90), "snapshots for three ticks", || {
+        let (s3, bucket) = (s3.clone(), bed.s3.bucket.clone());
+        async move {
+            let mut by_tick: BTreeMap<String, usize> = BTreeMap::new();
+            for m in manifests(&s3, &bucket).await {
+                *by_tick
+                    .entry(m["tick"].as_str().expect("a scheduled snapshot names its tick").to_string())
+                    .or_default() += 1;
+            }
+            (by_tick.len() >= 3).then_some(by_tick)
+        }
+    })
+    .await;
+    assert!(by_tick.values().all(|n| *n == 1), "one snapshot per tick across two replicas: {by_tick:?}");
+
+    let leases = Api::<Lease>::namespaced(cluster.client(), &ns);
+    let lease = leases.get(LEASE).await.unwrap();
+    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone()).unwrap();
+    let recorded =
+        lease.metadata.annotations.as_ref().and_then(|a| a.get("schedule.kcp-keeper.io/snapshot-root").cloned());
+    assert!(recorded.is_some(), "the tick is recorded on the Lease: {:?}", lease.metadata.annotations);
+    let leader = if holder == "replica-a" { &a } else { &b };
+    let text = scrape(&leader.admin_url).await;
+    assert!(value(&text, "etcd_snapshotter_last_success_timestamp_seconds{shard=\"root\"}").unwrap() > 0.0);
+    assert!(value(&text, "etcd_snapshotter_revision{shard=\"root\"}").unwrap() > 50.0);
+    assert!(value(&text, "etcd_snapshotter_object_bytes{shard=\"root\"}").unwrap() > 0.0);
+    assert!(value(&text, "etcd_snapshotter_snapshots_kept{shard=\"root\"}").unwrap() >= 3.0);
+    assert_eq!(value(&text, "etcd_snapshotter_failures_total{shard=\"root\",reason=\"hash_mismatch\"}").unwrap(), 0.0);
+    assert_eq!(value(&text, "etcd_snapshotter_storage_reachable").unwrap(), 1.0);
+    assert_eq!(value(&text, "etcd_snapshotter_memory_budget_bytes").unwrap(), 64.0 * 1024.0 * 1024.0);
+    assert_eq!(value(&text, "etcd_snapshotter_parts_in_flight_max").unwrap(), 2.0);
+    assert!(!events(&cluster.client(), &ns, "SnapshotTaken").await.is_empty(), "an Event says a snapshot was taken");
+
+    // With exactly the documented RBAC, nothing the agent asked for was refused.
+    let refused: Vec<_> = testbed::audit::by_user(&cluster.apiserver.audit_log, &user)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.code == Some(403))
+        .collect();
+    assert!(refused.is_empty(), "refused requests: {refused:?}");
+
+    for agent in [&mut a, &mut b] {
+        let status = agent.terminate(Duration::from_secs(20));
+        assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}\n{}", agent.process.log_tail());
+        testbed::assert_no_secret_material(&agent.process.log(), &[&bed.s3.secret_key, &bed.s3.access_key]);
+    }
+    let lease = leases.get(LEASE).await.unwrap();
+    assert!(lease.spec.and_then(|s| s.holder_identity).is_none(), "the Lease is released on the way out");
+    assert!(uploads(&s3, &bed.s3.bucket).await.is_empty(), "no multipart upload left behind");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn s3_going_away_is_counted_with_an_event_while_every_series_stays_and_the_next_tick_recovers() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let s3_proxy = Proxy::start(bed.s3.endpoint.trim_start_matches("http://")).await;
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.cron = EVERY_FIVE_SECONDS;
+    options.s3_endpoint = s3_proxy.url.clone();
+    let config = write_config(&bed, &options).unwrap();
+    let mut agent = AgentProcess::start(cluster, Path::new(BINARY), &config, &ns, "replica-a", &[NO_METADATA]).unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+
+    let last_success = "etcd_snapshotter_last_success_timestamp_seconds{shard=\"root\"}";
+    let storage_failures = "etcd_snapshotter_failures_total{shard=\"root\",reason=\"storage\"}";
+    let before = scrape(&agent.admin_url).await;
+    assert_eq!(value(&before, storage_failures).unwrap(), 0.0, "every reason is exported from the start");
+    assert_eq!(value(&before, last_success).unwrap(), 0.0, "a shard that never succeeded reads 0, not missing");
+    let first = testbed::eventually(WAIT, "a first snapshot", || async {
+        value(&scrape(&agent.admin_url).await, last_success).ok().filter(|v| *v > 0.0)
+    })
+    .await;
+
+    s3_proxy.set_down(true);
+    let during = testbed::eventually(WAIT, "a storage failure counted", || async {
+        let text = scrape(&agent.admin_url).await;
+        value(&text, storage_failures).ok().filter(|v| *v >= 1.0).map(|_| text)
+    })
+    .await;
+    assert_eq!(value(&during, "etcd_snapshotter_storage_reachable").unwrap(), 0.0);
+    assert_eq!(value(&during, last_success).unwrap(), first, "the last success stays, with its value");
+    let failed = testbed::eventually(WAIT, "a SnapshotFailed Event", || async {
+        let found = events(&cluster.client(), &ns, "SnapshotFailed").await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    let note = failed[0].note.clone().unwrap_or_default();
+    assert!(note.contains("(storage)") && note.contains("HeadBucket"), "{note}");
+
+    s3_proxy.set_down(false);
+    testbed::eventually(WAIT, "a snapshot after S3 came back", || async {
+        let text = scrape(&agent.admin_url).await;
+        (value(&text, last_success).ok()? > first && value(&text, "etcd_snapshotter_storage_reachable").ok()? == 1.0)
+            .then_some(())
+    })
+    .await;
+    let status = agent.terminate(Duration::from_secs(20));
+    assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}");
+    testbed::assert_no_secret_material(&agent.process.log(), &[&bed.s3.secret_key, &bed.s3.access_key]);
+}

@@ -1,0 +1,343 @@
+//! Snapshots against a real etcd and a real versitygw, through the binary's one-shots.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::proxy::Proxy;
+use common::*;
+
+fn host_port(url: &str) -> &str {
+    url.trim_start_matches("http://")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_encrypted_snapshot_is_proven_published_listed_verified_and_restores_into_a_serving_etcd() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 400, 20_000).await.unwrap();
+    let (revision, key_count) = revision_and_keys(&mut client).await;
+
+    let identity = age::x25519::Identity::generate();
+    let identity_file = bed.path("identity.txt");
+    std::fs::write(&identity_file, format!("{}\n", age::secrecy::ExposeSecret::expose_secret(&identity.to_string())))
+        .unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.recipients = vec![identity.to_public().to_string()];
+    let config = write_config(&bed, &options).unwrap();
+    let out = snapshot_ok(&config);
+    assert!(out.contains(&format!("revision {revision}")), "{out}");
+
+    let s3 = bed.s3.client();
+    let manifests = manifests(&s3, &bed.s3.bucket).await;
+    assert_eq!(manifests.len(), 1, "{manifests:?}");
+    let m = &manifests[0];
+    assert_eq!(m["revision"], revision);
+    assert_eq!(m["keyCount"], key_count);
+    assert_eq!(m["shard"], "root");
+    assert_eq!(m["member"]["name"], "root-0");
+    assert_eq!(m["etcdVersion"], "3.6.16");
+    assert_eq!(m["compression"], "zstd");
+    assert_eq!(m["object"], "snapshot.db.zst.age");
+    assert_eq!(m["encryptionRecipients"][0], identity.to_public().to_string());
+    assert_eq!(m["spilledBytes"], 0, "an unthrottled S3 spills nothing");
+    let hash_kv = client.hash_kv(revision).await.unwrap().hash();
+    assert_eq!(m["hashKv"], hash_kv);
+    assert!(m["dbSizeBytes"].as_u64().unwrap() > 8_000_000, "{m}");
+    assert!(uploads(&s3, &bed.s3.bucket).await.is_empty(), "no multipart upload left");
+    let id = m["id"].as_str().unwrap().to_string();
+
+    let out = cli(&["list", "--config", config.to_str().unwrap()]);
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && listing.contains(&id) && listing.contains(&revision.to_string()), "{}", text(&out));
+
+    let etcdutl = bed.etcdutl().to_str().unwrap().to_string();
+    let identity_arg = identity_file.to_str().unwrap();
+    let verify =
+        ["verify", "--config", config.to_str().unwrap(), &id, "--identity-file", identity_arg, "--etcdutl", &etcdutl];
+    let out = cli(&verify);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("etcdutl reads revision {revision}")),
+        "{}",
+        text(&out)
+    );
+    // Without the identity an encrypted snapshot cannot be checked, and says so.
+    let out = cli(&verify[..5]);
+    assert!(!out.status.success() && text(&out).contains("--identity-file"), "{}", text(&out));
+
+    let data_dir = bed.path("restored");
+    let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let out = cli(&[
+        "restore",
+        "--config",
+        config.to_str().unwrap(),
+        "--shard",
+        "root",
+        "--identity-file",
+        identity_arg,
+        "--etcdutl",
+        &etcdutl,
+        "--name",
+        "restored",
+        "--initial-cluster",
+        &format!("restored={peer_url}"),
+        "--initial-advertise-peer-urls",
+        &peer_url,
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("next steps"), "{}", text(&out));
+
+    let client_url = format!("http://127.0.0.1:{client_port}");
+    let _restored = testbed::process::Process::start(
+        "restored-etcd",
+        bed.peers.path("etcd"),
+        vec![
+            "--name=restored".into(),
+            format!("--data-dir={}", data_dir.display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+        ],
+        bed.path("restored.log"),
+    )
+    .unwrap();
+    let mut restored = testbed::eventually(WAIT, "the restored etcd serves", || {
+        let url = client_url.clone();
+        async move {
+            let mut c = etcd_client::Client::connect([url], None).await.ok()?;
+            c.status().await.ok()?;
+            Some(c)
+        }
+    })
+    .await;
+    let (restored_revision, restored_keys) = revision_and_keys(&mut restored).await;
+    assert_eq!(restored_revision, revision + 1_000_000_000, "the snapshot's revision, bumped");
+    assert_eq!(restored_keys, key_count);
+    let original = client.get("/registry/things/000123", None).await.unwrap();
+    let back = restored.get("/registry/things/000123", None).await.unwrap();
+    assert_eq!(back.kvs()[0].value(), original.kvs()[0].value());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_byte_flipped_in_flight_is_a_hash_mismatch_that_publishes_nothing_and_the_clean_proxy_succeeds() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 100, 10_000).await.unwrap();
+    let s3 = bed.s3.client();
+
+    let flipping = Proxy::start(host_port(&etcd.members[0].client_url)).await;
+    flipping.faults.flip.store(true, Ordering::SeqCst);
+    let config = write_config(&bed, &Options::new(&bed, "root", vec![flipping.url.clone()])).unwrap();
+    let out = cli(&["snapshot", "--config", config.to_str().unwrap()]);
+    assert!(flipping.faults.flipped.load(Ordering::SeqCst), "the proxy flipped a byte");
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("hash_mismatch") && stderr.contains("trailing sha256"), "{}", text(&out));
+    assert!(manifests(&s3, &bed.s3.bucket).await.is_empty(), "no manifest");
+    assert!(keys(&s3, &bed.s3.bucket).await.is_empty(), "no object at all");
+    assert!(uploads(&s3, &bed.s3.bucket).await.is_empty(), "the multipart upload was aborted");
+
+    let clean = Proxy::start(host_port(&etcd.members[0].client_url)).await;
+    let config = write_config(&bed, &Options::new(&bed, "root", vec![clean.url.clone()])).unwrap();
+    snapshot_ok(&config);
+    assert_eq!(manifests(&s3, &bed.s3.bucket).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_s3_fails_after_bounded_retries_with_a_clear_error_and_the_next_run_succeeds() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let s3_proxy = Proxy::start(host_port(&bed.s3.endpoint)).await;
+    s3_proxy.set_down(true);
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.s3_endpoint = s3_proxy.url.clone();
+    let config = write_config(&bed, &options).unwrap();
+    let started = std::time::Instant::now();
+    let out = cli(&["snapshot", "--config", config.to_str().unwrap()]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "bounded: {:?}", started.elapsed());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("storage: S3 HeadBucket"), "{}", text(&out));
+    assert!(!stderr.contains(&bed.s3.secret_key) && !stderr.contains(&bed.s3.access_key), "no credential in errors");
+
+    s3_proxy.set_down(false);
+    snapshot_ok(&config);
+    assert_eq!(manifests(&bed.s3.client(), &bed.s3.bucket).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_s3_makes_the_stream_spill_to_disk_instead_of_holding_etcd() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/big", 300, 100_000).await.unwrap();
+    let slow = Proxy::start(host_port(&bed.s3.endpoint)).await;
+    slow.faults.throttle_bytes_per_second.store(4 * 1024 * 1024, Ordering::SeqCst);
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.s3_endpoint = slow.url.clone();
+    options.compression = "none";
+    // Room for two finished parts besides the one filling, one upload at a time, spill after 200 ms.
+    options.spill = "memoryBudget: 15Mi\n  partSize: 5Mi\n  partsInFlight: 1\n  spillAfter: 200ms";
+    let config = write_config(&bed, &options).unwrap();
+    let out = snapshot_ok(&config);
+    let manifests = manifests(&bed.s3.client(), &bed.s3.bucket).await;
+    let spilled = manifests[0]["spilledBytes"].as_u64().unwrap();
+    assert!(spilled >= 5 * 1024 * 1024, "at least one part spilled: {out}");
+    assert!(std::fs::read_dir(bed.path("spill/root")).unwrap().next().is_none(), "spill files are removed");
+    // The object is whole: it verifies against both hashes.
+    let id = manifests[0]["id"].as_str().unwrap();
+    let out = cli(&["verify", "--config", config.to_str().unwrap(), id, "--etcdutl", bed.etcdutl().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_down_member_and_a_learner_are_skipped_and_the_snapshot_comes_from_a_healthy_voter() {
+    let bed = Bed::start().await.unwrap();
+    let mut etcd = bed.etcd("alpha", 3).await.unwrap();
+    let mut client = etcd.member_client(1).await.unwrap();
+    load(&mut client, "/registry/things", 50, 1000).await.unwrap();
+    etcd.kill_member(0);
+    let endpoints: Vec<String> = etcd.members.iter().map(|m| m.client_url.clone()).collect();
+    let config = write_config(&bed, &Options::new(&bed, "alpha", endpoints)).unwrap();
+    let out = cli(&["snapshot", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("member skipped"), "{}", text(&out));
+    let m = &manifests(&bed.s3.client(), &bed.s3.bucket).await[0];
+    assert_ne!(m["member"]["name"], "alpha-0", "{m}");
+
+    // A learner: added to a one-member cluster and started; listed first, it is still skipped.
+    let single = bed.etcd("beta", 1).await.unwrap();
+    let mut beta = single.member_client(0).await.unwrap();
+    let peer_port = testbed::process::free_port().unwrap();
+    let client_port = testbed::process::free_port().unwrap();
+    let (peer_url, client_url) = (format!("http://127.0.0.1:{peer_port}"), format!("http://127.0.0.1:{client_port}"));
+    beta.member_add([peer_url.clone()], Some(etcd_client::MemberAddOptions::new().with_is_learner())).await.unwrap();
+    let _learner = testbed::process::Process::start(
+        "beta-learner",
+        bed.peers.path("etcd"),
+        vec![
+            "--name=beta-learner".into(),
+            format!("--data-dir={}", bed.path("beta-learner").display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=beta-0={},beta-learner={peer_url}", single.members[0].peer_url),
+            "--initial-cluster-state=existing".into(),
+        ],
+        bed.path("beta-learner.log"),
+    )
+    .unwrap();
+    testbed::eventually(WAIT, "the learner answers", || {
+        let url = client_url.clone();
+        async move { etcd_client::Client::connect([url], None).await.ok()?.status().await.ok().filter(|s| s.is_learner()) }
+    })
+    .await;
+    let config =
+        write_config(&bed, &Options::new(&bed, "beta", vec![client_url.clone(), single.members[0].client_url.clone()]))
+            .unwrap();
+    let out = cli(&["snapshot", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a learner"), "{}", text(&out));
+    let all = manifests(&bed.s3.client(), &bed.s3.bucket).await;
+    let m = all.iter().find(|m| m["shard"] == "beta").unwrap();
+    assert_eq!(m["member"]["name"], "beta-0", "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sigkill_mid_upload_leaves_nothing_listed_and_the_next_run_cleans_up_and_succeeds() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/big", 200, 100_000).await.unwrap();
+    let slow = Proxy::start(host_port(&bed.s3.endpoint)).await;
+    slow.faults.throttle_bytes_per_second.store(2 * 1024 * 1024, Ordering::SeqCst);
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.s3_endpoint = slow.url.clone();
+    options.compression = "none";
+    let config = write_config(&bed, &options).unwrap();
+    let s3 = bed.s3.client();
+
+    let mut agent = testbed::process::Process::start_with_env(
+        "snapshot",
+        std::path::Path::new(BINARY),
+        vec!["snapshot".into(), "--config".into(), config.display().to_string()],
+        &[NO_METADATA],
+        bed.path("killed.log"),
+    )
+    .unwrap();
+    testbed::eventually(WAIT, "a multipart upload is under way", || {
+        let s3 = s3.clone();
+        let bucket = bed.s3.bucket.clone();
+        async move { (!uploads(&s3, &bucket).await.is_empty()).then_some(()) }
+    })
+    .await;
+    agent.kill();
+    assert!(manifests(&s3, &bed.s3.bucket).await.is_empty(), "nothing lists as a snapshot");
+    let out = cli(&["list", "--config", config.to_str().unwrap()]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1, "only the header: {}", text(&out));
+    assert_eq!(uploads(&s3, &bed.s3.bucket).await.len(), 1, "the killed run left its upload");
+
+    slow.faults.throttle_bytes_per_second.store(0, Ordering::SeqCst);
+    snapshot_ok(&config);
+    assert!(uploads(&s3, &bed.s3.bucket).await.is_empty(), "the next run aborted the abandoned upload");
+    assert_eq!(manifests(&s3, &bed.s3.bucket).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_orders_by_revision_keeps_the_newest_and_skips_objects_under_object_lock() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    let s3 = bed.s3.client();
+    let bucket = "locked-bucket";
+    s3.create_bucket().bucket(bucket).object_lock_enabled_for_bucket(true).send().await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.bucket = bucket.into();
+    options.keep_last = 2;
+    let config = write_config(&bed, &options).unwrap();
+
+    // Revisions cross from 2 digits to 3 and 4 between snapshots.
+    let mut ids = Vec::new();
+    for count in [20, 200, 2000] {
+        load(&mut client, &format!("/registry/n{count}"), count, 10).await.unwrap();
+        snapshot_ok(&config);
+        let all = manifests(&s3, bucket).await;
+        let newest = all.iter().max_by_key(|m| m["revision"].as_u64().unwrap()).unwrap();
+        ids.push(newest["id"].as_str().unwrap().to_string());
+    }
+    let revisions: Vec<u64> = manifests(&s3, bucket).await.iter().map(|m| m["revision"].as_u64().unwrap()).collect();
+    assert_eq!(revisions.len(), 2, "keepLast 2");
+    assert!(revisions.iter().all(|r| *r >= 100), "the two newest by revision are kept: {revisions:?}");
+
+    // Lock the older of the two; the next run would delete it, but object lock forbids: skipped, not failed.
+    let older = &ids[1];
+    let until = aws_sdk_s3::primitives::DateTime::from_secs(chrono::Utc::now().timestamp() + 3600);
+    let key = format!("{PREFIX}/{older}/snapshot.db.zst");
+    s3.put_object_retention()
+        .bucket(bucket)
+        .key(&key)
+        .retention(
+            aws_sdk_s3::types::ObjectLockRetention::builder()
+                .mode(aws_sdk_s3::types::ObjectLockRetentionMode::Governance)
+                .retain_until_date(until)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    load(&mut client, "/registry/more", 5, 10).await.unwrap();
+    let out = snapshot_ok(&config);
+    assert!(out.contains("locked 1"), "{out}");
+    let remaining: Vec<String> =
+        manifests(&s3, bucket).await.iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
+    assert!(remaining.contains(older), "the locked snapshot stays listed: {remaining:?}");
+    assert_eq!(remaining.len(), 3, "{remaining:?}");
+}
