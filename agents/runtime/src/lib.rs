@@ -17,6 +17,7 @@ pub mod logging;
 pub mod marked_block;
 pub mod metrics;
 pub mod names;
+pub mod rbac;
 pub mod retry;
 pub mod schedule;
 pub mod sensitive;
