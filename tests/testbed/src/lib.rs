@@ -22,6 +22,7 @@ pub mod leaks;
 pub mod process;
 pub mod projection;
 pub mod s3;
+pub mod scrape;
 pub mod standins;
 pub mod tls;
 
