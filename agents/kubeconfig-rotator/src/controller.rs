@@ -293,7 +293,7 @@ impl Rotator {
         let value = format!("{} {}", issued.serial, rfc3339(now));
         let patch = json!({"metadata": {"annotations": {RENDER_REQUESTED: value}}});
         Api::<KubeconfigObject>::namespaced(self.client.clone(), namespace)
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(name, &merge_params(), &Patch::Merge(&patch))
             .await
             .map_err(|source| SyncError::NudgeFailed { object: format!("{namespace}/{name}"), source })?;
         self.metrics.nudges.get_or_create(&KubeconfigLabel { kubeconfig: kc.name.clone() }).inc();
@@ -536,6 +536,11 @@ fn desired_secret(kc: &Kubeconfig, t: &Target, c: &Credential, rv: Option<&str>,
     secret
 }
 
+/// Merge patches (the nudge, the renewal) carry kcp-keeper's field manager too, so managedFields say who wrote.
+fn merge_params() -> PatchParams {
+    PatchParams { field_manager: Some(kcp_keeper_runtime::FIELD_MANAGER.into()), ..PatchParams::default() }
+}
+
 /// `Issuing=True`, reason `ManuallyTriggered`, on the status subresource, guarded by the resourceVersion read.
 pub async fn force_renewal(client: &kube::Client, certificate: &Certificate) -> Result<(), SyncError> {
     let namespace = certificate.metadata.namespace.clone().unwrap_or_default();
@@ -553,7 +558,7 @@ pub async fn force_renewal(client: &kube::Client, certificate: &Certificate) -> 
         "status": {"conditions": conditions},
     });
     Api::<Certificate>::namespaced(client.clone(), &namespace)
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch_status(&name, &merge_params(), &Patch::Merge(&patch))
         .await
         .map(|_| ())
         .map_err(|source| SyncError::RenewalFailed { object: format!("{namespace}/{name}"), source })
