@@ -35,15 +35,19 @@ impl Default for Settings {
     }
 }
 
-/// Starts the issuer stand-in for Certificates in `namespace`, signing with `ca`.
-pub fn spawn(client: kube::Client, namespace: &str, ca: &'static Ca, settings: Settings) -> StandIn {
+/// Starts the issuer stand-in for Certificates in `namespace`, signing with `ca` (e.g. `&'static Ca` from the
+/// shared kcp bed, or an owner of one that outlives the task).
+pub fn spawn<C>(client: kube::Client, namespace: &str, ca: C, settings: Settings) -> StandIn
+where
+    C: std::borrow::Borrow<Ca> + Send + Sync + 'static,
+{
     let certificates: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &certificate_resource());
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client, namespace);
     StandIn(tokio::spawn(async move {
         loop {
             if let Ok(list) = certificates.list(&ListParams::default()).await {
                 for cert in list.items {
-                    if let Err(e) = reconcile(&certificates, &secrets, &cert, ca, settings).await {
+                    if let Err(e) = reconcile(&certificates, &secrets, &cert, ca.borrow(), settings).await {
                         eprintln!("issuer stand-in: {}: {e:#}", cert.metadata.name.as_deref().unwrap_or("?"));
                     }
                 }
