@@ -13,21 +13,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use kcp_keeper_runtime::rbac::{Roles, rule, service_account};
+pub use kcp_keeper_runtime::rbac::Subjects;
+use kcp_keeper_runtime::rbac::{Roles, lease_rules, rule};
 
 use crate::cluster::OPERATOR_GROUP;
 use crate::config::Config;
 use crate::scope::service_scopes;
 
 pub const ROLE_NAME: &str = "kcp-keeper-dns-rewriter";
-
-/// Who the Roles are bound to, and where its Lease lives.
-#[derive(Debug, Clone)]
-pub struct Subjects {
-    pub namespace: String,
-    pub service_account: String,
-    pub lease_name: String,
-}
 
 pub fn render(config: &Config, who: &Subjects) -> Roles {
     let mut by_namespace: BTreeMap<String, Vec<PolicyRule>> = BTreeMap::new();
@@ -42,11 +35,12 @@ pub fn render(config: &Config, who: &Subjects) -> Roles {
         let plurals: Vec<&str> = d.kinds.iter().map(|k| k.plural()).collect();
         add(&d.namespace, rule(OPERATOR_GROUP, &plurals, &[], &["list", "watch"]));
     }
-    add(&who.namespace, rule("coordination.k8s.io", &["leases"], &[&who.lease_name], &["get", "update"]));
-    add(&who.namespace, rule("coordination.k8s.io", &["leases"], &[], &["create"]));
+    for lease in lease_rules(who) {
+        add(&who.namespace, lease);
+    }
     let mut roles = Roles::default();
     for (ns, rules) in by_namespace {
-        roles.add(&ns, ROLE_NAME, "dns-rewriter", rules, service_account(&who.namespace, &who.service_account));
+        roles.add(&ns, ROLE_NAME, "dns-rewriter", rules, who);
     }
     roles
 }

@@ -1,12 +1,34 @@
-//! Building blocks for an agent's `rbac` subcommand: the Roles a configuration needs, rendered from the same
-//! configuration the watches are built from, so the documented RBAC and what the agent does cannot drift apart.
+//! Building blocks for an agent's `rbac` one-shot: the Roles a configuration needs, rendered from the same
+//! configuration the watches are built from, so that what an agent is granted and what it reads cannot drift
+//! apart. The agent decides the rules; these helpers give every agent the same object shapes, labels and YAML
+//! layout.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::ObjectMeta;
 
-/// Namespaced Roles, each bound to one ServiceAccount.
+/// Who the Roles are bound to, and where its Lease lives.
+#[derive(Debug, Clone)]
+pub struct Subjects {
+    /// The agent's namespace (its ServiceAccount and Lease).
+    pub namespace: String,
+    pub service_account: String,
+    pub lease_name: String,
+}
+
+impl Subjects {
+    fn subject(&self) -> Subject {
+        Subject {
+            kind: "ServiceAccount".into(),
+            name: self.service_account.clone(),
+            namespace: Some(self.namespace.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// Namespaced Roles, each bound to the agent's ServiceAccount.
 #[derive(Debug, Default, Clone)]
 pub struct Roles {
     pub roles: Vec<Role>,
@@ -14,8 +36,8 @@ pub struct Roles {
 }
 
 impl Roles {
-    /// Adds Role `name` in `namespace` with `rules`, bound to `subject`; `app` labels both.
-    pub fn add(&mut self, namespace: &str, name: &str, app: &str, rules: Vec<PolicyRule>, subject: Subject) {
+    /// Adds Role `name` in `namespace` with `rules`, bound to `who`'s ServiceAccount; `app` labels both.
+    pub fn add(&mut self, namespace: &str, name: &str, app: &str, rules: Vec<PolicyRule>, who: &Subjects) {
         let meta = ObjectMeta {
             name: Some(name.into()),
             namespace: Some(namespace.into()),
@@ -30,7 +52,7 @@ impl Roles {
                 kind: "Role".into(),
                 name: name.into(),
             },
-            subjects: Some(vec![subject]),
+            subjects: Some(vec![who.subject()]),
         });
     }
 
@@ -45,7 +67,7 @@ impl Roles {
     }
 }
 
-/// One rule; `names` empty means every object of the resource.
+/// One rule; `names` empty means every object of the resources.
 pub fn rule(group: &str, resources: &[&str], names: &[&str], verbs: &[&str]) -> PolicyRule {
     let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     PolicyRule {
@@ -57,17 +79,16 @@ pub fn rule(group: &str, resources: &[&str], names: &[&str], verbs: &[&str]) -> 
     }
 }
 
-pub fn service_account(namespace: &str, name: &str) -> Subject {
-    Subject {
-        kind: "ServiceAccount".into(),
-        name: name.into(),
-        namespace: Some(namespace.into()),
-        ..Default::default()
-    }
+/// The agent's own Lease: get and update by name; create cannot be limited by name (it is not in the URL).
+pub fn lease_rules(who: &Subjects) -> Vec<PolicyRule> {
+    vec![
+        rule("coordination.k8s.io", &["leases"], &[&who.lease_name], &["get", "update"]),
+        rule("coordination.k8s.io", &["leases"], &[], &["create"]),
+    ]
 }
 
-/// One object as YAML with `apiVersion` and `kind` first, as people write them.
-fn document(kind: &str, object: &impl serde::Serialize) -> Result<String, serde_yaml::Error> {
+/// One RBAC object as YAML with `apiVersion` and `kind` first, as people write them.
+pub fn document(kind: &str, object: &impl serde::Serialize) -> Result<String, serde_yaml::Error> {
     let mut value = serde_yaml::to_value(object)?;
     let mut out = serde_yaml::Mapping::new();
     out.insert("apiVersion".into(), "rbac.authorization.k8s.io/v1".into());
@@ -86,17 +107,15 @@ mod tests {
 
     #[test]
     fn a_role_renders_with_its_binding_kind_first_and_names_only_when_given() {
+        let who = Subjects { namespace: "kcp-keeper".into(), service_account: "x".into(), lease_name: "l".into() };
+        let mut rules = vec![rule("", &["configmaps"], &["one"], &["get"]), rule("", &["services"], &[], &["list"])];
+        rules.extend(lease_rules(&who));
         let mut roles = Roles::default();
-        roles.add(
-            "kube-system",
-            "kcp-keeper-x",
-            "x",
-            vec![rule("", &["configmaps"], &["one"], &["get"]), rule("", &["services"], &[], &["list"])],
-            service_account("kcp-keeper", "x"),
-        );
+        roles.add("kube-system", "kcp-keeper-x", "x", rules, &who);
         let yaml = roles.to_yaml().unwrap();
         assert!(yaml.starts_with("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\n"), "{yaml}");
         assert!(yaml.contains("---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n"), "{yaml}");
-        assert_eq!(yaml.matches("resourceNames").count(), 1, "{yaml}");
+        assert_eq!(yaml.matches("resourceNames").count(), 2, "{yaml}");
+        assert!(yaml.contains("name: x\n  namespace: kcp-keeper"), "{yaml}");
     }
 }

@@ -68,12 +68,12 @@ impl AgentProcess {
 
     /// The agent's `/metrics` text (empty when it does not answer).
     pub async fn metrics(&self) -> String {
-        crate::http::get(&format!("{}/metrics", self.admin_url)).await.map(|(_, _, body)| body).unwrap_or_default()
+        crate::metrics::scrape(&self.admin_url).await
     }
 
     /// The value of the one series starting with `series` (name and labels) in the agent's metrics now.
     pub async fn metric(&self, series: &str) -> Result<f64> {
-        metric(&self.metrics().await, series)
+        crate::metrics::value(&self.metrics().await, series)
     }
 
     /// Waits until the series `series` satisfies `check`, and returns its value; a missing series never
@@ -88,21 +88,6 @@ impl AgentProcess {
     /// Sends SIGTERM and waits for the exit status (None if it did not exit within `timeout`).
     pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         self.process.signal_and_wait(nix::sys::signal::Signal::SIGTERM, timeout)
-    }
-}
-
-/// The value of the one series starting with `series` in an OpenMetrics `text`; a missing series is an
-/// error, never 0.
-pub fn metric(text: &str, series: &str) -> Result<f64> {
-    let values: Vec<f64> = text
-        .lines()
-        .filter(|l| l.starts_with(series))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .collect();
-    match values[..] {
-        [value] => Ok(value),
-        [] => anyhow::bail!("no series {series} in\n{text}"),
-        _ => anyhow::bail!("{} series match {series}", values.len()),
     }
 }
 

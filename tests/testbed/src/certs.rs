@@ -62,8 +62,9 @@ impl Ca {
         self.issue(params, validity)
     }
 
-    /// A client certificate as Kubernetes reads it: CN = user, O = groups.
+    /// A client certificate as Kubernetes reads it: CN = user, O = groups (at most two, see [`name`]).
     pub fn issue_client(&self, user: &str, groups: &[&str], validity: Duration) -> Result<Credential> {
+        anyhow::ensure!(groups.len() <= 2, "rcgen writes at most two O attributes; {} groups asked", groups.len());
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.distinguished_name = name(user, groups);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
@@ -88,11 +89,15 @@ fn ca_params(common_name: &str, validity: Duration) -> Result<CertificateParams>
     Ok(params)
 }
 
+/// CN and up to two O attributes. rcgen keeps one value per attribute type, so a second O (a kcp-operator
+/// certificate carries its groups plus `kubeconfig:<name>`) is written under the same OID as a custom type.
 fn name(common_name: &str, organizations: &[&str]) -> DistinguishedName {
+    const ORGANIZATION_OID: [u64; 4] = [2, 5, 4, 10];
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, common_name);
-    for org in organizations {
-        dn.push(DnType::OrganizationName, *org);
+    for (i, org) in organizations.iter().enumerate() {
+        let ty = if i == 0 { DnType::OrganizationName } else { DnType::CustomDnType(ORGANIZATION_OID.to_vec()) };
+        dn.push(ty, *org);
     }
     dn
 }

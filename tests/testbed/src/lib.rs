@@ -23,6 +23,8 @@ pub mod metrics;
 pub mod process;
 pub mod projection;
 pub mod s3;
+pub mod scrape;
+pub mod standins;
 pub mod tls;
 
 use std::path::{Path, PathBuf};

@@ -4,11 +4,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta};
-use serde::Deserialize;
 use testbed::ControlPlane;
 use testbed::agent_process::AgentProcess;
 
@@ -63,58 +62,5 @@ pub async fn key(client: &kube::Client, ns: &str, name: &str, key: &str) -> Opti
     s.data?.get(key).map(|v| String::from_utf8_lossy(&v.0).into_owned())
 }
 
-pub async fn metrics(agent: &AgentProcess) -> String {
-    testbed::http::get(&format!("{}/metrics", agent.admin_url)).await.map(|(_, _, body)| body).unwrap_or_default()
-}
-
-/// The value of the one series starting with `series` (name and labels); a missing series is an error, never 0.
-pub fn metric(text: &str, series: &str) -> Result<f64> {
-    let values: Vec<f64> = text
-        .lines()
-        .filter(|l| l.starts_with(series))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .collect();
-    match values[..] {
-        [value] => Ok(value),
-        [] => anyhow::bail!("no series {series} in\n{text}"),
-        _ => anyhow::bail!("{} series match {series}", values.len()),
-    }
-}
-
-/// Waits until the agent's series `series` satisfies `check`; returns its value.
-pub async fn wait_for_metric(agent: &AgentProcess, series: &str, what: &str, check: impl Fn(f64) -> bool) -> f64 {
-    testbed::eventually(WAIT, what, || async {
-        let text = metrics(agent).await;
-        metric(&text, series).ok().filter(|v| check(*v))
-    })
-    .await
-}
-
-/// Applies multi-document YAML (what `ca-syncer rbac` prints) as the admin.
-pub async fn apply_yaml(client: &kube::Client, yaml: &str) -> Result<usize> {
-    use kube::api::{DynamicObject, Patch, PatchParams};
-    use kube::discovery::ApiResource;
-    let mut applied = 0;
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let value = serde_yaml::Value::deserialize(doc)?;
-        let object: DynamicObject = serde_yaml::from_value(value)?;
-        let types = object.types.clone().context("apiVersion and kind")?;
-        let (group, version) = types.api_version.split_once('/').unwrap_or(("", &types.api_version));
-        let resource = ApiResource {
-            group: group.into(),
-            version: version.into(),
-            api_version: types.api_version.clone(),
-            kind: types.kind.clone(),
-            plural: format!("{}s", types.kind.to_lowercase()),
-        };
-        let name = object.metadata.name.clone().context("name")?;
-        let namespaced = !types.kind.starts_with("Cluster");
-        let api: Api<DynamicObject> = match (&object.metadata.namespace, namespaced) {
-            (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &resource),
-            _ => Api::all_with(client.clone(), &resource),
-        };
-        api.patch(&name, &PatchParams::apply("test"), &Patch::Apply(&object)).await?;
-        applied += 1;
-    }
-    Ok(applied)
-}
+#[allow(unused_imports)]
+pub use testbed::scrape::{apply_yaml, metric, metrics, wait_for_metric};

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod dns_rewriter;
+mod kubeconfig_rotator;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,7 +24,7 @@ struct Args {
 
 /// Agents without their own logic yet, in the summary's order (ca-syncer's line follows); each agent's issue
 /// moves it into a real cycle below.
-const NOT_BUILT: &[&str] = &["kubeconfig-rotator", "etcd-snapshotter"];
+const NOT_BUILT: &[&str] = &["etcd-snapshotter"];
 
 /// What ca-syncer does in the demo: the hub trusts kcp's server CA (intermediate and root), copied into a
 /// Secret and a ConfigMap without the CA's private key, published only once the bundle verifies the real front
@@ -70,7 +71,7 @@ async fn run(once: bool) -> Result<ExitCode> {
     eprintln!("demo: starting etcd and kube-apiserver");
     let bed = testbed::ControlPlane::start().await?;
     eprintln!("demo: starting kcp (root shard, alpha shard, front proxy, an etcd each) and seeding the layout");
-    let layout = layout::seed(&bed).await?;
+    let layout = std::sync::Arc::new(layout::seed(&bed).await?);
     let s3 = bed.s3().await?;
     let dns = bed.coredns(testbed::coredns::K3S_COREFILE).await?;
     let _coredns_custom = dns_rewriter::prepare(&bed, &dns).await?;
@@ -96,6 +97,13 @@ async fn run(once: bool) -> Result<ExitCode> {
     println!("  data and logs: {}", bed.dir().display());
 
     let mut lines = Vec::new();
+    let _stand_ins = kubeconfig_rotator::stand_ins(&bed, &layout);
+    let mut rotator =
+        start_agent(&bed, "kubeconfig-rotator", &kubeconfig_rotator::config(&layout.kcp.front_proxy.url))?;
+    lines.push(match kubeconfig_rotator::cycle(&bed, &mut rotator).await {
+        Ok(summary) => format!("ok kubeconfig-rotator: {summary}"),
+        Err(e) => format!("FAIL kubeconfig-rotator: {e:#}"),
+    });
     for agent in NOT_BUILT {
         lines.push(format!("FAIL {agent}: not implemented"));
     }
@@ -117,7 +125,8 @@ async fn run(once: bool) -> Result<ExitCode> {
         return Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
     println!("running; the agents' logs follow; press Ctrl-C to stop");
-    let mut agents = [("ca-syncer", ca_syncer, 0), ("dns-rewriter", dns_rewriter, 0)];
+    let mut agents =
+        [("kubeconfig-rotator", rotator, 0), ("ca-syncer", ca_syncer, 0), ("dns-rewriter", dns_rewriter, 0)];
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         for (name, agent, printed) in &mut agents {

@@ -1,0 +1,390 @@
+//! The configuration file (YAML): raw serde types with unknown fields refused, turned into the validated
+//! [`Config`] with every semantic error reported at once with its field path.
+//!
+//! ```yaml
+//! resyncInterval: 30s
+//! kubeconfigs:
+//! - name: hub-admin
+//!   source:                       # exactly one of kubeconfig, secret, certificateSecret
+//!     kubeconfig: {namespace: kcp-system, name: hub-admin, renderedSecret: hub-admin-kubeconfig}
+//!   renewBefore: 720h             # force a renewal (the cmctl way) when less than this is left
+//!   server: https://front-proxy.kcp-system.svc:6443   # optional: publish (and prove) with this server
+//!   targets:
+//!   - {namespace: railgrid-system, name: railgrid-kcp, key: admin.kubeconfig, restartDeployments: [railgrid-hub]}
+//! ```
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use kcp_keeper_runtime::config::{AgentConfig, FieldError};
+use kcp_keeper_runtime::duration::ConfigDuration;
+use kcp_keeper_runtime::names;
+use serde::Deserialize;
+
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(60);
+/// The key the kcp-operator renders, and the default target key.
+pub const KUBECONFIG_KEY: &str = "kubeconfig";
+
+// ---- validated ----------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub resync_interval: Duration,
+    pub kubeconfigs: Vec<Kubeconfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kubeconfig {
+    /// A DNS label, unique: names the kubeconfig in logs, Events, metrics and `rotate NAME`.
+    pub name: String,
+    pub source: Source,
+    /// Who a candidate must prove to be. `None` only for a `kubeconfig` source: then the Kubeconfig's spec says
+    /// (username; groups plus `kubeconfig:<name>`, as the operator puts them into the certificate).
+    pub expect: Option<Identity>,
+    /// Force a renewal when less than this is left and none is under way; `None`: a quarter of the lifetime.
+    pub renew_before: Option<Duration>,
+    /// Scheme, host and port every cluster's server is rewritten to (the path, e.g. `/clusters/root`, is kept).
+    pub server: Option<String>,
+    pub targets: Vec<Target>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A kcp-operator `Kubeconfig`: its Certificate `kubeconfig-cert-<name>`, the certificate Secret of the same
+    /// name, and the Secret it renders (`renderedSecret`, which must be its `spec.secretRef.name`).
+    Operator { namespace: String, name: String, rendered_secret: String },
+    /// Any Secret holding a kubeconfig under `key`.
+    Secret(KeyRef),
+    /// A cert-manager certificate Secret (`tls.crt`, `tls.key`); the agent builds the kubeconfig itself.
+    CertificateSecret { namespace: String, name: String, server: String, ca: KeyRef },
+}
+
+impl Source {
+    /// The namespace the source objects live in.
+    pub fn namespace(&self) -> &str {
+        match self {
+            Source::Operator { namespace, .. } | Source::CertificateSecret { namespace, .. } => namespace,
+            Source::Secret(r) => &r.namespace,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Source::Operator { .. } => "kubeconfig",
+            Source::Secret(_) => "secret",
+            Source::CertificateSecret { .. } => "certificateSecret",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KeyRef {
+    pub namespace: String,
+    pub name: String,
+    pub key: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Identity {
+    pub username: String,
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub namespace: String,
+    pub name: String,
+    pub key: String,
+    /// Also write `tls.crt`, `tls.key` and `ca.crt`, for consumers that reload files.
+    pub split_keys: bool,
+    /// Take over a Secret (or key) kcp-keeper did not create.
+    pub adopt: bool,
+    /// Deployments in the target's namespace that read the kubeconfig once at start: restarted on a real change.
+    pub restart_deployments: Vec<String>,
+}
+
+/// The Certificate and certificate Secret the kcp-operator creates for a Kubeconfig.
+pub fn certificate_name(kubeconfig: &str) -> String {
+    format!("kubeconfig-cert-{kubeconfig}")
+}
+
+impl Config {
+    pub fn find(&self, name: &str) -> Option<&Kubeconfig> {
+        self.kubeconfigs.iter().find(|k| k.name == name)
+    }
+}
+
+// ---- raw ----------------------------------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawConfig {
+    #[serde(default)]
+    resync_interval: Option<ConfigDuration>,
+    kubeconfigs: Vec<RawKubeconfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawKubeconfig {
+    name: String,
+    source: RawSource,
+    #[serde(default)]
+    expect: Option<Identity>,
+    #[serde(default)]
+    renew_before: Option<ConfigDuration>,
+    #[serde(default)]
+    server: Option<String>,
+    targets: Vec<RawTarget>,
+}
+
+/// "Exactly one of these keys": optional fields, so a mistake names the field path rather than a YAML tag.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawSource {
+    kubeconfig: Option<RawOperatorSource>,
+    secret: Option<KeyRef>,
+    certificate_secret: Option<RawCertificateSecret>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawOperatorSource {
+    namespace: String,
+    name: String,
+    rendered_secret: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawCertificateSecret {
+    namespace: String,
+    name: String,
+    server: String,
+    ca: KeyRef,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawTarget {
+    namespace: String,
+    name: String,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    split_keys: bool,
+    #[serde(default)]
+    adopt: bool,
+    #[serde(default)]
+    restart_deployments: Vec<String>,
+}
+
+impl AgentConfig for Config {
+    type Raw = RawConfig;
+
+    fn from_raw(raw: RawConfig) -> Result<Self, Vec<FieldError>> {
+        let mut errors = Vec::new();
+        let mut names = BTreeSet::new();
+        let mut targets_seen = BTreeSet::new();
+        let mut kubeconfigs = Vec::new();
+        for (i, k) in raw.kubeconfigs.into_iter().enumerate() {
+            let at = format!("kubeconfigs[{i}]");
+            let mut err = |field: &str, reason: String| errors.push(FieldError::new(format!("{at}.{field}"), reason));
+            // Kept short: it is part of a Deployment annotation key (63 characters at most).
+            if let Err(e) = names::check_dns_label(&k.name) {
+                err("name", e);
+            } else if k.name.len() > 40 {
+                err("name", "must be at most 40 characters".into());
+            } else if !names.insert(k.name.clone()) {
+                err("name", "is used by another kubeconfig".into());
+            }
+            let source = match (k.source.kubeconfig, k.source.secret, k.source.certificate_secret) {
+                (Some(o), None, None) => {
+                    check_object(&mut err, "source.kubeconfig", &o.namespace, &o.name);
+                    if let Err(e) = names::check_dns_subdomain(&o.rendered_secret) {
+                        err("source.kubeconfig.renderedSecret", e);
+                    }
+                    Some(Source::Operator { namespace: o.namespace, name: o.name, rendered_secret: o.rendered_secret })
+                }
+                (None, Some(s), None) => {
+                    check_key_ref(&mut err, "source.secret", &s);
+                    Some(Source::Secret(s))
+                }
+                (None, None, Some(c)) => {
+                    check_object(&mut err, "source.certificateSecret", &c.namespace, &c.name);
+                    if let Err(e) = check_server(&c.server, true) {
+                        err("source.certificateSecret.server", e);
+                    }
+                    check_key_ref(&mut err, "source.certificateSecret.ca", &c.ca);
+                    Some(Source::CertificateSecret { namespace: c.namespace, name: c.name, server: c.server, ca: c.ca })
+                }
+                _ => {
+                    err("source", "set exactly one of kubeconfig, secret, certificateSecret".into());
+                    None
+                }
+            };
+            if let Some(source) = &source {
+                if k.expect.is_none() && !matches!(source, Source::Operator { .. }) {
+                    err("expect", "required for this source: the username (and groups) a candidate must prove".into());
+                }
+                if k.renew_before.is_some() && !matches!(source, Source::Operator { .. }) {
+                    err("renewBefore", "only a kubeconfig source can be renewed by the agent".into());
+                }
+            }
+            if let Some(expect) = &k.expect
+                && expect.username.is_empty()
+            {
+                err("expect.username", "must not be empty".into());
+            }
+            if let Some(server) = &k.server
+                && let Err(e) = check_server(server, false)
+            {
+                err("server", e);
+            }
+            if k.targets.is_empty() {
+                err("targets", "at least one target is needed".into());
+            }
+            let mut targets = Vec::new();
+            for (j, t) in k.targets.into_iter().enumerate() {
+                let tat = format!("targets[{j}]");
+                check_object(&mut err, &tat, &t.namespace, &t.name);
+                let key = t.key.unwrap_or_else(|| KUBECONFIG_KEY.into());
+                if let Err(e) = names::check_data_key(&key) {
+                    err(&format!("{tat}.key"), e);
+                } else if t.split_keys && ["tls.crt", "tls.key", "ca.crt"].contains(&key.as_str()) {
+                    err(&format!("{tat}.key"), "collides with a split key (tls.crt, tls.key, ca.crt)".into());
+                }
+                if !targets_seen.insert((t.namespace.clone(), t.name.clone())) {
+                    err(&tat, "this Secret is already a target (of this or another kubeconfig)".into());
+                }
+                for (d, deployment) in t.restart_deployments.iter().enumerate() {
+                    if let Err(e) = names::check_dns_subdomain(deployment) {
+                        err(&format!("{tat}.restartDeployments[{d}]"), e);
+                    }
+                }
+                targets.push(Target {
+                    namespace: t.namespace,
+                    name: t.name,
+                    key,
+                    split_keys: t.split_keys,
+                    adopt: t.adopt,
+                    restart_deployments: t.restart_deployments,
+                });
+            }
+            if let Some(source) = source {
+                kubeconfigs.push(Kubeconfig {
+                    name: k.name,
+                    source,
+                    expect: k.expect,
+                    renew_before: k.renew_before.map(|d| d.0),
+                    server: k.server.map(|s| s.trim_end_matches('/').to_string()),
+                    targets,
+                });
+            }
+        }
+        let resync_interval = raw.resync_interval.map_or(DEFAULT_RESYNC, |d| d.0);
+        if resync_interval < Duration::from_secs(1) {
+            errors.push(FieldError::new("resyncInterval", "must be at least 1s"));
+        }
+        if errors.is_empty() { Ok(Config { resync_interval, kubeconfigs }) } else { Err(errors) }
+    }
+}
+
+fn check_object(err: &mut impl FnMut(&str, String), at: &str, namespace: &str, name: &str) {
+    if let Err(e) = names::check_dns_label(namespace) {
+        err(&format!("{at}.namespace"), e);
+    }
+    if let Err(e) = names::check_dns_subdomain(name) {
+        err(&format!("{at}.name"), e);
+    }
+}
+
+fn check_key_ref(err: &mut impl FnMut(&str, String), at: &str, r: &KeyRef) {
+    check_object(err, at, &r.namespace, &r.name);
+    if let Err(e) = names::check_data_key(&r.key) {
+        err(&format!("{at}.key"), e);
+    }
+}
+
+/// An `https://host[:port]` URL; a path only where `path_allowed` (a source's server may name a workspace).
+fn check_server(server: &str, path_allowed: bool) -> Result<(), String> {
+    let rest = server.strip_prefix("https://").ok_or("must start with https://")?;
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    if authority.is_empty() || authority.contains(['@', '?', '#', ' ']) {
+        return Err("must name a host".into());
+    }
+    if !path_allowed && !path.is_empty() {
+        return Err("must be scheme, host and port only: the path of each cluster's server is kept".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use kcp_keeper_runtime::config::parse;
+
+    use super::*;
+
+    fn parse_ok(text: &str) -> Config {
+        parse::<Config>(Path::new("c.yaml"), text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn parse_err(text: &str) -> String {
+        parse::<Config>(Path::new("c.yaml"), text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn an_operator_source_needs_no_expect_and_targets_default_to_the_kubeconfig_key() {
+        let c = parse_ok(
+            "kubeconfigs:\n- name: hub\n  source: {kubeconfig: {namespace: kcp, name: hub, renderedSecret: hub-kc}}\n  renewBefore: 1h\n  server: https://fp.kcp.svc:6443/\n  targets:\n  - {namespace: rg, name: railgrid-kcp, restartDeployments: [hub]}\n",
+        );
+        let k = &c.kubeconfigs[0];
+        assert_eq!(
+            k.source,
+            Source::Operator { namespace: "kcp".into(), name: "hub".into(), rendered_secret: "hub-kc".into() }
+        );
+        assert_eq!(k.targets[0].key, "kubeconfig");
+        assert_eq!(k.renew_before, Some(Duration::from_secs(3600)));
+        assert_eq!(k.server.as_deref(), Some("https://fp.kcp.svc:6443"));
+        assert_eq!(c.resync_interval, DEFAULT_RESYNC);
+    }
+
+    #[test]
+    fn every_mistake_is_reported_with_its_path() {
+        let err = parse_err(
+            "resyncInterval: 0s\nkubeconfigs:\n- name: Hub\n  source: {secret: {namespace: a, name: b, key: k}, kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  targets: []\n- name: x\n  source: {secret: {namespace: a, name: b, key: k}}\n  renewBefore: 1h\n  server: http://plain\n  targets:\n  - {namespace: a, name: t, key: tls.crt, splitKeys: true}\n  - {namespace: a, name: t}\n",
+        );
+        for expected in [
+            "kubeconfigs[0].name:",
+            "kubeconfigs[0].source: set exactly one",
+            "kubeconfigs[0].targets: at least one",
+            "kubeconfigs[1].expect: required",
+            "kubeconfigs[1].renewBefore: only a kubeconfig source",
+            "kubeconfigs[1].server: must start with https://",
+            "kubeconfigs[1].targets[0].key: collides",
+            "kubeconfigs[1].targets[1]: this Secret is already a target",
+            "resyncInterval: must be at least 1s",
+        ] {
+            assert!(err.contains(expected), "missing {expected:?} in {err}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = parse_err("kubeconfigs:\n- name: a\n  sauce: {}\n  targets: []\n");
+        assert!(err.contains("unknown field `sauce`"), "{err}");
+    }
+
+    #[test]
+    fn a_rewritten_server_must_not_carry_a_path() {
+        let err = parse_err(
+            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  server: https://fp:6443/clusters/root\n  targets: [{namespace: a, name: t}]\n",
+        );
+        assert!(err.contains("kubeconfigs[0].server: must be scheme, host and port only"), "{err}");
+    }
+}

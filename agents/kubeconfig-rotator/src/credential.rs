@@ -1,0 +1,324 @@
+//! A kubeconfig as a credential: parsed from the bytes a Secret holds, checked (certificate parses, key matches
+//! it, CA parses, not expired), rewritten to another server, or built from a certificate Secret. Pure: no client,
+//! no I/O. Errors name what is wrong, never a value from the kubeconfig (no key, certificate body or server).
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use kcp_keeper_runtime::Sensitive;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde_yaml::Value;
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+/// Why a candidate (or a target's current content) is not a usable credential. The variant names are the
+/// `reason` label of `kubeconfig_rotator_verification_failures_total` (with the proof's own reasons).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
+pub enum CredentialError {
+    #[error("not a usable kubeconfig: {0}")]
+    Unparsable(&'static str),
+    #[error("the client certificate does not parse")]
+    CertificateUnparsable,
+    #[error("the client key does not parse or is of an unsupported type")]
+    KeyUnparsable,
+    #[error("the client key does not belong to the client certificate")]
+    KeyMismatch,
+    #[error("the CA data holds no parsable certificate")]
+    CaUnparsable,
+    #[error("the client certificate expired at {0}")]
+    Expired(String),
+    #[error("the client certificate is not valid before {0}")]
+    NotYetValid(String),
+}
+
+/// What identifies a client certificate, for comparisons, metrics, Events and the status table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertInfo {
+    /// Hex, colon-separated, as openssl prints it.
+    pub serial: String,
+    /// CN: the Kubernetes user name.
+    pub username: String,
+    /// O: the groups.
+    pub groups: Vec<String>,
+    pub not_before: OffsetDateTime,
+    pub not_after: OffsetDateTime,
+}
+
+impl CertInfo {
+    /// `CN=<user>,O=<group>...` for logs and the status table (names, not secrets).
+    pub fn subject(&self) -> String {
+        let mut out = format!("CN={}", self.username);
+        for g in &self.groups {
+            out.push_str(",O=");
+            out.push_str(g);
+        }
+        out
+    }
+
+    pub fn lifetime(&self) -> time::Duration {
+        self.not_after - self.not_before
+    }
+}
+
+/// A checked credential: the kubeconfig as it would be published, and what is in it.
+#[derive(Debug, Clone)]
+pub struct Credential {
+    /// The current context's server (where it is proven).
+    pub server: String,
+    pub cert: CertInfo,
+    pub ca_pem: Vec<u8>,
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Sensitive<Vec<u8>>,
+    /// The exact bytes published under the target key.
+    pub kubeconfig: Sensitive<Vec<u8>>,
+}
+
+impl Credential {
+    /// A short content hash of the published kubeconfig: annotated on targets, compared to skip no-op writes.
+    pub fn hash(&self) -> String {
+        content_hash(self.kubeconfig.expose())
+    }
+}
+
+/// The first 16 hex digits of SHA-256 over `bytes`.
+pub fn content_hash(bytes: &[u8]) -> String {
+    hex::encode(&Sha256::digest(bytes)[..8])
+}
+
+/// The parts of a kubeconfig's current context, still unchecked.
+struct Parts {
+    server: String,
+    ca_pem: Vec<u8>,
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+}
+
+/// Parses and checks a kubeconfig at `now`.
+pub fn parse(kubeconfig: &[u8], now: OffsetDateTime) -> Result<Credential, CredentialError> {
+    let parts = parts(kubeconfig)?;
+    check(parts, kubeconfig.to_vec(), now)
+}
+
+/// The client certificate of a kubeconfig without any check (a stale or expired render still has a serial).
+pub fn peek(kubeconfig: &[u8]) -> Option<CertInfo> {
+    cert_info(&parts(kubeconfig).ok()?.cert_pem).ok()
+}
+
+/// Checks certificate, key and CA parts and wraps them with the kubeconfig they came in.
+fn check(parts: Parts, kubeconfig: Vec<u8>, now: OffsetDateTime) -> Result<Credential, CredentialError> {
+    let cert = cert_info(&parts.cert_pem)?;
+    key_matches(&parts.cert_pem, &parts.key_pem)?;
+    if CertificateDer::pem_slice_iter(&parts.ca_pem).filter_map(Result::ok).next().is_none() {
+        return Err(CredentialError::CaUnparsable);
+    }
+    if cert.not_after <= now {
+        return Err(CredentialError::Expired(rfc3339(cert.not_after)));
+    }
+    // A minute of skew between the issuer's clock and ours, as cert-manager back-dates by.
+    if cert.not_before > now + time::Duration::minutes(1) {
+        return Err(CredentialError::NotYetValid(rfc3339(cert.not_before)));
+    }
+    Ok(Credential {
+        server: parts.server,
+        cert,
+        ca_pem: parts.ca_pem,
+        cert_pem: parts.cert_pem,
+        key_pem: Sensitive::new(parts.key_pem),
+        kubeconfig: Sensitive::new(kubeconfig),
+    })
+}
+
+/// The identity and validity of the first certificate in `pem`.
+pub fn cert_info(pem: &[u8]) -> Result<CertInfo, CredentialError> {
+    let der = CertificateDer::from_pem_slice(pem).map_err(|_| CredentialError::CertificateUnparsable)?;
+    let (_, cert) = X509Certificate::from_der(&der).map_err(|_| CredentialError::CertificateUnparsable)?;
+    let subject = cert.subject();
+    let username = subject.iter_common_name().next().and_then(|a| a.as_str().ok()).unwrap_or_default().to_string();
+    let groups = subject.iter_organization().filter_map(|a| a.as_str().ok()).map(String::from).collect();
+    let time = |t: x509_parser::time::ASN1Time| {
+        OffsetDateTime::from_unix_timestamp(t.timestamp()).map_err(|_| CredentialError::CertificateUnparsable)
+    };
+    Ok(CertInfo {
+        serial: cert.raw_serial_as_string(),
+        username,
+        groups,
+        not_before: time(cert.validity().not_before)?,
+        not_after: time(cert.validity().not_after)?,
+    })
+}
+
+/// Whether the private key in `key_pem` is the one the certificate's public key belongs to.
+fn key_matches(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), CredentialError> {
+    let der = CertificateDer::from_pem_slice(cert_pem).map_err(|_| CredentialError::CertificateUnparsable)?;
+    let (_, cert) = X509Certificate::from_der(&der).map_err(|_| CredentialError::CertificateUnparsable)?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|_| CredentialError::KeyUnparsable)?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|_| CredentialError::KeyUnparsable)?;
+    let public = signer.public_key().ok_or(CredentialError::KeyUnparsable)?;
+    if public.as_ref() == cert.public_key().raw { Ok(()) } else { Err(CredentialError::KeyMismatch) }
+}
+
+/// The current context's server, CA and client certificate and key (inline `*-data` fields only: a published
+/// kubeconfig must stand on its own).
+fn parts(kubeconfig: &[u8]) -> Result<Parts, CredentialError> {
+    use CredentialError::Unparsable;
+    let doc: Value = serde_yaml::from_slice(kubeconfig).map_err(|_| Unparsable("not YAML"))?;
+    let current = doc.get("current-context").and_then(Value::as_str).ok_or(Unparsable("no current-context"))?;
+    let context =
+        named(&doc, "contexts", current).and_then(|c| c.get("context")).ok_or(Unparsable("current context missing"))?;
+    let cluster_name = context.get("cluster").and_then(Value::as_str).ok_or(Unparsable("context names no cluster"))?;
+    let user_name = context.get("user").and_then(Value::as_str).ok_or(Unparsable("context names no user"))?;
+    let cluster =
+        named(&doc, "clusters", cluster_name).and_then(|c| c.get("cluster")).ok_or(Unparsable("cluster missing"))?;
+    let user = named(&doc, "users", user_name).and_then(|u| u.get("user")).ok_or(Unparsable("user missing"))?;
+    let server = cluster.get("server").and_then(Value::as_str).ok_or(Unparsable("cluster has no server"))?;
+    let data = |map: &Value, field: &'static str| -> Result<Vec<u8>, CredentialError> {
+        let text = map.get(field).and_then(Value::as_str).ok_or(Unparsable(field))?;
+        B64.decode(text.trim()).map_err(|_| Unparsable(field))
+    };
+    Ok(Parts {
+        server: server.to_string(),
+        ca_pem: data(cluster, "certificate-authority-data")?,
+        cert_pem: data(user, "client-certificate-data")?,
+        key_pem: data(user, "client-key-data")?,
+    })
+}
+
+/// The entry named `name` in the list `list` (`clusters`, `contexts`, `users`).
+fn named<'a>(doc: &'a Value, list: &str, name: &str) -> Option<&'a Value> {
+    doc.get(list)?.as_sequence()?.iter().find(|e| e.get("name").and_then(Value::as_str) == Some(name))
+}
+
+/// Rewrites every cluster's server to `base` (scheme, host, port), keeping each path (`/clusters/root`).
+pub fn rewrite_server(kubeconfig: &[u8], base: &str) -> Result<Vec<u8>, CredentialError> {
+    use CredentialError::Unparsable;
+    let mut doc: Value = serde_yaml::from_slice(kubeconfig).map_err(|_| Unparsable("not YAML"))?;
+    let clusters = doc.get_mut("clusters").and_then(Value::as_sequence_mut).ok_or(Unparsable("no clusters"))?;
+    for cluster in clusters {
+        let Some(server) = cluster.get_mut("cluster").and_then(|c| c.get_mut("server")) else { continue };
+        let path = server.as_str().map(path_of).unwrap_or_default();
+        *server = Value::String(format!("{base}{path}"));
+    }
+    serde_yaml::to_string(&doc).map(String::into_bytes).map_err(|_| Unparsable("cannot be written back"))
+}
+
+/// The path of an `https://host:port/path` URL ("" when it has none).
+fn path_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.find('/').map_or(String::new(), |i| rest[i..].to_string())
+}
+
+/// Builds a kubeconfig as the kcp-operator renders one: clusters and contexts `base` (the server without its
+/// path) and `default` (the server as given, e.g. `.../clusters/root`), current context `default`, the user
+/// named after the username.
+pub fn build(server: &str, ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8], username: &str) -> Vec<u8> {
+    let base = server.strip_suffix(path_of(server).as_str()).unwrap_or(server);
+    let cluster = |name: &str, url: &str| serde_json::json!({"name": name, "cluster": {"server": url, "certificate-authority-data": B64.encode(ca_pem)}});
+    let context = |name: &str| serde_json::json!({"name": name, "context": {"cluster": name, "user": username}});
+    let doc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [cluster("base", base), cluster("default", server)],
+        "contexts": [context("base"), context("default")],
+        "current-context": "default",
+        "users": [{"name": username, "user": {
+            "client-certificate-data": B64.encode(cert_pem),
+            "client-key-data": B64.encode(key_pem),
+        }}],
+    });
+    serde_yaml::to_string(&doc).unwrap_or_default().into_bytes()
+}
+
+pub fn rfc3339(t: OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| t.unix_timestamp().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use testbed::certs::Ca;
+
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn kubeconfig(ca: &Ca, user: &str, groups: &[&str], validity: Duration) -> (Vec<u8>, testbed::certs::Credential) {
+        let cred = ca.issue_client(user, groups, validity).unwrap();
+        let bytes = build(
+            "https://localhost:6443/clusters/root",
+            ca.cert_pem().as_bytes(),
+            cred.cert_pem.as_bytes(),
+            cred.key_pem.as_bytes(),
+            user,
+        );
+        (bytes, cred)
+    }
+
+    #[test]
+    fn a_built_kubeconfig_parses_back_with_its_identity_and_server() {
+        let ca = Ca::new("client-ca", HOUR * 24).unwrap();
+        let (bytes, cred) = kubeconfig(&ca, "kcp-admin", &["system:kcp:admin", "kubeconfig:hub"], HOUR);
+        let c = parse(&bytes, OffsetDateTime::now_utc()).unwrap();
+        assert_eq!(c.server, "https://localhost:6443/clusters/root");
+        assert_eq!(c.cert.username, "kcp-admin");
+        assert_eq!(c.cert.groups, ["system:kcp:admin", "kubeconfig:hub"]);
+        assert_eq!(c.cert.not_after.unix_timestamp(), cred.not_after.unix_timestamp());
+        assert_eq!(c.cert_pem, cred.cert_pem.as_bytes());
+        assert!(!c.cert.serial.is_empty());
+        assert_eq!(c.hash(), content_hash(&bytes));
+    }
+
+    #[test]
+    fn an_expired_certificate_is_refused() {
+        let ca = Ca::new("client-ca", HOUR * 24).unwrap();
+        let (bytes, _) = kubeconfig(&ca, "u", &[], HOUR);
+        let later = OffsetDateTime::now_utc() + time::Duration::hours(2);
+        assert!(matches!(parse(&bytes, later), Err(CredentialError::Expired(_))));
+    }
+
+    #[test]
+    fn a_key_from_another_certificate_is_refused() {
+        let ca = Ca::new("client-ca", HOUR * 24).unwrap();
+        let a = ca.issue_client("u", &[], HOUR).unwrap();
+        let b = ca.issue_client("u", &[], HOUR).unwrap();
+        let bytes = build("https://h:1", ca.cert_pem().as_bytes(), a.cert_pem.as_bytes(), b.key_pem.as_bytes(), "u");
+        assert_eq!(parse(&bytes, OffsetDateTime::now_utc()).unwrap_err(), CredentialError::KeyMismatch);
+    }
+
+    #[test]
+    fn garbage_and_missing_parts_are_unparsable_without_echoing_content() {
+        let ca = Ca::new("client-ca", HOUR * 24).unwrap();
+        let now = OffsetDateTime::now_utc();
+        assert!(matches!(parse(b"{{{{ not yaml", now), Err(CredentialError::Unparsable(_))));
+        assert!(matches!(parse(b"apiVersion: v1\nkind: Config\n", now), Err(CredentialError::Unparsable(_))));
+        let cred = ca.issue_client("u", &[], HOUR).unwrap();
+        let bad_cert = build("https://h:1", ca.cert_pem().as_bytes(), b"not a cert", cred.key_pem.as_bytes(), "u");
+        assert_eq!(parse(&bad_cert, now).unwrap_err(), CredentialError::CertificateUnparsable);
+        let bad_ca = build("https://h:1", b"nope", cred.cert_pem.as_bytes(), cred.key_pem.as_bytes(), "u");
+        assert_eq!(parse(&bad_ca, now).unwrap_err(), CredentialError::CaUnparsable);
+        let bad_key = build("https://h:1", ca.cert_pem().as_bytes(), cred.cert_pem.as_bytes(), b"secret-ish", "u");
+        let err = parse(&bad_key, now).unwrap_err();
+        assert_eq!(err, CredentialError::KeyUnparsable);
+        assert!(!err.to_string().contains("secret-ish"));
+    }
+
+    #[test]
+    fn rewriting_the_server_keeps_each_path_and_the_credential() {
+        let ca = Ca::new("client-ca", HOUR * 24).unwrap();
+        let (bytes, _) = kubeconfig(&ca, "u", &[], HOUR);
+        let rewritten = rewrite_server(&bytes, "https://fp.kcp-system.svc:6443").unwrap();
+        let c = parse(&rewritten, OffsetDateTime::now_utc()).unwrap();
+        assert_eq!(c.server, "https://fp.kcp-system.svc:6443/clusters/root");
+        let text = String::from_utf8(rewritten).unwrap();
+        assert!(text.contains("server: https://fp.kcp-system.svc:6443\n"), "the base context keeps no path: {text}");
+        assert_eq!(c.cert.username, "u");
+    }
+
+    #[test]
+    fn path_of_takes_everything_after_the_authority() {
+        assert_eq!(path_of("https://h:1/clusters/root"), "/clusters/root");
+        assert_eq!(path_of("https://h:1"), "");
+    }
+}

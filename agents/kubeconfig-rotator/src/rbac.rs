@@ -1,0 +1,125 @@
+//! `kubeconfig-rotator rbac`: the exact Roles a configuration needs, rendered from the same [`needs`] the
+//! watches are built from, so the RBAC and what the agent reads cannot drift apart. Every object the
+//! configuration names is granted by name (`resourceNames`; list and watch are limited too, through the
+//! `metadata.name` field selector every watch uses):
+//! - source Secrets: get/list/watch; target Secrets: get/list/watch, create/patch;
+//! - kcp-operator `Kubeconfig`s: get/list/watch, patch (the re-render nudge is an annotation);
+//! - cert-manager `Certificate`s: get/list/watch, and patch on `certificates/status` (the forced renewal);
+//! - consumer Deployments: get, patch (the pod-template restart annotation);
+//! - Events: create, in every namespace it acts in; its own Lease in its own namespace.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use kcp_keeper_runtime::rbac::{Roles, Subjects, lease_rules, rule};
+
+use crate::config::Config;
+use crate::scope::needs;
+
+pub const ROLE_NAME: &str = "kcp-keeper-kubeconfig-rotator";
+
+/// Per namespace, the names granted per kind of access.
+#[derive(Default)]
+struct Access {
+    read_secrets: BTreeSet<String>,
+    write_secrets: BTreeSet<String>,
+    kubeconfigs: BTreeSet<String>,
+    certificates: BTreeSet<String>,
+    deployments: BTreeSet<String>,
+}
+
+fn at<'a>(namespaces: &'a mut BTreeMap<String, Access>, ns: &str) -> &'a mut Access {
+    namespaces.entry(ns.to_string()).or_default()
+}
+
+pub fn render(config: &Config, who: &Subjects) -> Roles {
+    let mut namespaces: BTreeMap<String, Access> = BTreeMap::new();
+    for kc in &config.kubeconfigs {
+        let n = needs(kc);
+        if let Some((ns, name)) = &n.kubeconfig {
+            at(&mut namespaces, ns).kubeconfigs.insert(name.clone());
+        }
+        if let Some((ns, name)) = &n.certificate {
+            at(&mut namespaces, ns).certificates.insert(name.clone());
+        }
+        for (ns, name) in n.source_secrets.iter().chain(&n.target_secrets) {
+            at(&mut namespaces, ns).read_secrets.insert(name.clone());
+        }
+        for (ns, name) in &n.target_secrets {
+            at(&mut namespaces, ns).write_secrets.insert(name.clone());
+        }
+        for t in &kc.targets {
+            at(&mut namespaces, &t.namespace).deployments.extend(t.restart_deployments.iter().cloned());
+        }
+    }
+    namespaces.entry(who.namespace.clone()).or_default();
+    let read = ["get", "list", "watch"];
+    let mut roles = Roles::default();
+    for (ns, a) in &namespaces {
+        let mut rules: Vec<PolicyRule> = Vec::new();
+        let mut add = |group: &str, resource: &str, names: &BTreeSet<String>, verbs: &[&str]| {
+            if !names.is_empty() {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                rules.push(rule(group, &[resource], &names, verbs));
+            }
+        };
+        add("", "secrets", &a.read_secrets, &read);
+        add("", "secrets", &a.write_secrets, &["create", "patch"]);
+        add("operator.kcp.io", "kubeconfigs", &a.kubeconfigs, &["get", "list", "watch", "patch"]);
+        add("cert-manager.io", "certificates", &a.certificates, &read);
+        add("cert-manager.io", "certificates/status", &a.certificates, &["patch"]);
+        add("apps", "deployments", &a.deployments, &["get", "patch"]);
+        if !rules.is_empty() {
+            rules.push(rule("events.k8s.io", &["events"], &[], &["create"]));
+        }
+        if *ns == who.namespace {
+            rules.extend(lease_rules(who));
+        }
+        roles.add(ns, ROLE_NAME, "kubeconfig-rotator", rules, who);
+    }
+    roles
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn who() -> Subjects {
+        Subjects {
+            namespace: "kcp-keeper".into(),
+            service_account: "kubeconfig-rotator".into(),
+            lease_name: "kcp-keeper-kubeconfig-rotator".into(),
+        }
+    }
+
+    fn example() -> Config {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("example.yaml");
+        kcp_keeper_runtime::config::load(&path).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn every_named_kind_is_granted_by_name_only() {
+        for role in render(&example(), &who()).roles {
+            for rule in role.rules.iter().flatten() {
+                let resource = rule.resources.as_ref().unwrap()[0].as_str();
+                if !["events", "leases"].contains(&resource) {
+                    assert!(rule.resource_names.as_ref().is_some_and(|n| !n.is_empty()), "{resource} without names");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_docs_show_exactly_what_the_command_renders_for_the_example() {
+        let docs =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/kubeconfig-rotator.md"))
+                .expect("docs/kubeconfig-rotator.md");
+        let rendered = render(&example(), &who()).to_yaml().expect("renders");
+        assert!(
+            docs.contains(&format!("```yaml\n{rendered}```")),
+            "docs/kubeconfig-rotator.md must show `kubeconfig-rotator rbac --config example.yaml` verbatim:\n{rendered}"
+        );
+    }
+}

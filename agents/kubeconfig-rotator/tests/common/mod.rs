@@ -1,0 +1,166 @@
+//! Helpers shared by the kubeconfig-rotator process tests: the kcp-operator layout on a test bed, with the two
+//! stand-ins, and reads of the target.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
+use serde_json::json;
+use testbed::ControlPlane;
+use testbed::agent_process::AgentProcess;
+use testbed::kcp::Kcp;
+use testbed::standins::{self, StandIn, issuer};
+
+pub const BINARY: &str = env!("CARGO_BIN_EXE_kubeconfig-rotator");
+pub const KUBECONFIG: &str = "hub-admin";
+pub const RENDERED: &str = "hub-admin-kubeconfig";
+pub const TARGET: &str = "railgrid-kcp";
+pub const TARGET_KEY: &str = "admin.kubeconfig";
+
+/// The port of the shared front proxy (its URL is `https://127.0.0.1:<port>`).
+pub fn front_proxy_port(kcp: &Kcp) -> u16 {
+    kcp.front_proxy.url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("front proxy URL has a port")
+}
+
+pub fn secret(name: &str, data: &[(&str, &[u8])]) -> Secret {
+    Secret {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        data: Some(data.iter().map(|(k, v)| (k.to_string(), ByteString(v.to_vec()))).collect()),
+        ..Default::default()
+    }
+}
+
+/// A test bed laid out as the kcp-operator lays out a Kubeconfig for the hub: namespace `src` (kcp-system) with the
+/// root shard's server CA Secret, a FrontProxy whose external hostname is `localhost` on the real front proxy's
+/// port, and a Kubeconfig `hub-admin` (user `kcp-admin`, group `system:kcp:admin`) targeting it; `dst`
+/// (railgrid-system) for the target; `agent` for the agent's Lease.
+pub struct Layout {
+    pub bed: ControlPlane,
+    pub kcp: &'static Kcp,
+    pub src: String,
+    pub dst: String,
+    pub agent: String,
+    pub stand_ins: Vec<StandIn>,
+}
+
+impl Layout {
+    pub async fn new() -> Result<Self> {
+        let kcp = testbed::kcp::shared();
+        let bed = ControlPlane::start().await?;
+        let (src, dst, agent) = (bed.namespace().await?, bed.namespace().await?, bed.namespace().await?);
+        Ok(Self { bed, kcp, src, dst, agent, stand_ins: Vec::new() })
+    }
+
+    /// Seeds the operator's objects for a Kubeconfig with `validity` and starts both stand-ins: the issuer
+    /// (signing with the client CA kcp trusts) and the renderer (re-rendering on its own only every 10 minutes).
+    pub async fn operator(&mut self, validity: &str, issuer_settings: issuer::Settings) -> Result<()> {
+        let client = self.bed.client();
+        let pki = &self.kcp.pki;
+        let server_ca = secret(
+            "root-server-ca",
+            &[
+                ("tls.crt", pki.server_ca.cert_pem().as_bytes()),
+                ("ca.crt", pki.root_ca.cert_pem().as_bytes()),
+                ("tls.key", pki.server_ca.key_pem().as_bytes()),
+            ],
+        );
+        Api::<Secret>::namespaced(client.clone(), &self.src).create(&PostParams::default(), &server_ca).await?;
+        let create = |resource: kube::core::ApiResource, name: &str, spec: serde_json::Value| {
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &self.src, &resource);
+            let mut object = DynamicObject::new(name, &resource);
+            object.data = json!({"spec": spec});
+            async move { api.create(&PostParams::default(), &object).await }
+        };
+        create(
+            standins::front_proxy_resource(),
+            "frontproxy",
+            json!({"rootShard": {"ref": {"name": "root"}}, "external": {"hostname": "localhost", "port": front_proxy_port(self.kcp)}}),
+        )
+        .await?;
+        create(
+            standins::kubeconfig_resource(),
+            KUBECONFIG,
+            json!({
+                "username": testbed::kcp::pki::ADMIN_USER,
+                "groups": [testbed::kcp::pki::ADMIN_GROUP],
+                "validity": validity,
+                "secretRef": {"name": RENDERED},
+                "target": {"frontProxyRef": {"name": "frontproxy"}},
+            }),
+        )
+        .await?;
+        self.stand_ins.push(issuer::spawn(client.clone(), &self.src, &self.kcp.pki.client_ca, issuer_settings));
+        self.stand_ins.push(standins::renderer::spawn(client, &self.src, Duration::from_secs(600)));
+        Ok(())
+    }
+
+    pub fn write_config(&self, config: &str) -> Result<PathBuf> {
+        let path = self.bed.subdir("kubeconfig-rotator")?.join("config.yaml");
+        std::fs::write(&path, config)?;
+        Ok(path)
+    }
+
+    /// Starts the agent as the admin, its Lease in the agent namespace.
+    pub fn start(&self, config: &Path) -> Result<AgentProcess> {
+        AgentProcess::start(&self.bed, Path::new(BINARY), config, &self.agent, "kubeconfig-rotator-0", &[])
+    }
+
+    pub async fn target(&self) -> Option<Secret> {
+        Api::<Secret>::namespaced(self.bed.client(), &self.dst).get_opt(TARGET).await.ok()?
+    }
+
+    /// The target's serial annotation, once it exists.
+    pub async fn target_serial(&self) -> Option<String> {
+        annotation(&self.target().await?, "kcp-keeper.io/serial")
+    }
+
+    /// Events in `namespace` with `reason`: their notes.
+    pub async fn events(&self, namespace: &str, reason: &str) -> Vec<String> {
+        let events = Api::<Event>::namespaced(self.bed.client(), namespace).list(&ListParams::default()).await;
+        events
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter_map(|e| e.note)
+            .collect()
+    }
+
+    /// Every Event note in the namespaces of this layout, for the leak check.
+    pub async fn all_event_notes(&self) -> String {
+        let mut out = String::new();
+        for ns in [&self.src, &self.dst, &self.agent] {
+            let events = Api::<Event>::namespaced(self.bed.client(), ns).list(&ListParams::default()).await;
+            for e in events.map(|l| l.items).unwrap_or_default() {
+                out.push_str(&format!("{:?} {:?}\n", e.reason, e.note));
+            }
+        }
+        out
+    }
+}
+
+pub fn annotation(secret: &Secret, key: &str) -> Option<String> {
+    secret.metadata.annotations.as_ref()?.get(key).cloned()
+}
+
+pub fn key(secret: &Secret, key: &str) -> Option<Vec<u8>> {
+    secret.data.as_ref()?.get(key).map(|v| v.0.clone())
+}
+
+/// The outcome of one SelfSubjectReview with a kubeconfig, as the probe records it.
+pub async fn self_subject_review(kubeconfig: &[u8]) -> Result<String> {
+    let client = testbed::kcp::client_from_yaml(std::str::from_utf8(kubeconfig)?).await?;
+    let body = serde_json::to_vec(&json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}))?;
+    let request = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+        .header("content-type", "application/json")
+        .body(body)?;
+    let answer: serde_json::Value = client.request(request).await?;
+    Ok(answer["status"]["userInfo"]["username"].as_str().unwrap_or_default().to_string())
+}
+
+pub const WAIT: Duration = Duration::from_secs(60);

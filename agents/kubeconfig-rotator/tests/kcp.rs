@@ -1,0 +1,388 @@
+//! kubeconfig-rotator as a process against a real apiserver (the kcp-operator's and cert-manager's real CRDs,
+//! with the issuer and renderer stand-ins playing their controllers) and real kcp: every credential is proven
+//! with a SelfSubjectReview at `/clusters/root` through the real front proxy. kcp is shared by the tests of this
+//! binary (it takes about a minute to start); each test has its own apiserver and namespaces.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Result;
+use common::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kubeconfig_rotator::credential;
+use serde_json::json;
+use testbed::agent_process::{AgentProcess, run_to_completion};
+use testbed::certs::{Ca, Credential};
+use testbed::kcp::pki::{ADMIN_GROUP, ADMIN_USER};
+use testbed::scrape::{apply_yaml, metric, metrics, wait_for_metric};
+use testbed::standins::{self, issuer};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// A Deployment that reads the kubeconfig once at start (no controller runs, so `metadata.generation` counts the
+/// pod-template changes, i.e. the restarts).
+async fn consumer(layout: &Layout, name: &str) -> Result<()> {
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "hub", "image": "hub"}]}},
+        },
+    }))?;
+    Api::<Deployment>::namespaced(layout.bed.client(), &layout.dst).create(&PostParams::default(), &deployment).await?;
+    Ok(())
+}
+
+async fn generation(layout: &Layout, name: &str) -> i64 {
+    let d =
+        Api::<Deployment>::namespaced(layout.bed.client(), &layout.dst).get(name).await.expect("the consumer exists");
+    d.metadata.generation.unwrap_or_default()
+}
+
+fn operator_config(layout: &Layout, extra: &str, target_extra: &str) -> String {
+    format!(
+        "resyncInterval: 5s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{kubeconfig: {{namespace: {src}, name: {KUBECONFIG}, renderedSecret: {RENDERED}}}}}\n{extra}  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}, restartDeployments: [hub]{target_extra}}}\n",
+        src = layout.src,
+        dst = layout.dst,
+    )
+}
+
+fn not_after(secret: &Secret) -> OffsetDateTime {
+    let text = annotation(secret, "kcp-keeper.io/not-after").expect("the target carries its notAfter");
+    OffsetDateTime::parse(&text, &Rfc3339).expect("RFC 3339")
+}
+
+/// The client certificate inside a kubeconfig.
+fn client_cert(kubeconfig: &[u8]) -> credential::CertInfo {
+    credential::peek(kubeconfig).expect("a kubeconfig with a client certificate")
+}
+
+#[tokio::test]
+async fn the_target_stays_valid_across_rotations_for_a_probe_every_200ms_through_the_front_proxy() -> Result<()> {
+    let mut layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    layout.operator("2m", issuer::Settings::default()).await?;
+    consumer(&layout, "hub").await?;
+    let port = front_proxy_port(layout.kcp);
+    // The operator renders `https://localhost:<port>`; the target gets the loopback address instead, as the hub gets
+    // the in-cluster Service, and the candidate is proven with that address.
+    let config = layout.write_config(&operator_config(
+        &layout,
+        &format!("  server: https://127.0.0.1:{port}\n"),
+        ", splitKeys: true",
+    ))?;
+    let mut agent = layout.start(&config)?;
+    agent.wait_ready(WAIT).await?;
+    let first = testbed::eventually(WAIT, "the first publication", || async { layout.target().await }).await;
+    let first_not_after = not_after(&first);
+
+    // The probe: re-read the target, authenticate with it, every 200 ms, until past the first notAfter and three
+    // serials were seen.
+    let mut serials = BTreeSet::new();
+    let mut hashes = BTreeSet::new();
+    let (mut probes, mut failures) = (0, Vec::new());
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let deadline = first_not_after + time::Duration::seconds(120);
+    loop {
+        tick.tick().await;
+        let now = OffsetDateTime::now_utc();
+        if (now > first_not_after + time::Duration::seconds(2) && serials.len() >= 3) || now > deadline {
+            break;
+        }
+        let target = layout.target().await.expect("the target stays");
+        let kubeconfig = key(&target, TARGET_KEY).expect("the target key stays");
+        probes += 1;
+        match self_subject_review(&kubeconfig).await {
+            Ok(user) if user == ADMIN_USER => {}
+            Ok(user) => failures.push(format!("probe {probes}: authenticated as {user}")),
+            Err(e) => failures.push(format!("probe {probes}: {e}")),
+        }
+        serials.insert(client_cert(&kubeconfig).serial);
+        hashes.insert(annotation(&target, "kcp-keeper.io/content-hash").expect("hash annotation"));
+    }
+    eprintln!("probe: {probes} requests, {} serials, {} failures", serials.len(), failures.len());
+    assert!(failures.is_empty(), "{} of {probes} probes failed: {failures:?}", failures.len());
+    assert!(serials.len() >= 3, "serials seen: {serials:?}");
+    assert!(OffsetDateTime::now_utc() > first_not_after, "the probe ran past the first certificate's notAfter");
+
+    let target = layout.target().await.expect("target");
+    let kubeconfig = key(&target, TARGET_KEY).expect("key");
+    let published = credential::parse(&kubeconfig, OffsetDateTime::now_utc()).expect("the target parses");
+    assert!(published.server.starts_with(&format!("https://127.0.0.1:{port}/clusters/root")), "server rewritten");
+    assert_eq!(key(&target, "tls.crt").as_deref(), Some(&published.cert_pem[..]), "split tls.crt");
+    assert_eq!(key(&target, "ca.crt").as_deref(), Some(&published.ca_pem[..]), "split ca.crt");
+    assert_eq!(key(&target, "tls.key").as_deref(), Some(&published.key_pem.expose()[..]), "split tls.key");
+
+    // One restart per published content, none for the cycles in between (the resync ran every 5 s).
+    assert_eq!(generation(&layout, "hub").await, 1 + hashes.len() as i64, "restarts: one per content {hashes:?}");
+    let text = metrics(&agent).await;
+    let series = |name: &str| format!("kubeconfig_rotator_{name}{{kubeconfig=\"{KUBECONFIG}\"}}");
+    assert_eq!(metric(&text, &series("rotations_total"))?, (hashes.len() - 1) as f64);
+    assert!(metric(&text, &series("nudges_total"))? >= 2.0, "renewals at renewal time were picked up by nudges");
+    assert_eq!(
+        metric(&text, &series("certificate_not_after_timestamp_seconds"))?,
+        published.cert.not_after.unix_timestamp() as f64
+    );
+    assert!(metric(&text, &series("last_sync_timestamp_seconds"))? > 0.0);
+    assert!(metric(&text, &series("certificate_expiry_seconds"))? > 0.0);
+    let target_series = format!(
+        "kubeconfig_rotator_target_in_sync{{kubeconfig=\"{KUBECONFIG}\",namespace=\"{}\",name=\"{TARGET}\"}}",
+        layout.dst
+    );
+    assert_eq!(metric(&text, &target_series)?, 1.0);
+    assert_eq!(
+        metric(
+            &text,
+            &format!(
+                "kubeconfig_rotator_verification_failures_total{{kubeconfig=\"{KUBECONFIG}\",reason=\"refused\"}}"
+            )
+        )?,
+        0.0
+    );
+    assert!(!layout.events(&layout.dst, "Rotated").await.is_empty(), "an Event on the target says it rotated");
+
+    // `status` shows the kubeconfig in sync; `rotate` forces one more certificate, which reaches the target.
+    let kubeconfig_path = layout.bed.apiserver.admin_kubeconfig.display().to_string();
+    let config_path = config.display().to_string();
+    let (code, out, err) =
+        run_to_completion(Path::new(BINARY), &["status", "--config", &config_path, "--kubeconfig", &kubeconfig_path])?;
+    assert_eq!(code, Some(0), "{err}");
+    let row = out.lines().find(|l| l.starts_with(KUBECONFIG)).unwrap_or_else(|| panic!("no row in {out}"));
+    assert!(row.contains(&format!("CN={ADMIN_USER}")) && row.trim_end().ends_with("yes"), "{out}");
+    let before = published.cert.serial.clone();
+    let (code, out, err) = run_to_completion(
+        Path::new(BINARY),
+        &["rotate", KUBECONFIG, "--config", &config_path, "--kubeconfig", &kubeconfig_path],
+    )?;
+    assert_eq!(code, Some(0), "{out}{err}");
+    testbed::eventually(WAIT, "the target to carry the certificate `rotate` asked for", || async {
+        layout.target_serial().await.filter(|s| *s != before)
+    })
+    .await;
+
+    let status = agent.terminate(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| s.success()), "exit after SIGTERM: {status:?}");
+    let key_pem = String::from_utf8(published.key_pem.expose().clone())?;
+    let log = agent.process.log();
+    testbed::assert_no_secret_material(&log, &[&key_pem]);
+    testbed::assert_no_secret_material(&layout.all_event_notes().await, &[&key_pem]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn with_exactly_its_rbac_it_forces_an_overdue_renewal_on_status_and_nudges_the_stale_render() -> Result<()> {
+    let mut layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    // This cert-manager does not renew on its own: only a forced renewal brings a new certificate.
+    layout.operator("2m", issuer::Settings { renew_at_renewal_time: false }).await?;
+    consumer(&layout, "hub").await?;
+    let config = layout.write_config(&operator_config(&layout, "  renewBefore: 100s\n", ""))?;
+    let (code, rbac, err) = run_to_completion(
+        Path::new(BINARY),
+        &["rbac", "--config", &config.display().to_string(), "--namespace", &layout.agent],
+    )?;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(apply_yaml(&layout.bed.client(), &rbac).await? >= 6, "{rbac}");
+    let (token_kubeconfig, _user) = layout.bed.service_account_kubeconfig(&layout.agent, "kubeconfig-rotator").await?;
+    let mut agent = AgentProcess::start_as(
+        &layout.bed,
+        &token_kubeconfig,
+        Path::new(BINARY),
+        &config,
+        &layout.agent,
+        "kubeconfig-rotator-0",
+        &[],
+    )?;
+    agent.wait_ready(WAIT).await?;
+    let first = testbed::eventually(WAIT, "the first publication", || async { layout.target_serial().await }).await;
+    let certificates: Api<DynamicObject> =
+        Api::namespaced_with(layout.bed.client(), &layout.src, &standins::certificate_resource());
+    let cert_name = format!("kubeconfig-cert-{KUBECONFIG}");
+    let spec_before = certificates.get(&cert_name).await?.data["spec"].clone();
+
+    // Less than renewBefore (100 s of 120 s) is left after 20 s: the agent forces a renewal, cert-manager (the
+    // stand-in) issues, and the renderer, which re-renders on its own only every 10 minutes, must be nudged.
+    let secrets = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    let issued = testbed::eventually(Duration::from_secs(90), "a forced renewal to be issued", || async {
+        let s = secrets.get_opt(&cert_name).await.ok()??;
+        let serial = credential::cert_info(&key(&s, "tls.crt")?).ok()?.serial;
+        (serial != first).then_some(serial)
+    })
+    .await;
+    let issued_at = tokio::time::Instant::now();
+    testbed::eventually(WAIT, "the target to carry the renewed certificate", || async {
+        layout.target_serial().await.filter(|s| *s == issued)
+    })
+    .await;
+    let took = issued_at.elapsed();
+    eprintln!("renewed certificate reached the target {took:?} after it was issued");
+    assert!(took < Duration::from_secs(15), "a stale render waits for a nudge, not a resync: {took:?}");
+
+    let certificate = certificates.get(&cert_name).await?;
+    assert_eq!(certificate.data["spec"], spec_before, "the Certificate spec is never edited");
+    for entry in certificate.metadata.managed_fields.iter().flatten() {
+        if entry.manager.as_deref() == Some("kcp-keeper") {
+            assert_eq!(entry.subresource.as_deref(), Some("status"), "kcp-keeper writes only the status: {entry:?}");
+        }
+    }
+    assert!(!layout.events(&layout.src, "RenewalForced").await.is_empty(), "an Event says the renewal was forced");
+    assert!(!layout.events(&layout.src, "RenderRequested").await.is_empty(), "an Event says it nudged");
+    let series = |name: &str| format!("kubeconfig_rotator_{name}{{kubeconfig=\"{KUBECONFIG}\"}}");
+    assert!(wait_for_metric(&agent, &series("forced_renewals_total"), "a forced renewal", |v| v >= 1.0).await >= 1.0);
+    assert!(wait_for_metric(&agent, &series("nudges_total"), "a nudge", |v| v >= 1.0).await >= 1.0);
+    let text = metrics(&agent).await;
+    assert_eq!(metric(&text, "kubeconfig_rotator_reconcile_errors_total{reason=\"renewal_failed\"}")?, 0.0);
+    assert_eq!(metric(&text, "kubeconfig_rotator_reconcile_errors_total{reason=\"nudge_failed\"}")?, 0.0);
+    assert_eq!(metric(&text, "kubeconfig_rotator_reconcile_errors_total{reason=\"restart_failed\"}")?, 0.0);
+    assert!(generation(&layout, "hub").await >= 3, "the consumer was restarted for each new content");
+    let status = agent.terminate(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| s.success()), "exit after SIGTERM: {status:?}");
+    testbed::assert_no_secret_material(&agent.process.log(), &[]);
+    Ok(())
+}
+
+/// A kubeconfig for the front proxy's root workspace with `cred`, trusting kcp's server CA.
+fn kubeconfig_for(layout: &Layout, cred: &Credential, user: &str) -> String {
+    let server = format!("{}/clusters/root", layout.kcp.front_proxy.url);
+    testbed::apiserver::kubeconfig_yaml(&server, &layout.kcp.pki.server_ca_bundle(), cred, user)
+}
+
+#[tokio::test]
+async fn bad_candidates_are_never_published_and_a_longer_lived_target_is_never_replaced() -> Result<()> {
+    let layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    let client_ca = &layout.kcp.pki.client_ca;
+    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    let put = |kubeconfig: Vec<u8>| {
+        let patch = json!({"data": {"kubeconfig": base64_encode(&kubeconfig)}});
+        let sources = sources.clone();
+        async move { sources.patch("plain", &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ()) }
+    };
+    let good = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 365)?;
+    let good_kubeconfig = kubeconfig_for(&layout, &good, ADMIN_USER);
+    sources.create(&PostParams::default(), &secret("plain", &[("kubeconfig", good_kubeconfig.as_bytes())])).await?;
+    let config = layout.write_config(&format!(
+        "resyncInterval: 2s\nkubeconfigs:\n- name: plain\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}}}\n",
+        src = layout.src,
+        dst = layout.dst,
+    ))?;
+    let mut agent = layout.start(&config)?;
+    agent.wait_ready(WAIT).await?;
+    let published = testbed::eventually(WAIT, "the first publication", || async {
+        key(&layout.target().await?, TARGET_KEY).filter(|k| k == good_kubeconfig.as_bytes())
+    })
+    .await;
+
+    let short = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], Duration::from_secs(2))?;
+    testbed::eventually(WAIT, "the short certificate to expire", || async {
+        (OffsetDateTime::now_utc() > short.not_after).then_some(())
+    })
+    .await;
+    let other = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR)?;
+    let mismatched = Credential { key_pem: other.key_pem.clone(), ..good.clone() };
+    let rogue = Ca::new("rogue-client-ca", HOUR * 24)?.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR)?;
+    let intruder = client_ca.issue_client("intruder", &[ADMIN_GROUP], HOUR)?;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("expired", kubeconfig_for(&layout, &short, ADMIN_USER).into_bytes()),
+        ("unparsable", b"this is not a kubeconfig".to_vec()),
+        ("key_mismatch", kubeconfig_for(&layout, &mismatched, ADMIN_USER).into_bytes()),
+        ("refused", kubeconfig_for(&layout, &rogue, ADMIN_USER).into_bytes()),
+        ("wrong_identity", kubeconfig_for(&layout, &intruder, "intruder").into_bytes()),
+    ];
+    let mut secrets =
+        vec![good.key_pem.clone(), other.key_pem.clone(), rogue.key_pem.clone(), intruder.key_pem.clone()];
+    for (reason, kubeconfig) in cases {
+        put(kubeconfig).await?;
+        let series =
+            format!("kubeconfig_rotator_verification_failures_total{{kubeconfig=\"plain\",reason=\"{reason}\"}}");
+        wait_for_metric(&agent, &series, &format!("a rejection for {reason}"), |v| v >= 1.0).await;
+        let held = key(&layout.target().await.expect("target"), TARGET_KEY);
+        assert_eq!(held.as_deref(), Some(&published[..]), "{reason}: the target keeps its valid credential");
+    }
+    let rejections = layout.events(&layout.src, "CandidateRejected").await;
+    assert!(rejections.len() >= 5, "an Event on the source per rejection: {rejections:?}");
+    assert!(rejections.iter().any(|n| n.contains("refused")), "{rejections:?}");
+
+    // A valid, proven credential that expires sooner than the target's is not published.
+    let shorter = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR)?;
+    put(kubeconfig_for(&layout, &shorter, ADMIN_USER).into_bytes()).await?;
+    testbed::eventually(WAIT, "a KeptLonger Event on the target", || async {
+        let notes = layout.events(&layout.dst, "KeptLonger").await;
+        (!notes.is_empty()).then_some(notes)
+    })
+    .await;
+    assert_eq!(key(&layout.target().await.expect("target"), TARGET_KEY).as_deref(), Some(&published[..]));
+    // A longer-lived one is.
+    let longer = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 700)?;
+    let longer_kubeconfig = kubeconfig_for(&layout, &longer, ADMIN_USER);
+    put(longer_kubeconfig.clone().into_bytes()).await?;
+    testbed::eventually(WAIT, "the longer-lived credential to be published", || async {
+        key(&layout.target().await?, TARGET_KEY).filter(|k| k == longer_kubeconfig.as_bytes())
+    })
+    .await;
+    let rotations =
+        wait_for_metric(&agent, "kubeconfig_rotator_rotations_total{kubeconfig=\"plain\"}", "a rotation", |v| v >= 1.0)
+            .await;
+    assert_eq!(rotations, 1.0);
+
+    secrets.extend([shorter.key_pem.clone(), longer.key_pem.clone()]);
+    let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
+    testbed::assert_no_secret_material(&agent.process.log(), &secrets);
+    testbed::assert_no_secret_material(&layout.all_event_notes().await, &secrets);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_certificate_secret_is_built_into_a_kubeconfig_proven_and_published() -> Result<()> {
+    let layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    let pki = &layout.kcp.pki;
+    let cred = pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR)?;
+    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    let client_secret =
+        secret("kcp-admin-cert", &[("tls.crt", cred.cert_pem.as_bytes()), ("tls.key", cred.key_pem.as_bytes())]);
+    sources.create(&PostParams::default(), &client_secret).await?;
+    let server_ca = secret("root-server-ca", &[("tls.crt", pki.server_ca.cert_pem().as_bytes())]);
+    sources.create(&PostParams::default(), &server_ca).await?;
+    let config = layout.write_config(&format!(
+        "kubeconfigs:\n- name: built\n  source: {{certificateSecret: {{namespace: {src}, name: kcp-admin-cert, server: \"{fp}/clusters/root\", ca: {{namespace: {src}, name: root-server-ca, key: tls.crt}}}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}}}\n",
+        src = layout.src,
+        dst = layout.dst,
+        fp = layout.kcp.front_proxy.url,
+    ))?;
+    let mut agent = layout.start(&config)?;
+    agent.wait_ready(WAIT).await?;
+    let kubeconfig =
+        testbed::eventually(WAIT, "the built kubeconfig", || async { key(&layout.target().await?, TARGET_KEY) }).await;
+    assert_eq!(self_subject_review(&kubeconfig).await?, ADMIN_USER, "the published kubeconfig authenticates");
+    assert_eq!(client_cert(&kubeconfig).not_after.unix_timestamp(), cred.not_after.unix_timestamp());
+
+    let (code, _out, err) = run_to_completion(
+        Path::new(BINARY),
+        &[
+            "rotate",
+            "built",
+            "--config",
+            &config.display().to_string(),
+            "--kubeconfig",
+            &layout.bed.apiserver.admin_kubeconfig.display().to_string(),
+        ],
+    )?;
+    assert_eq!(code, Some(1), "only an operator source can be re-issued");
+    assert!(err.contains("only a kcp-operator Kubeconfig can be re-issued"), "{err}");
+    testbed::assert_no_secret_material(&agent.process.log(), &[&cred.key_pem]);
+    Ok(())
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
