@@ -507,6 +507,12 @@ impl Syncer {
                     // Not retried every cycle: skipped (and counted as such) until it is probed again.
                     tracing::info!(bundle = %spec.name, namespace = %target.namespace, "target namespace is being deleted; skipped");
                     self.terminating.skip(&target.namespace);
+                    // Counted now, not only from the next cycle on (which may be a resyncInterval away).
+                    let reason = SkipReason::Terminating.as_str().into();
+                    self.metrics
+                        .skipped_targets
+                        .get_or_create(&ReasonLabels { bundle: spec.name.clone(), reason })
+                        .inc();
                     self.metrics.target_in_sync.remove(&labels);
                     published.targets.remove(&labels);
                     return Ok(None);
