@@ -66,8 +66,8 @@ pub fn service_account(namespace: &str, name: &str) -> Subject {
     }
 }
 
-/// One object as YAML with `apiVersion` and `kind` first, as people write them.
-fn document(kind: &str, object: &impl serde::Serialize) -> Result<String, serde_yaml::Error> {
+/// One RBAC object as YAML with `apiVersion` and `kind` first, as people write them.
+pub fn document(kind: &str, object: &impl serde::Serialize) -> Result<String, serde_yaml::Error> {
     let mut value = serde_yaml::to_value(object)?;
     let mut out = serde_yaml::Mapping::new();
     out.insert("apiVersion".into(), "rbac.authorization.k8s.io/v1".into());
