@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kcp_keeper_runtime::rbac::document;
 use kube::api::ObjectMeta;
 
 use crate::config::{Config, Placement, TargetKind};
@@ -143,20 +144,6 @@ impl Rbac {
         }
         Ok(docs.join("---\n"))
     }
-}
-
-/// One object as YAML with `apiVersion` and `kind` first, as people write them.
-fn document(kind: &str, object: &impl serde::Serialize) -> Result<String, serde_yaml::Error> {
-    let mut value = serde_yaml::to_value(object)?;
-    let mut out = serde_yaml::Mapping::new();
-    out.insert("apiVersion".into(), "rbac.authorization.k8s.io/v1".into());
-    out.insert("kind".into(), kind.into());
-    if let serde_yaml::Value::Mapping(fields) = &mut value {
-        for (k, v) in std::mem::take(fields) {
-            out.insert(k, v);
-        }
-    }
-    serde_yaml::to_string(&out)
 }
 
 fn resource(kind: TargetKind) -> &'static str {

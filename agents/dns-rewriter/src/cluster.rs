@@ -84,12 +84,3 @@ pub async fn read(client: &kube::Client, config: &Config) -> anyhow::Result<Clus
 pub fn plan_with(config: &Config, view: &ClusterView) -> Plan {
     plan(&config.cluster_domain, &config.rules, &view.objects, Some(&view.services))
 }
-
-/// The current value of the target key (`None` when the ConfigMap or key does not exist).
-pub async fn current_value(client: &kube::Client, config: &Config) -> anyhow::Result<Option<String>> {
-    let key = config.target.configmap();
-    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &key.namespace);
-    let cm =
-        api.get_opt(&key.name).await.with_context(|| format!("reading ConfigMap {}/{}", key.namespace, key.name))?;
-    Ok(cm.and_then(|cm| cm.data).and_then(|mut data| data.remove(&key.key)))
-}

@@ -158,7 +158,7 @@ impl Rewriter {
             self.event(EventType::Warning, "ConfigMapMissing", &error.to_string()).await;
             return Err(error);
         };
-        let current = write::current_value(Some(&live), key);
+        let current = write::current_value(&live, key);
         let value = match desired_value(&self.config.target, &self.config.cluster_domain, rules, current) {
             Ok(value) => value,
             Err(e) => {

@@ -27,8 +27,8 @@ pub enum WriteError {
 }
 
 /// The value `key` holds in `live`, if any.
-pub fn current_value<'a>(live: Option<&'a ConfigMap>, key: &ConfigMapKey) -> Option<&'a str> {
-    live?.data.as_ref()?.get(&key.key).map(String::as_str)
+pub fn current_value<'a>(live: &'a ConfigMap, key: &ConfigMapKey) -> Option<&'a str> {
+    live.data.as_ref()?.get(&key.key).map(String::as_str)
 }
 
 /// Sets `key` to `value` in the ConfigMap `live` (as last seen).
@@ -39,7 +39,7 @@ pub async fn write(
     value: &str,
 ) -> Result<Outcome, WriteError> {
     let object = format!("{}/{}", key.namespace, key.name);
-    if current_value(Some(live), key) == Some(value) {
+    if current_value(live, key) == Some(value) {
         return Ok(Outcome::Unchanged);
     }
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &key.namespace);

@@ -14,7 +14,6 @@ use dns_rewriter::render;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use testbed::ControlPlane;
 use testbed::coredns::K3S_COREFILE;
 
 const OVERRIDE_KEY: &str = "kcp-split-horizon.override";
@@ -41,9 +40,7 @@ async fn touch(client: &kube::Client, ns: &str, name: &str, value: usize) -> Res
 
 #[tokio::test]
 async fn k3s_mode_the_agent_writes_and_coredns_answers_the_public_name_with_the_service_cluster_ip() -> Result<()> {
-    let bed = ControlPlane::start().await?;
-    let ns = bed.namespace().await?;
-    let client = bed.client();
+    let (bed, ns, client) = fresh_bed().await?;
     let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
     let (dns, _kubelet) = k3s_coredns(&bed, K3S_COREFILE).await?;
     let path = write_config(
@@ -68,9 +65,7 @@ async fn k3s_mode_the_agent_writes_and_coredns_answers_the_public_name_with_the_
 #[tokio::test]
 async fn corefile_mode_changes_only_the_marked_block_over_many_cycles_and_removing_a_rule_removes_its_line()
 -> Result<()> {
-    let bed = ControlPlane::start().await?;
-    let ns = bed.namespace().await?;
-    let client = bed.client();
+    let (bed, ns, client) = fresh_bed().await?;
     let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
     let alpha = create_service(&client, &ns, "alpha-shard-kcp", &[], false).await?.unwrap();
     let (dns, original, server, _kubelet) = corefile_coredns(&bed).await?;
@@ -119,9 +114,7 @@ async fn corefile_mode_changes_only_the_marked_block_over_many_cycles_and_removi
 
 #[tokio::test]
 async fn discovery_from_operator_objects_writes_what_the_equivalent_explicit_configuration_writes() -> Result<()> {
-    let bed = ControlPlane::start().await?;
-    let ns = bed.namespace().await?;
-    let client = bed.client();
+    let (bed, ns, client) = fresh_bed().await?;
     let explicit = seed_operator(&client, &ns).await?;
     let (dns, _kubelet) = k3s_coredns(&bed, K3S_COREFILE).await?;
     let discovery = format!("discovery: {{namespace: {ns}, rootShards: true, shards: true, frontProxies: true}}\n");
@@ -151,9 +144,7 @@ async fn discovery_from_operator_objects_writes_what_the_equivalent_explicit_con
 async fn each_bad_rule_is_an_error_for_itself_alone_named_counted_and_evented_while_the_others_are_written()
 -> Result<()> {
     use dns_rewriter::discovery::Kind;
-    let bed = ControlPlane::start().await?;
-    let ns = bed.namespace().await?;
-    let client = bed.client();
+    let (bed, ns, client) = fresh_bed().await?;
     let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
     create_service(&client, &ns, "beta-shard-kcp", &[], true).await?;
     // A public name no rule can carry, from an operator object (the configuration itself refuses such names).
@@ -221,9 +212,7 @@ async fn each_bad_rule_is_an_error_for_itself_alone_named_counted_and_evented_wh
 /// reads 0 (an alert) until CoreDNS answers the new address, then 1 again.
 #[tokio::test]
 async fn verification_alerts_while_a_recreated_service_answers_its_old_address_and_clears_on_the_new() -> Result<()> {
-    let bed = ControlPlane::start().await?;
-    let ns = bed.namespace().await?;
-    let client = bed.client();
+    let (bed, ns, client) = fresh_bed().await?;
     let old = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
     let cached = K3S_COREFILE.replace("ttl 5", "ttl 30").replace("    reload", "    cache 30\n    reload");
     let (dns, _kubelet) = k3s_coredns(&bed, &cached).await?;
@@ -260,9 +249,7 @@ async fn verification_alerts_while_a_recreated_service_answers_its_old_address_a
 /// by name): until it exists, the leader says why and is not ready; once created, it writes and becomes ready.
 #[tokio::test]
 async fn without_its_configmap_the_agent_names_it_and_is_not_ready_until_it_exists_then_writes() -> Result<()> {
-    let bed = ControlPlane::start().await?;
-    let ns = bed.namespace().await?;
-    let client = bed.client();
+    let (bed, ns, client) = fresh_bed().await?;
     let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
     let path = write_config(&bed, &format!("mode: k3s\nrules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")))?;
     let agent = testbed::agent_process::AgentProcess::start(

@@ -31,10 +31,8 @@ fn kubectl_apply(bed: &ControlPlane, yaml: &str) -> Result<()> {
 #[tokio::test]
 async fn with_exactly_the_documented_rbac_the_agent_writes_its_one_configmap_and_a_no_op_cycle_writes_nothing()
 -> Result<()> {
-    let bed = ControlPlane::start().await?;
-    let ns = bed.namespace().await?;
+    let (bed, ns, client) = fresh_bed().await?;
     let agent_ns = bed.namespace().await?;
-    let client = bed.client();
     seed_operator(&client, &ns).await?;
     let (dns, _kubelet) = k3s_coredns(&bed, K3S_COREFILE).await?;
     let config = write_config(

@@ -280,3 +280,11 @@ pub async fn seed_operator(client: &kube::Client, ns: &str) -> Result<String> {
          - {{host: alpha.kcp.example.com, service: {{namespace: {ns}, name: alpha-shard-kcp}}, port: 6443}}\n"
     ))
 }
+
+/// A fresh test bed, a fresh namespace in it, and the admin's client.
+pub async fn fresh_bed() -> Result<(ControlPlane, String, kube::Client)> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let client = bed.client();
+    Ok((bed, ns, client))
+}

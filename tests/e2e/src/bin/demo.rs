@@ -2,6 +2,7 @@
 //! `--once` prints one line per agent (`ok <agent>: ...` / `FAIL <agent>: ...`) and exits 0 only if all are ok.
 #![forbid(unsafe_code)]
 
+#[path = "demo/dns_rewriter.rs"]
 mod dns_rewriter;
 mod kubeconfig_rotator;
 
