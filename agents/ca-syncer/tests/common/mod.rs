@@ -47,18 +47,7 @@ pub async fn metrics(agent: &AgentProcess) -> String {
 }
 
 /// The value of the one series starting with `series` (name and labels); a missing series is an error, never 0.
-pub fn metric(text: &str, series: &str) -> Result<f64> {
-    let values: Vec<f64> = text
-        .lines()
-        .filter(|l| l.starts_with(series))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .collect();
-    match values[..] {
-        [value] => Ok(value),
-        [] => anyhow::bail!("no series {series} in\n{text}"),
-        _ => anyhow::bail!("{} series match {series}", values.len()),
-    }
-}
+pub use testbed::agent_process::metric;
 
 /// Waits until the agent's series `series` satisfies `check`; returns its value.
 pub async fn wait_for_metric(agent: &AgentProcess, series: &str, what: &str, check: impl Fn(f64) -> bool) -> f64 {
