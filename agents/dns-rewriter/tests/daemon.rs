@@ -252,14 +252,7 @@ async fn without_its_configmap_the_agent_names_it_and_is_not_ready_until_it_exis
     let (bed, ns, client) = fresh_bed().await?;
     let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
     let path = write_config(&bed, &format!("mode: k3s\nrules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")))?;
-    let agent = testbed::agent_process::AgentProcess::start(
-        &bed,
-        std::path::Path::new(BINARY),
-        &path,
-        &ns,
-        "dns-rewriter-0",
-        &[],
-    )?;
+    let agent = spawn_agent(&bed, &ns, &path)?;
     let missing = "dns_rewriter_reconcile_errors_total{reason=\"config_map_missing\"}";
     agent.wait_for_metric(missing, WAIT, |v| v >= 1.0).await;
     let (code, _, body) = testbed::http::get(&format!("{}/readyz", agent.admin_url)).await?;
@@ -277,5 +270,37 @@ async fn without_its_configmap_the_agent_names_it_and_is_not_ready_until_it_exis
     .await;
     let (value, _) = configmap_key(&client, K3S_CONFIGMAP, OVERRIDE_KEY).await.context("the key")?;
     assert_eq!(value, render::render(&rules(&[("kcp-root.example.com", &ns, "root-kcp", root)]), &domain()));
+    Ok(())
+}
+
+/// A Corefile the agent cannot edit safely (here, the configured server block appears twice) is refused
+/// before writing: nothing is written, the refusal is an Event and a counted error, and the leader is not
+/// ready.
+#[tokio::test]
+async fn a_corefile_the_pre_write_check_refuses_is_never_written_and_the_leader_is_not_ready() -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let (bed, ns, client) = fresh_bed().await?;
+    create_service(&client, &ns, "root-kcp", &[], false).await?;
+    let ambiguous = ".:53 {\n    errors\n}\n.:53 {\n    whoami\n}\n";
+    let cm = ConfigMap {
+        metadata: kube::api::ObjectMeta { name: Some(COREFILE_CONFIGMAP.into()), ..Default::default() },
+        data: Some([("Corefile".to_string(), ambiguous.to_string())].into()),
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(client.clone(), "kube-system").create(&Default::default(), &cm).await?;
+    let (_, rv) = configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await.context("the Corefile")?;
+    let body = format!("mode: corefile\ncorefile: {{}}\nrules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp"));
+    let path = write_config(&bed, &body)?;
+    let agent = spawn_agent(&bed, &ns, &path)?;
+    agent.wait_for_metric("dns_rewriter_reconcile_errors_total{reason=\"refused\"}", WAIT, |v| v >= 2.0).await;
+    let (code, _, readyz) = testbed::http::get(&format!("{}/readyz", agent.admin_url)).await?;
+    assert_eq!(code, 503, "{readyz}");
+    let (value, rv_after) = configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await.context("the Corefile")?;
+    assert_eq!((value.as_str(), rv_after), (ambiguous, rv), "not a byte written");
+    let events = events_about(&client, COREFILE_CONFIGMAP).await;
+    assert!(
+        events.iter().any(|(reason, note)| reason == "WriteRefused" && note.contains("nothing written")),
+        "{events:?}"
+    );
     Ok(())
 }

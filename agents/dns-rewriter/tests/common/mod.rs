@@ -183,9 +183,14 @@ pub fn write_config(bed: &ControlPlane, config: &str) -> Result<std::path::PathB
     Ok(path)
 }
 
-/// Starts `dns-rewriter run` as the admin with its Lease in `lease_ns`, and waits until it is ready.
+/// Starts `dns-rewriter run` as the admin with its Lease in `lease_ns`.
+pub fn spawn_agent(bed: &ControlPlane, lease_ns: &str, config: &Path) -> Result<AgentProcess> {
+    AgentProcess::start(bed, Path::new(BINARY), config, lease_ns, "dns-rewriter-0", &[])
+}
+
+/// [`spawn_agent`], then waits until it is ready.
 pub async fn start_agent(bed: &ControlPlane, lease_ns: &str, config: &Path) -> Result<AgentProcess> {
-    let mut agent = AgentProcess::start(bed, Path::new(BINARY), config, lease_ns, "dns-rewriter-0", &[])?;
+    let mut agent = spawn_agent(bed, lease_ns, config)?;
     agent.wait_ready(WAIT).await?;
     Ok(agent)
 }
