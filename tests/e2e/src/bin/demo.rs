@@ -4,6 +4,7 @@
 
 #[path = "demo/dns_rewriter.rs"]
 mod dns_rewriter;
+#[path = "demo/kubeconfig_rotator.rs"]
 mod kubeconfig_rotator;
 
 use std::path::PathBuf;
