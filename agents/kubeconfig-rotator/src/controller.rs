@@ -59,11 +59,11 @@ pub enum SyncError {
     #[error("forcing a renewal of Certificate {object}: {source}")]
     RenewalFailed { object: String, source: kube::Error },
     #[error("{failed} of {total} targets not written; first: {first}")]
-    TargetNotOwned { failed: usize, total: usize, first: ApplyError },
+    TargetNotOwned { failed: usize, total: usize, first: Box<ApplyError> },
     #[error("{failed} of {total} targets not written; first: {first}")]
-    TargetWriteFailed { failed: usize, total: usize, first: ApplyError },
+    TargetWriteFailed { failed: usize, total: usize, first: Box<ApplyError> },
     #[error("restarting a consumer: {0}")]
-    RestartFailed(ApplyError),
+    RestartFailed(Box<ApplyError>),
     #[error("reading the source: {0}")]
     ReadFailed(kube::Error),
 }
@@ -243,11 +243,11 @@ impl Rotator {
         let (total, failed) = (kc.targets.len(), failures.len());
         if let Some(first) = failures.into_iter().next() {
             return Err(match first {
-                TargetFailure::Restart(e) => SyncError::RestartFailed(e),
+                TargetFailure::Restart(e) => SyncError::RestartFailed(Box::new(e)),
                 TargetFailure::Write(first @ (ApplyError::Foreign { .. } | ApplyError::ForeignKey { .. })) => {
-                    SyncError::TargetNotOwned { failed, total, first }
+                    SyncError::TargetNotOwned { failed, total, first: Box::new(first) }
                 }
-                TargetFailure::Write(first) => SyncError::TargetWriteFailed { failed, total, first },
+                TargetFailure::Write(first) => SyncError::TargetWriteFailed { failed, total, first: Box::new(first) },
             });
         }
         self.metrics.last_sync.get_or_create(&label).set(unix_now());

@@ -41,7 +41,8 @@ async fn consumer(layout: &Layout, name: &str) -> Result<()> {
 }
 
 async fn generation(layout: &Layout, name: &str) -> i64 {
-    let d = Api::<Deployment>::namespaced(layout.bed.client(), &layout.dst).get(name).await.expect("the consumer exists");
+    let d =
+        Api::<Deployment>::namespaced(layout.bed.client(), &layout.dst).get(name).await.expect("the consumer exists");
     d.metadata.generation.unwrap_or_default()
 }
 
@@ -126,7 +127,10 @@ async fn the_target_stays_valid_across_rotations_for_a_probe_every_200ms_through
     let series = |name: &str| format!("kubeconfig_rotator_{name}{{kubeconfig=\"{KUBECONFIG}\"}}");
     assert_eq!(metric(&text, &series("rotations_total"))?, (hashes.len() - 1) as f64);
     assert!(metric(&text, &series("nudges_total"))? >= 2.0, "renewals at renewal time were picked up by nudges");
-    assert_eq!(metric(&text, &series("certificate_not_after_timestamp_seconds"))?, published.cert.not_after.unix_timestamp() as f64);
+    assert_eq!(
+        metric(&text, &series("certificate_not_after_timestamp_seconds"))?,
+        published.cert.not_after.unix_timestamp() as f64
+    );
     assert!(metric(&text, &series("last_sync_timestamp_seconds"))? > 0.0);
     assert!(metric(&text, &series("certificate_expiry_seconds"))? > 0.0);
     let target_series = format!(
@@ -135,7 +139,12 @@ async fn the_target_stays_valid_across_rotations_for_a_probe_every_200ms_through
     );
     assert_eq!(metric(&text, &target_series)?, 1.0);
     assert_eq!(
-        metric(&text, &format!("kubeconfig_rotator_verification_failures_total{{kubeconfig=\"{KUBECONFIG}\",reason=\"refused\"}}"))?,
+        metric(
+            &text,
+            &format!(
+                "kubeconfig_rotator_verification_failures_total{{kubeconfig=\"{KUBECONFIG}\",reason=\"refused\"}}"
+            )
+        )?,
         0.0
     );
     assert!(!layout.events(&layout.dst, "Rotated").await.is_empty(), "an Event on the target says it rotated");
@@ -288,7 +297,8 @@ async fn bad_candidates_are_never_published_and_a_longer_lived_target_is_never_r
         ("refused", kubeconfig_for(&layout, &rogue, ADMIN_USER).into_bytes()),
         ("wrong_identity", kubeconfig_for(&layout, &intruder, "intruder").into_bytes()),
     ];
-    let mut secrets = vec![good.key_pem.clone(), other.key_pem.clone(), rogue.key_pem.clone(), intruder.key_pem.clone()];
+    let mut secrets =
+        vec![good.key_pem.clone(), other.key_pem.clone(), rogue.key_pem.clone(), intruder.key_pem.clone()];
     for (reason, kubeconfig) in cases {
         put(kubeconfig).await?;
         let series =
@@ -318,7 +328,9 @@ async fn bad_candidates_are_never_published_and_a_longer_lived_target_is_never_r
         key(&layout.target().await?, TARGET_KEY).filter(|k| k == longer_kubeconfig.as_bytes())
     })
     .await;
-    let rotations = wait_for_metric(&agent, "kubeconfig_rotator_rotations_total{kubeconfig=\"plain\"}", "a rotation", |v| v >= 1.0).await;
+    let rotations =
+        wait_for_metric(&agent, "kubeconfig_rotator_rotations_total{kubeconfig=\"plain\"}", "a rotation", |v| v >= 1.0)
+            .await;
     assert_eq!(rotations, 1.0);
 
     secrets.extend([shorter.key_pem.clone(), longer.key_pem.clone()]);
@@ -335,7 +347,8 @@ async fn a_certificate_secret_is_built_into_a_kubeconfig_proven_and_published() 
     let pki = &layout.kcp.pki;
     let cred = pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR)?;
     let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
-    let client_secret = secret("kcp-admin-cert", &[("tls.crt", cred.cert_pem.as_bytes()), ("tls.key", cred.key_pem.as_bytes())]);
+    let client_secret =
+        secret("kcp-admin-cert", &[("tls.crt", cred.cert_pem.as_bytes()), ("tls.key", cred.key_pem.as_bytes())]);
     sources.create(&PostParams::default(), &client_secret).await?;
     let server_ca = secret("root-server-ca", &[("tls.crt", pki.server_ca.cert_pem().as_bytes())]);
     sources.create(&PostParams::default(), &server_ca).await?;

@@ -24,8 +24,12 @@ fn missing_source_config(dir: &Path) -> Result<PathBuf> {
 #[tokio::test]
 async fn run_becomes_ready_holds_its_lease_and_on_sigterm_exits_0_releasing_it() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    agent_process::check_lifecycle(Path::new(BINARY), &missing_source_config(dir.path())?, "kcp-keeper-kubeconfig-rotator")
-        .await
+    agent_process::check_lifecycle(
+        Path::new(BINARY),
+        &missing_source_config(dir.path())?,
+        "kcp-keeper-kubeconfig-rotator",
+    )
+    .await
 }
 
 #[tokio::test]
@@ -77,7 +81,10 @@ async fn a_missing_source_is_counted_with_its_series_present_and_nothing_is_writ
 fn an_invalid_configuration_fails_at_start_naming_the_field() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("bad.yaml");
-    std::fs::write(&path, "kubeconfigs:\n- name: x\n  source: {secret: {namespace: a, name: b, key: k}}\n  targets: []\n")?;
+    std::fs::write(
+        &path,
+        "kubeconfigs:\n- name: x\n  source: {secret: {namespace: a, name: b, key: k}}\n  targets: []\n",
+    )?;
     let (code, _, err) = run_to_completion(Path::new(BINARY), &["rbac", "--config", &path.display().to_string()])?;
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("kubeconfigs[0].expect: required"), "{err}");
