@@ -16,7 +16,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject};
+use kcp_keeper_runtime::rbac::{document, rule};
 use kube::api::ObjectMeta;
 
 use crate::config::{Config, Placement, TargetKind};
@@ -25,14 +26,7 @@ use crate::scope::Plan;
 /// The names in the rendered objects.
 pub const ROLE_NAME: &str = "kcp-keeper-ca-syncer";
 
-/// Who the Roles are bound to, and where its Lease lives.
-#[derive(Debug, Clone)]
-pub struct Subjects {
-    /// The agent's namespace (its ServiceAccount and Lease).
-    pub namespace: String,
-    pub service_account: String,
-    pub lease_name: String,
-}
+pub use kcp_keeper_runtime::rbac::Subjects;
 
 /// Everything the configuration needs, ready to apply.
 #[derive(Debug, Default, Clone)]
@@ -137,34 +131,10 @@ impl Rbac {
     }
 }
 
-/// One object as YAML with `apiVersion` and `kind` first, as people write them.
-fn document(kind: &str, object: &impl serde::Serialize) -> Result<String, serde_yaml::Error> {
-    let mut value = serde_yaml::to_value(object)?;
-    let mut out = serde_yaml::Mapping::new();
-    out.insert("apiVersion".into(), "rbac.authorization.k8s.io/v1".into());
-    out.insert("kind".into(), kind.into());
-    if let serde_yaml::Value::Mapping(fields) = &mut value {
-        for (k, v) in std::mem::take(fields) {
-            out.insert(k, v);
-        }
-    }
-    serde_yaml::to_string(&out)
-}
-
 fn resource(kind: TargetKind) -> &'static str {
     match kind {
         TargetKind::Secret => "secrets",
         TargetKind::ConfigMap => "configmaps",
-    }
-}
-
-fn rule(group: &str, resource: &str, names: &BTreeSet<String>, verbs: &[&str]) -> PolicyRule {
-    PolicyRule {
-        api_groups: Some(vec![group.into()]),
-        resources: Some(vec![resource.into()]),
-        resource_names: (!names.is_empty()).then(|| names.iter().cloned().collect()),
-        verbs: verbs.iter().map(|v| v.to_string()).collect(),
-        ..Default::default()
     }
 }
 

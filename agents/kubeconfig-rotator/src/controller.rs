@@ -120,7 +120,7 @@ impl Reconciler for Rotator {
 
     async fn reconcile(&self, item: &KubeconfigName) -> Result<Option<Duration>, SyncError> {
         let Some(kc) = self.config.find(&item.0) else { return Ok(None) };
-        self.metrics.touch(&kc.name);
+        self.metrics.touch(kc);
         let snap = Reader::Stores(&self.stores).snapshot(kc).await.map_err(SyncError::ReadFailed)?;
         self.sync(kc, &snap, OffsetDateTime::now_utc()).await.map(Some)
     }
@@ -141,7 +141,7 @@ pub struct Resolved {
 pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> {
     let secret_ref = |ns: &str, name: &str| reference("v1", "Secret", ns, name, None);
     match &kc.source {
-        Source::Operator { namespace, name, rendered_secret } => {
+        Source::Operator { namespace, name, rendered_secret, .. } => {
             let object = format!("{namespace}/{name}");
             let kubeconfig =
                 snap.kubeconfig.as_ref().ok_or_else(|| SyncError::SourceMissing(format!("Kubeconfig {object}")))?;
@@ -215,8 +215,9 @@ impl Rotator {
     async fn sync(&self, kc: &Kubeconfig, snap: &Snapshot, now: OffsetDateTime) -> Result<Duration, SyncError> {
         let source = resolve(kc, snap)?;
         let mut follow_up = false;
-        if let Source::Operator { namespace, name, .. } = &kc.source {
-            follow_up |= self.nudge_if_stale(kc, namespace, name, snap, &source, now).await?;
+        if let Source::Operator { namespace, name, server_ca, .. } = &kc.source {
+            let current_ca = server_ca.as_ref().and_then(|r| snap.key(&r.namespace, &r.name, &r.key));
+            follow_up |= self.nudge_if_stale(kc, namespace, name, snap, &source, current_ca, now).await?;
             follow_up |= self.renew_if_due(kc, &source, now).await?;
         }
         let candidate = match candidate(kc, &source, now) {
@@ -269,8 +270,9 @@ impl Rotator {
         self.events.publish(&source.regarding, EventType::Warning, "CandidateRejected", "Verify", &note).await;
     }
 
-    /// cert-manager renewed but the operator has not re-rendered (it is not woken by the renewal): annotate the
-    /// Kubeconfig, which makes it re-render at once. Returns whether it nudged.
+    /// cert-manager renewed, or the server CA rotated, but the operator has not re-rendered (neither wakes it):
+    /// annotate the Kubeconfig, which makes it re-render at once. Returns whether it nudged.
+    #[allow(clippy::too_many_arguments)]
     async fn nudge_if_stale(
         &self,
         kc: &Kubeconfig,
@@ -278,11 +280,15 @@ impl Rotator {
         name: &str,
         snap: &Snapshot,
         source: &Resolved,
+        current_ca: Option<&[u8]>,
         now: OffsetDateTime,
     ) -> Result<bool, SyncError> {
         let Some(issued) = &source.issued else { return Ok(false) };
         let rendered = credential::peek(&source.bytes);
-        if !policy::render_is_stale(issued, rendered.as_ref()) {
+        let ca_stale = current_ca.is_some_and(|ca| {
+            !credential::peek_ca(&source.bytes).is_some_and(|rendered_ca| credential::ca_contains(&rendered_ca, ca))
+        });
+        if !policy::render_is_stale(issued, rendered.as_ref()) && !ca_stale {
             return Ok(false);
         }
         let previous =
@@ -297,12 +303,16 @@ impl Rotator {
             .await
             .map_err(|source| SyncError::NudgeFailed { object: format!("{namespace}/{name}"), source })?;
         self.metrics.nudges.get_or_create(&KubeconfigLabel { kubeconfig: kc.name.clone() }).inc();
-        let note = format!(
-            "kubeconfig {}: cert-manager issued serial {} but the rendered Secret holds {}; asked the operator to re-render",
-            kc.name,
-            issued.serial,
-            rendered.map_or_else(|| "nothing usable".to_string(), |r| format!("serial {}", r.serial))
-        );
+        let why = if ca_stale {
+            "the rendered CA data lacks the current server CA".to_string()
+        } else {
+            format!(
+                "cert-manager issued serial {} but the rendered Secret holds {}",
+                issued.serial,
+                rendered.map_or_else(|| "nothing usable".to_string(), |r| format!("serial {}", r.serial))
+            )
+        };
+        let note = format!("kubeconfig {}: {why}; asked the operator to re-render", kc.name);
         tracing::info!(kubeconfig = %kc.name, serial = %issued.serial, "nudged the Kubeconfig to re-render");
         self.events.publish(&source.regarding, EventType::Normal, "RenderRequested", "Nudge", &note).await;
         Ok(true)

@@ -30,10 +30,11 @@ pub fn needs(kc: &Kubeconfig) -> Needs {
     let key = |ns: &str, name: &str| (ns.to_string(), name.to_string());
     let mut n = Needs::default();
     match &kc.source {
-        Source::Operator { namespace, name, rendered_secret } => {
+        Source::Operator { namespace, name, rendered_secret, server_ca } => {
             n.kubeconfig = Some(key(namespace, name));
             n.certificate = Some(key(namespace, &certificate_name(name)));
             n.source_secrets = vec![key(namespace, &certificate_name(name)), key(namespace, rendered_secret)];
+            n.source_secrets.extend(server_ca.iter().map(|ca| key(&ca.namespace, &ca.name)));
         }
         Source::Secret(r) => n.source_secrets = vec![key(&r.namespace, &r.name)],
         Source::CertificateSecret { namespace, name, ca, .. } => {

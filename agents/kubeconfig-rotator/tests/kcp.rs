@@ -48,7 +48,7 @@ async fn generation(layout: &Layout, name: &str) -> i64 {
 
 fn operator_config(layout: &Layout, extra: &str, target_extra: &str) -> String {
     format!(
-        "resyncInterval: 5s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{kubeconfig: {{namespace: {src}, name: {KUBECONFIG}, renderedSecret: {RENDERED}}}}}\n{extra}  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}, restartDeployments: [hub]{target_extra}}}\n",
+        "resyncInterval: 5s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{kubeconfig: {{namespace: {src}, name: {KUBECONFIG}, renderedSecret: {RENDERED}, serverCA: {{namespace: {src}, name: root-server-ca, key: tls.crt}}}}}}\n{extra}  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}, restartDeployments: [hub]{target_extra}}}\n",
         src = layout.src,
         dst = layout.dst,
     )
