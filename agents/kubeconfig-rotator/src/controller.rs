@@ -26,7 +26,7 @@ use crate::metrics::{KubeconfigLabel, Metrics, TargetLabels};
 use crate::objects::{Certificate, KubeconfigObject, RENDER_REQUESTED};
 use crate::policy::{self, Expected, Live, TargetAction};
 use crate::prove::{self, ProofError};
-use crate::scope::{Reader, Snapshot, Stores};
+use crate::scope::{Reader, Snapshot, Stores, secret_key};
 
 pub const INFO: AgentInfo = AgentInfo { name: "kubeconfig-rotator", metrics_prefix: "kubeconfig_rotator" };
 
@@ -354,9 +354,19 @@ impl Rotator {
         };
         let in_sync = self.metrics.target_in_sync.get_or_create(&labels).clone();
         let target_not_after = self.metrics.target_not_after.get_or_create(&labels).clone();
-        let live_secret = snap.secret(&target.namespace, &target.name);
-        let live = live_state(snap, target, now);
-        let complete = split_keys_current(snap, target, candidate);
+        let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
+        // A target the store does not hold yet is read once more: creating it carries no resourceVersion
+        // precondition, so a store that lags (our own write, or someone else's) must not decide a blind write.
+        let fetched = match snap.secret(&target.namespace, &target.name) {
+            Some(_) => None,
+            None => api.get_opt(&target.name).await.map_err(|source| {
+                let object = format!("{}/{}", target.namespace, target.name);
+                TargetFailure::Write(ApplyError::Kube { kind: "Secret".into(), object, source })
+            })?,
+        };
+        let live_secret = snap.secret(&target.namespace, &target.name).or(fetched.as_ref());
+        let live = live_state(live_secret, target, now);
+        let complete = split_keys_current(live_secret, target, candidate);
         let regarding = reference("v1", "Secret", &target.namespace, &target.name, None);
         // What the target holds after this pass, and whether this pass wrote it.
         let (held_hash, wrote) = match (policy::target_action(&live, candidate, complete), &live) {
@@ -381,7 +391,6 @@ impl Rotator {
             _ => {
                 let rv = live_secret.and_then(|s| s.metadata.resource_version.as_deref());
                 let desired = desired_secret(kc, target, candidate, rv, live_secret.is_none());
-                let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
                 let ownership = Ownership::Owned { adopt: target.adopt };
                 let wrote = match apply::apply_over(&api, desired, ownership, live_secret).await {
                     Ok(Outcome::Unchanged) => false,
@@ -495,8 +504,8 @@ fn nudge_due(previous: Option<&str>, serial: &str, now: OffsetDateTime) -> bool 
 }
 
 /// What the target's key holds now.
-pub fn live_state(snap: &Snapshot, target: &Target, now: OffsetDateTime) -> Live {
-    match snap.key(&target.namespace, &target.name, &target.key) {
+pub fn live_state(secret: Option<&Secret>, target: &Target, now: OffsetDateTime) -> Live {
+    match secret_key(secret, &target.key) {
         None => Live::Missing,
         Some(bytes) => match credential::parse(bytes, now) {
             Ok(c) => Live::Valid { hash: c.hash(), cert: c.cert },
@@ -506,8 +515,8 @@ pub fn live_state(snap: &Snapshot, target: &Target, now: OffsetDateTime) -> Live
 }
 
 /// Split keys are wanted and hold exactly the candidate's parts (true when not wanted).
-fn split_keys_current(snap: &Snapshot, target: &Target, c: &Credential) -> bool {
-    let key = |k: &str| snap.key(&target.namespace, &target.name, k);
+fn split_keys_current(secret: Option<&Secret>, target: &Target, c: &Credential) -> bool {
+    let key = |k: &str| secret_key(secret, k);
     !target.split_keys
         || (key("tls.crt") == Some(&c.cert_pem[..])
             && key("tls.key") == Some(&c.key_pem.expose()[..])

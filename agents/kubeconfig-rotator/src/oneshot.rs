@@ -52,7 +52,7 @@ async fn status_rows(client: &kube::Client, kc: &Kubeconfig, now: OffsetDateTime
     kc.targets
         .iter()
         .map(|t| {
-            let in_sync = match (live_state(&snap, t, now), &hash) {
+            let in_sync = match (live_state(snap.secret(&t.namespace, &t.name), t, now), &hash) {
                 (Live::Missing, _) => "missing",
                 (Live::Unusable, _) => "unusable",
                 (Live::Valid { hash: h, .. }, Some(current)) if h == *current => "yes",

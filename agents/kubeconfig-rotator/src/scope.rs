@@ -104,8 +104,13 @@ impl Snapshot {
 
     /// A key of a Secret, if both exist.
     pub fn key(&self, namespace: &str, name: &str, key: &str) -> Option<&[u8]> {
-        self.secret(namespace, name)?.data.as_ref()?.get(key).map(|v| v.0.as_slice())
+        secret_key(self.secret(namespace, name), key)
     }
+}
+
+/// A key of a Secret, if both exist.
+pub fn secret_key<'a>(secret: Option<&'a Secret>, key: &str) -> Option<&'a [u8]> {
+    secret?.data.as_ref()?.get(key).map(|v| v.0.as_slice())
 }
 
 impl Reader<'_> {
