@@ -135,6 +135,8 @@ pub struct Resolved {
     /// Operator source: the certificate cert-manager last issued, and its Certificate.
     pub issued: Option<CertInfo>,
     pub certificate: Option<Certificate>,
+    /// The rendered Secret (or its key) does not exist yet.
+    pub missing: Option<String>,
 }
 
 /// Reads the source out of `snap`; pure apart from building the candidate.
@@ -156,10 +158,13 @@ pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> 
             };
             let cert_secret = certificate_name(name);
             let issued = snap.key(namespace, &cert_secret, "tls.crt").and_then(|pem| credential::cert_info(pem).ok());
-            let bytes = snap.key(namespace, rendered_secret, KUBECONFIG_KEY).map(<[u8]>::to_vec).unwrap_or_default();
+            // Not rendered yet: still nudged and renewed below, then reported as missing, not as a bad candidate.
+            let bytes = snap.key(namespace, rendered_secret, KUBECONFIG_KEY).map(<[u8]>::to_vec);
+            let missing = bytes.is_none().then(|| format!("Secret {namespace}/{rendered_secret} key {KUBECONFIG_KEY}"));
+            let bytes = bytes.unwrap_or_default();
             let regarding =
                 reference("operator.kcp.io/v1alpha1", "Kubeconfig", namespace, name, kubeconfig.metadata.uid.clone());
-            Ok(Resolved { bytes, expected, regarding, issued, certificate: snap.certificate.clone() })
+            Ok(Resolved { bytes, expected, regarding, issued, certificate: snap.certificate.clone(), missing })
         }
         Source::Secret(r) => {
             let bytes = snap
@@ -171,6 +176,7 @@ pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> 
                 regarding: secret_ref(&r.namespace, &r.name),
                 issued: None,
                 certificate: None,
+                missing: None,
             })
         }
         Source::CertificateSecret { namespace, name, server, ca } => {
@@ -191,6 +197,7 @@ pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> 
                 regarding: secret_ref(namespace, name),
                 issued: None,
                 certificate: None,
+                missing: None,
             })
         }
     }
@@ -219,6 +226,9 @@ impl Rotator {
             let current_ca = server_ca.as_ref().and_then(|r| snap.key(&r.namespace, &r.name, &r.key));
             follow_up |= self.nudge_if_stale(kc, namespace, name, snap, &source, current_ca, now).await?;
             follow_up |= self.renew_if_due(kc, &source, now).await?;
+        }
+        if let Some(missing) = &source.missing {
+            return Err(SyncError::SourceMissing(missing.clone()));
         }
         let candidate = match candidate(kc, &source, now) {
             Ok(c) => c,

@@ -362,7 +362,7 @@ async fn a_certificate_secret_is_built_into_a_kubeconfig_proven_and_published() 
     let server_ca = secret("root-server-ca", &[("tls.crt", pki.server_ca.cert_pem().as_bytes())]);
     sources.create(&PostParams::default(), &server_ca).await?;
     let config = layout.write_config(&format!(
-        "kubeconfigs:\n- name: built\n  source: {{certificateSecret: {{namespace: {src}, name: kcp-admin-cert, server: \"{fp}/clusters/root\", ca: {{namespace: {src}, name: root-server-ca, key: tls.crt}}}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}}}\n",
+        "resyncInterval: 1s\nkubeconfigs:\n- name: built\n  source: {{certificateSecret: {{namespace: {src}, name: kcp-admin-cert, server: \"{fp}/clusters/root\", ca: {{namespace: {src}, name: root-server-ca, key: tls.crt}}}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}}}\n",
         src = layout.src,
         dst = layout.dst,
         fp = layout.kcp.front_proxy.url,
@@ -373,6 +373,14 @@ async fn a_certificate_secret_is_built_into_a_kubeconfig_proven_and_published() 
         testbed::eventually(WAIT, "the built kubeconfig", || async { key(&layout.target().await?, TARGET_KEY) }).await;
     assert_eq!(self_subject_review(&kubeconfig).await?, ADMIN_USER, "the published kubeconfig authenticates");
     assert_eq!(client_cert(&kubeconfig).not_after.unix_timestamp(), cred.not_after.unix_timestamp());
+
+    // Cycles with nothing new write nothing: the target's resourceVersion stays through several synced cycles.
+    let rv = layout.target().await.and_then(|t| t.metadata.resource_version).expect("resourceVersion");
+    let synced = "kubeconfig_rotator_last_sync_timestamp_seconds{kubeconfig=\"built\"}";
+    let first_sync = wait_for_metric(&agent, synced, "a sync", |v| v > 0.0).await;
+    wait_for_metric(&agent, synced, "three more synced cycles", |v| v >= first_sync + 3.0).await;
+    let after = layout.target().await.and_then(|t| t.metadata.resource_version).expect("resourceVersion");
+    assert_eq!(after, rv, "a no-op cycle must not write the target");
 
     let (code, _out, err) = run_to_completion(
         Path::new(BINARY),
