@@ -19,8 +19,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use kcp_keeper_runtime::rbac::document;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef};
+use kcp_keeper_runtime::rbac::{document, named_rule as rule};
 use kube::api::ObjectMeta;
 
 use crate::config::{Config, Placement, TargetKind};
@@ -29,14 +29,7 @@ use crate::scope::Plan;
 /// The names in the rendered objects.
 pub const ROLE_NAME: &str = "kcp-keeper-ca-syncer";
 
-/// Who the Roles are bound to, and where its Lease lives.
-#[derive(Debug, Clone)]
-pub struct Subjects {
-    /// The agent's namespace (its ServiceAccount and Lease).
-    pub namespace: String,
-    pub service_account: String,
-    pub lease_name: String,
-}
+pub use kcp_keeper_runtime::rbac::Subjects;
 
 /// Everything the configuration needs, ready to apply.
 #[derive(Debug, Default, Clone)]
@@ -105,7 +98,7 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
         rbac.role_bindings.push(RoleBinding {
             metadata: meta(Some(ns)),
             role_ref: role_ref("Role"),
-            subjects: Some(vec![subject(who)]),
+            subjects: Some(vec![who.subject()]),
         });
     }
 
@@ -124,7 +117,7 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
         rbac.cluster_role_bindings.push(ClusterRoleBinding {
             metadata: meta(None),
             role_ref: role_ref("ClusterRole"),
-            subjects: Some(vec![subject(who)]),
+            subjects: Some(vec![who.subject()]),
         });
     }
     rbac
@@ -153,16 +146,6 @@ fn resource(kind: TargetKind) -> &'static str {
     }
 }
 
-fn rule(group: &str, resource: &str, names: &BTreeSet<String>, verbs: &[&str]) -> PolicyRule {
-    PolicyRule {
-        api_groups: Some(vec![group.into()]),
-        resources: Some(vec![resource.into()]),
-        resource_names: (!names.is_empty()).then(|| names.iter().cloned().collect()),
-        verbs: verbs.iter().map(|v| v.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
 fn meta(namespace: Option<&str>) -> ObjectMeta {
     ObjectMeta {
         name: Some(ROLE_NAME.into()),
@@ -174,15 +157,6 @@ fn meta(namespace: Option<&str>) -> ObjectMeta {
 
 fn role_ref(kind: &str) -> RoleRef {
     RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: kind.into(), name: ROLE_NAME.into() }
-}
-
-fn subject(who: &Subjects) -> Subject {
-    Subject {
-        kind: "ServiceAccount".into(),
-        name: who.service_account.clone(),
-        namespace: Some(who.namespace.clone()),
-        ..Default::default()
-    }
 }
 
 #[cfg(test)]

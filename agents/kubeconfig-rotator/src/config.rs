@@ -6,7 +6,8 @@
 //! kubeconfigs:
 //! - name: hub-admin
 //!   source:                       # exactly one of kubeconfig, secret, certificateSecret
-//!     kubeconfig: {namespace: kcp-system, name: hub-admin, renderedSecret: hub-admin-kubeconfig}
+//!     kubeconfig: {namespace: kcp-system, name: hub-admin, renderedSecret: hub-admin-kubeconfig,
+//!                  serverCA: {namespace: kcp-system, name: root-server-ca, key: tls.crt}}
 //!   renewBefore: 720h             # force a renewal (the cmctl way) when less than this is left
 //!   server: https://front-proxy.kcp-system.svc:6443   # optional: publish (and prove) with this server
 //!   targets:
@@ -51,8 +52,10 @@ pub struct Kubeconfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     /// A kcp-operator `Kubeconfig`: its Certificate `kubeconfig-cert-<name>`, the certificate Secret of the same
-    /// name, and the Secret it renders (`renderedSecret`, which must be its `spec.secretRef.name`).
-    Operator { namespace: String, name: String, rendered_secret: String },
+    /// name, and the Secret it renders (`renderedSecret`, which must be its `spec.secretRef.name`). With
+    /// `server_ca` (the current server CA, `tls.crt` of `<rootshard>-server-ca`), a render whose CA data lacks it
+    /// is stale too.
+    Operator { namespace: String, name: String, rendered_secret: String, server_ca: Option<KeyRef> },
     /// Any Secret holding a kubeconfig under `key`.
     Secret(KeyRef),
     /// A cert-manager certificate Secret (`tls.crt`, `tls.key`); the agent builds the kubeconfig itself.
@@ -156,6 +159,8 @@ struct RawOperatorSource {
     namespace: String,
     name: String,
     rendered_secret: String,
+    #[serde(default, rename = "serverCA")]
+    server_ca: Option<KeyRef>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -207,7 +212,15 @@ impl AgentConfig for Config {
                     if let Err(e) = names::check_dns_subdomain(&o.rendered_secret) {
                         err("source.kubeconfig.renderedSecret", e);
                     }
-                    Some(Source::Operator { namespace: o.namespace, name: o.name, rendered_secret: o.rendered_secret })
+                    if let Some(ca) = &o.server_ca {
+                        check_key_ref(&mut err, "source.kubeconfig.serverCA", ca);
+                    }
+                    Some(Source::Operator {
+                        namespace: o.namespace,
+                        name: o.name,
+                        rendered_secret: o.rendered_secret,
+                        server_ca: o.server_ca,
+                    })
                 }
                 (None, Some(s), None) => {
                     check_key_ref(&mut err, "source.secret", &s);
@@ -346,7 +359,12 @@ mod tests {
         let k = &c.kubeconfigs[0];
         assert_eq!(
             k.source,
-            Source::Operator { namespace: "kcp".into(), name: "hub".into(), rendered_secret: "hub-kc".into() }
+            Source::Operator {
+                namespace: "kcp".into(),
+                name: "hub".into(),
+                rendered_secret: "hub-kc".into(),
+                server_ca: None
+            }
         );
         assert_eq!(k.targets[0].key, "kubeconfig");
         assert_eq!(k.renew_before, Some(Duration::from_secs(3600)));

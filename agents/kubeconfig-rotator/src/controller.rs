@@ -26,7 +26,7 @@ use crate::metrics::{KubeconfigLabel, Metrics, TargetLabels};
 use crate::objects::{Certificate, KubeconfigObject, RENDER_REQUESTED};
 use crate::policy::{self, Expected, Live, TargetAction};
 use crate::prove::{self, ProofError};
-use crate::scope::{Reader, Snapshot, Stores};
+use crate::scope::{Reader, Snapshot, Stores, secret_key};
 
 pub const INFO: AgentInfo = AgentInfo { name: "kubeconfig-rotator", metrics_prefix: "kubeconfig_rotator" };
 
@@ -59,11 +59,11 @@ pub enum SyncError {
     #[error("forcing a renewal of Certificate {object}: {source}")]
     RenewalFailed { object: String, source: kube::Error },
     #[error("{failed} of {total} targets not written; first: {first}")]
-    TargetNotOwned { failed: usize, total: usize, first: ApplyError },
+    TargetNotOwned { failed: usize, total: usize, first: Box<ApplyError> },
     #[error("{failed} of {total} targets not written; first: {first}")]
-    TargetWriteFailed { failed: usize, total: usize, first: ApplyError },
+    TargetWriteFailed { failed: usize, total: usize, first: Box<ApplyError> },
     #[error("restarting a consumer: {0}")]
-    RestartFailed(ApplyError),
+    RestartFailed(Box<ApplyError>),
     #[error("reading the source: {0}")]
     ReadFailed(kube::Error),
 }
@@ -120,7 +120,7 @@ impl Reconciler for Rotator {
 
     async fn reconcile(&self, item: &KubeconfigName) -> Result<Option<Duration>, SyncError> {
         let Some(kc) = self.config.find(&item.0) else { return Ok(None) };
-        self.metrics.touch(&kc.name);
+        self.metrics.touch(kc);
         let snap = Reader::Stores(&self.stores).snapshot(kc).await.map_err(SyncError::ReadFailed)?;
         self.sync(kc, &snap, OffsetDateTime::now_utc()).await.map(Some)
     }
@@ -135,13 +135,15 @@ pub struct Resolved {
     /// Operator source: the certificate cert-manager last issued, and its Certificate.
     pub issued: Option<CertInfo>,
     pub certificate: Option<Certificate>,
+    /// The rendered Secret (or its key) does not exist yet.
+    pub missing: Option<String>,
 }
 
 /// Reads the source out of `snap`; pure apart from building the candidate.
 pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> {
     let secret_ref = |ns: &str, name: &str| reference("v1", "Secret", ns, name, None);
     match &kc.source {
-        Source::Operator { namespace, name, rendered_secret } => {
+        Source::Operator { namespace, name, rendered_secret, .. } => {
             let object = format!("{namespace}/{name}");
             let kubeconfig =
                 snap.kubeconfig.as_ref().ok_or_else(|| SyncError::SourceMissing(format!("Kubeconfig {object}")))?;
@@ -156,10 +158,13 @@ pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> 
             };
             let cert_secret = certificate_name(name);
             let issued = snap.key(namespace, &cert_secret, "tls.crt").and_then(|pem| credential::cert_info(pem).ok());
-            let bytes = snap.key(namespace, rendered_secret, KUBECONFIG_KEY).map(<[u8]>::to_vec).unwrap_or_default();
+            // Not rendered yet: still nudged and renewed below, then reported as missing, not as a bad candidate.
+            let bytes = snap.key(namespace, rendered_secret, KUBECONFIG_KEY).map(<[u8]>::to_vec);
+            let missing = bytes.is_none().then(|| format!("Secret {namespace}/{rendered_secret} key {KUBECONFIG_KEY}"));
+            let bytes = bytes.unwrap_or_default();
             let regarding =
                 reference("operator.kcp.io/v1alpha1", "Kubeconfig", namespace, name, kubeconfig.metadata.uid.clone());
-            Ok(Resolved { bytes, expected, regarding, issued, certificate: snap.certificate.clone() })
+            Ok(Resolved { bytes, expected, regarding, issued, certificate: snap.certificate.clone(), missing })
         }
         Source::Secret(r) => {
             let bytes = snap
@@ -171,6 +176,7 @@ pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> 
                 regarding: secret_ref(&r.namespace, &r.name),
                 issued: None,
                 certificate: None,
+                missing: None,
             })
         }
         Source::CertificateSecret { namespace, name, server, ca } => {
@@ -191,6 +197,7 @@ pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> 
                 regarding: secret_ref(namespace, name),
                 issued: None,
                 certificate: None,
+                missing: None,
             })
         }
     }
@@ -215,9 +222,13 @@ impl Rotator {
     async fn sync(&self, kc: &Kubeconfig, snap: &Snapshot, now: OffsetDateTime) -> Result<Duration, SyncError> {
         let source = resolve(kc, snap)?;
         let mut follow_up = false;
-        if let Source::Operator { namespace, name, .. } = &kc.source {
-            follow_up |= self.nudge_if_stale(kc, namespace, name, snap, &source, now).await?;
+        if let Source::Operator { namespace, name, server_ca, .. } = &kc.source {
+            let current_ca = server_ca.as_ref().and_then(|r| snap.key(&r.namespace, &r.name, &r.key));
+            follow_up |= self.nudge_if_stale(kc, namespace, name, snap, &source, current_ca, now).await?;
             follow_up |= self.renew_if_due(kc, &source, now).await?;
+        }
+        if let Some(missing) = &source.missing {
+            return Err(SyncError::SourceMissing(missing.clone()));
         }
         let candidate = match candidate(kc, &source, now) {
             Ok(c) => c,
@@ -243,11 +254,11 @@ impl Rotator {
         let (total, failed) = (kc.targets.len(), failures.len());
         if let Some(first) = failures.into_iter().next() {
             return Err(match first {
-                TargetFailure::Restart(e) => SyncError::RestartFailed(e),
+                TargetFailure::Restart(e) => SyncError::RestartFailed(Box::new(e)),
                 TargetFailure::Write(first @ (ApplyError::Foreign { .. } | ApplyError::ForeignKey { .. })) => {
-                    SyncError::TargetNotOwned { failed, total, first }
+                    SyncError::TargetNotOwned { failed, total, first: Box::new(first) }
                 }
-                TargetFailure::Write(first) => SyncError::TargetWriteFailed { failed, total, first },
+                TargetFailure::Write(first) => SyncError::TargetWriteFailed { failed, total, first: Box::new(first) },
             });
         }
         self.metrics.last_sync.get_or_create(&label).set(unix_now());
@@ -269,8 +280,9 @@ impl Rotator {
         self.events.publish(&source.regarding, EventType::Warning, "CandidateRejected", "Verify", &note).await;
     }
 
-    /// cert-manager renewed but the operator has not re-rendered (it is not woken by the renewal): annotate the
-    /// Kubeconfig, which makes it re-render at once. Returns whether it nudged.
+    /// cert-manager renewed, or the server CA rotated, but the operator has not re-rendered (neither wakes it):
+    /// annotate the Kubeconfig, which makes it re-render at once. Returns whether it nudged.
+    #[allow(clippy::too_many_arguments)]
     async fn nudge_if_stale(
         &self,
         kc: &Kubeconfig,
@@ -278,11 +290,15 @@ impl Rotator {
         name: &str,
         snap: &Snapshot,
         source: &Resolved,
+        current_ca: Option<&[u8]>,
         now: OffsetDateTime,
     ) -> Result<bool, SyncError> {
         let Some(issued) = &source.issued else { return Ok(false) };
         let rendered = credential::peek(&source.bytes);
-        if !policy::render_is_stale(issued, rendered.as_ref()) {
+        let ca_stale = current_ca.is_some_and(|ca| {
+            !credential::peek_ca(&source.bytes).is_some_and(|rendered_ca| credential::ca_contains(&rendered_ca, ca))
+        });
+        if !policy::render_is_stale(issued, rendered.as_ref()) && !ca_stale {
             return Ok(false);
         }
         let previous =
@@ -297,12 +313,16 @@ impl Rotator {
             .await
             .map_err(|source| SyncError::NudgeFailed { object: format!("{namespace}/{name}"), source })?;
         self.metrics.nudges.get_or_create(&KubeconfigLabel { kubeconfig: kc.name.clone() }).inc();
-        let note = format!(
-            "kubeconfig {}: cert-manager issued serial {} but the rendered Secret holds {}; asked the operator to re-render",
-            kc.name,
-            issued.serial,
-            rendered.map_or_else(|| "nothing usable".to_string(), |r| format!("serial {}", r.serial))
-        );
+        let why = if ca_stale {
+            "the rendered CA data lacks the current server CA".to_string()
+        } else {
+            format!(
+                "cert-manager issued serial {} but the rendered Secret holds {}",
+                issued.serial,
+                rendered.map_or_else(|| "nothing usable".to_string(), |r| format!("serial {}", r.serial))
+            )
+        };
+        let note = format!("kubeconfig {}: {why}; asked the operator to re-render", kc.name);
         tracing::info!(kubeconfig = %kc.name, serial = %issued.serial, "nudged the Kubeconfig to re-render");
         self.events.publish(&source.regarding, EventType::Normal, "RenderRequested", "Nudge", &note).await;
         Ok(true)
@@ -344,9 +364,19 @@ impl Rotator {
         };
         let in_sync = self.metrics.target_in_sync.get_or_create(&labels).clone();
         let target_not_after = self.metrics.target_not_after.get_or_create(&labels).clone();
-        let live_secret = snap.secret(&target.namespace, &target.name);
-        let live = live_state(snap, target, now);
-        let complete = split_keys_current(snap, target, candidate);
+        let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
+        // A target the store does not hold yet is read once more: creating it carries no resourceVersion
+        // precondition, so a store that lags (our own write, or someone else's) must not decide a blind write.
+        let fetched = match snap.secret(&target.namespace, &target.name) {
+            Some(_) => None,
+            None => api.get_opt(&target.name).await.map_err(|source| {
+                let object = format!("{}/{}", target.namespace, target.name);
+                TargetFailure::Write(ApplyError::Kube { kind: "Secret".into(), object, source })
+            })?,
+        };
+        let live_secret = snap.secret(&target.namespace, &target.name).or(fetched.as_ref());
+        let live = live_state(live_secret, target, now);
+        let complete = split_keys_current(live_secret, target, candidate);
         let regarding = reference("v1", "Secret", &target.namespace, &target.name, None);
         // What the target holds after this pass, and whether this pass wrote it.
         let (held_hash, wrote) = match (policy::target_action(&live, candidate, complete), &live) {
@@ -371,7 +401,6 @@ impl Rotator {
             _ => {
                 let rv = live_secret.and_then(|s| s.metadata.resource_version.as_deref());
                 let desired = desired_secret(kc, target, candidate, rv, live_secret.is_none());
-                let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
                 let ownership = Ownership::Owned { adopt: target.adopt };
                 let wrote = match apply::apply_over(&api, desired, ownership, live_secret).await {
                     Ok(Outcome::Unchanged) => false,
@@ -485,8 +514,8 @@ fn nudge_due(previous: Option<&str>, serial: &str, now: OffsetDateTime) -> bool 
 }
 
 /// What the target's key holds now.
-pub fn live_state(snap: &Snapshot, target: &Target, now: OffsetDateTime) -> Live {
-    match snap.key(&target.namespace, &target.name, &target.key) {
+pub fn live_state(secret: Option<&Secret>, target: &Target, now: OffsetDateTime) -> Live {
+    match secret_key(secret, &target.key) {
         None => Live::Missing,
         Some(bytes) => match credential::parse(bytes, now) {
             Ok(c) => Live::Valid { hash: c.hash(), cert: c.cert },
@@ -496,8 +525,8 @@ pub fn live_state(snap: &Snapshot, target: &Target, now: OffsetDateTime) -> Live
 }
 
 /// Split keys are wanted and hold exactly the candidate's parts (true when not wanted).
-fn split_keys_current(snap: &Snapshot, target: &Target, c: &Credential) -> bool {
-    let key = |k: &str| snap.key(&target.namespace, &target.name, k);
+fn split_keys_current(secret: Option<&Secret>, target: &Target, c: &Credential) -> bool {
+    let key = |k: &str| secret_key(secret, k);
     !target.split_keys
         || (key("tls.crt") == Some(&c.cert_pem[..])
             && key("tls.key") == Some(&c.key_pem.expose()[..])

@@ -106,6 +106,21 @@ pub fn peek(kubeconfig: &[u8]) -> Option<CertInfo> {
     cert_info(&parts(kubeconfig).ok()?.cert_pem).ok()
 }
 
+/// The CA data of a kubeconfig without any check.
+pub fn peek_ca(kubeconfig: &[u8]) -> Option<Vec<u8>> {
+    parts(kubeconfig).ok().map(|p| p.ca_pem)
+}
+
+/// Whether every certificate in `current` (the server CA now) is in `rendered` (a kubeconfig's CA data),
+/// compared by DER: a render from before a server-CA rotation lacks the new CA.
+pub fn ca_contains(rendered: &[u8], current: &[u8]) -> bool {
+    let ders = |pem: &[u8]| -> Vec<Vec<u8>> {
+        CertificateDer::pem_slice_iter(pem).filter_map(Result::ok).map(|c| c.to_vec()).collect()
+    };
+    let rendered = ders(rendered);
+    ders(current).iter().all(|c| rendered.contains(c))
+}
+
 /// Checks certificate, key and CA parts and wraps them with the kubeconfig they came in.
 fn check(parts: Parts, kubeconfig: Vec<u8>, now: OffsetDateTime) -> Result<Credential, CredentialError> {
     let cert = cert_info(&parts.cert_pem)?;
@@ -314,6 +329,15 @@ mod tests {
         let text = String::from_utf8(rewritten).unwrap();
         assert!(text.contains("server: https://fp.kcp-system.svc:6443\n"), "the base context keeps no path: {text}");
         assert_eq!(c.cert.username, "u");
+    }
+
+    #[test]
+    fn a_render_lacking_the_current_server_ca_is_told_apart() {
+        let old = Ca::new("server-ca-1", HOUR).unwrap().cert_pem();
+        let new = Ca::new("server-ca-2", HOUR).unwrap().cert_pem();
+        assert!(ca_contains(old.as_bytes(), old.as_bytes()));
+        assert!(ca_contains(format!("{old}{new}").as_bytes(), new.as_bytes()));
+        assert!(!ca_contains(old.as_bytes(), new.as_bytes()));
     }
 
     #[test]

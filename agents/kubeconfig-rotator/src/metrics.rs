@@ -97,8 +97,16 @@ impl Metrics {
         m
     }
 
-    /// Creates every series of a kubeconfig with a value, so none appears only on its first event.
-    pub fn touch(&self, kubeconfig: &str) {
+    /// Creates every series of a kubeconfig and its targets with a value, so none appears only on its first
+    /// event (a kubeconfig whose candidates are all rejected still shows its targets).
+    pub fn touch(&self, kc: &crate::config::Kubeconfig) {
+        let kubeconfig = kc.name.as_str();
+        for t in &kc.targets {
+            let labels =
+                TargetLabels { kubeconfig: kubeconfig.into(), namespace: t.namespace.clone(), name: t.name.clone() };
+            let _ = self.target_in_sync.get_or_create(&labels);
+            let _ = self.target_not_after.get_or_create(&labels);
+        }
         let label = KubeconfigLabel { kubeconfig: kubeconfig.into() };
         let _ = self.not_after.get_or_create(&label);
         let _ = self.expiry.get_or_create(&label);

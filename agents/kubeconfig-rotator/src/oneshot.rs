@@ -43,8 +43,10 @@ async fn status_rows(client: &kube::Client, kc: &Kubeconfig, now: OffsetDateTime
         Ok(s) => s,
         Err(e) => return vec![row(kc, &format!("(unreadable: {})", api_reason(&e)), "-", "-", "-", "-")],
     };
-    let current =
-        resolve(kc, &snap).map_err(|e| e.to_string()).and_then(|s| candidate(kc, &s, now).map_err(|e| e.to_string()));
+    let current = resolve(kc, &snap).map_err(|e| e.to_string()).and_then(|s| match &s.missing {
+        Some(missing) => Err(format!("{missing} not found")),
+        None => candidate(kc, &s, now).map_err(|e| e.to_string()),
+    });
     let (subject, not_after, left, hash) = match &current {
         Ok(c) => (c.cert.subject(), rfc3339(c.cert.not_after), human(c.cert.not_after - now), Some(c.hash())),
         Err(e) => (format!("(no usable source: {e})"), "-".into(), "-".into(), None),
@@ -52,7 +54,7 @@ async fn status_rows(client: &kube::Client, kc: &Kubeconfig, now: OffsetDateTime
     kc.targets
         .iter()
         .map(|t| {
-            let in_sync = match (live_state(&snap, t, now), &hash) {
+            let in_sync = match (live_state(snap.secret(&t.namespace, &t.name), t, now), &hash) {
                 (Live::Missing, _) => "missing",
                 (Live::Unusable, _) => "unusable",
                 (Live::Valid { hash: h, .. }, Some(current)) if h == *current => "yes",

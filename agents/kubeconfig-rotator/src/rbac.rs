@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use kcp_keeper_runtime::rbac::{Roles, Subjects, lease_rules, rule};
+use kcp_keeper_runtime::rbac::{Roles, Subjects, lease_rules, named_rule, rule};
 
 use crate::config::Config;
 use crate::scope::needs;

@@ -30,10 +30,11 @@ pub fn needs(kc: &Kubeconfig) -> Needs {
     let key = |ns: &str, name: &str| (ns.to_string(), name.to_string());
     let mut n = Needs::default();
     match &kc.source {
-        Source::Operator { namespace, name, rendered_secret } => {
+        Source::Operator { namespace, name, rendered_secret, server_ca } => {
             n.kubeconfig = Some(key(namespace, name));
             n.certificate = Some(key(namespace, &certificate_name(name)));
             n.source_secrets = vec![key(namespace, &certificate_name(name)), key(namespace, rendered_secret)];
+            n.source_secrets.extend(server_ca.iter().map(|ca| key(&ca.namespace, &ca.name)));
         }
         Source::Secret(r) => n.source_secrets = vec![key(&r.namespace, &r.name)],
         Source::CertificateSecret { namespace, name, ca, .. } => {
@@ -103,8 +104,13 @@ impl Snapshot {
 
     /// A key of a Secret, if both exist.
     pub fn key(&self, namespace: &str, name: &str, key: &str) -> Option<&[u8]> {
-        self.secret(namespace, name)?.data.as_ref()?.get(key).map(|v| v.0.as_slice())
+        secret_key(self.secret(namespace, name), key)
     }
+}
+
+/// A key of a Secret, if both exist.
+pub fn secret_key<'a>(secret: Option<&'a Secret>, key: &str) -> Option<&'a [u8]> {
+    secret?.data.as_ref()?.get(key).map(|v| v.0.as_slice())
 }
 
 impl Reader<'_> {

@@ -67,6 +67,7 @@ async fn a_missing_source_is_counted_with_its_series_present_and_nothing_is_writ
         "kubeconfig_rotator_last_sync_timestamp_seconds{kubeconfig=\"absent\"}",
         "kubeconfig_rotator_rotations_total{kubeconfig=\"absent\"}",
         "kubeconfig_rotator_verification_failures_total{kubeconfig=\"absent\",reason=\"expired\"}",
+        "kubeconfig_rotator_target_in_sync{kubeconfig=\"absent\",namespace=\"default\",name=\"absent-copy\"}",
     ] {
         assert_eq!(testbed::scrape::metric(&text, series)?, 0.0, "{series}");
     }

@@ -18,7 +18,8 @@ pub struct Subjects {
 }
 
 impl Subjects {
-    fn subject(&self) -> Subject {
+    /// The ServiceAccount as a binding's subject.
+    pub fn subject(&self) -> Subject {
         Subject {
             kind: "ServiceAccount".into(),
             name: self.service_account.clone(),
@@ -77,6 +78,17 @@ pub fn rule(group: &str, resources: &[&str], names: &[&str], verbs: &[&str]) -> 
         verbs: strings(verbs),
         ..Default::default()
     }
+}
+
+/// A rule on one `resource`, limited to `names` when there are any (the form for names an agent collected).
+pub fn named_rule<'a>(
+    group: &str,
+    resource: &str,
+    names: impl IntoIterator<Item = &'a String>,
+    verbs: &[&str],
+) -> PolicyRule {
+    let names: Vec<&str> = names.into_iter().map(String::as_str).collect();
+    rule(group, &[resource], &names, verbs)
 }
 
 /// The agent's own Lease: get and update by name; create cannot be limited by name (it is not in the URL).
