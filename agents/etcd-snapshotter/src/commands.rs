@@ -21,7 +21,7 @@ fn open(config: &Path) -> anyhow::Result<(Config, Store)> {
 
 /// A progress line on stderr, only on a terminal.
 fn progress_line(received: u64, total: u64) {
-    let percent = if total == 0 { 100 } else { received * 100 / total };
+    let percent = (received * 100).checked_div(total).unwrap_or(100);
     eprint!("\r  {:>4}%  {:>8.1} MiB of {:.1} MiB", percent, received as f64 / 1048576.0, total as f64 / 1048576.0);
 }
 
@@ -84,10 +84,7 @@ pub async fn snapshot(config: &Path, shards: &[String]) -> anyhow::Result<()> {
 pub async fn list(config: &Path, shard: Option<&str>) -> anyhow::Result<()> {
     let (_, store) = open(config)?;
     let manifests = catalog::list(&store, shard).await?;
-    println!(
-        "{:<40} {:<10} {:<20} {:>12} {:>8} {:>12} {}",
-        "ID", "SHARD", "TIME", "REVISION", "KEYS", "SIZE", "VERIFIED"
-    );
+    println!("{:<40} {:<10} {:<20} {:>12} {:>8} {:>12} VERIFIED", "ID", "SHARD", "TIME", "REVISION", "KEYS", "SIZE");
     for m in manifests {
         let verified = m.verified_at.map(|t| t.format("%Y-%m-%dT%H:%MZ").to_string()).unwrap_or_else(|| "no".into());
         println!(

@@ -511,7 +511,7 @@ fn spill(raw: RawSpill, errors: &mut Vec<FieldError>) -> Option<Spill> {
         }
     };
     // One part is always being filled; the rest of the budget holds finished parts.
-    let memory_parts = if part_size == 0 { 0 } else { (memory_budget / part_size).saturating_sub(1) as usize };
+    let memory_parts = memory_budget.checked_div(part_size).unwrap_or(0).saturating_sub(1) as usize;
     if errors.len() == before && memory_parts < raw.parts_in_flight {
         errors.push(FieldError::new(
             "spill.memoryBudget",

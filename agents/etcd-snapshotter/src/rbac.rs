@@ -39,3 +39,13 @@ subjects:
 "
     )
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_docs_show_exactly_what_rbac_prints() {
+        let docs = include_str!("../../../docs/etcd-snapshotter.md");
+        let printed = super::render("kcp-keeper", "etcd-snapshotter", "kcp-keeper-etcd-snapshotter");
+        assert!(docs.contains(&format!("```yaml\n{printed}```")), "docs/etcd-snapshotter.md#rbac is stale:\n{printed}");
+    }
+}

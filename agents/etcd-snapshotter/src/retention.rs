@@ -64,6 +64,9 @@ pub fn newest_first(entries: &mut [Entry]) {
     entries.sort_by(|a, b| b.revision.cmp(&a.revision).then(b.taken_at.cmp(&a.taken_at)).then(b.id.cmp(&a.id)));
 }
 
+/// The GFS bucket a time falls in (year and period within it).
+type BucketOf = fn(&DateTime<Utc>) -> (i32, u32, u32);
+
 pub fn plan(entries: &[Entry], policy: &Policy, trigger: &Trigger) -> Decision {
     let mut sorted = entries.to_vec();
     newest_first(&mut sorted);
@@ -84,7 +87,7 @@ pub fn plan(entries: &[Entry], policy: &Policy, trigger: &Trigger) -> Decision {
     for i in 0..policy.keep_last.max(1).min(sorted.len()) {
         add(i, Reason::Last);
     }
-    let buckets: [(usize, Reason, fn(&DateTime<Utc>) -> (i32, u32, u32)); 4] = [
+    let buckets: [(usize, Reason, BucketOf); 4] = [
         (policy.hourly, Reason::Hourly, |t| (t.year(), t.ordinal(), t.hour())),
         (policy.daily, Reason::Daily, |t| (t.year(), t.ordinal(), 0)),
         (policy.weekly, Reason::Weekly, |t| (t.iso_week().year(), t.iso_week().week(), 0)),

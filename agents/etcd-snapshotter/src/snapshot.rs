@@ -408,11 +408,9 @@ pub async fn clean_interrupted(store: &Store, shard: &str) -> Result<CleanReport
     for key in &keys {
         let Some((snapshot_dir, _)) = key.rsplit_once('/') else { continue };
         let has_manifest = keys.iter().any(|k| k == &format!("{snapshot_dir}/{}", manifest::MANIFEST));
-        if !has_manifest {
-            if store.delete_unless_locked(key).await? {
-                tracing::warn!(key, "removed a data object without a manifest (an interrupted run)");
-                report.removed_orphans += 1;
-            }
+        if !has_manifest && store.delete_unless_locked(key).await? {
+            tracing::warn!(key, "removed a data object without a manifest (an interrupted run)");
+            report.removed_orphans += 1;
         }
     }
     Ok(report)

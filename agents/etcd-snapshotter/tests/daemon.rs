@@ -160,3 +160,73 @@ async fn s3_going_away_is_counted_with_an_event_while_every_series_stays_and_the
     assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}");
     testbed::assert_no_secret_material(&agent.process.log(), &[&bed.s3.secret_key, &bed.s3.access_key]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrupted_stream_is_counted_as_a_hash_mismatch_with_an_event_and_publishes_nothing() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 100, 10_000).await.unwrap();
+    let flipping = Proxy::start(etcd.members[0].client_url.trim_start_matches("http://")).await;
+    flipping.faults.flip.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut options = Options::new(&bed, "root", vec![flipping.url.clone()]);
+    options.cron = EVERY_FIVE_SECONDS;
+    let config = write_config(&bed, &options).unwrap();
+    let mut agent = AgentProcess::start(cluster, Path::new(BINARY), &config, &ns, "replica-a", &[NO_METADATA]).unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+
+    let text = testbed::eventually(WAIT, "a hash mismatch counted", || async {
+        let text = scrape(&agent.admin_url).await;
+        value(&text, "etcd_snapshotter_failures_total{shard=\"root\",reason=\"hash_mismatch\"}")
+            .ok()
+            .filter(|v| *v >= 1.0)
+            .map(|_| text)
+    })
+    .await;
+    assert_eq!(value(&text, "etcd_snapshotter_last_success_timestamp_seconds{shard=\"root\"}").unwrap(), 0.0);
+    let failed = testbed::eventually(WAIT, "a SnapshotFailed Event", || async {
+        let found = events(&cluster.client(), &ns, "SnapshotFailed").await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    let note = failed[0].note.clone().unwrap_or_default();
+    assert!(note.contains("(hash_mismatch)") && note.contains("trailing sha256"), "{note}");
+    let s3 = bed.s3.client();
+    assert!(keys(&s3, &bed.s3.bucket).await.is_empty(), "no manifest and no object");
+    assert!(uploads(&s3, &bed.s3.bucket).await.is_empty(), "the upload was aborted");
+    let status = agent.terminate(Duration::from_secs(20));
+    assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_during_a_slow_upload_aborts_it_after_the_grace_and_exits_cleanly() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/big", 300, 100_000).await.unwrap();
+    let slow = Proxy::start(bed.s3.endpoint.trim_start_matches("http://")).await;
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.cron = EVERY_FIVE_SECONDS;
+    options.s3_endpoint = slow.url.clone();
+    options.compression = "none";
+    let config = write_config(&bed, &options).unwrap();
+    let mut agent = AgentProcess::start(cluster, Path::new(BINARY), &config, &ns, "replica-a", &[NO_METADATA]).unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+    // Ready needed the bucket at full speed; from now on 30 MB at 1 MiB/s cannot finish within the 15 s grace.
+    slow.faults.throttle_bytes_per_second.store(1024 * 1024, std::sync::atomic::Ordering::SeqCst);
+    let s3 = bed.s3.client();
+    testbed::eventually(WAIT, "an upload under way", || {
+        let (s3, bucket) = (s3.clone(), bed.s3.bucket.clone());
+        async move { (!uploads(&s3, &bucket).await.is_empty()).then_some(()) }
+    })
+    .await;
+    let status = agent.terminate(Duration::from_secs(40));
+    assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}\n{}", agent.process.log_tail());
+    assert!(agent.process.log().contains("multipart upload aborted"), "{}", agent.process.log_tail());
+    assert!(uploads(&s3, &bed.s3.bucket).await.is_empty(), "no multipart upload left behind");
+    assert!(manifests(&s3, &bed.s3.bucket).await.is_empty(), "nothing published");
+}

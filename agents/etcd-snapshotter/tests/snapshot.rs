@@ -341,3 +341,31 @@ async fn retention_orders_by_revision_keeps_the_newest_and_skips_objects_under_o
     assert!(remaining.contains(older), "the locked snapshot stays listed: {remaining:?}");
     assert_eq!(remaining.len(), 3, "{remaining:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn static_credentials_come_from_the_environment_and_missing_ones_fail_clearly() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.credentials = Some("environment: {}");
+    let config = write_config(&bed, &options).unwrap();
+    let run = |keys: &[(&str, &str)]| {
+        std::process::Command::new(BINARY)
+            .args(["snapshot", "--config", config.to_str().unwrap()])
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env(NO_METADATA.0, NO_METADATA.1)
+            .envs(keys.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    assert!(!out.status.success() && text(&out).contains("AWS_ACCESS_KEY_ID is not set"), "{}", text(&out));
+    let wrong = run(&[("AWS_ACCESS_KEY_ID", &bed.s3.access_key), ("AWS_SECRET_ACCESS_KEY", "not-the-secret")]);
+    assert!(!wrong.status.success(), "{}", text(&wrong));
+    assert!(!text(&wrong).contains("not-the-secret"), "the secret never reaches an error: {}", text(&wrong));
+    let out = run(&[("AWS_ACCESS_KEY_ID", &bed.s3.access_key), ("AWS_SECRET_ACCESS_KEY", &bed.s3.secret_key)]);
+    assert!(out.status.success(), "{}", text(&out));
+    testbed::assert_no_secret_material(&text(&out), &[&bed.s3.secret_key]);
+    assert_eq!(manifests(&bed.s3.client(), &bed.s3.bucket).await.len(), 1);
+}

@@ -319,7 +319,10 @@ pub async fn run<F, Fut>(
     let mut leading = leadership.subscribe();
     tracing::info!(schedule = schedule.name(), ?schedule, "schedule started");
     loop {
+        // Biased: after shutdown a leader must not start (or record) another tick, even though it still leads
+        // until its Lease is released.
         tokio::select! {
+            biased;
             () = shutdown.cancelled() => return,
             () = leadership.wait_until_leader() => {}
         }
@@ -353,6 +356,7 @@ pub async fn run<F, Fut>(
                 tracing::warn!(schedule = schedule.name(), %tick, missed, "ticks past their starting deadline skipped");
                 handled = Some(tick);
             }
+            Plan::Fire { .. } if shutdown.is_cancelled() => return,
             Plan::Fire { tick, missed } => match claim(record.as_ref(), &key, tick).await {
                 Ok(Claim::Won) => {
                     if missed > 0 {

@@ -87,6 +87,8 @@ pub struct Options<'a> {
     pub keep_last: usize,
     pub spill: &'a str,
     pub cron: &'a str,
+    /// The `credentials:` block; a secret directory with the bed's keys when `None`.
+    pub credentials: Option<&'a str>,
 }
 
 impl<'a> Options<'a> {
@@ -101,6 +103,7 @@ impl<'a> Options<'a> {
             keep_last: 10,
             spill: "memoryBudget: 64Mi\n  partSize: 5Mi\n  partsInFlight: 2",
             cron: "0 0 1 1 *",
+            credentials: None,
         }
     }
 }
@@ -116,11 +119,14 @@ pub fn write_config(bed: &Bed, options: &Options) -> Result<PathBuf> {
         ));
     }
     text.push_str(&format!(
-        "storage:\n  bucket: {}\n  prefix: {PREFIX}\n  endpoint: {}\n  region: {}\n  pathStyle: true\n  maxAttempts: 2\n  attemptTimeout: 30s\n  credentials:\n    secretDirectory: {}\n{}",
+        "storage:\n  bucket: {}\n  prefix: {PREFIX}\n  endpoint: {}\n  region: {}\n  pathStyle: true\n  maxAttempts: 2\n  attemptTimeout: 30s\n  credentials:\n    {}\n{}",
         options.bucket,
         options.s3_endpoint,
         testbed::s3::REGION,
-        bed.secret_dir()?.display(),
+        match options.credentials {
+            Some(credentials) => credentials.to_string(),
+            None => format!("secretDirectory: {}", bed.secret_dir()?.display()),
+        },
         options.extra_storage
     ));
     text.push_str(&format!("compression: {}\n", options.compression));

@@ -4,6 +4,8 @@
 
 #[path = "demo/dns_rewriter.rs"]
 mod dns_rewriter;
+#[path = "demo/etcd_snapshotter.rs"]
+mod etcd_snapshotter;
 #[path = "demo/kubeconfig_rotator.rs"]
 mod kubeconfig_rotator;
 
@@ -23,10 +25,6 @@ struct Args {
     #[arg(long, env = "KCP_KEEPER_DEMO_ONCE")]
     once: bool,
 }
-
-/// Agents without their own logic yet, in the summary's order (ca-syncer's line follows); each agent's issue
-/// moves it into a real cycle below.
-const NOT_BUILT: &[&str] = &["etcd-snapshotter"];
 
 /// What ca-syncer does in the demo: the hub trusts kcp's server CA (intermediate and root), copied into a
 /// Secret and a ConfigMap without the CA's private key, published only once the bundle verifies the real front
@@ -106,9 +104,11 @@ async fn run(once: bool) -> Result<ExitCode> {
         Ok(summary) => format!("ok kubeconfig-rotator: {summary}"),
         Err(e) => format!("FAIL kubeconfig-rotator: {e:#}"),
     });
-    for agent in NOT_BUILT {
-        lines.push(format!("FAIL {agent}: not implemented"));
-    }
+    let mut snapshotter = etcd_snapshotter::start(&bed, &layout.kcp, &s3, KCP_NAMESPACE)?;
+    lines.push(match etcd_snapshotter::cycle(&layout.kcp, &s3, &mut snapshotter).await {
+        Ok(summary) => format!("ok etcd-snapshotter: {summary}"),
+        Err(e) => format!("FAIL etcd-snapshotter: {e:#}"),
+    });
     let mut ca_syncer = start_agent(&bed, "ca-syncer", &ca_syncer_config(&layout.kcp.front_proxy.url))?;
     lines.push(match ca_syncer_cycle(&bed, &layout, &mut ca_syncer).await {
         Ok(summary) => format!("ok ca-syncer: {summary}"),
@@ -127,8 +127,12 @@ async fn run(once: bool) -> Result<ExitCode> {
         return Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
     println!("running; the agents' logs follow; press Ctrl-C to stop");
-    let mut agents =
-        [("kubeconfig-rotator", rotator, 0), ("ca-syncer", ca_syncer, 0), ("dns-rewriter", dns_rewriter, 0)];
+    let mut agents = [
+        ("kubeconfig-rotator", rotator, 0),
+        ("ca-syncer", ca_syncer, 0),
+        ("dns-rewriter", dns_rewriter, 0),
+        ("etcd-snapshotter", snapshotter, 0),
+    ];
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         for (name, agent, printed) in &mut agents {

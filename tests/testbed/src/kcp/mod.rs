@@ -214,6 +214,44 @@ impl Kcp {
         client_from_yaml(&self.admin_kubeconfig(workspace)?).await
     }
 
+    /// Starts another root shard process on `etcd_servers` (e.g. an etcd restored from a snapshot of the root
+    /// shard's) with this bed's certificates, under `dir`, and waits until its `/readyz` is ok. Returns the
+    /// process and its URL.
+    pub async fn start_root_shard_on(
+        &self,
+        peers: &peers::Peers,
+        etcd_servers: &str,
+        dir: &Path,
+    ) -> Result<(Process, String)> {
+        let (root, cas, common) = (self.dir.join("root"), self.dir.join("ca"), self.dir.join("common"));
+        let port = free_port()?;
+        let url = format!("https://127.0.0.1:{port}");
+        let flags = args::ShardFlags {
+            name: "root".into(),
+            port,
+            etcd_servers: etcd_servers.into(),
+            root_directory: dir.join("kcp"),
+            external_url: self.front_proxy.url.clone(),
+            tls_cert: root.join("tls.crt"),
+            tls_key: root.join("tls.key"),
+            client_ca: cas.join("root-client-ca").join("tls.crt"),
+            root_ca: cas.join("root-server-ca").join("ca.crt"),
+            requestheader_ca: cas.join("root-front-proxy-client-ca").join("tls.crt"),
+            service_account_pub: cas.join("service-account.pub"),
+            service_account_key: cas.join("service-account.key"),
+            shard_client_cert: root.join("shard-client.crt"),
+            shard_client_key: root.join("shard-client.key"),
+            logical_cluster_admin_kubeconfig: common.join("logical-cluster-admin.kubeconfig"),
+            external_logical_cluster_admin_kubeconfig: common.join("external-logical-cluster-admin.kubeconfig"),
+            root_shard_kubeconfig: None,
+        };
+        let admin = write(dir, "admin.kubeconfig", &self.pki.kubeconfig(&url, "shard-admin", &["system:masters"])?)?;
+        let mut process =
+            Process::start("kcp restored root shard", peers.path("kcp"), args::shard(&flags), dir.join("kcp.log"))?;
+        wait_ready(&mut process, &admin).await?;
+        Ok((process, url))
+    }
+
     /// Labels every Shard object (in the root workspace) with [`SHARD_LABEL`] once all have registered.
     async fn label_shards(&self) -> Result<()> {
         let api: Api<DynamicObject> = Api::all_with(self.admin_client("root").await?, &shard_resource());

@@ -1,0 +1,74 @@
+//! A snapshot of real kcp's root shard etcd, holding what kcp itself wrote, restores into an etcd that a real
+//! kcp root shard starts on.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_of_the_kcp_root_shard_restores_into_an_etcd_that_a_real_kcp_root_shard_starts_on() {
+    let kcp = testbed::kcp::shared();
+    let _logs = kcp.logs_on_failure();
+    let bed = Bed::start().await.unwrap();
+    let marker = format!("restore-marker-{:08x}", rand_u32());
+    let root = kcp.admin_client("root").await.unwrap();
+    let config_map = ConfigMap {
+        metadata: ObjectMeta { name: Some(marker.clone()), ..Default::default() },
+        data: Some([("written-by".to_string(), "kcp before the snapshot".to_string())].into()),
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(root, "default").create(&PostParams::default(), &config_map).await.unwrap();
+
+    let shard_etcd = kcp.shard("root").etcd.members[0].client_url.clone();
+    let config = write_config(&bed, &Options::new(&bed, "root", vec![shard_etcd])).unwrap();
+    snapshot_ok(&config);
+    let manifest = manifests(&bed.s3.client(), &bed.s3.bucket).await.remove(0);
+    assert!(manifest["keyCount"].as_u64().unwrap() > 100, "kcp's own objects are in it: {manifest}");
+
+    let data_dir = bed.path("restored");
+    let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
+    let (client_url, peer_url) = (format!("http://127.0.0.1:{client_port}"), format!("http://127.0.0.1:{peer_port}"));
+    let out = cli(&[
+        "restore",
+        "--config",
+        config.to_str().unwrap(),
+        "--shard",
+        "root",
+        "--etcdutl",
+        bed.etcdutl().to_str().unwrap(),
+        "--name",
+        "restored",
+        "--initial-cluster",
+        &format!("restored={peer_url}"),
+        "--initial-advertise-peer-urls",
+        &peer_url,
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let _etcd = testbed::process::Process::start(
+        "restored-etcd",
+        bed.peers.path("etcd"),
+        vec![
+            "--name=restored".into(),
+            format!("--data-dir={}", data_dir.display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            "--unsafe-no-fsync".into(),
+        ],
+        bed.path("restored-etcd.log"),
+    )
+    .unwrap();
+
+    let kcp_dir = bed.path("restored-kcp");
+    std::fs::create_dir_all(&kcp_dir).unwrap();
+    let (_shard, url) = kcp.start_root_shard_on(&bed.peers, &client_url, &kcp_dir).await.unwrap();
+    let yaml = kcp.pki.kubeconfig(&format!("{url}/clusters/root"), "shard-admin", &["system:masters"]).unwrap();
+    let restored = testbed::kcp::client_from_yaml(&yaml).await.unwrap();
+    let back = Api::<ConfigMap>::namespaced(restored, "default").get(&marker).await.unwrap();
+    assert_eq!(back.data.unwrap()["written-by"], "kcp before the snapshot");
+}
