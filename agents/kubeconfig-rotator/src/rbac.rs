@@ -59,8 +59,7 @@ pub fn render(config: &Config, who: &Subjects) -> Roles {
         let mut rules: Vec<PolicyRule> = Vec::new();
         let mut add = |group: &str, resource: &str, names: &BTreeSet<String>, verbs: &[&str]| {
             if !names.is_empty() {
-                let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                rules.push(rule(group, &[resource], &names, verbs));
+                rules.push(named_rule(group, resource, names, verbs));
             }
         };
         add("", "secrets", &a.read_secrets, &read);
