@@ -18,7 +18,7 @@ fn example(agent: &str) -> Value {
     serde_yaml::from_str(&std::fs::read_to_string(path).expect("example.yaml")).expect("parses")
 }
 
-/// Both agents the chart runs, with their example configurations; monitoring off (see docs/install.md).
+/// Both agents the chart runs, with their example configurations.
 fn all_agents() -> Value {
     json!({
         "caSyncer": {"enabled": true, "config": example("ca-syncer")},
@@ -38,11 +38,26 @@ fn kubeconfig(bed: &testbed::ControlPlane) -> String {
     bed.apiserver.admin_kubeconfig.to_string_lossy().into_owned()
 }
 
+/// Installs prometheus-operator's ServiceMonitor and PrometheusRule CRDs (from its module download) into the bed.
+async fn monitoring_crds(bed: &testbed::ControlPlane) -> Result<()> {
+    let dir = peers::locate_only(&["prometheus-operator-crds"])?;
+    let crds = testbed::crds::read(dir.path("prometheus-operator-crds"))?
+        .into_iter()
+        .filter(|c| ["servicemonitors", "prometheusrules"].contains(&c.spec.names.plural.as_str()))
+        .collect::<Vec<_>>();
+    assert_eq!(crds.len(), 2);
+    testbed::crds::install(&bed.client(), crds).await
+}
+
 #[tokio::test]
-async fn the_rendered_chart_passes_server_side_dry_run_on_a_real_apiserver() -> Result<()> {
+async fn the_rendered_chart_with_monitoring_passes_server_side_dry_run_on_a_real_apiserver() -> Result<()> {
     let bed = testbed::ControlPlane::start().await?;
     namespaces(&bed).await?;
-    let rendered = template(&all_agents(), &[])?;
+    monitoring_crds(&bed).await?;
+    let mut values = all_agents();
+    values["monitoring"] =
+        json!({"serviceMonitor": {"enabled": true, "force": true}, "prometheusRule": {"enabled": true, "force": true}});
+    let rendered = template(&values, &[])?;
     let objects = documents(&rendered)?;
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("rendered.yaml");
@@ -53,6 +68,8 @@ async fn the_rendered_chart_passes_server_side_dry_run_on_a_real_apiserver() -> 
     assert!(out.success, "kubectl apply --dry-run=server failed:\n{}{}", out.stdout, out.stderr);
     // One line per object: the apiserver accepted each of them.
     assert_eq!(out.stdout.lines().filter(|l| l.ends_with("(server dry run)")).count(), objects.len(), "{}", out.stdout);
+    assert!(out.stdout.contains("prometheusrule.monitoring.coreos.com/kcp-keeper created (server dry run)"));
+    assert!(out.stdout.contains("servicemonitor.monitoring.coreos.com/kcp-keeper created (server dry run)"));
 
     // The negative control: an object the apiserver refuses fails the same command.
     let bad = rendered.replace("minAvailable: 1", "minAvailable: -1");
@@ -61,6 +78,26 @@ async fn the_rendered_chart_passes_server_side_dry_run_on_a_real_apiserver() -> 
     kubectl.args(["--kubeconfig", &kubeconfig(&bed), "apply", "--dry-run=server", "-f"]).arg(&file);
     let out = run(kubectl)?;
     assert!(!out.success && out.stderr.contains("PodDisruptionBudget"), "{}{}", out.stdout, out.stderr);
+
+    // Not forced, the monitoring objects render because this apiserver now serves monitoring.coreos.com/v1.
+    let home = tempfile::tempdir()?;
+    let chart = chart::chart_dir();
+    let set = "monitoring.serviceMonitor.enabled=true,monitoring.prometheusRule.enabled=true";
+    let args = [
+        "install",
+        "kcp-keeper",
+        chart.to_str().unwrap(),
+        "--namespace",
+        NAMESPACE,
+        "--kubeconfig",
+        &kubeconfig(&bed),
+        "--dry-run=server",
+        "--set",
+        set,
+    ];
+    let out = run(helm(&args, home.path())?)?;
+    assert!(out.success, "{}", out.stderr);
+    assert!(out.stdout.contains("kind: PrometheusRule") && out.stdout.contains("kind: ServiceMonitor"));
     Ok(())
 }
 
@@ -107,6 +144,8 @@ async fn helm_install_grants_ca_syncer_exactly_the_secrets_its_configuration_nam
     let values = home.path().join("values.yaml");
     let mut v = all_agents();
     v["replicas"] = json!(1);
+    // Asked for, but this apiserver has no monitoring.coreos.com/v1: nothing to create, and NOTES says so.
+    v["monitoring"] = json!({"serviceMonitor": {"enabled": true}, "prometheusRule": {"enabled": true}});
     std::fs::write(&values, serde_yaml::to_string(&v)?)?;
     let chart = chart::chart_dir();
     let args = [
@@ -125,6 +164,7 @@ async fn helm_install_grants_ca_syncer_exactly_the_secrets_its_configuration_nam
     // NOTES.txt warns about the single replica of each agent.
     assert_eq!(out.stdout.matches("WARNING: ").count(), 2, "{}", out.stdout);
     assert!(out.stdout.contains("ca-syncer runs a single replica"), "{}", out.stdout);
+    assert!(out.stdout.contains("does not serve monitoring.coreos.com/v1"), "{}", out.stdout);
 
     let agent = token_client(&bed, NAMESPACE, "kcp-keeper-ca-syncer").await?;
     let secrets = |ns: &str| Api::<Secret>::namespaced(agent.clone(), ns);

@@ -101,8 +101,14 @@ fn a_misspelled_key_anywhere_in_the_values_fails_the_render_and_names_the_key() 
         (json!({"replica": 2}), "replica"),
         (json!({"dnsRewriter": {"confg": {}}}), "confg"),
         (json!({"monitoring": {"serviceMonitor": {"enable": true}}}), "enable"),
-        (json!({"caSyncer": {"enabled": true, "config": {"bundles": [{"name": "b", "sorces": [], "targets": []}]}}}), "sorces"),
-        (json!({"dnsRewriter": {"config": {"mode": "k3s", "discovery": {"namespace": "kcp-system", "frontProxy": true}}}}), "frontProxy"),
+        (
+            json!({"caSyncer": {"enabled": true, "config": {"bundles": [{"name": "b", "sorces": [], "targets": []}]}}}),
+            "sorces",
+        ),
+        (
+            json!({"dnsRewriter": {"config": {"mode": "k3s", "discovery": {"namespace": "kcp-system", "frontProxy": true}}}}),
+            "frontProxy",
+        ),
     ];
     for (values, misspelled) in cases {
         let err = template(&values, &[]).expect_err(&format!("{values} must fail"));
