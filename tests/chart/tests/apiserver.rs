@@ -8,8 +8,10 @@
 
 use anyhow::{Context, Result};
 use chart::{NAMESPACE, documents, helm, peer, run, template};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::{Value, json};
 
@@ -133,7 +135,8 @@ fn status_of(result: kube::Result<Secret>) -> u16 {
 }
 
 #[tokio::test]
-async fn helm_install_grants_ca_syncer_exactly_the_secrets_its_configuration_names() -> Result<()> {
+async fn helm_install_grants_each_agent_exactly_what_its_configuration_names_and_upgrades_and_rolls_back() -> Result<()>
+{
     let bed = testbed::ControlPlane::start().await?;
     namespaces(&bed).await?;
     for (ns, name) in [("kcp-system", "root-server-ca"), ("kcp-system", "frontproxy-ca"), ("kcp-system", "other")] {
@@ -176,9 +179,55 @@ async fn helm_install_grants_ca_syncer_exactly_the_secrets_its_configuration_nam
     let listed = secrets("kcp-system").list(&Default::default()).await;
     assert!(matches!(listed, Err(kube::Error::Api(ref s)) if s.code == 403), "listing without a name: {listed:?}");
 
-    // dns-rewriter's token reads no Secret at all.
+    // dns-rewriter's token reads no Secret at all, and of kube-system's ConfigMaps only the one it manages.
     let dns = token_client(&bed, NAMESPACE, "kcp-keeper-dns-rewriter").await?;
-    let got = Api::<Secret>::namespaced(dns, "kcp-system").get("root-server-ca").await;
+    let got = Api::<Secret>::namespaced(dns.clone(), "kcp-system").get("root-server-ca").await;
     assert_eq!(status_of(got), 403);
+    let code = |r: kube::Result<ConfigMap>| match r {
+        Ok(_) => 200,
+        Err(kube::Error::Api(s)) => s.code,
+        Err(e) => panic!("{e}"),
+    };
+    let admin_cms = Api::<ConfigMap>::namespaced(bed.client(), "kube-system");
+    for name in ["coredns-custom", "coredns"] {
+        let cm =
+            ConfigMap { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
+        admin_cms.create(&PostParams::default(), &cm).await?;
+    }
+    let cms = Api::<ConfigMap>::namespaced(dns.clone(), "kube-system");
+    assert_eq!(code(cms.get("coredns-custom").await), 200, "the ConfigMap it manages");
+    assert_eq!(code(cms.get("coredns").await), 403, "the Corefile beside it");
+    let services = Api::<Service>::namespaced(dns, "kcp-system").list(&Default::default()).await;
+    assert!(services.is_ok(), "listing Services where discovery runs: {services:?}");
+
+    // helm upgrade with a changed value changes only what that value touches; rollback restores it. Selector
+    // labels are stable, so neither hits an immutable field.
+    let deployments = Api::<Deployment>::namespaced(bed.client(), NAMESPACE);
+    let version = |d: Deployment| d.metadata.resource_version.unwrap_or_default();
+    let ca_before = version(deployments.get("kcp-keeper-ca-syncer").await?);
+    let upgrade = [
+        "upgrade",
+        "kcp-keeper",
+        chart.to_str().unwrap(),
+        "--namespace",
+        NAMESPACE,
+        "--kubeconfig",
+        &kubeconfig(&bed),
+        "--values",
+        values.to_str().unwrap(),
+        "--set",
+        "dnsRewriter.replicas=2",
+    ];
+    let out = run(helm(&upgrade, home.path())?)?;
+    assert!(out.success, "helm upgrade failed:\n{}{}", out.stdout, out.stderr);
+    assert_eq!(deployments.get("kcp-keeper-dns-rewriter").await?.spec.replicas, Some(2));
+    let pdbs = Api::<PodDisruptionBudget>::namespaced(bed.client(), NAMESPACE);
+    assert!(pdbs.get_opt("kcp-keeper-dns-rewriter").await?.is_some(), "two replicas get a PDB");
+    assert_eq!(version(deployments.get("kcp-keeper-ca-syncer").await?), ca_before, "ca-syncer untouched");
+    let rollback = ["rollback", "kcp-keeper", "1", "--namespace", NAMESPACE, "--kubeconfig", &kubeconfig(&bed)];
+    let out = run(helm(&rollback, home.path())?)?;
+    assert!(out.success, "helm rollback failed:\n{}{}", out.stdout, out.stderr);
+    assert_eq!(deployments.get("kcp-keeper-dns-rewriter").await?.spec.replicas, Some(1));
+    assert!(pdbs.get_opt("kcp-keeper-dns-rewriter").await?.is_none(), "one replica again: no PDB");
     Ok(())
 }
