@@ -2,7 +2,8 @@
 //! then the agent binary runs locally with a token minted for the ServiceAccount the chart created and the
 //! configuration file the chart rendered into its ConfigMap (the bed has no kubelet, so the chart's pod never
 //! runs). It does its job with only the chart's Roles, the apiserver refuses it nothing, and the same token
-//! reads no Secret the configuration does not name.
+//! reads no Secret the configuration does not name. Every ca_syncer_ metric the chart's alerts read is in its
+//! `/metrics`.
 
 mod common;
 
@@ -63,9 +64,12 @@ async fn installed_by_the_chart_it_syncs_with_the_chart_roles_and_its_token_read
     let sources = Api::<Secret>::namespaced(bed.client(), &src);
     sources.create(&PostParams::default(), &secret("root-server-ca", &[("ca.crt", &root.cert_pem())])).await?;
     sources.create(&PostParams::default(), &secret("unlisted", &[("token", "not for ca-syncer")])).await?;
+    // A second bundle whose source holds a private key: rejected, so the alerts' error series exist too.
+    let with_key = format!("{}{}", root.cert_pem(), root.key_pem());
+    sources.create(&PostParams::default(), &secret("with-key", &[("ca.crt", &with_key)])).await?;
 
     let values = format!(
-        "replicas: 1\ndnsRewriter: {{enabled: false}}\ncaSyncer:\n  enabled: true\n  config:\n    resyncInterval: 1s\n    bundles:\n    - name: kcp\n      sources:\n      - secret: {{namespace: {src}, name: root-server-ca, key: ca.crt}}\n      targets:\n      - secret: {{namespace: {dst}, name: kcp-ca, key: ca.crt}}\n"
+        "replicas: 1\ndnsRewriter: {{enabled: false}}\ncaSyncer:\n  enabled: true\n  config:\n    resyncInterval: 1s\n    bundles:\n    - name: kcp\n      sources:\n      - secret: {{namespace: {src}, name: root-server-ca, key: ca.crt}}\n      targets:\n      - secret: {{namespace: {dst}, name: kcp-ca, key: ca.crt}}\n    - name: bad\n      sources:\n      - secret: {{namespace: {src}, name: with-key, key: ca.crt}}\n      targets:\n      - secret: {{namespace: {dst}, name: bad-ca, key: ca.crt}}\n"
     );
     helm_install(&bed, &release_ns, &values)?;
     let rendered = Api::<ConfigMap>::namespaced(bed.client(), &release_ns).get(ACCOUNT).await?;
@@ -87,6 +91,15 @@ async fn installed_by_the_chart_it_syncs_with_the_chart_roles_and_its_token_read
     let record =
         Api::<ConfigMap>::namespaced(bed.client(), &release_ns).get(&ca_syncer::state::object_name("kcp")).await?;
     assert!(record.data.is_some(), "the rotation record is written in the release namespace");
+
+    // Every ca_syncer_ metric the chart's alerts read is in this agent's real /metrics.
+    agent
+        .wait_for_metric("ca_syncer_source_errors_total{bundle=\"bad\",reason=\"private_key\"}", WAIT, |v| v >= 1.0)
+        .await;
+    let alerting = testbed::alert_rules::metric_names(&["common.rules.yaml", "ca-syncer.rules.yaml"], "ca_syncer_")?;
+    assert!(alerting.len() >= 5, "{alerting:?}");
+    let missing = testbed::alert_rules::missing_from(&alerting, &agent.metrics().await);
+    assert!(missing.is_empty(), "alerts read metrics this agent does not export: {missing:?}");
 
     let requests = testbed::audit::by_user(&bed.apiserver.audit_log, &user)?;
     assert!(requests.iter().any(|r| r.resource == "secrets" && r.verb == "watch"), "the agent's requests are logged");

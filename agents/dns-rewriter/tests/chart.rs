@@ -2,7 +2,8 @@
 //! apiserver, then the agent binary runs locally with a token minted for the ServiceAccount the chart created
 //! and the configuration file the chart rendered into its ConfigMap (the bed has no kubelet, so the chart's pod
 //! never runs; the values point the resolver at the bed's loopback CoreDNS). It discovers the hostnames, writes
-//! its one ConfigMap, CoreDNS answers every host, and the apiserver refuses it nothing.
+//! its one ConfigMap, CoreDNS answers every host, and the apiserver refuses it nothing. Every dns_rewriter_
+//! metric the chart's alerts read is in its `/metrics`.
 
 mod common;
 
@@ -84,6 +85,12 @@ async fn installed_by_the_chart_it_writes_its_configmap_with_the_chart_roles_and
         assert_eq!(agent.metric(&series).await?, 1.0, "{host}");
     }
     configmap_key(&client, K3S_CONFIGMAP, "kcp-split-horizon.override").await.context("the key is written")?;
+    // Every dns_rewriter_ metric the chart's alerts read is in this agent's real /metrics.
+    let alerting =
+        testbed::alert_rules::metric_names(&["common.rules.yaml", "dns-rewriter.rules.yaml"], "dns_rewriter_")?;
+    assert!(alerting.len() >= 4, "{alerting:?}");
+    let missing = testbed::alert_rules::missing_from(&alerting, &agent.metrics().await);
+    assert!(missing.is_empty(), "alerts read metrics this agent does not export: {missing:?}");
 
     let requests = testbed::audit::by_user(&bed.apiserver.audit_log, &user)?;
     assert!(requests.iter().any(|r| r.resource == "configmaps" && r.verb == "patch"), "its write is logged");
