@@ -59,6 +59,7 @@ async fn the_rendered_chart_with_monitoring_passes_server_side_dry_run_on_a_real
     let mut values = all_agents();
     values["monitoring"] =
         json!({"serviceMonitor": {"enabled": true, "force": true}, "prometheusRule": {"enabled": true, "force": true}});
+    values["grafana"] = json!({"dashboard": {"enabled": true}});
     let rendered = template(&values, &[])?;
     let objects = documents(&rendered)?;
     let dir = tempfile::tempdir()?;
@@ -72,6 +73,7 @@ async fn the_rendered_chart_with_monitoring_passes_server_side_dry_run_on_a_real
     assert_eq!(out.stdout.lines().filter(|l| l.ends_with("(server dry run)")).count(), objects.len(), "{}", out.stdout);
     assert!(out.stdout.contains("prometheusrule.monitoring.coreos.com/kcp-keeper created (server dry run)"));
     assert!(out.stdout.contains("servicemonitor.monitoring.coreos.com/kcp-keeper created (server dry run)"));
+    assert!(out.stdout.contains("configmap/kcp-keeper-dashboard created (server dry run)"));
 
     // The negative control: an object the apiserver refuses fails the same command.
     let bad = rendered.replace("minAvailable: 1", "minAvailable: -1");

@@ -179,3 +179,33 @@ fn the_prometheus_rule_carries_every_alert_of_the_enabled_agents_with_the_config
     assert!(!text.contains("KcpKeeperCABundle") && text.contains("KcpKeeperDNSHostWrongAddress"));
     Ok(())
 }
+
+#[test]
+fn the_dashboard_renders_when_enabled_and_charts_only_metrics_the_alerts_read() -> Result<()> {
+    let objects = documents(&template(&json!({}), &[])?)?;
+    assert!(find(&objects, "ConfigMap", "kcp-keeper-dashboard").is_none(), "off by default");
+    let objects = documents(&template(&json!({"grafana": {"dashboard": {"enabled": true}}}), &[])?)?;
+    let cm = find(&objects, "ConfigMap", "kcp-keeper-dashboard").expect("the dashboard ConfigMap");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let dashboard: Value = serde_json::from_str(cm["data"]["kcp-keeper.json"].as_str().unwrap())?;
+    // The alerts' metrics are proven present in the agents' real /metrics (their tests/chart.rs), so a panel
+    // on one of them is never empty for want of a metric.
+    let mut alerting = std::collections::BTreeSet::new();
+    for prefix in ["ca_syncer_", "dns_rewriter_"] {
+        let files = ["common.rules.yaml", "ca-syncer.rules.yaml", "dns-rewriter.rules.yaml"];
+        alerting.extend(testbed::alert_rules::metric_names(&files, prefix)?);
+    }
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 8);
+    for panel in panels {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for name in testbed::alert_rules::names_in(expr) {
+                if name.starts_with("ca_syncer_") || name.starts_with("dns_rewriter_") {
+                    assert!(alerting.contains(&name), "panel {}: {name} is not read by any alert", panel["title"]);
+                }
+            }
+        }
+    }
+    Ok(())
+}

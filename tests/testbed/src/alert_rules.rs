@@ -29,7 +29,8 @@ pub fn metric_names(files: &[&str], prefix: &str) -> Result<BTreeSet<String>> {
     Ok(names)
 }
 
-fn names_in(expr: &str) -> Vec<String> {
+/// The metric names in one PromQL expression (plain selectors and `__name__` alternations).
+pub fn names_in(expr: &str) -> Vec<String> {
     let mut expanded = expr.to_string();
     // `(ca_syncer|dns_rewriter)_leader` inside a regex matcher stands for each alternative with the suffix.
     while let Some(open) = expanded.find('(').filter(|&i| expanded[i..].contains(")_")) {
