@@ -13,6 +13,9 @@ pub const HELM: &str = "v3.21.4";
 pub const PROMTOOL: &str = "v0.309.1";
 pub const CERT_MANAGER: &str = "v1.21.2";
 pub const KCP: &str = "v0.32.3";
+/// The one prometheus-operator version the module proxy here answers for (its checksum is known); only its
+/// ServiceMonitor and PrometheusRule CRDs are used (the chart's monitoring objects, applied to the test bed).
+pub const PROMETHEUS_OPERATOR: &str = "v0.85.0";
 
 /// How a peer is built.
 pub enum Recipe {
@@ -130,6 +133,17 @@ pub static PEERS: &[Peer] = &[
             output: "cert-manager-crds",
         },
         outputs: &["cert-manager-crds"],
+        expected_time: "seconds",
+    },
+    Peer {
+        name: "prometheus-operator-crds",
+        version: PROMETHEUS_OPERATOR,
+        recipe: Recipe::ModuleFiles {
+            module: "github.com/prometheus-operator/prometheus-operator",
+            subdir: "example/prometheus-operator-crd",
+            output: "prometheus-operator-crds",
+        },
+        outputs: &["prometheus-operator-crds"],
         expected_time: "seconds",
     },
     Peer {

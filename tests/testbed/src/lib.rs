@@ -10,6 +10,7 @@
 //! ```
 
 pub mod agent_process;
+pub mod alert_rules;
 pub mod apiserver;
 pub mod audit;
 pub mod certs;

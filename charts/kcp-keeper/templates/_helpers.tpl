@@ -1,0 +1,109 @@
+{{/*
+The agents the chart can run: values key -> agent name. The object names are fixed (`kcp-keeper-<agent>`), not
+derived from the release name, because they are the names each agent's `rbac` one-shot renders (its Role, its
+Lease): one release of this chart per cluster.
+*/}}
+{{- define "kcp-keeper.agents" -}}
+caSyncer: ca-syncer
+dnsRewriter: dns-rewriter
+{{- end }}
+
+{{/* Fails the render when an agent this chart version cannot run yet is switched on. */}}
+{{- define "kcp-keeper.refuseUnbuilt" -}}
+{{- if .Values.kubeconfigRotator.enabled }}
+{{- fail "kubeconfigRotator.enabled: kubeconfig-rotator is not in this chart version yet" }}
+{{- end }}
+{{- if .Values.etcdSnapshotter.enabled }}
+{{- fail "etcdSnapshotter.enabled: etcd-snapshotter is not in this chart version yet" }}
+{{- end }}
+{{- end }}
+
+{{- define "kcp-keeper.chart" -}}
+{{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on everything; `agent` is the agent's name. Selector labels never change across upgrades. */}}
+{{- define "kcp-keeper.labels" -}}
+{{ include "kcp-keeper.selectorLabels" . }}
+app.kubernetes.io/part-of: kcp-keeper
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ include "kcp-keeper.chart" .root }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "kcp-keeper.selectorLabels" -}}
+app.kubernetes.io/name: {{ .agent }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- end }}
+
+{{/* Object name of an agent's ServiceAccount, Role, Lease, ConfigMap, Deployment. */}}
+{{- define "kcp-keeper.name" -}}
+kcp-keeper-{{ .agent }}
+{{- end }}
+
+{{- define "kcp-keeper.replicas" -}}
+{{- $v := index .root.Values .key -}}
+{{- if kindIs "invalid" $v.replicas }}{{ .root.Values.replicas }}{{ else }}{{ $v.replicas }}{{ end -}}
+{{- end }}
+
+{{/* Whether monitoring.coreos.com/v1 resources render: the API exists, or `force`. */}}
+{{- define "kcp-keeper.monitoringAPI" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end -}}
+{{- end }}
+
+{{/* One RBAC rule; .names empty means every object of the resource. */}}
+{{- define "kcp-keeper.rule" -}}
+- apiGroups:
+  - {{ .group | quote }}
+  {{- with .names }}
+  resourceNames:
+  {{- range . }}
+  - {{ . | quote }}
+  {{- end }}
+  {{- end }}
+  resources:
+  {{- range .resources }}
+  - {{ . }}
+  {{- end }}
+  verbs:
+  {{- range .verbs }}
+  - {{ . }}
+  {{- end }}
+{{- end }}
+
+{{/* A Role (or ClusterRole when .namespace is empty) named .name with .rules, and its binding to .sa. */}}
+{{- define "kcp-keeper.role" -}}
+{{- $cluster := not .namespace }}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ if $cluster }}ClusterRole{{ else }}Role{{ end }}
+metadata:
+  name: {{ .name }}
+  {{- with .namespace }}
+  namespace: {{ . }}
+  {{- end }}
+  labels:
+    {{- include "kcp-keeper.labels" .ctx | nindent 4 }}
+rules:
+{{ .rules }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ if $cluster }}ClusterRoleBinding{{ else }}RoleBinding{{ end }}
+metadata:
+  name: {{ .name }}
+  {{- with .namespace }}
+  namespace: {{ . }}
+  {{- end }}
+  labels:
+    {{- include "kcp-keeper.labels" .ctx | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: {{ if $cluster }}ClusterRole{{ else }}Role{{ end }}
+  name: {{ .name }}
+subjects:
+- kind: ServiceAccount
+  name: {{ .name }}
+  namespace: {{ .ctx.root.Release.Namespace }}
+{{- end }}

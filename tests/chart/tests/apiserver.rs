@@ -1,0 +1,235 @@
+//! The chart against a real kube-apiserver (the test bed): the rendered output passes the apiserver's own
+//! validation and admission (`kubectl apply --dry-run=server`), `helm install` creates it, and the RBAC it
+//! installs holds for a token minted for the agent's ServiceAccount: the Secrets the configuration names can
+//! be read, any other Secret is forbidden (403).
+//!
+//! There is no kubelet in the bed, so the Deployments' pods never run; the agents' behaviour under this RBAC
+//! is proven by running their binaries with such a token (each agent's own RBAC test).
+
+use anyhow::{Context, Result};
+use chart::{NAMESPACE, documents, helm, peer, run, template};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, ObjectMeta, PostParams};
+use serde_json::{Value, json};
+
+fn example(agent: &str) -> Value {
+    let path = chart::repo_root().join(format!("agents/{agent}/example.yaml"));
+    serde_yaml::from_str(&std::fs::read_to_string(path).expect("example.yaml")).expect("parses")
+}
+
+/// Both agents the chart runs, with their example configurations.
+fn all_agents() -> Value {
+    json!({
+        "caSyncer": {"enabled": true, "config": example("ca-syncer")},
+        "dnsRewriter": {"enabled": true, "config": example("dns-rewriter")},
+    })
+}
+
+/// The namespaces the example configurations name, plus the release namespace.
+async fn namespaces(bed: &testbed::ControlPlane) -> Result<()> {
+    for ns in [NAMESPACE, "kcp-system", "railgrid-system", "kubev-system"] {
+        bed.create_namespace(ns).await.with_context(|| format!("namespace {ns}"))?;
+    }
+    Ok(())
+}
+
+fn kubeconfig(bed: &testbed::ControlPlane) -> String {
+    bed.apiserver.admin_kubeconfig.to_string_lossy().into_owned()
+}
+
+/// Installs prometheus-operator's ServiceMonitor and PrometheusRule CRDs (from its module download) into the bed.
+async fn monitoring_crds(bed: &testbed::ControlPlane) -> Result<()> {
+    let dir = peers::locate_only(&["prometheus-operator-crds"])?;
+    let crds = testbed::crds::read(dir.path("prometheus-operator-crds"))?
+        .into_iter()
+        .filter(|c| ["servicemonitors", "prometheusrules"].contains(&c.spec.names.plural.as_str()))
+        .collect::<Vec<_>>();
+    assert_eq!(crds.len(), 2);
+    testbed::crds::install(&bed.client(), crds).await
+}
+
+#[tokio::test]
+async fn the_rendered_chart_with_monitoring_passes_server_side_dry_run_on_a_real_apiserver() -> Result<()> {
+    let bed = testbed::ControlPlane::start().await?;
+    namespaces(&bed).await?;
+    monitoring_crds(&bed).await?;
+    let mut values = all_agents();
+    values["monitoring"] =
+        json!({"serviceMonitor": {"enabled": true, "force": true}, "prometheusRule": {"enabled": true, "force": true}});
+    values["grafana"] = json!({"dashboard": {"enabled": true}});
+    let rendered = template(&values, &[])?;
+    let objects = documents(&rendered)?;
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("rendered.yaml");
+    std::fs::write(&file, &rendered)?;
+    let mut kubectl = std::process::Command::new(peer("kubectl")?);
+    kubectl.args(["--kubeconfig", &kubeconfig(&bed), "apply", "--dry-run=server", "-f"]).arg(&file);
+    let out = run(kubectl)?;
+    assert!(out.success, "kubectl apply --dry-run=server failed:\n{}{}", out.stdout, out.stderr);
+    // One line per object: the apiserver accepted each of them.
+    assert_eq!(out.stdout.lines().filter(|l| l.ends_with("(server dry run)")).count(), objects.len(), "{}", out.stdout);
+    assert!(out.stdout.contains("prometheusrule.monitoring.coreos.com/kcp-keeper created (server dry run)"));
+    assert!(out.stdout.contains("servicemonitor.monitoring.coreos.com/kcp-keeper created (server dry run)"));
+    assert!(out.stdout.contains("configmap/kcp-keeper-dashboard created (server dry run)"));
+
+    // The negative control: an object the apiserver refuses fails the same command.
+    let bad = rendered.replace("minAvailable: 1", "minAvailable: -1");
+    std::fs::write(&file, bad)?;
+    let mut kubectl = std::process::Command::new(peer("kubectl")?);
+    kubectl.args(["--kubeconfig", &kubeconfig(&bed), "apply", "--dry-run=server", "-f"]).arg(&file);
+    let out = run(kubectl)?;
+    assert!(!out.success && out.stderr.contains("PodDisruptionBudget"), "{}{}", out.stdout, out.stderr);
+
+    // Not forced, the monitoring objects render because this apiserver now serves monitoring.coreos.com/v1.
+    let home = tempfile::tempdir()?;
+    let chart = chart::chart_dir();
+    let set = "monitoring.serviceMonitor.enabled=true,monitoring.prometheusRule.enabled=true";
+    let args = [
+        "install",
+        "kcp-keeper",
+        chart.to_str().unwrap(),
+        "--namespace",
+        NAMESPACE,
+        "--kubeconfig",
+        &kubeconfig(&bed),
+        "--dry-run=server",
+        "--set",
+        set,
+    ];
+    let out = run(helm(&args, home.path())?)?;
+    assert!(out.success, "{}", out.stderr);
+    assert!(out.stdout.contains("kind: PrometheusRule") && out.stdout.contains("kind: ServiceMonitor"));
+    Ok(())
+}
+
+/// A token for ServiceAccount `namespace/name` (which the chart created), through TokenRequest.
+async fn token_client(bed: &testbed::ControlPlane, namespace: &str, name: &str) -> Result<kube::Client> {
+    let accounts = Api::<ServiceAccount>::namespaced(bed.client(), namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
+        ..Default::default()
+    };
+    let minted = accounts.create_token_request(name, &PostParams::default(), &request).await?;
+    let token = minted.status.and_then(|s| s.token).context("no token")?;
+    let file = bed.apiserver.token_kubeconfig(&format!("system:serviceaccount:{namespace}:{name}"), &token)?;
+    testbed::apiserver::client_from_file(&file).await
+}
+
+async fn secret(bed: &testbed::ControlPlane, namespace: &str, name: &str) -> Result<()> {
+    let secret = Secret {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        string_data: Some([("ca.crt".to_string(), "not a certificate".to_string())].into()),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(bed.client(), namespace).create(&PostParams::default(), &secret).await?;
+    Ok(())
+}
+
+fn status_of(result: kube::Result<Secret>) -> u16 {
+    match result {
+        Ok(_) => 200,
+        Err(kube::Error::Api(status)) => status.code,
+        Err(other) => panic!("unexpected error: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn helm_install_grants_each_agent_exactly_what_its_configuration_names_and_upgrades_and_rolls_back() -> Result<()>
+{
+    let bed = testbed::ControlPlane::start().await?;
+    namespaces(&bed).await?;
+    for (ns, name) in [("kcp-system", "root-server-ca"), ("kcp-system", "frontproxy-ca"), ("kcp-system", "other")] {
+        secret(&bed, ns, name).await?;
+    }
+    secret(&bed, "railgrid-system", "unrelated").await?;
+    let home = tempfile::tempdir()?;
+    let values = home.path().join("values.yaml");
+    let mut v = all_agents();
+    v["replicas"] = json!(1);
+    // Asked for, but this apiserver has no monitoring.coreos.com/v1: nothing to create, and NOTES says so.
+    v["monitoring"] = json!({"serviceMonitor": {"enabled": true}, "prometheusRule": {"enabled": true}});
+    std::fs::write(&values, serde_yaml::to_string(&v)?)?;
+    let chart = chart::chart_dir();
+    let args = [
+        "install",
+        "kcp-keeper",
+        chart.to_str().unwrap(),
+        "--namespace",
+        NAMESPACE,
+        "--kubeconfig",
+        &kubeconfig(&bed),
+        "--values",
+        values.to_str().unwrap(),
+    ];
+    let out = run(helm(&args, home.path())?)?;
+    assert!(out.success, "helm install failed:\n{}{}", out.stdout, out.stderr);
+    // NOTES.txt warns about the single replica of each agent.
+    assert_eq!(out.stdout.matches("WARNING: ").count(), 2, "{}", out.stdout);
+    assert!(out.stdout.contains("ca-syncer runs a single replica"), "{}", out.stdout);
+    assert!(out.stdout.contains("does not serve monitoring.coreos.com/v1"), "{}", out.stdout);
+
+    let agent = token_client(&bed, NAMESPACE, "kcp-keeper-ca-syncer").await?;
+    let secrets = |ns: &str| Api::<Secret>::namespaced(agent.clone(), ns);
+    assert_eq!(status_of(secrets("kcp-system").get("root-server-ca").await), 200, "a configured source");
+    assert_eq!(status_of(secrets("kcp-system").get("frontproxy-ca").await), 200, "a configured source");
+    assert_eq!(status_of(secrets("kcp-system").get("other").await), 403, "a Secret beside the sources");
+    assert_eq!(status_of(secrets("railgrid-system").get("unrelated").await), 403, "a Secret beside a target");
+    assert_eq!(status_of(secrets(NAMESPACE).get("anything").await), 403, "its own namespace's Secrets");
+    let listed = secrets("kcp-system").list(&Default::default()).await;
+    assert!(matches!(listed, Err(kube::Error::Api(ref s)) if s.code == 403), "listing without a name: {listed:?}");
+
+    // dns-rewriter's token reads no Secret at all, and of kube-system's ConfigMaps only the one it manages.
+    let dns = token_client(&bed, NAMESPACE, "kcp-keeper-dns-rewriter").await?;
+    let got = Api::<Secret>::namespaced(dns.clone(), "kcp-system").get("root-server-ca").await;
+    assert_eq!(status_of(got), 403);
+    let code = |r: kube::Result<ConfigMap>| match r {
+        Ok(_) => 200,
+        Err(kube::Error::Api(s)) => s.code,
+        Err(e) => panic!("{e}"),
+    };
+    let admin_cms = Api::<ConfigMap>::namespaced(bed.client(), "kube-system");
+    for name in ["coredns-custom", "coredns"] {
+        let cm =
+            ConfigMap { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
+        admin_cms.create(&PostParams::default(), &cm).await?;
+    }
+    let cms = Api::<ConfigMap>::namespaced(dns.clone(), "kube-system");
+    assert_eq!(code(cms.get("coredns-custom").await), 200, "the ConfigMap it manages");
+    assert_eq!(code(cms.get("coredns").await), 403, "the Corefile beside it");
+    let services = Api::<Service>::namespaced(dns, "kcp-system").list(&Default::default()).await;
+    assert!(services.is_ok(), "listing Services where discovery runs: {services:?}");
+
+    // helm upgrade with a changed value changes only what that value touches; rollback restores it. Selector
+    // labels are stable, so neither hits an immutable field.
+    let deployments = Api::<Deployment>::namespaced(bed.client(), NAMESPACE);
+    let version = |d: Deployment| d.metadata.resource_version.unwrap_or_default();
+    let ca_before = version(deployments.get("kcp-keeper-ca-syncer").await?);
+    let upgrade = [
+        "upgrade",
+        "kcp-keeper",
+        chart.to_str().unwrap(),
+        "--namespace",
+        NAMESPACE,
+        "--kubeconfig",
+        &kubeconfig(&bed),
+        "--values",
+        values.to_str().unwrap(),
+        "--set",
+        "dnsRewriter.replicas=2",
+    ];
+    let out = run(helm(&upgrade, home.path())?)?;
+    assert!(out.success, "helm upgrade failed:\n{}{}", out.stdout, out.stderr);
+    assert_eq!(deployments.get("kcp-keeper-dns-rewriter").await?.spec.replicas, Some(2));
+    let pdbs = Api::<PodDisruptionBudget>::namespaced(bed.client(), NAMESPACE);
+    assert!(pdbs.get_opt("kcp-keeper-dns-rewriter").await?.is_some(), "two replicas get a PDB");
+    assert_eq!(version(deployments.get("kcp-keeper-ca-syncer").await?), ca_before, "ca-syncer untouched");
+    let rollback = ["rollback", "kcp-keeper", "1", "--namespace", NAMESPACE, "--kubeconfig", &kubeconfig(&bed)];
+    let out = run(helm(&rollback, home.path())?)?;
+    assert!(out.success, "helm rollback failed:\n{}{}", out.stdout, out.stderr);
+    assert_eq!(deployments.get("kcp-keeper-dns-rewriter").await?.spec.replicas, Some(1));
+    assert!(pdbs.get_opt("kcp-keeper-dns-rewriter").await?.is_none(), "one replica again: no PDB");
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! The chart's Roles are the agents' own: for each configuration, the RBAC `helm template` renders equals
+//! what the agent's `rbac` one-shot renders from the configuration file the chart put in its ConfigMap (read
+//! back from the rendered ConfigMap and loaded with the agent's own loader, so the file is also valid for it).
+
+use anyhow::Result;
+use chart::{agent_rbac, differences, documents, rbac_of, rendered_config, template};
+use serde_json::{Value, json};
+
+fn example(agent: &str) -> Value {
+    let path = chart::repo_root().join(format!("agents/{agent}/example.yaml"));
+    serde_yaml::from_str(&std::fs::read_to_string(path).expect("example.yaml")).expect("parses")
+}
+
+/// Renders the chart with `key.config = config` (that agent alone on) and compares its RBAC with the agent's.
+fn assert_same_rbac(key: &str, agent: &str, config: Value) -> Result<()> {
+    let mut values = json!({"caSyncer": {"enabled": false}, "dnsRewriter": {"enabled": false}});
+    values[key] = json!({"enabled": true, "config": config});
+    let objects = documents(&template(&values, &[])?)?;
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, rendered_config(&objects, agent)?)?;
+    let from_agent = documents(&agent_rbac(agent, &file)?)?;
+    let (chart, agent_side) = (rbac_of(&objects, agent), rbac_of(&from_agent, agent));
+    assert!(!agent_side.is_empty(), "{agent} rendered no RBAC");
+    let diff = differences(&chart, &agent_side);
+    assert!(diff.is_empty(), "{agent}: the chart's RBAC is not the agent's:\n{}", diff.join("\n"));
+    Ok(())
+}
+
+#[test]
+fn ca_syncer_roles_in_the_chart_equal_its_rbac_one_shot_for_its_example() -> Result<()> {
+    assert_same_rbac("caSyncer", "ca-syncer", example("ca-syncer"))
+}
+
+#[test]
+fn ca_syncer_roles_equal_for_configmap_sources_and_targets_and_no_selector() -> Result<()> {
+    // ConfigMaps on both sides, two bundles sharing a namespace, a file source (no RBAC), no selector target
+    // (so no ClusterRole), and the same object named twice (granted once).
+    let config = json!({"bundles": [
+        {"name": "one",
+         "sources": [{"configMap": {"namespace": "trust", "name": "roots", "key": "ca.crt"}},
+                     {"secret": {"namespace": "kcp-system", "name": "root-ca", "key": "ca.crt"}},
+                     {"file": "/etc/extra/ca.pem"}],
+         "targets": [{"configMap": {"namespace": "apps", "name": "kcp-ca", "key": "ca.crt"}}]},
+        {"name": "two",
+         "sources": [{"secret": {"namespace": "kcp-system", "name": "root-ca", "key": "ca.crt"}}],
+         "targets": [{"secret": {"namespace": "apps", "name": "kcp-ca-secret", "key": "ca.crt"}},
+                     {"configMap": {"namespace": "trust", "name": "out", "key": "b"}}]}
+    ], "resyncInterval": "10m"});
+    assert_same_rbac("caSyncer", "ca-syncer", config)
+}
+
+#[test]
+fn dns_rewriter_roles_in_the_chart_equal_its_rbac_one_shot_for_its_example() -> Result<()> {
+    assert_same_rbac("dnsRewriter", "dns-rewriter", example("dns-rewriter"))
+}
+
+#[test]
+fn dns_rewriter_roles_equal_in_corefile_mode_with_rules_in_other_namespaces_and_some_kinds() -> Result<()> {
+    let config = json!({
+        "mode": "corefile",
+        "corefile": {"namespace": "dns", "name": "my-coredns", "serverBlock": ".:53"},
+        "rules": [
+            {"host": "a.example.com", "service": {"namespace": "zeta", "name": "a"}},
+            {"host": "b.example.com", "service": {"namespace": "alpha", "name": "b"}, "port": 443},
+            {"host": "c.example.com", "service": {"namespace": "kcp", "name": "c"}}],
+        "discovery": {"namespace": "kcp", "shards": true},
+    });
+    assert_same_rbac("dnsRewriter", "dns-rewriter", config)?;
+    // k3s mode with everything defaulted and no discovery: one ConfigMap, the Lease.
+    assert_same_rbac("dnsRewriter", "dns-rewriter", json!({"mode": "k3s"}))
+}

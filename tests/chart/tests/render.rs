@@ -1,0 +1,211 @@
+//! `helm lint --strict` and `helm template` of charts/kcp-keeper with the real helm: default values, every
+//! agent the chart runs switched on, the strict schema, the secure defaults, the monitoring toggles.
+
+use anyhow::Result;
+use chart::{documents, helm, key, run, template};
+use serde_json::{Value, json};
+
+fn example(agent: &str) -> Value {
+    let path = chart::repo_root().join(format!("agents/{agent}/example.yaml"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::from_str(&text).expect("example.yaml parses")
+}
+
+/// ca-syncer and dns-rewriter on, each with its documented example configuration, and both monitoring
+/// objects forced (helm template has no cluster to ask for the API).
+fn all_agents() -> Value {
+    json!({
+        "caSyncer": {"enabled": true, "config": example("ca-syncer")},
+        "dnsRewriter": {"enabled": true, "config": example("dns-rewriter")},
+        "monitoring": {
+            "serviceMonitor": {"enabled": true, "force": true},
+            "prometheusRule": {"enabled": true, "force": true},
+        },
+    })
+}
+
+fn kinds(objects: &[Value]) -> Vec<(String, String, String)> {
+    let mut k: Vec<_> = objects.iter().map(key).collect();
+    k.sort();
+    k
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    objects.iter().find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+}
+
+#[test]
+fn helm_lint_strict_passes_with_default_values_and_with_every_agent_on() -> Result<()> {
+    let home = tempfile::tempdir()?;
+    let chart = chart::chart_dir();
+    let values = home.path().join("all.yaml");
+    std::fs::write(&values, serde_yaml::to_string(&all_agents())?)?;
+    for extra in [vec![], vec!["--values", values.to_str().unwrap()]] {
+        let mut args = vec!["lint", "--strict", "--kube-version", chart::KUBE_VERSION, chart.to_str().unwrap()];
+        args.extend(&extra);
+        let out = run(helm(&args, home.path())?)?;
+        assert!(out.success, "helm lint --strict {extra:?} failed:\n{}{}", out.stdout, out.stderr);
+        assert!(out.stdout.contains("1 chart(s) linted, 0 chart(s) failed"), "{}", out.stdout);
+    }
+    Ok(())
+}
+
+#[test]
+fn default_values_run_dns_rewriter_with_two_replicas_a_pdb_and_no_monitoring_objects() -> Result<()> {
+    let objects = documents(&template(&json!({}), &[])?)?;
+    let names: Vec<_> = kinds(&objects).into_iter().map(|(k, ns, n)| format!("{k} {ns}/{n}")).collect();
+    for expected in [
+        "ServiceAccount kcp-keeper/kcp-keeper-dns-rewriter",
+        "ConfigMap kcp-keeper/kcp-keeper-dns-rewriter",
+        "Deployment kcp-keeper/kcp-keeper-dns-rewriter",
+        "PodDisruptionBudget kcp-keeper/kcp-keeper-dns-rewriter",
+        "Service kcp-keeper/kcp-keeper-dns-rewriter",
+        "Role kube-system/kcp-keeper-dns-rewriter",
+    ] {
+        assert!(names.iter().any(|n| n == expected), "missing {expected} in {names:#?}");
+    }
+    assert!(!names.iter().any(|n| n.contains("ca-syncer")), "ca-syncer is off by default: {names:#?}");
+    assert!(!names.iter().any(|n| n.starts_with("ServiceMonitor") || n.starts_with("PrometheusRule")));
+    let deployment = find(&objects, "Deployment", "kcp-keeper-dns-rewriter").unwrap();
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    Ok(())
+}
+
+#[test]
+fn every_agent_pod_is_non_root_read_only_without_capabilities_or_privilege_escalation() -> Result<()> {
+    let objects = documents(&template(&all_agents(), &[])?)?;
+    let deployments: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "Deployment").collect();
+    assert_eq!(deployments.len(), 2, "ca-syncer and dns-rewriter");
+    for d in deployments {
+        let pod = &d["spec"]["template"]["spec"];
+        let name = &d["metadata"]["name"];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{name}");
+        assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault", "{name}");
+        assert_eq!(pod["serviceAccountName"], *name, "one ServiceAccount per agent");
+        for c in pod["containers"].as_array().unwrap() {
+            let sc = &c["securityContext"];
+            assert_eq!(sc["readOnlyRootFilesystem"], true, "{name}");
+            assert_eq!(sc["allowPrivilegeEscalation"], false, "{name}");
+            assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{name}");
+            assert!(sc["capabilities"].get("add").is_none(), "{name}");
+            // The default tag is the chart's appVersion: chart and agents move in lockstep.
+            assert!(c["image"].as_str().unwrap().ends_with(":0.1.0"), "{}", c["image"]);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_misspelled_key_anywhere_in_the_values_fails_the_render_and_names_the_key() {
+    let cases = [
+        (json!({"replica": 2}), "replica"),
+        (json!({"dnsRewriter": {"confg": {}}}), "confg"),
+        (json!({"monitoring": {"serviceMonitor": {"enable": true}}}), "enable"),
+        (
+            json!({"caSyncer": {"enabled": true, "config": {"bundles": [{"name": "b", "sorces": [], "targets": []}]}}}),
+            "sorces",
+        ),
+        (
+            json!({"dnsRewriter": {"config": {"mode": "k3s", "discovery": {"namespace": "kcp-system", "frontProxy": true}}}}),
+            "frontProxy",
+        ),
+    ];
+    for (values, misspelled) in cases {
+        let err = template(&values, &[]).expect_err(&format!("{values} must fail"));
+        let msg = format!("{err:#}");
+        assert!(msg.contains(&format!("'{misspelled}' not allowed")), "{values}: {msg}");
+    }
+    // A correctly spelled neighbour of each renders (the failures above are about the spelling alone).
+    template(&json!({"replicas": 2, "monitoring": {"serviceMonitor": {"enabled": true}}}), &[]).expect("renders");
+}
+
+#[test]
+fn switching_on_an_agent_the_chart_cannot_run_yet_fails_with_a_clear_message() {
+    for (key, agent) in [("kubeconfigRotator", "kubeconfig-rotator"), ("etcdSnapshotter", "etcd-snapshotter")] {
+        let err = template(&json!({ key: {"enabled": true} }), &[]).expect_err(key);
+        assert!(format!("{err:#}").contains(&format!("{agent} is not in this chart version yet")), "{err:#}");
+    }
+}
+
+#[test]
+fn one_replica_renders_no_disruption_budget() -> Result<()> {
+    let objects = documents(&template(&json!({"replicas": 1}), &[])?)?;
+    assert!(find(&objects, "Deployment", "kcp-keeper-dns-rewriter").is_some());
+    assert!(find(&objects, "PodDisruptionBudget", "kcp-keeper-dns-rewriter").is_none());
+    let objects = documents(&template(&json!({"replicas": 1, "dnsRewriter": {"replicas": 3}}), &[])?)?;
+    assert_eq!(find(&objects, "Deployment", "kcp-keeper-dns-rewriter").unwrap()["spec"]["replicas"], 3);
+    assert!(find(&objects, "PodDisruptionBudget", "kcp-keeper-dns-rewriter").is_some());
+    Ok(())
+}
+
+#[test]
+fn monitoring_objects_render_only_where_the_api_exists_or_when_forced() -> Result<()> {
+    let on = json!({"monitoring": {"serviceMonitor": {"enabled": true}, "prometheusRule": {"enabled": true}}});
+    let has = |objects: &[Value], kind: &str| objects.iter().any(|o| o["kind"] == kind);
+    let without_api = documents(&template(&on, &[])?)?;
+    assert!(!has(&without_api, "ServiceMonitor") && !has(&without_api, "PrometheusRule"));
+    let with_api = documents(&template(&on, &["--api-versions", "monitoring.coreos.com/v1"])?)?;
+    assert!(has(&with_api, "ServiceMonitor") && has(&with_api, "PrometheusRule"));
+    let forced = documents(&template(&all_agents(), &[])?)?;
+    assert!(has(&forced, "ServiceMonitor") && has(&forced, "PrometheusRule"));
+    Ok(())
+}
+
+#[test]
+fn the_prometheus_rule_carries_every_alert_of_the_enabled_agents_with_the_configured_runbook_base() -> Result<()> {
+    let mut values = all_agents();
+    values["monitoring"]["prometheusRule"]["runbookBaseURL"] = json!("https://docs.example.org/runbooks.md");
+    let objects = documents(&template(&values, &[])?)?;
+    let rule = find(&objects, "PrometheusRule", "kcp-keeper").expect("PrometheusRule");
+    let alerts: Vec<&Value> =
+        rule["spec"]["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()).collect();
+    let mut in_files = Vec::new();
+    for file in ["common", "ca-syncer", "dns-rewriter"] {
+        let text = std::fs::read_to_string(chart::chart_dir().join(format!("rules/{file}.rules.yaml")))?;
+        for group in serde_yaml::from_str::<Value>(&text)?["groups"].as_array().unwrap() {
+            in_files.extend(group["rules"].as_array().unwrap().iter().map(|r| r["alert"].clone()));
+        }
+    }
+    let rendered: Vec<Value> = alerts.iter().map(|a| a["alert"].clone()).collect();
+    assert_eq!(rendered, in_files);
+    for a in &alerts {
+        let url = a["annotations"]["runbook_url"].as_str().unwrap();
+        assert!(url.starts_with("https://docs.example.org/runbooks.md#"), "{url}");
+    }
+    // With only dns-rewriter on, ca-syncer's alerts stay out.
+    values["caSyncer"]["enabled"] = json!(false);
+    let objects = documents(&template(&values, &[])?)?;
+    let text = serde_json::to_string(find(&objects, "PrometheusRule", "kcp-keeper").unwrap())?;
+    assert!(!text.contains("KcpKeeperCABundle") && text.contains("KcpKeeperDNSHostWrongAddress"));
+    Ok(())
+}
+
+#[test]
+fn the_dashboard_renders_when_enabled_and_charts_only_metrics_the_alerts_read() -> Result<()> {
+    let objects = documents(&template(&json!({}), &[])?)?;
+    assert!(find(&objects, "ConfigMap", "kcp-keeper-dashboard").is_none(), "off by default");
+    let objects = documents(&template(&json!({"grafana": {"dashboard": {"enabled": true}}}), &[])?)?;
+    let cm = find(&objects, "ConfigMap", "kcp-keeper-dashboard").expect("the dashboard ConfigMap");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let dashboard: Value = serde_json::from_str(cm["data"]["kcp-keeper.json"].as_str().unwrap())?;
+    // The alerts' metrics are proven present in the agents' real /metrics (their tests/chart.rs), so a panel
+    // on one of them is never empty for want of a metric.
+    let mut alerting = std::collections::BTreeSet::new();
+    for prefix in ["ca_syncer_", "dns_rewriter_"] {
+        let files = ["common.rules.yaml", "ca-syncer.rules.yaml", "dns-rewriter.rules.yaml"];
+        alerting.extend(testbed::alert_rules::metric_names(&files, prefix)?);
+    }
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 8);
+    for panel in panels {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for name in testbed::alert_rules::names_in(expr) {
+                if name.starts_with("ca_syncer_") || name.starts_with("dns_rewriter_") {
+                    assert!(alerting.contains(&name), "panel {}: {name} is not read by any alert", panel["title"]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
