@@ -107,3 +107,19 @@ subjects:
   name: {{ .name }}
   namespace: {{ .ctx.root.Release.Namespace }}
 {{- end }}
+
+{{- /*
+The ConfigMap dns-rewriter manages, as JSON {"namespace", "name"}: in corefile mode the Corefile ConfigMap
+(default kube-system/coredns), in k3s mode the import ConfigMap (default kube-system/coredns-custom); the
+defaults are dns-rewriter's own (agents/dns-rewriter/src/config.rs).
+*/}}
+{{- define "kcp-keeper.dnsRewriterTarget" -}}
+{{- $c := .Values.dnsRewriter.config }}
+{{- if eq $c.mode "corefile" }}
+{{- $t := $c.corefile | default dict }}
+{{- dict "namespace" ($t.namespace | default "kube-system") "name" ($t.name | default "coredns") | toJson }}
+{{- else }}
+{{- $t := $c.k3s | default dict }}
+{{- dict "namespace" ($t.namespace | default "kube-system") "name" ($t.name | default "coredns-custom") | toJson }}
+{{- end }}
+{{- end }}

@@ -209,3 +209,22 @@ fn the_dashboard_renders_when_enabled_and_charts_only_metrics_the_alerts_read() 
     }
     Ok(())
 }
+
+#[test]
+fn k3s_mode_creates_the_empty_coredns_custom_configmap_dns_rewriter_may_not_create_and_keeps_it() -> Result<()> {
+    let objects = documents(&template(&json!({}), &[])?)?;
+    let created = find(&objects, "ConfigMap", "coredns-custom").expect("coredns-custom is rendered in k3s mode");
+    assert_eq!(created["metadata"]["namespace"], "kube-system");
+    assert_eq!(created["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
+    assert!(created.get("data").is_none(), "the chart must never own the agent's data: {created}");
+
+    let off = documents(&template(&json!({"dnsRewriter": {"createCorednsCustom": false}}), &[])?)?;
+    assert!(find(&off, "ConfigMap", "coredns-custom").is_none(), "createCorednsCustom: false still rendered it");
+    let corefile = json!({"dnsRewriter": {"config": {"mode": "corefile"}}});
+    let corefile = documents(&template(&corefile, &[])?)?;
+    assert!(
+        corefile.iter().all(|o| !(o["kind"] == "ConfigMap" && o["metadata"]["namespace"] == "kube-system")),
+        "corefile mode edits the existing Corefile ConfigMap and must not render one"
+    );
+    Ok(())
+}
