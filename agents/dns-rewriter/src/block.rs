@@ -71,30 +71,7 @@ mod tests {
     use crate::rules::{RuleSet, ServiceRef, Target};
 
     /// kubeadm's default Corefile.
-    const KUBEADM: &str = ".:53 {
-    errors
-    health {
-       lameduck 5s
-    }
-    ready
-    kubernetes cluster.local in-addr.arpa ip6.arpa {
-       pods insecure
-       fallthrough in-addr.arpa ip6.arpa
-       ttl 30
-    }
-    prometheus :9153
-    forward . /etc/resolv.conf {
-       max_concurrent 1000
-    }
-    cache 30 {
-       disable success cluster.local
-       disable denial cluster.local
-    }
-    loop
-    reload
-    loadbalance
-}
-";
+    const KUBEADM: &str = testbed::coredns::KUBEADM_DEFAULT_COREFILE;
 
     /// A Corefile with a second server block, comments, quotes and an odd indentation, which must survive.
     const ODD: &str = "# the cluster's DNS\nexample.org:53 {\n\tforward . 9.9.9.9\n}\n\n.:53 {\n\terrors # keep\n\tkubernetes cluster.local {\n\t\tpods \"in secure\"\n\t}\n\treload\n}\n";

@@ -1,6 +1,7 @@
 //! The bucket, through the AWS SDK configured for S3-compatible stores: explicit region, optional endpoint and
-//! path-style addressing, request checksums only when required (unless configured), static credentials set
-//! explicitly so the SDK has no credential chain to walk and never probes a cloud metadata endpoint, bounded
+//! path-style addressing, request checksums only when required (unless configured), static or web-identity
+//! credentials set explicitly so the SDK has no credential chain to walk and never probes a cloud metadata
+//! endpoint, bounded
 //! attempts with exponential backoff and a timeout per attempt.
 //!
 //! Errors carry the operation and the SDK's error code, never a credential: the SDK's own messages do not
@@ -9,14 +10,16 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use aws_sdk_s3::config::{BehaviorVersion, Credentials as SdkCredentials, Region};
+use aws_config::provider_config::ProviderConfig;
+use aws_config::web_identity_token::{StaticConfiguration, WebIdentityTokenCredentialsProvider};
+use aws_sdk_s3::config::{BehaviorVersion, Credentials as SdkCredentials, Region, SharedCredentialsProvider};
 use aws_sdk_s3::error::ProvideErrorMetadata;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, ServerSideEncryption as SdkSse};
 use bytes::Bytes;
 use kcp_keeper_runtime::Sensitive;
 
-use crate::config::{ChecksumMode, Credentials, ServerSideEncryption, Storage};
+use crate::config::{ChecksumMode, Credentials, ServerSideEncryption, Storage, WebIdentity};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -65,8 +68,11 @@ pub struct Store {
     checksum: ChecksumMode,
 }
 
-/// Reads the static keys the configuration points at. Web identity is not built (see the docs' status).
-fn static_credentials(credentials: &Credentials) -> Result<(String, Sensitive<String>), StorageError> {
+/// The credentials provider the configuration asks for. Static keys are read now (call again per run so a
+/// rotated Secret is picked up); web identity exchanges the projected token file for temporary credentials
+/// through STS's AssumeRoleWithWebIdentity, re-reading the file whenever the SDK refreshes them. Either way the
+/// provider is set explicitly, so the SDK has no default chain to walk and never probes a metadata endpoint.
+fn credentials_provider(storage: &Storage) -> Result<SharedCredentialsProvider, StorageError> {
     let read_file = |dir: &Path, name: &str| {
         std::fs::read_to_string(dir.join(name))
             .map(|s| s.trim().to_string())
@@ -75,27 +81,40 @@ fn static_credentials(credentials: &Credentials) -> Result<(String, Sensitive<St
     let read_env = |name: &str| {
         std::env::var(name).map_err(|_| StorageError::Credentials(format!("{name} is not set in the environment")))
     };
-    let (key, secret) = match credentials {
+    let (key, secret) = match &storage.credentials {
         Credentials::SecretDirectory(dir) => {
             (read_file(dir, "AWS_ACCESS_KEY_ID")?, read_file(dir, "AWS_SECRET_ACCESS_KEY")?)
         }
         Credentials::Environment {} => (read_env("AWS_ACCESS_KEY_ID")?, read_env("AWS_SECRET_ACCESS_KEY")?),
-        Credentials::WebIdentity(_) => {
-            return Err(StorageError::Credentials(
-                "webIdentity credentials are not built yet; use secretDirectory or environment".into(),
-            ));
-        }
+        Credentials::WebIdentity(web) => return Ok(web_identity(web, &storage.region)),
     };
     if key.is_empty() || secret.is_empty() {
         return Err(StorageError::Credentials("the access key id or secret access key is empty".into()));
     }
-    Ok((key, Sensitive::new(secret)))
+    let secret = Sensitive::new(secret);
+    Ok(SharedCredentialsProvider::new(SdkCredentials::new(key, secret.into_inner(), None, None, "etcd-snapshotter")))
+}
+
+/// The SDK's web-identity provider (IRSA and the like) with the role and token file from the configuration,
+/// asking the STS endpoint of the bucket's region. Nothing is read or sent until the first request needs
+/// credentials; a missing or refused token then fails that request with the SDK's error code.
+fn web_identity(web: &WebIdentity, region: &str) -> SharedCredentialsProvider {
+    let provider_config = ProviderConfig::without_region().with_region(Some(Region::new(region.to_string())));
+    let provider = WebIdentityTokenCredentialsProvider::builder()
+        .configure(&provider_config)
+        .static_configuration(StaticConfiguration {
+            web_identity_token_file: web.token_file.clone(),
+            role_arn: web.role_arn.clone(),
+            session_name: "etcd-snapshotter".into(),
+        })
+        .build();
+    SharedCredentialsProvider::new(provider)
 }
 
 impl Store {
     /// Builds the client; credentials are read now (call again per run so a rotated Secret is picked up).
     pub fn new(storage: &Storage) -> Result<Self, StorageError> {
-        let (key, secret) = static_credentials(&storage.credentials)?;
+        let credentials = credentials_provider(storage)?;
         let checksum = match storage.checksum_mode {
             ChecksumMode::WhenRequired => (
                 aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
@@ -110,7 +129,7 @@ impl Store {
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new(storage.region.clone()))
             .force_path_style(storage.path_style)
-            .credentials_provider(SdkCredentials::new(key, secret.into_inner(), None, None, "etcd-snapshotter"))
+            .credentials_provider(credentials)
             .request_checksum_calculation(checksum.0)
             .response_checksum_validation(checksum.1)
             .retry_config(
@@ -355,5 +374,30 @@ impl Store {
             Err(e) if e.code() == Some("AccessDenied") => Ok(false),
             Err(e) => Err(StorageError::request("DeleteObject", e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example's storage, pointed at a closed loopback port with `credentials`.
+    fn storage(credentials: Credentials) -> Storage {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("example.yaml");
+        let text = std::fs::read_to_string(&path).expect("example.yaml");
+        let config: crate::config::Config = kcp_keeper_runtime::config::parse(&path, &text).expect("valid");
+        Storage { endpoint: Some("http://127.0.0.1:1".into()), credentials, max_attempts: 1, ..config.storage }
+    }
+
+    /// The web-identity provider is wired (not refused), reads its token only when a request needs
+    /// credentials, and a token it cannot read fails that request as a credentials error before anything is
+    /// sent anywhere (the endpoint is a closed loopback port; STS is never reached without a token).
+    #[tokio::test]
+    async fn web_identity_is_built_and_an_unreadable_token_fails_the_request_before_sending() {
+        let dir = tempfile::tempdir().unwrap();
+        let web = WebIdentity { role_arn: "arn:aws:iam::1:role/x".into(), token_file: dir.path().join("missing") };
+        let store = Store::new(&storage(Credentials::WebIdentity(web))).expect("web identity builds a store");
+        let err = store.reachable().await.expect_err("no token, no credentials").to_string();
+        assert!(err.to_lowercase().contains("credential"), "{err}");
     }
 }

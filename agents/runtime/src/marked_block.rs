@@ -381,30 +381,7 @@ mod tests {
     use super::*;
 
     /// kubeadm's default Corefile.
-    const KUBEADM: &str = ".:53 {
-    errors
-    health {
-       lameduck 5s
-    }
-    ready
-    kubernetes cluster.local in-addr.arpa ip6.arpa {
-       pods insecure
-       fallthrough in-addr.arpa ip6.arpa
-       ttl 30
-    }
-    prometheus :9153
-    forward . /etc/resolv.conf {
-       max_concurrent 1000
-    }
-    cache 30 {
-       disable success cluster.local
-       disable denial cluster.local
-    }
-    loop
-    reload
-    loadbalance
-}
-";
+    const KUBEADM: &str = testbed::coredns::KUBEADM_DEFAULT_COREFILE;
 
     const RULES: &str = "rewrite name exact kcp-root.example.com. root-kcp.kcp-system.svc.cluster.local.\nrewrite name exact kcp.example.com. front-proxy.kcp-system.svc.cluster.local.";
 

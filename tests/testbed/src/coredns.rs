@@ -12,6 +12,33 @@ use hickory_resolver::proto::rr::RData;
 
 use crate::process::{Process, free_port, wait_until};
 
+/// kubeadm's default Corefile, verbatim: what a Corefile-mode edit must leave byte for byte outside its block.
+/// A text fixture, not started here (its `forward` and port are the cluster's).
+pub const KUBEADM_DEFAULT_COREFILE: &str = ".:53 {
+    errors
+    health {
+       lameduck 5s
+    }
+    ready
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+       pods insecure
+       fallthrough in-addr.arpa ip6.arpa
+       ttl 30
+    }
+    prometheus :9153
+    forward . /etc/resolv.conf {
+       max_concurrent 1000
+    }
+    cache 30 {
+       disable success cluster.local
+       disable denial cluster.local
+    }
+    loop
+    reload
+    loadbalance
+}
+";
+
 /// A kubeadm-shaped Corefile. Placeholders filled by [`CoreDns::start`]: `{{port}}` (DNS port),
 /// `{{ready_port}}`, `{{kubeconfig}}` (the apiserver credentials) and `{{dir}}` (the CoreDNS config dir, where
 /// tests project ConfigMaps, e.g. `{{dir}}/custom` for k3s's `coredns-custom`).
