@@ -12,6 +12,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::{Value, json};
 
@@ -190,12 +191,15 @@ async fn helm_install_grants_each_agent_exactly_what_its_configuration_names_and
         Err(kube::Error::Api(s)) => s.code,
         Err(e) => panic!("{e}"),
     };
+    // k3s mode: the chart created the empty coredns-custom the agent may not create, marked to outlive an
+    // uninstall; the Corefile ConfigMap beside it is the cluster's.
     let admin_cms = Api::<ConfigMap>::namespaced(bed.client(), "kube-system");
-    for name in ["coredns-custom", "coredns"] {
-        let cm =
-            ConfigMap { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
-        admin_cms.create(&PostParams::default(), &cm).await?;
-    }
+    let created = admin_cms.get("coredns-custom").await?;
+    assert_eq!(created.annotations().get("helm.sh/resource-policy").map(String::as_str), Some("keep"));
+    assert!(created.data.is_none(), "the chart never owns the agent's key");
+    let corefile =
+        ConfigMap { metadata: ObjectMeta { name: Some("coredns".into()), ..Default::default() }, ..Default::default() };
+    admin_cms.create(&PostParams::default(), &corefile).await?;
     let cms = Api::<ConfigMap>::namespaced(dns.clone(), "kube-system");
     assert_eq!(code(cms.get("coredns-custom").await), 200, "the ConfigMap it manages");
     assert_eq!(code(cms.get("coredns").await), 403, "the Corefile beside it");
