@@ -49,8 +49,9 @@ async fn k3s_mode_the_agent_writes_and_coredns_answers_the_public_name_with_the_
     )?;
     let agent = start_agent(&bed, &ns, &path).await?;
 
-    // Ready comes after the first cycle, which wrote, then asked CoreDNS until the name answered.
-    assert_eq!(agent.metric(&verified("kcp-root.example.com")).await?, 1.0);
+    // A replica is ready as a follower before it takes the Lease, so wait for the leader's first cycle, which
+    // wrote, then asked CoreDNS until the name answered.
+    agent.wait_for_metric(&verified("kcp-root.example.com"), WAIT, |v| v == 1.0).await;
     assert_eq!(answers(&dns, "kcp-root.example.com").await, vec![("kcp-root.example.com".to_string(), root)]);
     let (value, _) = configmap_key(&client, K3S_CONFIGMAP, OVERRIDE_KEY).await.context("the key is written")?;
     assert_eq!(value, render::render(&rules(&[("kcp-root.example.com", &ns, "root-kcp", root)]), &domain()));
