@@ -123,7 +123,8 @@ async fn discovery_from_operator_objects_writes_what_the_equivalent_explicit_con
     let agent = start_agent(&bed, &ns, &path).await?;
     let hosts = ["alpha.kcp.example.com", "kcp-root.example.com", "kcp.example.com", "root.kcp.example.com"];
     for host in hosts {
-        assert_eq!(agent.metric(&verified(host)).await?, 1.0, "{host} answers its Service's ClusterIP");
+        // Ready may come as a follower, before the Lease: wait for the leader's verified cycle.
+        agent.wait_for_metric(&verified(host), WAIT, |v| v == 1.0).await;
     }
     let (discovered, rv) = configmap_key(&client, K3S_CONFIGMAP, OVERRIDE_KEY).await.context("the key")?;
     assert_eq!(discovered.lines().filter(|l| l.starts_with("rewrite name exact")).count(), hosts.len());
@@ -170,7 +171,7 @@ async fn each_bad_rule_is_an_error_for_itself_alone_named_counted_and_evented_wh
     let agent = start_agent(&bed, &ns, &path).await?;
 
     // The good rule is written and answers; the bad ones are not written.
-    assert_eq!(agent.metric(&verified("kcp-root.example.com")).await?, 1.0);
+    agent.wait_for_metric(&verified("kcp-root.example.com"), WAIT, |v| v == 1.0).await;
     wait_answer(&dns, "kcp-root.example.com", root, WAIT).await;
     let (value, _) = configmap_key(&client, K3S_CONFIGMAP, OVERRIDE_KEY).await.context("the key")?;
     assert_eq!(value, render::render(&rules(&[("kcp-root.example.com", &ns, "root-kcp", root)]), &domain()));
@@ -223,7 +224,7 @@ async fn verification_alerts_while_a_recreated_service_answers_its_old_address_a
     )?;
     let agent = start_agent(&bed, &ns, &path).await?;
     let series = verified("kcp-root.example.com");
-    assert_eq!(agent.metric(&series).await?, 1.0);
+    agent.wait_for_metric(&series, WAIT, |v| v == 1.0).await;
     let checked = "dns_rewriter_host_check_timestamp_seconds{host=\"kcp-root.example.com\"}";
     let checked_before = agent.metric(checked).await?;
 
