@@ -39,14 +39,12 @@ async fn next_change(rx: &mut tokio::sync::watch::Receiver<Arc<Config>>) -> Resu
     Ok(rx.borrow().name.clone())
 }
 
-/// Waits until the reload error counter for `reason` reads 1.
+/// Waits until the reload error counter for `reason` has counted the rejection.
 async fn counted(metrics: &ConfigMetrics, reason: &str) -> Result<()> {
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while metrics.errors(reason) == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    testbed::eventually(Duration::from_secs(10), &format!("a {reason} reload error"), || async {
+        (metrics.errors(reason) > 0).then_some(())
     })
-    .await?;
+    .await;
     Ok(())
 }
 
