@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context, Result};
 use common::*;
@@ -20,26 +19,6 @@ use testbed::agent_process::AgentProcess;
 use testbed::certs::Ca;
 
 const ACCOUNT: &str = "kcp-keeper-ca-syncer";
-
-fn helm_install(bed: &ControlPlane, namespace: &str, values: &str) -> Result<()> {
-    let home = bed.subdir("helm")?;
-    let values_file = home.join("values.yaml");
-    std::fs::write(&values_file, values)?;
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/kcp-keeper");
-    let out = Command::new(bed.peers.path("helm"))
-        .args(["install", "kcp-keeper"])
-        .arg(&chart)
-        .args(["--namespace", namespace, "--kubeconfig"])
-        .arg(&bed.apiserver.admin_kubeconfig)
-        .arg("--values")
-        .arg(&values_file)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .output()?;
-    anyhow::ensure!(out.status.success(), "helm install: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(())
-}
 
 /// A kubeconfig with a TokenRequest token for the chart's ServiceAccount.
 async fn chart_account_kubeconfig(bed: &ControlPlane, namespace: &str) -> Result<(std::path::PathBuf, String)> {
@@ -71,7 +50,7 @@ async fn installed_by_the_chart_it_syncs_with_the_chart_roles_and_its_token_read
     let values = format!(
         "replicas: 1\ndnsRewriter: {{enabled: false}}\ncaSyncer:\n  enabled: true\n  config:\n    resyncInterval: 1s\n    bundles:\n    - name: kcp\n      sources:\n      - secret: {{namespace: {src}, name: root-server-ca, key: ca.crt}}\n      targets:\n      - secret: {{namespace: {dst}, name: kcp-ca, key: ca.crt}}\n    - name: bad\n      sources:\n      - secret: {{namespace: {src}, name: with-key, key: ca.crt}}\n      targets:\n      - secret: {{namespace: {dst}, name: bad-ca, key: ca.crt}}\n"
     );
-    helm_install(&bed, &release_ns, &values)?;
+    testbed::helm::install(&bed, &release_ns, &values)?;
     let rendered = Api::<ConfigMap>::namespaced(bed.client(), &release_ns).get(ACCOUNT).await?;
     let config = write_config(&bed, &rendered.data.context("ConfigMap data")?["config.yaml"])?;
     let (kubeconfig, user) = chart_account_kubeconfig(&bed, &release_ns).await?;

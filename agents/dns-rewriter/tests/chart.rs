@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context, Result};
 use common::*;
@@ -23,26 +22,6 @@ use testbed::coredns::K3S_COREFILE;
 const ACCOUNT: &str = "kcp-keeper-dns-rewriter";
 const HOSTS: [&str; 4] = ["alpha.kcp.example.com", "kcp-root.example.com", "kcp.example.com", "root.kcp.example.com"];
 
-fn helm_install(bed: &ControlPlane, namespace: &str, values: &str) -> Result<()> {
-    let home = bed.subdir("helm")?;
-    let values_file = home.join("values.yaml");
-    std::fs::write(&values_file, values)?;
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/kcp-keeper");
-    let out = Command::new(bed.peers.path("helm"))
-        .args(["install", "kcp-keeper"])
-        .arg(&chart)
-        .args(["--namespace", namespace, "--kubeconfig"])
-        .arg(&bed.apiserver.admin_kubeconfig)
-        .arg("--values")
-        .arg(&values_file)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .output()?;
-    anyhow::ensure!(out.status.success(), "helm install: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(())
-}
-
 #[tokio::test]
 async fn installed_by_the_chart_it_writes_its_configmap_with_the_chart_roles_and_coredns_answers() -> Result<()> {
     let bed = ControlPlane::start().await?;
@@ -56,7 +35,7 @@ async fn installed_by_the_chart_it_writes_its_configmap_with_the_chart_roles_and
         "replicas: 1\ndnsRewriter:\n  enabled: true\n  config:\n    mode: k3s\n    discovery: {{namespace: {ns}, rootShards: true, shards: true, frontProxies: true}}\n    verify: {{resolver: '127.0.0.1:{}', settle: 60s}}\n    resyncInterval: 10s\n",
         dns.port
     );
-    helm_install(&bed, &release_ns, &values)?;
+    testbed::helm::install(&bed, &release_ns, &values)?;
     let rendered = Api::<ConfigMap>::namespaced(client.clone(), &release_ns).get(ACCOUNT).await?;
     let config = write_config(&bed, &rendered.data.context("ConfigMap data")?["config.yaml"])?;
     let request = TokenRequest {
