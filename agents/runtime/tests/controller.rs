@@ -1,14 +1,16 @@
 //! The per-object form: a `kube::runtime::Controller` run by `driver::run_controller_while_leading`, with the
 //! driver's metrics and per-object backoff, against a real apiserver. It reconciles only while its replica
-//! leads, and stops (draining) when the lease is gone.
+//! leads, stops (draining) when another replica takes the lease, and starts again when it leads again.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kcp_keeper_runtime::admin::Health;
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::driver::{self, ObjectBackoff, ReconcileMetrics};
@@ -29,7 +31,10 @@ enum ObjectError {
 }
 
 struct Shared {
-    seen: Mutex<BTreeSet<String>>,
+    /// Each object reconciled, with the controller run (1-based) that reconciled it first.
+    seen: Mutex<BTreeMap<String, u32>>,
+    /// How many controller runs started, and how many have ended.
+    runs: Mutex<(u32, u32)>,
     metrics: ReconcileMetrics,
     backoff: ObjectBackoff,
 }
@@ -39,7 +44,8 @@ async fn reconcile(object: Arc<ConfigMap>, shared: Arc<Shared>) -> Result<Action
     shared
         .metrics
         .observe(async {
-            shared.seen.lock().unwrap().insert(name.clone());
+            let run = shared.runs.lock().unwrap().0;
+            shared.seen.lock().unwrap().entry(name.clone()).or_insert(run);
             if name.starts_with("refuse") { Err(ObjectError::Refused) } else { Ok(Action::await_change()) }
         })
         .await
@@ -76,26 +82,26 @@ async fn a_controller_reconciles_only_while_its_replica_leads_with_the_drivers_m
     };
     let mut registry = Registry::default();
     let shared = Arc::new(Shared {
-        seen: Mutex::new(BTreeSet::new()),
+        seen: Mutex::new(BTreeMap::new()),
+        runs: Mutex::new((0, 0)),
         metrics: ReconcileMetrics::register::<ObjectError>(&mut registry),
         backoff: ObjectBackoff::new(driver::default_backoff()),
     });
     let api = Api::<ConfigMap>::namespaced(bed.client(), &ns);
-    // How many controller runs started, and how many have ended.
-    let runs = Arc::new(Mutex::new((0, 0)));
+    let runs = || *shared.runs.lock().unwrap();
     let task = {
-        let (api, shared, runs) = (api.clone(), shared.clone(), runs.clone());
+        let (api, shared) = (api.clone(), shared.clone());
         tokio::spawn(async move {
             driver::run_controller_while_leading(&ctx, |stop| {
-                runs.lock().unwrap().0 += 1;
+                shared.runs.lock().unwrap().0 += 1;
                 let controller = Controller::new(api.clone(), watcher::Config::default())
                     .graceful_shutdown_on(stop)
                     .run(reconcile, error_policy, shared.clone())
                     .for_each(|_| async {});
-                let runs = runs.clone();
+                let shared = shared.clone();
                 async move {
                     controller.await;
-                    runs.lock().unwrap().1 += 1;
+                    shared.runs.lock().unwrap().1 += 1;
                 }
             })
             .await;
@@ -113,7 +119,7 @@ async fn a_controller_reconciles_only_while_its_replica_leads_with_the_drivers_m
     };
     let seen = |name: &'static str| {
         let shared = shared.clone();
-        async move { shared.seen.lock().unwrap().contains(name).then_some(()) }
+        async move { shared.seen.lock().unwrap().get(name).copied() }
     };
 
     create("first").await?;
@@ -124,19 +130,38 @@ async fn a_controller_reconciles_only_while_its_replica_leads_with_the_drivers_m
     assert!(text.contains("reconcile_errors_total{reason=\"refused\"} 1"), "{text}");
     assert!(!text.contains("reconcile_duration_seconds_count 0"), "{text}");
 
-    // The lease goes away: the controller drains and stops; new objects are not reconciled.
-    lease_stop.cancel();
-    lease_task.await??;
+    // Another replica takes the lease: the controller drains and stops, and objects created while it
+    // follows are not reconciled until it leads again (the second run is the one that reconciles them).
+    take_lease(&bed, &ns, "replica-1").await?;
     testbed::eventually(Duration::from_secs(10), "the controller run to end", || async {
-        (*runs.lock().unwrap() == (1, 1)).then_some(())
+        (runs() == (1, 1)).then_some(())
     })
     .await;
     assert!(!task.is_finished(), "it waits to lead again");
     create("after").await?;
-    // Absence needs a window: a running controller reconciles a new object within milliseconds.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(seen("after").await.is_none(), "reconciled without the lease");
+    // replica-1 never renews: once its lease expires this replica takes it back and starts a second run.
+    let run =
+        testbed::eventually(Duration::from_secs(30), "the object created while following", || seen("after")).await;
+    assert_eq!(run, 2, "the object created while following was reconciled by the run before the handover");
+    assert_eq!(runs().0, 2, "one more run after leading again");
+    lease_stop.cancel();
+    lease_task.await??;
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(10), task).await??;
+    Ok(())
+}
+
+/// Writes the lease as held by `holder`, renewed now, retrying when the elector's own write got in first.
+async fn take_lease(bed: &testbed::ControlPlane, ns: &str, holder: &str) -> Result<()> {
+    let leases = Api::<Lease>::namespaced(bed.client(), ns);
+    testbed::eventually(Duration::from_secs(10), "the lease taken over", || async {
+        let mut lease = leases.get("controller").await.ok()?;
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = Some(holder.into());
+        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        spec.acquire_time = spec.renew_time.clone();
+        leases.replace("controller", &PostParams::default(), &lease).await.ok().map(|_| ())
+    })
+    .await;
     Ok(())
 }
