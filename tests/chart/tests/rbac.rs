@@ -1,4 +1,4 @@
-//! The chart's Roles are the agents' own: for each configuration, the RBAC `helm template` renders equals
+//! The chart's Roles are the agents' own (all four): for each configuration, the RBAC `helm template` renders equals
 //! what the agent's `rbac` one-shot renders from the configuration file the chart put in its ConfigMap (read
 //! back from the rendered ConfigMap and loaded with the agent's own loader, so the file is also valid for it).
 
@@ -15,6 +15,9 @@ fn example(agent: &str) -> Value {
 fn assert_same_rbac(key: &str, agent: &str, config: Value) -> Result<()> {
     let mut values = json!({"caSyncer": {"enabled": false}, "dnsRewriter": {"enabled": false}});
     values[key] = json!({"enabled": true, "config": config});
+    if key == "etcdSnapshotter" {
+        values[key]["s3Credentials"] = json!({"existingSecret": "s3"});
+    }
     let objects = documents(&template(&values, &[])?)?;
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("config.yaml");
@@ -69,4 +72,39 @@ fn dns_rewriter_roles_equal_in_corefile_mode_with_rules_in_other_namespaces_and_
     assert_same_rbac("dnsRewriter", "dns-rewriter", config)?;
     // k3s mode with everything defaulted and no discovery: one ConfigMap, the Lease.
     assert_same_rbac("dnsRewriter", "dns-rewriter", json!({"mode": "k3s"}))
+}
+
+#[test]
+fn kubeconfig_rotator_roles_in_the_chart_equal_its_rbac_one_shot_for_its_example() -> Result<()> {
+    assert_same_rbac("kubeconfigRotator", "kubeconfig-rotator", example("kubeconfig-rotator"))
+}
+
+#[test]
+fn kubeconfig_rotator_roles_equal_for_every_source_kind_across_namespaces() -> Result<()> {
+    // A plain Secret source, a certificate Secret with its CA in another namespace, an operator Kubeconfig
+    // without a server CA, two kubeconfigs sharing namespaces, one target in the release namespace, restarts.
+    let config = json!({"resyncInterval": "30s", "kubeconfigs": [
+        {"name": "plain",
+         "source": {"secret": {"namespace": "kcp-system", "name": "admin-kc", "key": "kubeconfig"}},
+         "expect": {"username": "kcp-admin", "groups": ["system:kcp:admin"]},
+         "targets": [{"namespace": "apps", "name": "a-kc", "restartDeployments": ["web", "api"]},
+                     {"namespace": "kcp-keeper", "name": "own-kc", "splitKeys": true}]},
+        {"name": "certs",
+         "source": {"certificateSecret": {"namespace": "certs", "name": "client-cert", "server": "https://kcp.example.com:6443",
+                                          "ca": {"namespace": "kcp-system", "name": "root-server-ca", "key": "tls.crt"}}},
+         "expect": {"username": "bot"},
+         "targets": [{"namespace": "apps", "name": "b-kc", "key": "config", "adopt": true, "restartDeployments": ["api"]}]},
+        {"name": "operator",
+         "source": {"kubeconfig": {"namespace": "kcp-system", "name": "op", "renderedSecret": "op-kubeconfig"}},
+         "renewBefore": "240h",
+         "targets": [{"namespace": "zeta", "name": "z-kc"}]}
+    ]});
+    assert_same_rbac("kubeconfigRotator", "kubeconfig-rotator", config)?;
+    // No kubeconfig at all: the Lease alone.
+    assert_same_rbac("kubeconfigRotator", "kubeconfig-rotator", json!({"kubeconfigs": []}))
+}
+
+#[test]
+fn etcd_snapshotter_role_in_the_chart_equals_its_rbac_one_shot_and_the_rendered_file_loads() -> Result<()> {
+    assert_same_rbac("etcdSnapshotter", "etcd-snapshotter", example("etcd-snapshotter"))
 }
