@@ -120,7 +120,10 @@ async fn installed_by_the_chart_it_publishes_scheduled_snapshots_with_the_chart_
     assert!(missing.is_empty(), "alerts read metrics this agent does not export: {missing:?}");
 
     let requests = testbed::audit::by_user(&cluster.apiserver.audit_log, &user)?;
-    assert!(requests.iter().any(|r| r.resource == "leases" && r.verb == "update"), "its Lease writes are logged");
+    assert!(
+        requests.iter().any(|r| r.resource == "leases" && r.verb == "patch"),
+        "the tick record on its Lease is logged"
+    );
     let refused: Vec<_> = requests.iter().filter(|r| r.code == Some(403)).collect();
     assert!(refused.is_empty(), "the chart's Role refused the agent: {refused:?}");
     assert!(!requests.iter().any(|r| r.resource == "secrets"), "no Secret is ever read through the apiserver");

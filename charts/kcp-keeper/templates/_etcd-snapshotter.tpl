@@ -29,6 +29,14 @@ encrypted snapshots), and a disk for parts S3 is slow to take (the spill directo
 {{- fail "etcdSnapshotter.s3Credentials.existingSecret: name the Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (config.storage.credentials.environment reads them from the environment)" }}
 {{- end }}
 {{- end }}
+{{- $identity := dig "drills" "identityFile" "" $v.config }}
+{{- $mounted := printf "%s/identity.txt" (include "kcp-keeper.snapshotter.ageDir" .) }}
+{{- if and $v.ageIdentity.existingSecret (ne $identity $mounted) }}
+{{- fail (printf "etcdSnapshotter.config.drills.identityFile: must be %s, where the chart mounts ageIdentity.existingSecret" $mounted) }}
+{{- end }}
+{{- if and (eq $identity $mounted) (not $v.ageIdentity.existingSecret) }}
+{{- fail "etcdSnapshotter.ageIdentity.existingSecret: name the Secret holding the age identity (config.drills.identityFile reads it)" }}
+{{- end }}
 {{- end }}
 
 {{- define "kcp-keeper.snapshotter.env" -}}

@@ -17,6 +17,9 @@ fn assert_same_rbac(key: &str, agent: &str, config: Value) -> Result<()> {
     values[key] = json!({"enabled": true, "config": config});
     if key == "etcdSnapshotter" {
         values[key]["s3Credentials"] = json!({"existingSecret": "s3"});
+        if values[key]["config"]["drills"]["identityFile"].is_string() {
+            values[key]["ageIdentity"] = json!({"existingSecret": "age"});
+        }
     }
     let objects = documents(&template(&values, &[])?)?;
     let dir = tempfile::tempdir()?;
@@ -107,4 +110,13 @@ fn kubeconfig_rotator_roles_equal_for_every_source_kind_across_namespaces() -> R
 #[test]
 fn etcd_snapshotter_role_in_the_chart_equals_its_rbac_one_shot_and_the_rendered_file_loads() -> Result<()> {
     assert_same_rbac("etcdSnapshotter", "etcd-snapshotter", example("etcd-snapshotter"))
+}
+
+#[test]
+fn etcd_snapshotter_role_is_the_same_with_drills_and_the_file_with_drills_loads() -> Result<()> {
+    let mut config = example("etcd-snapshotter");
+    config["shards"][0]["drill"] = json!({"schedule": {"cron": "30 4 * * *"}, "olderRate": 0.2});
+    config["drills"] = json!({"identityFile": "/var/run/secrets/etcd-snapshotter/age/identity.txt",
+                              "sampleKeys": 50, "timeout": "30m"});
+    assert_same_rbac("etcdSnapshotter", "etcd-snapshotter", config)
 }

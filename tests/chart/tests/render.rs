@@ -122,6 +122,7 @@ fn a_misspelled_key_anywhere_in_the_values_fails_the_render_and_names_the_key() 
         (json!({"etcdSnapshotter": {"s3Credential": {}}}), "s3Credential"),
         (json!({"etcdSnapshotter": {"config": {"retention": {"keepLsat": 3}}}}), "keepLsat"),
         (json!({"etcdSnapshotter": {"image": {"repo": "x"}}}), "repo"),
+        (json!({"etcdSnapshotter": {"config": {"drills": {"identityFlie": "/x"}}}}), "identityFlie"),
     ];
     for (values, misspelled) in cases {
         let err = template(&values, &[]).expect_err(&format!("{values} must fail"));
@@ -189,6 +190,9 @@ fn the_snapshotter_mounts_the_named_s3_secret_and_the_age_identity_only_when_con
 
     let mut with_age = values.clone();
     with_age["etcdSnapshotter"]["ageIdentity"] = json!({"existingSecret": "etcd-backup-age", "key": "key.txt"});
+    with_age["etcdSnapshotter"]["config"]["drills"] =
+        json!({"identityFile": "/var/run/secrets/etcd-snapshotter/age/identity.txt"});
+    with_age["etcdSnapshotter"]["config"]["shards"][0]["drill"] = json!({"schedule": {"cron": "30 4 * * *"}});
     let pod = snapshotter_pod(&with_age)?;
     let age = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "age-identity").expect("age volume");
     assert_eq!(age["secret"]["secretName"], "etcd-backup-age");
@@ -220,6 +224,18 @@ fn snapshotter_credentials_the_pod_could_not_read_fail_the_render_naming_the_val
     elsewhere["etcdSnapshotter"]["config"]["storage"]["credentials"] = json!({"secretDirectory": "/s3"});
     let err = format!("{:#}", template(&elsewhere, &[]).expect_err("another directory"));
     assert!(err.contains("secretDirectory: must be /var/run/secrets/etcd-snapshotter/s3"), "{err}");
+
+    let mut elsewhere = all_agents();
+    elsewhere["etcdSnapshotter"]["ageIdentity"] = json!({"existingSecret": "age"});
+    elsewhere["etcdSnapshotter"]["config"]["drills"] = json!({"identityFile": "/keys/age.txt"});
+    let err = format!("{:#}", template(&elsewhere, &[]).expect_err("identity elsewhere"));
+    assert!(err.contains("drills.identityFile: must be /var/run/secrets/etcd-snapshotter/age/identity.txt"), "{err}");
+
+    let mut unmounted = all_agents();
+    unmounted["etcdSnapshotter"]["config"]["drills"] =
+        json!({"identityFile": "/var/run/secrets/etcd-snapshotter/age/identity.txt"});
+    let err = format!("{:#}", template(&unmounted, &[]).expect_err("identity without its Secret"));
+    assert!(err.contains("etcdSnapshotter.ageIdentity.existingSecret: name the Secret"), "{err}");
 
     let mut no_spill = all_agents();
     no_spill["etcdSnapshotter"]["config"]["spill"] = json!(null);
