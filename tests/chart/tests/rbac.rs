@@ -120,3 +120,27 @@ fn etcd_snapshotter_role_is_the_same_with_drills_and_the_file_with_drills_loads(
                               "sampleKeys": 50, "timeout": "30m"});
     assert_same_rbac("etcdSnapshotter", "etcd-snapshotter", config)
 }
+
+/// The values block docs/install.md walks through (the layout of DESIGN.md section 1, all four agents).
+fn install_guide_values() -> Value {
+    let text = std::fs::read_to_string(chart::repo_root().join("docs/install.md")).expect("docs/install.md");
+    let start = text.find("```yaml\n# kcp-keeper-values.yaml\n").expect("the values block") + "```yaml\n".len();
+    let end = start + text[start..].find("```").expect("the block ends");
+    serde_yaml::from_str(&text[start..end]).expect("the install guide's values parse")
+}
+
+#[test]
+fn the_install_guide_values_render_every_agent_with_a_file_it_accepts_and_its_own_roles() -> Result<()> {
+    let values = install_guide_values();
+    let objects = documents(&template(&values, &[])?)?;
+    let dir = tempfile::tempdir()?;
+    for agent in ["ca-syncer", "dns-rewriter", "kubeconfig-rotator", "etcd-snapshotter"] {
+        let file = dir.path().join(format!("{agent}.yaml"));
+        std::fs::write(&file, rendered_config(&objects, agent)?)?;
+        // The agent's own loader accepts the file (its errors name the field) and renders the same Roles.
+        let from_agent = documents(&agent_rbac(agent, &file)?)?;
+        let diff = differences(&rbac_of(&objects, agent), &rbac_of(&from_agent, agent));
+        assert!(diff.is_empty(), "{agent}: the chart's RBAC is not the agent's:\n{}", diff.join("\n"));
+    }
+    Ok(())
+}
