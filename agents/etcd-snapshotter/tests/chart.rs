@@ -4,7 +4,8 @@
 //! runs; the values point etcd and S3 at the bed's loopback addresses). The test plays the kubelet's part for the
 //! two volumes the chart mounts: the S3 Secret the values name is projected into a directory and the spill
 //! emptyDir is a directory, and the file's two paths are pointed at them. With only the chart's Role the agent
-//! publishes a snapshot to versitygw on its schedule, recording the tick on its Lease; the apiserver refuses it
+//! publishes a snapshot to versitygw on its schedule, recording the tick on its Lease, and that snapshot passes a
+//! restore drill run with the same file; the apiserver refuses it
 //! nothing, and the same token cannot read a Secret (not even its own S3 keys: those are mounted). Every
 //! etcd_snapshotter_ metric the chart's alerts read is in its `/metrics`.
 
@@ -57,7 +58,7 @@ async fn installed_by_the_chart_it_publishes_scheduled_snapshots_with_the_chart_
     Api::<Secret>::namespaced(client.clone(), &release_ns).create(&PostParams::default(), &keys).await?;
 
     let values = format!(
-        "replicas: 1\ndnsRewriter: {{enabled: false}}\netcdSnapshotter:\n  enabled: true\n  s3Credentials: {{existingSecret: {S3_SECRET}}}\n  config:\n    shards:\n    - name: root\n      endpoints: [{etcd}]\n      schedule: {{cron: '*/5 * * * * *'}}\n    storage:\n      bucket: {bucket}\n      prefix: {PREFIX}\n      endpoint: {s3}\n      region: {region}\n      pathStyle: true\n      maxAttempts: 2\n      attemptTimeout: 30s\n      credentials: {{secretDirectory: /var/run/secrets/etcd-snapshotter/s3}}\n    retention: {{keepLast: 10}}\n    spill: {{directory: /var/lib/etcd-snapshotter, memoryBudget: 64Mi, partSize: 5Mi, partsInFlight: 2}}\n",
+        "replicas: 1\ndnsRewriter: {{enabled: false}}\netcdSnapshotter:\n  enabled: true\n  s3Credentials: {{existingSecret: {S3_SECRET}}}\n  config:\n    shards:\n    - name: root\n      endpoints: [{etcd}]\n      schedule: {{cron: '*/5 * * * * *'}}\n      drill: {{schedule: {{cron: '0 4 * * *'}}}}\n    storage:\n      bucket: {bucket}\n      prefix: {PREFIX}\n      endpoint: {s3}\n      region: {region}\n      pathStyle: true\n      maxAttempts: 2\n      attemptTimeout: 30s\n      credentials: {{secretDirectory: /var/run/secrets/etcd-snapshotter/s3}}\n    retention: {{keepLast: 10}}\n    spill: {{directory: /var/lib/etcd-snapshotter, memoryBudget: 64Mi, partSize: 5Mi, partsInFlight: 2}}\n",
         etcd = etcd.members[0].client_url,
         bucket = bed.s3.bucket,
         s3 = bed.s3.endpoint,
@@ -111,6 +112,25 @@ async fn installed_by_the_chart_it_publishes_scheduled_snapshots_with_the_chart_
         |v| v > 0.0,
     )
     .await;
+
+    // The alerts' yardsticks: the longest gap of each schedule, from the rendered configuration.
+    let scraped = testbed::scrape::metrics(&agent).await;
+    let interval =
+        |name: &str| testbed::scrape::metric(&scraped, &format!("etcd_snapshotter_{name}{{shard=\"root\"}}"));
+    assert_eq!(interval("schedule_interval_seconds")?, 5.0, "every 5 s");
+    assert_eq!(interval("drill_schedule_interval_seconds")?, 86400.0, "daily");
+
+    // A restore drill of what the agent published, with the file the chart rendered (its drills default to the
+    // spill directory the chart mounts); the image carries etcd and etcdutl on PATH, here they are the peers'.
+    let out = std::process::Command::new(BINARY)
+        .args(["drill", "--config", config.to_str().context("path")?, "--shard", "root", "--etcd"])
+        .arg(bed.peers.path("etcd"))
+        .arg("--etcdutl")
+        .arg(bed.etcdutl())
+        .env(NO_METADATA.0, NO_METADATA.1)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.starts_with("ok root/"), "drill: {}", text(&out));
 
     // Every etcd_snapshotter_ metric the chart's alerts read is in this agent's real /metrics.
     let alerting =
