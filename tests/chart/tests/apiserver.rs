@@ -141,6 +141,21 @@ async fn the_rendered_chart_with_monitoring_passes_server_side_dry_run_on_a_real
     let out = run(helm(&args, home.path())?)?;
     assert!(out.success, "{}", out.stderr);
     assert!(out.stdout.contains("kind: PrometheusRule") && out.stdout.contains("kind: ServiceMonitor"));
+
+    // With every agent, the snapshotter's S3 Secret is looked up: NOTES warns while it does not exist.
+    let values_file = dir.path().join("all.yaml");
+    std::fs::write(&values_file, serde_yaml::to_string(&all_agents())?)?;
+    let mut all = args.to_vec();
+    all.truncate(all.len() - 2);
+    all.extend(["--values", values_file.to_str().unwrap()]);
+    let out = run(helm(&all, home.path())?)?;
+    assert!(out.success, "{}", out.stderr);
+    assert!(
+        out.stdout
+            .contains("WARNING: Secret etcd-backup-s3 (etcdSnapshotter.s3Credentials.existingSecret) does not exist"),
+        "{}",
+        out.stdout
+    );
     Ok(())
 }
 
