@@ -210,6 +210,17 @@ fn the_snapshotter_mounts_the_named_s3_secret_and_the_age_identity_only_when_con
     let key = env.iter().find(|e| e["name"] == "AWS_SECRET_ACCESS_KEY").expect("the key from the Secret");
     assert_eq!(key["valueFrom"]["secretKeyRef"], json!({"name": "etcd-backup-s3", "key": "AWS_SECRET_ACCESS_KEY"}));
     assert!(!names(&pod["volumes"]).contains(&"s3-credentials".to_string()));
+
+    // Web identity needs no Secret: the projected token comes through extraVolumes, and no keys are mounted.
+    let mut web = values.clone();
+    web["etcdSnapshotter"]["s3Credentials"] = json!({"existingSecret": ""});
+    web["etcdSnapshotter"]["config"]["storage"]["credentials"] =
+        json!({"webIdentity": {"roleArn": "arn:aws:iam::1:role/backup", "tokenFile": "/var/run/secrets/sts/token"}});
+    web["etcdSnapshotter"]["extraVolumes"] = json!([{"name": "sts", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "audience": "backup-sts"}}]}}]);
+    web["etcdSnapshotter"]["extraVolumeMounts"] = json!([{"name": "sts", "mountPath": "/var/run/secrets/sts"}]);
+    let pod = snapshotter_pod(&web)?;
+    assert_eq!(names(&pod["volumes"]), ["config", "tmp", "spill", "sts"]);
+    assert!(!names(&pod["containers"][0]["env"]).contains(&"AWS_ACCESS_KEY_ID".to_string()));
     Ok(())
 }
 
