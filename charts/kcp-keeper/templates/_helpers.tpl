@@ -10,10 +10,11 @@ kubeconfigRotator: kubeconfig-rotator
 etcdSnapshotter: etcd-snapshotter
 {{- end }}
 
-{{/* An agent's image: its repository, and the tag the agent sets, else `image.tag`, else appVersion (lockstep). */}}
+{{/* An agent's image: its repository (else `<image.registry>/<agent>`, as `cargo xtask images` names it) and
+the tag the agent sets, else `image.tag`, else appVersion (lockstep). */}}
 {{- define "kcp-keeper.image" -}}
 {{- $v := index .root.Values .key -}}
-{{ $v.image.repository }}:{{ $v.image.tag | default .root.Values.image.tag | default .root.Chart.AppVersion }}
+{{ $v.image.repository | default (printf "%s/%s" .root.Values.image.registry .agent) }}:{{ $v.image.tag | default .root.Values.image.tag | default .root.Chart.AppVersion }}
 {{- end }}
 
 {{- define "kcp-keeper.chart" -}}

@@ -95,7 +95,7 @@ fn every_agent_pod_is_non_root_read_only_without_capabilities_or_privilege_escal
             assert!(sc["capabilities"].get("add").is_none(), "{name}");
             // The default tag is the chart's appVersion: chart and agents move in lockstep.
             let agent = name.as_str().unwrap().trim_start_matches("kcp-keeper-");
-            assert_eq!(c["image"], format!("ghcr.io/kcp-keeper/kcp-keeper-{agent}:0.1.0"), "{name}");
+            assert_eq!(c["image"], format!("ghcr.io/kcp-keeper/{agent}:0.1.0"), "{name}");
         }
     }
     Ok(())
@@ -149,7 +149,7 @@ fn every_agent_renders_with_two_replicas_a_pdb_its_own_service_account_configmap
 }
 
 #[test]
-fn image_tags_follow_the_global_tag_then_each_agent_s_own() -> Result<()> {
+fn images_are_registry_slash_agent_with_the_global_tag_unless_the_agent_names_its_own() -> Result<()> {
     let mut values = all_agents();
     values["image"] = json!({"tag": "1.2.3"});
     values["kubeconfigRotator"]["image"] = json!({"repository": "registry.example.com/rotator", "tag": "dev"});
@@ -157,7 +157,7 @@ fn image_tags_follow_the_global_tag_then_each_agent_s_own() -> Result<()> {
     let image = |name: &str| {
         find(&objects, "Deployment", name).unwrap()["spec"]["template"]["spec"]["containers"][0]["image"].clone()
     };
-    assert_eq!(image("kcp-keeper-ca-syncer"), "ghcr.io/kcp-keeper/kcp-keeper-ca-syncer:1.2.3");
+    assert_eq!(image("kcp-keeper-ca-syncer"), "ghcr.io/kcp-keeper/ca-syncer:1.2.3");
     assert_eq!(image("kcp-keeper-kubeconfig-rotator"), "registry.example.com/rotator:dev");
     Ok(())
 }
