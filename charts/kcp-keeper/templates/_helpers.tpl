@@ -6,16 +6,15 @@ Lease): one release of this chart per cluster.
 {{- define "kcp-keeper.agents" -}}
 caSyncer: ca-syncer
 dnsRewriter: dns-rewriter
+kubeconfigRotator: kubeconfig-rotator
+etcdSnapshotter: etcd-snapshotter
 {{- end }}
 
-{{/* Fails the render when an agent this chart version cannot run yet is switched on. */}}
-{{- define "kcp-keeper.refuseUnbuilt" -}}
-{{- if .Values.kubeconfigRotator.enabled }}
-{{- fail "kubeconfigRotator.enabled: kubeconfig-rotator is not in this chart version yet" }}
-{{- end }}
-{{- if .Values.etcdSnapshotter.enabled }}
-{{- fail "etcdSnapshotter.enabled: etcd-snapshotter is not in this chart version yet" }}
-{{- end }}
+{{/* An agent's image: its repository (else `<image.registry>/<agent>`, as `cargo xtask images` names it) and
+the tag the agent sets, else `image.tag`, else appVersion (lockstep). */}}
+{{- define "kcp-keeper.image" -}}
+{{- $v := index .root.Values .key -}}
+{{ $v.image.repository | default (printf "%s/%s" .root.Values.image.registry .agent) }}:{{ $v.image.tag | default .root.Values.image.tag | default .root.Chart.AppVersion }}
 {{- end }}
 
 {{- define "kcp-keeper.chart" -}}
@@ -74,7 +73,8 @@ kcp-keeper-{{ .agent }}
   {{- end }}
 {{- end }}
 
-{{/* A Role (or ClusterRole when .namespace is empty) named .name with .rules, and its binding to .sa. */}}
+{{/* A Role (or ClusterRole when .namespace is empty) named .name with .rules, bound to ServiceAccount .sa
+(default: .name). */}}
 {{- define "kcp-keeper.role" -}}
 {{- $cluster := not .namespace }}
 apiVersion: rbac.authorization.k8s.io/v1
@@ -104,7 +104,7 @@ roleRef:
   name: {{ .name }}
 subjects:
 - kind: ServiceAccount
-  name: {{ .name }}
+  name: {{ .sa | default .name }}
   namespace: {{ .ctx.root.Release.Namespace }}
 {{- end }}
 

@@ -163,7 +163,29 @@ pub fn agent_rbac(agent: &str, config_file: &Path) -> Result<String> {
             };
             Ok(dns_rewriter::rbac::render(&config, &who).to_yaml()?)
         }
-        other => bail!("the chart does not run {other} yet"),
+        "kubeconfig-rotator" => {
+            let config: kubeconfig_rotator::config::Config = kcp_keeper_runtime::config::load(config_file)?;
+            let who = kcp_keeper_runtime::rbac::Subjects {
+                namespace: NAMESPACE.into(),
+                service_account: name.clone(),
+                lease_name: name,
+            };
+            Ok(kubeconfig_rotator::rbac::render(&config, &who).to_yaml()?)
+        }
+        "etcd-snapshotter" => {
+            // Its Role does not depend on the configuration, but the file must still be one it accepts.
+            let _: etcd_snapshotter::config::Config = kcp_keeper_runtime::config::load(config_file)?;
+            let printed = etcd_snapshotter::rbac::render(NAMESPACE, &name, &name);
+            // Its one-shot prints no labels (the other agents' print their one name label): the comparison gives
+            // it that label, which the chart's objects must carry.
+            let mut docs = Vec::new();
+            for mut doc in documents(&printed)? {
+                doc["metadata"]["labels"] = serde_json::json!({ "app.kubernetes.io/name": agent });
+                docs.push(serde_yaml::to_string(&doc)?);
+            }
+            Ok(docs.join("---\n"))
+        }
+        other => bail!("the chart does not run {other}"),
     }
 }
 

@@ -1,10 +1,12 @@
-//! The chart against a real kube-apiserver (the test bed): the rendered output passes the apiserver's own
+//! The chart with all four agents against a real kube-apiserver (the test bed): the rendered output passes the apiserver's own
 //! validation and admission (`kubectl apply --dry-run=server`), `helm install` creates it, and the RBAC it
 //! installs holds for a token minted for the agent's ServiceAccount: the Secrets the configuration names can
 //! be read, any other Secret is forbidden (403).
 //!
 //! There is no kubelet in the bed, so the Deployments' pods never run; the agents' behaviour under this RBAC
 //! is proven by running their binaries with such a token (each agent's own RBAC test).
+
+use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use chart::{NAMESPACE, documents, helm, peer, run, template};
@@ -21,12 +23,48 @@ fn example(agent: &str) -> Value {
     serde_yaml::from_str(&std::fs::read_to_string(path).expect("example.yaml")).expect("parses")
 }
 
-/// Both agents the chart runs, with their example configurations.
+/// All four agents, with their example configurations (the snapshotter's S3 keys from a Secret it names).
 fn all_agents() -> Value {
     json!({
         "caSyncer": {"enabled": true, "config": example("ca-syncer")},
         "dnsRewriter": {"enabled": true, "config": example("dns-rewriter")},
+        "kubeconfigRotator": {"enabled": true, "config": example("kubeconfig-rotator")},
+        "etcdSnapshotter": {"enabled": true, "config": example("etcd-snapshotter"),
+                            "s3Credentials": {"existingSecret": "etcd-backup-s3"}},
     })
+}
+
+/// `kind namespace/name` -> resourceVersion of every object of the release (all kinds the chart renders).
+async fn versions(bed: &testbed::ControlPlane) -> Result<BTreeMap<String, String>> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    async fn of<K>(bed: &testbed::ControlPlane, out: &mut BTreeMap<String, String>) -> Result<()>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let params = kube::api::ListParams::default().labels("app.kubernetes.io/instance=kcp-keeper");
+        for o in Api::<K>::all(bed.client()).list(&params).await?.items {
+            let key = format!("{} {}/{}", K::kind(&()), o.namespace().unwrap_or_default(), o.name_any());
+            out.insert(key, o.resource_version().unwrap_or_default());
+        }
+        Ok(())
+    }
+    let mut out = BTreeMap::new();
+    of::<Deployment>(bed, &mut out).await?;
+    of::<ConfigMap>(bed, &mut out).await?;
+    of::<Service>(bed, &mut out).await?;
+    of::<ServiceAccount>(bed, &mut out).await?;
+    of::<PodDisruptionBudget>(bed, &mut out).await?;
+    of::<Role>(bed, &mut out).await?;
+    of::<RoleBinding>(bed, &mut out).await?;
+    of::<ClusterRole>(bed, &mut out).await?;
+    of::<ClusterRoleBinding>(bed, &mut out).await?;
+    Ok(out)
+}
+
+/// The objects added, removed or changed between two [`versions`].
+fn changed(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<String> {
+    let keys: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    keys.into_iter().filter(|k| before.get(*k) != after.get(*k)).cloned().collect()
 }
 
 /// The namespaces the example configurations name, plus the release namespace.
@@ -103,6 +141,21 @@ async fn the_rendered_chart_with_monitoring_passes_server_side_dry_run_on_a_real
     let out = run(helm(&args, home.path())?)?;
     assert!(out.success, "{}", out.stderr);
     assert!(out.stdout.contains("kind: PrometheusRule") && out.stdout.contains("kind: ServiceMonitor"));
+
+    // With every agent, the snapshotter's S3 Secret is looked up: NOTES warns while it does not exist.
+    let values_file = dir.path().join("all.yaml");
+    std::fs::write(&values_file, serde_yaml::to_string(&all_agents())?)?;
+    let mut all = args.to_vec();
+    all.truncate(all.len() - 2);
+    all.extend(["--values", values_file.to_str().unwrap()]);
+    let out = run(helm(&all, home.path())?)?;
+    assert!(out.success, "{}", out.stderr);
+    assert!(
+        out.stdout
+            .contains("WARNING: Secret etcd-backup-s3 (etcdSnapshotter.s3Credentials.existingSecret) does not exist"),
+        "{}",
+        out.stdout
+    );
     Ok(())
 }
 
@@ -146,6 +199,7 @@ async fn helm_install_grants_each_agent_exactly_what_its_configuration_names_and
         secret(&bed, ns, name).await?;
     }
     secret(&bed, "railgrid-system", "unrelated").await?;
+    secret(&bed, NAMESPACE, "etcd-backup-s3").await?;
     let home = tempfile::tempdir()?;
     let values = home.path().join("values.yaml");
     let mut v = all_agents();
@@ -168,7 +222,7 @@ async fn helm_install_grants_each_agent_exactly_what_its_configuration_names_and
     let out = run(helm(&args, home.path())?)?;
     assert!(out.success, "helm install failed:\n{}{}", out.stdout, out.stderr);
     // NOTES.txt warns about the single replica of each agent.
-    assert_eq!(out.stdout.matches("WARNING: ").count(), 2, "{}", out.stdout);
+    assert_eq!(out.stdout.matches("WARNING: ").count(), 4, "{}", out.stdout);
     assert!(out.stdout.contains("ca-syncer runs a single replica"), "{}", out.stdout);
     assert!(out.stdout.contains("does not serve monitoring.coreos.com/v1"), "{}", out.stdout);
 
@@ -206,11 +260,23 @@ async fn helm_install_grants_each_agent_exactly_what_its_configuration_names_and
     let services = Api::<Service>::namespaced(dns, "kcp-system").list(&Default::default()).await;
     assert!(services.is_ok(), "listing Services where discovery runs: {services:?}");
 
+    // kubeconfig-rotator's token reads the Secrets its example names (the server CA) and no other; the
+    // snapshotter's reads no Secret at all, not even its S3 keys (mounted, never read through the apiserver).
+    let rotator = token_client(&bed, NAMESPACE, "kcp-keeper-kubeconfig-rotator").await?;
+    let secrets = |ns: &str| Api::<Secret>::namespaced(rotator.clone(), ns);
+    assert_eq!(status_of(secrets("kcp-system").get("root-server-ca").await), 200, "its configured server CA");
+    assert_eq!(status_of(secrets("kcp-system").get("other").await), 403, "a Secret beside its sources");
+    assert_eq!(status_of(secrets("railgrid-system").get("unrelated").await), 403, "a Secret beside its target");
+    let snapshotter = token_client(&bed, NAMESPACE, "kcp-keeper-etcd-snapshotter").await?;
+    let got = Api::<Secret>::namespaced(snapshotter.clone(), NAMESPACE).get("etcd-backup-s3").await;
+    assert_eq!(status_of(got), 403, "the snapshotter's own S3 Secret");
+    assert_eq!(status_of(Api::<Secret>::namespaced(snapshotter, "kcp-system").get("other").await), 403);
+
     // helm upgrade with a changed value changes only what that value touches; rollback restores it. Selector
     // labels are stable, so neither hits an immutable field.
     let deployments = Api::<Deployment>::namespaced(bed.client(), NAMESPACE);
-    let version = |d: Deployment| d.metadata.resource_version.unwrap_or_default();
-    let ca_before = version(deployments.get("kcp-keeper-ca-syncer").await?);
+    let before = versions(&bed).await?;
+    assert!(before.len() >= 30, "{before:#?}");
     let upgrade = [
         "upgrade",
         "kcp-keeper",
@@ -229,11 +295,46 @@ async fn helm_install_grants_each_agent_exactly_what_its_configuration_names_and
     assert_eq!(deployments.get("kcp-keeper-dns-rewriter").await?.spec.replicas, Some(2));
     let pdbs = Api::<PodDisruptionBudget>::namespaced(bed.client(), NAMESPACE);
     assert!(pdbs.get_opt("kcp-keeper-dns-rewriter").await?.is_some(), "two replicas get a PDB");
-    assert_eq!(version(deployments.get("kcp-keeper-ca-syncer").await?), ca_before, "ca-syncer untouched");
+    let after = versions(&bed).await?;
+    assert_eq!(
+        changed(&before, &after),
+        ["Deployment kcp-keeper/kcp-keeper-dns-rewriter", "PodDisruptionBudget kcp-keeper/kcp-keeper-dns-rewriter"],
+        "only dns-rewriter's Deployment and its new PDB"
+    );
+
+    // A changed snapshotter configuration changes its ConfigMap alone: the agent re-reads the file (no checksum
+    // annotation restarts the pods).
+    let mut snapshot_values = v.clone();
+    snapshot_values["etcdSnapshotter"]["config"]["retention"]["keepLast"] = json!(5);
+    let values_2 = home.path().join("values-2.yaml");
+    std::fs::write(&values_2, serde_yaml::to_string(&snapshot_values)?)?;
+    let mut upgrade_2 = upgrade;
+    upgrade_2[8] = values_2.to_str().unwrap();
+    let out = run(helm(&upgrade_2, home.path())?)?;
+    assert!(out.success, "helm upgrade failed:\n{}{}", out.stdout, out.stderr);
+    let after_2 = versions(&bed).await?;
+    assert_eq!(
+        changed(&after, &after_2),
+        ["ConfigMap kcp-keeper/kcp-keeper-etcd-snapshotter"],
+        "the snapshotter's ConfigMap alone"
+    );
+    let cm = Api::<ConfigMap>::namespaced(bed.client(), NAMESPACE).get("kcp-keeper-etcd-snapshotter").await?;
+    assert!(cm.data.unwrap_or_default()["config.yaml"].contains("keepLast: 5"));
+
     let rollback = ["rollback", "kcp-keeper", "1", "--namespace", NAMESPACE, "--kubeconfig", &kubeconfig(&bed)];
     let out = run(helm(&rollback, home.path())?)?;
     assert!(out.success, "helm rollback failed:\n{}{}", out.stdout, out.stderr);
     assert_eq!(deployments.get("kcp-keeper-dns-rewriter").await?.spec.replicas, Some(1));
     assert!(pdbs.get_opt("kcp-keeper-dns-rewriter").await?.is_none(), "one replica again: no PDB");
+    let rolled_back = versions(&bed).await?;
+    assert_eq!(
+        changed(&after_2, &rolled_back),
+        [
+            "ConfigMap kcp-keeper/kcp-keeper-etcd-snapshotter",
+            "Deployment kcp-keeper/kcp-keeper-dns-rewriter",
+            "PodDisruptionBudget kcp-keeper/kcp-keeper-dns-rewriter"
+        ],
+        "rollback to revision 1 restores exactly what the two upgrades changed"
+    );
     Ok(())
 }

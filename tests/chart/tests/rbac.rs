@@ -1,4 +1,4 @@
-//! The chart's Roles are the agents' own: for each configuration, the RBAC `helm template` renders equals
+//! The chart's Roles are the agents' own (all four): for each configuration, the RBAC `helm template` renders equals
 //! what the agent's `rbac` one-shot renders from the configuration file the chart put in its ConfigMap (read
 //! back from the rendered ConfigMap and loaded with the agent's own loader, so the file is also valid for it).
 
@@ -15,6 +15,12 @@ fn example(agent: &str) -> Value {
 fn assert_same_rbac(key: &str, agent: &str, config: Value) -> Result<()> {
     let mut values = json!({"caSyncer": {"enabled": false}, "dnsRewriter": {"enabled": false}});
     values[key] = json!({"enabled": true, "config": config});
+    if key == "etcdSnapshotter" {
+        values[key]["s3Credentials"] = json!({"existingSecret": "s3"});
+        if values[key]["config"]["drills"]["identityFile"].is_string() {
+            values[key]["ageIdentity"] = json!({"existingSecret": "age"});
+        }
+    }
     let objects = documents(&template(&values, &[])?)?;
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("config.yaml");
@@ -69,4 +75,72 @@ fn dns_rewriter_roles_equal_in_corefile_mode_with_rules_in_other_namespaces_and_
     assert_same_rbac("dnsRewriter", "dns-rewriter", config)?;
     // k3s mode with everything defaulted and no discovery: one ConfigMap, the Lease.
     assert_same_rbac("dnsRewriter", "dns-rewriter", json!({"mode": "k3s"}))
+}
+
+#[test]
+fn kubeconfig_rotator_roles_in_the_chart_equal_its_rbac_one_shot_for_its_example() -> Result<()> {
+    assert_same_rbac("kubeconfigRotator", "kubeconfig-rotator", example("kubeconfig-rotator"))
+}
+
+#[test]
+fn kubeconfig_rotator_roles_equal_for_every_source_kind_across_namespaces() -> Result<()> {
+    // A plain Secret source, a certificate Secret with its CA in another namespace, an operator Kubeconfig
+    // without a server CA, two kubeconfigs sharing namespaces, one target in the release namespace, restarts.
+    let config = json!({"resyncInterval": "30s", "kubeconfigs": [
+        {"name": "plain",
+         "source": {"secret": {"namespace": "kcp-system", "name": "admin-kc", "key": "kubeconfig"}},
+         "expect": {"username": "kcp-admin", "groups": ["system:kcp:admin"]},
+         "targets": [{"namespace": "apps", "name": "a-kc", "restartDeployments": ["web", "api"]},
+                     {"namespace": "kcp-keeper", "name": "own-kc", "splitKeys": true}]},
+        {"name": "certs",
+         "source": {"certificateSecret": {"namespace": "certs", "name": "client-cert", "server": "https://kcp.example.com:6443",
+                                          "ca": {"namespace": "kcp-system", "name": "root-server-ca", "key": "tls.crt"}}},
+         "expect": {"username": "bot"},
+         "targets": [{"namespace": "apps", "name": "b-kc", "key": "config", "adopt": true, "restartDeployments": ["api"]}]},
+        {"name": "operator",
+         "source": {"kubeconfig": {"namespace": "kcp-system", "name": "op", "renderedSecret": "op-kubeconfig"}},
+         "renewBefore": "240h",
+         "targets": [{"namespace": "zeta", "name": "z-kc"}]}
+    ]});
+    assert_same_rbac("kubeconfigRotator", "kubeconfig-rotator", config)?;
+    // No kubeconfig at all: the Lease alone.
+    assert_same_rbac("kubeconfigRotator", "kubeconfig-rotator", json!({"kubeconfigs": []}))
+}
+
+#[test]
+fn etcd_snapshotter_role_in_the_chart_equals_its_rbac_one_shot_and_the_rendered_file_loads() -> Result<()> {
+    assert_same_rbac("etcdSnapshotter", "etcd-snapshotter", example("etcd-snapshotter"))
+}
+
+#[test]
+fn etcd_snapshotter_role_is_the_same_with_drills_and_the_file_with_drills_loads() -> Result<()> {
+    let mut config = example("etcd-snapshotter");
+    config["shards"][0]["drill"] = json!({"schedule": {"cron": "30 4 * * *"}, "olderRate": 0.2});
+    config["drills"] = json!({"identityFile": "/var/run/secrets/etcd-snapshotter/age/identity.txt",
+                              "sampleKeys": 50, "timeout": "30m"});
+    assert_same_rbac("etcdSnapshotter", "etcd-snapshotter", config)
+}
+
+/// The values block docs/install.md walks through (the layout of DESIGN.md section 1, all four agents).
+fn install_guide_values() -> Value {
+    let text = std::fs::read_to_string(chart::repo_root().join("docs/install.md")).expect("docs/install.md");
+    let start = text.find("```yaml\n# kcp-keeper-values.yaml\n").expect("the values block") + "```yaml\n".len();
+    let end = start + text[start..].find("```").expect("the block ends");
+    serde_yaml::from_str(&text[start..end]).expect("the install guide's values parse")
+}
+
+#[test]
+fn the_install_guide_values_render_every_agent_with_a_file_it_accepts_and_its_own_roles() -> Result<()> {
+    let values = install_guide_values();
+    let objects = documents(&template(&values, &[])?)?;
+    let dir = tempfile::tempdir()?;
+    for agent in ["ca-syncer", "dns-rewriter", "kubeconfig-rotator", "etcd-snapshotter"] {
+        let file = dir.path().join(format!("{agent}.yaml"));
+        std::fs::write(&file, rendered_config(&objects, agent)?)?;
+        // The agent's own loader accepts the file (its errors name the field) and renders the same Roles.
+        let from_agent = documents(&agent_rbac(agent, &file)?)?;
+        let diff = differences(&rbac_of(&objects, agent), &rbac_of(&from_agent, agent));
+        assert!(diff.is_empty(), "{agent}: the chart's RBAC is not the agent's:\n{}", diff.join("\n"));
+    }
+    Ok(())
 }

@@ -1,5 +1,5 @@
-//! `helm lint --strict` and `helm template` of charts/kcp-keeper with the real helm: default values, every
-//! agent the chart runs switched on, the strict schema, the secure defaults, the monitoring toggles.
+//! `helm lint --strict` and `helm template` of charts/kcp-keeper with the real helm: default values, all four
+//! agents switched on, the strict schema, the secure defaults, the monitoring toggles.
 
 use anyhow::Result;
 use chart::{documents, helm, key, run, template};
@@ -11,18 +11,23 @@ fn example(agent: &str) -> Value {
     serde_yaml::from_str(&text).expect("example.yaml parses")
 }
 
-/// ca-syncer and dns-rewriter on, each with its documented example configuration, and both monitoring
-/// objects forced (helm template has no cluster to ask for the API).
+/// Every agent on, each with its documented example configuration (the snapshotter with the S3 Secret and age
+/// identity its example needs), and both monitoring objects forced (helm template has no cluster to ask).
 fn all_agents() -> Value {
     json!({
         "caSyncer": {"enabled": true, "config": example("ca-syncer")},
         "dnsRewriter": {"enabled": true, "config": example("dns-rewriter")},
+        "kubeconfigRotator": {"enabled": true, "config": example("kubeconfig-rotator")},
+        "etcdSnapshotter": {"enabled": true, "config": example("etcd-snapshotter"),
+                            "s3Credentials": {"existingSecret": "etcd-backup-s3"}},
         "monitoring": {
             "serviceMonitor": {"enabled": true, "force": true},
             "prometheusRule": {"enabled": true, "force": true},
         },
     })
 }
+
+const AGENTS: [&str; 4] = ["ca-syncer", "dns-rewriter", "kubeconfig-rotator", "etcd-snapshotter"];
 
 fn kinds(objects: &[Value]) -> Vec<(String, String, String)> {
     let mut k: Vec<_> = objects.iter().map(key).collect();
@@ -75,7 +80,7 @@ fn default_values_run_dns_rewriter_with_two_replicas_a_pdb_and_no_monitoring_obj
 fn every_agent_pod_is_non_root_read_only_without_capabilities_or_privilege_escalation() -> Result<()> {
     let objects = documents(&template(&all_agents(), &[])?)?;
     let deployments: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "Deployment").collect();
-    assert_eq!(deployments.len(), 2, "ca-syncer and dns-rewriter");
+    assert_eq!(deployments.len(), 4, "{AGENTS:?}");
     for d in deployments {
         let pod = &d["spec"]["template"]["spec"];
         let name = &d["metadata"]["name"];
@@ -89,7 +94,8 @@ fn every_agent_pod_is_non_root_read_only_without_capabilities_or_privilege_escal
             assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{name}");
             assert!(sc["capabilities"].get("add").is_none(), "{name}");
             // The default tag is the chart's appVersion: chart and agents move in lockstep.
-            assert!(c["image"].as_str().unwrap().ends_with(":0.1.0"), "{}", c["image"]);
+            let agent = name.as_str().unwrap().trim_start_matches("kcp-keeper-");
+            assert_eq!(c["image"], format!("ghcr.io/kcp-keeper/{agent}:0.1.0"), "{name}");
         }
     }
     Ok(())
@@ -109,6 +115,14 @@ fn a_misspelled_key_anywhere_in_the_values_fails_the_render_and_names_the_key() 
             json!({"dnsRewriter": {"config": {"mode": "k3s", "discovery": {"namespace": "kcp-system", "frontProxy": true}}}}),
             "frontProxy",
         ),
+        (
+            json!({"kubeconfigRotator": {"enabled": true, "config": {"kubeconfigs": [{"name": "a", "source": {}, "target": []}]}}}),
+            "target",
+        ),
+        (json!({"etcdSnapshotter": {"s3Credential": {}}}), "s3Credential"),
+        (json!({"etcdSnapshotter": {"config": {"retention": {"keepLsat": 3}}}}), "keepLsat"),
+        (json!({"etcdSnapshotter": {"image": {"repo": "x"}}}), "repo"),
+        (json!({"etcdSnapshotter": {"config": {"drills": {"identityFlie": "/x"}}}}), "identityFlie"),
     ];
     for (values, misspelled) in cases {
         let err = template(&values, &[]).expect_err(&format!("{values} must fail"));
@@ -120,11 +134,124 @@ fn a_misspelled_key_anywhere_in_the_values_fails_the_render_and_names_the_key() 
 }
 
 #[test]
-fn switching_on_an_agent_the_chart_cannot_run_yet_fails_with_a_clear_message() {
-    for (key, agent) in [("kubeconfigRotator", "kubeconfig-rotator"), ("etcdSnapshotter", "etcd-snapshotter")] {
-        let err = template(&json!({ key: {"enabled": true} }), &[]).expect_err(key);
-        assert!(format!("{err:#}").contains(&format!("{agent} is not in this chart version yet")), "{err:#}");
+fn every_agent_renders_with_two_replicas_a_pdb_its_own_service_account_configmap_and_service() -> Result<()> {
+    let objects = documents(&template(&all_agents(), &[])?)?;
+    for agent in AGENTS {
+        let name = format!("kcp-keeper-{agent}");
+        for kind in ["ServiceAccount", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget"] {
+            assert!(find(&objects, kind, &name).is_some(), "{kind} {name}");
+        }
+        assert_eq!(find(&objects, "Deployment", &name).unwrap()["spec"]["replicas"], 2, "{name}");
     }
+    // The chart holds no Secret: S3 keys and the age identity come from Secrets the values only name.
+    assert!(!objects.iter().any(|o| o["kind"] == "Secret"), "the chart rendered a Secret");
+    Ok(())
+}
+
+#[test]
+fn images_are_registry_slash_agent_with_the_global_tag_unless_the_agent_names_its_own() -> Result<()> {
+    let mut values = all_agents();
+    values["image"] = json!({"tag": "1.2.3"});
+    values["kubeconfigRotator"]["image"] = json!({"repository": "registry.example.com/rotator", "tag": "dev"});
+    let objects = documents(&template(&values, &[])?)?;
+    let image = |name: &str| {
+        find(&objects, "Deployment", name).unwrap()["spec"]["template"]["spec"]["containers"][0]["image"].clone()
+    };
+    assert_eq!(image("kcp-keeper-ca-syncer"), "ghcr.io/kcp-keeper/ca-syncer:1.2.3");
+    assert_eq!(image("kcp-keeper-kubeconfig-rotator"), "registry.example.com/rotator:dev");
+    Ok(())
+}
+
+fn snapshotter_pod(values: &Value) -> Result<Value> {
+    let objects = documents(&template(values, &[])?)?;
+    Ok(find(&objects, "Deployment", "kcp-keeper-etcd-snapshotter").expect("the snapshotter")["spec"]["template"]["spec"]
+        .clone())
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list.as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn the_snapshotter_mounts_the_named_s3_secret_and_the_age_identity_only_when_configured() -> Result<()> {
+    let values = all_agents();
+    let pod = snapshotter_pod(&values)?;
+    let container = &pod["containers"][0];
+    assert!(!names(&pod["volumes"]).contains(&"age-identity".to_string()), "no identity configured, none mounted");
+    let s3 = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "s3-credentials").expect("s3 volume");
+    assert_eq!(s3["secret"]["secretName"], "etcd-backup-s3");
+    let mounts = container["volumeMounts"].as_array().unwrap();
+    let mounted = |name: &str| mounts.iter().find(|m| m["name"] == name).map(|m| m["mountPath"].clone());
+    assert_eq!(mounted("s3-credentials"), Some(json!("/var/run/secrets/etcd-snapshotter/s3")));
+    assert_eq!(mounted("spill"), Some(json!("/var/lib/etcd-snapshotter")), "the spill directory is an emptyDir");
+    let env = &container["env"];
+    assert!(names(env).contains(&"AWS_EC2_METADATA_DISABLED".to_string()), "no metadata probe");
+    assert!(!names(env).contains(&"AWS_SECRET_ACCESS_KEY".to_string()), "keys come from the mounted files");
+
+    let mut with_age = values.clone();
+    with_age["etcdSnapshotter"]["ageIdentity"] = json!({"existingSecret": "etcd-backup-age", "key": "key.txt"});
+    with_age["etcdSnapshotter"]["config"]["drills"] =
+        json!({"identityFile": "/var/run/secrets/etcd-snapshotter/age/identity.txt"});
+    with_age["etcdSnapshotter"]["config"]["shards"][0]["drill"] = json!({"schedule": {"cron": "30 4 * * *"}});
+    let pod = snapshotter_pod(&with_age)?;
+    let age = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "age-identity").expect("age volume");
+    assert_eq!(age["secret"]["secretName"], "etcd-backup-age");
+    assert_eq!(age["secret"]["items"], json!([{"key": "key.txt", "path": "identity.txt"}]));
+    let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+    assert!(
+        mounts.iter().any(|m| m["name"] == "age-identity" && m["mountPath"] == "/var/run/secrets/etcd-snapshotter/age")
+    );
+
+    // Environment credentials: the keys come from the same named Secret, as references.
+    let mut env_creds = values.clone();
+    env_creds["etcdSnapshotter"]["config"]["storage"]["credentials"] = json!({"environment": {}});
+    let pod = snapshotter_pod(&env_creds)?;
+    let env = pod["containers"][0]["env"].as_array().unwrap();
+    let key = env.iter().find(|e| e["name"] == "AWS_SECRET_ACCESS_KEY").expect("the key from the Secret");
+    assert_eq!(key["valueFrom"]["secretKeyRef"], json!({"name": "etcd-backup-s3", "key": "AWS_SECRET_ACCESS_KEY"}));
+    assert!(!names(&pod["volumes"]).contains(&"s3-credentials".to_string()));
+
+    // Web identity needs no Secret: the projected token comes through extraVolumes, and no keys are mounted.
+    let mut web = values.clone();
+    web["etcdSnapshotter"]["s3Credentials"] = json!({"existingSecret": ""});
+    web["etcdSnapshotter"]["config"]["storage"]["credentials"] =
+        json!({"webIdentity": {"roleArn": "arn:aws:iam::1:role/backup", "tokenFile": "/var/run/secrets/sts/token"}});
+    web["etcdSnapshotter"]["extraVolumes"] = json!([{"name": "sts", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "audience": "backup-sts"}}]}}]);
+    web["etcdSnapshotter"]["extraVolumeMounts"] = json!([{"name": "sts", "mountPath": "/var/run/secrets/sts"}]);
+    let pod = snapshotter_pod(&web)?;
+    assert_eq!(names(&pod["volumes"]), ["config", "tmp", "spill", "sts"]);
+    assert!(!names(&pod["containers"][0]["env"]).contains(&"AWS_ACCESS_KEY_ID".to_string()));
+    Ok(())
+}
+
+#[test]
+fn snapshotter_credentials_the_pod_could_not_read_fail_the_render_naming_the_value() {
+    let mut no_secret = all_agents();
+    no_secret["etcdSnapshotter"]["s3Credentials"] = json!({"existingSecret": ""});
+    let err = format!("{:#}", template(&no_secret, &[]).expect_err("no Secret named"));
+    assert!(err.contains("etcdSnapshotter.s3Credentials.existingSecret: name the Secret"), "{err}");
+
+    let mut elsewhere = all_agents();
+    elsewhere["etcdSnapshotter"]["config"]["storage"]["credentials"] = json!({"secretDirectory": "/s3"});
+    let err = format!("{:#}", template(&elsewhere, &[]).expect_err("another directory"));
+    assert!(err.contains("secretDirectory: must be /var/run/secrets/etcd-snapshotter/s3"), "{err}");
+
+    let mut elsewhere = all_agents();
+    elsewhere["etcdSnapshotter"]["ageIdentity"] = json!({"existingSecret": "age"});
+    elsewhere["etcdSnapshotter"]["config"]["drills"] = json!({"identityFile": "/keys/age.txt"});
+    let err = format!("{:#}", template(&elsewhere, &[]).expect_err("identity elsewhere"));
+    assert!(err.contains("drills.identityFile: must be /var/run/secrets/etcd-snapshotter/age/identity.txt"), "{err}");
+
+    let mut unmounted = all_agents();
+    unmounted["etcdSnapshotter"]["config"]["drills"] =
+        json!({"identityFile": "/var/run/secrets/etcd-snapshotter/age/identity.txt"});
+    let err = format!("{:#}", template(&unmounted, &[]).expect_err("identity without its Secret"));
+    assert!(err.contains("etcdSnapshotter.ageIdentity.existingSecret: name the Secret"), "{err}");
+
+    let mut no_spill = all_agents();
+    no_spill["etcdSnapshotter"]["config"]["spill"] = json!(null);
+    let err = format!("{:#}", template(&no_spill, &[]).expect_err("no spill directory"));
+    assert!(err.contains("spill"), "{err}");
 }
 
 #[test]
@@ -160,7 +287,8 @@ fn the_prometheus_rule_carries_every_alert_of_the_enabled_agents_with_the_config
     let alerts: Vec<&Value> =
         rule["spec"]["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()).collect();
     let mut in_files = Vec::new();
-    for file in ["common", "ca-syncer", "dns-rewriter"] {
+    // The chart adds them in the order of the agents' values keys.
+    for file in ["common", "ca-syncer", "dns-rewriter", "etcd-snapshotter", "kubeconfig-rotator"] {
         let text = std::fs::read_to_string(chart::chart_dir().join(format!("rules/{file}.rules.yaml")))?;
         for group in serde_yaml::from_str::<Value>(&text)?["groups"].as_array().unwrap() {
             in_files.extend(group["rules"].as_array().unwrap().iter().map(|r| r["alert"].clone()));
@@ -191,17 +319,24 @@ fn the_dashboard_renders_when_enabled_and_charts_only_metrics_the_alerts_read() 
     // The alerts' metrics are proven present in the agents' real /metrics (their tests/chart.rs), so a panel
     // on one of them is never empty for want of a metric.
     let mut alerting = std::collections::BTreeSet::new();
-    for prefix in ["ca_syncer_", "dns_rewriter_"] {
-        let files = ["common.rules.yaml", "ca-syncer.rules.yaml", "dns-rewriter.rules.yaml"];
+    let prefixes = ["ca_syncer_", "dns_rewriter_", "kubeconfig_rotator_", "etcd_snapshotter_"];
+    for prefix in prefixes {
+        let files = [
+            "common.rules.yaml",
+            "ca-syncer.rules.yaml",
+            "dns-rewriter.rules.yaml",
+            "kubeconfig-rotator.rules.yaml",
+            "etcd-snapshotter.rules.yaml",
+        ];
         alerting.extend(testbed::alert_rules::metric_names(&files, prefix)?);
     }
     let panels = dashboard["panels"].as_array().unwrap();
-    assert!(panels.len() >= 8);
+    assert!(panels.len() >= 14, "a panel per alerting metric of every agent");
     for panel in panels {
         for target in panel["targets"].as_array().unwrap() {
             let expr = target["expr"].as_str().unwrap();
             for name in testbed::alert_rules::names_in(expr) {
-                if name.starts_with("ca_syncer_") || name.starts_with("dns_rewriter_") {
+                if prefixes.iter().any(|p| name.starts_with(p)) {
                     assert!(alerting.contains(&name), "panel {}: {name} is not read by any alert", panel["title"]);
                 }
             }

@@ -1,0 +1,108 @@
+{{- /*
+etcd-snapshotter's pod needs more than the other agents: the S3 keys from a Secret the values only name (never
+the keys themselves), optionally the etcd client certificates and an age identity (for drills and restores of
+encrypted snapshots), and a disk for parts S3 is slow to take (the spill directory).
+*/}}
+
+{{/* Where the chart mounts the S3 credentials Secret; the configuration's secretDirectory must say this. */}}
+{{- define "kcp-keeper.snapshotter.s3Dir" -}}/var/run/secrets/etcd-snapshotter/s3{{- end }}
+{{- define "kcp-keeper.snapshotter.ageDir" -}}/var/run/secrets/etcd-snapshotter/age{{- end }}
+{{- define "kcp-keeper.snapshotter.tlsDir" -}}/etc/etcd-tls{{- end }}
+
+{{/* Fails the render on values that would give the agent credentials it cannot read. */}}
+{{- define "kcp-keeper.snapshotter.check" -}}
+{{- $v := .Values.etcdSnapshotter -}}
+{{- if not (dig "spill" "directory" "" $v.config) }}
+{{- fail "etcdSnapshotter.config.spill.directory: required (the chart mounts an emptyDir there)" }}
+{{- end }}
+{{- $creds := dig "storage" "credentials" dict $v.config }}
+{{- $secret := $v.s3Credentials.existingSecret }}
+{{- if hasKey $creds "secretDirectory" }}
+{{- if not $secret }}
+{{- fail "etcdSnapshotter.s3Credentials.existingSecret: name the Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (config.storage.credentials.secretDirectory reads it)" }}
+{{- end }}
+{{- if ne $creds.secretDirectory (include "kcp-keeper.snapshotter.s3Dir" .) }}
+{{- fail (printf "etcdSnapshotter.config.storage.credentials.secretDirectory: must be %s, where the chart mounts s3Credentials.existingSecret" (include "kcp-keeper.snapshotter.s3Dir" .)) }}
+{{- end }}
+{{- else if hasKey $creds "environment" }}
+{{- if not $secret }}
+{{- fail "etcdSnapshotter.s3Credentials.existingSecret: name the Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (config.storage.credentials.environment reads them from the environment)" }}
+{{- end }}
+{{- end }}
+{{- $identity := dig "drills" "identityFile" "" $v.config }}
+{{- $mounted := printf "%s/identity.txt" (include "kcp-keeper.snapshotter.ageDir" .) }}
+{{- if and $v.ageIdentity.existingSecret (ne $identity $mounted) }}
+{{- fail (printf "etcdSnapshotter.config.drills.identityFile: must be %s, where the chart mounts ageIdentity.existingSecret" $mounted) }}
+{{- end }}
+{{- if and (eq $identity $mounted) (not $v.ageIdentity.existingSecret) }}
+{{- fail "etcdSnapshotter.ageIdentity.existingSecret: name the Secret holding the age identity (config.drills.identityFile reads it)" }}
+{{- end }}
+{{- end }}
+
+{{- define "kcp-keeper.snapshotter.env" -}}
+# The SDK must never probe a cloud metadata endpoint: the credentials are always given explicitly.
+- name: AWS_EC2_METADATA_DISABLED
+  value: "true"
+{{- $v := .Values.etcdSnapshotter -}}
+{{- if hasKey (dig "storage" "credentials" dict $v.config) "environment" }}
+{{- range $k := list "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" }}
+- name: {{ $k }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.s3Credentials.existingSecret }}
+      key: {{ $k }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kcp-keeper.snapshotter.mounts" -}}
+{{- $v := .Values.etcdSnapshotter -}}
+- name: spill
+  mountPath: {{ $v.config.spill.directory }}
+{{- if hasKey (dig "storage" "credentials" dict $v.config) "secretDirectory" }}
+- name: s3-credentials
+  mountPath: {{ include "kcp-keeper.snapshotter.s3Dir" . }}
+  readOnly: true
+{{- end }}
+{{- if $v.etcdClientTLS.existingSecret }}
+- name: etcd-tls
+  mountPath: {{ include "kcp-keeper.snapshotter.tlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- if $v.ageIdentity.existingSecret }}
+- name: age-identity
+  mountPath: {{ include "kcp-keeper.snapshotter.ageDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "kcp-keeper.snapshotter.volumes" -}}
+{{- $v := .Values.etcdSnapshotter -}}
+# Parts S3 is slow to take wait here (bounded by spill.memoryBudget in memory first).
+- name: spill
+  emptyDir:
+    sizeLimit: {{ $v.spillSizeLimit }}
+{{- if hasKey (dig "storage" "credentials" dict $v.config) "secretDirectory" }}
+- name: s3-credentials
+  secret:
+    secretName: {{ $v.s3Credentials.existingSecret }}
+    defaultMode: 0440  # group-readable: the pod's fsGroup
+    items:
+    - {key: AWS_ACCESS_KEY_ID, path: AWS_ACCESS_KEY_ID}
+    - {key: AWS_SECRET_ACCESS_KEY, path: AWS_SECRET_ACCESS_KEY}
+{{- end }}
+{{- if $v.etcdClientTLS.existingSecret }}
+- name: etcd-tls
+  secret:
+    secretName: {{ $v.etcdClientTLS.existingSecret }}
+    defaultMode: 0440  # group-readable: the pod's fsGroup
+{{- end }}
+{{- if $v.ageIdentity.existingSecret }}
+- name: age-identity
+  secret:
+    secretName: {{ $v.ageIdentity.existingSecret }}
+    defaultMode: 0440  # group-readable: the pod's fsGroup
+    items:
+    - {key: {{ $v.ageIdentity.key }}, path: identity.txt}
+{{- end }}
+{{- end }}
