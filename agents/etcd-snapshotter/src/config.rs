@@ -836,6 +836,53 @@ mod tests {
     }
 
     #[test]
+    fn the_example_drills_root_at_the_kcp_level() {
+        let config = load(EXAMPLE).unwrap();
+        let drill = config.shards[0].drill.as_ref().unwrap();
+        assert_eq!(drill.schedule.name(), "drill-root");
+        assert_eq!(drill.kcp.as_ref().unwrap().workspaces, ["root:team-a"]);
+        assert!(config.shards[1].drill.is_none());
+        assert_eq!(config.drills.kcp.as_deref(), Some(Path::new("/usr/local/bin/kcp")));
+        assert_eq!(config.drills.timeout, Duration::from_secs(30 * 60));
+    }
+
+    #[test]
+    fn drill_errors_name_their_fields_and_never_the_values() {
+        let text = EXAMPLE
+            .replace("olderRate: 0.2", "olderRate: 7")
+            .replace("[root:team-a]", "[\"Root:Secret-Team\"]")
+            .replace("path: /api/v1/namespaces/default/configmaps/drill-marker", "path: /api/../secret-path?x=1")
+            .replace("cron: \"30 4 * * *\"", "cron: \"99 4 * * *\"")
+            .replace("  kcp: /usr/local/bin/kcp", "")
+            .replace("identityFile: /var/run/secrets/etcd-snapshotter/age/identity.txt", "sampleKeys: 0")
+            .replace("  sampleKeys: 100\n", "")
+            .replace("timeout: 30m", "timeout: soon-ish");
+        let err = load(&text).unwrap_err();
+        for path in [
+            "shards[0].drill.olderRate",
+            "shards[0].drill.kcp.workspaces[0]",
+            "shards[0].drill.kcp.objects[0].path",
+            "shards[0].drill.schedule",
+            "drills.sampleKeys",
+            "drills.timeout",
+        ] {
+            assert!(err.contains(path), "{path} missing in {err}");
+        }
+        assert!(!err.contains("Secret-Team") && !err.contains("secret-path") && !err.contains("soon-ish"), "{err}");
+    }
+
+    #[test]
+    fn the_kcp_level_needs_the_kcp_binary_and_unknown_drill_fields_fail() {
+        let err = load(&EXAMPLE.replace("  kcp: /usr/local/bin/kcp", "")).unwrap_err();
+        assert!(err.contains("shards[0].drill.kcp: needs drills.kcp"), "{err}");
+        let without_identity = EXAMPLE.replace("identityFile: /var/run/secrets/etcd-snapshotter/age/identity.txt", "");
+        let err = load(&without_identity).unwrap_err();
+        assert!(err.contains("drills.identityFile: snapshots are encrypted"), "{err}");
+        let err = load(&EXAMPLE.replace("olderRate:", "olderRatio:")).unwrap_err();
+        assert!(err.contains("olderRatio"), "{err}");
+    }
+
+    #[test]
     fn parts_below_the_s3_minimum_are_refused() {
         let err = load(&EXAMPLE.replace("partSize: 8Mi", "partSize: 1Mi")).unwrap_err();
         assert!(err.contains("spill.partSize"), "{err}");
