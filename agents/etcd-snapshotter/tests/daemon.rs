@@ -338,3 +338,59 @@ async fn two_replicas_run_each_scheduled_drill_once_and_a_flipped_byte_fails_it_
     let left: Vec<_> = std::fs::read_dir(bed.drills_dir()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "drill directories left behind: {left:?}");
 }
+
+/// Processes whose command line mentions `needle` (a drill's processes all run inside its directory).
+fn processes_mentioning(needle: &str, except: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if pid != except && cmdline.contains(needle) {
+            out.push((pid, cmdline));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_mid_drill_stops_it_and_leaves_no_process_and_no_directory_behind() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 200, 5_000).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]).with_drills(&bed);
+    options.shard_extra = format!("drill:\n  schedule:\n    cron: \"{EVERY_FIVE_SECONDS}\"\n");
+    let config = write_config(&bed, &options).unwrap();
+    snapshot_ok(&config);
+    let mut agent = AgentProcess::start(cluster, Path::new(BINARY), &config, &ns, "replica-a", &[NO_METADATA]).unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+
+    // The throwaway etcd lives for well under a second per drill: poll /proc tightly for it.
+    let drills_dir = bed.drills_dir().display().to_string();
+    let agent_pid = agent.process.pid().unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    let drill_etcd = loop {
+        let found = processes_mentioning(&drills_dir, agent_pid);
+        if let Some(found) = found.into_iter().find(|(_, cmd)| cmd.contains("--name=drill")) {
+            break found;
+        }
+        assert!(std::time::Instant::now() < deadline, "no drill ran:\n{}", agent.process.log_tail());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let status = agent.terminate(Duration::from_secs(20));
+    assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}\n{}", agent.process.log_tail());
+    assert!(
+        agent.process.log().contains("the drill in flight was stopped and cleaned up"),
+        "SIGTERM came mid-drill:\n{}",
+        agent.process.log_tail()
+    );
+    let state = std::fs::read_to_string(format!("/proc/{}/stat", drill_etcd.0)).unwrap_or_default();
+    let state = state.rsplit_once(") ").map(|(_, rest)| rest.chars().next().unwrap_or('?')).unwrap_or('-');
+    assert!(matches!(state, '-' | 'Z'), "the drill's etcd (pid {}) still runs: state {state}", drill_etcd.0);
+    assert_eq!(processes_mentioning(&drills_dir, agent_pid), vec![], "no drill process is left");
+    let left: Vec<_> = std::fs::read_dir(bed.drills_dir()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "drill directories left behind: {left:?}");
+}
