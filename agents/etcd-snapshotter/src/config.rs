@@ -81,8 +81,9 @@ pub struct RawShardDrill {
     pub kcp: Option<KcpExpect>,
 }
 
-/// The kcp level: a real kcp shard on the restored etcd, and what must be readable through it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// The kcp level: a real kcp shard on the restored etcd, and what must be readable through it (`kcp: {}` for
+/// `/readyz` alone).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KcpExpect {
     /// Workspace paths (`root:team-a`) that must exist.
@@ -389,7 +390,8 @@ impl AgentConfig for Config {
 
     fn from_raw(raw: RawConfig) -> Result<Self, Vec<FieldError>> {
         let mut errors = Vec::new();
-        let shards = shards(raw.shards, &mut errors);
+        let kcp_binary = raw.drills.as_ref().is_some_and(|d| d.kcp.is_some());
+        let shards = shards(raw.shards, kcp_binary, &mut errors);
         let storage = storage(raw.storage, &mut errors);
         let recipients = recipients(raw.encryption, &mut errors);
         let retention = retention(&raw.retention, &mut errors);
@@ -412,7 +414,7 @@ fn is_dns_label(name: &str) -> bool {
         && !name.ends_with('-')
 }
 
-fn shards(raw: Vec<RawShard>, errors: &mut Vec<FieldError>) -> Vec<Shard> {
+fn shards(raw: Vec<RawShard>, kcp_binary: bool, errors: &mut Vec<FieldError>) -> Vec<Shard> {
     if raw.is_empty() {
         errors.push(FieldError::new("shards", "at least one shard is required"));
     }
@@ -436,6 +438,9 @@ fn shards(raw: Vec<RawShard>, errors: &mut Vec<FieldError>) -> Vec<Shard> {
             && tls.cert_file.is_some() != tls.key_file.is_some()
         {
             errors.push(FieldError::new(at("tls"), "certFile and keyFile go together"));
+        }
+        if shard.drill.as_ref().is_some_and(|d| d.kcp.is_some()) && !kcp_binary {
+            errors.push(FieldError::new(at("drill.kcp"), "needs drills.kcp (the kcp binary)"));
         }
         let drill = shard.drill.and_then(|raw| shard_drill(&shard.name, raw, &at, errors));
         match Schedule::new(&format!("snapshot-{}", shard.name), &shard.schedule) {
@@ -552,13 +557,6 @@ fn drills(
             Duration::ZERO
         }
     };
-    if raw.kcp.is_none() {
-        for (i, shard) in shards.iter().enumerate() {
-            if shard.drill.as_ref().is_some_and(|d| d.kcp.is_some()) {
-                errors.push(FieldError::new(format!("shards[{i}].drill.kcp"), "needs drills.kcp (the kcp binary)"));
-            }
-        }
-    }
     Drills {
         etcd: raw.etcd,
         etcdutl: raw.etcdutl,

@@ -116,6 +116,13 @@ async fn the_kcp_level_passes_on_a_snapshot_of_the_real_root_shard_and_fails_nam
         "{}",
         text(&out)
     );
+
+    // --kcp on the command line: the kcp level for a shard whose configuration names nothing (/readyz alone).
+    let plain = write_config(&bed, &Options::new(&bed, "root", vec![shard_etcd.clone()]).with_drills(&bed)).unwrap();
+    let kcp_binary = bed.peers.path("kcp").to_str().unwrap().to_string();
+    let out = cli(&["drill", "--config", plain.to_str().unwrap(), "--kcp", &kcp_binary]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("0 workspace(s) and 0 object(s) read"), "{}", text(&out));
     let left: Vec<_> = std::fs::read_dir(bed.drills_dir()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "drill directories left behind: {left:?}");
 }
