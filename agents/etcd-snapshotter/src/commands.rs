@@ -184,8 +184,9 @@ pub struct DrillArgs {
     /// etcd binary for the throwaway member (default: the configuration's drills.etcd).
     #[arg(long, env = "ETCD")]
     pub etcd: Option<PathBuf>,
-    /// kcp binary for the kcp level (default: the configuration's drills.kcp); the level runs for shards whose
-    /// drill names what kcp must show.
+    /// kcp binary for the kcp level (default: the configuration's drills.kcp). The level runs for shards whose
+    /// drill has `kcp` (reading what it names); given here, it runs for every drilled shard (`/readyz` alone where
+    /// the configuration names nothing).
     #[arg(long, env = "KCP")]
     pub kcp: Option<PathBuf>,
 }
@@ -199,7 +200,9 @@ pub async fn drill(args: DrillArgs) -> anyhow::Result<()> {
     drills.identity_file = args.identity_file.or(drills.identity_file);
     drills.etcdutl = args.etcdutl.unwrap_or(drills.etcdutl);
     drills.etcd = args.etcd.unwrap_or(drills.etcd);
+    let kcp_everywhere = args.kcp.is_some();
     drills.kcp = args.kcp.or(drills.kcp);
+    let readyz_only = crate::config::KcpExpect::default();
     if let Some(name) = &args.shard {
         anyhow::ensure!(config.shards.iter().any(|s| &s.name == name), "no shard named {name:?} in the configuration");
     }
@@ -220,7 +223,8 @@ pub async fn drill(args: DrillArgs) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     for id in ids {
         let shard = id.split('/').next().unwrap_or_default();
-        let kcp = config.shards.iter().find(|s| s.name == shard).and_then(|s| s.drill.as_ref()?.kcp.as_ref());
+        let configured = config.shards.iter().find(|s| s.name == shard).and_then(|s| s.drill.as_ref()?.kcp.as_ref());
+        let kcp = configured.or(kcp_everywhere.then_some(&readyz_only));
         let run = crate::drill::run::drill_and_record(&drills, kcp, &store, &id);
         let outcome = tokio::select! {
             outcome = run => outcome,

@@ -81,8 +81,9 @@ pub struct RawShardDrill {
     pub kcp: Option<KcpExpect>,
 }
 
-/// The kcp level: a real kcp shard on the restored etcd, and what must be readable through it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// The kcp level: a real kcp shard on the restored etcd, and what must be readable through it (`kcp: {}` for
+/// `/readyz` alone).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KcpExpect {
     /// Workspace paths (`root:team-a`) that must exist.
@@ -389,7 +390,8 @@ impl AgentConfig for Config {
 
     fn from_raw(raw: RawConfig) -> Result<Self, Vec<FieldError>> {
         let mut errors = Vec::new();
-        let shards = shards(raw.shards, &mut errors);
+        let kcp_binary = raw.drills.as_ref().is_some_and(|d| d.kcp.is_some());
+        let shards = shards(raw.shards, kcp_binary, &mut errors);
         let storage = storage(raw.storage, &mut errors);
         let recipients = recipients(raw.encryption, &mut errors);
         let retention = retention(&raw.retention, &mut errors);
@@ -412,7 +414,7 @@ fn is_dns_label(name: &str) -> bool {
         && !name.ends_with('-')
 }
 
-fn shards(raw: Vec<RawShard>, errors: &mut Vec<FieldError>) -> Vec<Shard> {
+fn shards(raw: Vec<RawShard>, kcp_binary: bool, errors: &mut Vec<FieldError>) -> Vec<Shard> {
     if raw.is_empty() {
         errors.push(FieldError::new("shards", "at least one shard is required"));
     }
@@ -436,6 +438,9 @@ fn shards(raw: Vec<RawShard>, errors: &mut Vec<FieldError>) -> Vec<Shard> {
             && tls.cert_file.is_some() != tls.key_file.is_some()
         {
             errors.push(FieldError::new(at("tls"), "certFile and keyFile go together"));
+        }
+        if shard.drill.as_ref().is_some_and(|d| d.kcp.is_some()) && !kcp_binary {
+            errors.push(FieldError::new(at("drill.kcp"), "needs drills.kcp (the kcp binary)"));
         }
         let drill = shard.drill.and_then(|raw| shard_drill(&shard.name, raw, &at, errors));
         match Schedule::new(&format!("snapshot-{}", shard.name), &shard.schedule) {
@@ -552,13 +557,6 @@ fn drills(
             Duration::ZERO
         }
     };
-    if raw.kcp.is_none() {
-        for (i, shard) in shards.iter().enumerate() {
-            if shard.drill.as_ref().is_some_and(|d| d.kcp.is_some()) {
-                errors.push(FieldError::new(format!("shards[{i}].drill.kcp"), "needs drills.kcp (the kcp binary)"));
-            }
-        }
-    }
     Drills {
         etcd: raw.etcd,
         etcdutl: raw.etcdutl,
@@ -833,6 +831,53 @@ mod tests {
         assert_eq!(parse_size("64Mi"), Ok(64 << 20));
         assert_eq!(parse_size("5000"), Ok(5000));
         assert!(parse_size("5 MB").is_err());
+    }
+
+    #[test]
+    fn the_example_drills_root_at_the_kcp_level() {
+        let config = load(EXAMPLE).unwrap();
+        let drill = config.shards[0].drill.as_ref().unwrap();
+        assert_eq!(drill.schedule.name(), "drill-root");
+        assert_eq!(drill.kcp.as_ref().unwrap().workspaces, ["root:team-a"]);
+        assert!(config.shards[1].drill.is_none());
+        assert_eq!(config.drills.kcp.as_deref(), Some(Path::new("/usr/local/bin/kcp")));
+        assert_eq!(config.drills.timeout, Duration::from_secs(30 * 60));
+    }
+
+    #[test]
+    fn drill_errors_name_their_fields_and_never_the_values() {
+        let text = EXAMPLE
+            .replace("olderRate: 0.2", "olderRate: 7")
+            .replace("[root:team-a]", "[\"Root:Secret-Team\"]")
+            .replace("path: /api/v1/namespaces/default/configmaps/drill-marker", "path: /api/../secret-path?x=1")
+            .replace("cron: \"30 4 * * *\"", "cron: \"99 4 * * *\"")
+            .replace("  kcp: /usr/local/bin/kcp", "")
+            .replace("identityFile: /var/run/secrets/etcd-snapshotter/age/identity.txt", "sampleKeys: 0")
+            .replace("  sampleKeys: 100\n", "")
+            .replace("timeout: 30m", "timeout: soon-ish");
+        let err = load(&text).unwrap_err();
+        for path in [
+            "shards[0].drill.olderRate",
+            "shards[0].drill.kcp.workspaces[0]",
+            "shards[0].drill.kcp.objects[0].path",
+            "shards[0].drill.schedule",
+            "drills.sampleKeys",
+            "drills.timeout",
+        ] {
+            assert!(err.contains(path), "{path} missing in {err}");
+        }
+        assert!(!err.contains("Secret-Team") && !err.contains("secret-path") && !err.contains("soon-ish"), "{err}");
+    }
+
+    #[test]
+    fn the_kcp_level_needs_the_kcp_binary_and_unknown_drill_fields_fail() {
+        let err = load(&EXAMPLE.replace("  kcp: /usr/local/bin/kcp", "")).unwrap_err();
+        assert!(err.contains("shards[0].drill.kcp: needs drills.kcp"), "{err}");
+        let without_identity = EXAMPLE.replace("identityFile: /var/run/secrets/etcd-snapshotter/age/identity.txt", "");
+        let err = load(&without_identity).unwrap_err();
+        assert!(err.contains("drills.identityFile: snapshots are encrypted"), "{err}");
+        let err = load(&EXAMPLE.replace("olderRate:", "olderRatio:")).unwrap_err();
+        assert!(err.contains("olderRatio"), "{err}");
     }
 
     #[test]

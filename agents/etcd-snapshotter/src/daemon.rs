@@ -2,6 +2,11 @@
 //! recorded on the Lease before it runs, so two replicas take one snapshot per tick), one snapshot at a time
 //! (the memory budget is the process's, not a shard's), each under `finish_or_abort` so a shutdown aborts the
 //! multipart upload rather than leaving it half done. Retention runs only after a published snapshot.
+//!
+//! Restore drills run on each shard's own drill schedule the same way (leader only, the tick recorded on the
+//! Lease as `drill-<shard>`), one drill at a time (a drill restores a whole database to local disk), apart
+//! from snapshots. A shutdown drops the drill in flight: its scratch kills its processes and removes its
+//! directory before the process exits.
 
 use std::sync::Arc;
 
@@ -16,6 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::catalog;
 use crate::config::{Config, Shard};
+use crate::drill::run::{self as drill_run, Outcome};
+use crate::drill::{DrillError, older_choice};
 use crate::metrics::{Metrics, PREFIX};
 use crate::snapshot::{self, Pending, SnapshotError};
 use crate::storage::Store;
@@ -38,9 +45,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
 async fn daemon(mut ctx: Context<Config>, metrics: Metrics, regarding: ObjectReference) -> anyhow::Result<()> {
     let one_at_a_time = Arc::new(tokio::sync::Mutex::new(()));
+    let one_drill_at_a_time = Arc::new(tokio::sync::Mutex::new(()));
     let regarding = Arc::new(regarding);
+    let mut first = true;
     loop {
         let config = ctx.config.borrow_and_update().clone();
+        if std::mem::take(&mut first) {
+            // Only before any drill of this process runs: what a killed predecessor left is not in use.
+            drill_run::remove_leftovers(&config.drills.directory);
+        }
         metrics.configure(&config.spill);
         for shard in &config.shards {
             metrics.init_shard(shard);
@@ -63,9 +76,29 @@ async fn daemon(mut ctx: Context<Config>, metrics: Metrics, regarding: ObjectRef
                 one_at_a_time: one_at_a_time.clone(),
             };
             let (record, leadership, token) = (ctx.lease_record.clone(), ctx.leadership.clone(), schedules.clone());
+            let snapshot_schedule = shard.schedule.clone();
             tasks.spawn(async move {
                 let job = Arc::new(job);
-                schedule::run(shard.schedule.clone(), record, leadership, token, move |tick| {
+                schedule::run(snapshot_schedule, record, leadership, token, move |tick| {
+                    let job = job.clone();
+                    async move { job.run(tick).await }
+                })
+                .await;
+            });
+            let Some(drill) = shard.drill.clone() else { continue };
+            let job = DrillJob {
+                config: config.clone(),
+                shard: shard.clone(),
+                metrics: metrics.clone(),
+                events: ctx.events.clone(),
+                regarding: regarding.clone(),
+                shutdown: ctx.shutdown.clone(),
+                one_at_a_time: one_drill_at_a_time.clone(),
+            };
+            let (record, leadership, token) = (ctx.lease_record.clone(), ctx.leadership.clone(), schedules.clone());
+            tasks.spawn(async move {
+                let job = Arc::new(job);
+                schedule::run(drill.schedule.clone(), record, leadership, token, move |tick| {
                     let job = job.clone();
                     async move { job.run(tick).await }
                 })
@@ -177,5 +210,91 @@ impl Job {
         tracing::error!(shard, reason, error = %error, "snapshot failed; nothing was published and retention did not run");
         let note = format!("snapshot of shard {shard} failed ({reason}): {error}");
         self.events.publish(&self.regarding, EventType::Warning, "SnapshotFailed", "Snapshot", &note).await;
+    }
+}
+
+/// A shard's scheduled drill: the newest snapshot every tick, and at the configured rate also a random older
+/// retained one.
+struct DrillJob {
+    config: Arc<Config>,
+    shard: Shard,
+    metrics: Metrics,
+    events: Arc<Recorder>,
+    regarding: Arc<ObjectReference>,
+    shutdown: CancellationToken,
+    one_at_a_time: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl DrillJob {
+    async fn run(&self, tick: Tick) {
+        let _turn = self.one_at_a_time.lock().await;
+        let shard = &self.shard.name;
+        let store = match Store::new(&self.config.storage) {
+            Ok(store) => store,
+            Err(e) => return self.failed(&tick, shard, &DrillError::Storage(e.to_string()), 0.0).await,
+        };
+        let listed = match catalog::list(&store, Some(shard)).await {
+            Ok(listed) => listed,
+            Err(e) => return self.failed(&tick, shard, &DrillError::Storage(e.to_string()), 0.0).await,
+        };
+        let Some(newest) = listed.first() else {
+            let error = DrillError::NoSnapshot(format!("shard {shard} has no published snapshot"));
+            return self.failed(&tick, shard, &error, 0.0).await;
+        };
+        let mut ids = vec![newest.id.clone()];
+        let rate = self.shard.drill.as_ref().map(|d| d.older_rate).unwrap_or(0.0);
+        if let Some(older) = older_choice(&listed, rate, rand::random::<f64>(), rand::random::<f64>()) {
+            ids.push(older.id.clone());
+        }
+        let kcp = self.shard.drill.as_ref().and_then(|d| d.kcp.as_ref());
+        for id in ids {
+            let drill = drill_run::drill_and_record(&self.config.drills, kcp, &store, &id);
+            let outcome = tokio::select! {
+                outcome = drill => outcome,
+                // Dropping the drill kills its processes and removes its directory (its Scratch).
+                () = self.shutdown.cancelled() => {
+                    let error = DrillError::Interrupted;
+                    let reason: &'static str = (&error).into();
+                    tracing::warn!(shard, id, reason, "shutdown: the drill in flight was stopped and cleaned up");
+                    // Counted, but not as the shard's last failure: a restart says nothing about the snapshot.
+                    self.metrics.drill.failures.get_or_create(&crate::metrics::FailureLabels {
+                        shard: shard.clone(), reason: reason.into(),
+                    }).inc();
+                    return;
+                }
+            };
+            self.finished(&tick, &outcome).await;
+        }
+    }
+
+    async fn finished(&self, tick: &Tick, outcome: &Outcome) {
+        let shard = &self.shard.name;
+        let label = self.metrics.shard(shard);
+        let report = &outcome.report;
+        self.metrics.drill.duration.get_or_create(&label).set(report.duration_seconds);
+        if let Some(seconds) = report.restore_seconds {
+            self.metrics.drill.restore.get_or_create(&label).set(seconds);
+        }
+        let summary = drill_run::summary(outcome);
+        match &outcome.result {
+            Ok(()) => {
+                self.metrics.drill.last_success.get_or_create(&label).set(unix_now());
+                tracing::info!(shard, id = report.id, tick = %tick.at, restore_seconds = report.restore_seconds, "drill passed");
+                let note = format!("drill of tick {}: {summary}", tick.at.to_rfc3339());
+                self.events.publish(&self.regarding, EventType::Normal, "DrillPassed", "Drill", &note).await;
+            }
+            Err(error) => self.failed(tick, shard, error, report.duration_seconds).await,
+        }
+    }
+
+    async fn failed(&self, tick: &Tick, shard: &str, error: &DrillError, seconds: f64) {
+        let reason: &'static str = error.into();
+        self.metrics.drill_failed(shard, error);
+        if seconds > 0.0 {
+            self.metrics.drill.duration.get_or_create(&self.metrics.shard(shard)).set(seconds);
+        }
+        tracing::error!(shard, reason, error = %error, tick = %tick.at, "restore drill failed");
+        let note = format!("drill of shard {shard} (tick {}) failed ({reason}): {error}", tick.at.to_rfc3339());
+        self.events.publish(&self.regarding, EventType::Warning, "DrillFailed", "Drill", &note).await;
     }
 }

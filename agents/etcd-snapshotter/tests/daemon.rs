@@ -230,3 +230,167 @@ async fn sigterm_during_a_slow_upload_aborts_it_after_the_grace_and_exits_cleanl
     assert!(uploads(&s3, &bed.s3.bucket).await.is_empty(), "no multipart upload left behind");
     assert!(manifests(&s3, &bed.s3.bucket).await.is_empty(), "nothing published");
 }
+
+/// The ticks of the drills a replica ran, from its JSON log.
+fn drilled_ticks(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "drill passed" || v["message"] == "restore drill failed")
+        .filter_map(|v| v["tick"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_run_each_scheduled_drill_once_and_a_flipped_byte_fails_it_with_an_event_and_the_metric() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 100, 1000).await.unwrap();
+    apply_documented_rbac(&cluster.client(), &ns).await;
+    let (kubeconfig, user) = cluster.service_account_kubeconfig(&ns, "etcd-snapshotter").await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]).with_drills(&bed);
+    options.shard_extra = format!("drill:\n  schedule:\n    cron: \"{EVERY_FIVE_SECONDS}\"\n");
+    let config = write_config(&bed, &options).unwrap();
+    snapshot_ok(&config);
+    let id = manifests(&bed.s3.client(), &bed.s3.bucket).await[0]["id"].as_str().unwrap().to_string();
+
+    let start = |identity: &str| {
+        AgentProcess::start_as(cluster, &kubeconfig, Path::new(BINARY), &config, &ns, identity, &[NO_METADATA]).unwrap()
+    };
+    let (mut a, mut b) = (start("replica-a"), start("replica-b"));
+    a.wait_ready(WAIT).await.unwrap();
+    b.wait_ready(WAIT).await.unwrap();
+    for agent in [&a, &b] {
+        let text = scrape(&agent.admin_url).await;
+        assert_eq!(value(&text, "etcd_snapshotter_drill_schedule_interval_seconds{shard=\"root\"}").unwrap(), 5.0);
+        let yearly = value(&text, "etcd_snapshotter_schedule_interval_seconds{shard=\"root\"}").unwrap();
+        assert!(yearly >= 365.0 * 86400.0, "{yearly}");
+        for series in [
+            "etcd_snapshotter_drill_last_failure_timestamp_seconds{shard=\"root\"}",
+            "etcd_snapshotter_drill_failures_total{shard=\"root\",reason=\"object_hash_mismatch\"}",
+            "etcd_snapshotter_drill_failures_total{shard=\"root\",reason=\"kcp\"}",
+        ] {
+            assert_eq!(value(&text, series).unwrap(), 0.0, "{series} exists from the start at 0");
+        }
+    }
+
+    let ticks = testbed::eventually(Duration::from_secs(120), "three drilled ticks", || {
+        let ticks = [drilled_ticks(&a.process.log()), drilled_ticks(&b.process.log())].concat();
+        async move { (ticks.len() >= 3).then_some(ticks) }
+    })
+    .await;
+    let mut unique = ticks.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), ticks.len(), "each tick drilled once across two replicas: {ticks:?}");
+    let lease = Api::<Lease>::namespaced(cluster.client(), &ns).get(LEASE).await.unwrap();
+    let annotations = lease.metadata.annotations.unwrap_or_default();
+    assert!(annotations.contains_key("schedule.kcp-keeper.io/drill-root"), "{annotations:?}");
+    let holder = lease.spec.and_then(|s| s.holder_identity).unwrap();
+    let leader = if holder == "replica-a" { &a } else { &b };
+    let text = scrape(&leader.admin_url).await;
+    assert!(value(&text, "etcd_snapshotter_drill_last_success_timestamp_seconds{shard=\"root\"}").unwrap() > 0.0);
+    assert!(value(&text, "etcd_snapshotter_drill_restore_seconds{shard=\"root\"}").unwrap() > 0.0);
+    assert!(value(&text, "etcd_snapshotter_drill_duration_seconds{shard=\"root\"}").unwrap() > 0.0);
+    let list = cli(&["list", "--config", config.to_str().unwrap()]);
+    let listing = String::from_utf8_lossy(&list.stdout);
+    assert!(listing.lines().any(|l| l.starts_with(&id) && !l.ends_with(" no")), "verified by the drill: {listing}");
+
+    // A byte flipped in the stored object: the next drill fails, with an Event and the metric.
+    let file = bed.s3_file(&format!("{PREFIX}/{id}/snapshot.db.zst"));
+    let mut bytes = std::fs::read(&file).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x80;
+    std::fs::write(&file, bytes).unwrap();
+    leader
+        .wait_for_metric(
+            "etcd_snapshotter_drill_failures_total{shard=\"root\",reason=\"object_hash_mismatch\"}",
+            WAIT,
+            |v| v >= 1.0,
+        )
+        .await;
+    assert!(
+        leader.metric("etcd_snapshotter_drill_last_failure_timestamp_seconds{shard=\"root\"}").await.unwrap() > 0.0
+    );
+    let failed = testbed::eventually(WAIT, "a DrillFailed Event", || async {
+        let found = events(&cluster.client(), &ns, "DrillFailed").await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    let note = failed[0].note.clone().unwrap_or_default();
+    assert!(note.contains("(object_hash_mismatch)") && note.contains("object hash mismatch"), "{note}");
+    let listing = String::from_utf8_lossy(&cli(&["list", "--config", config.to_str().unwrap()]).stdout).into_owned();
+    assert!(listing.contains("drill failed: object_hash_mismatch"), "{listing}");
+
+    let refused: Vec<_> = testbed::audit::by_user(&cluster.apiserver.audit_log, &user)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.code == Some(403))
+        .collect();
+    assert!(refused.is_empty(), "refused requests: {refused:?}");
+    for agent in [&mut a, &mut b] {
+        let status = agent.terminate(Duration::from_secs(20));
+        assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}\n{}", agent.process.log_tail());
+        testbed::assert_no_secret_material(&agent.process.log(), &[&bed.s3.secret_key, &bed.s3.access_key]);
+    }
+    let left: Vec<_> = std::fs::read_dir(bed.drills_dir()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "drill directories left behind: {left:?}");
+}
+
+/// Processes whose command line mentions `needle` (a drill's processes all run inside its directory).
+fn processes_mentioning(needle: &str, except: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if pid != except && cmdline.contains(needle) {
+            out.push((pid, cmdline));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_mid_drill_stops_it_and_leaves_no_process_and_no_directory_behind() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 200, 5_000).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]).with_drills(&bed);
+    options.shard_extra = format!("drill:\n  schedule:\n    cron: \"{EVERY_FIVE_SECONDS}\"\n");
+    let config = write_config(&bed, &options).unwrap();
+    snapshot_ok(&config);
+    let mut agent = AgentProcess::start(cluster, Path::new(BINARY), &config, &ns, "replica-a", &[NO_METADATA]).unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+
+    // The throwaway etcd lives for well under a second per drill: poll /proc tightly for it.
+    let drills_dir = bed.drills_dir().display().to_string();
+    let agent_pid = agent.process.pid().unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    let drill_etcd = loop {
+        let found = processes_mentioning(&drills_dir, agent_pid);
+        if let Some(found) = found.into_iter().find(|(_, cmd)| cmd.contains("--name=drill")) {
+            break found;
+        }
+        assert!(std::time::Instant::now() < deadline, "no drill ran:\n{}", agent.process.log_tail());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let status = agent.terminate(Duration::from_secs(20));
+    assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}\n{}", agent.process.log_tail());
+    assert!(
+        agent.process.log().contains("the drill in flight was stopped and cleaned up"),
+        "SIGTERM came mid-drill:\n{}",
+        agent.process.log_tail()
+    );
+    let state = std::fs::read_to_string(format!("/proc/{}/stat", drill_etcd.0)).unwrap_or_default();
+    let state = state.rsplit_once(") ").map(|(_, rest)| rest.chars().next().unwrap_or('?')).unwrap_or('-');
+    assert!(matches!(state, '-' | 'Z'), "the drill's etcd (pid {}) still runs: state {state}", drill_etcd.0);
+    assert_eq!(processes_mentioning(&drills_dir, agent_pid), vec![], "no drill process is left");
+    let left: Vec<_> = std::fs::read_dir(bed.drills_dir()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "drill directories left behind: {left:?}");
+}

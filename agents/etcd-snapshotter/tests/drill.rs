@@ -241,3 +241,31 @@ async fn a_drill_stopped_by_sigterm_leaves_no_process_and_no_directory_behind() 
     assert_eq!(processes_mentioning(&drills_dir), vec![], "no drill process is left");
     assert_drills_dir_empty(&d.bed);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_encrypted_snapshot_drills_with_the_identity_file_and_fails_setup_without_it() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/secret-things", 100, 1_000).await.unwrap();
+    let identity = age::x25519::Identity::generate();
+    let identity_file = bed.path("identity.txt");
+    std::fs::write(&identity_file, format!("{}\n", age::secrecy::ExposeSecret::expose_secret(&identity.to_string())))
+        .unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]).with_drills(&bed);
+    options.recipients = vec![identity.to_public().to_string()];
+    let config = write_config(&bed, &options).unwrap();
+    snapshot_ok(&config);
+    let id = newest_id(&bed).await;
+
+    let out = drill(&config, Some(&id));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(": setup: "), "{}", text(&out));
+
+    let with_identity =
+        cli(&["drill", "--config", config.to_str().unwrap(), &id, "--identity-file", identity_file.to_str().unwrap()]);
+    assert!(with_identity.status.success(), "{}", text(&with_identity));
+    assert!(String::from_utf8_lossy(&with_identity.stdout).contains("HashKV matches"), "{}", text(&with_identity));
+    assert_eq!(report(&bed, &id).await["passed"], true);
+    assert_drills_dir_empty(&bed);
+}

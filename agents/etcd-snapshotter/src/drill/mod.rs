@@ -89,7 +89,7 @@ pub fn compare(manifest: &Manifest, observed: &Observed) -> Result<HashKvResult,
 
 /// The snapshot a scheduled drill takes besides the newest: a random older retained one, with probability
 /// `rate`. `roll` and `pick` are uniform draws in [0, 1) (the caller's randomness; pure here).
-pub fn older_choice<'a>(newest_first: &'a [Manifest], rate: f64, roll: f64, pick: f64) -> Option<&'a Manifest> {
+pub fn older_choice(newest_first: &[Manifest], rate: f64, roll: f64, pick: f64) -> Option<&Manifest> {
     let older = newest_first.get(1..).filter(|o| !o.is_empty())?;
     if roll >= rate {
         return None;

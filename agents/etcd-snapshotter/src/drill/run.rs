@@ -359,7 +359,7 @@ impl Scratch {
         self.children[index].1.try_wait().ok().flatten()
     }
 
-    /// Stops every process gracefully (SIGKILL; a throwaway copy has nothing to flush) and waits for each.
+    /// Stops every process and waits for each: SIGKILL, since a throwaway copy has nothing worth flushing.
     pub async fn finish(&mut self) {
         for (name, child) in &mut self.children {
             let _ = child.start_kill();

@@ -69,7 +69,17 @@ impl Bed {
 
     /// versitygw's file for `key` (its posix backend stores each object as a plain file).
     pub fn s3_file(&self, key: &str) -> PathBuf {
-        self.path("s3-data").join(&self.s3.bucket).join(key)
+        let data = match &self.cluster {
+            None => self.path("s3-data"),
+            // The control plane starts versitygw in a directory `s3-<random>` of its own.
+            Some(cluster) => std::fs::read_dir(cluster.dir())
+                .unwrap()
+                .flatten()
+                .map(|e| e.path().join("s3-data"))
+                .find(|p| p.is_dir())
+                .expect("versitygw's data directory"),
+        };
+        data.join(&self.s3.bucket).join(key)
     }
 
     pub fn etcdutl(&self) -> &Path {
