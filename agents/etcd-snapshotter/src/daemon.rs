@@ -15,7 +15,7 @@ use kcp_keeper_runtime::agent::{self, AgentInfo, Context};
 use kcp_keeper_runtime::args::RunArgs;
 use kcp_keeper_runtime::events::{EventType, Recorder};
 use kcp_keeper_runtime::metrics::unix_now;
-use kcp_keeper_runtime::schedule::{self, Tick};
+use kcp_keeper_runtime::schedule::{self, Schedule, Tick};
 use kcp_keeper_runtime::shutdown::{Grace, JobEnd, finish_or_abort};
 use tokio_util::sync::CancellationToken;
 
@@ -66,43 +66,27 @@ async fn daemon(mut ctx: Context<Config>, metrics: Metrics, regarding: ObjectRef
         let schedules = ctx.shutdown.child_token();
         let mut tasks = tokio::task::JoinSet::new();
         for shard in config.shards.clone() {
-            let job = Job {
-                config: config.clone(),
-                shard: shard.clone(),
-                metrics: metrics.clone(),
-                events: ctx.events.clone(),
-                regarding: regarding.clone(),
-                shutdown: ctx.shutdown.clone(),
-                one_at_a_time: one_at_a_time.clone(),
-            };
-            let (record, leadership, token) = (ctx.lease_record.clone(), ctx.leadership.clone(), schedules.clone());
-            let snapshot_schedule = shard.schedule.clone();
-            tasks.spawn(async move {
-                let job = Arc::new(job);
-                schedule::run(snapshot_schedule, record, leadership, token, move |tick| {
-                    let job = job.clone();
-                    async move { job.run(tick).await }
+            let job = |one_at_a_time: &Arc<tokio::sync::Mutex<()>>| {
+                Arc::new(Job {
+                    config: config.clone(),
+                    shard: shard.clone(),
+                    metrics: metrics.clone(),
+                    events: ctx.events.clone(),
+                    regarding: regarding.clone(),
+                    shutdown: ctx.shutdown.clone(),
+                    one_at_a_time: one_at_a_time.clone(),
                 })
-                .await;
+            };
+            let snapshots = job(&one_at_a_time);
+            spawn_schedule(&mut tasks, &ctx, &schedules, shard.schedule.clone(), move |tick| {
+                let job = snapshots.clone();
+                async move { job.snapshot(tick).await }
             });
             let Some(drill) = shard.drill.clone() else { continue };
-            let job = DrillJob {
-                config: config.clone(),
-                shard: shard.clone(),
-                metrics: metrics.clone(),
-                events: ctx.events.clone(),
-                regarding: regarding.clone(),
-                shutdown: ctx.shutdown.clone(),
-                one_at_a_time: one_drill_at_a_time.clone(),
-            };
-            let (record, leadership, token) = (ctx.lease_record.clone(), ctx.leadership.clone(), schedules.clone());
-            tasks.spawn(async move {
-                let job = Arc::new(job);
-                schedule::run(drill.schedule.clone(), record, leadership, token, move |tick| {
-                    let job = job.clone();
-                    async move { job.run(tick).await }
-                })
-                .await;
+            let drills = job(&one_drill_at_a_time);
+            spawn_schedule(&mut tasks, &ctx, &schedules, drill.schedule, move |tick| {
+                let job = drills.clone();
+                async move { job.drill(tick).await }
             });
         }
         tokio::select! {
@@ -118,6 +102,21 @@ async fn daemon(mut ctx: Context<Config>, metrics: Metrics, regarding: ObjectRef
             return Ok(());
         }
     }
+}
+
+/// Runs `job` on `schedule` while this replica leads, until `schedules` is cancelled.
+fn spawn_schedule<C, F, Fut>(
+    tasks: &mut tokio::task::JoinSet<()>,
+    ctx: &Context<C>,
+    schedules: &CancellationToken,
+    schedule: Schedule,
+    job: F,
+) where
+    F: FnMut(Tick) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (record, leadership, token) = (ctx.lease_record.clone(), ctx.leadership.clone(), schedules.clone());
+    tasks.spawn(schedule::run(schedule, record, leadership, token, job));
 }
 
 /// Waits until the bucket answers; false if shutdown came first.
@@ -157,7 +156,7 @@ struct Job {
 }
 
 impl Job {
-    async fn run(&self, tick: Tick) {
+    async fn snapshot(&self, tick: Tick) {
         let _turn = self.one_at_a_time.lock().await;
         let shard = &self.shard.name;
         let started = std::time::Instant::now();
@@ -165,15 +164,17 @@ impl Job {
         // Credentials are read per run, so a rotated Secret is used without a restart.
         let store = match Store::new(&self.config.storage) {
             Ok(store) => store,
-            Err(e) => return self.failed(&SnapshotError::Storage(e), started).await,
+            Err(e) => return self.snapshot_failed(&SnapshotError::Storage(e), started).await,
         };
         let pending = Pending::default();
         let take = snapshot::take(&self.config, &self.shard, &store, &self.metrics, &pending, Some(tick.at), None);
         let end = finish_or_abort(&self.shutdown, Grace::default(), take, || pending.abort(&store)).await;
         let manifest = match end {
             JobEnd::Finished(Ok(manifest)) => manifest,
-            JobEnd::Finished(Err(error)) => return self.failed(&error, started).await,
-            JobEnd::Aborted | JobEnd::AbortTimedOut => return self.failed(&SnapshotError::Interrupted, started).await,
+            JobEnd::Finished(Err(error)) => return self.snapshot_failed(&error, started).await,
+            JobEnd::Aborted | JobEnd::AbortTimedOut => {
+                return self.snapshot_failed(&SnapshotError::Interrupted, started).await;
+            }
         };
         self.metrics.last_success.get_or_create(&label).set(unix_now());
         self.metrics.duration.get_or_create(&label).set(started.elapsed().as_secs_f64());
@@ -202,7 +203,7 @@ impl Job {
         }
     }
 
-    async fn failed(&self, error: &SnapshotError, started: std::time::Instant) {
+    async fn snapshot_failed(&self, error: &SnapshotError, started: std::time::Instant) {
         let shard = &self.shard.name;
         let reason: &'static str = error.into();
         self.metrics.failed(shard, error);
@@ -215,31 +216,21 @@ impl Job {
 
 /// A shard's scheduled drill: the newest snapshot every tick, and at the configured rate also a random older
 /// retained one.
-struct DrillJob {
-    config: Arc<Config>,
-    shard: Shard,
-    metrics: Metrics,
-    events: Arc<Recorder>,
-    regarding: Arc<ObjectReference>,
-    shutdown: CancellationToken,
-    one_at_a_time: Arc<tokio::sync::Mutex<()>>,
-}
-
-impl DrillJob {
-    async fn run(&self, tick: Tick) {
+impl Job {
+    async fn drill(&self, tick: Tick) {
         let _turn = self.one_at_a_time.lock().await;
         let shard = &self.shard.name;
         let store = match Store::new(&self.config.storage) {
             Ok(store) => store,
-            Err(e) => return self.failed(&tick, shard, &DrillError::Storage(e.to_string()), 0.0).await,
+            Err(e) => return self.drill_failed(&tick, shard, &DrillError::Storage(e.to_string()), 0.0).await,
         };
         let listed = match catalog::list(&store, Some(shard)).await {
             Ok(listed) => listed,
-            Err(e) => return self.failed(&tick, shard, &DrillError::Storage(e.to_string()), 0.0).await,
+            Err(e) => return self.drill_failed(&tick, shard, &DrillError::Storage(e.to_string()), 0.0).await,
         };
         let Some(newest) = listed.first() else {
             let error = DrillError::NoSnapshot(format!("shard {shard} has no published snapshot"));
-            return self.failed(&tick, shard, &error, 0.0).await;
+            return self.drill_failed(&tick, shard, &error, 0.0).await;
         };
         let mut ids = vec![newest.id.clone()];
         let rate = self.shard.drill.as_ref().map(|d| d.older_rate).unwrap_or(0.0);
@@ -263,11 +254,11 @@ impl DrillJob {
                     return;
                 }
             };
-            self.finished(&tick, &outcome).await;
+            self.drill_finished(&tick, &outcome).await;
         }
     }
 
-    async fn finished(&self, tick: &Tick, outcome: &Outcome) {
+    async fn drill_finished(&self, tick: &Tick, outcome: &Outcome) {
         let shard = &self.shard.name;
         let label = self.metrics.shard(shard);
         let report = &outcome.report;
@@ -283,11 +274,11 @@ impl DrillJob {
                 let note = format!("drill of tick {}: {summary}", tick.at.to_rfc3339());
                 self.events.publish(&self.regarding, EventType::Normal, "DrillPassed", "Drill", &note).await;
             }
-            Err(error) => self.failed(tick, shard, error, report.duration_seconds).await,
+            Err(error) => self.drill_failed(tick, shard, error, report.duration_seconds).await,
         }
     }
 
-    async fn failed(&self, tick: &Tick, shard: &str, error: &DrillError, seconds: f64) {
+    async fn drill_failed(&self, tick: &Tick, shard: &str, error: &DrillError, seconds: f64) {
         let reason: &'static str = error.into();
         self.metrics.drill_failed(shard, error);
         if seconds > 0.0 {

@@ -92,18 +92,7 @@ async fn two_replicas_with_the_documented_rbac_take_exactly_one_snapshot_per_tic
     assert!(!events(&cluster.client(), &ns, "SnapshotTaken").await.is_empty(), "an Event says a snapshot was taken");
 
     // With exactly the documented RBAC, nothing the agent asked for was refused.
-    let refused: Vec<_> = testbed::audit::by_user(&cluster.apiserver.audit_log, &user)
-        .unwrap()
-        .into_iter()
-        .filter(|r| r.code == Some(403))
-        .collect();
-    assert!(refused.is_empty(), "refused requests: {refused:?}");
-
-    for agent in [&mut a, &mut b] {
-        let status = agent.terminate(Duration::from_secs(20));
-        assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}\n{}", agent.process.log_tail());
-        testbed::assert_no_secret_material(&agent.process.log(), &[&bed.s3.secret_key, &bed.s3.access_key]);
-    }
+    stop_with_nothing_refused(&bed, &user, [&mut a, &mut b]);
     let lease = leases.get(LEASE).await.unwrap();
     assert!(lease.spec.and_then(|s| s.holder_identity).is_none(), "the Lease is released on the way out");
     assert!(uploads(&s3, &bed.s3.bucket).await.is_empty(), "no multipart upload left behind");
@@ -324,17 +313,7 @@ async fn two_replicas_run_each_scheduled_drill_once_and_a_flipped_byte_fails_it_
     let listing = String::from_utf8_lossy(&cli(&["list", "--config", config.to_str().unwrap()]).stdout).into_owned();
     assert!(listing.contains("drill failed: object_hash_mismatch"), "{listing}");
 
-    let refused: Vec<_> = testbed::audit::by_user(&cluster.apiserver.audit_log, &user)
-        .unwrap()
-        .into_iter()
-        .filter(|r| r.code == Some(403))
-        .collect();
-    assert!(refused.is_empty(), "refused requests: {refused:?}");
-    for agent in [&mut a, &mut b] {
-        let status = agent.terminate(Duration::from_secs(20));
-        assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}\n{}", agent.process.log_tail());
-        testbed::assert_no_secret_material(&agent.process.log(), &[&bed.s3.secret_key, &bed.s3.access_key]);
-    }
+    stop_with_nothing_refused(&bed, &user, [&mut a, &mut b]);
     let left: Vec<_> = std::fs::read_dir(bed.drills_dir()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "drill directories left behind: {left:?}");
 }
@@ -393,4 +372,21 @@ async fn sigterm_mid_drill_stops_it_and_leaves_no_process_and_no_directory_behin
     assert_eq!(processes_mentioning(&drills_dir, agent_pid), vec![], "no drill process is left");
     let left: Vec<_> = std::fs::read_dir(bed.drills_dir()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "drill directories left behind: {left:?}");
+}
+
+/// With exactly the documented RBAC nothing the replicas asked for was refused; both stop cleanly on SIGTERM
+/// and their logs hold no S3 key.
+fn stop_with_nothing_refused<const N: usize>(bed: &Bed, user: &str, agents: [&mut AgentProcess; N]) {
+    let cluster = bed.cluster();
+    let refused: Vec<_> = testbed::audit::by_user(&cluster.apiserver.audit_log, user)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.code == Some(403))
+        .collect();
+    assert!(refused.is_empty(), "refused requests: {refused:?}");
+    for agent in agents {
+        let status = agent.terminate(Duration::from_secs(20));
+        assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}\n{}", agent.process.log_tail());
+        testbed::assert_no_secret_material(&agent.process.log(), &[&bed.s3.secret_key, &bed.s3.access_key]);
+    }
 }
