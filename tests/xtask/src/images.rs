@@ -81,8 +81,8 @@ pub fn images() -> Result<()> {
         bud.args(["--tag", &tag]).arg(&context);
         crate::step(&format!("image {tag}"), bud)?;
 
-        check_labels(&tag, &expected_labels(agent, &version, &revision))?;
-        check_user(&tag)?;
+        let facts = inspect(&tag)?;
+        check_facts(&tag, &facts, &expected_labels(agent, &version, &revision))?;
         let mut commands = vec![(format!("/{agent}"), vec!["--version"], format!("{agent} {version} "))];
         if agent == "etcd-snapshotter" {
             let etcd_version = peers.artefacts.iter().find(|a| a.name == "etcd").expect("etcd is a peer").version;
@@ -99,8 +99,7 @@ pub fn images() -> Result<()> {
             );
             eprintln!("xtask: {tag}: {program} {} -> {}", args.join(" "), out.lines().next().unwrap_or(""));
         }
-        let size = image_size(&tag)?;
-        sizes.push((tag, size));
+        sizes.push((tag, facts.size));
     }
     // Rebuilding moves a tag to a new image; the old one would stay in vfs storage (a full copy per layer).
     let mut prune = buildah(&["rmi", "--prune"]);
@@ -165,21 +164,44 @@ pub fn expected_labels(agent: &str, version: &str, revision: &str) -> BTreeMap<S
     .collect()
 }
 
-/// Reads the image's labels back and compares them with what it must carry.
-fn check_labels(tag: &str, expected: &BTreeMap<String, String>) -> Result<()> {
-    let json = buildah_output(&["inspect", "--type", "image", "--format", "{{json .OCIv1.Config.Labels}}", tag])?;
-    let labels: BTreeMap<String, String> =
-        serde_json::from_str(json.trim()).with_context(|| format!("reading the labels of {tag}: {json}"))?;
-    for (key, value) in expected {
-        ensure!(labels.get(key) == Some(value), "{tag} has {key}={:?}, expected {value:?}", labels.get(key));
-    }
-    Ok(())
+/// What `buildah inspect` says about an image, as far as the checks need it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ImageFacts {
+    pub user: String,
+    pub labels: BTreeMap<String, String>,
+    /// Config plus layers, as the manifest in local storage records them.
+    pub size: u64,
 }
 
-/// The image must run as the numeric non-root user (a name would need an /etc/passwd the image lacks).
-fn check_user(tag: &str) -> Result<()> {
-    let user = buildah_output(&["inspect", "--type", "image", "--format", "{{.OCIv1.Config.User}}", tag])?;
-    ensure!(user.trim() == USER, "{tag} runs as {:?}, expected {USER}", user.trim());
+fn inspect(tag: &str) -> Result<ImageFacts> {
+    let json = buildah_output(&["inspect", "--type", "image", tag])?;
+    parse_inspect(&json).with_context(|| format!("reading `buildah inspect` of {tag}"))
+}
+
+/// Reads `buildah inspect --type image` output (its `OCIv1` config and its `Manifest`, a JSON string).
+pub fn parse_inspect(json: &str) -> Result<ImageFacts> {
+    let inspect: serde_json::Value = serde_json::from_str(json.trim())?;
+    let config = &inspect["OCIv1"]["config"];
+    let user = config["User"].as_str().unwrap_or_default().to_string();
+    let labels = match config.get("Labels") {
+        None | Some(serde_json::Value::Null) => BTreeMap::new(),
+        Some(labels) => serde_json::from_value(labels.clone()).context("labels that are not strings")?,
+    };
+    let manifest = inspect["Manifest"].as_str().context("no manifest")?;
+    Ok(ImageFacts { user, labels, size: manifest_size(manifest)? })
+}
+
+/// The image runs as the numeric non-root user (a name would need an /etc/passwd the image lacks) and carries
+/// every expected label.
+pub fn check_facts(tag: &str, facts: &ImageFacts, labels: &BTreeMap<String, String>) -> Result<()> {
+    ensure!(facts.user == USER, "{tag} runs as {:?}, expected {USER}", facts.user);
+    for (key, value) in labels {
+        ensure!(
+            facts.labels.get(key) == Some(value),
+            "{tag} has {key}={:?}, expected {value:?}",
+            facts.labels.get(key)
+        );
+    }
     Ok(())
 }
 
@@ -194,12 +216,6 @@ fn run_inside(tag: &str, program: &str, args: &[&str]) -> Result<String> {
     let out = out?;
     removed?;
     Ok(out)
-}
-
-/// The image's size: its config plus its layers, as the manifest in local storage records them.
-fn image_size(tag: &str) -> Result<u64> {
-    let manifest = buildah_output(&["inspect", "--type", "image", "--format", "{{.Manifest}}", tag])?;
-    manifest_size(&manifest).with_context(|| format!("reading the manifest of {tag}"))
 }
 
 /// Sum of the config's and every layer's `size` in an OCI image manifest.
@@ -377,6 +393,36 @@ mod tests {
                 assert!(text.contains(key.as_str()), "{agent}: label {key}");
             }
         }
+    }
+
+    /// `buildah inspect --type image` of a one-layer image, as buildah 1.28 prints it (trimmed).
+    const INSPECT: &str = r#"{"Type":"buildah 0.0.1","OCIv1":{"architecture":"amd64","os":"linux",
+        "config":{"User":"65532:65532","Entrypoint":["/ca-syncer"],
+        "Labels":{"io.buildah.version":"1.28.2","org.opencontainers.image.version":"0.1.0"}}},
+        "Manifest":"{\"schemaVersion\":2,\"config\":{\"size\":891},\"layers\":[{\"size\":25792000}]}"}"#;
+
+    #[test]
+    fn inspect_output_gives_the_user_the_labels_and_the_size() {
+        let facts = parse_inspect(INSPECT).unwrap();
+        assert_eq!(facts.user, "65532:65532");
+        assert_eq!(facts.labels["org.opencontainers.image.version"], "0.1.0");
+        assert_eq!(facts.size, 25_792_891);
+        assert!(parse_inspect(r#"{"OCIv1":{"config":{}}}"#).is_err(), "no manifest");
+    }
+
+    #[test]
+    fn an_image_without_the_user_or_a_label_fails_its_check() {
+        let mut facts = parse_inspect(INSPECT).unwrap();
+        let wanted: BTreeMap<String, String> =
+            [("org.opencontainers.image.version".to_string(), "0.1.0".to_string())].into();
+        check_facts("t", &facts, &wanted).unwrap();
+        let wrong: BTreeMap<String, String> =
+            [("org.opencontainers.image.version".to_string(), "0.2.0".to_string())].into();
+        let err = check_facts("t", &facts, &wrong).unwrap_err().to_string();
+        assert!(err.contains("expected \"0.2.0\""), "{err}");
+        facts.user = "root".into();
+        let err = check_facts("t", &facts, &wanted).unwrap_err().to_string();
+        assert!(err.contains("runs as \"root\""), "{err}");
     }
 
     #[test]
