@@ -46,6 +46,7 @@ pub fn images() -> Result<()> {
     prereqs::ensure_musl_target()?;
     prereqs::ensure_musl_cc()?;
     let buildah_version = prereqs::ensure_buildah()?;
+    prereqs::check_rootless_buildah()?;
     let peers = crate::ensure_peers()?;
     let version = lockstep_version(&root)?;
     let revision = git_revision(&root)?;

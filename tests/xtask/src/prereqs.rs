@@ -270,6 +270,39 @@ pub fn ensure_buildah() -> Result<String> {
     buildah_version().ok_or_else(|| anyhow::anyhow!("`buildah --version` still fails after installing buildah"))
 }
 
+/// Whether `/etc/subuid`-style text (`user:start:count` or `uid:start:count` per line) grants `user` (or `uid`)
+/// a range: rootless buildah maps container uid N (here 65532) to the Nth subordinate id, so it needs 65532.
+pub fn has_subordinate_range(text: &str, user: &str, uid: u32) -> bool {
+    text.lines().any(|line| {
+        let mut fields = line.trim().split(':');
+        let (Some(owner), Some(_start), Some(count)) = (fields.next(), fields.next(), fields.next()) else {
+            return false;
+        };
+        (owner == user || owner == uid.to_string()) && count.parse::<u64>().is_ok_and(|c| c >= 65532)
+    })
+}
+
+/// As root buildah needs nothing more; rootless, it needs subordinate uid and gid ranges covering the images'
+/// user. Says how to add them rather than guessing a range for the machine.
+pub fn check_rootless_buildah() -> Result<()> {
+    if is_root() {
+        return Ok(());
+    }
+    let uid = nix::unistd::getuid();
+    let user = nix::unistd::User::from_uid(uid).ok().flatten().map(|u| u.name).unwrap_or_else(|| uid.to_string());
+    for file in ["/etc/subuid", "/etc/subgid"] {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        if !has_subordinate_range(&text, &user, uid.as_raw()) {
+            bail!(
+                "rootless buildah needs subordinate ids for {user} in {file} (a range over 65532: the images run as \
+                 65532:65532); add them once with `sudo usermod --add-subuids 100000-165535 --add-subgids \
+                 100000-165535 {user}`, or run as root"
+            );
+        }
+    }
+    Ok(())
+}
+
 fn find_on_path(program: &str) -> Option<PathBuf> {
     let paths = std::env::var_os("PATH")?;
     std::env::split_paths(&paths).map(|dir| dir.join(program)).find(|p| p.is_file())
@@ -325,6 +358,16 @@ mod tests {
         assert_eq!(parse_buildah_version("buildah version 1.39.0\n"), Some("1.39.0"));
         assert_eq!(parse_buildah_version("podman version 4.3.1"), None);
         assert_eq!(parse_buildah_version("buildah version \n"), None);
+    }
+
+    #[test]
+    fn rootless_buildah_needs_a_subordinate_range_over_the_images_user() {
+        let text = "alice:100000:65536\n1001:200000:65536\nbob:300000:1000\n";
+        assert!(has_subordinate_range(text, "alice", 1000));
+        assert!(has_subordinate_range(text, "carol", 1001), "by uid");
+        assert!(!has_subordinate_range(text, "bob", 1002), "65532 lies outside a range of 1000");
+        assert!(!has_subordinate_range(text, "dave", 1003));
+        assert!(!has_subordinate_range("", "alice", 1000));
     }
 
     #[test]
