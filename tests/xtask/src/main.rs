@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod child;
+mod images;
 mod prereqs;
 
 #[derive(Parser)]
@@ -28,6 +29,9 @@ enum Task {
         /// Only this benchmark.
         name: Option<String>,
     },
+    /// Build the agents' container images (static binaries, FROM scratch) with buildah, run `--version` inside
+    /// each and print their sizes.
+    Images,
     /// Start the local control plane with a kcp-like layout and run the agents against it.
     Demo {
         /// Exit after every agent has completed one cycle, printing one summary line per agent.
@@ -46,6 +50,7 @@ fn main() -> Result<()> {
         }
         Task::Test => test(),
         Task::Demo { once } => demo(once),
+        Task::Images => images::images(),
         Task::Bench { name } => {
             let mut args = vec!["run", "--quiet", "--locked", "--release", "--package", "e2e", "--bin", "bench", "--"];
             args.extend(name.as_deref());
@@ -64,6 +69,7 @@ fn test() -> Result<()> {
     step("format", cargo(&["fmt", "--all", "--check"]))?;
     step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))?;
     step("tests", cargo(&["test", "--workspace", "--locked", "--no-fail-fast"]))?;
+    images::images_if_buildah_present()?;
     eprintln!("xtask: all checks passed in {:.0?}", started.elapsed());
     Ok(())
 }

@@ -7,6 +7,8 @@
 //! - rustfmt and clippy: `cargo xtask test` runs both; a minimal rustup profile lacks them.
 //! - Go, new enough for the peers' go.mod files (the peers are built with `GOTOOLCHAIN=local`, so Go never
 //!   downloads a newer toolchain behind our back).
+//! - For `cargo xtask images`: Rust's musl target (its `std`), a C compiler for musl (ring, aws-lc-sys and
+//!   zstd-sys compile C for the target: cc-rs picks `musl-gcc`, from Debian's `musl-tools`), and buildah.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -165,6 +167,142 @@ fn parse_go_version(text: &str) -> Option<(u32, u32)> {
     Some((major, minor.parse().ok()?))
 }
 
+/// Rust's fully static target: the images are `FROM scratch`, so the agents may link nothing at run time.
+pub const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
+
+/// Whether a rustlib directory for a target holds its standard library (what `rustup target add` installs).
+fn has_std(target_lib_dir: &Path) -> bool {
+    std::fs::read_dir(target_lib_dir)
+        .map(|entries| {
+            entries.flatten().any(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                name.starts_with("libstd-") && name.ends_with(".rlib")
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// `<sysroot>/lib/rustlib/<target>/lib` of the rustc cargo runs.
+fn target_lib_dir(target: &str) -> Option<PathBuf> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let output = Command::new(rustc).args(["--print", "sysroot"]).output().ok()?;
+    output.status.success().then_some(())?;
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    Some(sysroot.join("lib").join("rustlib").join(target).join("lib"))
+}
+
+/// Adds the musl target's standard library with rustup when the toolchain lacks it.
+pub fn ensure_musl_target() -> Result<()> {
+    if target_lib_dir(MUSL_TARGET).is_some_and(|dir| has_std(&dir)) {
+        return Ok(());
+    }
+    eprintln!("xtask: the {MUSL_TARGET} target is missing (the images hold static binaries); adding it with rustup");
+    if find_on_path("rustup").is_none() {
+        bail!("the {MUSL_TARGET} target is missing and rustup is not on PATH: add that target to the toolchain");
+    }
+    let mut cmd = Command::new("rustup");
+    cmd.args(["target", "add", MUSL_TARGET]);
+    crate::step(&format!("rustup target add {MUSL_TARGET}"), cmd)?;
+    match target_lib_dir(MUSL_TARGET) {
+        Some(dir) if has_std(&dir) => Ok(()),
+        _ => bail!("rustup added {MUSL_TARGET} but rustc still has no standard library for it"),
+    }
+}
+
+/// The C compiler cc-rs uses for the musl target: `$CC_x86_64_unknown_linux_musl`, else `musl-gcc`.
+fn musl_cc() -> PathBuf {
+    std::env::var_os(format!("CC_{}", MUSL_TARGET.replace('-', "_")))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("musl-gcc"))
+}
+
+/// Compiles and links a static C program against musl with `cc`, as the C parts of the agents' build do;
+/// on failure returns the compiler's own message.
+pub fn check_musl_cc(cc: &Path) -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("no temp dir: {e}"))?;
+    let probe = dir.path().join("probe.c");
+    std::fs::write(&probe, "#include <stdio.h>\nint main(void) { return puts(\"probe\") < 0; }\n")
+        .map_err(|e| format!("cannot write the probe: {e}"))?;
+    let output = Command::new(cc).arg("-static").arg("-o").arg(dir.path().join("probe")).arg(&probe).output();
+    match output {
+        Err(e) => Err(format!("cannot run {}: {e}", cc.display())),
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+    }
+}
+
+/// Makes a musl C compiler available, installing Debian's `musl-tools` when it is missing.
+pub fn ensure_musl_cc() -> Result<()> {
+    let cc = musl_cc();
+    let Err(why) = check_musl_cc(&cc) else { return Ok(()) };
+    eprintln!("xtask: no C compiler for musl ({why}); ring, aws-lc-sys and zstd-sys compile C for the images");
+    apt_install(&["musl-tools"])?;
+    check_musl_cc(&cc).map_err(|why| {
+        anyhow::anyhow!(
+            "{} still cannot build a static C program after installing musl-tools ({why}); \
+             set CC_x86_64_unknown_linux_musl to a musl C compiler",
+            cc.display()
+        )
+    })
+}
+
+/// buildah's version line (`buildah version 1.28.2 (image-spec 1.0.2-dev, runtime-spec 1.0.2-dev)`) → `1.28.2`.
+pub fn parse_buildah_version(text: &str) -> Option<&str> {
+    let version = text.trim().strip_prefix("buildah version ")?.split_whitespace().next()?;
+    version.chars().next().filter(char::is_ascii_digit).map(|_| version)
+}
+
+/// The version of a buildah that runs, if one does.
+pub fn buildah_version() -> Option<String> {
+    let output = Command::new("buildah").arg("--version").output().ok()?;
+    output.status.success().then_some(())?;
+    parse_buildah_version(&String::from_utf8_lossy(&output.stdout)).map(str::to_string)
+}
+
+/// Installs buildah through apt when none runs; returns its version.
+pub fn ensure_buildah() -> Result<String> {
+    if let Some(version) = buildah_version() {
+        return Ok(version);
+    }
+    eprintln!("xtask: buildah is missing (it builds the images without a container engine)");
+    apt_install(&["buildah"])?;
+    buildah_version().ok_or_else(|| anyhow::anyhow!("`buildah --version` still fails after installing buildah"))
+}
+
+/// Whether `/etc/subuid`-style text (`user:start:count` or `uid:start:count` per line) grants `user` (or `uid`)
+/// a range: rootless buildah maps container uid N (here 65532) to the Nth subordinate id, so it needs 65532.
+pub fn has_subordinate_range(text: &str, user: &str, uid: u32) -> bool {
+    text.lines().any(|line| {
+        let mut fields = line.trim().split(':');
+        let (Some(owner), Some(_start), Some(count)) = (fields.next(), fields.next(), fields.next()) else {
+            return false;
+        };
+        (owner == user || owner == uid.to_string()) && count.parse::<u64>().is_ok_and(|c| c >= 65532)
+    })
+}
+
+/// As root buildah needs nothing more; rootless, it needs subordinate uid and gid ranges covering the images'
+/// user. Says how to add them rather than guessing a range for the machine.
+pub fn check_rootless_buildah() -> Result<()> {
+    if is_root() {
+        return Ok(());
+    }
+    let uid = nix::unistd::getuid();
+    let user = nix::unistd::User::from_uid(uid).ok().flatten().map(|u| u.name).unwrap_or_else(|| uid.to_string());
+    for file in ["/etc/subuid", "/etc/subgid"] {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        if !has_subordinate_range(&text, &user, uid.as_raw()) {
+            bail!(
+                "rootless buildah needs subordinate ids for {user} in {file} (a range over 65532: the images run as \
+                 65532:65532); add them once with `sudo usermod --add-subuids 100000-165535 --add-subgids \
+                 100000-165535 {user}`, or run as root"
+            );
+        }
+    }
+    Ok(())
+}
+
 fn find_on_path(program: &str) -> Option<PathBuf> {
     let paths = std::env::var_os("PATH")?;
     std::env::split_paths(&paths).map(|dir| dir.join(program)).find(|p| p.is_file())
@@ -211,6 +349,48 @@ mod tests {
         assert_eq!(parse_go_version("go1.25rc1"), Some((1, 25)));
         assert_eq!(parse_go_version("devel +abc"), None);
         assert!(parse_go_version("go1.25.9").unwrap() < MIN_GO);
+    }
+
+    #[test]
+    fn buildah_versions_are_read_from_its_version_line() {
+        let line = "buildah version 1.28.2 (image-spec 1.0.2-dev, runtime-spec 1.0.2-dev)\n";
+        assert_eq!(parse_buildah_version(line), Some("1.28.2"));
+        assert_eq!(parse_buildah_version("buildah version 1.39.0\n"), Some("1.39.0"));
+        assert_eq!(parse_buildah_version("podman version 4.3.1"), None);
+        assert_eq!(parse_buildah_version("buildah version \n"), None);
+    }
+
+    #[test]
+    fn rootless_buildah_needs_a_subordinate_range_over_the_images_user() {
+        let text = "alice:100000:65536\n1001:200000:65536\nbob:300000:1000\n";
+        assert!(has_subordinate_range(text, "alice", 1000));
+        assert!(has_subordinate_range(text, "carol", 1001), "by uid");
+        assert!(!has_subordinate_range(text, "bob", 1002), "65532 lies outside a range of 1000");
+        assert!(!has_subordinate_range(text, "dave", 1003));
+        assert!(!has_subordinate_range("", "alice", 1000));
+    }
+
+    #[test]
+    fn a_target_lib_dir_without_std_is_not_installed() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!has_std(&dir.path().join("missing")));
+        std::fs::write(dir.path().join("libcore-0123.rlib"), "").unwrap();
+        assert!(!has_std(dir.path()));
+        std::fs::write(dir.path().join("libstd-0123.rlib"), "").unwrap();
+        assert!(has_std(dir.path()));
+    }
+
+    #[test]
+    fn the_host_target_has_its_std() {
+        // The toolchain that builds this test has the host's std: the check must see it.
+        let host = target_lib_dir("x86_64-unknown-linux-gnu").unwrap();
+        assert!(has_std(&host), "{}", host.display());
+    }
+
+    #[test]
+    fn a_missing_musl_compiler_is_reported() {
+        let why = check_musl_cc(Path::new("/nonexistent/musl-gcc")).unwrap_err();
+        assert!(why.contains("cannot run /nonexistent/musl-gcc"), "{why}");
     }
 
     #[test]
