@@ -52,7 +52,11 @@ pub fn images() -> Result<()> {
     let revision = git_revision(&root)?;
     eprintln!("xtask: images {version} at {revision}, buildah {buildah_version}, storage {}", storage().display());
 
+    // The static build has its own target directory in the machine cache: a clean clone (CI) then rebuilds
+    // only the workspace crates, not every dependency for a second target and profile.
+    let target_dir = build_dir();
     let mut build = crate::cargo(&["build", "--release", "--locked", "--target", MUSL_TARGET, "--bins"]);
+    build.arg("--target-dir").arg(&target_dir);
     for agent in AGENTS {
         build.args(["--package", agent]);
     }
@@ -60,7 +64,7 @@ pub fn images() -> Result<()> {
     build.env("CARGO_PROFILE_RELEASE_STRIP", "symbols");
     crate::step("static agent binaries", build)?;
 
-    let binaries = root.join("target").join(MUSL_TARGET).join("release");
+    let binaries = target_dir.join(MUSL_TARGET).join("release");
     let mut sizes = Vec::new();
     for agent in AGENTS {
         let mut files = vec![binaries.join(agent)];
@@ -122,6 +126,11 @@ pub fn images_if_buildah_present() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Where the static binaries are built: under the machine cache, shared by every checkout.
+fn build_dir() -> PathBuf {
+    peers::cache_root().join("images-target")
 }
 
 /// buildah's storage: the vfs driver under the machine cache, shared by every checkout.
