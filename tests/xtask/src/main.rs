@@ -27,6 +27,9 @@ enum Task {
     Bench {
         /// Only this benchmark.
         name: Option<String>,
+        /// Quick try: the snapshot and drill benchmarks use only the 256 MiB database.
+        #[arg(long)]
+        quick: bool,
     },
     /// Start the local control plane with a kcp-like layout and run the agents against it.
     Demo {
@@ -46,11 +49,19 @@ fn main() -> Result<()> {
         }
         Task::Test => test(),
         Task::Demo { once } => demo(once),
-        Task::Bench { name } => {
+        Task::Bench { name, quick } => {
             let mut args = vec!["run", "--quiet", "--locked", "--release", "--package", "e2e", "--bin", "bench", "--"];
             args.extend(name.as_deref());
+            if quick {
+                args.push("--quick");
+            }
             prereqs::ensure_protoc()?;
             ensure_peers()?;
+            // The bench starts the agents' release binaries from its own directory.
+            step(
+                "build the agents (release)",
+                cargo(&["build", "--quiet", "--locked", "--release", "--workspace", "--bins"]),
+            )?;
             step("bench", cargo(&args))
         }
     }
