@@ -9,10 +9,16 @@ mod awscli;
 mod ca_sync;
 #[path = "bench/common.rs"]
 mod common;
+#[path = "bench/dns.rs"]
+mod dns;
+#[path = "bench/drill.rs"]
+mod drill;
 #[path = "bench/idle.rs"]
 mod idle;
 #[path = "bench/micro.rs"]
 mod micro;
+#[path = "bench/rotate.rs"]
+mod rotate;
 #[path = "bench/snapshot.rs"]
 mod snapshot;
 
@@ -34,7 +40,7 @@ struct Args {
     quick: bool,
 }
 
-const NAMES: &[&str] = &["ca-bundle-public-roots", "idle", "snapshot", "ca-sync"];
+const NAMES: &[&str] = &["ca-bundle-public-roots", "idle", "snapshot", "ca-sync", "drill", "rotate", "dns"];
 
 /// `target/bench`: the JSON reports, and the big benchmarks' scratch space (removed after each).
 pub fn bench_dir() -> std::path::PathBuf {
@@ -59,6 +65,9 @@ async fn main() -> Result<()> {
             "idle" => idle::run().await?,
             "snapshot" => snapshot::run(args.process_rounds, args.quick).await?,
             "ca-sync" => ca_sync::run(args.process_rounds).await?,
+            "drill" => drill::run(args.process_rounds, args.quick).await?,
+            "rotate" => rotate::run(args.process_rounds).await?,
+            "dns" => dns::run(args.process_rounds).await?,
             _ => unreachable!("listed in NAMES"),
         };
         let json = serde_json::json!({

@@ -139,7 +139,11 @@ pub async fn run(rounds: usize) -> Result<Report> {
     let rows = vec![
         Row::new(format!("time to the last of {NAMESPACES} targets updated (median)"), common::secs(o))
             .baseline(common::secs(r), o / r)
-            .target(if o / r <= 1.5 { "<= 1.5".into() } else { format!("<= 1.5: missed by {:.0}%", (o / r / 1.5 - 1.0) * 100.0) }),
+            .target(if o / r <= 1.5 {
+                "<= 1.5".into()
+            } else {
+                format!("<= 1.5: missed by {:.0}%", (o / r / 1.5 - 1.0) * 100.0)
+            }),
         Row::new("requests sent by the agent per change (audit log)", format!("{req:.0}"))
             .baseline(format!("{NAMESPACES}"), req / NAMESPACES as f64),
         Row::new("agent peak RSS (VmHWM)", format!("{:.1} MiB", hwm as f64 / MIB)),

@@ -146,11 +146,10 @@ async fn measure(bed: &testbed::ControlPlane, subject: &Subject) -> Result<(Vec<
         format!("< {MEMORY_TARGET_MIB} MiB: missed by {:.1} MiB", rss as f64 / MIB - MEMORY_TARGET_MIB)
     };
     let rows = vec![
-        Row::new(format!("{} resident after start-up (VmRSS; peak VmHWM)", subject.name), format!(
-            "{} ({})",
-            common::mib(rss),
-            common::mib(hwm)
-        ))
+        Row::new(
+            format!("{} resident after start-up (VmRSS; peak VmHWM)", subject.name),
+            format!("{} ({})", common::mib(rss), common::mib(hwm)),
+        )
         .target(memory_note),
         Row::new(
             format!("{} API requests per no-op cycle: all / writes (apiserver_request_total, no leases)", subject.name),

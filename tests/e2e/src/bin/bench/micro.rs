@@ -10,7 +10,8 @@ use serde_json::json;
 
 use crate::common::{Report, Row};
 
-pub const WHAT: &str = "strict parse + dedupe + order + render of the ~150 public roots, twice over (300 certificates in)";
+pub const WHAT: &str =
+    "strict parse + dedupe + order + render of the ~150 public roots, twice over (300 certificates in)";
 pub const BASELINE: &str = "pem::parse_many + x509-parser on the same text: the least any tool must do to read it";
 
 pub fn run(rounds: usize) -> Report {

@@ -95,11 +95,10 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
         );
         let agent_peak = peak(&c).max(peak(&c_age));
         rows.push(
-            Row::new(format!("{label}: etcd-snapshotter peak RSS (zstd / zstd+age)"), format!(
-                "{:.1} / {:.1} MiB",
-                peak(&c) / MIB,
-                peak(&c_age) / MIB
-            ))
+            Row::new(
+                format!("{label}: etcd-snapshotter peak RSS (zstd / zstd+age)"),
+                format!("{:.1} / {:.1} MiB", peak(&c) / MIB, peak(&c_age) / MIB),
+            )
             .baseline(format!("aws CLI {:.1} MiB", peak(&b) / MIB), agent_peak / peak(&b))
             .target(if agent_peak / MIB < 100.0 {
                 "< 100 MiB".to_string()
@@ -155,13 +154,13 @@ fn snapshot(binary: &Path, config: &Path) -> Result<Run> {
 
 /// The agent's configurations: the same shard and bucket, zstd, and zstd plus an age recipient. Retention keeps
 /// only the newest, so the bucket holds one object between rounds.
-struct Configs {
-    zstd: PathBuf,
-    zstd_age: PathBuf,
+pub struct Configs {
+    pub zstd: PathBuf,
+    pub zstd_age: PathBuf,
 }
 
 impl Configs {
-    fn write(dir: &Path, url: &str, s3: &testbed::S3Server) -> Result<Self> {
+    pub fn write(dir: &Path, url: &str, s3: &testbed::S3Server) -> Result<Self> {
         let secrets = dir.join("s3-credentials");
         std::fs::create_dir_all(&secrets)?;
         std::fs::write(secrets.join("AWS_ACCESS_KEY_ID"), &s3.access_key)?;
