@@ -93,15 +93,22 @@ pub async fn run(rounds: usize) -> Result<Report> {
     let rss_after_first_sync = common::status_bytes(pid, "VmRSS").unwrap_or_default();
 
     let (mut ours, mut raw, mut requests) = (Vec::new(), Vec::new(), Vec::new());
+    let mut breakdown: BTreeMap<(String, String), f64> = BTreeMap::new();
     for round in 0..rounds {
         eprintln!("ca-sync: round {}/{rounds}", round + 1);
         let ca = root.intermediate(&format!("bench serving CA {}", round + 1), Duration::from_secs(7 * 24 * 3600))?;
-        let before = total(&testbed::audit::count(&bed.apiserver.audit_log, USER)?);
+        let before = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
         let t0 = Instant::now();
         sources.replace("root-ca", &PostParams::default(), &source(&root, &ca)).await?;
         ours.push(wait_all(&seen, &namespaces, TARGET, &marker(&ca), t0).await?);
         // The agent's requests for this change: what it sent from the change until the last target was written.
-        requests.push(total(&testbed::audit::count(&bed.apiserver.audit_log, USER)?) - before);
+        let after = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
+        breakdown = after
+            .iter()
+            .map(|(k, n)| (k.clone(), (n - before.get(k).copied().unwrap_or(0)) as f64))
+            .filter(|(_, n)| *n > 0.0)
+            .collect();
+        requests.push(total(&after) - total(&before));
 
         // The baseline writes what the agent wrote: the same bundle text, prepared before the clock starts.
         let bundle = Api::<Secret>::namespaced(client.clone(), &namespaces[0])
@@ -154,7 +161,8 @@ pub async fn run(rounds: usize) -> Result<Report> {
         json: json!({
             "namespaces": NAMESPACES, "rounds": rounds, "concurrency": 1,
             "agent_seconds": ours, "raw_apply_seconds": raw, "ratio": o / r,
-            "agent_requests_per_change": requests, "agent_peak_rss_bytes": hwm,
+            "agent_requests_per_change": requests,
+            "agent_requests_last_change_by_verb": common::by_verb_json(&breakdown), "agent_peak_rss_bytes": hwm,
             "agent_rss_after_first_sync_bytes": rss_after_first_sync,
             "unrelated_reads": unrelated,
         }),

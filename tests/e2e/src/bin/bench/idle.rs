@@ -128,7 +128,8 @@ async fn measure(bed: &testbed::ControlPlane, subject: &Subject) -> Result<(Vec<
     let (leases, work): (BTreeMap<_, _>, BTreeMap<_, _>) =
         all.into_iter().filter(|((_, resource), _)| !resource.is_empty()).partition(|((_, r), _)| r == "leases");
     let sum = |m: &BTreeMap<(String, String), f64>, writes: bool| -> f64 {
-        m.iter().filter(|((verb, _), _)| !writes || common::is_write_verb(verb)).map(|(_, v)| v).sum::<f64>() / n
+        // `+ 0.0`: an empty f64 sum is -0.0.
+        m.iter().filter(|((verb, _), _)| !writes || common::is_write_verb(verb)).map(|(_, v)| v).sum::<f64>() / n + 0.0
     };
     let mut own: BTreeMap<(String, String), f64> = BTreeMap::new();
     for (key, count) in &audit_after {
