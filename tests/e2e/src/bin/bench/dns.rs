@@ -74,6 +74,9 @@ pub async fn run(rounds: usize) -> Result<Report> {
         for i in 0..HOSTS {
             wait_gone(&services, i).await?;
         }
+        // And for CoreDNS to have reloaded without them: until then its old rewrite lines would answer the new
+        // Services with no write at all.
+        wait_no_answers(&dns, HOSTS, Duration::from_secs(60)).await?;
 
         let t0 = Instant::now();
         let t0_unix = unix_now();
@@ -154,6 +157,18 @@ async fn wait_gone(services: &Api<Service>, i: usize) -> Result<()> {
     while services.get_opt(&service(i)).await?.is_some() {
         anyhow::ensure!(Instant::now() < deadline, "Service {} still there", service(i));
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Asks CoreDNS on loopback until no host answers.
+async fn wait_no_answers(dns: &testbed::CoreDns, hosts: usize, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    for i in 0..hosts {
+        while !dns.resolve_a(&host(i)).await.unwrap_or_default().is_empty() {
+            anyhow::ensure!(Instant::now() < deadline, "{} still answers after its Service was deleted", host(i));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     Ok(())
 }
