@@ -1,5 +1,10 @@
 //! What the bucket holds: published snapshots (those with a manifest), and retention applied to them.
 
+use std::collections::HashSet;
+
+use chrono::{DateTime, Utc};
+
+use crate::drill::report::{self, Report};
 use crate::manifest::{self, Location, Manifest};
 use crate::retention::{self, Policy, Trigger};
 use crate::storage::{StorageError, Store};
@@ -7,21 +12,61 @@ use crate::storage::{StorageError, Store};
 /// Every published snapshot of `shard` (or of all shards under the prefix), newest revision first. A
 /// manifest that does not parse is reported and left alone: it is neither listed nor deleted.
 pub async fn list(store: &Store, shard: Option<&str>) -> Result<Vec<Manifest>, StorageError> {
+    Ok(list_with_drills(store, shard).await?.into_iter().map(|l| l.manifest).collect())
+}
+
+/// A published snapshot with its drill report, if any.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub manifest: Manifest,
+    /// The report beside the manifest (any outcome).
+    pub report: Option<Report>,
+    /// Set only when a passing report proves this manifest and its object ([`report::verified_at`]).
+    pub verified_at: Option<DateTime<Utc>>,
+}
+
+/// [`list`] with each snapshot's drill report and whether it is verified.
+pub async fn list_with_drills(store: &Store, shard: Option<&str>) -> Result<Vec<Listed>, StorageError> {
     let dir = match shard {
         Some(shard) => manifest::shard_dir(&store.prefix, shard),
         None if store.prefix.is_empty() => String::new(),
         None => format!("{}/", store.prefix),
     };
+    let keys = store.list_keys(&dir).await?;
+    let reports: HashSet<&str> = keys.iter().filter(|k| k.ends_with(report::REPORT)).map(String::as_str).collect();
     let mut out = Vec::new();
-    for key in store.list_keys(&dir).await? {
-        let Some(id) = manifest::id_of_manifest_key(&store.prefix, &key) else { continue };
-        match Manifest::from_json(&store.get_bytes(&key).await?) {
-            Ok(m) if m.id == id => out.push(m),
-            Ok(_) => tracing::warn!(key, "a manifest whose id does not match its location; ignored"),
-            Err(error) => tracing::warn!(key, %error, "a manifest that does not parse; ignored"),
-        }
+    for key in &keys {
+        let Some(id) = manifest::id_of_manifest_key(&store.prefix, key) else { continue };
+        let bytes = store.get_bytes(key).await?;
+        let manifest = match Manifest::from_json(&bytes) {
+            Ok(m) if m.id == id => m,
+            Ok(_) => {
+                tracing::warn!(key, "a manifest whose id does not match its location; ignored");
+                continue;
+            }
+            Err(error) => {
+                tracing::warn!(key, %error, "a manifest that does not parse; ignored");
+                continue;
+            }
+        };
+        let report_key = format!("{}{}", key.strip_suffix(manifest::MANIFEST).unwrap_or(key), report::REPORT);
+        let report = match reports.contains(report_key.as_str()) {
+            true => match Report::from_json(&store.get_bytes(&report_key).await?) {
+                Ok(report) => Some(report),
+                Err(error) => {
+                    tracing::warn!(key = report_key, %error, "a drill report that does not parse; not verified");
+                    None
+                }
+            },
+            false => None,
+        };
+        let verified_at = report.as_ref().and_then(|r| report::verified_at(r, &manifest, &bytes));
+        out.push(Listed { manifest, report, verified_at });
     }
-    out.sort_by(|a, b| b.revision.cmp(&a.revision).then(b.started_at.cmp(&a.started_at)));
+    out.sort_by(|a, b| {
+        let (a, b) = (&a.manifest, &b.manifest);
+        b.revision.cmp(&a.revision).then(b.started_at.cmp(&a.started_at))
+    });
     Ok(out)
 }
 
@@ -55,8 +100,9 @@ pub async fn apply_retention(
     policy: &Policy,
     just_published: &str,
 ) -> Result<RetentionReport, StorageError> {
-    let manifests = list(store, Some(shard)).await?;
-    let entries: Vec<_> = manifests.iter().map(Manifest::entry).collect();
+    let listed = list_with_drills(store, Some(shard)).await?;
+    let entries: Vec<_> = listed.iter().map(|l| l.manifest.entry(l.verified_at.is_some())).collect();
+    let manifests: Vec<Manifest> = listed.into_iter().map(|l| l.manifest).collect();
     let decision = retention::plan(&entries, policy, &Trigger::AfterSuccess(just_published.into()));
     let mut report = RetentionReport { kept: decision.keep.len(), ..Default::default() };
     for id in decision.delete {
@@ -64,6 +110,8 @@ pub async fn apply_retention(
         let location = Location::from_id(&store.prefix, &id).expect("listed ids are valid");
         let data = format!("{}{}", location.dir(), manifest.object);
         if store.delete_unless_locked(&data).await? && store.delete_unless_locked(&location.manifest_key()).await? {
+            // The report last: a snapshot without its manifest is gone whatever its report says.
+            store.delete_unless_locked(&format!("{}{}", location.dir(), report::REPORT)).await?;
             tracing::info!(id, "retention deleted a snapshot");
             report.deleted.push(id);
         } else {

@@ -1,4 +1,4 @@
-//! The one-shots for operators: `snapshot` (now), `list`, `verify ID` and `restore`.
+//! The one-shots for operators: `snapshot` (now), `list`, `verify ID`, `drill [ID]` and `restore`.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -83,10 +83,18 @@ pub async fn snapshot(config: &Path, shards: &[String]) -> anyhow::Result<()> {
 /// Prints every published snapshot, newest revision first.
 pub async fn list(config: &Path, shard: Option<&str>) -> anyhow::Result<()> {
     let (_, store) = open(config)?;
-    let manifests = catalog::list(&store, shard).await?;
+    let listed = catalog::list_with_drills(&store, shard).await?;
     println!("{:<40} {:<10} {:<20} {:>12} {:>8} {:>12} VERIFIED", "ID", "SHARD", "TIME", "REVISION", "KEYS", "SIZE");
-    for m in manifests {
-        let verified = m.verified_at.map(|t| t.format("%Y-%m-%dT%H:%MZ").to_string()).unwrap_or_else(|| "no".into());
+    for catalog::Listed { manifest: m, report, verified_at } in listed {
+        // Verified only by a passing report that proves this manifest and object; a failed drill says why.
+        let verified = match (verified_at, report) {
+            (Some(t), _) => t.format("%Y-%m-%dT%H:%MZ").to_string(),
+            (None, Some(r)) if !r.passed => {
+                format!("no (drill failed: {})", r.failure.map(|f| f.reason).unwrap_or_default())
+            }
+            (None, Some(_)) => "no (report does not match the manifest)".into(),
+            (None, None) => "no".into(),
+        };
         println!(
             "{:<40} {:<10} {:<20} {:>12} {:>8} {:>12} {}",
             m.id,
@@ -156,4 +164,93 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     restore::etcdutl_restore(&args.etcdutl, &fetched.db, &args.member)?;
     print!("{}", restore::next_steps(&fetched.manifest, &args.member));
     Ok(())
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DrillArgs {
+    #[arg(long, env = "KCP_KEEPER_CONFIG")]
+    pub config: PathBuf,
+    /// A snapshot id (`<shard>/<time>-r<revision>`, as `list` prints it); without one, the newest snapshot of
+    /// every shard (or of --shard).
+    pub id: Option<String>,
+    #[arg(long)]
+    pub shard: Option<String>,
+    /// age identity file for encrypted snapshots (default: the configuration's drills.identityFile).
+    #[arg(long)]
+    pub identity_file: Option<PathBuf>,
+    /// etcdutl binary (default: the configuration's drills.etcdutl).
+    #[arg(long, env = "ETCDUTL")]
+    pub etcdutl: Option<PathBuf>,
+    /// etcd binary for the throwaway member (default: the configuration's drills.etcd).
+    #[arg(long, env = "ETCD")]
+    pub etcd: Option<PathBuf>,
+    /// kcp binary for the kcp level (default: the configuration's drills.kcp); the level runs for shards whose
+    /// drill names what kcp must show.
+    #[arg(long, env = "KCP")]
+    pub kcp: Option<PathBuf>,
+}
+
+/// Drills the snapshot named (or each shard's newest), writes each report beside its manifest, prints one
+/// line per drill. Fails (exit 1) if any drill failed, naming the failure; SIGTERM or Ctrl-C stop the drill in
+/// flight and clean up its processes and directory first.
+pub async fn drill(args: DrillArgs) -> anyhow::Result<()> {
+    let (config, store) = open(&args.config)?;
+    let mut drills = config.drills.clone();
+    drills.identity_file = args.identity_file.or(drills.identity_file);
+    drills.etcdutl = args.etcdutl.unwrap_or(drills.etcdutl);
+    drills.etcd = args.etcd.unwrap_or(drills.etcd);
+    drills.kcp = args.kcp.or(drills.kcp);
+    if let Some(name) = &args.shard {
+        anyhow::ensure!(config.shards.iter().any(|s| &s.name == name), "no shard named {name:?} in the configuration");
+    }
+    let ids = match &args.id {
+        Some(id) => vec![id.clone()],
+        None => {
+            let mut ids = Vec::new();
+            for shard in config.shards.iter().filter(|s| args.shard.as_ref().is_none_or(|n| n == &s.name)) {
+                match catalog::list(&store, Some(&shard.name)).await?.first() {
+                    Some(newest) => ids.push(newest.id.clone()),
+                    None => eprintln!("shard {}: no published snapshot to drill", shard.name),
+                }
+            }
+            anyhow::ensure!(!ids.is_empty(), "no published snapshot to drill");
+            ids
+        }
+    };
+    let mut failed = Vec::new();
+    for id in ids {
+        let shard = id.split('/').next().unwrap_or_default();
+        let kcp = config.shards.iter().find(|s| s.name == shard).and_then(|s| s.drill.as_ref()?.kcp.as_ref());
+        let run = crate::drill::run::drill_and_record(&drills, kcp, &store, &id);
+        let outcome = tokio::select! {
+            outcome = run => outcome,
+            signal = stop_signal() => {
+                // The drill's future is dropped here: its Scratch kills its processes and removes its directory.
+                anyhow::bail!("interrupted by {signal}: the drill of {id} was stopped and cleaned up (no report written)");
+            }
+        };
+        let line = crate::drill::run::summary(&outcome);
+        match outcome.result {
+            Ok(()) => println!("{line}"),
+            Err(error) => {
+                eprintln!("{line}");
+                let reason: &'static str = (&error).into();
+                failed.push(format!("{id} ({reason})"));
+            }
+        }
+    }
+    anyhow::ensure!(failed.is_empty(), "{} drill(s) failed: {}", failed.len(), failed.join(", "));
+    Ok(())
+}
+
+/// SIGTERM or SIGINT, whichever comes first.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
 }

@@ -28,6 +28,78 @@ pub struct RawConfig {
     pub encryption: Option<RawEncryption>,
     pub retention: RawRetention,
     pub spill: RawSpill,
+    #[serde(default)]
+    pub drills: Option<RawDrills>,
+}
+
+/// How drills run (the tools and where); which shards drill when is each shard's `drill`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawDrills {
+    #[serde(default = "default_etcd")]
+    pub etcd: PathBuf,
+    #[serde(default = "default_etcdutl")]
+    pub etcdutl: PathBuf,
+    /// Where each drill's temporary directory is made (it holds the download and the restored member);
+    /// `<spill.directory>/drills` when absent.
+    #[serde(default)]
+    pub directory: Option<PathBuf>,
+    /// age identities for encrypted snapshots (a mounted Secret).
+    #[serde(default)]
+    pub identity_file: Option<PathBuf>,
+    /// Keys read back from the restored etcd.
+    #[serde(default = "default_sample_keys")]
+    pub sample_keys: usize,
+    /// Go-style duration: the longest a whole drill may take before it is stopped and fails.
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// The kcp binary for the kcp level; without it no shard can ask for the kcp level.
+    #[serde(default)]
+    pub kcp: Option<PathBuf>,
+}
+
+fn default_etcd() -> PathBuf {
+    "etcd".into()
+}
+
+fn default_etcdutl() -> PathBuf {
+    "etcdutl".into()
+}
+
+fn default_sample_keys() -> usize {
+    100
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawShardDrill {
+    pub schedule: ScheduleSpec,
+    /// Chance (0 to 1) that a scheduled drill also drills a random older retained snapshot.
+    #[serde(default)]
+    pub older_rate: f64,
+    #[serde(default)]
+    pub kcp: Option<KcpExpect>,
+}
+
+/// The kcp level: a real kcp shard on the restored etcd, and what must be readable through it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KcpExpect {
+    /// Workspace paths (`root:team-a`) that must exist.
+    #[serde(default)]
+    pub workspaces: Vec<String>,
+    /// Objects that must exist: an API path inside a workspace.
+    #[serde(default)]
+    pub objects: Vec<ExpectedObject>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExpectedObject {
+    /// Workspace path, `root` or `root:team-a`.
+    pub workspace: String,
+    /// API path below the workspace, e.g. `/api/v1/namespaces/default/configmaps/marker`.
+    pub path: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -38,6 +110,8 @@ pub struct RawShard {
     #[serde(default)]
     pub tls: Option<TlsFiles>,
     pub schedule: ScheduleSpec,
+    #[serde(default)]
+    pub drill: Option<RawShardDrill>,
 }
 
 /// Client TLS for a shard's etcd: PEM files (mounted from a Secret), read at each connection.
@@ -215,6 +289,18 @@ pub struct Config {
     pub recipients: Vec<Recipient>,
     pub retention: Policy,
     pub spill: Spill,
+    pub drills: Drills,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drills {
+    pub etcd: PathBuf,
+    pub etcdutl: PathBuf,
+    pub directory: PathBuf,
+    pub identity_file: Option<PathBuf>,
+    pub sample_keys: usize,
+    pub timeout: Duration,
+    pub kcp: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -224,12 +310,28 @@ pub struct Shard {
     pub tls: Option<TlsFiles>,
     pub schedule: Schedule,
     schedule_spec: ScheduleSpec,
+    pub drill: Option<ShardDrill>,
 }
 
 impl PartialEq for Shard {
     fn eq(&self, other: &Self) -> bool {
-        (&self.name, &self.endpoints, &self.tls, &self.schedule_spec)
-            == (&other.name, &other.endpoints, &other.tls, &other.schedule_spec)
+        (&self.name, &self.endpoints, &self.tls, &self.schedule_spec, &self.drill)
+            == (&other.name, &other.endpoints, &other.tls, &other.schedule_spec, &other.drill)
+    }
+}
+
+/// A shard's drill schedule and level.
+#[derive(Debug, Clone)]
+pub struct ShardDrill {
+    pub schedule: Schedule,
+    schedule_spec: ScheduleSpec,
+    pub older_rate: f64,
+    pub kcp: Option<KcpExpect>,
+}
+
+impl PartialEq for ShardDrill {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.schedule_spec, self.older_rate, &self.kcp) == (&other.schedule_spec, other.older_rate, &other.kcp)
     }
 }
 
@@ -292,9 +394,10 @@ impl AgentConfig for Config {
         let recipients = recipients(raw.encryption, &mut errors);
         let retention = retention(&raw.retention, &mut errors);
         let spill = spill(raw.spill, &mut errors);
+        let drills = drills(raw.drills, spill.as_ref(), &shards, !recipients.is_empty(), &mut errors);
         match (storage, spill) {
             (Some(storage), Some(spill)) if errors.is_empty() => {
-                Ok(Config { shards, storage, compression: raw.compression, recipients, retention, spill })
+                Ok(Config { shards, storage, compression: raw.compression, recipients, retention, spill, drills })
             }
             _ => Err(errors),
         }
@@ -334,6 +437,7 @@ fn shards(raw: Vec<RawShard>, errors: &mut Vec<FieldError>) -> Vec<Shard> {
         {
             errors.push(FieldError::new(at("tls"), "certFile and keyFile go together"));
         }
+        let drill = shard.drill.and_then(|raw| shard_drill(&shard.name, raw, &at, errors));
         match Schedule::new(&format!("snapshot-{}", shard.name), &shard.schedule) {
             Ok(schedule) => out.push(Shard {
                 name: shard.name,
@@ -341,11 +445,129 @@ fn shards(raw: Vec<RawShard>, errors: &mut Vec<FieldError>) -> Vec<Shard> {
                 tls: shard.tls,
                 schedule,
                 schedule_spec: shard.schedule,
+                drill,
             }),
             Err(e) => errors.push(FieldError::new(at("schedule"), e.to_string())),
         }
     }
     out
+}
+
+fn shard_drill(
+    name: &str,
+    raw: RawShardDrill,
+    at: &dyn Fn(&str) -> String,
+    errors: &mut Vec<FieldError>,
+) -> Option<ShardDrill> {
+    let before = errors.len();
+    if !(0.0..=1.0).contains(&raw.older_rate) {
+        errors.push(FieldError::new(at("drill.olderRate"), "must be between 0 and 1"));
+    }
+    if let Some(kcp) = &raw.kcp {
+        for (i, workspace) in kcp.workspaces.iter().enumerate() {
+            if !is_workspace_path(workspace) {
+                errors.push(FieldError::new(at(&format!("drill.kcp.workspaces[{i}]")), WORKSPACE_PATH));
+            }
+        }
+        for (i, object) in kcp.objects.iter().enumerate() {
+            if !is_workspace_path(&object.workspace) {
+                errors.push(FieldError::new(at(&format!("drill.kcp.objects[{i}].workspace")), WORKSPACE_PATH));
+            }
+            let path_ok = (object.path.starts_with("/api/") || object.path.starts_with("/apis/"))
+                && !object.path.contains("..")
+                && !object.path.contains(['?', '#', ' ']);
+            if !path_ok {
+                errors.push(FieldError::new(
+                    at(&format!("drill.kcp.objects[{i}].path")),
+                    "must be an API path starting /api/ or /apis/ (no query, no '..')",
+                ));
+            }
+        }
+    }
+    let schedule = match Schedule::new(&format!("drill-{name}"), &raw.schedule) {
+        Ok(schedule) => Some(schedule),
+        Err(e) => {
+            errors.push(FieldError::new(at("drill.schedule"), e.to_string()));
+            None
+        }
+    };
+    (errors.len() == before).then_some(ShardDrill {
+        schedule: schedule?,
+        schedule_spec: raw.schedule,
+        older_rate: raw.older_rate,
+        kcp: raw.kcp,
+    })
+}
+
+const WORKSPACE_PATH: &str = "must be a workspace path like root or root:team-a";
+
+/// `root`, `root:team-a`: DNS labels joined by ':'.
+fn is_workspace_path(path: &str) -> bool {
+    path.split(':').all(is_dns_label)
+}
+
+fn drills(
+    raw: Option<RawDrills>,
+    spill: Option<&Spill>,
+    shards: &[Shard],
+    encrypted: bool,
+    errors: &mut Vec<FieldError>,
+) -> Drills {
+    let raw = raw.unwrap_or(RawDrills {
+        etcd: default_etcd(),
+        etcdutl: default_etcdutl(),
+        directory: None,
+        identity_file: None,
+        sample_keys: default_sample_keys(),
+        timeout: None,
+        kcp: None,
+    });
+    let directory = match (raw.directory, spill) {
+        (Some(dir), _) if dir.is_absolute() => dir,
+        (Some(_), _) => {
+            errors.push(FieldError::new("drills.directory", "must be an absolute path"));
+            PathBuf::new()
+        }
+        (None, Some(spill)) => spill.directory.join("drills"),
+        (None, None) => PathBuf::new(),
+    };
+    if raw.identity_file.as_ref().is_some_and(|p| !p.is_absolute()) {
+        errors.push(FieldError::new("drills.identityFile", "must be an absolute path"));
+    }
+    let scheduled = |s: &&Shard| s.drill.is_some();
+    if encrypted && raw.identity_file.is_none() && shards.iter().any(|s| scheduled(&s)) {
+        errors.push(FieldError::new(
+            "drills.identityFile",
+            "snapshots are encrypted: scheduled drills need the age identity file",
+        ));
+    }
+    if raw.sample_keys == 0 {
+        errors.push(FieldError::new("drills.sampleKeys", "must be at least 1"));
+    }
+    let timeout = match raw.timeout.as_deref().map(parse_go_duration) {
+        None => Duration::from_secs(30 * 60),
+        Some(Ok(d)) if !d.is_zero() => d,
+        Some(_) => {
+            errors.push(FieldError::new("drills.timeout", "must be a positive Go duration like 30m"));
+            Duration::ZERO
+        }
+    };
+    if raw.kcp.is_none() {
+        for (i, shard) in shards.iter().enumerate() {
+            if shard.drill.as_ref().is_some_and(|d| d.kcp.is_some()) {
+                errors.push(FieldError::new(format!("shards[{i}].drill.kcp"), "needs drills.kcp (the kcp binary)"));
+            }
+        }
+    }
+    Drills {
+        etcd: raw.etcd,
+        etcdutl: raw.etcdutl,
+        directory,
+        identity_file: raw.identity_file,
+        sample_keys: raw.sample_keys,
+        timeout,
+        kcp: raw.kcp,
+    }
 }
 
 /// An etcd client URL: `http://` or `https://` (matching whether TLS is configured), host and port, no

@@ -43,7 +43,7 @@ async fn daemon(mut ctx: Context<Config>, metrics: Metrics, regarding: ObjectRef
         let config = ctx.config.borrow_and_update().clone();
         metrics.configure(&config.spill);
         for shard in &config.shards {
-            metrics.init_shard(&shard.name);
+            metrics.init_shard(shard);
         }
         // Ready only once the bucket answered: a replica that cannot reach storage does nothing useful.
         if !wait_for_storage(&config, &metrics, &ctx.shutdown).await {

@@ -6,10 +6,12 @@
 //! [`restore`], [`daemon`] (`run`), [`commands`] (the one-shots) and [`rbac`].
 #![forbid(unsafe_code)]
 
+pub mod cadence;
 pub mod catalog;
 pub mod commands;
 pub mod config;
 pub mod daemon;
+pub mod drill;
 pub mod encode;
 pub mod manifest;
 pub mod member;

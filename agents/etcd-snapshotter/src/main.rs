@@ -45,6 +45,9 @@ enum Command {
         #[arg(long, env = "ETCDUTL", default_value = "etcdutl")]
         etcdutl: PathBuf,
     },
+    /// Restore drill: prove a snapshot restores (hashes, etcdutl restore, a throwaway etcd compared with the
+    /// manifest, optionally a real kcp on it) and record the report beside its manifest. Exit 0 when it passed.
+    Drill(commands::DrillArgs),
     /// Download, verify and `etcdutl snapshot restore` a snapshot into a new member data directory.
     Restore(commands::RestoreArgs),
     /// Print the Role and RoleBinding the daemon needs (its Lease and Events, nothing else).
@@ -77,6 +80,7 @@ async fn main() -> ExitCode {
         Command::Verify { config, id, identity_file, etcdutl } => {
             commands::verify(&config, &id, identity_file.as_deref(), &etcdutl).await
         }
+        Command::Drill(args) => commands::drill(args).await,
         Command::Restore(args) => commands::restore(args).await,
         Command::Rbac { namespace, service_account, lease_name } => {
             print!("{}", etcd_snapshotter::rbac::render(&namespace, &service_account, &lease_name));

@@ -90,11 +90,14 @@ pub struct Manifest {
     /// The store revision the snapshot holds (etcd does not put it in the stream: it is bracketed by two
     /// reads of the member's revision that agree, see `snapshot::bracket`).
     pub revision: u64,
+    /// The compact revision HashKV reported; -1 when HashKV could not be recorded.
     pub compact_revision: i64,
     /// Keys at `revision`.
     pub key_count: u64,
-    /// `HashKV(revision)` on the live member, for drills to compare a restored member against.
-    pub hash_kv: u32,
+    /// `HashKV(revision)` on the live member, for drills to compare a restored member against; absent when
+    /// the member could not compute it at snapshot time (a drill then reports HashKV "not comparable").
+    #[serde(default)]
+    pub hash_kv: Option<u32>,
     /// The object's key relative to the snapshot's directory.
     pub object: String,
     /// The etcd database as streamed (with its 32-byte trailing sha256).
@@ -117,8 +120,10 @@ pub struct Manifest {
     pub total_seconds: f64,
     /// Bytes that went through the local spill directory because S3 lagged.
     pub spilled_bytes: u64,
-    /// Set by a passing restore drill; retention keeps the newest `minVerified` of these.
-    #[serde(default)]
+    /// Not written by this agent and never trusted: a manifest is editable, so "verified" comes only from a
+    /// passing drill report whose hashes match this manifest and its object (`drill::report`). Kept so that
+    /// manifests carrying it still parse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified_at: Option<DateTime<Utc>>,
 }
 
@@ -141,13 +146,9 @@ impl Manifest {
         serde_json::from_slice(bytes)
     }
 
-    pub fn entry(&self) -> crate::retention::Entry {
-        crate::retention::Entry {
-            id: self.id.clone(),
-            revision: self.revision,
-            taken_at: self.started_at,
-            verified: self.verified_at.is_some(),
-        }
+    /// The retention entry; `verified` is what the drill report proves (see [`crate::catalog::Listed`]).
+    pub fn entry(&self, verified: bool) -> crate::retention::Entry {
+        crate::retention::Entry { id: self.id.clone(), revision: self.revision, taken_at: self.started_at, verified }
     }
 }
 
@@ -167,7 +168,7 @@ pub(crate) fn sample() -> Manifest {
         revision: 1000,
         compact_revision: 0,
         key_count: 17,
-        hash_kv: 123,
+        hash_kv: Some(123),
         object: "snapshot.db.zst".into(),
         db_size_bytes: 20512,
         object_size_bytes: 3000,
@@ -212,6 +213,5 @@ mod tests {
         assert_eq!(Manifest::from_json(&m.to_json()).unwrap(), m);
         let text = String::from_utf8(m.to_json()).unwrap().replace("\"revision\"", "\"revison\"");
         assert!(Manifest::from_json(text.as_bytes()).is_err());
-        assert!(!m.entry().verified);
     }
 }

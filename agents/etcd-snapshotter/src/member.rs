@@ -110,10 +110,17 @@ pub async fn revision(client: &mut Client) -> anyhow::Result<i64> {
     status.header().map(|h| h.revision()).ok_or_else(|| anyhow::anyhow!("status has no header"))
 }
 
-/// Keys at `revision` and `HashKV(revision)` with the compact revision it reports.
-pub async fn fingerprint(client: &mut Client, revision: i64) -> anyhow::Result<(u64, u32, i64)> {
+/// Keys at `revision` and `HashKV(revision)` with the compact revision it reports. The snapshot is proven by
+/// its hashes whether or not HashKV answers (a compaction past `revision` during the stream makes it refuse):
+/// then the hash is `None`, the compact revision -1 (unknown), and a drill reports HashKV "not comparable".
+pub async fn fingerprint(client: &mut Client, revision: i64) -> anyhow::Result<(u64, Option<u32>, i64)> {
     let options = GetOptions::new().with_all_keys().with_count_only().with_revision(revision);
     let count = bounded("count keys", client.get("", Some(options))).await?.count();
-    let hash = bounded("HashKV", client.hash_kv(revision)).await?;
-    Ok((count.max(0) as u64, hash.hash(), hash.compact_version()))
+    match bounded("HashKV", client.hash_kv(revision)).await {
+        Ok(hash) => Ok((count.max(0) as u64, Some(hash.hash()), hash.compact_version())),
+        Err(error) => {
+            tracing::warn!(revision, error = %format!("{error:#}"), "HashKV not recorded; drills cannot compare it");
+            Ok((count.max(0) as u64, None, -1))
+        }
+    }
 }

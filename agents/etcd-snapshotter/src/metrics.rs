@@ -11,6 +11,7 @@ use strum::VariantNames;
 
 use kcp_keeper_runtime::metrics::GaugeF64;
 
+use crate::drill::DrillError;
 use crate::snapshot::SnapshotError;
 
 pub const PREFIX: &str = "etcd_snapshotter";
@@ -42,6 +43,22 @@ pub struct Metrics {
     pub part_size: Gauge,
     pub parts_in_flight_max: Gauge,
     pub parts_in_flight: Gauge,
+    /// The longest gap between firings of the shard's snapshot schedule (alerts: "no success within 2x").
+    pub schedule_interval: Family<ShardLabel, GaugeF64>,
+    pub drill: DrillMetrics,
+}
+
+/// `etcd_snapshotter_drill_*`: restore drills (names fixed by contract with the chart's alerts).
+#[derive(Clone, Debug, Default)]
+pub struct DrillMetrics {
+    pub last_success: Family<ShardLabel, GaugeF64>,
+    pub last_failure: Family<ShardLabel, GaugeF64>,
+    pub duration: Family<ShardLabel, GaugeF64>,
+    /// The last measured restore time: `etcdutl snapshot restore` until the throwaway etcd answers.
+    pub restore: Family<ShardLabel, GaugeF64>,
+    pub failures: Family<FailureLabels, Counter>,
+    /// The longest gap between firings of the shard's drill schedule; 0 when drills are not scheduled.
+    pub schedule_interval: Family<ShardLabel, GaugeF64>,
 }
 
 impl Metrics {
@@ -99,12 +116,65 @@ impl Metrics {
             m.parts_in_flight_max.clone(),
         );
         registry.register("parts_in_flight", "Parts uploading now", m.parts_in_flight.clone());
+        registry.register_with_unit(
+            "schedule_interval",
+            "Longest gap between consecutive firings of the shard's snapshot schedule",
+            Unit::Seconds,
+            m.schedule_interval.clone(),
+        );
+        let d = &m.drill;
+        registry.register_with_unit(
+            "drill_last_success_timestamp",
+            "When the shard's last restore drill passed (0: never since start)",
+            Unit::Seconds,
+            d.last_success.clone(),
+        );
+        registry.register_with_unit(
+            "drill_last_failure_timestamp",
+            "When the shard's last restore drill failed (0: never since start)",
+            Unit::Seconds,
+            d.last_failure.clone(),
+        );
+        registry.register_with_unit(
+            "drill_duration",
+            "Wall time of the shard's last restore drill",
+            Unit::Seconds,
+            d.duration.clone(),
+        );
+        registry.register_with_unit(
+            "drill_restore",
+            "Restore time measured by the shard's last drill (etcdutl restore until etcd answers): the RTO",
+            Unit::Seconds,
+            d.restore.clone(),
+        );
+        registry.register("drill_failures", "Restore drills that failed, by reason", d.failures.clone());
+        registry.register_with_unit(
+            "drill_schedule_interval",
+            "Longest gap between consecutive firings of the shard's drill schedule (0: not scheduled)",
+            Unit::Seconds,
+            d.schedule_interval.clone(),
+        );
         m
     }
 
-    /// Creates every per-shard series with a value, so none is missing before the first run.
-    pub fn init_shard(&self, shard: &str) {
+    /// Creates every per-shard series with a value, so none is missing before the first run, and sets the
+    /// schedule intervals.
+    pub fn init_shard(&self, config: &crate::config::Shard) {
+        let shard = config.name.as_str();
         let label = ShardLabel { shard: shard.into() };
+        let now = chrono::Utc::now();
+        let gap = |s: &kcp_keeper_runtime::schedule::Schedule| crate::cadence::longest_gap(s, now).as_secs_f64();
+        self.schedule_interval.get_or_create(&label).set(gap(&config.schedule));
+        let drill_gap = config.drill.as_ref().map(|d| gap(&d.schedule)).unwrap_or(0.0);
+        self.drill.schedule_interval.get_or_create(&label).set(drill_gap);
+        let _ = self.drill.last_success.get_or_create(&label);
+        let _ = self.drill.last_failure.get_or_create(&label);
+        let _ = self.drill.duration.get_or_create(&label);
+        let _ = self.drill.restore.get_or_create(&label);
+        for reason in DrillError::VARIANTS {
+            let _ =
+                self.drill.failures.get_or_create(&FailureLabels { shard: shard.into(), reason: reason.to_string() });
+        }
         let _ = self.last_success.get_or_create(&label);
         let _ = self.duration.get_or_create(&label);
         let _ = self.object_bytes.get_or_create(&label);
@@ -126,6 +196,12 @@ impl Metrics {
 
     pub fn shard(&self, shard: &str) -> ShardLabel {
         ShardLabel { shard: shard.into() }
+    }
+
+    pub fn drill_failed(&self, shard: &str, error: &DrillError) {
+        let reason: &'static str = error.into();
+        self.drill.failures.get_or_create(&FailureLabels { shard: shard.into(), reason: reason.into() }).inc();
+        self.drill.last_failure.get_or_create(&self.shard(shard)).set(kcp_keeper_runtime::metrics::unix_now());
     }
 
     pub fn failed(&self, shard: &str, error: &SnapshotError) {

@@ -84,9 +84,9 @@ pub async fn fetch(
     Ok(Fetched { db, manifest })
 }
 
-struct CheckedFile {
-    file: std::io::BufWriter<std::fs::File>,
-    check: TrailerCheck,
+pub(crate) struct CheckedFile {
+    pub(crate) file: std::io::BufWriter<std::fs::File>,
+    pub(crate) check: TrailerCheck,
 }
 
 impl Write for CheckedFile {

@@ -62,6 +62,16 @@ impl Bed {
         self.dir.join(name)
     }
 
+    /// Where drills make their temporary directories (a test checks it is empty afterwards).
+    pub fn drills_dir(&self) -> PathBuf {
+        self.path("drills")
+    }
+
+    /// versitygw's file for `key` (its posix backend stores each object as a plain file).
+    pub fn s3_file(&self, key: &str) -> PathBuf {
+        self.path("s3-data").join(&self.s3.bucket).join(key)
+    }
+
     pub fn etcdutl(&self) -> &Path {
         self.peers.path("etcdutl")
     }
@@ -89,6 +99,12 @@ pub struct Options<'a> {
     pub cron: &'a str,
     /// The `credentials:` block; a secret directory with the bed's keys when `None`.
     pub credentials: Option<&'a str>,
+    /// Lines added to every shard entry (indented by 4), e.g. a `drill:` block.
+    pub shard_extra: String,
+    /// A top-level `drills:` block (without the key), e.g. the tools' paths.
+    pub drills: Option<String>,
+    /// Extra retention lines (indented by 2), e.g. `minVerified: 1`.
+    pub retention_extra: &'a str,
 }
 
 impl<'a> Options<'a> {
@@ -104,7 +120,21 @@ impl<'a> Options<'a> {
             spill: "memoryBudget: 64Mi\n  partSize: 5Mi\n  partsInFlight: 2",
             cron: "0 0 1 1 *",
             credentials: None,
+            shard_extra: String::new(),
+            drills: None,
+            retention_extra: "",
         }
+    }
+
+    /// Drills with the peers' etcd and etcdutl, temporary directories under the bed.
+    pub fn with_drills(mut self, bed: &Bed) -> Self {
+        self.drills = Some(format!(
+            "  etcd: {}\n  etcdutl: {}\n  directory: {}\n  sampleKeys: 50\n",
+            bed.peers.path("etcd").display(),
+            bed.etcdutl().display(),
+            bed.drills_dir().display()
+        ));
+        self
     }
 }
 
@@ -117,6 +147,9 @@ pub fn write_config(bed: &Bed, options: &Options) -> Result<PathBuf> {
             endpoints.join(", "),
             options.cron
         ));
+        for line in options.shard_extra.lines() {
+            text.push_str(&format!("    {line}\n"));
+        }
     }
     text.push_str(&format!(
         "storage:\n  bucket: {}\n  prefix: {PREFIX}\n  endpoint: {}\n  region: {}\n  pathStyle: true\n  maxAttempts: 2\n  attemptTimeout: 30s\n  credentials:\n    {}\n{}",
@@ -134,6 +167,12 @@ pub fn write_config(bed: &Bed, options: &Options) -> Result<PathBuf> {
         text.push_str(&format!("encryption:\n  ageRecipients: [{}]\n", options.recipients.join(", ")));
     }
     text.push_str(&format!("retention:\n  keepLast: {}\n", options.keep_last));
+    for line in options.retention_extra.lines() {
+        text.push_str(&format!("  {line}\n"));
+    }
+    if let Some(drills) = &options.drills {
+        text.push_str(&format!("drills:\n{drills}"));
+    }
     text.push_str(&format!("spill:\n  directory: {}\n  {}\n", bed.path("spill").display(), options.spill));
     let path = bed.path(&format!("config-{:08x}.yaml", rand_u32()));
     std::fs::write(&path, text)?;

@@ -1,0 +1,145 @@
+//! Restore drills: prove a published snapshot restores, and measure how long that takes (the shard's real
+//! RTO). The steps and what each proves are in docs/etcd-snapshotter.md ("Restore drills").
+
+/// Why a drill failed; the variant name is the `reason` label of `etcd_snapshotter_drill_failures_total`.
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
+pub enum DrillError {
+    /// No published snapshot to drill (or the one named does not exist).
+    #[error("no snapshot to drill: {0}")]
+    NoSnapshot(String),
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("object hash mismatch: {0}")]
+    ObjectHashMismatch(String),
+    #[error("decrypting or decompressing: {0}")]
+    Decode(String),
+    #[error("etcd hash mismatch: {0}")]
+    EtcdHashMismatch(String),
+    #[error("etcdutl snapshot restore: {0}")]
+    Restore(String),
+    #[error("throwaway etcd: {0}")]
+    EtcdStart(String),
+    #[error("revision mismatch: {0}")]
+    RevisionMismatch(String),
+    #[error("key count mismatch: {0}")]
+    KeyCountMismatch(String),
+    #[error("hash_kv mismatch: {0}")]
+    HashKvMismatch(String),
+    #[error("reading keys: {0}")]
+    KeyRead(String),
+    #[error("kcp level: {0}")]
+    Kcp(String),
+    #[error("drill setup: {0}")]
+    Setup(String),
+    #[error("timeout: {0}")]
+    Timeout(String),
+    #[error("interrupted: the drill was stopped and cleaned up")]
+    Interrupted,
+}
+
+pub mod kcp;
+pub mod report;
+pub mod run;
+
+use crate::manifest::Manifest;
+
+/// What the restored etcd says, read at the snapshot's revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    pub revision: u64,
+    pub key_count: u64,
+    /// `HashKV(revision)` of the restored member.
+    pub hash_kv: u32,
+}
+
+/// How HashKV compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum HashKvResult {
+    Match,
+    /// The manifest holds no live HashKV (it could not be read when the snapshot was taken).
+    NotComparable,
+}
+
+/// Compares the restored member with the manifest: revision, then key count, then HashKV. The first
+/// difference fails the drill with the field named and both values (counts and hashes, never data).
+pub fn compare(manifest: &Manifest, observed: &Observed) -> Result<HashKvResult, DrillError> {
+    if observed.revision != manifest.revision {
+        return Err(DrillError::RevisionMismatch(format!(
+            "the restored etcd is at revision {}, the manifest's revision is {}",
+            observed.revision, manifest.revision
+        )));
+    }
+    if observed.key_count != manifest.key_count {
+        return Err(DrillError::KeyCountMismatch(format!(
+            "the restored etcd holds {} keys at revision {}, the manifest's keyCount is {}",
+            observed.key_count, manifest.revision, manifest.key_count
+        )));
+    }
+    match manifest.hash_kv {
+        None => Ok(HashKvResult::NotComparable),
+        Some(live) if live == observed.hash_kv => Ok(HashKvResult::Match),
+        Some(live) => Err(DrillError::HashKvMismatch(format!(
+            "HashKV({}) of the restored etcd is {}, the manifest's hashKv is {live}",
+            manifest.revision, observed.hash_kv
+        ))),
+    }
+}
+
+/// The snapshot a scheduled drill takes besides the newest: a random older retained one, with probability
+/// `rate`. `roll` and `pick` are uniform draws in [0, 1) (the caller's randomness; pure here).
+pub fn older_choice<'a>(newest_first: &'a [Manifest], rate: f64, roll: f64, pick: f64) -> Option<&'a Manifest> {
+    let older = newest_first.get(1..).filter(|o| !o.is_empty())?;
+    if roll >= rate {
+        return None;
+    }
+    let index = ((pick * older.len() as f64) as usize).min(older.len() - 1);
+    Some(&older[index])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::sample;
+
+    fn observed(m: &Manifest) -> Observed {
+        Observed { revision: m.revision, key_count: m.key_count, hash_kv: m.hash_kv.unwrap() }
+    }
+
+    #[test]
+    fn a_restore_that_matches_the_manifest_passes_and_a_missing_live_hash_is_not_comparable() {
+        let m = sample();
+        assert_eq!(compare(&m, &observed(&m)).unwrap(), HashKvResult::Match);
+        let without = Manifest { hash_kv: None, ..m.clone() };
+        assert_eq!(compare(&without, &observed(&m)).unwrap(), HashKvResult::NotComparable);
+    }
+
+    #[test]
+    fn each_difference_fails_with_its_field_named() {
+        let m = sample();
+        let cases = [
+            (Observed { revision: m.revision + 1, ..observed(&m) }, "revision_mismatch", "revision"),
+            (Observed { key_count: m.key_count - 1, ..observed(&m) }, "key_count_mismatch", "keyCount"),
+            (Observed { hash_kv: 1, ..observed(&m) }, "hash_kv_mismatch", "hashKv"),
+        ];
+        for (o, reason, field) in cases {
+            let error = compare(&m, &o).unwrap_err();
+            let label: &'static str = (&error).into();
+            assert_eq!(label, reason);
+            assert!(error.to_string().contains(field), "{error}");
+        }
+    }
+
+    #[test]
+    fn an_older_snapshot_is_drilled_at_the_configured_rate_and_never_the_newest_twice() {
+        let mut list = vec![sample(), sample(), sample()];
+        list[1].id = "root/older-1".into();
+        list[2].id = "root/older-2".into();
+        assert_eq!(older_choice(&list, 0.5, 0.7, 0.0), None);
+        assert_eq!(older_choice(&list, 0.5, 0.2, 0.0).unwrap().id, "root/older-1");
+        assert_eq!(older_choice(&list, 0.5, 0.2, 0.999).unwrap().id, "root/older-2");
+        assert_eq!(older_choice(&list, 0.0, 0.0, 0.5), None, "rate 0 never");
+        assert_eq!(older_choice(&list[..1], 1.0, 0.0, 0.5), None, "nothing older");
+    }
+}

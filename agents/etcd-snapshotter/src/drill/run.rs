@@ -1,0 +1,509 @@
+//! One drill, the process side: download and prove the object, `etcdutl snapshot restore` (plain: no
+//! `--bump-revision`, no `--mark-compacted`, so revision and HashKV compare exactly; no watcher ever sees this
+//! copy), a throwaway etcd on loopback ports, the comparisons ([`super::compare`]) and a sample read, then the
+//! kcp level when configured. Everything lives in one [`Scratch`]: its drop kills every process it started and
+//! removes the directory, whether the drill passed, failed, timed out or was dropped by a shutdown.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use etcd_client::GetOptions;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, Command};
+
+use super::report::{Failure, KcpLevel, Report, sha256_hex};
+use super::{DrillError, HashKvResult, Observed, compare};
+use crate::config::{Drills, KcpExpect};
+use crate::encode::{self, Identity};
+use crate::manifest::{Location, Manifest};
+use crate::restore::CheckedFile;
+use crate::storage::Store;
+use crate::trailer::TrailerCheck;
+
+/// Prefix of every drill's temporary directory (so leftovers of a killed agent are recognised).
+pub const SCRATCH_PREFIX: &str = "drill-";
+
+/// How long the throwaway etcd may take to answer after it starts.
+const ETCD_START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A snapshot to drill, as read from the bucket.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub manifest: Manifest,
+    /// `manifest.json` exactly as stored: the report records its hash.
+    pub manifest_bytes: Vec<u8>,
+}
+
+/// What a drill measured along the way (each `Some` once that step ran).
+#[derive(Debug, Default)]
+struct Measured {
+    object_sha256: Option<String>,
+    etcd_sha256: Option<String>,
+    observed: Option<Observed>,
+    hash_kv: Option<HashKvResult>,
+    sampled_keys: Option<u64>,
+    restore_seconds: Option<f64>,
+    kcp: Option<KcpLevel>,
+}
+
+/// The drill's result and its report (written by the caller beside the manifest).
+pub struct Outcome {
+    pub result: Result<(), DrillError>,
+    pub report: Report,
+}
+
+/// Runs one drill of `target`. Never leaves a process or a directory behind (see [`Scratch`]).
+pub async fn drill(
+    drills: &Drills,
+    kcp: Option<&KcpExpect>,
+    store: &Store,
+    target: &Target,
+    identities: Option<Vec<Identity>>,
+) -> Outcome {
+    let started_at = Utc::now();
+    let started = Instant::now();
+    let mut measured = Measured::default();
+    let steps = steps(drills, kcp, store, target, identities, &mut measured);
+    let result = match tokio::time::timeout(drills.timeout, steps).await {
+        Ok(result) => result,
+        Err(_) => Err(DrillError::Timeout(format!("the drill did not finish within {:?}", drills.timeout))),
+    };
+    let failure = result.as_ref().err().map(|e| {
+        let reason: &'static str = e.into();
+        Failure { reason: reason.into(), message: e.to_string() }
+    });
+    let report = Report {
+        format_version: 1,
+        id: target.manifest.id.clone(),
+        passed: result.is_ok(),
+        failure,
+        manifest_sha256: sha256_hex(&target.manifest_bytes),
+        object_sha256: measured.object_sha256,
+        etcd_sha256: measured.etcd_sha256,
+        revision: measured.observed.as_ref().map(|o| o.revision),
+        key_count: measured.observed.as_ref().map(|o| o.key_count),
+        hash_kv: measured.hash_kv,
+        sampled_keys: measured.sampled_keys,
+        restore_seconds: measured.restore_seconds,
+        kcp: measured.kcp,
+        started_at,
+        finished_at: Utc::now(),
+        duration_seconds: started.elapsed().as_secs_f64(),
+        agent_version: kcp_keeper_runtime::VERSION.into(),
+    };
+    Outcome { result, report }
+}
+
+/// Writes the report beside the manifest.
+pub async fn write_report(store: &Store, report: &Report) -> Result<(), DrillError> {
+    let location = Location::from_id(&store.prefix, &report.id)
+        .ok_or_else(|| DrillError::Setup("the manifest's id is not valid".into()))?;
+    let key = format!("{}{}", location.dir(), super::report::REPORT);
+    store.put(&key, report.to_json()).await.map_err(|e| DrillError::Storage(e.to_string()))
+}
+
+async fn steps(
+    drills: &Drills,
+    kcp: Option<&KcpExpect>,
+    store: &Store,
+    target: &Target,
+    identities: Option<Vec<Identity>>,
+    measured: &mut Measured,
+) -> Result<(), DrillError> {
+    let manifest = &target.manifest;
+    let mut scratch = Scratch::new(&drills.directory, &manifest.shard)?;
+    let db = fetch(store, manifest, identities, scratch.path(), measured).await?;
+
+    // Restore time: from etcdutl's start until the restored member answers.
+    let restore_started = Instant::now();
+    let (client_url, peer_url) = (loopback_url()?, loopback_url()?);
+    let data_dir = scratch.path().join("member");
+    etcdutl_restore(&drills.etcdutl, &db, &data_dir, &peer_url).await?;
+    // The download is no longer needed; free its space before etcd grows the restored copy.
+    let _ = std::fs::remove_file(&db);
+    let quota = manifest.db_size_bytes.saturating_mul(2).max(2 << 30);
+    let log = scratch.path().join("etcd.log");
+    let etcd = scratch.spawn(
+        Command::new(&drills.etcd)
+            .arg("--name=drill")
+            .arg(format!("--data-dir={}", data_dir.display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=drill={peer_url}"))
+            .arg(format!("--quota-backend-bytes={quota}"))
+            .arg("--listen-metrics-urls=")
+            .arg("--log-level=warn"),
+        &log,
+        "etcd",
+    )?;
+    let mut client = wait_for_etcd(&mut scratch, etcd, &client_url, &log).await?;
+    measured.restore_seconds = Some(restore_started.elapsed().as_secs_f64());
+
+    let observed = observe(&mut client, manifest.revision).await?;
+    measured.observed = Some(observed.clone());
+    measured.hash_kv = Some(compare(manifest, &observed)?);
+    measured.sampled_keys = Some(sample(&mut client, manifest, drills.sample_keys).await?);
+
+    if let (Some(expect), Some(binary)) = (kcp, drills.kcp.as_deref()) {
+        measured.kcp = Some(super::kcp::check(&mut scratch, binary, &client_url, expect).await?);
+    }
+    drop(client);
+    scratch.finish().await;
+    Ok(())
+}
+
+/// Downloads the object while hashing it, then decrypts and decompresses it into `snapshot.db` while checking
+/// etcd's trailing sha256. Each hash is recorded as measured before it is compared.
+async fn fetch(
+    store: &Store,
+    manifest: &Manifest,
+    identities: Option<Vec<Identity>>,
+    dir: &Path,
+    measured: &mut Measured,
+) -> Result<PathBuf, DrillError> {
+    let storage = |e: &dyn std::fmt::Display| DrillError::Storage(e.to_string());
+    let location =
+        Location::from_id(&store.prefix, &manifest.id).ok_or_else(|| DrillError::Setup("invalid id".into()))?;
+    let encrypted = !manifest.encryption_recipients.is_empty();
+    if encrypted && identities.is_none() {
+        return Err(DrillError::Setup("the snapshot is encrypted with age: an identity file is needed".into()));
+    }
+    let object_path = dir.join("object");
+    let mut body = store.get(&format!("{}{}", location.dir(), manifest.object)).await.map_err(|e| storage(&e))?;
+    let mut file = tokio::fs::File::create(&object_path).await.map_err(|e| setup("creating the download", &e))?;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    while let Some(chunk) = body.try_next().await.map_err(|e| storage(&e))? {
+        hasher.update(&chunk);
+        size += chunk.len() as u64;
+        file.write_all(&chunk).await.map_err(|e| setup("writing the download", &e))?;
+    }
+    file.flush().await.map_err(|e| setup("writing the download", &e))?;
+    drop(file);
+    let object_sha256 = hex::encode(hasher.finalize());
+    measured.object_sha256 = Some(object_sha256.clone());
+    if object_sha256 != manifest.object_sha256 || size != manifest.object_size_bytes {
+        return Err(DrillError::ObjectHashMismatch(format!(
+            "the stored object's sha256 is {object_sha256} ({size} bytes), the manifest's objectSha256 is {} ({} bytes)",
+            manifest.object_sha256, manifest.object_size_bytes
+        )));
+    }
+
+    let db = dir.join("snapshot.db");
+    let (db_path, compression) = (db.clone(), manifest.compression.clone());
+    let decoded = tokio::task::spawn_blocking(move || {
+        let open =
+            || -> std::io::Result<_> { Ok((std::fs::File::open(&object_path)?, std::fs::File::create(&db_path)?)) };
+        let (input, output) = open().map_err(|e| DrillError::Setup(format!("opening the download: {}", e.kind())))?;
+        let mut sink = CheckedFile { file: std::io::BufWriter::new(output), check: TrailerCheck::default() };
+        let ids = identities.as_deref().filter(|_| encrypted);
+        encode::decode(std::io::BufReader::new(input), &compression, ids, &mut sink)
+            .map_err(|e| DrillError::Decode(format!("{e:#}")))?;
+        sink.file.flush().map_err(|e| DrillError::Setup(format!("writing the database: {}", e.kind())))?;
+        let _ = std::fs::remove_file(&object_path);
+        Ok::<_, DrillError>(sink.check.finish())
+    })
+    .await
+    .map_err(|e| DrillError::Setup(format!("decoding task: {e}")))??;
+    let verified = decoded.map_err(|e| DrillError::EtcdHashMismatch(e.to_string()))?;
+    let etcd_sha256 = hex::encode(verified.sha256);
+    measured.etcd_sha256 = Some(etcd_sha256.clone());
+    if etcd_sha256 != manifest.etcd_sha256 || verified.total_bytes != manifest.db_size_bytes {
+        return Err(DrillError::EtcdHashMismatch(format!(
+            "the database's trailing sha256 is {etcd_sha256} ({} bytes), the manifest's etcdSha256 is {} ({} bytes)",
+            verified.total_bytes, manifest.etcd_sha256, manifest.db_size_bytes
+        )));
+    }
+    Ok(db)
+}
+
+fn setup(what: &str, e: &std::io::Error) -> DrillError {
+    DrillError::Setup(format!("{what}: {}", e.kind()))
+}
+
+/// `etcdutl snapshot restore` as a one-member cluster, without `--bump-revision` and `--mark-compacted`.
+async fn etcdutl_restore(etcdutl: &Path, db: &Path, data_dir: &Path, peer_url: &str) -> Result<(), DrillError> {
+    let out = Command::new(etcdutl)
+        .args(["snapshot", "restore"])
+        .arg(db)
+        .arg("--name=drill")
+        .arg(format!("--initial-cluster=drill={peer_url}"))
+        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+        .arg("--initial-cluster-token=etcd-snapshotter-drill")
+        .arg(format!("--data-dir={}", data_dir.display()))
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| DrillError::Setup(format!("running etcdutl: {}", e.kind())))?;
+    if !out.status.success() {
+        return Err(DrillError::Restore(last_lines(&String::from_utf8_lossy(&out.stderr), 5)));
+    }
+    Ok(())
+}
+
+/// Connects once the member answers; fails early if it exits (with the end of its log).
+async fn wait_for_etcd(
+    scratch: &mut Scratch,
+    etcd: usize,
+    url: &str,
+    log: &Path,
+) -> Result<etcd_client::Client, DrillError> {
+    let deadline = Instant::now() + ETCD_START_TIMEOUT;
+    loop {
+        if let Some(status) = scratch.exited(etcd) {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            return Err(DrillError::EtcdStart(format!("etcd exited ({status}): {}", last_lines(&log, 5))));
+        }
+        if let Ok(mut client) = crate::member::connect(url, None).await
+            && client.status().await.is_ok()
+        {
+            return Ok(client);
+        }
+        if Instant::now() > deadline {
+            return Err(DrillError::EtcdStart(format!("etcd did not answer within {ETCD_START_TIMEOUT:?}")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Revision, keys at the snapshot revision and `HashKV` there.
+async fn observe(client: &mut etcd_client::Client, revision: u64) -> Result<Observed, DrillError> {
+    let etcd = |what: &str, e: etcd_client::Error| DrillError::KeyRead(format!("{what}: {e}"));
+    let status = client.status().await.map_err(|e| etcd("status", e))?;
+    let current = status.header().map(|h| h.revision()).unwrap_or(0).max(0) as u64;
+    // A revision that is not the manifest's fails on the revision, before any read at it.
+    let at = revision as i64;
+    let (key_count, hash_kv) = if current == revision {
+        let options = GetOptions::new().with_all_keys().with_count_only().with_revision(at);
+        let count = client.get("", Some(options)).await.map_err(|e| etcd("counting keys", e))?.count();
+        let hash = client.hash_kv(at).await.map_err(|e| etcd("HashKV", e))?.hash();
+        (count.max(0) as u64, hash)
+    } else {
+        (0, 0)
+    };
+    Ok(Observed { revision: current, key_count, hash_kv })
+}
+
+/// Reads the first `n` keys with their values at the snapshot revision; all must come back.
+async fn sample(client: &mut etcd_client::Client, manifest: &Manifest, n: usize) -> Result<u64, DrillError> {
+    let options = GetOptions::new().with_all_keys().with_limit(n as i64).with_revision(manifest.revision as i64);
+    let response = client.get("", Some(options)).await.map_err(|e| DrillError::KeyRead(e.to_string()))?;
+    let want = (n as u64).min(manifest.key_count);
+    let got = response.kvs().len() as u64;
+    if got != want {
+        return Err(DrillError::KeyRead(format!("read {got} of the first {want} keys")));
+    }
+    Ok(got)
+}
+
+/// A free port on 127.0.0.1, as an http URL. (Bound and released: a process started right after takes it.)
+pub(crate) fn loopback_url() -> Result<String, DrillError> {
+    Ok(format!("http://127.0.0.1:{}", free_port()?))
+}
+
+pub(crate) fn free_port() -> Result<u16, DrillError> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| setup("finding a free port", &e))?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| setup("finding a free port", &e))
+}
+
+pub(crate) fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.trim().lines().collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+/// A drill's temporary directory and the processes it started. Dropping it (a finished drill, an error, a
+/// timeout, or a shutdown dropping the drill's future) kills every process, waits for each to exit, then
+/// removes the directory: nothing outlives the drill. `kill_on_drop` on each child is the second line.
+pub struct Scratch {
+    dir: Option<tempfile::TempDir>,
+    children: Vec<(String, Child)>,
+}
+
+impl Scratch {
+    pub fn new(root: &Path, shard: &str) -> Result<Self, DrillError> {
+        std::fs::create_dir_all(root).map_err(|e| setup("creating the drills directory", &e))?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{SCRATCH_PREFIX}{shard}-"))
+            .tempdir_in(root)
+            .map_err(|e| setup("creating the drill's directory", &e))?;
+        Ok(Self { dir: Some(dir), children: Vec::new() })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().expect("present until drop").path()
+    }
+
+    /// Starts `command` with its output in `log`; returns its index.
+    pub fn spawn(&mut self, command: &mut Command, log: &Path, name: &str) -> Result<usize, DrillError> {
+        let out = std::fs::File::create(log).map_err(|e| setup("creating a log file", &e))?;
+        let err = out.try_clone().map_err(|e| setup("creating a log file", &e))?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| DrillError::Setup(format!("starting {name}: {}", e.kind())))?;
+        self.children.push((name.into(), child));
+        Ok(self.children.len() - 1)
+    }
+
+    /// The exit status if the process has exited.
+    pub fn exited(&mut self, index: usize) -> Option<std::process::ExitStatus> {
+        self.children[index].1.try_wait().ok().flatten()
+    }
+
+    /// Stops every process gracefully (SIGKILL; a throwaway copy has nothing to flush) and waits for each.
+    pub async fn finish(&mut self) {
+        for (name, child) in &mut self.children {
+            let _ = child.start_kill();
+            if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
+                tracing::warn!(process = name.as_str(), "a drill process did not exit within 10s of SIGKILL");
+            }
+        }
+        self.children.clear();
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // Synchronous on purpose: drop cannot await, and the directory must not be removed while a process
+        // still writes into it. SIGKILL takes effect within milliseconds; the bound only guards a stuck kernel.
+        for (name, child) in &mut self.children {
+            let _ = child.start_kill();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
+                if Instant::now() > deadline {
+                    tracing::warn!(process = name.as_str(), "a drill process outlived SIGKILL by 5s");
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        if let Some(dir) = self.dir.take() {
+            let path = dir.path().to_path_buf();
+            if let Err(error) = dir.close() {
+                tracing::warn!(path = %path.display(), %error, "removing the drill's directory failed");
+            }
+        }
+    }
+}
+
+/// Removes what drills of a killed agent left in `root` (a process that was SIGKILLed cannot clean up).
+pub fn remove_leftovers(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(SCRATCH_PREFIX) {
+            tracing::warn!(path = %entry.path().display(), "removing a drill directory an earlier run left");
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Reads the manifest of `id` as stored (its bytes are what the report's hash covers).
+pub async fn read_target(store: &Store, id: &str) -> Result<Target, DrillError> {
+    let location = Location::from_id(&store.prefix, id)
+        .ok_or_else(|| DrillError::NoSnapshot(format!("{id:?} is not a snapshot id (<shard>/<time>-r<revision>)")))?;
+    let manifest_bytes = store
+        .get_bytes(&location.manifest_key())
+        .await
+        .map_err(|e| DrillError::NoSnapshot(format!("reading the manifest of {id}: {e}")))?;
+    let manifest = Manifest::from_json(&manifest_bytes)
+        .map_err(|e| DrillError::NoSnapshot(format!("the manifest of {id} does not parse: {e}")))?;
+    if manifest.id != id {
+        return Err(DrillError::NoSnapshot(format!("the manifest at {id} names another snapshot")));
+    }
+    Ok(Target { manifest, manifest_bytes })
+}
+
+/// Reads the identity file, if one is configured.
+pub fn identities(path: Option<&Path>) -> Result<Option<Vec<Identity>>, DrillError> {
+    path.map(|p| crate::restore::read_identities(p).map_err(|_| DrillError::Setup("reading the identity file".into())))
+        .transpose()
+}
+
+/// Drills `id` and writes its report beside the manifest. The report is written whatever the outcome, so a
+/// failed drill un-verifies the snapshot; a report that cannot be written fails the drill (nothing proves it).
+pub async fn drill_and_record(drills: &Drills, kcp: Option<&KcpExpect>, store: &Store, id: &str) -> Outcome {
+    let target = match read_target(store, id).await {
+        Ok(target) => target,
+        Err(error) => return Outcome { report: failed_before_start(id, &error), result: Err(error) },
+    };
+    let identities = match identities(drills.identity_file.as_deref()) {
+        Ok(ids) => ids,
+        Err(error) => return Outcome { report: failed_before_start(id, &error), result: Err(error) },
+    };
+    let mut outcome = drill(drills, kcp, store, &target, identities).await;
+    if let Err(error) = write_report(store, &outcome.report).await
+        && outcome.result.is_ok()
+    {
+        outcome.result = Err(error);
+    }
+    outcome
+}
+
+/// A report for a drill that never reached its snapshot (not written: there is no manifest to stand beside).
+fn failed_before_start(id: &str, error: &DrillError) -> Report {
+    let reason: &'static str = error.into();
+    let now = Utc::now();
+    Report {
+        format_version: 1,
+        id: id.into(),
+        passed: false,
+        failure: Some(Failure { reason: reason.into(), message: error.to_string() }),
+        manifest_sha256: String::new(),
+        object_sha256: None,
+        etcd_sha256: None,
+        revision: None,
+        key_count: None,
+        hash_kv: None,
+        sampled_keys: None,
+        restore_seconds: None,
+        kcp: None,
+        started_at: now,
+        finished_at: now,
+        duration_seconds: 0.0,
+        agent_version: kcp_keeper_runtime::VERSION.into(),
+    }
+}
+
+/// One line saying what a drill proved or why it failed.
+pub fn summary(outcome: &Outcome) -> String {
+    let r = &outcome.report;
+    match &outcome.result {
+        Ok(()) => {
+            let hash_kv = match r.hash_kv {
+                Some(HashKvResult::Match) => "HashKV matches",
+                _ => "HashKV not comparable (the manifest has none)",
+            };
+            let mut line = format!(
+                "ok {}: object and etcd sha256 match the manifest; restored revision {}, {} keys, {hash_kv}; read {} keys; restore {:.1}s",
+                r.id,
+                r.revision.unwrap_or_default(),
+                r.key_count.unwrap_or_default(),
+                r.sampled_keys.unwrap_or_default(),
+                r.restore_seconds.unwrap_or_default(),
+            );
+            if let Some(kcp) = &r.kcp {
+                line.push_str(&format!(
+                    "; kcp ready in {:.1}s, {} workspace(s) and {} object(s) read",
+                    kcp.ready_seconds,
+                    kcp.workspaces.len(),
+                    kcp.objects.len()
+                ));
+            }
+            line.push_str(&format!("; drill {:.1}s", r.duration_seconds));
+            line
+        }
+        Err(error) => {
+            let reason: &'static str = error.into();
+            format!("FAILED {}: {reason}: {error}", r.id)
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! Restore drills against a real etcd and a real versitygw, through the binary's `drill` one-shot: a good
+//! snapshot passes and is verified, a flipped byte or an edited manifest fails with the failure named, and a
+//! drill stopped by SIGTERM leaves no process and no directory behind.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+/// A bed with one etcd holding some keys, a configuration with drills, and one snapshot taken.
+struct Drilled {
+    bed: Bed,
+    _etcd: testbed::Etcd,
+    config: std::path::PathBuf,
+    client: etcd_client::Client,
+}
+
+async fn bed_with_snapshot(retention_extra: &'static str, keep_last: usize) -> Drilled {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 300, 2_000).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]).with_drills(&bed);
+    options.retention_extra = retention_extra;
+    options.keep_last = keep_last;
+    let config = write_config(&bed, &options).unwrap();
+    snapshot_ok(&config);
+    Drilled { bed, _etcd: etcd, config, client }
+}
+
+fn drill(config: &Path, id: Option<&str>) -> std::process::Output {
+    let mut args = vec!["drill", "--config", config.to_str().unwrap()];
+    args.extend(id);
+    cli(&args)
+}
+
+async fn newest_id(bed: &Bed) -> String {
+    let mut all = manifests(&bed.s3.client(), &bed.s3.bucket).await;
+    all.sort_by_key(|m| std::cmp::Reverse(m["revision"].as_u64().unwrap()));
+    all[0]["id"].as_str().unwrap().to_string()
+}
+
+async fn report(bed: &Bed, id: &str) -> serde_json::Value {
+    let key = format!("{PREFIX}/{id}/drill.json");
+    let out = bed.s3.client().get_object().bucket(&bed.s3.bucket).key(&key).send().await.unwrap();
+    serde_json::from_slice(&out.body.collect().await.unwrap().into_bytes()).unwrap()
+}
+
+fn list(config: &Path) -> String {
+    let out = cli(&["list", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn listed_line<'a>(listing: &'a str, id: &str) -> &'a str {
+    listing.lines().find(|l| l.starts_with(id)).unwrap_or_else(|| panic!("{id} not listed:\n{listing}"))
+}
+
+fn assert_drills_dir_empty(bed: &Bed) {
+    let left: Vec<_> =
+        std::fs::read_dir(bed.drills_dir()).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "drill directories left behind: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_good_snapshot_passes_the_drill_gets_a_passing_report_and_is_listed_verified() {
+    let d = bed_with_snapshot("", 10).await;
+    let id = newest_id(&d.bed).await;
+    assert!(listed_line(&list(&d.config), &id).ends_with(" no"), "not verified before a drill");
+
+    let out = drill(&d.config, Some(&id));
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with(&format!("ok {id}: ")) && stdout.contains("HashKV matches"), "{}", text(&out));
+
+    let manifest = manifests(&d.bed.s3.client(), &d.bed.s3.bucket).await.remove(0);
+    let r = report(&d.bed, &id).await;
+    assert_eq!(r["passed"], true, "{r}");
+    assert_eq!(r["revision"], manifest["revision"]);
+    assert_eq!(r["keyCount"], manifest["keyCount"]);
+    assert_eq!(r["hashKv"], "match");
+    assert_eq!(r["objectSha256"], manifest["objectSha256"]);
+    assert_eq!(r["etcdSha256"], manifest["etcdSha256"]);
+    assert_eq!(r["sampledKeys"], 50);
+    assert!(r["restoreSeconds"].as_f64().unwrap() > 0.0, "{r}");
+    let line = listed_line(&list(&d.config), &id).to_string();
+    assert!(!line.ends_with(" no") && line.contains("20"), "verified with its time: {line}");
+    assert_drills_dir_empty(&d.bed);
+
+    // Without an id: each shard's newest snapshot.
+    let out = drill(&d.config, None);
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(&id), "{}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_manifest_edited_to_claim_verified_is_not_trusted_and_an_edit_after_a_passing_drill_unverifies_it() {
+    let d = bed_with_snapshot("", 10).await;
+    let id = newest_id(&d.bed).await;
+    let key = format!("{PREFIX}/{id}/manifest.json");
+    let file = d.bed.s3_file(&key);
+    let original = std::fs::read_to_string(&file).unwrap();
+    let claimed = original.replacen("{\n", "{\n  \"verifiedAt\": \"2026-11-30T00:00:00Z\",\n", 1);
+    std::fs::write(&file, &claimed).unwrap();
+    assert!(listed_line(&list(&d.config), &id).ends_with(" no"), "verifiedAt alone proves nothing");
+
+    std::fs::write(&file, &original).unwrap();
+    let out = drill(&d.config, Some(&id));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!listed_line(&list(&d.config), &id).ends_with(" no"));
+    // Edited after the drill: the report no longer proves what the manifest now says.
+    std::fs::write(&file, original.replacen("\"spilledBytes\": 0", "\"spilledBytes\": 1", 1)).unwrap();
+    let line = list(&d.config);
+    assert!(listed_line(&line, &id).contains("report does not match the manifest"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flipped_byte_in_the_stored_object_fails_with_object_hash_mismatch_and_retention_keeps_the_last_verified() {
+    let mut d = bed_with_snapshot("minVerified: 1", 1).await;
+    let good = newest_id(&d.bed).await;
+    let out = drill(&d.config, Some(&good));
+    assert!(out.status.success(), "{}", text(&out));
+
+    d.client.put("/registry/things/after", "x", None).await.unwrap();
+    snapshot_ok(&d.config);
+    let bad = newest_id(&d.bed).await;
+    assert_ne!(bad, good);
+    let file = d.bed.s3_file(&format!("{PREFIX}/{bad}/snapshot.db.zst"));
+    let mut bytes = std::fs::read(&file).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&file, bytes).unwrap();
+
+    let out = drill(&d.config, Some(&bad));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("FAILED {bad}: object_hash_mismatch: object hash mismatch")), "{}", text(&out));
+    let r = report(&d.bed, &bad).await;
+    assert_eq!(r["passed"], false);
+    assert_eq!(r["failure"]["reason"], "object_hash_mismatch");
+    assert!(listed_line(&list(&d.config), &bad).contains("drill failed: object_hash_mismatch"));
+    assert_drills_dir_empty(&d.bed);
+
+    // Two more snapshots with keepLast 1: the failed one goes, the verified one stays.
+    for i in 0..2 {
+        d.client.put(format!("/registry/things/more-{i}"), "x", None).await.unwrap();
+        snapshot_ok(&d.config);
+    }
+    let ids: Vec<String> = manifests(&d.bed.s3.client(), &d.bed.s3.bucket)
+        .await
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().into())
+        .collect();
+    assert!(ids.contains(&good), "the verified snapshot is kept: {ids:?}");
+    assert!(!ids.contains(&bad), "the snapshot that failed its drill is not: {ids:?}");
+    assert_eq!(ids.len(), 2, "{ids:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_manifest_with_an_altered_key_count_or_revision_fails_with_the_field_named() {
+    let d = bed_with_snapshot("", 10).await;
+    let id = newest_id(&d.bed).await;
+    let file = d.bed.s3_file(&format!("{PREFIX}/{id}/manifest.json"));
+    let original = std::fs::read_to_string(&file).unwrap();
+    let manifest: serde_json::Value = serde_json::from_str(&original).unwrap();
+    let (keys, revision) = (manifest["keyCount"].as_u64().unwrap(), manifest["revision"].as_u64().unwrap());
+
+    for (field, from, to, reason) in
+        [("keyCount", keys, keys + 1, "key_count_mismatch"), ("revision", revision, revision - 1, "revision_mismatch")]
+    {
+        let altered = original.replacen(&format!("\"{field}\": {from},"), &format!("\"{field}\": {to},"), 1);
+        assert_ne!(altered, original, "{field} was altered");
+        std::fs::write(&file, &altered).unwrap();
+        let out = drill(&d.config, Some(&id));
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("FAILED {id}: {reason}:")) && stderr.contains(field), "{}", text(&out));
+        assert_eq!(report(&d.bed, &id).await["failure"]["reason"], reason);
+        assert_drills_dir_empty(&d.bed);
+    }
+}
+
+/// The pids whose command line mentions `needle` (the drill's processes all run inside its directory).
+fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        // The agent itself names the configuration, never the drills directory.
+        if cmdline.contains(needle) && !cmdline.starts_with(BINARY) {
+            out.push((pid, cmdline));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drill_stopped_by_sigterm_leaves_no_process_and_no_directory_behind() {
+    let d = bed_with_snapshot("", 10).await;
+    let id = newest_id(&d.bed).await;
+    let drills_dir = d.bed.drills_dir().display().to_string();
+    let mut child = std::process::Command::new(BINARY)
+        .args(["drill", "--config", d.config.to_str().unwrap(), &id])
+        .env(NO_METADATA.0, NO_METADATA.1)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Mid-drill: the throwaway etcd runs on the restored copy inside the drill's directory. It lives for well
+    // under a second here, so this polls /proc tightly rather than at eventually's pace.
+    let deadline = std::time::Instant::now() + WAIT;
+    let etcd = loop {
+        if let Some(found) = processes_mentioning(&drills_dir).into_iter().find(|(_, cmd)| cmd.contains("--name=drill"))
+        {
+            break found;
+        }
+        if child.try_wait().unwrap().is_some() {
+            panic!("the drill ended before its etcd was seen: {}", text(&child.wait_with_output().unwrap()));
+        }
+        assert!(std::time::Instant::now() < deadline, "the drill's etcd never ran");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the drill did not stop after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted by SIGTERM"), "{}", text(&out));
+    // Gone, or at most a zombie waiting for init to reap it (the agent exited right after killing it).
+    let state = std::fs::read_to_string(format!("/proc/{}/stat", etcd.0)).unwrap_or_default();
+    let state = state.rsplit_once(") ").map(|(_, rest)| rest.chars().next().unwrap_or('?')).unwrap_or('-');
+    assert!(matches!(state, '-' | 'Z'), "the drill's etcd (pid {}) is still running: state {state}", etcd.0);
+    assert_eq!(processes_mentioning(&drills_dir), vec![], "no drill process is left");
+    assert_drills_dir_empty(&d.bed);
+}
