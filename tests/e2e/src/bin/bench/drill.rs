@@ -1,8 +1,9 @@
 //! `drill`: etcd-snapshotter's restore drill of a 1 GiB snapshot against doing the same by hand, in alternate
 //! rounds: download the file with the AWS CLI, `etcdutl snapshot restore`, start etcd on it and wait until it
 //! answers healthy. Ours is `etcd-snapshotter drill --config F ID` (exit 0 = the drill passed) on the snapshot
-//! the agent published of the same database; the by-hand baseline restores `etcdctl snapshot save`'s file of it,
-//! uploaded once beforehand. Every restored data directory and downloaded file is deleted after its round.
+//! the agent published of the same database (it also proves both hashes and compares the restored revision, key
+//! count and HashKV with the manifest, and reads sample keys: more than the by-hand steps do); the by-hand
+//! baseline restores `etcdctl snapshot save`'s file of it, uploaded once beforehand. Every restored data directory and downloaded file is deleted after its round.
 
 use std::path::Path;
 use std::process::Command;
@@ -55,6 +56,10 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
                 .args(["drill", "--config"])
                 .arg(&configs.zstd)
                 .arg(&id)
+                .arg("--etcdutl")
+                .arg(peers.path("etcdutl"))
+                .arg("--etcd")
+                .arg(peers.path("etcd"))
                 .env("AWS_EC2_METADATA_DISABLED", "true")
                 .env("KCP_KEEPER_LOG_FORMAT", "plain"),
             "etcd-snapshotter drill",
