@@ -33,7 +33,7 @@ struct Args {
     #[arg(long, default_value_t = 31)]
     rounds: usize,
     /// Rounds of each process-level benchmark (snapshot, ca-sync, drill, rotate, dns).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, env = "KCP_KEEPER_BENCH_ROUNDS", default_value_t = 3)]
     process_rounds: usize,
     /// Quick try: the snapshot and drill benchmarks use only the 256 MiB database (the documented run uses both).
     #[arg(long, env = "KCP_KEEPER_BENCH_QUICK")]
