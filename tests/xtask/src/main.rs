@@ -1,6 +1,7 @@
 //! `cargo xtask ...`: the commands a developer and CI type. Each installs what it needs first and says so.
 #![deny(unsafe_code)] // one exception: the parent-death signal in child.rs
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -50,19 +51,20 @@ fn main() -> Result<()> {
         Task::Test => test(),
         Task::Demo { once } => demo(once),
         Task::Bench { name, quick } => {
-            let mut args = vec!["run", "--quiet", "--locked", "--release", "--package", "e2e", "--bin", "bench", "--"];
-            args.extend(name.as_deref());
-            if quick {
-                args.push("--quick");
-            }
             prereqs::ensure_protoc()?;
             ensure_peers()?;
-            // The bench starts the agents' release binaries from its own directory.
+            // One build of every binary, then the bench binary itself from the same directory: `cargo run -p e2e`
+            // would resolve features for e2e alone and rebuild half the dependency tree a second time.
             step(
-                "build the agents (release)",
+                "build the agents and the bench (release)",
                 cargo(&["build", "--quiet", "--locked", "--release", "--workspace", "--bins"]),
             )?;
-            step("bench", cargo(&args))
+            let mut bench = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/bench"));
+            bench.args(name.as_deref());
+            if quick {
+                bench.arg("--quick");
+            }
+            step("bench", bench)
         }
     }
 }
