@@ -1,6 +1,7 @@
 //! `cargo xtask ...`: the commands a developer and CI type. Each installs what it needs first and says so.
 #![deny(unsafe_code)] // one exception: the parent-death signal in child.rs
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -28,6 +29,9 @@ enum Task {
     Bench {
         /// Only this benchmark.
         name: Option<String>,
+        /// Quick try: the snapshot and drill benchmarks use only the 256 MiB database.
+        #[arg(long)]
+        quick: bool,
     },
     /// Build the agents' container images (static binaries, FROM scratch) with buildah, run `--version` inside
     /// each and print their sizes.
@@ -51,12 +55,21 @@ fn main() -> Result<()> {
         Task::Test => test(),
         Task::Demo { once } => demo(once),
         Task::Images => images::images(),
-        Task::Bench { name } => {
-            let mut args = vec!["run", "--quiet", "--locked", "--release", "--package", "e2e", "--bin", "bench", "--"];
-            args.extend(name.as_deref());
+        Task::Bench { name, quick } => {
             prereqs::ensure_protoc()?;
             ensure_peers()?;
-            step("bench", cargo(&args))
+            // One build of every binary, then the bench binary itself from the same directory: `cargo run -p e2e`
+            // would resolve features for e2e alone and rebuild half the dependency tree a second time.
+            step(
+                "build the agents and the bench (release)",
+                cargo(&["build", "--quiet", "--locked", "--release", "--workspace", "--bins"]),
+            )?;
+            let mut bench = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/bench"));
+            bench.args(name.as_deref());
+            if quick {
+                bench.arg("--quick");
+            }
+            step("bench", bench)
         }
     }
 }

@@ -1,0 +1,195 @@
+//! `dns`: dns-rewriter's time from a Service change to every host answering the new address through a real
+//! CoreDNS (k3s's Corefile shape, `reload 2s`, the agent's ConfigMap projected the kubelet way), split into our
+//! write (the agent's `dns_rewriter_write_timestamp_seconds`) and the rest (projection into CoreDNS's
+//! directory and CoreDNS's reload). The change: each host's Service is deleted (the agent drops its line) and
+//! created again, so it has a new ClusterIP and the agent must write its line back. Also: writes per no-op
+//! cycle, from the audit log by the agent's own user.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use kube::api::{Api, ObjectMeta, PostParams};
+use serde_json::json;
+use testbed::agent_process::AgentProcess;
+
+use crate::common::{self, MIB, Report, Row};
+
+const HOSTS: usize = 5;
+const NS: &str = "kcp-system";
+const USER: &str = "bench-dns-rewriter";
+
+fn host(i: usize) -> String {
+    format!("shard-{i}.kcp.example.com")
+}
+
+fn service(i: usize) -> String {
+    format!("shard-{i}-kcp")
+}
+
+pub async fn run(rounds: usize) -> Result<Report> {
+    eprintln!("dns: starting etcd, kube-apiserver and CoreDNS");
+    let bed = testbed::ControlPlane::start().await?;
+    bed.create_namespace(NS).await?;
+    let dns = bed.coredns(testbed::coredns::K3S_COREFILE).await?;
+    let _projection = crate::idle::prepare_dns(&bed, &dns).await?;
+    let services = Api::<Service>::namespaced(bed.client(), NS);
+    for i in 0..HOSTS {
+        create_service(&services, i).await?;
+    }
+    let rules: String = (0..HOSTS)
+        .map(|i| format!("- {{host: {}, service: {{namespace: {NS}, name: {}}}, port: 6443}}\n", host(i), service(i)))
+        .collect();
+    let config = bed.subdir("dns-rewriter")?.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "mode: k3s\nrules:\n{rules}verify: {{resolver: '127.0.0.1:{}', settle: 60s}}\nresyncInterval: 10s\n",
+            dns.port
+        ),
+    )?;
+    let kubeconfig = bed.apiserver.user_kubeconfig(USER, &["system:masters"], Duration::from_secs(24 * 3600))?;
+    let binary = common::agent_binary("dns-rewriter")?;
+    let env = [("KCP_KEEPER_LOG_FORMAT", "plain")];
+    let mut agent = AgentProcess::start_as(&bed, &kubeconfig, &binary, &config, NS, "dns-rewriter", &env)?;
+    agent.wait_ready(Duration::from_secs(60)).await?;
+    let pid = agent.process.pid().context("the agent exited")?;
+    for i in 0..HOSTS {
+        let series = format!("dns_rewriter_host_verified{{host=\"{}\"}}", host(i));
+        agent.wait_for_metric(&series, Duration::from_secs(90), |v| v == 1.0).await;
+    }
+
+    let (mut total, mut write, mut reload) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        eprintln!("dns: round {}/{rounds}", round + 1);
+        // Take the Services away and wait for the agent to drop their lines (a write), untimed.
+        let written = agent.metric("dns_rewriter_write_timestamp_seconds ").await?;
+        for i in 0..HOSTS {
+            services.delete(&service(i), &Default::default()).await?;
+        }
+        agent.wait_for_metric("dns_rewriter_write_timestamp_seconds ", Duration::from_secs(60), |v| v > written).await;
+        let written = agent.metric("dns_rewriter_write_timestamp_seconds ").await?;
+        for i in 0..HOSTS {
+            wait_gone(&services, i).await?;
+        }
+        // And for CoreDNS to have reloaded without them: until then its old rewrite lines would answer the new
+        // Services with no write at all.
+        wait_no_answers(&dns, HOSTS, Duration::from_secs(60)).await?;
+
+        let t0 = Instant::now();
+        let t0_unix = unix_now();
+        let mut expected = BTreeMap::new();
+        for i in 0..HOSTS {
+            expected.insert(host(i), create_service(&services, i).await?);
+        }
+        wait_answers(&dns, &expected, Duration::from_secs(120)).await?;
+        let answered = t0.elapsed().as_secs_f64();
+        let wrote = agent.metric("dns_rewriter_write_timestamp_seconds ").await?;
+        anyhow::ensure!(wrote > written, "every host answers but the agent reports no write");
+        total.push(answered);
+        write.push(wrote - t0_unix);
+        reload.push(answered - (wrote - t0_unix));
+    }
+
+    // No-op cycles: the rules and Services stay; count the agent's writes over three of them.
+    let before = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
+    let mut last = agent.metric("dns_rewriter_reconcile_pass_timestamp_seconds ").await?;
+    for _ in 0..3 {
+        last = agent
+            .wait_for_metric("dns_rewriter_reconcile_pass_timestamp_seconds ", Duration::from_secs(60), |v| v > last)
+            .await;
+    }
+    let after = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
+    let writes: usize = after
+        .iter()
+        .filter(|((verb, resource), _)| resource != "leases" && common::is_write_verb(verb))
+        .map(|(k, n)| n - before.get(k).copied().unwrap_or(0))
+        .sum();
+    let hwm = common::status_bytes(pid, "VmHWM").context("VmHWM")?;
+    agent.terminate(Duration::from_secs(10));
+
+    let m = |v: &[f64]| common::median(v);
+    let rows = vec![
+        Row::new(
+            format!("Services recreated -> all {HOSTS} hosts answer the new address (median)"),
+            common::secs(m(&total)),
+        ),
+        Row::new("  of which: our write (agent's write timestamp)", common::secs(m(&write))),
+        Row::new("  of which: projection into CoreDNS + CoreDNS reload (reload 2s)", common::secs(m(&reload))),
+        Row::new(
+            "writes per no-op cycle by the agent's user (audit log, 3 cycles)",
+            format!("{:.1}", writes as f64 / 3.0),
+        )
+        .target("0"),
+        Row::new("agent peak RSS (VmHWM)", format!("{:.1} MiB", hwm as f64 / MIB)),
+    ];
+    Ok(Report {
+        rows,
+        json: json!({
+            "hosts": HOSTS, "rounds": rounds, "total_seconds": total, "write_seconds": write,
+            "projection_and_reload_seconds": reload, "writes_per_noop_cycle": writes as f64 / 3.0,
+            "agent_peak_rss_bytes": hwm,
+        }),
+    })
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default()
+}
+
+async fn create_service(services: &Api<Service>, i: usize) -> Result<Ipv4Addr> {
+    let svc = Service {
+        metadata: ObjectMeta { name: Some(service(i)), ..Default::default() },
+        spec: Some(ServiceSpec {
+            ports: Some(vec![ServicePort { name: Some("https".into()), port: 6443, ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let created = services.create(&PostParams::default(), &svc).await?;
+    Ok(created.spec.and_then(|s| s.cluster_ip).context("a ClusterIP")?.parse()?)
+}
+
+async fn wait_gone(services: &Api<Service>, i: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while services.get_opt(&service(i)).await?.is_some() {
+        anyhow::ensure!(Instant::now() < deadline, "Service {} still there", service(i));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Asks CoreDNS on loopback until no host answers.
+async fn wait_no_answers(dns: &testbed::CoreDns, hosts: usize, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    for i in 0..hosts {
+        while !dns.resolve_a(&host(i)).await.unwrap_or_default().is_empty() {
+            anyhow::ensure!(Instant::now() < deadline, "{} still answers after its Service was deleted", host(i));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Asks CoreDNS on loopback for every host until each answers its expected address.
+async fn wait_answers(dns: &testbed::CoreDns, expected: &BTreeMap<String, Ipv4Addr>, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut pending: Vec<&String> = expected.keys().collect();
+    while !pending.is_empty() {
+        let mut still = Vec::new();
+        for name in pending {
+            let got = dns.resolve_a(name).await.unwrap_or_default();
+            if got != [expected[name]] {
+                still.push(name);
+            }
+        }
+        pending = still;
+        anyhow::ensure!(Instant::now() < deadline, "hosts not answering their new address: {pending:?}");
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(())
+}
