@@ -23,14 +23,16 @@ fn example(agent: &str) -> Value {
     serde_yaml::from_str(&std::fs::read_to_string(path).expect("example.yaml")).expect("parses")
 }
 
-/// All four agents, with their example configurations (the snapshotter's S3 keys from a Secret it names).
+/// All four agents, with their example configurations (the snapshotter's S3 keys and age identity from Secrets it
+/// names).
 fn all_agents() -> Value {
     json!({
         "caSyncer": {"enabled": true, "config": example("ca-syncer")},
         "dnsRewriter": {"enabled": true, "config": example("dns-rewriter")},
         "kubeconfigRotator": {"enabled": true, "config": example("kubeconfig-rotator")},
         "etcdSnapshotter": {"enabled": true, "config": example("etcd-snapshotter"),
-                            "s3Credentials": {"existingSecret": "etcd-backup-s3"}},
+                            "s3Credentials": {"existingSecret": "etcd-backup-s3"},
+                            "ageIdentity": {"existingSecret": "etcd-backup-age"}},
     })
 }
 

@@ -19,7 +19,8 @@ fn all_agents() -> Value {
         "dnsRewriter": {"enabled": true, "config": example("dns-rewriter")},
         "kubeconfigRotator": {"enabled": true, "config": example("kubeconfig-rotator")},
         "etcdSnapshotter": {"enabled": true, "config": example("etcd-snapshotter"),
-                            "s3Credentials": {"existingSecret": "etcd-backup-s3"}},
+                            "s3Credentials": {"existingSecret": "etcd-backup-s3"},
+                            "ageIdentity": {"existingSecret": "etcd-backup-age"}},
         "monitoring": {
             "serviceMonitor": {"enabled": true, "force": true},
             "prometheusRule": {"enabled": true, "force": true},
@@ -174,7 +175,10 @@ fn names(list: &Value) -> Vec<String> {
 
 #[test]
 fn the_snapshotter_mounts_the_named_s3_secret_and_the_age_identity_only_when_configured() -> Result<()> {
-    let values = all_agents();
+    // Without an identity: no Secret named and no identity file in the drills section.
+    let mut values = all_agents();
+    values["etcdSnapshotter"]["ageIdentity"] = json!({"existingSecret": ""});
+    values["etcdSnapshotter"]["config"]["drills"].as_object_mut().unwrap().remove("identityFile");
     let pod = snapshotter_pod(&values)?;
     let container = &pod["containers"][0];
     assert!(!names(&pod["volumes"]).contains(&"age-identity".to_string()), "no identity configured, none mounted");
@@ -243,6 +247,7 @@ fn snapshotter_credentials_the_pod_could_not_read_fail_the_render_naming_the_val
     assert!(err.contains("drills.identityFile: must be /var/run/secrets/etcd-snapshotter/age/identity.txt"), "{err}");
 
     let mut unmounted = all_agents();
+    unmounted["etcdSnapshotter"]["ageIdentity"] = json!({"existingSecret": ""});
     unmounted["etcdSnapshotter"]["config"]["drills"] =
         json!({"identityFile": "/var/run/secrets/etcd-snapshotter/age/identity.txt"});
     let err = format!("{:#}", template(&unmounted, &[]).expect_err("identity without its Secret"));
