@@ -44,9 +44,13 @@ pub struct Report {
     pub json: serde_json::Value,
 }
 
-/// An agent binary built next to this one (`cargo xtask bench` builds them in release first).
+/// An agent binary built next to this one (`cargo xtask bench` builds them in release first), or in
+/// `KCP_KEEPER_BENCH_AGENTS` when set: the images' static musl binaries, say, to measure what ships.
 pub fn agent_binary(name: &str) -> Result<PathBuf> {
-    let dir = std::env::current_exe()?.parent().context("the bench binary has no directory")?.to_path_buf();
+    let dir = match std::env::var_os("KCP_KEEPER_BENCH_AGENTS") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::current_exe()?.parent().context("the bench binary has no directory")?.to_path_buf(),
+    };
     let path = dir.join(name);
     anyhow::ensure!(path.exists(), "{} is not built (run `cargo xtask bench`, which builds it)", path.display());
     Ok(path)
@@ -57,6 +61,35 @@ pub fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
     Some(line.trim().trim_end_matches("kB").trim().parse::<u64>().ok()? * 1024)
+}
+
+/// Where a process's resident memory is, from `/proc/<pid>/smaps`: `Rss` summed by mapping kind (`heap` for
+/// the brk heap, `anonymous` for mmapped memory, which holds allocator arenas and large allocations, `stack`,
+/// `binary` for the executable's own pages, `other` files). The cheap profile of an idle process.
+pub fn resident_by_kind(pid: u32) -> BTreeMap<String, u64> {
+    let mut kinds = BTreeMap::new();
+    let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else { return kinds };
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.display().to_string()).unwrap_or_default();
+    let mut kind = String::new();
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or_default();
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            // A mapping's header: address range, perms, offset, device, inode, then the path if any.
+            let path = fields.nth(4).unwrap_or_default();
+            kind = match path {
+                "" => "anonymous".into(),
+                "[heap]" => "heap".into(),
+                p if p.starts_with("[stack") => "stack".into(),
+                p if p == exe => "binary".into(),
+                _ => "other".into(),
+            };
+        } else if first == "Rss:" {
+            let kib: u64 = fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            *kinds.entry(kind.clone()).or_insert(0) += kib * 1024;
+        }
+    }
+    kinds
 }
 
 /// Samples a process's high-water mark (`VmHWM`, which the kernel keeps itself) every 10 ms until it exits or
