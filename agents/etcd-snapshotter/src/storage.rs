@@ -99,7 +99,9 @@ fn credentials_provider(storage: &Storage) -> Result<SharedCredentialsProvider, 
 /// asking the STS endpoint of the bucket's region. Nothing is read or sent until the first request needs
 /// credentials; a missing or refused token then fails that request with the SDK's error code.
 fn web_identity(web: &WebIdentity, region: &str) -> SharedCredentialsProvider {
-    let provider_config = ProviderConfig::without_region().with_region(Some(Region::new(region.to_string())));
+    let provider_config = ProviderConfig::without_region()
+        .with_region(Some(Region::new(region.to_string())))
+        .with_http_client(https_client());
     let provider = WebIdentityTokenCredentialsProvider::builder()
         .configure(&provider_config)
         .static_configuration(StaticConfiguration {
@@ -109,6 +111,13 @@ fn web_identity(web: &WebIdentity, region: &str) -> SharedCredentialsProvider {
         })
         .build();
     SharedCredentialsProvider::new(provider)
+}
+
+/// The SDK's HTTP(S) client on rustls with ring, the crypto library the rest of the agent already links (the
+/// SDK's default would add aws-lc). Trusted roots are the platform's (`SSL_CERT_FILE`/`SSL_CERT_DIR` honoured).
+fn https_client() -> aws_sdk_s3::config::SharedHttpClient {
+    use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+    aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https()
 }
 
 impl Store {
@@ -127,6 +136,7 @@ impl Store {
         };
         let mut config = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
+            .http_client(https_client())
             .region(Region::new(storage.region.clone()))
             .force_path_style(storage.path_style)
             .credentials_provider(credentials)

@@ -4,7 +4,7 @@
 //!   agent re-creating the same Event gets `AlreadyExists` instead of adding one per restart.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -87,6 +87,22 @@ impl Recorder {
             Err(kube::Error::Api(s)) if s.code == 409 => tracing::debug!(%object, reason, "event already recorded"),
             Err(e) => tracing::warn!(%object, reason, error = %e, "could not record event"),
         }
+    }
+
+    /// [`Recorder::publish`] without waiting for the apiserver: the Event is created by a task of its own, so
+    /// work that reports many objects one after another (a bundle written to 200 targets) is not held up by a
+    /// round trip per Event, just as client-go's broadcaster never holds up its callers. Like client-go's, an
+    /// Event still in flight when the process exits is lost.
+    pub fn publish_detached(
+        self: &Arc<Self>,
+        regarding: ObjectReference,
+        kind: EventType,
+        reason: &'static str,
+        action: &'static str,
+        note: String,
+    ) {
+        let recorder = self.clone();
+        tokio::spawn(async move { recorder.publish(&regarding, kind, reason, action, &note).await });
     }
 
     fn take_token(&self, object: &str, reason: &str) -> bool {

@@ -165,8 +165,31 @@ fn tail(path: &Path, bytes: u64) -> String {
 
 /// A free TCP port on 127.0.0.1 (the kernel picks it; a race with other processes is possible but rare,
 /// and the peer then fails to start with a clear error).
+/// A loopback port nothing listens on now, for a peer to listen on. Chosen at random below the kernel's
+/// ephemeral range rather than by binding port 0: the kernel hands ports of that range to outgoing connections
+/// too, so a port from it can be taken by the time the peer binds it ("address already in use"). Never the same
+/// port twice in one process (a peer told two ports binds them only later).
 pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    if ephemeral_start > 12_000 {
+        for _ in 0..1000 {
+            let port = rand::random_range(10_000..ephemeral_start);
+            if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                handed_out.insert(port);
+                return Ok(port);
+            }
+        }
+    }
+    // No room below the ephemeral range: let the kernel choose.
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    handed_out.insert(port);
+    Ok(port)
 }
 
 /// Polls `check` until it succeeds, the process dies, or `timeout` passes.

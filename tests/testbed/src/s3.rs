@@ -68,6 +68,8 @@ impl S3Server {
     pub fn client(&self) -> aws_sdk_s3::Client {
         let config = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
+            // Plain HTTP on loopback; the SDK has no default client here (the workspace leaves aws-lc out).
+            .http_client(aws_smithy_http_client::Builder::new().build_http())
             .region(Region::new(REGION))
             .endpoint_url(&self.endpoint)
             .force_path_style(true)

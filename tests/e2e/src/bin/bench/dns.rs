@@ -1,9 +1,11 @@
 //! `dns`: dns-rewriter's time from a Service change to every host answering the new address through a real
 //! CoreDNS (k3s's Corefile shape, `reload 2s`, the agent's ConfigMap projected the kubelet way), split into our
 //! write (the agent's `dns_rewriter_write_timestamp_seconds`) and the rest (projection into CoreDNS's
-//! directory and CoreDNS's reload). The change: each host's Service is deleted (the agent drops its line) and
-//! created again, so it has a new ClusterIP and the agent must write its line back. Also: writes per no-op
-//! cycle, from the audit log by the agent's own user.
+//! directory and CoreDNS's reload). The change: the Services of a round's hosts appear (their rules were
+//! configured from the start and wait on `service_missing`), so the agent must write their lines. Each round
+//! has hosts of its own: a host that never had a line cannot answer before our write is loaded (a recreated
+//! Service of a host whose line was only just dropped could, through the `kubernetes` plugin, before any write).
+//! Also: writes per no-op cycle, from the audit log by the agent's own user.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -21,12 +23,24 @@ const HOSTS: usize = 5;
 const NS: &str = "kcp-system";
 const USER: &str = "bench-dns-rewriter";
 
-fn host(i: usize) -> String {
-    format!("shard-{i}.kcp.example.com")
+/// Round `None` is the hosts whose Services exist from the start (so the agent has verified lines to begin
+/// with); round `Some(r)` the hosts whose Services appear in round `r`.
+fn host(round: Option<usize>, i: usize) -> String {
+    match round {
+        None => format!("shard-{i}.kcp.example.com"),
+        Some(r) => format!("r{r}-shard-{i}.kcp.example.com"),
+    }
 }
 
-fn service(i: usize) -> String {
-    format!("shard-{i}-kcp")
+fn service(round: Option<usize>, i: usize) -> String {
+    match round {
+        None => format!("shard-{i}-kcp"),
+        Some(r) => format!("r{r}-shard-{i}-kcp"),
+    }
+}
+
+fn all_rounds(rounds: usize) -> impl Iterator<Item = Option<usize>> {
+    std::iter::once(None).chain((0..rounds).map(Some))
 }
 
 pub async fn run(rounds: usize) -> Result<Report> {
@@ -37,10 +51,17 @@ pub async fn run(rounds: usize) -> Result<Report> {
     let _projection = crate::idle::prepare_dns(&bed, &dns).await?;
     let services = Api::<Service>::namespaced(bed.client(), NS);
     for i in 0..HOSTS {
-        create_service(&services, i).await?;
+        create_service(&services, &service(None, i)).await?;
     }
-    let rules: String = (0..HOSTS)
-        .map(|i| format!("- {{host: {}, service: {{namespace: {NS}, name: {}}}, port: 6443}}\n", host(i), service(i)))
+    let rules: String = all_rounds(rounds)
+        .flat_map(|round| (0..HOSTS).map(move |i| (round, i)))
+        .map(|(round, i)| {
+            format!(
+                "- {{host: {}, service: {{namespace: {NS}, name: {}}}, port: 6443}}\n",
+                host(round, i),
+                service(round, i)
+            )
+        })
         .collect();
     let config = bed.subdir("dns-rewriter")?.join("config.yaml");
     std::fs::write(
@@ -57,32 +78,19 @@ pub async fn run(rounds: usize) -> Result<Report> {
     agent.wait_ready(Duration::from_secs(60)).await?;
     let pid = agent.process.pid().context("the agent exited")?;
     for i in 0..HOSTS {
-        let series = format!("dns_rewriter_host_verified{{host=\"{}\"}}", host(i));
+        let series = format!("dns_rewriter_host_verified{{host=\"{}\"}}", host(None, i));
         agent.wait_for_metric(&series, Duration::from_secs(90), |v| v == 1.0).await;
     }
 
     let (mut total, mut write, mut reload) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         eprintln!("dns: round {}/{rounds}", round + 1);
-        // Take the Services away and wait for the agent to drop their lines (a write), untimed.
         let written = agent.metric("dns_rewriter_write_timestamp_seconds ").await?;
-        for i in 0..HOSTS {
-            services.delete(&service(i), &Default::default()).await?;
-        }
-        agent.wait_for_metric("dns_rewriter_write_timestamp_seconds ", Duration::from_secs(60), |v| v > written).await;
-        let written = agent.metric("dns_rewriter_write_timestamp_seconds ").await?;
-        for i in 0..HOSTS {
-            wait_gone(&services, i).await?;
-        }
-        // And for CoreDNS to have reloaded without them: until then its old rewrite lines would answer the new
-        // Services with no write at all.
-        wait_no_answers(&dns, HOSTS, Duration::from_secs(60)).await?;
-
         let t0 = Instant::now();
         let t0_unix = unix_now();
         let mut expected = BTreeMap::new();
         for i in 0..HOSTS {
-            expected.insert(host(i), create_service(&services, i).await?);
+            expected.insert(host(Some(round), i), create_service(&services, &service(Some(round), i)).await?);
         }
         wait_answers(&dns, &expected, Duration::from_secs(120)).await?;
         let answered = t0.elapsed().as_secs_f64();
@@ -113,7 +121,7 @@ pub async fn run(rounds: usize) -> Result<Report> {
     let m = |v: &[f64]| common::median(v);
     let rows = vec![
         Row::new(
-            format!("Services recreated -> all {HOSTS} hosts answer the new address (median)"),
+            format!("{HOSTS} Services created -> their hosts answer through CoreDNS (median)"),
             common::secs(m(&total)),
         ),
         Row::new("  of which: our write (agent's write timestamp)", common::secs(m(&write))),
@@ -139,9 +147,9 @@ fn unix_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default()
 }
 
-async fn create_service(services: &Api<Service>, i: usize) -> Result<Ipv4Addr> {
+async fn create_service(services: &Api<Service>, name: &str) -> Result<Ipv4Addr> {
     let svc = Service {
-        metadata: ObjectMeta { name: Some(service(i)), ..Default::default() },
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
         spec: Some(ServiceSpec {
             ports: Some(vec![ServicePort { name: Some("https".into()), port: 6443, ..Default::default() }]),
             ..Default::default()
@@ -150,27 +158,6 @@ async fn create_service(services: &Api<Service>, i: usize) -> Result<Ipv4Addr> {
     };
     let created = services.create(&PostParams::default(), &svc).await?;
     Ok(created.spec.and_then(|s| s.cluster_ip).context("a ClusterIP")?.parse()?)
-}
-
-async fn wait_gone(services: &Api<Service>, i: usize) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while services.get_opt(&service(i)).await?.is_some() {
-        anyhow::ensure!(Instant::now() < deadline, "Service {} still there", service(i));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
-}
-
-/// Asks CoreDNS on loopback until no host answers.
-async fn wait_no_answers(dns: &testbed::CoreDns, hosts: usize, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    for i in 0..hosts {
-        while !dns.resolve_a(&host(i)).await.unwrap_or_default().is_empty() {
-            anyhow::ensure!(Instant::now() < deadline, "{} still answers after its Service was deleted", host(i));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    Ok(())
 }
 
 /// Asks CoreDNS on loopback for every host until each answers its expected address.

@@ -152,8 +152,9 @@ fn snapshot(binary: &Path, config: &Path) -> Result<Run> {
     )
 }
 
-/// The agent's configurations: the same shard and bucket, zstd, and zstd plus an age recipient. Retention keeps
-/// only the newest, so the bucket holds one object between rounds.
+/// The agent's configurations: the same shard and bucket, zstd, and zstd plus an age recipient, with the spill
+/// settings of the agent's example (64 MiB of parts in memory, 8 MiB parts, two in flight). Retention keeps only
+/// the newest, so the bucket holds one object between rounds.
 pub struct Configs {
     pub zstd: PathBuf,
     pub zstd_age: PathBuf,
@@ -168,7 +169,8 @@ impl Configs {
         let base = format!(
             "shards:\n- name: bench\n  endpoints: [{url}]\n  schedule:\n    cron: \"0 0 * * * *\"\nstorage:\n  bucket: {}\n  \
              prefix: bench\n  endpoint: {}\n  region: {}\n  pathStyle: true\n  credentials:\n    secretDirectory: {}\n\
-             compression: zstd\nretention:\n  keepLast: 1\nspill:\n  directory: {}\n",
+             compression: zstd\nretention:\n  keepLast: 1\nspill:\n  directory: {}\n  memoryBudget: 64Mi\n  \
+             partSize: 8Mi\n  partsInFlight: 2\n",
             s3.bucket,
             s3.endpoint,
             testbed::s3::REGION,
