@@ -11,8 +11,10 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{Compression, Recipient};
 
-/// zstd level 3: zstd's default, far faster than the network, about 5x on etcd's bbolt pages.
-const ZSTD_LEVEL: i32 = 3;
+/// zstd level 1, not zstd's default 3: on a 256 MiB kcp-shaped database level 3 took the agent 3.5 to 3.9 s of
+/// CPU (its double-fast matcher was 35% of the profile) and level 1 took 1.45 s, while etcd held the snapshot's
+/// read transaction open on a node the agent shares with it (`cargo xtask bench snapshot`, docs/benchmarks.md).
+const ZSTD_LEVEL: i32 = 1;
 
 #[derive(Default)]
 struct Out {

@@ -106,7 +106,7 @@ pub async fn take(
 
     let mut chosen = member::choose(shard).await?;
     tracing::info!(shard = shard.name, member = chosen.name, endpoint = chosen.endpoint, "streaming from member");
-    let (mut stream, first, revision) = bracket(&mut chosen.client).await?;
+    let (stream, first, revision) = bracket(&mut chosen.client).await?;
     let location = Location::new(&store.prefix, &shard.name, started_at, revision as u64);
     let encrypted = !config.recipients.is_empty();
     let object = manifest::object_name(config.compression.as_str(), encrypted);
@@ -129,7 +129,7 @@ pub async fn take(
         &shard.name,
         (&key, &upload_id),
         spill_dir.path(),
-        &mut stream,
+        stream,
         first,
         progress,
     )
@@ -264,10 +264,11 @@ async fn stream_parts(
     shard: &str,
     (key, upload_id): (&str, &str),
     spill_dir: &Path,
-    stream: &mut etcd_client::SnapshotStreaming,
+    stream: etcd_client::SnapshotStreaming,
     first: etcd_client::SnapshotResponse,
     progress: Option<Progress<'_>>,
 ) -> Result<Streamed, SnapshotError> {
+    let (mut chunks, _reader) = read_ahead(stream);
     let (tx, rx) = mpsc::unbounded_channel();
     let uploader = upload_parts(
         store.clone(),
@@ -301,7 +302,7 @@ async fn stream_parts(
             if let Some(progress) = progress {
                 progress(trailer.total(), total_hint.max(trailer.total()));
             }
-            message = stream.message().await.map_err(etcd("snapshot stream"))?;
+            message = chunks.recv().await.transpose().map_err(etcd("snapshot stream"))?;
         }
         let db_size = trailer.total();
         // Checked before the last part is handed over: a mismatch never completes the upload.
@@ -327,6 +328,43 @@ async fn stream_parts(
         object_sha256: encoded.sha256,
         spilled_bytes: spilled,
     })
+}
+
+/// etcd's chunks (32 KiB each) held ahead of the encoder: about 2 MiB.
+const READ_AHEAD_CHUNKS: usize = 64;
+
+/// Aborts the task when dropped: a snapshot that fails or is cancelled stops reading etcd's stream.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+type Chunk = Result<etcd_client::SnapshotResponse, etcd_client::Error>;
+
+/// Drains etcd's stream in a task of its own into a bounded queue. Read inline, between two chunks that are
+/// compressed, encrypted and hashed, the stream's HTTP/2 window (64 KiB) fills and etcd stops sending until
+/// the encoder asks again; read ahead, etcd sends while the encoder works, up to [`READ_AHEAD_CHUNKS`].
+fn read_ahead(mut stream: etcd_client::SnapshotStreaming) -> (mpsc::Receiver<Chunk>, AbortOnDrop) {
+    let (tx, rx) = mpsc::channel(READ_AHEAD_CHUNKS);
+    let reader = tokio::spawn(async move {
+        loop {
+            let chunk = stream.message().await.transpose();
+            let last = !matches!(chunk, Some(Ok(_)));
+            // The encoder gone (it failed) or the stream over: stop.
+            if let Some(chunk) = chunk
+                && tx.send(chunk).await.is_err()
+            {
+                return;
+            }
+            if last {
+                return;
+            }
+        }
+    });
+    (rx, AbortOnDrop(reader))
 }
 
 /// Uploads parts as they come, at most `in_flight` at once; the first failure (after the SDK's bounded

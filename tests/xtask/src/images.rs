@@ -1,7 +1,7 @@
 //! `cargo xtask images`: the agents' container images, built without a container engine.
 //!
 //! Each image is `FROM scratch` with one static (musl) binary, plus `etcd` and `etcdutl` for the snapshotter
-//! (its drills and restores run them). The binaries are built first, staged into a small build context under
+//! (its drills and restores run them) and Debian's public CA bundle (its S3 client's roots). The binaries are built first, staged into a small build context under
 //! `target/images/<agent>/` (the Dockerfiles COPY from there; the checkout never becomes a build context), and
 //! built with buildah: `--isolation chroot` and the vfs driver work as root with no daemon, no overlay and no
 //! runtime; the storage lives in the machine cache beside the peers, so it survives fresh clones and never
@@ -46,6 +46,7 @@ pub fn images() -> Result<()> {
     prereqs::ensure_musl_target()?;
     prereqs::ensure_musl_cc()?;
     let buildah_version = prereqs::ensure_buildah()?;
+    let ca_bundle = prereqs::ensure_ca_bundle()?;
     prereqs::check_rootless_buildah()?;
     let peers = crate::ensure_peers()?;
     let version = lockstep_version(&root)?;
@@ -78,6 +79,9 @@ pub fn images() -> Result<()> {
                 file.display()
             );
         }
+        if agent == "etcd-snapshotter" {
+            files.push(ca_bundle.clone());
+        }
         let context = stage_context(&root.join("target").join("images").join(agent), &files)?;
         let tag = image_tag(agent, &version);
         let mut bud = buildah(&["build", "--isolation", "chroot"]);
@@ -94,6 +98,9 @@ pub fn images() -> Result<()> {
             let bare = etcd_version.trim_start_matches('v');
             commands.push(("/etcd".into(), vec!["--version"], format!("etcd Version: {bare}")));
             commands.push(("/etcdutl".into(), vec!["version"], format!("etcdutl version: {bare}")));
+        }
+        if agent == "etcd-snapshotter" {
+            check_ca_bundle_inside(&tag, &ca_bundle)?;
         }
         for (program, args, expected) in commands {
             let out = run_inside(&tag, &program, &args)?;
@@ -226,6 +233,28 @@ fn run_inside(tag: &str, program: &str, args: &[&str]) -> Result<String> {
     let out = out?;
     removed?;
     Ok(out)
+}
+
+/// The CA bundle in the image is the one staged, byte for byte: read back from a mounted working container.
+/// Mounting needs root (rootless buildah would need `buildah unshare`); without it the check is skipped, said.
+fn check_ca_bundle_inside(tag: &str, staged: &Path) -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("xtask: {tag}: not root, so the CA bundle inside is not read back (the build COPYed it)");
+        return Ok(());
+    }
+    let container = buildah_output(&["from", "--pull=never", tag])?.trim().to_string();
+    let inside = buildah_output(&["mount", &container]).and_then(|mount| {
+        let path = Path::new(mount.trim()).join(prereqs::CA_BUNDLE.trim_start_matches('/'));
+        std::fs::read(&path).with_context(|| format!("reading {} inside {tag}", prereqs::CA_BUNDLE))
+    });
+    let removed = buildah_output(&["rm", &container]);
+    let inside = inside?;
+    removed?;
+    let staged = std::fs::read(staged).with_context(|| format!("reading {}", staged.display()))?;
+    ensure!(inside == staged, "{} inside {tag} differs from the staged bundle", prereqs::CA_BUNDLE);
+    let count = prereqs::certificate_count(&String::from_utf8_lossy(&inside));
+    eprintln!("xtask: {tag}: {} holds {count} public CA certificates", prereqs::CA_BUNDLE);
+    Ok(())
 }
 
 /// Sum of the config's and every layer's `size` in an OCI image manifest.
@@ -402,7 +431,16 @@ mod tests {
             for key in expected_labels(agent, "v", "r").keys() {
                 assert!(text.contains(key.as_str()), "{agent}: label {key}");
             }
+            let copies_ca_bundle = instructions.contains(&"COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt");
+            assert_eq!(copies_ca_bundle, agent == "etcd-snapshotter", "{agent}: only the S3 client needs public roots");
         }
+    }
+
+    #[test]
+    fn a_bundle_with_a_few_certificates_is_counted_as_such() {
+        let one = "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n";
+        assert_eq!(prereqs::certificate_count(&one.repeat(3)), 3);
+        assert_eq!(prereqs::certificate_count("no PEM here"), 0);
     }
 
     /// `buildah inspect --type image` of a one-layer image, as buildah 1.28 prints it (trimmed).

@@ -236,7 +236,7 @@ pub fn check_musl_cc(cc: &Path) -> Result<(), String> {
 pub fn ensure_musl_cc() -> Result<()> {
     let cc = musl_cc();
     let Err(why) = check_musl_cc(&cc) else { return Ok(()) };
-    eprintln!("xtask: no C compiler for musl ({why}); ring, aws-lc-sys and zstd-sys compile C for the images");
+    eprintln!("xtask: no C compiler for musl ({why}); ring and zstd-sys compile C for the images");
     apt_install(&["musl-tools"])?;
     check_musl_cc(&cc).map_err(|why| {
         anyhow::anyhow!(
@@ -245,6 +245,40 @@ pub fn ensure_musl_cc() -> Result<()> {
             cc.display()
         )
     })
+}
+
+/// Debian's bundle of public CA certificates (package `ca-certificates`): the etcd-snapshotter image carries it
+/// at the same path, where its S3 client looks, so S3 over HTTPS works from `FROM scratch`.
+pub const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Fewer certificates than this is not a public-roots bundle (Debian's holds about 140).
+const MIN_PUBLIC_ROOTS: usize = 50;
+
+/// How many certificates a PEM text holds.
+pub fn certificate_count(pem: &str) -> usize {
+    pem.matches("-----BEGIN CERTIFICATE-----").count()
+}
+
+fn ca_bundle_gap() -> Option<String> {
+    match std::fs::read_to_string(CA_BUNDLE) {
+        Err(e) => Some(format!("cannot read {CA_BUNDLE}: {e}")),
+        Ok(text) if certificate_count(&text) < MIN_PUBLIC_ROOTS => {
+            Some(format!("{CA_BUNDLE} holds {} certificates", certificate_count(&text)))
+        }
+        Ok(_) => None,
+    }
+}
+
+/// Makes the public CA bundle available, installing Debian's `ca-certificates` when it is missing or thin.
+pub fn ensure_ca_bundle() -> Result<PathBuf> {
+    if let Some(why) = ca_bundle_gap() {
+        eprintln!("xtask: no public CA bundle ({why}); the etcd-snapshotter image carries one for S3 over HTTPS");
+        apt_install(&["ca-certificates"])?;
+        if let Some(why) = ca_bundle_gap() {
+            anyhow::bail!("still no public CA bundle after installing ca-certificates: {why}");
+        }
+    }
+    Ok(PathBuf::from(CA_BUNDLE))
 }
 
 /// buildah's version line (`buildah version 1.28.2 (image-spec 1.0.2-dev, runtime-spec 1.0.2-dev)`) → `1.28.2`.

@@ -123,21 +123,35 @@ impl PeakWatch {
     }
 }
 
-/// A finished child process: wall time and peak resident memory.
+/// A finished child process: wall time, peak resident memory, and the CPU time it (and the children it waited
+/// for) used: CPU near wall time × cores means it was busy; far below, it was waiting.
 #[derive(Clone, Copy, Debug)]
 pub struct Run {
     pub seconds: f64,
     pub peak_bytes: u64,
+    pub cpu_seconds: f64,
 }
 
-/// Runs `cmd` to completion (it must succeed), timing it and watching its peak memory.
+/// User plus system time of this process's reaped children so far.
+fn children_cpu_seconds() -> f64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_CHILDREN).map_or(0.0, |u| {
+        let (user, system) = (u.user_time(), u.system_time());
+        user.tv_sec() as f64 + system.tv_sec() as f64 + (user.tv_usec() + system.tv_usec()) as f64 / 1e6
+    })
+}
+
+/// Runs `cmd` to completion (it must succeed), timing it and watching its peak memory and CPU time (the
+/// children's usage before and after: benchmarks run one such command at a time).
 pub fn run(cmd: &mut Command, what: &str) -> Result<Run> {
     cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let cpu_before = children_cpu_seconds();
     let started = Instant::now();
     let child = cmd.spawn().with_context(|| format!("starting {what}"))?;
     let watch = PeakWatch::start(child.id());
     let out = child.wait_with_output()?;
     let seconds = started.elapsed().as_secs_f64();
+    let cpu_seconds = children_cpu_seconds() - cpu_before;
     let peak_bytes = watch.finish();
     anyhow::ensure!(
         out.status.success(),
@@ -146,7 +160,7 @@ pub fn run(cmd: &mut Command, what: &str) -> Result<Run> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    Ok(Run { seconds, peak_bytes })
+    Ok(Run { seconds, peak_bytes, cpu_seconds })
 }
 
 pub fn median(values: &[f64]) -> f64 {

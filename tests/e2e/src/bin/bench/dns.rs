@@ -99,6 +99,11 @@ pub async fn run(rounds: usize) -> Result<Report> {
         total.push(answered);
         write.push(wrote - t0_unix);
         reload.push(answered - (wrote - t0_unix));
+        // The cycle that wrote goes on verifying through the resolver; the next round starts once it has ended,
+        // or its change would wait for that verification and count it as ours.
+        agent
+            .wait_for_metric("dns_rewriter_reconcile_pass_timestamp_seconds ", Duration::from_secs(90), |v| v >= wrote)
+            .await;
     }
 
     // No-op cycles: the rules and Services stay; count the agent's writes over three of them.

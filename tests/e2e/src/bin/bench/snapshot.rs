@@ -41,6 +41,7 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
         );
         let file = work.path().join("etcdctl.db");
         let (mut a, mut b, mut c, mut c_age) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut phases, mut phases_age) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             eprintln!("snapshot: {size} MiB round {}/{rounds}", round + 1);
             a.push(etcdctl_save(&peers, &url, &file)?);
@@ -61,12 +62,18 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
                     .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null"),
                 "aws s3 cp",
             )?;
-            b.push(Run { seconds: save.seconds + upload.seconds, peak_bytes: save.peak_bytes.max(upload.peak_bytes) });
+            b.push(Run {
+                seconds: save.seconds + upload.seconds,
+                peak_bytes: save.peak_bytes.max(upload.peak_bytes),
+                cpu_seconds: save.cpu_seconds + upload.cpu_seconds,
+            });
             std::fs::remove_file(&file)?;
             s3.client().delete_object().bucket(&s3.bucket).key(&key).send().await?;
 
             c.push(snapshot(&snapshotter, &configs.zstd)?);
+            phases.push(newest_phases(&s3).await?);
             c_age.push(snapshot(&snapshotter, &configs.zstd_age)?);
+            phases_age.push(newest_phases(&s3).await?);
         }
         let secs = |runs: &[Run]| common::median(&runs.iter().map(|r| r.seconds).collect::<Vec<_>>());
         let peak = |runs: &[Run]| common::max(&runs.iter().map(|r| r.peak_bytes as f64).collect::<Vec<_>>());
@@ -106,14 +113,32 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
                 format!("< 100 MiB: missed by {:.1} MiB", agent_peak / MIB - 100.0)
             }),
         );
+        let split = |phases: &[serde_json::Value], field: &str| {
+            common::median(&phases.iter().filter_map(|p| p[field].as_f64()).collect::<Vec<_>>())
+        };
+        let cpu = |runs: &[Run]| common::median(&runs.iter().map(|r| r.cpu_seconds).collect::<Vec<_>>());
+        rows.push(
+            Row::new(format!("{label}: CPU time of the process, zstd (user + system)"), common::secs(cpu(&c)))
+                .baseline(format!("etcdctl {}, + aws {}", common::secs(cpu(&a)), common::secs(cpu(&b))), cpu(&c) / cpu(&b)),
+        );
+        rows.push(Row::new(
+            format!("{label}: the agent's split, zstd (manifest): stream / whole run; object / database"),
+            format!(
+                "{} / {}; {:.0}%",
+                common::secs(split(&phases, "stream")),
+                common::secs(split(&phases, "total")),
+                100.0 * split(&phases, "object_bytes") / split(&phases, "db_bytes")
+            ),
+        ));
         let runs = |runs: &[Run]| -> Vec<serde_json::Value> {
-            runs.iter().map(|r| json!({"seconds": r.seconds, "peak_rss_bytes": r.peak_bytes})).collect()
+            runs.iter().map(|r| json!({"seconds": r.seconds, "peak_rss_bytes": r.peak_bytes, "cpu_seconds": r.cpu_seconds})).collect()
         };
         figures.push(json!({
             "target_mib": size, "db_size_bytes": fill.db_bytes, "keys": fill.keys, "fill_seconds": fill.seconds,
             "rounds": rounds,
             "a_etcdctl_save": runs(&a), "b_etcdctl_save_and_aws_cp": runs(&b),
             "c_snapshotter_zstd": runs(&c), "c_snapshotter_zstd_age": runs(&c_age),
+            "c_zstd_manifest_seconds": phases, "c_zstd_age_manifest_seconds": phases_age,
             "median_seconds": {"a": ta, "b": tb, "c_zstd": tc, "c_zstd_age": tca},
             "ratios": {"c_zstd/a": tc / ta, "c_zstd/b": tc / tb, "c_zstd_age/a": tca / ta, "c_zstd_age/b": tca / tb},
         }));
@@ -132,6 +157,27 @@ fn target(ratio: f64, at_most: f64) -> String {
     } else {
         format!("<= {at_most}: missed by {:.0}%", (ratio / at_most - 1.0) * 100.0)
     }
+}
+
+/// The agent's own split of the run it just made, from the manifest it published (retention keeps one):
+/// `stream_seconds` (etcd's stream read, encoded and uploaded part by part) and `total_seconds` (plus the
+/// upload's completion, the size check and the key count and HashKV at the revision).
+async fn newest_phases(s3: &testbed::S3Server) -> Result<serde_json::Value> {
+    let client = s3.client();
+    let listed = client.list_objects_v2().bucket(&s3.bucket).prefix("bench/").send().await?;
+    let key = listed
+        .contents()
+        .iter()
+        .filter_map(|o| o.key())
+        .find(|k| k.ends_with("/manifest.json"))
+        .context("no manifest after the agent's run")?
+        .to_string();
+    let body = client.get_object().bucket(&s3.bucket).key(&key).send().await?.body.collect().await?.into_bytes();
+    let manifest: serde_json::Value = serde_json::from_slice(&body)?;
+    Ok(json!({
+        "stream": manifest["streamSeconds"], "total": manifest["totalSeconds"],
+        "object_bytes": manifest["objectSizeBytes"], "db_bytes": manifest["dbSizeBytes"],
+    }))
 }
 
 fn etcdctl_save(peers: &peers::Peers, url: &str, file: &Path) -> Result<Run> {
