@@ -431,7 +431,8 @@ mod tests {
             for key in expected_labels(agent, "v", "r").keys() {
                 assert!(text.contains(key.as_str()), "{agent}: label {key}");
             }
-            let copies_ca_bundle = instructions.contains(&"COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt");
+            let copies_ca_bundle =
+                instructions.contains(&"COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt");
             assert_eq!(copies_ca_bundle, agent == "etcd-snapshotter", "{agent}: only the S3 client needs public roots");
         }
     }

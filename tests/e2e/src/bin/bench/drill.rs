@@ -83,7 +83,9 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
         Row::new(format!("{size} MiB: etcd-snapshotter drill peak RSS"), format!("{:.1} MiB", peak / MIB)),
     ];
     let runs = |runs: &[Run]| -> Vec<serde_json::Value> {
-        runs.iter().map(|r| json!({"seconds": r.seconds, "peak_rss_bytes": r.peak_bytes, "cpu_seconds": r.cpu_seconds})).collect()
+        runs.iter()
+            .map(|r| json!({"seconds": r.seconds, "peak_rss_bytes": r.peak_bytes, "cpu_seconds": r.cpu_seconds}))
+            .collect()
     };
     Ok(Report {
         rows,

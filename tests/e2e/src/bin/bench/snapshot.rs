@@ -119,7 +119,10 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
         let cpu = |runs: &[Run]| common::median(&runs.iter().map(|r| r.cpu_seconds).collect::<Vec<_>>());
         rows.push(
             Row::new(format!("{label}: CPU time of the process, zstd (user + system)"), common::secs(cpu(&c)))
-                .baseline(format!("etcdctl {}, + aws {}", common::secs(cpu(&a)), common::secs(cpu(&b))), cpu(&c) / cpu(&b)),
+                .baseline(
+                    format!("etcdctl {}, + aws {}", common::secs(cpu(&a)), common::secs(cpu(&b))),
+                    cpu(&c) / cpu(&b),
+                ),
         );
         rows.push(Row::new(
             format!("{label}: the agent's split, zstd (manifest): stream / whole run; object / database"),
@@ -131,7 +134,9 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
             ),
         ));
         let runs = |runs: &[Run]| -> Vec<serde_json::Value> {
-            runs.iter().map(|r| json!({"seconds": r.seconds, "peak_rss_bytes": r.peak_bytes, "cpu_seconds": r.cpu_seconds})).collect()
+            runs.iter()
+                .map(|r| json!({"seconds": r.seconds, "peak_rss_bytes": r.peak_bytes, "cpu_seconds": r.cpu_seconds}))
+                .collect()
         };
         figures.push(json!({
             "target_mib": size, "db_size_bytes": fill.db_bytes, "keys": fill.keys, "fill_seconds": fill.seconds,
