@@ -350,16 +350,10 @@ type Chunk = Result<etcd_client::SnapshotResponse, etcd_client::Error>;
 fn read_ahead(mut stream: etcd_client::SnapshotStreaming) -> (mpsc::Receiver<Chunk>, AbortOnDrop) {
     let (tx, rx) = mpsc::channel(READ_AHEAD_CHUNKS);
     let reader = tokio::spawn(async move {
-        loop {
-            let chunk = stream.message().await.transpose();
-            let last = !matches!(chunk, Some(Ok(_)));
-            // The encoder gone (it failed) or the stream over: stop.
-            if let Some(chunk) = chunk
-                && tx.send(chunk).await.is_err()
-            {
-                return;
-            }
-            if last {
+        // Until the stream ends, fails (the error is passed on) or the encoder is gone (it failed).
+        while let Some(chunk) = stream.message().await.transpose() {
+            let failed = chunk.is_err();
+            if tx.send(chunk).await.is_err() || failed {
                 return;
             }
         }

@@ -238,7 +238,7 @@ fn run_inside(tag: &str, program: &str, args: &[&str]) -> Result<String> {
 /// The CA bundle in the image is the one staged, byte for byte: read back from a mounted working container.
 /// Mounting needs root (rootless buildah would need `buildah unshare`); without it the check is skipped, said.
 fn check_ca_bundle_inside(tag: &str, staged: &Path) -> Result<()> {
-    if !nix::unistd::geteuid().is_root() {
+    if !prereqs::is_root() {
         eprintln!("xtask: {tag}: not root, so the CA bundle inside is not read back (the build COPYed it)");
         return Ok(());
     }

@@ -342,7 +342,7 @@ fn find_on_path(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&paths).map(|dir| dir.join(program)).find(|p| p.is_file())
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 

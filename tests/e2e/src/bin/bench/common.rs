@@ -132,6 +132,15 @@ pub struct Run {
     pub cpu_seconds: f64,
 }
 
+impl Run {
+    /// Every round's figures, for `target/bench/<name>.json`.
+    pub fn json(runs: &[Run]) -> Vec<serde_json::Value> {
+        runs.iter()
+            .map(|r| serde_json::json!({"seconds": r.seconds, "peak_rss_bytes": r.peak_bytes, "cpu_seconds": r.cpu_seconds}))
+            .collect()
+    }
+}
+
 /// User plus system time of this process's reaped children so far.
 fn children_cpu_seconds() -> f64 {
     use nix::sys::resource::{UsageWho, getrusage};

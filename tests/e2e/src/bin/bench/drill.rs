@@ -82,16 +82,11 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
             }),
         Row::new(format!("{size} MiB: etcd-snapshotter drill peak RSS"), format!("{:.1} MiB", peak / MIB)),
     ];
-    let runs = |runs: &[Run]| -> Vec<serde_json::Value> {
-        runs.iter()
-            .map(|r| json!({"seconds": r.seconds, "peak_rss_bytes": r.peak_bytes, "cpu_seconds": r.cpu_seconds}))
-            .collect()
-    };
     Ok(Report {
         rows,
         json: json!({
             "target_mib": size, "db_size_bytes": fill.db_bytes, "fill_seconds": fill.seconds, "rounds": rounds,
-            "drill": runs(&ours), "by_hand": runs(&by_hand), "ratio": o / m,
+            "drill": Run::json(&ours), "by_hand": Run::json(&by_hand), "ratio": o / m,
         }),
     })
 }

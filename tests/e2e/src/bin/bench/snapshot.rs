@@ -133,16 +133,11 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
                 100.0 * split(&phases, "object_bytes") / split(&phases, "db_bytes")
             ),
         ));
-        let runs = |runs: &[Run]| -> Vec<serde_json::Value> {
-            runs.iter()
-                .map(|r| json!({"seconds": r.seconds, "peak_rss_bytes": r.peak_bytes, "cpu_seconds": r.cpu_seconds}))
-                .collect()
-        };
         figures.push(json!({
             "target_mib": size, "db_size_bytes": fill.db_bytes, "keys": fill.keys, "fill_seconds": fill.seconds,
             "rounds": rounds,
-            "a_etcdctl_save": runs(&a), "b_etcdctl_save_and_aws_cp": runs(&b),
-            "c_snapshotter_zstd": runs(&c), "c_snapshotter_zstd_age": runs(&c_age),
+            "a_etcdctl_save": Run::json(&a), "b_etcdctl_save_and_aws_cp": Run::json(&b),
+            "c_snapshotter_zstd": Run::json(&c), "c_snapshotter_zstd_age": Run::json(&c_age),
             "c_zstd_manifest_seconds": phases, "c_zstd_age_manifest_seconds": phases_age,
             "median_seconds": {"a": ta, "b": tb, "c_zstd": tc, "c_zstd_age": tca},
             "ratios": {"c_zstd/a": tc / ta, "c_zstd/b": tc / tb, "c_zstd_age/a": tca / ta, "c_zstd_age/b": tca / tb},
