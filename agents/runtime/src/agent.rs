@@ -1,5 +1,11 @@
-//! `<agent> run`: everything around an agent's own loop. The agent gets a [`Context`] and returns when its
-//! shutdown token is cancelled.
+//! The shape of every agent: the [`Agent`] trait, and `<agent> run`, everything around an agent's own loop.
+//!
+//! An agent is one type implementing [`Agent`]: its name and metric prefix, its configuration (raw and
+//! validated), its error enum, its metrics, its RBAC (computed from its validated configuration), its
+//! one-shot subcommands and its daemon's work, in one of two [`Form`]s: the reconcile driver
+//! ([`Driven`]: [`crate::driver::run`]) or the runtime's schedules ([`Scheduled`]: [`crate::schedule`]).
+//! [`crate::cli::main`] turns that into a binary with `run`, `rbac` and `--version`, the same for every agent.
+//! The daemon gets a [`Daemon`] and returns when its shutdown token is cancelled.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,18 +16,103 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use std::process::ExitCode;
+
 use crate::admin::{self, Health};
 use crate::args::RunArgs;
 use crate::config::{self, AgentConfig};
+use crate::driver::{ErrorReason, ReconcileMetrics};
 use crate::events::Recorder;
 use crate::lease::{self, Leadership, LeaseConfig};
 use crate::metrics::ConfigMetrics;
+use crate::rbac::{Rbac, Subjects};
+
+/// One kcp-keeper agent. Implemented once per agent crate (in its `lib.rs`); everything else about the binary
+/// (arguments, logging, configuration and its reload, the admin server, leader election, shutdown) is the
+/// runtime's.
+pub trait Agent: Sized + 'static {
+    /// The binary's name: also its Lease (`kcp-keeper-<name>`), its Events' reporter and its ServiceAccount.
+    const NAME: &'static str;
+    /// The prefix of every metric it exports (`ca_syncer`).
+    const METRICS_PREFIX: &'static str;
+    /// One line for `--help`.
+    const ABOUT: &'static str;
+    /// The validated configuration; its [`AgentConfig::Raw`] is the file as written (and the chart's schema).
+    type Config: AgentConfig;
+    /// The daemon's error enum; its variant names are the bounded `reason` label.
+    type Error: ErrorReason;
+    /// Which of the runtime's two forms the daemon's work takes.
+    type Form: Form;
+    /// The agent's own metrics, registered under [`Agent::METRICS_PREFIX`].
+    type Metrics: Send + Sync + 'static;
+    /// The one-shot subcommands, beside the runtime's `run` and `rbac`.
+    type Command: clap::Subcommand;
+    /// Flags of `run` only this agent has ([`NoFlags`] when there are none).
+    type RunFlags: clap::Args + Send + 'static;
+
+    /// Registers the agent's metrics (the reconcile metrics of [`Driven`] agents are the runtime's).
+    fn metrics(registry: &mut Registry) -> Self::Metrics;
+
+    /// Every Role and ClusterRole this configuration needs. `None` when `rbac` ran without `--config`:
+    /// an agent whose grants name what its configuration names answers [`crate::rbac::needs_config`].
+    fn rbac(config: Option<&Self::Config>, who: &Subjects) -> anyhow::Result<Rbac>;
+
+    /// The daemon's work, until `daemon.ctx.shutdown` is cancelled.
+    fn daemon(daemon: Daemon<Self>) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Runs one of [`Agent::Command`]; the exit code says whether what it checked passed.
+    fn oneshot(command: Self::Command) -> impl Future<Output = anyhow::Result<ExitCode>>;
+}
+
+/// What `run` has no agent-specific flags of.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct NoFlags {}
+
+/// The form of a daemon's work, and the metrics the runtime keeps for that form.
+pub trait Form {
+    type Metrics: Clone + Send + Sync + 'static;
+    fn register<E: ErrorReason>(registry: &mut Registry) -> Self::Metrics;
+}
+
+/// Work items reconciled by [`crate::driver::run`]: the runtime registers `<prefix>_reconcile_*` from the
+/// agent's error enum ([`ReconcileMetrics`]).
+pub struct Driven;
+
+impl Form for Driven {
+    type Metrics = ReconcileMetrics;
+    fn register<E: ErrorReason>(registry: &mut Registry) -> ReconcileMetrics {
+        ReconcileMetrics::register::<E>(registry)
+    }
+}
+
+/// Cron schedules ([`crate::schedule`]): the agent counts its failures itself, per schedule.
+pub struct Scheduled;
+
+impl Form for Scheduled {
+    type Metrics = ();
+    fn register<E: ErrorReason>(_: &mut Registry) {}
+}
+
+/// What an agent's daemon gets.
+pub struct Daemon<A: Agent> {
+    pub ctx: Context<A::Config>,
+    pub metrics: A::Metrics,
+    /// The form's own metrics: [`ReconcileMetrics`] for [`Driven`].
+    pub form: <A::Form as Form>::Metrics,
+    pub flags: A::RunFlags,
+}
 
 /// Names an agent: its binary name (Lease, Events) and metric prefix.
 #[derive(Debug, Clone, Copy)]
 pub struct AgentInfo {
     pub name: &'static str,
     pub metrics_prefix: &'static str,
+}
+
+impl AgentInfo {
+    pub fn of<A: Agent>() -> Self {
+        Self { name: A::NAME, metrics_prefix: A::METRICS_PREFIX }
+    }
 }
 
 /// What an agent's loop works with.
@@ -41,10 +132,20 @@ pub struct Context<C> {
     pub lease_record: Option<crate::schedule::LeaseRecord>,
 }
 
+/// `<agent> run`: the agent's daemon under [`run_with`].
+pub async fn run<A: Agent>(args: RunArgs, flags: A::RunFlags) -> anyhow::Result<()> {
+    let register = |registry: &mut Registry| {
+        let form = <A::Form as Form>::register::<A::Error>(registry);
+        (A::metrics(registry), form)
+    };
+    run_with(AgentInfo::of::<A>(), args, register, |ctx, (metrics, form)| A::daemon(Daemon { ctx, metrics, form, flags }))
+        .await
+}
+
 /// Runs an agent: logging, configuration (fails at start with the field path when invalid), metrics and the
 /// admin server, the Kubernetes client, leader election, configuration reload and graceful shutdown.
 /// `metrics` registers the agent's own metrics under its prefix; `body` is the agent's loop.
-pub async fn run<C, M, F, Fut>(
+pub async fn run_with<C, M, F, Fut>(
     info: AgentInfo,
     args: RunArgs,
     metrics: impl FnOnce(&mut Registry) -> M,
@@ -75,7 +176,7 @@ where
     let identity = rt.lease.identity();
 
     let lease_token = CancellationToken::new();
-    let lease_name = rt.lease.lease_name.clone().unwrap_or_else(|| format!("kcp-keeper-{}", info.name));
+    let lease_name = rt.lease.lease_name(info.name);
     let lease_record = rt.lease.enabled.then(|| crate::schedule::LeaseRecord {
         api: kube::Api::namespaced(client.clone(), &rt.lease.lease_namespace),
         lease_name: lease_name.clone(),

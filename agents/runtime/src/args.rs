@@ -73,6 +73,35 @@ pub struct LeaseArgs {
     pub renew_deadline: Duration,
 }
 
+/// `<agent> rbac`: the same flags for every agent.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RbacArgs {
+    /// The agent's configuration: the Roles name what it names (not needed by an agent whose grants do not
+    /// depend on it).
+    #[arg(long, env = "KCP_KEEPER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The agent's namespace: its ServiceAccount and Lease live there.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kcp-keeper")]
+    pub namespace: String,
+    /// The agent's ServiceAccount (defaults to the agent's name).
+    #[arg(long)]
+    pub service_account: Option<String>,
+    /// The agent's Lease (defaults to `kcp-keeper-<agent>`).
+    #[arg(long, env = "KCP_KEEPER_LEASE_NAME")]
+    pub lease_name: Option<String>,
+}
+
+impl RbacArgs {
+    /// Who the Roles are for, with the agent's defaults filled in.
+    pub fn subjects(&self, agent: &str) -> crate::rbac::Subjects {
+        crate::rbac::Subjects {
+            namespace: self.namespace.clone(),
+            service_account: self.service_account.clone().unwrap_or_else(|| agent.to_string()),
+            lease_name: self.lease_name.clone().unwrap_or_else(|| crate::lease::default_name(agent)),
+        }
+    }
+}
+
 impl KubeArgs {
     /// A client from `--kubeconfig`, else the usual inference (in-cluster, then `KUBECONFIG`).
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
@@ -88,6 +117,11 @@ impl KubeArgs {
 }
 
 impl LeaseArgs {
+    /// `--lease-name`, else [`crate::lease::default_name`].
+    pub fn lease_name(&self, agent: &str) -> String {
+        self.lease_name.clone().unwrap_or_else(|| crate::lease::default_name(agent))
+    }
+
     pub fn identity(&self) -> String {
         self.identity.clone().unwrap_or_else(|| {
             std::fs::read_to_string("/proc/sys/kernel/hostname")

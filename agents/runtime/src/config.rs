@@ -20,8 +20,9 @@ use crate::metrics::ConfigMetrics;
 
 /// An agent's validated configuration, built from its raw serde form.
 pub trait AgentConfig: Sized + PartialEq + Send + Sync + 'static {
-    /// The file as written. Implementations use `#[serde(deny_unknown_fields)]` on every struct.
-    type Raw: DeserializeOwned;
+    /// The file as written. Implementations use `#[serde(deny_unknown_fields)]` on every struct; its JSON
+    /// schema (doc comments as descriptions) is the chart's `values.schema.json` for the agent's `config`.
+    type Raw: DeserializeOwned + schemars::JsonSchema;
     /// The validated configuration, or every semantic error (not just the first), each with its field path.
     fn from_raw(raw: Self::Raw) -> Result<Self, Vec<FieldError>>;
 }
@@ -215,13 +216,13 @@ pub fn watch<T: AgentConfig>(
 mod tests {
     use super::*;
 
-    #[derive(Debug, PartialEq, serde::Deserialize)]
+    #[derive(Debug, PartialEq, serde::Deserialize, schemars::JsonSchema)]
     #[serde(deny_unknown_fields, rename_all = "camelCase")]
     struct Config {
         bundles: Vec<Bundle>,
     }
 
-    #[derive(Debug, PartialEq, serde::Deserialize)]
+    #[derive(Debug, PartialEq, serde::Deserialize, schemars::JsonSchema)]
     #[serde(deny_unknown_fields, rename_all = "camelCase")]
     struct Bundle {
         name: String,

@@ -15,10 +15,6 @@
 //!   ([`ErrorReason`]), every reason exported at 0 from the start so no series appears out of nowhere;
 //! - readiness ([`crate::admin::Health`]): watches synced, apiserver reachable, and for the leader its first
 //!   full pass has run. A failing item is reported by metrics and Events, not readiness.
-//!
-//! Per-object agents (a reconcile per Kubernetes object, driven by its own watch and owned objects) use
-//! `kube::runtime::Controller` instead, through [`run_controller_while_leading`] and [`ReconcileMetrics::observe`],
-//! under the same leader gating and metrics.
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
@@ -117,7 +113,7 @@ impl ReconcileMetrics {
         m
     }
 
-    /// Times `reconcile` and counts its error by reason; for `kube::runtime::Controller` reconcilers too.
+    /// Times `reconcile` and counts its error by reason.
     pub async fn observe<T, E: ErrorReason>(&self, reconcile: impl Future<Output = Result<T, E>>) -> Result<T, E> {
         let started = Instant::now();
         let result = reconcile.await;
@@ -332,74 +328,6 @@ async fn until(deadline: Option<Instant>) {
     }
 }
 
-/// Runs a `kube::runtime::Controller` only while this replica leads: `controller` is called with a future
-/// that resolves when leadership is lost or shutdown starts, to pass to `Controller::graceful_shutdown_on`
-/// (in-flight reconciles finish, no new ones start), and returns the controller's run future, drained to the
-/// end. Followers keep nothing running. Readiness: leadership is recorded as under [`run`], and a leader counts
-/// as reconciled once its controller runs; the agent reports its own caches with
-/// [`crate::admin::Health::set_watches_synced`] (e.g. after `Store::wait_until_ready`).
-pub async fn run_controller_while_leading<C, F, Fut>(ctx: &Context<C>, mut controller: F)
-where
-    F: FnMut(std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>>) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let mut changes = ctx.leadership.subscribe();
-    loop {
-        while !ctx.leadership.is_leader() {
-            // Undecided counts as a leader that has not reconciled: not ready until the election answered.
-            ctx.health.set_leading(!ctx.leadership.is_decided());
-            tokio::select! {
-                () = ctx.shutdown.cancelled() => return,
-                changed = changes.changed() => {
-                    if changed.is_err() {
-                        ctx.shutdown.cancelled().await;
-                        return;
-                    }
-                }
-            }
-        }
-        ctx.health.set_leading(true);
-        ctx.health.mark_reconciled();
-        let mut lost = ctx.leadership.subscribe();
-        let shutdown = ctx.shutdown.clone();
-        let stop = Box::pin(async move {
-            tokio::select! {
-                () = shutdown.cancelled() => {}
-                // An ended election (Err) reads as lost too.
-                _ = lost.wait_for(|leading| !*leading) => {}
-            }
-        });
-        controller(stop).await;
-        if ctx.shutdown.is_cancelled() {
-            return;
-        }
-    }
-}
-
-/// Per-object exponential backoff with jitter for a `Controller`'s `error_policy` (which has no state of its
-/// own): `failed(key)` gives the next delay, `succeeded(key)` resets it.
-#[derive(Default)]
-pub struct ObjectBackoff {
-    builder: Option<ExponentialBuilder>,
-    state: std::sync::Mutex<std::collections::HashMap<String, ExponentialBackoff>>,
-}
-
-impl ObjectBackoff {
-    pub fn new(builder: ExponentialBuilder) -> Self {
-        Self { builder: Some(builder), state: Default::default() }
-    }
-
-    pub fn failed(&self, key: &str) -> Duration {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let builder = self.builder.unwrap_or_else(default_backoff);
-        state.entry(key.to_string()).or_insert_with(|| builder.build()).next().unwrap_or(Duration::from_secs(60))
-    }
-
-    pub fn succeeded(&self, key: &str) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,8 +371,8 @@ mod tests {
 
     #[test]
     fn backoff_grows_with_jitter_up_to_its_cap_and_resets_after_success() {
-        let backoff = ObjectBackoff::new(default_backoff());
-        let delays: Vec<Duration> = (0..10).map(|_| backoff.failed("a")).collect();
+        let mut backoff = default_backoff().build();
+        let delays: Vec<Duration> = (0..10).map(|_| backoff.next().unwrap()).collect();
         // Jitter adds up to one more delay: attempt n lies in [2^n, 2^(n+1)) seconds, capped at 60 (+60).
         for (n, delay) in delays.iter().enumerate().take(5) {
             let base = Duration::from_secs(1 << n);
@@ -452,9 +380,10 @@ mod tests {
         }
         assert!(delays[9] >= Duration::from_secs(60) && delays[9] <= Duration::from_secs(120), "{:?}", delays[9]);
         let distinct: std::collections::BTreeSet<_> =
-            (0..5).map(|_| ObjectBackoff::new(default_backoff()).failed("x")).collect();
+            (0..5).map(|_| default_backoff().build().next().unwrap()).collect();
         assert!(distinct.len() > 1, "jitter makes first delays differ: {distinct:?}");
-        backoff.succeeded("a");
-        assert!(backoff.failed("a") < Duration::from_secs(2), "a success resets the backoff");
+        // A success drops the item's backoff (`run_item`); the next failure starts a fresh one.
+        let mut backoff = default_backoff().build();
+        assert!(backoff.next().unwrap() < Duration::from_secs(2), "a success resets the backoff");
     }
 }

@@ -33,6 +33,11 @@ use crate::FIELD_MANAGER;
 /// How many times shutdown re-reads the lease when its release meets a concurrent write.
 const RELEASE_ATTEMPTS: usize = 3;
 
+/// An agent's Lease when `--lease-name` does not say: `kcp-keeper-<agent>` (the chart's name too).
+pub fn default_name(agent: &str) -> String {
+    format!("kcp-keeper-{agent}")
+}
+
 /// Where the lease lives, who we are, and the election's timing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseConfig {

@@ -1,28 +1,29 @@
 //! What every kcp-keeper agent shares: CLI plumbing, strict configuration with live reload, logging, a
 //! secret-hiding type, the admin server (`/livez`, `/readyz`, `/metrics`), leader election, scoped watches and
 //! the reconcile driver, server-side-apply writes that never clobber, rate-limited Events and graceful
-//! shutdown. An agent is its own logic plus a call to [`agent::run`].
+//! shutdown. An agent is its own logic plus one implementation of [`agent::Agent`]; its `main.rs` calls
+//! [`cli::main`].
 
 pub mod admin;
 pub mod agent;
 pub mod apply;
 pub mod args;
+pub mod cli;
 pub mod config;
 pub mod dirwatch;
 pub mod driver;
 pub mod duration;
 pub mod events;
+pub mod foreign;
 pub mod lease;
 pub mod logging;
 pub mod marked_block;
 pub mod metrics;
 pub mod names;
 pub mod rbac;
-pub mod retry;
 pub mod schedule;
 pub mod sensitive;
 pub mod shutdown;
-pub mod status;
 pub mod watch;
 
 pub use sensitive::Sensitive;

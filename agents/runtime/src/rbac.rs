@@ -1,11 +1,13 @@
-//! Building blocks for an agent's `rbac` one-shot: the Roles a configuration needs, rendered from the same
-//! configuration the watches are built from, so that what an agent is granted and what it reads cannot drift
-//! apart. The agent decides the rules; these helpers give every agent the same object shapes, labels and YAML
-//! layout.
+//! The one RBAC type every agent's `rbac` one-shot renders through ([`Rbac`]): the Roles and ClusterRoles a
+//! configuration needs, rendered from the same configuration the watches are built from, so that what an
+//! agent is granted and what it reads cannot drift apart. The agent decides the rules ([`crate::agent::Agent::rbac`]);
+//! this gives every agent the same object shapes, labels and YAML layout.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
 use kube::api::ObjectMeta;
 
 /// Who the Roles are bound to, and where its Lease lives.
@@ -29,43 +31,71 @@ impl Subjects {
     }
 }
 
-/// Namespaced Roles, each bound to the agent's ServiceAccount.
+/// Everything an agent needs, ready to apply: Roles (namespaced) and ClusterRoles, each bound to the agent's
+/// ServiceAccount by a binding of the same name.
 #[derive(Debug, Default, Clone)]
-pub struct Roles {
+pub struct Rbac {
     pub roles: Vec<Role>,
     pub role_bindings: Vec<RoleBinding>,
+    pub cluster_roles: Vec<ClusterRole>,
+    pub cluster_role_bindings: Vec<ClusterRoleBinding>,
 }
 
-impl Roles {
+impl Rbac {
     /// Adds Role `name` in `namespace` with `rules`, bound to `who`'s ServiceAccount; `app` labels both.
     pub fn add(&mut self, namespace: &str, name: &str, app: &str, rules: Vec<PolicyRule>, who: &Subjects) {
-        let meta = ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(namespace.into()),
-            labels: Some(BTreeMap::from([("app.kubernetes.io/name".to_string(), app.to_string())])),
-            ..Default::default()
-        };
+        let meta = meta(Some(namespace), name, app);
         self.roles.push(Role { metadata: meta.clone(), rules: Some(rules) });
         self.role_bindings.push(RoleBinding {
             metadata: meta,
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "Role".into(),
-                name: name.into(),
-            },
+            role_ref: role_ref("Role", name),
             subjects: Some(vec![who.subject()]),
         });
     }
 
-    /// Multi-document YAML: each Role followed by its RoleBinding, in the order added.
+    /// Adds ClusterRole `name` with `rules`, bound to `who`'s ServiceAccount; `app` labels both.
+    pub fn add_cluster(&mut self, name: &str, app: &str, rules: Vec<PolicyRule>, who: &Subjects) {
+        let meta = meta(None, name, app);
+        self.cluster_roles.push(ClusterRole { metadata: meta.clone(), rules: Some(rules), ..Default::default() });
+        self.cluster_role_bindings.push(ClusterRoleBinding {
+            metadata: meta,
+            role_ref: role_ref("ClusterRole", name),
+            subjects: Some(vec![who.subject()]),
+        });
+    }
+
+    /// Multi-document YAML in a stable order: each Role followed by its RoleBinding, in the order added, then
+    /// each ClusterRole with its binding.
     pub fn to_yaml(&self) -> Result<String, serde_yaml::Error> {
         let mut docs = Vec::new();
         for (role, binding) in self.roles.iter().zip(&self.role_bindings) {
             docs.push(document("Role", role)?);
             docs.push(document("RoleBinding", binding)?);
         }
+        for (role, binding) in self.cluster_roles.iter().zip(&self.cluster_role_bindings) {
+            docs.push(document("ClusterRole", role)?);
+            docs.push(document("ClusterRoleBinding", binding)?);
+        }
         Ok(docs.join("---\n"))
     }
+}
+
+/// The answer of an agent whose grants name what its configuration names, when `rbac` ran without `--config`.
+pub fn needs_config<C>(config: Option<&C>) -> anyhow::Result<&C> {
+    config.ok_or_else(|| anyhow::anyhow!("--config is required: the Roles name the objects the configuration names"))
+}
+
+fn meta(namespace: Option<&str>, name: &str, app: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: namespace.map(Into::into),
+        labels: Some(BTreeMap::from([("app.kubernetes.io/name".to_string(), app.to_string())])),
+        ..Default::default()
+    }
+}
+
+fn role_ref(kind: &str, name: &str) -> RoleRef {
+    RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: kind.into(), name: name.into() }
 }
 
 /// One rule; `names` empty means every object of the resources.
@@ -122,12 +152,23 @@ mod tests {
         let who = Subjects { namespace: "kcp-keeper".into(), service_account: "x".into(), lease_name: "l".into() };
         let mut rules = vec![rule("", &["configmaps"], &["one"], &["get"]), rule("", &["services"], &[], &["list"])];
         rules.extend(lease_rules(&who));
-        let mut roles = Roles::default();
+        let mut roles = Rbac::default();
         roles.add("kube-system", "kcp-keeper-x", "x", rules, &who);
         let yaml = roles.to_yaml().unwrap();
         assert!(yaml.starts_with("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\n"), "{yaml}");
         assert!(yaml.contains("---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n"), "{yaml}");
         assert_eq!(yaml.matches("resourceNames").count(), 2, "{yaml}");
         assert!(yaml.contains("name: x\n  namespace: kcp-keeper"), "{yaml}");
+    }
+
+    #[test]
+    fn cluster_roles_follow_the_namespaced_ones_each_with_its_binding() {
+        let who = Subjects { namespace: "kcp-keeper".into(), service_account: "x".into(), lease_name: "l".into() };
+        let mut rbac = Rbac::default();
+        rbac.add_cluster("kcp-keeper-x", "x", vec![rule("", &["namespaces"], &[], &["list"])], &who);
+        rbac.add("kcp-keeper", "kcp-keeper-x", "x", lease_rules(&who), &who);
+        let yaml = rbac.to_yaml().unwrap();
+        let kinds: Vec<&str> = yaml.lines().filter_map(|l| l.strip_prefix("kind: ")).collect();
+        assert_eq!(kinds, ["Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"]);
     }
 }

@@ -17,7 +17,7 @@ use kcp_keeper_runtime::metrics::ConfigMetrics;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, PartialEq, serde::Deserialize)]
+#[derive(Debug, PartialEq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Config {
     name: String,

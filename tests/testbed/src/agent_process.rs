@@ -8,54 +8,120 @@ use anyhow::Result;
 use crate::ControlPlane;
 use crate::process::{Process, free_port, wait_until};
 
+/// One agent under test, as the chart runs it: `<binary> run --config <config>` with a free admin port, JSON
+/// logs, its Lease in a namespace under an identity, authenticated as the admin or as a ServiceAccount. Every
+/// agent's tests start their agents through this one builder:
+///
+/// ```ignore
+/// let agent = AgentUnderTest::new(&bed, BINARY, &config).namespace(&ns).identity("replica-a").start().await?;
+/// ```
+pub struct AgentUnderTest<'a> {
+    bed: &'a ControlPlane,
+    binary: PathBuf,
+    config: PathBuf,
+    namespace: String,
+    identity: String,
+    kubeconfig: Option<PathBuf>,
+    env: Vec<(String, String)>,
+    args: Vec<String>,
+    ready_within: Duration,
+}
+
+impl<'a> AgentUnderTest<'a> {
+    /// `binary run --config config`, as the admin, Lease in `default` under identity `replica-a`.
+    pub fn new(bed: &'a ControlPlane, binary: impl AsRef<Path>, config: impl AsRef<Path>) -> Self {
+        Self {
+            bed,
+            binary: binary.as_ref().into(),
+            config: config.as_ref().into(),
+            namespace: "default".into(),
+            identity: "replica-a".into(),
+            kubeconfig: None,
+            env: Vec::new(),
+            args: Vec::new(),
+            ready_within: Duration::from_secs(30),
+        }
+    }
+
+    /// The namespace of its Lease (`POD_NAMESPACE`).
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Its identity in the Lease (`POD_NAME`); also names its log file.
+    pub fn identity(mut self, identity: &str) -> Self {
+        self.identity = identity.into();
+        self
+    }
+
+    /// Authenticates with `kubeconfig` (e.g. a ServiceAccount token's) instead of the admin's.
+    pub fn kubeconfig(mut self, kubeconfig: impl AsRef<Path>) -> Self {
+        self.kubeconfig = Some(kubeconfig.as_ref().into());
+        self
+    }
+
+    /// Adds or overrides one environment variable.
+    pub fn env(mut self, name: &str, value: impl Into<String>) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
+    /// Adds or overrides environment variables.
+    pub fn envs(mut self, vars: &[(&str, &str)]) -> Self {
+        self.env.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        self
+    }
+
+    /// Adds arguments after `run --config <config>`.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// How long [`AgentUnderTest::start`] waits for `/readyz` (30 s unless set).
+    pub fn ready_within(mut self, timeout: Duration) -> Self {
+        self.ready_within = timeout;
+        self
+    }
+
+    /// Starts the process without waiting for it to be ready.
+    pub fn spawn(self) -> Result<AgentProcess> {
+        let port = free_port()?;
+        let admin_addr = format!("127.0.0.1:{port}");
+        let kubeconfig = self.kubeconfig.as_deref().unwrap_or(&self.bed.apiserver.admin_kubeconfig).display().to_string();
+        let mut env: Vec<(&str, &str)> = vec![
+            ("KCP_KEEPER_KUBECONFIG", &kubeconfig),
+            ("KCP_KEEPER_ADMIN_ADDR", &admin_addr),
+            ("KCP_KEEPER_LOG_FORMAT", "json"),
+            ("KCP_KEEPER_LOG_LEVEL", "info"),
+            ("POD_NAMESPACE", &self.namespace),
+            ("POD_NAME", &self.identity),
+        ];
+        env.extend(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let mut args = vec!["run".to_string(), "--config".into(), self.config.display().to_string()];
+        args.extend(self.args);
+        let log: PathBuf = self.bed.dir().join(format!("{}-{:08x}.log", self.identity, rand::random::<u32>()));
+        let process = Process::start_with_env(&self.identity, &self.binary, args, &env, log)?;
+        Ok(AgentProcess { process, admin_url: format!("http://{admin_addr}") })
+    }
+
+    /// Starts the process and waits until `/readyz` answers 200.
+    pub async fn start(self) -> Result<AgentProcess> {
+        let ready_within = self.ready_within;
+        let mut agent = self.spawn()?;
+        agent.wait_ready(ready_within).await?;
+        Ok(agent)
+    }
+}
+
+/// A running agent under test: its process (log, signals) and its admin server.
 pub struct AgentProcess {
     pub process: Process,
     pub admin_url: String,
 }
 
 impl AgentProcess {
-    /// Starts `binary run --config <config>` with the admin kubeconfig, a free admin port, JSON logs and its
-    /// Lease in `namespace` under `identity`. `extra_env` adds or overrides environment variables.
-    pub fn start(
-        bed: &ControlPlane,
-        binary: &Path,
-        config: &Path,
-        namespace: &str,
-        identity: &str,
-        extra_env: &[(&str, &str)],
-    ) -> Result<Self> {
-        Self::start_as(bed, &bed.apiserver.admin_kubeconfig, binary, config, namespace, identity, extra_env)
-    }
-
-    /// Like [`AgentProcess::start`], authenticating with `kubeconfig` (a ServiceAccount token's) instead of the
-    /// admin's.
-    pub fn start_as(
-        bed: &ControlPlane,
-        kubeconfig: &Path,
-        binary: &Path,
-        config: &Path,
-        namespace: &str,
-        identity: &str,
-        extra_env: &[(&str, &str)],
-    ) -> Result<Self> {
-        let port = free_port()?;
-        let admin_addr = format!("127.0.0.1:{port}");
-        let kubeconfig = kubeconfig.display().to_string();
-        let mut env: Vec<(&str, &str)> = vec![
-            ("KCP_KEEPER_KUBECONFIG", &kubeconfig),
-            ("KCP_KEEPER_ADMIN_ADDR", &admin_addr),
-            ("KCP_KEEPER_LOG_FORMAT", "json"),
-            ("KCP_KEEPER_LOG_LEVEL", "info"),
-            ("POD_NAMESPACE", namespace),
-            ("POD_NAME", identity),
-        ];
-        env.extend_from_slice(extra_env);
-        let args = vec!["run".to_string(), "--config".into(), config.display().to_string()];
-        let log: PathBuf = bed.dir().join(format!("{identity}-{:08x}.log", rand::random::<u32>()));
-        let process = Process::start_with_env(identity, binary, args, &env, log)?;
-        Ok(Self { process, admin_url: format!("http://{admin_addr}") })
-    }
-
     /// Waits until `/readyz` answers 200.
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let url = format!("{}/readyz", self.admin_url);
@@ -112,8 +178,7 @@ async fn ready_replica(
     let bed = ControlPlane::start().await?;
     prepare(bed.client()).await?;
     let ns = bed.namespace().await?;
-    let mut agent = AgentProcess::start(&bed, binary, config, &ns, "replica-a", env)?;
-    agent.wait_ready(Duration::from_secs(30)).await?;
+    let agent = AgentUnderTest::new(&bed, binary, config).namespace(&ns).envs(env).start().await?;
     Ok((bed, ns, agent))
 }
 
@@ -176,6 +241,18 @@ pub async fn check_lost_lease_exits_prepared(binary: &Path, config: &Path, prepa
     assert!(status.and_then(|s| s.code()) == Some(1), "exit after losing the lease: {status:?}");
     assert!(agent.process.log().contains("lost the lease"), "the log says why");
     Ok(())
+}
+
+/// The Events (events.k8s.io) about object `name` in `namespace`, as `(reason, note)`, in the apiserver's order.
+pub async fn events_about(client: &kube::Client, namespace: &str, name: &str) -> Vec<(String, String)> {
+    use k8s_openapi::api::events::v1::Event;
+    let list = kube::Api::<Event>::namespaced(client.clone(), namespace).list(&Default::default()).await;
+    list.map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
 }
 
 /// Runs `binary` with `args` to completion: exit code and stderr.
