@@ -12,7 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use kcp_keeper_runtime::agent::Agent;
 use serde_json::Value;
+
+pub mod readme;
+pub mod schema;
 
 /// The chart's directory in this checkout.
 pub fn chart_dir() -> PathBuf {
@@ -141,52 +145,26 @@ pub fn rendered_config(objects: &[Value], agent: &str) -> Result<String> {
 
 /// What `<agent> rbac --config FILE --namespace NAMESPACE --service-account kcp-keeper-<agent>
 /// --lease-name kcp-keeper-<agent>` prints, by the code it runs: the agent's own loader (which rejects an
-/// invalid file with its field path) and its own renderer.
+/// invalid file with its field path) and its own [`Agent::rbac`].
 pub fn agent_rbac(agent: &str, config_file: &Path) -> Result<String> {
-    let name = format!("kcp-keeper-{agent}");
     match agent {
-        "ca-syncer" => {
-            let config: ca_syncer::config::Config = kcp_keeper_runtime::config::load(config_file)?;
-            let who = ca_syncer::rbac::Subjects {
-                namespace: NAMESPACE.into(),
-                service_account: name.clone(),
-                lease_name: name,
-            };
-            Ok(ca_syncer::rbac::render(&config, &who).to_yaml()?)
-        }
-        "dns-rewriter" => {
-            let config = dns_rewriter::config::load(config_file)?;
-            let who = dns_rewriter::rbac::Subjects {
-                namespace: NAMESPACE.into(),
-                service_account: name.clone(),
-                lease_name: name,
-            };
-            Ok(dns_rewriter::rbac::render(&config, &who).to_yaml()?)
-        }
-        "kubeconfig-rotator" => {
-            let config: kubeconfig_rotator::config::Config = kcp_keeper_runtime::config::load(config_file)?;
-            let who = kcp_keeper_runtime::rbac::Subjects {
-                namespace: NAMESPACE.into(),
-                service_account: name.clone(),
-                lease_name: name,
-            };
-            Ok(kubeconfig_rotator::rbac::render(&config, &who).to_yaml()?)
-        }
-        "etcd-snapshotter" => {
-            // Its Role does not depend on the configuration, but the file must still be one it accepts.
-            let _: etcd_snapshotter::config::Config = kcp_keeper_runtime::config::load(config_file)?;
-            let printed = etcd_snapshotter::rbac::render(NAMESPACE, &name, &name);
-            // Its one-shot prints no labels (the other agents' print their one name label): the comparison gives
-            // it that label, which the chart's objects must carry.
-            let mut docs = Vec::new();
-            for mut doc in documents(&printed)? {
-                doc["metadata"]["labels"] = serde_json::json!({ "app.kubernetes.io/name": agent });
-                docs.push(serde_yaml::to_string(&doc)?);
-            }
-            Ok(docs.join("---\n"))
-        }
+        "ca-syncer" => rbac_for::<ca_syncer::CaSyncer>(config_file),
+        "dns-rewriter" => rbac_for::<dns_rewriter::DnsRewriter>(config_file),
+        "kubeconfig-rotator" => rbac_for::<kubeconfig_rotator::KubeconfigRotator>(config_file),
+        "etcd-snapshotter" => rbac_for::<etcd_snapshotter::EtcdSnapshotter>(config_file),
         other => bail!("the chart does not run {other}"),
     }
+}
+
+fn rbac_for<A: Agent>(config_file: &Path) -> Result<String> {
+    let name = format!("kcp-keeper-{}", A::NAME);
+    let config: A::Config = kcp_keeper_runtime::config::load(config_file)?;
+    let who = kcp_keeper_runtime::rbac::Subjects {
+        namespace: NAMESPACE.into(),
+        service_account: name.clone(),
+        lease_name: name,
+    };
+    Ok(A::rbac(Some(&config), &who)?.to_yaml()?)
 }
 
 /// The differences between two sets of RBAC objects, one line each; empty when they are the same.

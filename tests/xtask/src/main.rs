@@ -36,6 +36,9 @@ enum Task {
     /// Build the agents' container images (static binaries, FROM scratch) with buildah, run `--version` inside
     /// each and print their sizes.
     Images,
+    /// Write the chart's values.schema.json and README.md from the agents' configuration types and
+    /// values.yaml's comments (the chart's `schema` tests check that the committed files are these).
+    Schema,
     /// Start the local control plane with a kcp-like layout and run the agents against it.
     Demo {
         /// Exit after every agent has completed one cycle, printing one summary line per agent.
@@ -55,6 +58,7 @@ fn main() -> Result<()> {
         Task::Test => test(),
         Task::Demo { once } => demo(once),
         Task::Images => images::images(),
+        Task::Schema => schema(),
         Task::Bench { name, quick } => {
             prereqs::ensure_protoc()?;
             ensure_peers()?;
@@ -84,6 +88,15 @@ fn test() -> Result<()> {
     step("tests", cargo(&["test", "--workspace", "--locked", "--no-fail-fast"]))?;
     images::images_if_buildah_present()?;
     eprintln!("xtask: all checks passed in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+fn schema() -> Result<()> {
+    prereqs::ensure_protoc()?;
+    let mut cmd = cargo(&["test", "--quiet", "--locked", "--package", "chart", "--test", "schema"]);
+    cmd.env("KCP_KEEPER_BLESS", "1");
+    step("generate charts/kcp-keeper/values.schema.json and README.md", cmd)?;
+    eprintln!("xtask: wrote charts/kcp-keeper/values.schema.json and charts/kcp-keeper/README.md");
     Ok(())
 }
 
