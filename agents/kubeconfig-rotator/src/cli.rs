@@ -1,18 +1,49 @@
-//! The operator one-shots: `status` (a table of every kubeconfig), `rotate NAME` (force a renewal now) and
-//! `rbac` (the Roles a configuration needs). They read with plain GETs, through the same resolution the daemon
-//! uses, and print nothing secret: subjects, serials, times and hashes only.
+//! The operator one-shots, beside the runtime's `run` and `rbac`: `status` (a table of every kubeconfig) and
+//! `rotate NAME` (force a renewal now). They read with plain GETs, through the same resolution the daemon uses,
+//! and print nothing secret: subjects, serials, times and hashes only.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use kcp_keeper_runtime::args::KubeArgs;
 use time::OffsetDateTime;
 
-use crate::config::{Config, Kubeconfig, Source};
-use crate::controller::{self, candidate, live_state, resolve};
+use crate::config::{Config, Kubeconfig, Source, certificate_name};
 use crate::credential::rfc3339;
 use crate::policy::Live;
+use crate::renew;
 use crate::scope::Reader;
+use crate::source::{candidate, resolve};
+use crate::target::live_state;
+
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Print every kubeconfig: subject, notAfter, time left, and whether each target is in sync.
+    Status {
+        #[arg(long, env = "KCP_KEEPER_CONFIG")]
+        config: PathBuf,
+        #[command(flatten)]
+        kube: KubeArgs,
+    },
+    /// Force a new certificate for kubeconfig NAME now (Issuing=True on its Certificate, as `cmctl renew`).
+    Rotate {
+        name: String,
+        #[arg(long, env = "KCP_KEEPER_CONFIG")]
+        config: PathBuf,
+        #[command(flatten)]
+        kube: KubeArgs,
+    },
+}
+
+/// Runs one of [`Command`]; a failure is an error (exit 1), never a silent exit code.
+pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Status { config, kube } => status(&config, &kube).await?,
+        Command::Rotate { name, config, kube } => rotate(&config, &kube, &name).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
 /// One row of `status`, for each target of a kubeconfig.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,25 +159,17 @@ pub async fn rotate(config_path: &Path, kube: &KubeArgs, name: &str) -> anyhow::
     };
     let client = kube.client().await?;
     let snap = Reader::Client(&client).snapshot(kc).await.context("reading the Certificate")?;
-    let certificate = snap
-        .certificate
-        .with_context(|| format!("Certificate {namespace}/{} not found", crate::config::certificate_name(object)))?;
+    let certificate =
+        snap.certificate.with_context(|| format!("Certificate {namespace}/{} not found", certificate_name(object)))?;
     if certificate.issuing() {
         println!("kubeconfig {name}: a renewal is already under way (Issuing=True); nothing to do");
         return Ok(());
     }
-    controller::force_renewal(&client, &certificate).await?;
+    renew::force_renewal(&client, &certificate).await?;
     println!(
         "kubeconfig {name}: renewal forced (Issuing=True on Certificate {namespace}/{}); the agent publishes the new certificate once it is proven",
-        crate::config::certificate_name(object)
+        certificate_name(object)
     );
-    Ok(())
-}
-
-/// `kubeconfig-rotator rbac`.
-pub fn print_rbac(config_path: &Path, who: &kcp_keeper_runtime::rbac::Subjects) -> anyhow::Result<()> {
-    let config: Config = kcp_keeper_runtime::config::load(config_path)?;
-    print!("{}", crate::rbac::render(&config, who).to_yaml()?);
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 //! The configuration file (YAML): raw serde types with unknown fields refused, turned into the validated
-//! [`Config`] with every semantic error reported at once with its field path.
+//! [`Config`] with every semantic error reported at once with its field path. The raw types' doc comments are
+//! the descriptions in the chart's values schema (generated from them), so they speak to whoever writes the file.
 //!
 //! ```yaml
 //! resyncInterval: 30s
@@ -20,6 +21,7 @@ use std::time::Duration;
 use kcp_keeper_runtime::config::{AgentConfig, FieldError};
 use kcp_keeper_runtime::duration::ConfigDuration;
 use kcp_keeper_runtime::names;
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(60);
@@ -80,18 +82,25 @@ impl Source {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+/// A key of a Secret.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KeyRef {
+    /// The Secret's namespace (a DNS label).
     pub namespace: String,
+    /// The Secret's name.
     pub name: String,
+    /// The key in the Secret's data.
     pub key: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// Who a candidate must prove to be, as a SelfSubjectReview with it reports.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Identity {
+    /// The username the server must report; not empty.
     pub username: String,
+    /// Groups the server must report (it may report more, e.g. system:authenticated).
     #[serde(default)]
     pub groups: Vec<String>,
 }
@@ -122,67 +131,103 @@ impl Config {
 
 // ---- raw ----------------------------------------------------------------------------------------------------
 
-#[derive(Debug, Deserialize)]
+/// kubeconfig-rotator's configuration (the agent checks it again, with field paths, at start)
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawConfig {
+    /// How often every kubeconfig is looked at (a duration such as 60s; at least 1s; default 60s).
     #[serde(default)]
+    #[schemars(with = "Option<String>")]
     resync_interval: Option<ConfigDuration>,
+    /// The kubeconfigs to keep fresh.
     kubeconfigs: Vec<RawKubeconfig>,
 }
 
-#[derive(Debug, Deserialize)]
+/// One kubeconfig: where it comes from, who it must prove to be, and the Secrets it is published to.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawKubeconfig {
+    /// A DNS label of at most 40 characters, unique: names the kubeconfig in logs, Events, metrics and
+    /// `rotate NAME`.
     name: String,
+    /// exactly one of kubeconfig, secret, certificateSecret
     source: RawSource,
+    /// Who a candidate must prove to be. Optional for a kubeconfig source (then the Kubeconfig's username, and
+    /// its groups plus kubeconfig:<name>); required for secret and certificateSecret.
     #[serde(default)]
     expect: Option<Identity>,
+    /// kubeconfig source only: force a renewal (Issuing=True, the cmctl way) when less than this is left and
+    /// none is under way. Default: the Certificate's spec.renewBefore, else a quarter of the lifetime.
     #[serde(default)]
+    #[schemars(with = "Option<String>")]
     renew_before: Option<ConfigDuration>,
+    /// Rewrite every cluster's scheme, host and port to this one (https://host:port, no path: paths such as
+    /// /clusters/root are kept); the candidate is proven with it.
     #[serde(default)]
     server: Option<String>,
+    /// At least one; a Secret is the target of one kubeconfig only.
     targets: Vec<RawTarget>,
 }
 
-/// "Exactly one of these keys": optional fields, so a mistake names the field path rather than a YAML tag.
-#[derive(Debug, Deserialize)]
+// "Exactly one of these keys": optional fields, so a mistake names the field path rather than a YAML tag.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawSource {
+    /// A kcp-operator Kubeconfig: its Certificate and certificate Secret kubeconfig-cert-<name>, and the Secret
+    /// it renders.
     kubeconfig: Option<RawOperatorSource>,
+    /// Any Secret holding a kubeconfig under key.
     secret: Option<KeyRef>,
+    /// A cert-manager certificate Secret (tls.crt, tls.key): the agent builds the kubeconfig itself.
     certificate_secret: Option<RawCertificateSecret>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawOperatorSource {
+    /// The Kubeconfig's namespace (a DNS label).
     namespace: String,
+    /// The Kubeconfig's name.
     name: String,
+    /// The Secret the operator renders: must be the Kubeconfig's spec.secretRef.name (checked).
     rendered_secret: String,
+    /// The current server CA (e.g. tls.crt of <rootshard>-server-ca): a render whose CA data lacks it is stale
+    /// too (a server-CA rotation).
     #[serde(default, rename = "serverCA")]
     server_ca: Option<KeyRef>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawCertificateSecret {
+    /// The certificate Secret's namespace (a DNS label).
     namespace: String,
+    /// The certificate Secret's name.
     name: String,
+    /// The https:// URL the built kubeconfig points at; a path may name a workspace (/clusters/root).
     server: String,
+    /// The CA the server's certificate is verified with.
     ca: KeyRef,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawTarget {
+    /// The target Secret's namespace (a DNS label).
     namespace: String,
+    /// The target Secret's name.
     name: String,
+    /// The key the kubeconfig is written under (default: kubeconfig).
     #[serde(default)]
     key: Option<String>,
+    /// Also write tls.crt, tls.key and ca.crt, for consumers that reload files.
     #[serde(default)]
     split_keys: bool,
+    /// Take over a Secret (or key) kcp-keeper did not create.
     #[serde(default)]
     adopt: bool,
+    /// Deployments in the target's namespace that read the kubeconfig once at start: restarted once per real
+    /// change.
     #[serde(default)]
     restart_deployments: Vec<String>,
 }

@@ -3,18 +3,65 @@
 //! is stale, forces a renewal that is overdue, proves every candidate against the real server, and publishes it
 //! to target Secrets in other namespaces, never replacing a credential with a worse one.
 //!
-//! Pure logic (no client, no I/O): [`config`], [`credential`] (parse, check, rewrite, build), [`policy`] (the
-//! decisions), [`rbac`]. The edges: [`scope`] (watches and stores from the configuration), [`prove`] (the
-//! SelfSubjectReview), [`controller`] (the reconciler the runtime's driver runs) and [`oneshot`].
+//! Where the code is (the same roles in every agent; [`KubeconfigRotator`] ties them to the runtime):
+//! - [`config`]: the file, raw (the chart's schema) and validated;
+//! - [`error`]: why a reconcile failed, and every reason a candidate is refused;
+//! - [`scope`]: the objects the configuration names, watched by name; [`scope::rbac`]: the Roles for them;
+//! - [`reconcile`]: the daemon, the driver's reconciler; [`metrics`]: its series; [`cli`]: `status`, `rotate`;
+//! - domain modules, pure: [`source`] (the candidate a source offers), [`credential`] (parse, check, rewrite,
+//!   build), [`policy`] (the decisions), [`target`] (what a target holds and is written); with I/O: [`prove`]
+//!   (the SelfSubjectReview), [`renew`] (the nudge and the forced renewal), [`objects`] (the foreign kinds).
 #![forbid(unsafe_code)]
 
+use std::future::Future;
+use std::process::ExitCode;
+
+use kcp_keeper_runtime::agent::{Agent, Daemon, Driven, NoFlags};
+use kcp_keeper_runtime::rbac::{Rbac, Subjects, needs_config};
+use prometheus_client::registry::Registry;
+
+pub mod cli;
 pub mod config;
-pub mod controller;
 pub mod credential;
+pub mod error;
 pub mod metrics;
 pub mod objects;
-pub mod oneshot;
 pub mod policy;
 pub mod prove;
-pub mod rbac;
+pub mod reconcile;
+pub mod renew;
 pub mod scope;
+pub mod source;
+pub mod target;
+
+/// The agent, for the runtime: `kubeconfig-rotator run` reconciles every configured kubeconfig on the driver.
+pub struct KubeconfigRotator;
+
+impl Agent for KubeconfigRotator {
+    const NAME: &'static str = "kubeconfig-rotator";
+    const METRICS_PREFIX: &'static str = "kubeconfig_rotator";
+    const ABOUT: &'static str = "Hands-off rotation of kcp admin kubeconfigs";
+    type Config = config::Config;
+    type Error = error::SyncError;
+    type Form = Driven;
+    type Metrics = metrics::Metrics;
+    type Command = cli::Command;
+    type RunFlags = NoFlags;
+
+    fn metrics(registry: &mut Registry) -> metrics::Metrics {
+        metrics::Metrics::register(registry)
+    }
+
+    /// Every object is granted by name, so the Roles need the configuration.
+    fn rbac(config: Option<&config::Config>, who: &Subjects) -> anyhow::Result<Rbac> {
+        Ok(scope::rbac::render(needs_config(config)?, who))
+    }
+
+    fn daemon(daemon: Daemon<Self>) -> impl Future<Output = anyhow::Result<()>> + Send {
+        reconcile::daemon(daemon.ctx, daemon.metrics, daemon.form)
+    }
+
+    fn oneshot(command: cli::Command) -> impl Future<Output = anyhow::Result<ExitCode>> {
+        cli::run(command)
+    }
+}

@@ -1,14 +1,20 @@
 //! Metrics, prefix `kubeconfig_rotator_`. Labels are bounded by the configuration (kubeconfigs, targets) and by
-//! the error enums (reasons). Every series of a configured kubeconfig is created at its first reconcile, with a
-//! value, so a kubeconfig that never succeeds still shows (notAfter 0, failures counting).
+//! the error enums (reasons, [`crate::error`]). Every series of a configured kubeconfig is created at its first
+//! reconcile, with a value, so a kubeconfig that never succeeds still shows (notAfter 0, failures counting). The
+//! reconcile metrics (`reconcile_duration_seconds`, `reconcile_errors_total{reason}`, reasons from
+//! [`crate::error::SyncError`]) are the runtime's. The reconciler says what happened ([`Metrics::proven`],
+//! [`TargetSeries::holds`], ...); which series that moves is kept here.
 
-use kcp_keeper_runtime::driver::ReconcileMetrics;
-use kcp_keeper_runtime::metrics::GaugeF64;
+use kcp_keeper_runtime::metrics::{GaugeF64, unix_now};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
+use time::OffsetDateTime;
+
+use crate::config::{Kubeconfig, Target};
+use crate::error::verification_reasons;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KubeconfigLabel {
@@ -30,8 +36,6 @@ pub struct ReasonLabels {
 
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    /// `reconcile_duration_seconds`, `reconcile_errors_total{reason}` (reasons: [`crate::controller::SyncError`]).
-    pub reconcile: ReconcileMetrics,
     pub not_after: Family<KubeconfigLabel, GaugeF64>,
     pub expiry: Family<KubeconfigLabel, GaugeF64>,
     pub target_not_after: Family<TargetLabels, GaugeF64>,
@@ -46,7 +50,6 @@ pub struct Metrics {
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
-            reconcile: ReconcileMetrics::register::<crate::controller::SyncError>(registry),
             not_after: Family::default(),
             expiry: Family::default(),
             target_not_after: Family::default(),
@@ -99,7 +102,7 @@ impl Metrics {
 
     /// Creates every series of a kubeconfig and its targets with a value, so none appears only on its first
     /// event (a kubeconfig whose candidates are all rejected still shows its targets).
-    pub fn touch(&self, kc: &crate::config::Kubeconfig) {
+    pub fn touch(&self, kc: &Kubeconfig) {
         let kubeconfig = kc.name.as_str();
         for t in &kc.targets {
             let labels =
@@ -114,7 +117,7 @@ impl Metrics {
         let _ = self.rotations.get_or_create(&label);
         let _ = self.nudges.get_or_create(&label);
         let _ = self.forced_renewals.get_or_create(&label);
-        for reason in crate::controller::verification_reasons() {
+        for reason in verification_reasons() {
             let _ = self
                 .verification_failures
                 .get_or_create(&ReasonLabels { kubeconfig: kubeconfig.into(), reason: (*reason).into() });
@@ -125,5 +128,68 @@ impl Metrics {
         self.verification_failures
             .get_or_create(&ReasonLabels { kubeconfig: kubeconfig.into(), reason: reason.into() })
             .inc();
+    }
+
+    /// A candidate valid until `not_after` was proven at `now`: the source's notAfter and time left.
+    pub fn proven(&self, kubeconfig: &str, not_after: OffsetDateTime, now: OffsetDateTime) {
+        let label = label(kubeconfig);
+        self.not_after.get_or_create(&label).set(not_after.unix_timestamp() as f64);
+        self.expiry.get_or_create(&label).set((not_after - now).as_seconds_f64().max(0.0));
+    }
+
+    /// Proven and written to every target, now.
+    pub fn synced(&self, kubeconfig: &str) {
+        self.last_sync.get_or_create(&label(kubeconfig)).set(unix_now());
+    }
+
+    /// A target received a new certificate.
+    pub fn rotated(&self, kubeconfig: &str) {
+        self.rotations.get_or_create(&label(kubeconfig)).inc();
+    }
+
+    /// The Kubeconfig was annotated to re-render.
+    pub fn nudged(&self, kubeconfig: &str) {
+        self.nudges.get_or_create(&label(kubeconfig)).inc();
+    }
+
+    /// A renewal was forced through the Certificate's `Issuing` condition.
+    pub fn renewal_forced(&self, kubeconfig: &str) {
+        self.forced_renewals.get_or_create(&label(kubeconfig)).inc();
+    }
+
+    /// The series of one target of `kc`, created if they were not.
+    pub fn target(&self, kc: &Kubeconfig, target: &Target) -> TargetSeries {
+        let labels = TargetLabels {
+            kubeconfig: kc.name.clone(),
+            namespace: target.namespace.clone(),
+            name: target.name.clone(),
+        };
+        TargetSeries {
+            in_sync: self.target_in_sync.get_or_create(&labels).clone(),
+            not_after: self.target_not_after.get_or_create(&labels).clone(),
+        }
+    }
+}
+
+fn label(kubeconfig: &str) -> KubeconfigLabel {
+    KubeconfigLabel { kubeconfig: kubeconfig.into() }
+}
+
+/// `target_in_sync` and `target_not_after_timestamp_seconds` of one target.
+pub struct TargetSeries {
+    in_sync: Gauge,
+    not_after: GaugeF64,
+}
+
+impl TargetSeries {
+    /// The target holds a credential valid until `not_after`; `in_sync` when it is the current one.
+    pub fn holds(&self, not_after: OffsetDateTime, in_sync: bool) {
+        self.in_sync.set(i64::from(in_sync));
+        self.not_after.set(not_after.unix_timestamp() as f64);
+    }
+
+    /// The target could not be brought up to date; what it holds is unchanged.
+    pub fn not_in_sync(&self) {
+        self.in_sync.set(0);
     }
 }

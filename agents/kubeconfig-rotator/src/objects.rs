@@ -1,49 +1,25 @@
-//! The two foreign kinds the agent reads, typed just enough for reflector stores: kcp-operator's `Kubeconfig`
-//! (`operator.kcp.io/v1alpha1`) and cert-manager's `Certificate` (`cert-manager.io/v1`). Only the fields the
-//! agent uses are typed; the rest is kept as JSON.
+//! The two foreign kinds the agent reads, declared with the runtime's `foreign_kind!` (metadata typed, spec and
+//! status kept as JSON): kcp-operator's `Kubeconfig` (`operator.kcp.io/v1alpha1`) and cert-manager's
+//! `Certificate` (`cert-manager.io/v1`), with typed helpers for the few fields the agent reads.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-macro_rules! foreign_kind {
-    ($ty:ident, $group:literal, $version:literal, $kind:literal, $plural:literal) => {
-        #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-        pub struct $ty {
-            pub metadata: ObjectMeta,
-            #[serde(default)]
-            pub spec: Value,
-            #[serde(default)]
-            pub status: Value,
-        }
-
-        impl k8s_openapi::Resource for $ty {
-            const API_VERSION: &'static str = concat!($group, "/", $version);
-            const GROUP: &'static str = $group;
-            const KIND: &'static str = $kind;
-            const VERSION: &'static str = $version;
-            const URL_PATH_SEGMENT: &'static str = $plural;
-            type Scope = k8s_openapi::NamespaceResourceScope;
-        }
-
-        impl k8s_openapi::ListableResource for $ty {
-            const LIST_KIND: &'static str = concat!($kind, "List");
-        }
-
-        impl k8s_openapi::Metadata for $ty {
-            type Ty = ObjectMeta;
-            fn metadata(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn metadata_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
-    };
-}
-
-foreign_kind!(KubeconfigObject, "operator.kcp.io", "v1alpha1", "Kubeconfig", "kubeconfigs");
-foreign_kind!(Certificate, "cert-manager.io", "v1", "Certificate", "certificates");
+kcp_keeper_runtime::foreign_kind!(
+    /// kcp-operator's `Kubeconfig`: renders a kubeconfig Secret from a Certificate it requests.
+    KubeconfigObject,
+    "operator.kcp.io",
+    "v1alpha1",
+    "Kubeconfig",
+    "kubeconfigs"
+);
+kcp_keeper_runtime::foreign_kind!(
+    /// cert-manager's `Certificate`, the one the operator requests for a `Kubeconfig`.
+    Certificate,
+    "cert-manager.io",
+    "v1",
+    "Certificate",
+    "certificates"
+);
 
 /// Annotation the agent sets on a Kubeconfig to make the operator re-render (`<serial> <RFC 3339 time>`).
 pub const RENDER_REQUESTED: &str = "kcp-keeper.io/render-requested";

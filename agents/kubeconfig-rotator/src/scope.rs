@@ -1,6 +1,8 @@
 //! What the agent reads, scoped by the configuration: every object is watched by name (a `metadata.name` field
 //! selector in its namespace), so RBAC can name each one (`resourceNames`) and nothing else wakes the agent.
-//! The one-shots read the same objects with plain GETs ([`Reader::Client`]).
+//! The one-shots read the same objects with plain GETs ([`Reader::Client`]), and [`rbac`] grants exactly them.
+
+pub mod rbac;
 
 use std::collections::BTreeMap;
 

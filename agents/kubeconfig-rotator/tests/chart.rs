@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, PostParams};
 use kubeconfig_rotator::credential;
 use serde_json::json;
-use testbed::agent_process::AgentProcess;
+use testbed::agent_process::AgentUnderTest;
 use testbed::standins::issuer;
 
 const ACCOUNT: &str = "kcp-keeper-kubeconfig-rotator";
@@ -53,16 +53,13 @@ async fn installed_by_the_chart_it_renews_proves_publishes_and_restarts_with_the
     let rendered = Api::<ConfigMap>::namespaced(client.clone(), &layout.agent).get(ACCOUNT).await?;
     let config = layout.write_config(&rendered.data.context("ConfigMap data")?["config.yaml"])?;
     let (kubeconfig, user) = testbed::helm::chart_account_kubeconfig(&layout.bed, &layout.agent, ACCOUNT).await?;
-    let mut agent = AgentProcess::start_as(
-        &layout.bed,
-        &kubeconfig,
-        std::path::Path::new(BINARY),
-        &config,
-        &layout.agent,
-        "kcp-keeper-kubeconfig-rotator-0",
-        &[],
-    )?;
-    agent.wait_ready(WAIT).await?;
+    let mut agent = AgentUnderTest::new(&layout.bed, BINARY, &config)
+        .namespace(&layout.agent)
+        .identity("kcp-keeper-kubeconfig-rotator-0")
+        .kubeconfig(&kubeconfig)
+        .ready_within(WAIT)
+        .start()
+        .await?;
 
     let first = testbed::eventually(WAIT, "the first publication", || async { layout.target_serial().await }).await;
     let published = key(&layout.target().await.context("target")?, TARGET_KEY).context("target key")?;

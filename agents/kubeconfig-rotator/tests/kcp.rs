@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kubeconfig_rotator::credential;
 use serde_json::json;
-use testbed::agent_process::{AgentProcess, run_to_completion};
+use testbed::agent_process::run_to_completion;
 use testbed::certs::{Ca, Credential};
 use testbed::kcp::pki::{ADMIN_GROUP, ADMIN_USER};
 use testbed::scrape::{apply_yaml, metric, metrics, wait_for_metric};
@@ -78,8 +78,7 @@ async fn the_target_stays_valid_across_rotations_for_a_probe_every_200ms_through
         &format!("  server: https://127.0.0.1:{port}\n"),
         ", splitKeys: true",
     ))?;
-    let mut agent = layout.start(&config)?;
-    agent.wait_ready(WAIT).await?;
+    let mut agent = layout.start(&config).await?;
     let first = testbed::eventually(WAIT, "the first publication", || async { layout.target().await }).await;
     let first_not_after = not_after(&first);
 
@@ -197,16 +196,7 @@ async fn with_exactly_its_rbac_it_forces_an_overdue_renewal_on_status_and_nudges
     assert_eq!(code, Some(0), "{err}");
     assert!(apply_yaml(&layout.bed.client(), &rbac).await? >= 6, "{rbac}");
     let (token_kubeconfig, _user) = layout.bed.service_account_kubeconfig(&layout.agent, "kubeconfig-rotator").await?;
-    let mut agent = AgentProcess::start_as(
-        &layout.bed,
-        &token_kubeconfig,
-        Path::new(BINARY),
-        &config,
-        &layout.agent,
-        "kubeconfig-rotator-0",
-        &[],
-    )?;
-    agent.wait_ready(WAIT).await?;
+    let mut agent = layout.rotator(&config).kubeconfig(&token_kubeconfig).ready_within(WAIT).start().await?;
     let first = testbed::eventually(WAIT, "the first publication", || async { layout.target_serial().await }).await;
     let certificates: Api<DynamicObject> =
         Api::namespaced_with(layout.bed.client(), &layout.src, &standins::certificate_resource());
@@ -283,8 +273,7 @@ async fn bad_candidates_are_never_published_and_a_longer_lived_target_is_never_r
         src = layout.src,
         dst = layout.dst,
     ))?;
-    let mut agent = layout.start(&config)?;
-    agent.wait_ready(WAIT).await?;
+    let agent = layout.start(&config).await?;
     let published = testbed::eventually(WAIT, "the first publication", || async {
         key(&layout.target().await?, TARGET_KEY).filter(|k| k == good_kubeconfig.as_bytes())
     })
@@ -367,8 +356,7 @@ async fn a_certificate_secret_is_built_into_a_kubeconfig_proven_and_published() 
         dst = layout.dst,
         fp = layout.kcp.front_proxy.url,
     ))?;
-    let mut agent = layout.start(&config)?;
-    agent.wait_ready(WAIT).await?;
+    let agent = layout.start(&config).await?;
     let kubeconfig =
         testbed::eventually(WAIT, "the built kubeconfig", || async { key(&layout.target().await?, TARGET_KEY) }).await;
     assert_eq!(self_subject_review(&kubeconfig).await?, ADMIN_USER, "the published kubeconfig authenticates");

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use common::BINARY;
-use testbed::agent_process::{self, run_to_completion};
+use testbed::agent_process::{self, AgentUnderTest, run_to_completion};
 
 /// A configuration that becomes ready on any fresh bed: its source Secret does not exist, which is counted and
 /// reported, not fatal (readiness is about the agent, not about one kubeconfig).
@@ -43,15 +43,11 @@ async fn a_missing_source_is_counted_with_its_series_present_and_nothing_is_writ
     let dir = tempfile::tempdir()?;
     let bed = testbed::ControlPlane::start().await?;
     let ns = bed.namespace().await?;
-    let mut agent = testbed::agent_process::AgentProcess::start(
-        &bed,
-        Path::new(BINARY),
-        &missing_source_config(dir.path())?,
-        &ns,
-        "kubeconfig-rotator-0",
-        &[],
-    )?;
-    agent.wait_ready(std::time::Duration::from_secs(30)).await?;
+    let agent = AgentUnderTest::new(&bed, BINARY, missing_source_config(dir.path())?)
+        .namespace(&ns)
+        .identity("kubeconfig-rotator-0")
+        .start()
+        .await?;
     let errors = testbed::scrape::wait_for_metric(
         &agent,
         "kubeconfig_rotator_reconcile_errors_total{reason=\"source_missing\"}",

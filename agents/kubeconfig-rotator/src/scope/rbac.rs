@@ -1,5 +1,6 @@
-//! `kubeconfig-rotator rbac`: the exact Roles a configuration needs, rendered from the same [`needs`] the
-//! watches are built from, so the RBAC and what the agent reads cannot drift apart. Every object the
+//! `kubeconfig-rotator rbac` ([`crate::KubeconfigRotator`]'s `Agent::rbac`): the exact Roles a configuration
+//! needs, rendered from the same [`needs`] the watches are built from, so the RBAC and what the agent reads
+//! cannot drift apart. Every object the
 //! configuration names is granted by name (`resourceNames`; list and watch are limited too, through the
 //! `metadata.name` field selector every watch uses):
 //! - source Secrets: get/list/watch; target Secrets: get/list/watch, create/patch;
@@ -11,10 +12,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use kcp_keeper_runtime::rbac::{Roles, Subjects, lease_rules, named_rule, rule};
+use kcp_keeper_runtime::rbac::{Rbac, Subjects, lease_rules, named_rule, rule};
 
+use super::needs;
 use crate::config::Config;
-use crate::scope::needs;
 
 pub const ROLE_NAME: &str = "kcp-keeper-kubeconfig-rotator";
 
@@ -32,7 +33,8 @@ fn at<'a>(namespaces: &'a mut BTreeMap<String, Access>, ns: &str) -> &'a mut Acc
     namespaces.entry(ns.to_string()).or_default()
 }
 
-pub fn render(config: &Config, who: &Subjects) -> Roles {
+/// One Role (and its binding) per namespace the configuration acts in, and one in the agent's own for its Lease.
+pub fn render(config: &Config, who: &Subjects) -> Rbac {
     let mut namespaces: BTreeMap<String, Access> = BTreeMap::new();
     for kc in &config.kubeconfigs {
         let n = needs(kc);
@@ -54,7 +56,7 @@ pub fn render(config: &Config, who: &Subjects) -> Roles {
     }
     namespaces.entry(who.namespace.clone()).or_default();
     let read = ["get", "list", "watch"];
-    let mut roles = Roles::default();
+    let mut roles = Rbac::default();
     for (ns, a) in &namespaces {
         let mut rules: Vec<PolicyRule> = Vec::new();
         let mut add = |group: &str, resource: &str, names: &BTreeSet<String>, verbs: &[&str]| {

@@ -12,7 +12,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
 use serde_json::json;
 use testbed::ControlPlane;
-use testbed::agent_process::AgentProcess;
+use testbed::agent_process::{AgentProcess, AgentUnderTest};
 use testbed::kcp::Kcp;
 use testbed::standins::{self, StandIn, issuer};
 
@@ -105,9 +105,14 @@ impl Layout {
         Ok(path)
     }
 
-    /// Starts the agent as the admin, its Lease in the agent namespace.
-    pub fn start(&self, config: &Path) -> Result<AgentProcess> {
-        AgentProcess::start(&self.bed, Path::new(BINARY), config, &self.agent, "kubeconfig-rotator-0", &[])
+    /// The agent as this layout runs it: its Lease in the agent namespace, as replica `kubeconfig-rotator-0`.
+    pub fn rotator(&self, config: &Path) -> AgentUnderTest<'_> {
+        AgentUnderTest::new(&self.bed, BINARY, config).namespace(&self.agent).identity("kubeconfig-rotator-0")
+    }
+
+    /// Starts the agent as the admin and waits (up to [`WAIT`]) until it is ready.
+    pub async fn start(&self, config: &Path) -> Result<AgentProcess> {
+        self.rotator(config).ready_within(WAIT).start().await
     }
 
     pub async fn target(&self) -> Option<Secret> {

@@ -1,0 +1,106 @@
+//! The configured source, read out of a [`Snapshot`]: the candidate kubeconfig it offers (rendered by the
+//! operator, held in a Secret, or built from a certificate Secret), who it must prove to be, and, for an operator
+//! source, what cert-manager last issued. Pure: the daemon and the one-shots resolve the same way.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kcp_keeper_runtime::events::reference;
+use time::OffsetDateTime;
+
+use crate::config::{Identity, KUBECONFIG_KEY, Kubeconfig, Source, certificate_name};
+use crate::credential::{self, CertInfo, Credential, CredentialError};
+use crate::error::SyncError;
+use crate::objects::Certificate;
+use crate::policy::{self, Expected};
+use crate::scope::Snapshot;
+
+/// The source, resolved into a candidate kubeconfig and what it must prove.
+pub struct Resolved {
+    pub bytes: Vec<u8>,
+    pub expected: Expected,
+    /// Where Events about the source go.
+    pub regarding: ObjectReference,
+    /// Operator source: the certificate cert-manager last issued, and its Certificate.
+    pub issued: Option<CertInfo>,
+    pub certificate: Option<Certificate>,
+    /// The rendered Secret (or its key) does not exist yet.
+    pub missing: Option<String>,
+}
+
+/// Reads the source out of `snap`; pure apart from building the candidate.
+pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> {
+    let secret_ref = |ns: &str, name: &str| reference("v1", "Secret", ns, name, None);
+    match &kc.source {
+        Source::Operator { namespace, name, rendered_secret, .. } => {
+            let object = format!("{namespace}/{name}");
+            let kubeconfig =
+                snap.kubeconfig.as_ref().ok_or_else(|| SyncError::SourceMissing(format!("Kubeconfig {object}")))?;
+            if kubeconfig.secret_ref() != Some(rendered_secret.as_str()) {
+                return Err(SyncError::SecretRefMismatch(object));
+            }
+            let expected = match &kc.expect {
+                Some(e) => Expected { username: e.username.clone(), groups: e.groups.clone() },
+                None => {
+                    policy::operator_identity(name, kubeconfig.username().unwrap_or_default(), &kubeconfig.groups())
+                }
+            };
+            let cert_secret = certificate_name(name);
+            let issued = snap.key(namespace, &cert_secret, "tls.crt").and_then(|pem| credential::cert_info(pem).ok());
+            // Not rendered yet: still nudged and renewed below, then reported as missing, not as a bad candidate.
+            let bytes = snap.key(namespace, rendered_secret, KUBECONFIG_KEY).map(<[u8]>::to_vec);
+            let missing = bytes.is_none().then(|| format!("Secret {namespace}/{rendered_secret} key {KUBECONFIG_KEY}"));
+            let bytes = bytes.unwrap_or_default();
+            let regarding =
+                reference("operator.kcp.io/v1alpha1", "Kubeconfig", namespace, name, kubeconfig.metadata.uid.clone());
+            Ok(Resolved { bytes, expected, regarding, issued, certificate: snap.certificate.clone(), missing })
+        }
+        Source::Secret(r) => {
+            let bytes = snap
+                .key(&r.namespace, &r.name, &r.key)
+                .ok_or_else(|| SyncError::SourceMissing(format!("Secret {}/{} key {}", r.namespace, r.name, r.key)))?;
+            Ok(Resolved {
+                bytes: bytes.to_vec(),
+                expected: expected_of(kc),
+                regarding: secret_ref(&r.namespace, &r.name),
+                issued: None,
+                certificate: None,
+                missing: None,
+            })
+        }
+        Source::CertificateSecret { namespace, name, server, ca } => {
+            let missing = |what: String| SyncError::SourceMissing(what);
+            let crt = snap
+                .key(namespace, name, "tls.crt")
+                .ok_or_else(|| missing(format!("Secret {namespace}/{name} key tls.crt")))?;
+            let key = snap
+                .key(namespace, name, "tls.key")
+                .ok_or_else(|| missing(format!("Secret {namespace}/{name} key tls.key")))?;
+            let ca_pem = snap
+                .key(&ca.namespace, &ca.name, &ca.key)
+                .ok_or_else(|| missing(format!("Secret {}/{} key {}", ca.namespace, ca.name, ca.key)))?;
+            let expected = expected_of(kc);
+            Ok(Resolved {
+                bytes: credential::build(server, ca_pem, crt, key, &expected.username),
+                expected,
+                regarding: secret_ref(namespace, name),
+                issued: None,
+                certificate: None,
+                missing: None,
+            })
+        }
+    }
+}
+
+fn expected_of(kc: &Kubeconfig) -> Expected {
+    // Validation guarantees `expect` for every source but the operator's.
+    let e = kc.expect.clone().unwrap_or(Identity { username: String::new(), groups: vec![] });
+    Expected { username: e.username, groups: e.groups }
+}
+
+/// The candidate as it will be published: the source's kubeconfig, its server rewritten if configured.
+pub fn candidate(kc: &Kubeconfig, source: &Resolved, now: OffsetDateTime) -> Result<Credential, CredentialError> {
+    let bytes = match &kc.server {
+        Some(base) => credential::rewrite_server(&source.bytes, base)?,
+        None => source.bytes.clone(),
+    };
+    credential::parse(&bytes, now)
+}

@@ -1,0 +1,79 @@
+//! What a target Secret holds and what the agent writes into it: the kubeconfig under the target's key, split
+//! keys where configured, and annotations saying what it holds (for people and for `status`). Pure.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use k8s_openapi::api::core::v1::Secret;
+use serde_json::json;
+use time::OffsetDateTime;
+
+use crate::config::{Kubeconfig, Target};
+use crate::credential::{self, Credential, rfc3339};
+use crate::policy::Live;
+use crate::scope::secret_key;
+
+/// Annotations on a target Secret: what it holds, for people and for `status`.
+pub const SERIAL_ANNOTATION: &str = "kcp-keeper.io/serial";
+pub const NOT_AFTER_ANNOTATION: &str = "kcp-keeper.io/not-after";
+pub const HASH_ANNOTATION: &str = "kcp-keeper.io/content-hash";
+/// Pod-template annotation on a read-once consumer, `<prefix><kubeconfig>` = the content hash it was restarted
+/// for: a new value rolls the Deployment, as `kubectl rollout restart` does; the same value is a no-op.
+pub const RESTART_ANNOTATION_PREFIX: &str = "kcp-keeper.io/restarted-for-";
+
+/// What the target's key holds now.
+pub fn live_state(secret: Option<&Secret>, target: &Target, now: OffsetDateTime) -> Live {
+    match secret_key(secret, &target.key) {
+        None => Live::Missing,
+        Some(bytes) => match credential::parse(bytes, now) {
+            Ok(c) => Live::Valid { hash: c.hash(), cert: c.cert },
+            Err(_) => Live::Unusable,
+        },
+    }
+}
+
+/// Split keys are wanted and hold exactly the candidate's parts (true when not wanted).
+pub fn split_keys_current(secret: Option<&Secret>, target: &Target, c: &Credential) -> bool {
+    let key = |k: &str| secret_key(secret, k);
+    !target.split_keys
+        || (key("tls.crt") == Some(&c.cert_pem[..])
+            && key("tls.key") == Some(&c.key_pem.expose()[..])
+            && key("ca.crt") == Some(&c.ca_pem[..]))
+}
+
+/// The fields the agent owns in a target, with the resourceVersion it compared against: a concurrent change
+/// (another writer, a newer credential) fails the write instead of being overwritten by what may be worse.
+pub fn desired_secret(
+    kc: &Kubeconfig,
+    t: &Target,
+    c: &Credential,
+    rv: Option<&str>,
+    creating: bool,
+) -> serde_json::Value {
+    let mut data = serde_json::Map::new();
+    data.insert(t.key.clone(), json!(B64.encode(c.kubeconfig.expose())));
+    if t.split_keys {
+        data.insert("tls.crt".into(), json!(B64.encode(&c.cert_pem)));
+        data.insert("tls.key".into(), json!(B64.encode(c.key_pem.expose())));
+        data.insert("ca.crt".into(), json!(B64.encode(&c.ca_pem)));
+    }
+    let mut secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {
+            "name": t.name, "namespace": t.namespace,
+            "annotations": {
+                SERIAL_ANNOTATION: c.cert.serial,
+                NOT_AFTER_ANNOTATION: rfc3339(c.cert.not_after),
+                HASH_ANNOTATION: c.hash(),
+                "kcp-keeper.io/kubeconfig": kc.name,
+            },
+        },
+        "data": data,
+    });
+    if let Some(rv) = rv {
+        secret["metadata"]["resourceVersion"] = json!(rv);
+    }
+    if creating {
+        secret["type"] = json!("Opaque");
+    }
+    secret
+}
