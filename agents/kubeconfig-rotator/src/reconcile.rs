@@ -57,6 +57,7 @@ impl std::fmt::Display for KubeconfigName {
     }
 }
 
+/// The reconciler for one configuration: rebuilt, with its watches and stores, whenever the configuration changes.
 pub struct Rotator {
     pub client: kube::Client,
     pub events: Arc<Recorder>,
