@@ -10,19 +10,32 @@
 //! In the file, sources and targets are "exactly one of these keys" objects. They are plain structs with
 //! optional fields, not serde enums, so that a mistake is reported with the field path and the list of keys
 //! that were set rather than as a YAML tag error.
+//!
+//! One part per thing configured: [`sources`] (where certificates come from), [`targets`] (where bundles go,
+//! and the object keys that must not be written twice) and [`live_check`] (the endpoint a bundle must
+//! verify). This file holds the whole file and each bundle.
 
+mod live_check;
+mod sources;
+mod targets;
+
+use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::time::Duration;
 
-use rustls::pki_types::ServerName;
-use serde::{Deserialize, Deserializer};
-
-use crate::certs::{self, Certificate, EmptyPolicy};
 use kcp_keeper_runtime::config::{AgentConfig, FieldError};
 use kcp_keeper_runtime::duration::parse_go_duration;
 use kcp_keeper_runtime::names;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+pub use live_check::{LiveCheck, RawLiveCheck};
+pub use sources::{KeyRef, PublicRoots, RawSource, Source};
+pub use targets::{NamespaceSelector, Placement, RawTarget, RawTargetObject, Target, TargetKind};
+
+use live_check::live_check_from_raw;
+use sources::source_from_raw;
+use targets::{Destination, check, may_overlap, target_from_raw};
 
 /// How often every bundle is reconciled without a change: file sources have no watch, and clocks move
 /// certificates out.
@@ -51,108 +64,41 @@ pub struct Bundle {
     pub empty_means_public_roots: bool,
 }
 
-/// Where certificates come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    Secret(KeyRef),
-    ConfigMap(KeyRef),
-    /// Parsed at load, with the same strict parser as every other source.
-    Inline(Vec<Certificate>),
-    /// An absolute path, re-read every cycle.
-    File(PathBuf),
-    PublicRoots,
-}
-
-/// A key of a Secret or ConfigMap in a named namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct KeyRef {
-    pub namespace: String,
-    pub name: String,
-    pub key: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum TargetKind {
-    Secret,
-    ConfigMap,
-}
-
-impl TargetKind {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            TargetKind::Secret => "Secret",
-            TargetKind::ConfigMap => "ConfigMap",
-        }
-    }
-
-    fn field(&self) -> &'static str {
-        match self {
-            TargetKind::Secret => "secret",
-            TargetKind::ConfigMap => "configMap",
-        }
-    }
-}
-
-/// One object key the bundle is written to, in one namespace or in every namespace a selector matches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    pub kind: TargetKind,
-    pub name: String,
-    pub key: String,
-    pub placement: Placement,
-    /// Take over an existing object (or key) that kcp-keeper did not create.
-    pub adopt: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placement {
-    Namespace(String),
-    /// `matchLabels`, at least one.
-    Selector(BTreeMap<String, String>),
-}
-
-impl Placement {
-    /// The selector as a label selector string (`a=b,c=d`), for a watch.
-    pub fn label_selector(labels: &BTreeMap<String, String>) -> String {
-        labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
-    }
-}
-
-/// A TLS endpoint the bundle must verify, parsed once.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveCheck {
-    /// As configured, for messages.
-    pub url: String,
-    /// `host:port` to connect to (IPv6 bracketed).
-    pub address: String,
-    /// The name the server's certificate is verified for.
-    pub server_name: ServerName<'static>,
-}
-
 // ---- The file as written ---------------------------------------------------------------------------------
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// ca-syncer's configuration (the agent checks it again, with field paths, at start).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawConfig {
+    /// The bundles to keep in sync; at least one.
     pub bundles: Vec<RawBundle>,
-    /// Go duration; default 60s.
+    /// How often every bundle is re-checked without a change (Go duration, at least 1s); default 60s.
     #[serde(default)]
     pub resync_interval: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// One CA bundle: its sources combined, deduplicated and written to every target.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawBundle {
+    /// A DNS label, unique; names the bundle in logs, Events and metrics.
     pub name: String,
+    /// Where the certificates come from; at least one.
     pub sources: Vec<RawSource>,
+    /// Where the bundle is written; at least one.
     pub targets: Vec<RawTarget>,
+    /// How long a CA that left the sources stays published at most (Go duration); without it, until its
+    /// notAfter.
     #[serde(default)]
     pub rotation_grace: Option<String>,
+    /// Drop certificates past their notAfter; default true.
     #[serde(default = "default_true")]
     pub drop_expired: bool,
+    /// Publish only if the bundle verifies this endpoint's certificate chain.
     #[serde(default)]
     pub live_check: Option<RawLiveCheck>,
+    /// Sources may be empty; the key is then written empty ("use the public roots"), only once the public
+    /// roots verify `liveCheck`, which this requires.
     #[serde(default)]
     pub empty_means_public_roots: bool,
 }
@@ -161,82 +107,7 @@ fn default_true() -> bool {
     true
 }
 
-/// One source: exactly one of the fields is set.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RawSource {
-    #[serde(default)]
-    pub secret: Option<KeyRef>,
-    #[serde(default)]
-    pub config_map: Option<KeyRef>,
-    #[serde(default)]
-    pub inline: Option<String>,
-    #[serde(default)]
-    pub file: Option<PathBuf>,
-    #[serde(default, deserialize_with = "present")]
-    pub public_roots: Option<PublicRoots>,
-}
-
-/// `publicRoots: {}` has no options yet; the empty struct keeps the door open and refuses unknown ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PublicRoots {}
-
-/// A present key with a null value (`publicRoots:`) counts as present: someone who wrote it meant it.
-fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<PublicRoots>, D::Error> {
-    Ok(Some(Option::<PublicRoots>::deserialize(deserializer)?.unwrap_or_default()))
-}
-
-/// One target: exactly one of `secret` / `configMap`.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RawTarget {
-    #[serde(default)]
-    pub secret: Option<RawTargetObject>,
-    #[serde(default)]
-    pub config_map: Option<RawTargetObject>,
-    #[serde(default)]
-    pub adopt: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RawTargetObject {
-    pub name: String,
-    pub key: String,
-    #[serde(default)]
-    pub namespace: Option<String>,
-    #[serde(default)]
-    pub namespace_selector: Option<NamespaceSelector>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct NamespaceSelector {
-    #[serde(default)]
-    pub match_labels: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RawLiveCheck {
-    /// `https://host[:port][/path]`.
-    pub url: String,
-    /// The name to verify the server's certificate for, when it differs from the URL's host.
-    #[serde(default)]
-    pub server_name: Option<String>,
-}
-
 // ---- Raw to validated ------------------------------------------------------------------------------------
-
-/// One place an object key is read or written, for finding two targets that would fight over it.
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct Destination<'a> {
-    kind: TargetKind,
-    namespace: Option<&'a str>,
-    name: &'a str,
-    key: &'a str,
-}
 
 impl AgentConfig for Config {
     type Raw = RawConfig;
@@ -279,12 +150,6 @@ impl AgentConfig for Config {
             }
         }
         if errors.is_empty() { Ok(Config { bundles, resync_interval }) } else { Err(errors) }
-    }
-}
-
-fn check(errors: &mut Vec<FieldError>, path: String, result: Result<(), String>) {
-    if let Err(reason) = result {
-        errors.push(FieldError::new(path, reason));
     }
 }
 
@@ -369,197 +234,12 @@ fn bundle_from_raw<'a>(
     })
 }
 
-/// Two destinations can be the same object key: same kind, name and key, and either the same namespace or a
-/// selector that might match the other's namespace (a selector's matches are only known at run time).
-fn may_overlap(a: &Destination<'_>, b: &Destination<'_>) -> bool {
-    a.kind == b.kind
-        && a.name == b.name
-        && a.key == b.key
-        && match (a.namespace, b.namespace) {
-            (Some(x), Some(y)) => x == y,
-            _ => true,
-        }
-}
-
-/// The validated source and the object key it reads (when it reads one).
-fn source_from_raw<'a>(
-    source: &'a RawSource,
-    path: &str,
-    errors: &mut Vec<FieldError>,
-) -> Option<(Source, Option<Destination<'a>>)> {
-    let set: Vec<&str> = [
-        source.secret.as_ref().map(|_| "secret"),
-        source.config_map.as_ref().map(|_| "configMap"),
-        source.inline.as_ref().map(|_| "inline"),
-        source.file.as_ref().map(|_| "file"),
-        source.public_roots.map(|_| "publicRoots"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if set.len() != 1 {
-        let reason = if set.is_empty() {
-            "must set one of secret, configMap, inline, file, publicRoots".to_owned()
-        } else {
-            format!("must set exactly one of secret, configMap, inline, file, publicRoots; has {}", set.join(", "))
-        };
-        errors.push(FieldError::new(path, reason));
-        return None;
-    }
-    let key_ref = |key_ref: &'a KeyRef, kind: TargetKind, errors: &mut Vec<FieldError>| {
-        let path = format!("{path}.{}", kind.field());
-        let before = errors.len();
-        check(errors, format!("{path}.namespace"), names::check_dns_label(&key_ref.namespace));
-        check(errors, format!("{path}.name"), names::check_dns_subdomain(&key_ref.name));
-        check(errors, format!("{path}.key"), names::check_data_key(&key_ref.key));
-        if key_ref.key.ends_with(".key") {
-            errors.push(FieldError::new(
-                format!("{path}.key"),
-                "names a private key (like tls.key); ca-syncer copies certificates only, use tls.crt or ca.crt",
-            ));
-        }
-        let destination =
-            Destination { kind, namespace: Some(&key_ref.namespace), name: &key_ref.name, key: &key_ref.key };
-        (errors.len() == before).then_some(destination)
-    };
-    if let Some(r) = &source.secret {
-        let destination = key_ref(r, TargetKind::Secret, errors)?;
-        return Some((Source::Secret(r.clone()), Some(destination)));
-    }
-    if let Some(r) = &source.config_map {
-        let destination = key_ref(r, TargetKind::ConfigMap, errors)?;
-        return Some((Source::ConfigMap(r.clone()), Some(destination)));
-    }
-    if let Some(text) = &source.inline {
-        // The same strict parser as at run time: a key pasted into the configuration fails at start. The
-        // error names the block, never its content.
-        return match certs::parse_certificates(text.as_bytes(), EmptyPolicy::Reject) {
-            Ok(certs) => Some((Source::Inline(certs), None)),
-            Err(err) => {
-                errors.push(FieldError::new(format!("{path}.inline"), err.to_string()));
-                None
-            }
-        };
-    }
-    if let Some(file) = &source.file {
-        if !file.is_absolute() {
-            errors.push(FieldError::new(format!("{path}.file"), "must be an absolute path"));
-            return None;
-        }
-        return Some((Source::File(file.clone()), None));
-    }
-    Some((Source::PublicRoots, None))
-}
-
-/// The validated target and the object key it writes.
-fn target_from_raw<'a>(
-    target: &'a RawTarget,
-    path: &str,
-    errors: &mut Vec<FieldError>,
-) -> Option<(Target, Destination<'a>)> {
-    let (kind, object) = match (&target.secret, &target.config_map) {
-        (Some(object), None) => (TargetKind::Secret, object),
-        (None, Some(object)) => (TargetKind::ConfigMap, object),
-        (Some(_), Some(_)) => {
-            errors.push(FieldError::new(path, "must set exactly one of secret, configMap; has both"));
-            return None;
-        }
-        (None, None) => {
-            errors.push(FieldError::new(path, "must set one of secret, configMap"));
-            return None;
-        }
-    };
-    let path = format!("{path}.{}", kind.field());
-    check(errors, format!("{path}.name"), names::check_dns_subdomain(&object.name));
-    check(errors, format!("{path}.key"), names::check_data_key(&object.key));
-    let (placement, namespace) = match (&object.namespace, &object.namespace_selector) {
-        (Some(namespace), None) => {
-            check(errors, format!("{path}.namespace"), names::check_dns_label(namespace));
-            (Placement::Namespace(namespace.clone()), Some(namespace.as_str()))
-        }
-        (None, Some(selector)) => {
-            validate_selector(selector, &format!("{path}.namespaceSelector"), errors);
-            (Placement::Selector(selector.match_labels.clone()), None)
-        }
-        (namespace, _) => {
-            let has = if namespace.is_some() { "; has both" } else { "" };
-            errors.push(FieldError::new(path, format!("must set exactly one of namespace, namespaceSelector{has}")));
-            return None;
-        }
-    };
-    let destination = Destination { kind, namespace, name: &object.name, key: &object.key };
-    let target = Target { kind, name: object.name.clone(), key: object.key.clone(), placement, adopt: target.adopt };
-    // Returned even when a name or key is malformed, so conflicts with it are reported too; the bundle is
-    // refused because of the errors recorded.
-    Some((target, destination))
-}
-
-fn validate_selector(selector: &NamespaceSelector, path: &str, errors: &mut Vec<FieldError>) {
-    if selector.match_labels.is_empty() {
-        errors.push(FieldError::new(
-            format!("{path}.matchLabels"),
-            "must name at least one label; an empty selector would select every namespace, kube-system included",
-        ));
-    }
-    for (key, value) in &selector.match_labels {
-        check(
-            errors,
-            format!("{path}.matchLabels[{key:?}]"),
-            names::check_label_key(key).map_err(|r| format!("key {r}")),
-        );
-        check(
-            errors,
-            format!("{path}.matchLabels[{key:?}]"),
-            names::check_label_value(value).map_err(|r| format!("value {r}")),
-        );
-    }
-}
-
-fn live_check_from_raw(live: &RawLiveCheck, path: &str, errors: &mut Vec<FieldError>) -> Option<LiveCheck> {
-    let url_error = |errors: &mut Vec<FieldError>, reason: &str| {
-        errors.push(FieldError::new(format!("{path}.url"), reason));
-        None::<(String, String)>
-    };
-    let parsed = match live.url.parse::<http::Uri>() {
-        Err(_) => url_error(errors, "is not a URL"),
-        Ok(uri) if uri.scheme_str() != Some("https") => url_error(errors, "must be an https:// URL"),
-        Ok(uri) => match uri.authority() {
-            Some(authority) if authority.as_str().contains('@') => url_error(errors, "must not carry credentials"),
-            Some(authority) if !authority.host().is_empty() => {
-                let host = authority.host();
-                // IPv6 literals come bracketed from the URI; the socket address wants them bracketed too.
-                let address = format!("{host}:{}", authority.port_u16().unwrap_or(443));
-                Some((address, host.trim_matches(['[', ']']).to_string()))
-            }
-            _ => url_error(errors, "must name a host"),
-        },
-    };
-    let name = match &live.server_name {
-        Some(name) => match names::check_server_name(name) {
-            Ok(()) => Some(name.clone()),
-            Err(reason) => {
-                errors.push(FieldError::new(format!("{path}.serverName"), reason));
-                None
-            }
-        },
-        None => parsed.as_ref().map(|(_, host)| host.clone()),
-    };
-    let (address, _) = parsed?;
-    let name = name?;
-    match ServerName::try_from(name) {
-        Ok(server_name) => Some(LiveCheck { url: live.url.clone(), address, server_name }),
-        Err(_) => {
-            errors.push(FieldError::new(format!("{path}.serverName"), "must be a DNS hostname or an IP address"));
-            None
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
     use kcp_keeper_runtime::config::ConfigError;
+    use rustls::pki_types::ServerName;
 
     use super::*;
 

@@ -1,19 +1,29 @@
 //! ca-syncer: CA certificates into the Secrets and ConfigMaps consumers mount and hot-reload.
 //!
-//! Pure domain logic (no Kubernetes client, no I/O): [`certs`] (strict parsing), [`bundle`] (byte-stable
-//! bundles), [`rotation`] (keeping rotated-out CAs), [`config`], [`rbac`] (the Roles a configuration needs).
-//! The edges: [`scope`] (watches and stores built from the configuration), [`sources`], [`state`] (each
-//! bundle's rotation record, in the agent's own namespace), [`live_check`],
-//! [`controller`] (the reconciler the runtime's driver runs) and [`sidecar`] (`ca-syncer watch`).
+//! Where the code is (the same roles in every agent):
+//! - [`config`]: the file as written and the validated [`config::Config`] (`config/sources.rs`,
+//!   `config/targets.rs`, `config/live_check.rs`: one part per thing it configures);
+//! - [`error`]: [`error::SyncError`], why a bundle's reconcile failed (the `reason` label);
+//! - [`scope`]: the [`scope::Plan`] of what the configuration names, the watches and stores built from it,
+//!   and [`scope::rbac`], the Roles rendered from the same plan;
+//! - [`reconcile`]: the daemon: one reconcile per bundle under the runtime's driver;
+//! - [`metrics`]: the `ca_syncer_*` series and the bookkeeping that removes stale ones;
+//! - [`cli`]: the one-shots, `render` and `watch`.
+//!
+//! The domain, pure (no Kubernetes client, no I/O): [`certs`] (strict parsing), [`bundle`] (byte-stable
+//! bundles), [`rotation`] (keeping rotated-out CAs). The edges: [`sources`] (reading them), [`state`] (each
+//! bundle's rotation record, in the agent's own namespace), [`live_check`], and [`sidecar`]
+//! (`ca-syncer watch`).
 #![forbid(unsafe_code)]
 
 pub mod bundle;
 pub mod certs;
+pub mod cli;
 pub mod config;
-pub mod controller;
+pub mod error;
 pub mod live_check;
 pub mod metrics;
-pub mod rbac;
+pub mod reconcile;
 pub mod rotation;
 pub mod scope;
 pub mod sidecar;
@@ -22,3 +32,55 @@ pub mod state;
 
 #[cfg(test)]
 mod testcerts;
+
+use std::process::ExitCode;
+
+use clap::FromArgMatches as _;
+use kcp_keeper_runtime::agent::{Agent, Daemon, Driven};
+use kcp_keeper_runtime::args::RunArgs;
+use kcp_keeper_runtime::rbac::{Rbac, Subjects, needs_config};
+use prometheus_client::registry::Registry;
+
+/// The agent.
+pub struct CaSyncer;
+
+impl Agent for CaSyncer {
+    const NAME: &'static str = "ca-syncer";
+    const METRICS_PREFIX: &'static str = "ca_syncer";
+    const ABOUT: &'static str = "CA bundles into hot-reloaded Secrets";
+    type Config = config::Config;
+    type Error = error::SyncError;
+    type Form = Driven;
+    type Metrics = metrics::Metrics;
+    type Command = cli::Command;
+    type RunFlags = reconcile::RunFlags;
+
+    fn metrics(registry: &mut Registry) -> metrics::Metrics {
+        metrics::Metrics::register(registry)
+    }
+
+    /// Secrets only by name: without `--config` there is nothing to name.
+    fn rbac(config: Option<&config::Config>, who: &Subjects) -> anyhow::Result<Rbac> {
+        Ok(scope::rbac::render(needs_config(config)?, who))
+    }
+
+    async fn daemon(daemon: Daemon<Self>) -> anyhow::Result<()> {
+        let Daemon { ctx, metrics, form, flags } = daemon;
+        reconcile::daemon(ctx, metrics, form, flags, own()?).await
+    }
+
+    async fn oneshot(command: cli::Command) -> anyhow::Result<ExitCode> {
+        cli::run(command).await
+    }
+}
+
+/// The agent's namespace and Lease name as `run` was given them. A stopgap: the runtime's `Context` carries
+/// them only inside `lease_record`, which is `None` without leader election, yet the rotation records live in
+/// that namespace either way. So `run`'s arguments are parsed again, by the same command line (same flags,
+/// environment and defaults).
+fn own() -> anyhow::Result<reconcile::Own> {
+    let matches = kcp_keeper_runtime::cli::command::<CaSyncer>().try_get_matches_from(std::env::args_os())?;
+    let run = matches.subcommand_matches("run").ok_or_else(|| anyhow::anyhow!("the daemon runs only under `run`"))?;
+    let lease = RunArgs::from_arg_matches(run)?.runtime.lease;
+    Ok(reconcile::Own { lease_name: lease.lease_name(CaSyncer::NAME), namespace: lease.lease_namespace })
+}

@@ -1,13 +1,23 @@
-//! ca-syncer's metrics, prefix `ca_syncer_`. Label sets are bounded by the configuration: bundles, their
-//! certificates and their targets.
+//! ca-syncer's metrics, prefix `ca_syncer_`, and the bookkeeping that keeps their series true. Label sets are
+//! bounded by the configuration: bundles, their certificates and their targets. The reconcile metrics
+//! (`reconcile_duration_seconds`, `reconcile_errors_total{reason}` from [`crate::error::SyncError`]) are the
+//! runtime's.
+//!
+//! Series follow what the targets hold: a bundle remembers the certificate and target series it set in its last
+//! pass ([`Published`]), so those that no longer apply (a target gone from the configuration, a certificate
+//! dropped) are removed rather than left stale, and a failing bundle reads 0 rather than vanishing.
 
-use kcp_keeper_runtime::driver::ReconcileMetrics;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
 use kcp_keeper_runtime::metrics::GaugeF64;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
+
+use crate::certs::Certificate;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BundleLabel {
@@ -36,10 +46,26 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// Why a target was not attempted this cycle; `ca_syncer_skipped_targets{reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    /// Its namespace is being deleted: new objects are refused there.
+    Terminating,
+}
+
+impl SkipReason {
+    /// Every reason, so each series exists (at 0) before anything is skipped.
+    const ALL: [SkipReason; 1] = [SkipReason::Terminating];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Terminating => "terminating",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    /// `reconcile_duration_seconds`, `reconcile_errors_total{reason}` (reasons: [`crate::controller::SyncError`]).
-    pub reconcile: ReconcileMetrics,
     pub certificates: Family<BundleLabel, Gauge>,
     pub not_after: Family<CertLabels, GaugeF64>,
     pub target_in_sync: Family<TargetLabels, Gauge>,
@@ -49,12 +75,28 @@ pub struct Metrics {
     pub last_sync: Family<BundleLabel, GaugeF64>,
     /// Targets not attempted this cycle, by reason (`terminating`); every reason present from the first cycle.
     pub skipped_targets: Family<ReasonLabels, Gauge>,
+    /// Per bundle, the series its last pass set. One map for the process: it outlives a configuration reload,
+    /// so a bundle's series are still cleaned up after one.
+    published: Arc<Mutex<BTreeMap<String, Published>>>,
+}
+
+/// The series one pass of a bundle set.
+#[derive(Default, Debug)]
+pub struct Published {
+    certs: BTreeSet<CertLabels>,
+    targets: BTreeSet<TargetLabels>,
+}
+
+impl Published {
+    /// The target's `target_in_sync` series is this pass's (whatever value it gets).
+    pub fn target(&mut self, labels: &TargetLabels) {
+        self.targets.insert(labels.clone());
+    }
 }
 
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
-            reconcile: ReconcileMetrics::register::<crate::controller::SyncError>(registry),
             certificates: Family::default(),
             not_after: Family::default(),
             target_in_sync: Family::default(),
@@ -63,6 +105,7 @@ impl Metrics {
             writes: Family::default(),
             last_sync: Family::default(),
             skipped_targets: Family::default(),
+            published: Arc::default(),
         };
         registry.register(
             "bundle_certificates",
@@ -103,5 +146,77 @@ impl Metrics {
             m.skipped_targets.clone(),
         );
         m
+    }
+
+    fn published(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Published>> {
+        self.published.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A bundle that cannot be published leaves every target out of sync: each reads 0 (the certificates it
+    /// still holds keep their notAfter series).
+    pub fn out_of_sync(&self, bundle: &str, targets: impl IntoIterator<Item = TargetLabels>) {
+        let mut published = self.published();
+        let entry = published.entry(bundle.to_string()).or_default();
+        for labels in targets {
+            self.target_in_sync.get_or_create(&labels).set(0);
+            entry.targets.insert(labels);
+        }
+    }
+
+    /// Sets `skipped_targets{bundle,reason}` (every reason, 0 when none) and drops the in-sync series of the
+    /// skipped targets: a target in a namespace being deleted is neither in sync nor out of it.
+    pub fn record_skipped(&self, bundle: &str, skipped: &[(TargetLabels, SkipReason)]) {
+        for reason in SkipReason::ALL {
+            let count = skipped.iter().filter(|(_, r)| *r == reason).count();
+            let labels = ReasonLabels { bundle: bundle.to_string(), reason: reason.as_str().into() };
+            self.skipped_targets.get_or_create(&labels).set(count as i64);
+        }
+        let mut published = self.published();
+        for (labels, _) in skipped {
+            self.target_in_sync.remove(labels);
+            if let Some(entry) = published.get_mut(bundle) {
+                entry.targets.remove(labels);
+            }
+        }
+    }
+
+    /// A target found skipped in the middle of this pass (its namespace refused the create): counted now, not
+    /// only from the next cycle on (which may be a resyncInterval away), and without an in-sync series.
+    pub fn skipped_now(&self, bundle: &str, labels: &TargetLabels, reason: SkipReason, now: &mut Published) {
+        let reason = reason.as_str().into();
+        self.skipped_targets.get_or_create(&ReasonLabels { bundle: bundle.to_string(), reason }).inc();
+        self.target_in_sync.remove(labels);
+        now.targets.remove(labels);
+    }
+
+    /// The notAfter series of each certificate a target now holds.
+    pub fn holds(&self, bundle: &str, certificates: &[Certificate], now: &mut Published) {
+        for cert in certificates {
+            let labels = CertLabels {
+                bundle: bundle.to_string(),
+                subject: cert.subject().to_string(),
+                sha256: cert.fingerprint().to_string()[..16].to_string(),
+            };
+            self.not_after.get_or_create(&labels).set(cert.not_after().unix_timestamp() as f64);
+            now.certs.insert(labels);
+        }
+    }
+
+    /// Removes the series this bundle set last time and not this time. After a failed write the certificates
+    /// published before may still be in that target, so none of their series is removed then.
+    pub fn forget_stale(&self, bundle: &str, mut now: Published, some_failed: bool) {
+        let mut published = self.published();
+        if let Some(before) = published.get(bundle) {
+            if some_failed {
+                now.certs.extend(before.certs.iter().cloned());
+            }
+            for gone in before.certs.difference(&now.certs) {
+                self.not_after.remove(gone);
+            }
+            for gone in before.targets.difference(&now.targets) {
+                self.target_in_sync.remove(gone);
+            }
+        }
+        published.insert(bundle.to_string(), now);
     }
 }

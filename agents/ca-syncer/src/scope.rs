@@ -8,7 +8,9 @@
 //!   selector; a ClusterRole with `resourceNames` allows exactly that, as trust-manager does), and a watch of
 //!   Namespaces by the selector's labels. Namespaces are watched only when a selector is configured.
 //!
-//! [`crate::rbac`] renders the Roles these watches (and the writes) need, from the same configuration.
+//! [`rbac`] renders the Roles these watches (and the writes) need, from the same [`Plan`].
+
+pub mod rbac;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 
 use crate::certs::{Certificate, EmptyPolicy, MAX_SOURCE_BYTES, SourceError, parse_certificates};
-use crate::config::{KeyRef, Source};
+use crate::config::{Bundle, KeyRef, Source};
 use crate::scope::Scope;
 
 /// Why a source could not be used. Never carries the source's content.
@@ -95,6 +95,17 @@ pub async fn read(reader: &Reader<'_>, source: &Source, empty: EmptyPolicy) -> R
         Source::PublicRoots => return Ok(public_roots()),
     };
     Ok(parse_certificates(&bytes, empty)?)
+}
+
+/// Reads every source of a bundle, as its `emptyMeansPublicRoots` allows; the first failure (with its index)
+/// stops it.
+pub async fn read_bundle(reader: &Reader<'_>, bundle: &Bundle) -> Result<Vec<Certificate>, (usize, SourceFailure)> {
+    let empty = if bundle.empty_means_public_roots { EmptyPolicy::Allow } else { EmptyPolicy::Reject };
+    let mut certs = Vec::new();
+    for (i, source) in bundle.sources.iter().enumerate() {
+        certs.extend(read(reader, source, empty).await.map_err(|e| (i, e))?);
+    }
+    Ok(certs)
 }
 
 async fn get<K>(client: Option<&kube::Client>, kind: &'static str, r: &KeyRef) -> Result<Option<K>, SourceFailure>

@@ -7,15 +7,12 @@
 
 mod common;
 
-use std::path::Path;
-
 use anyhow::{Context, Result};
 use common::*;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use kube::api::{Api, PostParams};
 use testbed::ControlPlane;
-use testbed::agent_process::AgentProcess;
 use testbed::certs::Ca;
 
 const ACCOUNT: &str = "kcp-keeper-ca-syncer";
@@ -55,15 +52,8 @@ async fn installed_by_the_chart_it_syncs_with_the_chart_roles_and_its_token_read
     let config = write_config(&bed, &rendered.data.context("ConfigMap data")?["config.yaml"])?;
     let (kubeconfig, user) = chart_account_kubeconfig(&bed, &release_ns).await?;
 
-    let mut agent = AgentProcess::start_as(
-        &bed,
-        &kubeconfig,
-        Path::new(BINARY),
-        &config,
-        &release_ns,
-        "kcp-keeper-ca-syncer-0",
-        &[],
-    )?;
+    let mut agent =
+        agent(&bed, &config, &release_ns).identity("kcp-keeper-ca-syncer-0").kubeconfig(&kubeconfig).spawn()?;
     agent.wait_ready(WAIT).await?;
     let bundle = key(&bed.client(), &dst, "kcp-ca", "ca.crt").await.expect("the target is written");
     assert_eq!(bundle.matches("BEGIN CERTIFICATE").count(), 1);

@@ -578,7 +578,7 @@ async fn a_target_in_a_terminating_namespace_is_skipped_counted_and_not_retried_
 
 #[tokio::test]
 async fn a_write_over_an_object_changed_since_it_was_read_is_refused_not_taken_over() -> Result<()> {
-    use ca_syncer::controller::write_checked;
+    use ca_syncer::reconcile::write_checked;
     use kcp_keeper_runtime::apply::{ApplyError, Ownership};
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
@@ -662,7 +662,7 @@ async fn empty_means_public_roots_writes_the_empty_key_only_where_the_public_roo
     let config = format!("bundles:\n{}{}", bundle("verified", trusted.url()), bundle("unverified", untrusted.url()));
     let path = write_config(&bed, &config)?;
     let env = [("CA_SYNCER_PUBLIC_ROOTS_FILE", roots.to_str().expect("utf-8 path"))];
-    let _agent = testbed::agent_process::AgentProcess::start(&bed, Path::new(BINARY), &path, &ns, "ca-syncer-0", &env)?;
+    let _agent = agent(&bed, &path, &ns).envs(&env).spawn()?;
     let client = bed.client();
     let written = eventually(WAIT, "the verified bundle's empty key", || async {
         Api::<Secret>::namespaced(client.clone(), &ns).get_opt("verified").await.ok().flatten()

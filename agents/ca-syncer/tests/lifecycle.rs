@@ -110,8 +110,7 @@ async fn a_key_or_token_under_a_field_of_the_wrong_type_is_refused_on_reload_wit
     let good = ready_config(dir.path())?;
     let config =
         write_config(&bed, &std::fs::read_to_string(good)?.replace("namespace: default", &format!("namespace: {ns}")))?;
-    let mut agent =
-        testbed::agent_process::AgentProcess::start(&bed, Path::new(BINARY), &config, &ns, "ca-syncer-0", &[])?;
+    let mut agent = agent(&bed, &config, &ns).spawn()?;
     agent.wait_ready(WAIT).await?;
     for (round, (text, expected)) in pasted_configs().into_iter().enumerate() {
         // Swapped in whole, as kubelet does, so no half-written file is ever read.

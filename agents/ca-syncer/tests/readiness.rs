@@ -34,7 +34,7 @@ async fn a_replica_that_cannot_reach_the_apiserver_is_not_ready_until_it_answers
     // Without leader election: a leader that cannot renew exits, which is proven elsewhere; here the process
     // must stay up and say it is not ready.
     let env = [("KCP_KEEPER_LEADER_ELECTION", "false")];
-    let mut agent = AgentProcess::start(&bed, std::path::Path::new(BINARY), &path, &ns, "ca-syncer-0", &env)?;
+    let mut agent = agent(&bed, &path, &ns).envs(&env).spawn()?;
     agent.wait_ready(WAIT).await?;
 
     bed.apiserver.process.kill();

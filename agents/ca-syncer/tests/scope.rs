@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testbed::ControlPlane;
-use testbed::agent_process::{AgentProcess, run_to_completion};
+use testbed::agent_process::run_to_completion;
 use testbed::certs::Ca;
 
 /// A status code from a client call: 200 for success, the apiserver's code for its refusals.
@@ -89,8 +89,7 @@ async fn with_only_its_rendered_roles_it_does_its_whole_job_and_its_token_reads_
     let s = setup().await?;
     let selected = s.bed.namespace().await?;
     label(&s.bed.client(), &selected, &s.agent_ns).await?;
-    let mut agent =
-        AgentProcess::start_as(&s.bed, &s.kubeconfig, Path::new(BINARY), &s.config, &s.agent_ns, "ca-syncer-0", &[])?;
+    let mut agent = agent(&s.bed, &s.config, &s.agent_ns).kubeconfig(&s.kubeconfig).spawn()?;
     agent.wait_ready(WAIT).await?;
 
     // The whole job: the named target and the selected namespace's ConfigMap, created from nothing.
@@ -149,8 +148,7 @@ async fn with_only_its_rendered_roles_it_does_its_whole_job_and_its_token_reads_
 #[tokio::test]
 async fn an_idle_agent_keeps_reconciling_and_writes_nothing_but_its_lease() -> Result<()> {
     let s = setup().await?;
-    let agent =
-        AgentProcess::start_as(&s.bed, &s.kubeconfig, Path::new(BINARY), &s.config, &s.agent_ns, "ca-syncer-0", &[])?;
+    let agent = agent(&s.bed, &s.config, &s.agent_ns).kubeconfig(&s.kubeconfig).spawn()?;
     let series = "ca_syncer_last_sync_timestamp_seconds{bundle=\"kcp\"}";
     let first = wait_for_metric(&agent, series, "a first sync", |v| v > 0.0).await;
     let writes = |requests: &[testbed::audit::Request]| -> Vec<testbed::audit::Request> {
@@ -179,10 +177,9 @@ async fn an_idle_agent_keeps_reconciling_and_writes_nothing_but_its_lease() -> R
 async fn a_follower_is_ready_once_its_caches_sync_and_never_writes() -> Result<()> {
     let s = setup().await?;
     // The leader runs as the admin, so every request of the ServiceAccount is the follower's.
-    let mut leader = AgentProcess::start(&s.bed, Path::new(BINARY), &s.config, &s.agent_ns, "leader", &[])?;
+    let mut leader = agent(&s.bed, &s.config, &s.agent_ns).identity("leader").spawn()?;
     leader.wait_ready(WAIT).await?;
-    let mut follower =
-        AgentProcess::start_as(&s.bed, &s.kubeconfig, Path::new(BINARY), &s.config, &s.agent_ns, "follower", &[])?;
+    let mut follower = agent(&s.bed, &s.config, &s.agent_ns).identity("follower").kubeconfig(&s.kubeconfig).spawn()?;
     follower.wait_ready(WAIT).await?;
     assert_eq!(metric(&metrics(&follower).await, "ca_syncer_leader")?, 0.0, "the follower does not lead");
     assert_eq!(metric(&metrics(&leader).await, "ca_syncer_leader")?, 1.0);
@@ -210,10 +207,9 @@ async fn a_replica_whose_watch_cannot_list_is_not_ready_until_its_initial_list_a
     let s = setup().await?;
     // Take away the source namespace's Role: the watch of the source cannot list.
     let roles = Api::<Role>::namespaced(s.bed.client(), &s.src);
-    let taken = roles.get(ca_syncer::rbac::ROLE_NAME).await?;
-    roles.delete(ca_syncer::rbac::ROLE_NAME, &DeleteParams::default()).await?;
-    let agent =
-        AgentProcess::start_as(&s.bed, &s.kubeconfig, Path::new(BINARY), &s.config, &s.agent_ns, "ca-syncer-0", &[])?;
+    let taken = roles.get(ca_syncer::scope::rbac::ROLE_NAME).await?;
+    roles.delete(ca_syncer::scope::rbac::ROLE_NAME, &DeleteParams::default()).await?;
+    let agent = agent(&s.bed, &s.config, &s.agent_ns).kubeconfig(&s.kubeconfig).spawn()?;
     let readyz = || async {
         testbed::http::get(&format!("{}/readyz", agent.admin_url)).await.ok().map(|(code, _, body)| (code, body))
     };

@@ -1,7 +1,6 @@
 //! Helpers shared by the ca-syncer binary tests.
 #![allow(dead_code)]
 
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -9,7 +8,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta};
 use testbed::ControlPlane;
-use testbed::agent_process::AgentProcess;
+use testbed::agent_process::{AgentProcess, AgentUnderTest};
 
 pub const BINARY: &str = env!("CARGO_BIN_EXE_ca-syncer");
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -22,10 +21,15 @@ pub fn write_config(bed: &ControlPlane, config: &str) -> Result<std::path::PathB
     Ok(path)
 }
 
-/// Starts ca-syncer with `config` as the admin, its Lease in `lease_ns`.
+/// ca-syncer with the configuration file at `path`, its Lease in `lease_ns`, as replica `ca-syncer-0`: the
+/// test bed's one builder, for the tests to add to (a token, environment) before they spawn it.
+pub fn agent<'a>(bed: &'a ControlPlane, path: &std::path::Path, lease_ns: &str) -> AgentUnderTest<'a> {
+    AgentUnderTest::new(bed, BINARY, path).namespace(lease_ns).identity("ca-syncer-0")
+}
+
+/// Starts ca-syncer with `config` as the admin, its Lease in `lease_ns` (not waiting for it to be ready).
 pub fn start_agent(bed: &ControlPlane, lease_ns: &str, config: &str) -> Result<AgentProcess> {
-    let path = write_config(bed, config)?;
-    AgentProcess::start(bed, Path::new(BINARY), &path, lease_ns, "ca-syncer-0", &[])
+    agent(bed, &write_config(bed, config)?, lease_ns).spawn()
 }
 
 /// Secret `source` (key `ca.crt`) holding `pem` in `ns`, and ca-syncer running, ready, with its Lease in

@@ -1,11 +1,11 @@
-//! The agent: one reconcile per bundle, driven by the runtime's driver over watches scoped by the
+//! The daemon's work: one reconcile per bundle, driven by the runtime's driver over watches scoped by the
 //! configuration ([`crate::scope`]). A reconcile reads the bundle's sources from the stores, checks them,
 //! builds the bundle per target (keeping rotated-out CAs until they expire), verifies it against the live
-//! endpoint, and writes only what changed.
+//! endpoint, and writes only what changed. The series it sets are kept true by [`crate::metrics`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,10 +13,9 @@ use anyhow::Context as _;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kcp_keeper_runtime::agent::{self, AgentInfo, Context};
+use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::{self, ApplyError, Outcome, Ownership};
-use kcp_keeper_runtime::args::{KubeArgs, RunArgs};
-use kcp_keeper_runtime::driver::{self, ErrorReason, Reconciler, Settings};
+use kcp_keeper_runtime::driver::{self, ErrorReason, ReconcileMetrics, Reconciler, Settings};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
 use kcp_keeper_runtime::metrics::unix_now;
 use kube::api::Api;
@@ -25,41 +24,41 @@ use time::OffsetDateTime;
 
 use crate::bundle::{Bundle as Built, BundleOptions};
 use crate::certs::{Certificate, EmptyPolicy, Fingerprint, parse_certificates};
-use crate::config::{Bundle, Config, Placement, TargetKind};
-use crate::live_check::LiveCheckError;
-use crate::metrics::{BundleLabel, CertLabels, Metrics, ReasonLabels, TargetLabels};
+use crate::config::{Bundle, Config, LiveCheck, Placement, TargetKind};
+use crate::error::SyncError;
+use crate::live_check::{self, LiveCheckError};
+use crate::metrics::{BundleLabel, Metrics, Published, ReasonLabels, SkipReason, TargetLabels};
 use crate::rotation::{self, DropReason, RetentionPlan, RotationState, STATE_ANNOTATION, plan_retention};
 use crate::scope::Scope;
 use crate::sources::{self, Reader, SourceFailure};
 use crate::state::StateStore;
-use crate::{live_check, rbac};
 
-pub const INFO: AgentInfo = AgentInfo { name: "ca-syncer", metrics_prefix: "ca_syncer" };
-
-/// Why a bundle's reconcile failed; `ca_syncer_reconcile_errors_total{reason}` is the variant's name.
-#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
-#[strum(serialize_all = "snake_case")]
-pub enum SyncError {
-    /// A source is missing or was rejected: nothing is written, targets keep their last good bundle.
-    #[error("sources[{index}] not used: {failure}")]
-    SourceUnusable { index: usize, failure: SourceFailure },
-    #[error("live check failed: {0}")]
-    LiveCheckFailed(LiveCheckError),
-    #[error("{failed} of {total} targets not written; first: {first}")]
-    TargetNotOwned { failed: usize, total: usize, first: ApplyError },
-    #[error("{failed} of {total} targets not written; first: {first}")]
-    TargetWriteFailed { failed: usize, total: usize, first: ApplyError },
-    #[error("rotation state too large to record; not written")]
-    RotationStateTooLarge,
-    /// The bundle's rotation record could not be read or written: nothing is written for the bundle.
-    #[error("rotation record: {0}")]
-    StateUnavailable(crate::state::StateError),
+/// `ca-syncer run`'s own flag.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RunFlags {
+    /// For tests only: the roots "empty means public roots" is verified with, instead of the compiled-in
+    /// public roots (a loopback test bed has no publicly trusted endpoint).
+    #[arg(long, env = "CA_SYNCER_PUBLIC_ROOTS_FILE", hide = true)]
+    pub public_roots_file: Option<PathBuf>,
 }
 
-/// `ca-syncer run`. `public_roots_file` replaces the compiled-in public roots for the empty-means-public
-/// check (tests only).
-pub async fn run(args: RunArgs, public_roots_file: Option<std::path::PathBuf>) -> anyhow::Result<()> {
-    let public_roots = match public_roots_file {
+/// The agent's own namespace and Lease (from `run`'s arguments): the namespace holds the bundles' rotation
+/// records, the Lease gets the Events about sources that have no object of their own.
+pub struct Own {
+    pub namespace: String,
+    pub lease_name: String,
+}
+
+/// `ca-syncer run`: the driver over one [`Syncer`] per configuration. `flags.public_roots_file` replaces the
+/// compiled-in public roots for the empty-means-public check (tests only).
+pub async fn daemon(
+    ctx: Context<Config>,
+    metrics: Metrics,
+    reconcile: ReconcileMetrics,
+    flags: RunFlags,
+    own: Own,
+) -> anyhow::Result<()> {
+    let public_roots = match flags.public_roots_file {
         None => sources::public_roots(),
         Some(path) => {
             let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -67,88 +66,30 @@ pub async fn run(args: RunArgs, public_roots_file: Option<std::path::PathBuf>) -
         }
     };
     let public_roots = Arc::new(public_roots);
-    // The agent's own namespace (its Lease's) holds the bundles' rotation records.
-    let namespace = args.runtime.lease.lease_namespace.clone();
-    let lease_name = args.runtime.lease.lease_name.clone().unwrap_or_else(|| format!("kcp-keeper-{}", INFO.name));
-    agent::run(INFO, args, Metrics::register, |ctx: Context<Config>, metrics: Metrics| async move {
-        // The configured resyncInterval comes back as each reconcile's requeue time, so a reloaded value
-        // applies at once; the driver's own resync is only a backstop.
-        let settings = Settings { resync: Duration::from_secs(3600), ..Settings::default() };
-        let reconcile = metrics.reconcile.clone();
-        let (client, events) = (ctx.client.clone(), ctx.events.clone());
-        let published = Arc::new(Mutex::new(BTreeMap::new()));
-        let terminating = Terminating::default();
-        let state = StateStore::new(client.clone(), &namespace);
-        let own_object = reference("coordination.k8s.io/v1", "Lease", &namespace, &lease_name, None);
-        driver::run(&ctx, &reconcile, settings, |config: Arc<Config>| {
-            let (scope, watches) = Scope::build(&client, &config);
-            let syncer = Syncer {
-                client: client.clone(),
-                events: events.clone(),
-                metrics: metrics.clone(),
-                config,
-                scope,
-                published: published.clone(),
-                terminating: terminating.clone(),
-                state: state.clone(),
-                own_object: own_object.clone(),
-                public_roots: public_roots.clone(),
-            };
-            (syncer, watches)
-        })
-        .await;
-        Ok(())
+    // The configured resyncInterval comes back as each reconcile's requeue time, so a reloaded value
+    // applies at once; the driver's own resync is only a backstop.
+    let settings = Settings { resync: Duration::from_secs(3600), ..Settings::default() };
+    let (client, events) = (ctx.client.clone(), ctx.events.clone());
+    let terminating = Terminating::default();
+    let state = StateStore::new(client.clone(), &own.namespace);
+    let own_object = reference("coordination.k8s.io/v1", "Lease", &own.namespace, &own.lease_name, None);
+    driver::run(&ctx, &reconcile, settings, |config: Arc<Config>| {
+        let (scope, watches) = Scope::build(&client, &config);
+        let syncer = Syncer {
+            client: client.clone(),
+            events: events.clone(),
+            metrics: metrics.clone(),
+            config,
+            scope,
+            terminating: terminating.clone(),
+            state: state.clone(),
+            own_object: own_object.clone(),
+            public_roots: public_roots.clone(),
+        };
+        (syncer, watches)
     })
-    .await
-}
-
-/// `ca-syncer render`: each bundle as it would be written now (sources only; retention needs the live target).
-pub async fn render(config_path: &Path, kube: &KubeArgs) -> anyhow::Result<()> {
-    let config: Config = kcp_keeper_runtime::config::load(config_path)?;
-    let needs_client = config
-        .bundles
-        .iter()
-        .flat_map(|b| &b.sources)
-        .any(|s| matches!(s, crate::config::Source::Secret(_) | crate::config::Source::ConfigMap(_)));
-    let client = if needs_client { Some(kube.client().await?) } else { None };
-    let reader = Reader::Client(client.as_ref());
-    let now = OffsetDateTime::now_utc();
-    let mut failed = false;
-    for bundle in &config.bundles {
-        match read_sources(&reader, bundle).await {
-            Ok(certs) => {
-                let built = Built::build(certs, &BundleOptions { drop_expired: bundle.drop_expired, now });
-                println!("# bundle {}: {} certificates", bundle.name, built.len());
-                for summary in built.summaries() {
-                    println!("#   {summary}");
-                }
-                print!("{}", built.render());
-            }
-            Err((i, e)) => {
-                println!("# bundle {}: not rendered: sources[{i}]: {e}", bundle.name);
-                failed = true;
-            }
-        }
-    }
-    anyhow::ensure!(!failed, "some bundles could not be rendered");
+    .await;
     Ok(())
-}
-
-/// `ca-syncer rbac`: the Roles the configuration needs, as YAML.
-pub fn print_rbac(config_path: &Path, who: &rbac::Subjects) -> anyhow::Result<()> {
-    let config: Config = kcp_keeper_runtime::config::load(config_path)?;
-    print!("{}", rbac::render(&config, who).to_yaml()?);
-    Ok(())
-}
-
-/// Reads every source of a bundle; the first failure (with its index) stops it.
-async fn read_sources(reader: &Reader<'_>, bundle: &Bundle) -> Result<Vec<Certificate>, (usize, SourceFailure)> {
-    let empty = if bundle.empty_means_public_roots { EmptyPolicy::Allow } else { EmptyPolicy::Reject };
-    let mut certs = Vec::new();
-    for (i, source) in bundle.sources.iter().enumerate() {
-        certs.extend(sources::read(reader, source, empty).await.map_err(|e| (i, e))?);
-    }
-    Ok(certs)
 }
 
 /// A bundle, as the driver names it in spans and logs.
@@ -161,21 +102,13 @@ impl fmt::Display for BundleName {
     }
 }
 
-/// The series a bundle set last time it synced, so those that no longer apply (a target gone from the
-/// configuration, a certificate dropped) are removed rather than left stale.
-#[derive(Default)]
-struct Published {
-    certs: BTreeSet<CertLabels>,
-    targets: BTreeSet<TargetLabels>,
-}
-
+/// One configuration's reconciler.
 struct Syncer {
     client: kube::Client,
     events: Arc<Recorder>,
     metrics: Metrics,
     config: Arc<Config>,
     scope: Scope,
-    published: Arc<Mutex<BTreeMap<String, Published>>>,
     terminating: Terminating,
     state: StateStore,
     /// The agent's Lease: where Events about sources without an object of their own go.
@@ -190,6 +123,17 @@ struct Resolved {
     name: String,
     key: String,
     adopt: bool,
+}
+
+impl Resolved {
+    fn labels(&self, bundle: &str) -> TargetLabels {
+        TargetLabels {
+            bundle: bundle.to_string(),
+            kind: self.kind.as_str().into(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
 }
 
 impl Reconciler for Syncer {
@@ -213,8 +157,9 @@ impl Reconciler for Syncer {
 impl Syncer {
     async fn sync_bundle(&self, spec: &Bundle, now: OffsetDateTime) -> Result<Option<OffsetDateTime>, SyncError> {
         let (targets, skipped) = self.resolve_targets(spec);
-        self.record_skipped(spec, &skipped);
-        let current = match read_sources(&Reader::Stores(&self.scope), spec).await {
+        let skipped: Vec<_> = skipped.iter().map(|(t, reason)| (t.labels(&spec.name), *reason)).collect();
+        self.metrics.record_skipped(&spec.name, &skipped);
+        let current = match sources::read_bundle(&Reader::Stores(&self.scope), spec).await {
             Ok(certs) => certs,
             Err((index, failure)) => {
                 // Targets keep their last good content: nothing is written for this bundle.
@@ -299,7 +244,7 @@ impl Syncer {
         }
         let total = targets.len();
         let failed = failures.len();
-        self.forget_stale(&spec.name, published, failed > 0);
+        self.metrics.forget_stale(&spec.name, published, failed > 0);
         let mut failures = failures.into_iter();
         match failures.next() {
             None => {
@@ -318,7 +263,7 @@ impl Syncer {
     /// the public roots must verify.
     async fn live_check(
         &self,
-        check: &crate::config::LiveCheck,
+        check: &LiveCheck,
         current: &[Certificate],
         plans: &[TargetPlan<'_>],
     ) -> Result<(), LiveCheckError> {
@@ -340,34 +285,9 @@ impl Syncer {
         Ok(())
     }
 
-    /// A bundle that cannot be published leaves every target out of sync: each reads 0 (the certificates it
-    /// still holds keep their notAfter series).
+    /// Every target of a bundle that cannot be published reads 0.
     fn out_of_sync(&self, spec: &Bundle, targets: &[Resolved]) {
-        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = published.entry(spec.name.clone()).or_default();
-        for target in targets {
-            let labels = target_labels(spec, target);
-            self.metrics.target_in_sync.get_or_create(&labels).set(0);
-            entry.targets.insert(labels);
-        }
-    }
-
-    /// Removes the series this bundle set last time and not this time. After a failed write the certificates
-    /// published before may still be in that target, so none of their series is removed then.
-    fn forget_stale(&self, bundle: &str, mut now: Published, some_failed: bool) {
-        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(before) = published.get(bundle) {
-            if some_failed {
-                now.certs.extend(before.certs.iter().cloned());
-            }
-            for gone in before.certs.difference(&now.certs) {
-                self.metrics.not_after.remove(gone);
-            }
-            for gone in before.targets.difference(&now.targets) {
-                self.metrics.target_in_sync.remove(gone);
-            }
-        }
-        published.insert(bundle.to_string(), now);
+        self.metrics.out_of_sync(&spec.name, targets.iter().map(|t| t.labels(&spec.name)));
     }
 
     /// The objects the bundle's targets resolve to now, and those skipped (with why).
@@ -391,24 +311,6 @@ impl Syncer {
             skipped.extend(terminating.into_iter().map(|ns| (resolved(ns), SkipReason::Terminating)));
         }
         (out, skipped)
-    }
-
-    /// Sets `skipped_targets{bundle,reason}` (every reason, 0 when none) and drops the in-sync series of the
-    /// skipped targets: a target in a namespace being deleted is neither in sync nor out of it.
-    fn record_skipped(&self, spec: &Bundle, skipped: &[(Resolved, SkipReason)]) {
-        for reason in SkipReason::ALL {
-            let count = skipped.iter().filter(|(_, r)| *r == reason).count();
-            let labels = ReasonLabels { bundle: spec.name.clone(), reason: reason.as_str().into() };
-            self.metrics.skipped_targets.get_or_create(&labels).set(count as i64);
-        }
-        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
-        for (target, _) in skipped {
-            let labels = target_labels(spec, target);
-            self.metrics.target_in_sync.remove(&labels);
-            if let Some(entry) = published.get_mut(&spec.name) {
-                entry.targets.remove(&labels);
-            }
-        }
     }
 
     /// What to write to one target: the sources plus what it retains, per the bundle's record.
@@ -464,8 +366,8 @@ impl Syncer {
         published: &mut Published,
     ) -> Result<Option<OffsetDateTime>, ApplyError> {
         let target = plan.target;
-        let labels = target_labels(spec, target);
-        published.targets.insert(labels.clone());
+        let labels = target.labels(&spec.name);
+        published.target(&labels);
         // A new series starts at 0; an existing one keeps its value until this pass knows better, so a target
         // that stays in sync never reads 0 mid-pass (an alert or a reader would see a flap).
         let in_sync = self.metrics.target_in_sync.get_or_create(&labels).clone();
@@ -507,14 +409,7 @@ impl Syncer {
                     // Not retried every cycle: skipped (and counted as such) until it is probed again.
                     tracing::info!(bundle = %spec.name, namespace = %target.namespace, "target namespace is being deleted; skipped");
                     self.terminating.skip(&target.namespace);
-                    // Counted now, not only from the next cycle on (which may be a resyncInterval away).
-                    let reason = SkipReason::Terminating.as_str().into();
-                    self.metrics
-                        .skipped_targets
-                        .get_or_create(&ReasonLabels { bundle: spec.name.clone(), reason })
-                        .inc();
-                    self.metrics.target_in_sync.remove(&labels);
-                    published.targets.remove(&labels);
+                    self.metrics.skipped_now(&spec.name, &labels, SkipReason::Terminating, published);
                     return Ok(None);
                 }
                 let reason = if matches!(e, ApplyError::Foreign { .. } | ApplyError::ForeignKey { .. }) {
@@ -534,15 +429,7 @@ impl Syncer {
         }
         in_sync.set(1);
         let Some((bundle, review)) = plan.bundle else { return Ok(None) };
-        for cert in bundle.certificates() {
-            let labels = CertLabels {
-                bundle: spec.name.clone(),
-                subject: cert.subject().to_string(),
-                sha256: cert.fingerprint().to_string()[..16].to_string(),
-            };
-            self.metrics.not_after.get_or_create(&labels).set(cert.not_after().unix_timestamp() as f64);
-            published.certs.insert(labels);
-        }
+        self.metrics.holds(&spec.name, bundle.certificates(), published);
         Ok(review)
     }
 
@@ -593,33 +480,6 @@ fn terminating(error: &ApplyError) -> bool {
     let ApplyError::Kube { source: kube::Error::Api(status), .. } = error else { return false };
     status.code == 403
         && status.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
-}
-
-fn target_labels(spec: &Bundle, target: &Resolved) -> TargetLabels {
-    TargetLabels {
-        bundle: spec.name.clone(),
-        kind: target.kind.as_str().into(),
-        namespace: target.namespace.clone(),
-        name: target.name.clone(),
-    }
-}
-
-/// Why a target was not attempted this cycle; `ca_syncer_skipped_targets{reason}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SkipReason {
-    /// Its namespace is being deleted: new objects are refused there.
-    Terminating,
-}
-
-impl SkipReason {
-    /// Every reason, so each series exists (at 0) before anything is skipped.
-    const ALL: [SkipReason; 1] = [SkipReason::Terminating];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Terminating => "terminating",
-        }
-    }
 }
 
 /// Named target namespaces found to be terminating (from a refused create), skipped until probed again.

@@ -1,5 +1,6 @@
 //! `ca-syncer rbac`: the exact Roles a configuration needs, rendered from the same [`Plan`] the watches are
-//! built from, so the RBAC and what the agent does cannot drift apart.
+//! built from, so the RBAC and what the agent does cannot drift apart. [`crate::CaSyncer`]'s `Agent::rbac`
+//! calls [`render`]; the runtime's [`Rbac`] gives the objects their shape and YAML.
 //!
 //! Why a subcommand and not a static file: the narrowing that matters (`resourceNames` on Secrets) comes from
 //! the names in the configuration, so the configuration is the only exact source. docs/ca-syncer.md shows
@@ -19,26 +20,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef};
-use kcp_keeper_runtime::rbac::{document, named_rule as rule};
-use kube::api::ObjectMeta;
+use kcp_keeper_runtime::rbac::{Rbac, Subjects, lease_rules, named_rule as rule};
 
 use crate::config::{Config, Placement, TargetKind};
 use crate::scope::Plan;
 
-/// The names in the rendered objects.
+/// The name of every Role, ClusterRole and binding rendered.
 pub const ROLE_NAME: &str = "kcp-keeper-ca-syncer";
 
-pub use kcp_keeper_runtime::rbac::Subjects;
-
-/// Everything the configuration needs, ready to apply.
-#[derive(Debug, Default, Clone)]
-pub struct Rbac {
-    pub roles: Vec<Role>,
-    pub role_bindings: Vec<RoleBinding>,
-    pub cluster_roles: Vec<ClusterRole>,
-    pub cluster_role_bindings: Vec<ClusterRoleBinding>,
-}
+/// The `app.kubernetes.io/name` label on each of them.
+const APP: &str = "ca-syncer";
 
 /// Per namespace: which Secrets and ConfigMaps are read, and which are written.
 #[derive(Default)]
@@ -47,6 +38,8 @@ struct Access {
     write: BTreeMap<TargetKind, BTreeSet<String>>,
 }
 
+/// Everything `config` needs, for `who`: one Role per namespace (the agent's own among them), then the
+/// ClusterRole the namespace-selector targets need, if any.
 pub fn render(config: &Config, who: &Subjects) -> Rbac {
     let plan = Plan::of(config);
     let mut namespaces: BTreeMap<String, Access> = BTreeMap::new();
@@ -90,16 +83,9 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
             rules.push(rule("events.k8s.io", "events", &BTreeSet::new(), &["create"]));
         }
         if *ns == who.namespace {
-            let lease = BTreeSet::from([who.lease_name.clone()]);
-            rules.push(rule("coordination.k8s.io", "leases", &lease, &["get", "update"]));
-            rules.push(rule("coordination.k8s.io", "leases", &BTreeSet::new(), &["create"]));
+            rules.extend(lease_rules(who));
         }
-        rbac.roles.push(Role { metadata: meta(Some(ns)), rules: Some(rules) });
-        rbac.role_bindings.push(RoleBinding {
-            metadata: meta(Some(ns)),
-            role_ref: role_ref("Role"),
-            subjects: Some(vec![who.subject()]),
-        });
+        rbac.add(ns, ROLE_NAME, APP, rules, who);
     }
 
     if !plan.cluster_wide.is_empty() {
@@ -113,30 +99,9 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
         }
         rules.push(rule("", "namespaces", &BTreeSet::new(), &["list", "watch"]));
         rules.push(rule("events.k8s.io", "events", &BTreeSet::new(), &["create"]));
-        rbac.cluster_roles.push(ClusterRole { metadata: meta(None), rules: Some(rules), ..Default::default() });
-        rbac.cluster_role_bindings.push(ClusterRoleBinding {
-            metadata: meta(None),
-            role_ref: role_ref("ClusterRole"),
-            subjects: Some(vec![who.subject()]),
-        });
+        rbac.add_cluster(ROLE_NAME, APP, rules, who);
     }
     rbac
-}
-
-impl Rbac {
-    /// Multi-document YAML, in a stable order: Roles and RoleBindings by namespace, then the cluster-wide ones.
-    pub fn to_yaml(&self) -> Result<String, serde_yaml::Error> {
-        let mut docs = Vec::new();
-        for (role, binding) in self.roles.iter().zip(&self.role_bindings) {
-            docs.push(document("Role", role)?);
-            docs.push(document("RoleBinding", binding)?);
-        }
-        for (role, binding) in self.cluster_roles.iter().zip(&self.cluster_role_bindings) {
-            docs.push(document("ClusterRole", role)?);
-            docs.push(document("ClusterRoleBinding", binding)?);
-        }
-        Ok(docs.join("---\n"))
-    }
 }
 
 fn resource(kind: TargetKind) -> &'static str {
@@ -144,19 +109,6 @@ fn resource(kind: TargetKind) -> &'static str {
         TargetKind::Secret => "secrets",
         TargetKind::ConfigMap => "configmaps",
     }
-}
-
-fn meta(namespace: Option<&str>) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(ROLE_NAME.into()),
-        namespace: namespace.map(Into::into),
-        labels: Some(BTreeMap::from([("app.kubernetes.io/name".to_string(), "ca-syncer".to_string())])),
-        ..Default::default()
-    }
-}
-
-fn role_ref(kind: &str) -> RoleRef {
-    RoleRef { api_group: Some("rbac.authorization.k8s.io".into()), kind: kind.into(), name: ROLE_NAME.into() }
 }
 
 #[cfg(test)]

@@ -1,0 +1,29 @@
+//! Why a bundle's reconcile failed: the daemon's error enum. The runtime registers
+//! `ca_syncer_reconcile_errors_total{reason}` from it (every variant at 0 from the start); the reconciler
+//! ([`crate::reconcile`]) returns it. Its own file so that neither imports the other for it.
+
+use kcp_keeper_runtime::apply::ApplyError;
+
+use crate::live_check::LiveCheckError;
+use crate::sources::SourceFailure;
+use crate::state::StateError;
+
+/// Why a bundle's reconcile failed; `ca_syncer_reconcile_errors_total{reason}` is the variant's name.
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
+pub enum SyncError {
+    /// A source is missing or was rejected: nothing is written, targets keep their last good bundle.
+    #[error("sources[{index}] not used: {failure}")]
+    SourceUnusable { index: usize, failure: SourceFailure },
+    #[error("live check failed: {0}")]
+    LiveCheckFailed(LiveCheckError),
+    #[error("{failed} of {total} targets not written; first: {first}")]
+    TargetNotOwned { failed: usize, total: usize, first: ApplyError },
+    #[error("{failed} of {total} targets not written; first: {first}")]
+    TargetWriteFailed { failed: usize, total: usize, first: ApplyError },
+    #[error("rotation state too large to record; not written")]
+    RotationStateTooLarge,
+    /// The bundle's rotation record could not be read or written: nothing is written for the bundle.
+    #[error("rotation record: {0}")]
+    StateUnavailable(StateError),
+}
