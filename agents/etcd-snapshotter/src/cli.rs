@@ -1,17 +1,73 @@
-//! The one-shots for operators: `snapshot` (now), `list`, `verify ID`, `drill [ID]` and `restore`.
+//! The one-shots for operators: `snapshot` (now), `list`, `verify ID`, `drill [ID]` and `restore`, beside the
+//! runtime's `run` and `rbac`.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use anyhow::Context;
 use kcp_keeper_runtime::config::load;
+use kcp_keeper_runtime::logging::{self, LogFormat};
 
 use crate::catalog;
-use crate::config::Config;
+use crate::config::{Config, KcpExpect};
+use crate::drill::run::{drill_and_record, summary};
 use crate::metrics::Metrics;
 use crate::restore::{self, MemberFlags};
 use crate::snapshot::{self, Pending};
 use crate::storage::Store;
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Take a snapshot of every shard (or those named) now; prints one line per snapshot.
+    Snapshot {
+        #[arg(long, env = "KCP_KEEPER_CONFIG")]
+        config: PathBuf,
+        /// Only these shards (repeatable).
+        #[arg(long)]
+        shard: Vec<String>,
+    },
+    /// List published snapshots, newest revision first.
+    List {
+        #[arg(long, env = "KCP_KEEPER_CONFIG")]
+        config: PathBuf,
+        #[arg(long)]
+        shard: Option<String>,
+    },
+    /// Download a snapshot and check both hashes and its structure (etcdutl snapshot status).
+    Verify {
+        #[arg(long, env = "KCP_KEEPER_CONFIG")]
+        config: PathBuf,
+        /// `<shard>/<time>-r<revision>`, as `list` prints it.
+        id: String,
+        #[arg(long)]
+        identity_file: Option<PathBuf>,
+        #[arg(long, env = "ETCDUTL", default_value = "etcdutl")]
+        etcdutl: PathBuf,
+    },
+    /// Restore drill: prove a snapshot restores (hashes, etcdutl restore, a throwaway etcd compared with the
+    /// manifest, optionally a real kcp on it) and record the report beside its manifest. Exit 0 when it passed.
+    Drill(DrillArgs),
+    /// Download, verify and `etcdutl snapshot restore` a snapshot into a new member data directory.
+    Restore(RestoreArgs),
+}
+
+/// Runs one one-shot; exit 0 when it did what it says, an error (exit 1) otherwise.
+pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    // One-shots say what they skipped or cleaned (a member down, an abandoned upload) in plain text.
+    let level = std::env::var("KCP_KEEPER_LOG_LEVEL").unwrap_or_else(|_| "warn".into());
+    logging::init(&level, LogFormat::Plain)?;
+    match command {
+        Command::Snapshot { config, shard } => snapshot(&config, &shard).await,
+        Command::List { config, shard } => list(&config, shard.as_deref()).await,
+        Command::Verify { config, id, identity_file, etcdutl } => {
+            verify(&config, &id, identity_file.as_deref(), &etcdutl).await
+        }
+        Command::Drill(args) => drill(args).await,
+        Command::Restore(args) => restore(args).await,
+    }?;
+    Ok(ExitCode::SUCCESS)
+}
 
 fn open(config: &Path) -> anyhow::Result<(Config, Store)> {
     let config: Config = load(config)?;
@@ -202,7 +258,7 @@ pub async fn drill(args: DrillArgs) -> anyhow::Result<()> {
     drills.etcd = args.etcd.unwrap_or(drills.etcd);
     let kcp_everywhere = args.kcp.is_some();
     drills.kcp = args.kcp.or(drills.kcp);
-    let readyz_only = crate::config::KcpExpect::default();
+    let readyz_only = KcpExpect::default();
     if let Some(name) = &args.shard {
         anyhow::ensure!(config.shards.iter().any(|s| &s.name == name), "no shard named {name:?} in the configuration");
     }
@@ -225,7 +281,7 @@ pub async fn drill(args: DrillArgs) -> anyhow::Result<()> {
         let shard = id.split('/').next().unwrap_or_default();
         let configured = config.shards.iter().find(|s| s.name == shard).and_then(|s| s.drill.as_ref()?.kcp.as_ref());
         let kcp = configured.or(kcp_everywhere.then_some(&readyz_only));
-        let run = crate::drill::run::drill_and_record(&drills, kcp, &store, &id);
+        let run = drill_and_record(&drills, kcp, &store, &id);
         let outcome = tokio::select! {
             outcome = run => outcome,
             signal = stop_signal() => {
@@ -233,7 +289,7 @@ pub async fn drill(args: DrillArgs) -> anyhow::Result<()> {
                 anyhow::bail!("interrupted by {signal}: the drill of {id} was stopped and cleaned up (no report written)");
             }
         };
-        let line = crate::drill::run::summary(&outcome);
+        let line = summary(&outcome);
         match outcome.result {
             Ok(()) => println!("{line}"),
             Err(error) => {

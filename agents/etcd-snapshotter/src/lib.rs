@@ -1,24 +1,71 @@
 //! etcd-snapshotter: verified streaming snapshots of every kcp shard's etcd to S3, retention and restore.
 //!
-//! Pure logic (no I/O): [`config`], [`retention`], [`manifest`] (bucket layout and manifest format),
-//! [`trailer`] (etcd's trailing sha256), [`encode`] (zstd, age and parts). The edges: [`member`] (etcd),
-//! [`storage`] (S3), [`snapshot`] (one proven snapshot), [`catalog`] (listing, retention applied),
-//! [`restore`], [`daemon`] (`run`), [`commands`] (the one-shots) and [`rbac`].
+//! Where the code is (the same roles in every agent; docs/etcd-snapshotter.md has the table):
+//! - [`config`]: the file as written and validated, one part per section in `config/`;
+//! - [`error`]: why a snapshot or a drill failed (the `reason` labels);
+//! - [`scope`]: what it names in Kubernetes (its own Lease), and [`scope::rbac`], the Role for it;
+//! - [`schedule`]: the daemon, every shard's snapshot and drill schedules;
+//! - [`metrics`]; [`cli`]: the one-shots (`snapshot`, `list`, `verify`, `drill`, `restore`).
+//!
+//! The domain, pure logic: [`retention`], [`manifest`] (bucket layout and manifest format), [`trailer`]
+//! (etcd's trailing sha256), [`encode`] (zstd, age and parts), [`cadence`] (a schedule's longest gap). The
+//! edges: [`member`] (etcd), [`storage`] (S3), [`snapshot`] (one proven snapshot), [`catalog`] (listing,
+//! retention applied), [`restore`] and [`drill`] (restore drills).
 #![forbid(unsafe_code)]
 
 pub mod cadence;
 pub mod catalog;
-pub mod commands;
+pub mod cli;
 pub mod config;
-pub mod daemon;
 pub mod drill;
 pub mod encode;
+pub mod error;
 pub mod manifest;
 pub mod member;
 pub mod metrics;
-pub mod rbac;
 pub mod restore;
 pub mod retention;
+pub mod schedule;
+pub mod scope;
 pub mod snapshot;
 pub mod storage;
 pub mod trailer;
+
+use std::process::ExitCode;
+
+use kcp_keeper_runtime::agent::{Agent, Daemon, NoFlags, Scheduled};
+use kcp_keeper_runtime::rbac::{Rbac, Subjects};
+use prometheus_client::registry::Registry;
+
+/// The agent: snapshots on the runtime's schedules ([`Scheduled`]), failures counted per shard by itself.
+pub struct EtcdSnapshotter;
+
+impl Agent for EtcdSnapshotter {
+    const NAME: &'static str = "etcd-snapshotter";
+    const METRICS_PREFIX: &'static str = "etcd_snapshotter";
+    const ABOUT: &'static str = "Verified etcd snapshots to S3";
+    type Config = config::Config;
+    type Error = error::SnapshotError;
+    type Form = Scheduled;
+    type Metrics = metrics::Metrics;
+    type Command = cli::Command;
+    type RunFlags = NoFlags;
+
+    fn metrics(registry: &mut Registry) -> metrics::Metrics {
+        metrics::Metrics::register(registry)
+    }
+
+    /// The Role does not depend on the configuration: only the Lease and Events, whatever the shards.
+    fn rbac(_: Option<&config::Config>, who: &Subjects) -> anyhow::Result<Rbac> {
+        Ok(scope::rbac::render(Self::NAME, who))
+    }
+
+    async fn daemon(daemon: Daemon<Self>) -> anyhow::Result<()> {
+        let lease = scope::Lease::of_daemon(&daemon.ctx, Self::NAME);
+        schedule::run(daemon.ctx, daemon.metrics, lease).await
+    }
+
+    async fn oneshot(command: cli::Command) -> anyhow::Result<ExitCode> {
+        cli::run(command).await
+    }
+}

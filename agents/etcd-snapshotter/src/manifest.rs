@@ -146,7 +146,7 @@ impl Manifest {
         serde_json::from_slice(bytes)
     }
 
-    /// The retention entry; `verified` is what the drill report proves (see [`crate::catalog::Listed`]).
+    /// The retention entry; `verified` is what the drill report proves (see `Listed` in the catalog).
     pub fn entry(&self, verified: bool) -> crate::retention::Entry {
         crate::retention::Entry { id: self.id.clone(), revision: self.revision, taken_at: self.started_at, verified }
     }

@@ -11,10 +11,7 @@ use strum::VariantNames;
 
 use kcp_keeper_runtime::metrics::GaugeF64;
 
-use crate::drill::DrillError;
-use crate::snapshot::SnapshotError;
-
-pub const PREFIX: &str = "etcd_snapshotter";
+use crate::error::{DrillError, SnapshotError};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShardLabel {

@@ -1,4 +1,4 @@
-//! `etcd-snapshotter run`: one cron schedule per shard on the runtime's schedules (leader only, each tick
+//! The daemon's schedules (`etcd-snapshotter run`): one cron schedule per shard on the runtime's schedules (leader only, each tick
 //! recorded on the Lease before it runs, so two replicas take one snapshot per tick), one snapshot at a time
 //! (the memory budget is the process's, not a shard's), each under `finish_or_abort` so a shutdown aborts the
 //! multipart upload rather than leaving it half done. Retention runs only after a published snapshot.
@@ -11,8 +11,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kcp_keeper_runtime::agent::{self, AgentInfo, Context};
-use kcp_keeper_runtime::args::RunArgs;
+use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::events::{EventType, Recorder};
 use kcp_keeper_runtime::metrics::unix_now;
 use kcp_keeper_runtime::schedule::{self, Schedule, Tick};
@@ -21,38 +20,27 @@ use tokio_util::sync::CancellationToken;
 
 use crate::catalog;
 use crate::config::{Config, Shard};
+use crate::drill::older_choice;
 use crate::drill::run::{self as drill_run, Outcome};
-use crate::drill::{DrillError, older_choice};
-use crate::metrics::{Metrics, PREFIX};
-use crate::snapshot::{self, Pending, SnapshotError};
+use crate::drill::scratch;
+use crate::error::{DrillError, SnapshotError};
+use crate::metrics::{FailureLabels, Metrics};
+use crate::scope::Lease;
+use crate::snapshot::{self, Pending};
 use crate::storage::Store;
 
-pub const INFO: AgentInfo = AgentInfo { name: "etcd-snapshotter", metrics_prefix: PREFIX };
-
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let lease = &args.runtime.lease;
-    // Events are about the agent's own Lease: the snapshots themselves are not Kubernetes objects.
-    let regarding = ObjectReference {
-        api_version: Some("coordination.k8s.io/v1".into()),
-        kind: Some("Lease".into()),
-        namespace: Some(lease.lease_namespace.clone()),
-        name: Some(lease.lease_name.clone().unwrap_or_else(|| format!("kcp-keeper-{}", INFO.name))),
-        ..Default::default()
-    };
-    agent::run::<Config, _, _, _>(INFO, args, Metrics::register, move |ctx, metrics| daemon(ctx, metrics, regarding))
-        .await
-}
-
-async fn daemon(mut ctx: Context<Config>, metrics: Metrics, regarding: ObjectReference) -> anyhow::Result<()> {
+/// The daemon: the schedules of every shard until shutdown, restarted when the configuration changes. Events
+/// are about `lease`, the agent's own.
+pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> anyhow::Result<()> {
     let one_at_a_time = Arc::new(tokio::sync::Mutex::new(()));
     let one_drill_at_a_time = Arc::new(tokio::sync::Mutex::new(()));
-    let regarding = Arc::new(regarding);
+    let regarding = Arc::new(lease.regarding());
     let mut first = true;
     loop {
         let config = ctx.config.borrow_and_update().clone();
         if std::mem::take(&mut first) {
             // Only before any drill of this process runs: what a killed predecessor left is not in use.
-            drill_run::remove_leftovers(&config.drills.directory);
+            scratch::remove_leftovers(&config.drills.directory);
         }
         metrics.configure(&config.spill);
         for shard in &config.shards {
@@ -248,7 +236,7 @@ impl Job {
                     let reason: &'static str = (&error).into();
                     tracing::warn!(shard, id, reason, "shutdown: the drill in flight was stopped and cleaned up");
                     // Counted, but not as the shard's last failure: a restart says nothing about the snapshot.
-                    self.metrics.drill.failures.get_or_create(&crate::metrics::FailureLabels {
+                    self.metrics.drill.failures.get_or_create(&FailureLabels {
                         shard: shard.clone(), reason: reason.into(),
                     }).inc();
                     return;

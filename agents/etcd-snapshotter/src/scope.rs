@@ -1,51 +1,87 @@
-//! The RBAC the daemon needs, printed by `etcd-snapshotter rbac`: it touches Kubernetes only for its Lease
-//! (leader election, and the schedule record patched onto it) and for Events about that Lease. Snapshots go
-//! to S3 and etcd, never through the apiserver. `create` on Leases cannot be limited by name (the name is not
-//! in the URL of a create).
+//! What the agent names in Kubernetes: its own Lease, and nothing else. Snapshots go to etcd and S3, drills to
+//! S3 and to processes on loopback, never through the apiserver; the Lease holds the leader election and each
+//! schedule's tick record, and the Events (the snapshots themselves are not Kubernetes objects) are about it.
+//! [`rbac`] grants exactly this, from the same [`Lease`].
 
-/// Role and RoleBinding in `namespace` for ServiceAccount `service_account`, Lease `lease_name`.
-pub fn render(namespace: &str, service_account: &str, lease_name: &str) -> String {
-    format!(
-        "apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata:
-  name: etcd-snapshotter
-  namespace: {namespace}
-rules:
-- apiGroups: [coordination.k8s.io]
-  resources: [leases]
-  resourceNames: [{lease_name}]
-  verbs: [get, update, patch]
-- apiGroups: [coordination.k8s.io]
-  resources: [leases]
-  verbs: [create]
-- apiGroups: [events.k8s.io]
-  resources: [events]
-  verbs: [create]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata:
-  name: etcd-snapshotter
-  namespace: {namespace}
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: Role
-  name: etcd-snapshotter
-subjects:
-- kind: ServiceAccount
-  name: {service_account}
-  namespace: {namespace}
-"
-    )
+pub mod rbac;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kcp_keeper_runtime::agent::Context;
+use kcp_keeper_runtime::args::RunArgs;
+use kcp_keeper_runtime::rbac::Subjects;
+
+use crate::config::Config;
+
+/// The agent's Lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Lease {
+    /// The Lease `rbac` grants: in the agent's namespace, by the name the runtime elects on.
+    pub fn of(who: &Subjects) -> Self {
+        Self { namespace: who.namespace.clone(), name: who.lease_name.clone() }
+    }
+
+    /// The Lease the daemon runs on, `agent` being its name (the Lease's default is `kcp-keeper-<agent>`).
+    pub fn of_daemon(ctx: &Context<Config>, agent: &str) -> Self {
+        if let Some(record) = &ctx.lease_record
+            && let Some(namespace) = record.api.namespace()
+        {
+            return Self { namespace: namespace.into(), name: record.lease_name.clone() };
+        }
+        // Leader election is off: the runtime hands the daemon no Lease, yet the Events are about the one the
+        // flags name, as before. Until the runtime's Context carries the Lease's namespace and name, read them
+        // as `run` parsed them: from this process's own command line (this agent's `run` has no flags of its
+        // own, so the runtime's `RunArgs` are all of them).
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            run: Run,
+        }
+        #[derive(clap::Subcommand)]
+        enum Run {
+            Run(RunArgs),
+        }
+        use clap::Parser as _;
+        match Cli::try_parse_from(std::env::args_os()) {
+            Ok(Cli { run: Run::Run(args) }) => {
+                let lease = &args.runtime.lease;
+                Self { namespace: lease.lease_namespace.clone(), name: lease.lease_name(agent) }
+            }
+            // Not reached from `run`, whose arguments parsed the same way a moment ago.
+            Err(_) => Self { namespace: "default".into(), name: kcp_keeper_runtime::lease::default_name(agent) },
+        }
+    }
+
+    /// The Events' `regarding`.
+    pub fn regarding(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("coordination.k8s.io/v1".into()),
+            kind: Some("Lease".into()),
+            namespace: Some(self.namespace.clone()),
+            name: Some(self.name.clone()),
+            ..Default::default()
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
-    fn the_docs_show_exactly_what_rbac_prints() {
-        let docs = include_str!("../../../docs/etcd-snapshotter.md");
-        let printed = super::render("kcp-keeper", "etcd-snapshotter", "kcp-keeper-etcd-snapshotter");
-        assert!(docs.contains(&format!("```yaml\n{printed}```")), "docs/etcd-snapshotter.md#rbac is stale:\n{printed}");
+    fn events_are_about_the_lease_rbac_grants() {
+        let who = Subjects {
+            namespace: "kcp-keeper".into(),
+            service_account: "etcd-snapshotter".into(),
+            lease_name: "kcp-keeper-etcd-snapshotter".into(),
+        };
+        let regarding = Lease::of(&who).regarding();
+        assert_eq!(regarding.kind.as_deref(), Some("Lease"));
+        assert_eq!(regarding.namespace.as_deref(), Some("kcp-keeper"));
+        assert_eq!(regarding.name.as_deref(), Some("kcp-keeper-etcd-snapshotter"));
     }
 }

@@ -19,37 +19,12 @@ use tokio::task::JoinSet;
 
 use crate::config::{Config, Shard};
 use crate::encode::Encoder;
+use crate::error::SnapshotError;
 use crate::manifest::{self, FORMAT_VERSION, Location, Manifest, Member};
-use crate::member::{self, NoMember};
+use crate::member;
 use crate::metrics::Metrics;
 use crate::storage::{Body, StorageError, Store};
-use crate::trailer::{TrailerCheck, TrailerError};
-
-/// Why a snapshot run failed; the variant name is the `reason` label of the failure counter.
-#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
-#[strum(serialize_all = "snake_case")]
-pub enum SnapshotError {
-    #[error(transparent)]
-    NoMember(#[from] NoMember),
-    #[error("etcd: {0}")]
-    Etcd(String),
-    #[error("the member's revision moved during each of {0} attempts to start the stream; cannot pin the revision")]
-    RevisionUnstable(usize),
-    #[error("snapshot hash mismatch, upload aborted: {0}")]
-    HashMismatch(#[from] TrailerError),
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    #[error("spill directory: {0}")]
-    Spill(String),
-    #[error("compressing or encrypting: {0}")]
-    Encode(String),
-    #[error("the stored object has {stored} bytes, {written} were uploaded")]
-    SizeMismatch { stored: u64, written: u64 },
-    #[error("shutdown: the snapshot did not finish within its grace and its upload was aborted")]
-    Interrupted,
-    #[error("retention: {0}")]
-    Retention(StorageError),
-}
+use crate::trailer::TrailerCheck;
 
 fn etcd(context: &str) -> impl Fn(etcd_client::Error) -> SnapshotError + '_ {
     move |e| SnapshotError::Etcd(format!("{context}: {e}"))

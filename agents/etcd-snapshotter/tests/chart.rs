@@ -19,7 +19,6 @@ use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
-use testbed::agent_process::AgentProcess;
 
 const ACCOUNT: &str = "kcp-keeper-etcd-snapshotter";
 const S3_SECRET: &str = "etcd-backup-s3";
@@ -80,15 +79,10 @@ async fn installed_by_the_chart_it_publishes_scheduled_snapshots_with_the_chart_
     std::fs::write(&config, local)?;
 
     let (kubeconfig, user) = testbed::helm::chart_account_kubeconfig(cluster, &release_ns, ACCOUNT).await?;
-    let mut agent = AgentProcess::start_as(
-        cluster,
-        &kubeconfig,
-        Path::new(BINARY),
-        &config,
-        &release_ns,
-        "kcp-keeper-etcd-snapshotter-0",
-        &[NO_METADATA],
-    )?;
+    let mut agent = agent(cluster, &config, &release_ns)
+        .identity("kcp-keeper-etcd-snapshotter-0")
+        .kubeconfig(&kubeconfig)
+        .spawn()?;
     agent.wait_ready(WAIT).await?;
 
     let s3 = bed.s3.client();

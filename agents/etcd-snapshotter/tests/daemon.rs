@@ -4,7 +4,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use common::proxy::Proxy;
@@ -50,9 +49,8 @@ async fn two_replicas_with_the_documented_rbac_take_exactly_one_snapshot_per_tic
     options.cron = EVERY_FIVE_SECONDS;
     let config = write_config(&bed, &options).unwrap();
 
-    let start = |identity: &str| {
-        AgentProcess::start_as(cluster, &kubeconfig, Path::new(BINARY), &config, &ns, identity, &[NO_METADATA]).unwrap()
-    };
+    let start =
+        |identity: &str| agent(cluster, &config, &ns).identity(identity).kubeconfig(&kubeconfig).spawn().unwrap();
     let (mut a, mut b) = (start("replica-a"), start("replica-b"));
     a.wait_ready(WAIT).await.unwrap();
     b.wait_ready(WAIT).await.unwrap();
@@ -109,7 +107,7 @@ async fn s3_going_away_is_counted_with_an_event_while_every_series_stays_and_the
     options.cron = EVERY_FIVE_SECONDS;
     options.s3_endpoint = s3_proxy.url.clone();
     let config = write_config(&bed, &options).unwrap();
-    let mut agent = AgentProcess::start(cluster, Path::new(BINARY), &config, &ns, "replica-a", &[NO_METADATA]).unwrap();
+    let mut agent = agent(cluster, &config, &ns).identity("replica-a").spawn().unwrap();
     agent.wait_ready(WAIT).await.unwrap();
 
     let last_success = "etcd_snapshotter_last_success_timestamp_seconds{shard=\"root\"}";
@@ -163,7 +161,7 @@ async fn a_corrupted_stream_is_counted_as_a_hash_mismatch_with_an_event_and_publ
     let mut options = Options::new(&bed, "root", vec![flipping.url.clone()]);
     options.cron = EVERY_FIVE_SECONDS;
     let config = write_config(&bed, &options).unwrap();
-    let mut agent = AgentProcess::start(cluster, Path::new(BINARY), &config, &ns, "replica-a", &[NO_METADATA]).unwrap();
+    let mut agent = agent(cluster, &config, &ns).identity("replica-a").spawn().unwrap();
     agent.wait_ready(WAIT).await.unwrap();
 
     let text = testbed::eventually(WAIT, "a hash mismatch counted", || async {
@@ -203,7 +201,7 @@ async fn sigterm_during_a_slow_upload_aborts_it_after_the_grace_and_exits_cleanl
     options.s3_endpoint = slow.url.clone();
     options.compression = "none";
     let config = write_config(&bed, &options).unwrap();
-    let mut agent = AgentProcess::start(cluster, Path::new(BINARY), &config, &ns, "replica-a", &[NO_METADATA]).unwrap();
+    let mut agent = agent(cluster, &config, &ns).identity("replica-a").spawn().unwrap();
     agent.wait_ready(WAIT).await.unwrap();
     // Ready needed the bucket at full speed; from now on 30 MB at 1 MiB/s cannot finish within the 15 s grace.
     slow.faults.throttle_bytes_per_second.store(1024 * 1024, std::sync::atomic::Ordering::SeqCst);
@@ -245,9 +243,8 @@ async fn two_replicas_run_each_scheduled_drill_once_and_a_flipped_byte_fails_it_
     snapshot_ok(&config);
     let id = manifests(&bed.s3.client(), &bed.s3.bucket).await[0]["id"].as_str().unwrap().to_string();
 
-    let start = |identity: &str| {
-        AgentProcess::start_as(cluster, &kubeconfig, Path::new(BINARY), &config, &ns, identity, &[NO_METADATA]).unwrap()
-    };
+    let start =
+        |identity: &str| agent(cluster, &config, &ns).identity(identity).kubeconfig(&kubeconfig).spawn().unwrap();
     let (mut a, mut b) = (start("replica-a"), start("replica-b"));
     a.wait_ready(WAIT).await.unwrap();
     b.wait_ready(WAIT).await.unwrap();
@@ -344,7 +341,7 @@ async fn sigterm_mid_drill_stops_it_and_leaves_no_process_and_no_directory_behin
     options.shard_extra = format!("drill:\n  schedule:\n    cron: \"{EVERY_FIVE_SECONDS}\"\n");
     let config = write_config(&bed, &options).unwrap();
     snapshot_ok(&config);
-    let mut agent = AgentProcess::start(cluster, Path::new(BINARY), &config, &ns, "replica-a", &[NO_METADATA]).unwrap();
+    let mut agent = agent(cluster, &config, &ns).identity("replica-a").spawn().unwrap();
     agent.wait_ready(WAIT).await.unwrap();
 
     // The throwaway etcd lives for well under a second per drill: poll /proc tightly for it.

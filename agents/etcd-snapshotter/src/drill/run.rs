@@ -2,30 +2,28 @@
 //! `--bump-revision`, no `--mark-compacted`, so revision and HashKV compare exactly; no watcher ever sees this
 //! copy), a throwaway etcd on loopback ports, the comparisons ([`super::compare`]) and a sample read, then the
 //! kcp level when configured. Everything lives in one [`Scratch`]: its drop kills every process it started and
-//! removes the directory, whether the drill passed, failed, timed out or was dropped by a shutdown.
+//! removes the directory ([`super::scratch`]), whether the drill passed, failed, timed out or was dropped by a shutdown.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use etcd_client::GetOptions;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use super::report::{Failure, KcpLevel, Report, sha256_hex};
-use super::{DrillError, HashKvResult, Observed, compare};
+use super::scratch::{Scratch, last_lines, loopback_url, setup};
+use super::{HashKvResult, Observed, compare};
 use crate::config::{Drills, KcpExpect};
 use crate::encode::{self, Identity};
+use crate::error::DrillError;
 use crate::manifest::{Location, Manifest};
 use crate::restore::CheckedFile;
 use crate::storage::Store;
 use crate::trailer::TrailerCheck;
-
-/// Prefix of every drill's temporary directory (so leftovers of a killed agent are recognised).
-pub const SCRATCH_PREFIX: &str = "drill-";
 
 /// How long the throwaway etcd may take to answer after it starts.
 const ETCD_START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -223,10 +221,6 @@ async fn fetch(
     Ok(db)
 }
 
-fn setup(what: &str, e: &std::io::Error) -> DrillError {
-    DrillError::Setup(format!("{what}: {}", e.kind()))
-}
-
 /// `etcdutl snapshot restore` as a one-member cluster, without `--bump-revision` and `--mark-compacted`.
 async fn etcdutl_restore(etcdutl: &Path, db: &Path, data_dir: &Path, peer_url: &str) -> Result<(), DrillError> {
     let out = Command::new(etcdutl)
@@ -300,110 +294,6 @@ async fn sample(client: &mut etcd_client::Client, manifest: &Manifest, n: usize)
         return Err(DrillError::KeyRead(format!("read {got} of the first {want} keys")));
     }
     Ok(got)
-}
-
-/// A free port on 127.0.0.1, as an http URL. (Bound and released: a process started right after takes it.)
-pub(crate) fn loopback_url() -> Result<String, DrillError> {
-    Ok(format!("http://127.0.0.1:{}", free_port()?))
-}
-
-pub(crate) fn free_port() -> Result<u16, DrillError> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| setup("finding a free port", &e))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| setup("finding a free port", &e))
-}
-
-pub(crate) fn last_lines(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.trim().lines().collect();
-    lines[lines.len().saturating_sub(n)..].join(" | ")
-}
-
-/// A drill's temporary directory and the processes it started. Dropping it (a finished drill, an error, a
-/// timeout, or a shutdown dropping the drill's future) kills every process, waits for each to exit, then
-/// removes the directory: nothing outlives the drill. `kill_on_drop` on each child is the second line.
-pub struct Scratch {
-    dir: Option<tempfile::TempDir>,
-    children: Vec<(String, Child)>,
-}
-
-impl Scratch {
-    pub fn new(root: &Path, shard: &str) -> Result<Self, DrillError> {
-        std::fs::create_dir_all(root).map_err(|e| setup("creating the drills directory", &e))?;
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{SCRATCH_PREFIX}{shard}-"))
-            .tempdir_in(root)
-            .map_err(|e| setup("creating the drill's directory", &e))?;
-        Ok(Self { dir: Some(dir), children: Vec::new() })
-    }
-
-    pub fn path(&self) -> &Path {
-        self.dir.as_ref().expect("present until drop").path()
-    }
-
-    /// Starts `command` with its output in `log`; returns its index.
-    pub fn spawn(&mut self, command: &mut Command, log: &Path, name: &str) -> Result<usize, DrillError> {
-        let out = std::fs::File::create(log).map_err(|e| setup("creating a log file", &e))?;
-        let err = out.try_clone().map_err(|e| setup("creating a log file", &e))?;
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| DrillError::Setup(format!("starting {name}: {}", e.kind())))?;
-        self.children.push((name.into(), child));
-        Ok(self.children.len() - 1)
-    }
-
-    /// The exit status if the process has exited.
-    pub fn exited(&mut self, index: usize) -> Option<std::process::ExitStatus> {
-        self.children[index].1.try_wait().ok().flatten()
-    }
-
-    /// Stops every process and waits for each: SIGKILL, since a throwaway copy has nothing worth flushing.
-    pub async fn finish(&mut self) {
-        for (name, child) in &mut self.children {
-            let _ = child.start_kill();
-            if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
-                tracing::warn!(process = name.as_str(), "a drill process did not exit within 10s of SIGKILL");
-            }
-        }
-        self.children.clear();
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        // Synchronous on purpose: drop cannot await, and the directory must not be removed while a process
-        // still writes into it. SIGKILL takes effect within milliseconds; the bound only guards a stuck kernel.
-        for (name, child) in &mut self.children {
-            let _ = child.start_kill();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while !matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
-                if Instant::now() > deadline {
-                    tracing::warn!(process = name.as_str(), "a drill process outlived SIGKILL by 5s");
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        if let Some(dir) = self.dir.take() {
-            let path = dir.path().to_path_buf();
-            if let Err(error) = dir.close() {
-                tracing::warn!(path = %path.display(), %error, "removing the drill's directory failed");
-            }
-        }
-    }
-}
-
-/// Removes what drills of a killed agent left in `root` (a process that was SIGKILLed cannot clean up).
-pub fn remove_leftovers(root: &Path) {
-    let Ok(entries) = std::fs::read_dir(root) else { return };
-    for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(SCRATCH_PREFIX) {
-            tracing::warn!(path = %entry.path().display(), "removing a drill directory an earlier run left");
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
 }
 
 /// Reads the manifest of `id` as stored (its bytes are what the report's hash covers).

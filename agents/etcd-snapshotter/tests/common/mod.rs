@@ -9,6 +9,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use anyhow::Result;
+use testbed::agent_process::AgentUnderTest;
 use testbed::{Etcd, S3Server};
 
 pub const BINARY: &str = env!("CARGO_BIN_EXE_etcd-snapshotter");
@@ -17,6 +18,12 @@ pub const PREFIX: &str = "kcp/etcd";
 /// Every process the tests start gets this: the SDK must never probe a cloud metadata endpoint (no test
 /// traffic may leave 127.0.0.0/8), and static credentials alone already keep it from doing so.
 pub const NO_METADATA: (&str, &str) = ("AWS_EC2_METADATA_DISABLED", "true");
+
+/// `etcd-snapshotter run --config <config>` against `cluster`, its Lease in `namespace`, with the no-metadata
+/// environment: the one builder every agent's tests use, for the identity, token and start to be added.
+pub fn agent<'a>(cluster: &'a testbed::ControlPlane, config: &Path, namespace: &str) -> AgentUnderTest<'a> {
+    AgentUnderTest::new(cluster, BINARY, config).namespace(namespace).env(NO_METADATA.0, NO_METADATA.1)
+}
 
 pub struct Bed {
     pub peers: peers::Peers,

@@ -1,0 +1,230 @@
+//! `drills` (how restore drills run: the tools and where) and each shard's `drill` (when, and at which level).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kcp_keeper_runtime::config::FieldError;
+use kcp_keeper_runtime::duration::parse_go_duration;
+use kcp_keeper_runtime::names::check_dns_label;
+use kcp_keeper_runtime::schedule::{Schedule, ScheduleSpec};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::schedule::ScheduleSpecSchema;
+use super::spill::Spill;
+
+/// How drills run (the tools and where); which shards drill when is each shard's `drill`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawDrills {
+    /// The etcd binary the throwaway member runs (`etcd` on `PATH` when absent).
+    #[serde(default = "default_etcd")]
+    pub etcd: PathBuf,
+    /// The etcdutl binary that restores the snapshot (`etcdutl` on `PATH` when absent).
+    #[serde(default = "default_etcdutl")]
+    pub etcdutl: PathBuf,
+    /// Where each drill's temporary directory is made (it holds the download and the restored member);
+    /// `<spill.directory>/drills` when absent.
+    #[serde(default)]
+    pub directory: Option<PathBuf>,
+    /// age identities for encrypted snapshots (a mounted Secret).
+    #[serde(default)]
+    pub identity_file: Option<PathBuf>,
+    /// Keys read back from the restored etcd.
+    #[serde(default = "default_sample_keys")]
+    #[schemars(range(min = 1))]
+    pub sample_keys: usize,
+    /// Go-style duration: the longest a whole drill may take before it is stopped and fails.
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// The kcp binary for the kcp level; without it no shard can ask for the kcp level.
+    #[serde(default)]
+    pub kcp: Option<PathBuf>,
+}
+
+fn default_etcd() -> PathBuf {
+    "etcd".into()
+}
+
+fn default_etcdutl() -> PathBuf {
+    "etcdutl".into()
+}
+
+fn default_sample_keys() -> usize {
+    100
+}
+
+/// A shard's restore drills: on their own schedule, of the newest snapshot (and sometimes an older one).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawShardDrill {
+    /// When the shard's drills run (recorded on the Lease as `drill-<shard>`).
+    #[schemars(with = "ScheduleSpecSchema")]
+    pub schedule: ScheduleSpec,
+    /// Chance (0 to 1) that a scheduled drill also drills a random older retained snapshot.
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub older_rate: f64,
+    /// The kcp level (needs `drills.kcp`): what a real kcp on the restored etcd must show.
+    #[serde(default)]
+    pub kcp: Option<KcpExpect>,
+}
+
+/// The kcp level: a real kcp shard on the restored etcd, and what must be readable through it (`kcp: {}` for
+/// `/readyz` alone).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KcpExpect {
+    /// Workspace paths (`root:team-a`) that must exist.
+    #[serde(default)]
+    pub workspaces: Vec<String>,
+    /// Objects that must exist: an API path inside a workspace.
+    #[serde(default)]
+    pub objects: Vec<ExpectedObject>,
+}
+
+/// One object the restored kcp must serve.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExpectedObject {
+    /// Workspace path, `root` or `root:team-a`.
+    pub workspace: String,
+    /// API path below the workspace, e.g. `/api/v1/namespaces/default/configmaps/marker`.
+    pub path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drills {
+    pub etcd: PathBuf,
+    pub etcdutl: PathBuf,
+    pub directory: PathBuf,
+    pub identity_file: Option<PathBuf>,
+    pub sample_keys: usize,
+    pub timeout: Duration,
+    pub kcp: Option<PathBuf>,
+}
+
+/// A shard's drill schedule and level.
+#[derive(Debug, Clone)]
+pub struct ShardDrill {
+    pub schedule: Schedule,
+    schedule_spec: ScheduleSpec,
+    pub older_rate: f64,
+    pub kcp: Option<KcpExpect>,
+}
+
+impl PartialEq for ShardDrill {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.schedule_spec, self.older_rate, &self.kcp) == (&other.schedule_spec, other.older_rate, &other.kcp)
+    }
+}
+
+pub(super) fn shard_drill(
+    name: &str,
+    raw: RawShardDrill,
+    at: &dyn Fn(&str) -> String,
+    errors: &mut Vec<FieldError>,
+) -> Option<ShardDrill> {
+    let before = errors.len();
+    if !(0.0..=1.0).contains(&raw.older_rate) {
+        errors.push(FieldError::new(at("drill.olderRate"), "must be between 0 and 1"));
+    }
+    if let Some(kcp) = &raw.kcp {
+        for (i, workspace) in kcp.workspaces.iter().enumerate() {
+            if !is_workspace_path(workspace) {
+                errors.push(FieldError::new(at(&format!("drill.kcp.workspaces[{i}]")), WORKSPACE_PATH));
+            }
+        }
+        for (i, object) in kcp.objects.iter().enumerate() {
+            if !is_workspace_path(&object.workspace) {
+                errors.push(FieldError::new(at(&format!("drill.kcp.objects[{i}].workspace")), WORKSPACE_PATH));
+            }
+            let path_ok = (object.path.starts_with("/api/") || object.path.starts_with("/apis/"))
+                && !object.path.contains("..")
+                && !object.path.contains(['?', '#', ' ']);
+            if !path_ok {
+                errors.push(FieldError::new(
+                    at(&format!("drill.kcp.objects[{i}].path")),
+                    "must be an API path starting /api/ or /apis/ (no query, no '..')",
+                ));
+            }
+        }
+    }
+    let schedule = match Schedule::new(&format!("drill-{name}"), &raw.schedule) {
+        Ok(schedule) => Some(schedule),
+        Err(e) => {
+            errors.push(FieldError::new(at("drill.schedule"), e.to_string()));
+            None
+        }
+    };
+    (errors.len() == before).then_some(ShardDrill {
+        schedule: schedule?,
+        schedule_spec: raw.schedule,
+        older_rate: raw.older_rate,
+        kcp: raw.kcp,
+    })
+}
+
+const WORKSPACE_PATH: &str = "must be a workspace path like root or root:team-a";
+
+/// `root`, `root:team-a`: DNS labels joined by ':'.
+fn is_workspace_path(path: &str) -> bool {
+    path.split(':').all(|label| check_dns_label(label).is_ok())
+}
+
+/// `scheduled`: whether any shard has a drill schedule (those drills need the identity when `encrypted`).
+pub(super) fn drills(
+    raw: Option<RawDrills>,
+    spill: Option<&Spill>,
+    scheduled: bool,
+    encrypted: bool,
+    errors: &mut Vec<FieldError>,
+) -> Drills {
+    let raw = raw.unwrap_or(RawDrills {
+        etcd: default_etcd(),
+        etcdutl: default_etcdutl(),
+        directory: None,
+        identity_file: None,
+        sample_keys: default_sample_keys(),
+        timeout: None,
+        kcp: None,
+    });
+    let directory = match (raw.directory, spill) {
+        (Some(dir), _) if dir.is_absolute() => dir,
+        (Some(_), _) => {
+            errors.push(FieldError::new("drills.directory", "must be an absolute path"));
+            PathBuf::new()
+        }
+        (None, Some(spill)) => spill.directory.join("drills"),
+        (None, None) => PathBuf::new(),
+    };
+    if raw.identity_file.as_ref().is_some_and(|p| !p.is_absolute()) {
+        errors.push(FieldError::new("drills.identityFile", "must be an absolute path"));
+    }
+    if encrypted && raw.identity_file.is_none() && scheduled {
+        errors.push(FieldError::new(
+            "drills.identityFile",
+            "snapshots are encrypted: scheduled drills need the age identity file",
+        ));
+    }
+    if raw.sample_keys == 0 {
+        errors.push(FieldError::new("drills.sampleKeys", "must be at least 1"));
+    }
+    let timeout = match raw.timeout.as_deref().map(parse_go_duration) {
+        None => Duration::from_secs(30 * 60),
+        Some(Ok(d)) if !d.is_zero() => d,
+        Some(_) => {
+            errors.push(FieldError::new("drills.timeout", "must be a positive Go duration like 30m"));
+            Duration::ZERO
+        }
+    };
+    Drills {
+        etcd: raw.etcd,
+        etcdutl: raw.etcdutl,
+        directory,
+        identity_file: raw.identity_file,
+        sample_keys: raw.sample_keys,
+        timeout,
+        kcp: raw.kcp,
+    }
+}

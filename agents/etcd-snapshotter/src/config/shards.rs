@@ -1,0 +1,127 @@
+//! `shards`: each kcp shard's etcd (its members' client URLs and TLS) and its snapshot schedule.
+
+use std::path::PathBuf;
+
+use kcp_keeper_runtime::config::FieldError;
+use kcp_keeper_runtime::names::check_dns_label;
+use kcp_keeper_runtime::schedule::{Schedule, ScheduleSpec};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::drills::{RawShardDrill, ShardDrill, shard_drill};
+use super::schedule::ScheduleSpecSchema;
+
+/// One kcp shard's etcd.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawShard {
+    /// The shard's name (a DNS label): its directory in the bucket, its metrics' `shard` label.
+    pub name: String,
+    /// Client URLs of the shard's etcd members (`scheme://host:port`; `https://` with `tls`). One healthy
+    /// voting member is picked per run.
+    pub endpoints: Vec<String>,
+    /// Client TLS for the members.
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
+    /// When the shard is snapshotted (recorded on the Lease as `snapshot-<shard>`).
+    #[schemars(with = "ScheduleSpecSchema")]
+    pub schedule: ScheduleSpec,
+    /// Restore drills of the shard's snapshots.
+    #[serde(default)]
+    pub drill: Option<RawShardDrill>,
+}
+
+/// Client TLS for a shard's etcd: PEM files (mounted from a Secret), read at each connection.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TlsFiles {
+    /// The CA that signed the members' serving certificates.
+    pub ca_file: PathBuf,
+    /// A client certificate (with `keyFile`).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's key (with `certFile`).
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Shard {
+    pub name: String,
+    pub endpoints: Vec<String>,
+    pub tls: Option<TlsFiles>,
+    pub schedule: Schedule,
+    schedule_spec: ScheduleSpec,
+    pub drill: Option<ShardDrill>,
+}
+
+impl PartialEq for Shard {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.name, &self.endpoints, &self.tls, &self.schedule_spec, &self.drill)
+            == (&other.name, &other.endpoints, &other.tls, &other.schedule_spec, &other.drill)
+    }
+}
+
+pub(super) fn shards(raw: Vec<RawShard>, kcp_binary: bool, errors: &mut Vec<FieldError>) -> Vec<Shard> {
+    if raw.is_empty() {
+        errors.push(FieldError::new("shards", "at least one shard is required"));
+    }
+    let mut out: Vec<Shard> = Vec::new();
+    for (i, shard) in raw.into_iter().enumerate() {
+        let at = |field: &str| format!("shards[{i}].{field}");
+        if check_dns_label(&shard.name).is_err() {
+            errors.push(FieldError::new(at("name"), "must be a DNS label (lowercase letters, digits, '-')"));
+        } else if out.iter().any(|s| s.name == shard.name) {
+            errors.push(FieldError::new(at("name"), "duplicate shard name"));
+        }
+        if shard.endpoints.is_empty() {
+            errors.push(FieldError::new(at("endpoints"), "at least one endpoint is required"));
+        }
+        for (j, endpoint) in shard.endpoints.iter().enumerate() {
+            if let Err(reason) = check_endpoint(endpoint, shard.tls.is_some()) {
+                errors.push(FieldError::new(at(&format!("endpoints[{j}]")), reason));
+            }
+        }
+        if let Some(tls) = &shard.tls
+            && tls.cert_file.is_some() != tls.key_file.is_some()
+        {
+            errors.push(FieldError::new(at("tls"), "certFile and keyFile go together"));
+        }
+        if shard.drill.as_ref().is_some_and(|d| d.kcp.is_some()) && !kcp_binary {
+            errors.push(FieldError::new(at("drill.kcp"), "needs drills.kcp (the kcp binary)"));
+        }
+        let drill = shard.drill.and_then(|raw| shard_drill(&shard.name, raw, &at, errors));
+        match Schedule::new(&format!("snapshot-{}", shard.name), &shard.schedule) {
+            Ok(schedule) => out.push(Shard {
+                name: shard.name,
+                endpoints: shard.endpoints,
+                tls: shard.tls,
+                schedule,
+                schedule_spec: shard.schedule,
+                drill,
+            }),
+            Err(e) => errors.push(FieldError::new(at("schedule"), e.to_string())),
+        }
+    }
+    out
+}
+
+/// An etcd client URL: `http://` or `https://` (matching whether TLS is configured), host and port, no
+/// credentials and no path.
+pub(super) fn check_endpoint(endpoint: &str, tls: bool) -> Result<(), &'static str> {
+    let rest = match (endpoint.strip_prefix("http://"), endpoint.strip_prefix("https://")) {
+        (Some(rest), _) if !tls => rest,
+        (_, Some(rest)) if tls => rest,
+        (Some(_), _) => return Err("tls is configured: use https://"),
+        (_, Some(_)) => return Err("https:// needs tls (caFile)"),
+        _ => return Err("must start with http:// or https://"),
+    };
+    if rest.contains('@') {
+        return Err("must not carry credentials");
+    }
+    let hostport = rest.trim_end_matches('/');
+    match hostport.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && !hostport.contains('/') && port.parse::<u16>().is_ok() => Ok(()),
+        _ => Err("must be scheme://host:port"),
+    }
+}

@@ -1,0 +1,121 @@
+//! `spill`: the memory and disk bounds of the streaming upload.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kcp_keeper_runtime::config::FieldError;
+use kcp_keeper_runtime::duration::parse_go_duration;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+/// S3 refuses parts below 5 MiB (except the last).
+pub const MIN_PART_SIZE: u64 = 5 * 1024 * 1024;
+
+/// How much of a snapshot may sit in memory, and where the rest waits when S3 lags.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawSpill {
+    /// Absolute directory for parts that find no memory (and for drills' directories, unless
+    /// `drills.directory` says otherwise).
+    pub directory: PathBuf,
+    /// Bytes of snapshot parts held in memory at most (`64Mi`, `256Mi`, plain bytes).
+    pub memory_budget: String,
+    /// Multipart part size (5Mi to 5Gi); 8Mi when absent.
+    #[serde(default)]
+    pub part_size: Option<String>,
+    /// Parts uploading at once; the budget must hold one more than this.
+    #[serde(default = "default_in_flight")]
+    #[schemars(range(min = 1))]
+    pub parts_in_flight: usize,
+    /// Go-style duration: how long a finished part may wait for memory before it goes to disk instead.
+    #[serde(default)]
+    pub spill_after: Option<String>,
+}
+
+fn default_in_flight() -> usize {
+    2
+}
+
+/// Memory and disk bounds of the streaming upload.
+///
+/// By construction at most `memory_parts` finished parts sit in memory (queued or uploading), plus the one
+/// being filled: `(memory_parts + 1) * part_size <= memory_budget`. Parts that find no memory within
+/// `spill_after` go to `directory` and are uploaded from there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spill {
+    pub directory: PathBuf,
+    pub memory_budget: u64,
+    pub part_size: u64,
+    pub parts_in_flight: usize,
+    pub memory_parts: usize,
+    pub spill_after: Duration,
+}
+
+pub(super) fn spill(raw: RawSpill, errors: &mut Vec<FieldError>) -> Option<Spill> {
+    let before = errors.len();
+    let mut size = |field: &str, text: Option<&str>, default: u64| match text.map(parse_size) {
+        None => default,
+        Some(Ok(n)) => n,
+        Some(Err(reason)) => {
+            errors.push(FieldError::new(format!("spill.{field}"), reason));
+            0
+        }
+    };
+    let memory_budget = size("memoryBudget", Some(&raw.memory_budget), 0);
+    let part_size = size("partSize", raw.part_size.as_deref(), 8 * 1024 * 1024);
+    if !raw.directory.is_absolute() {
+        errors.push(FieldError::new("spill.directory", "must be an absolute path"));
+    }
+    if part_size != 0 && part_size < MIN_PART_SIZE {
+        errors.push(FieldError::new("spill.partSize", "must be at least 5Mi (S3's smallest part)"));
+    }
+    if part_size > 5 * 1024 * 1024 * 1024 {
+        errors.push(FieldError::new("spill.partSize", "must be at most 5Gi (S3's largest part)"));
+    }
+    if raw.parts_in_flight == 0 {
+        errors.push(FieldError::new("spill.partsInFlight", "must be at least 1"));
+    }
+    let spill_after = match raw.spill_after.as_deref().map(parse_go_duration) {
+        None => Duration::from_secs(1),
+        Some(Ok(d)) => d,
+        Some(Err(_)) => {
+            errors.push(FieldError::new("spill.spillAfter", "must be a Go duration like 500ms"));
+            Duration::ZERO
+        }
+    };
+    // One part is always being filled; the rest of the budget holds finished parts.
+    let memory_parts = memory_budget.checked_div(part_size).unwrap_or(0).saturating_sub(1) as usize;
+    if errors.len() == before && memory_parts < raw.parts_in_flight {
+        errors.push(FieldError::new(
+            "spill.memoryBudget",
+            "must hold partsInFlight + 1 parts (memoryBudget >= (partsInFlight + 1) * partSize)",
+        ));
+    }
+    (errors.len() == before).then_some(Spill {
+        directory: raw.directory,
+        memory_budget,
+        part_size,
+        parts_in_flight: raw.parts_in_flight,
+        memory_parts,
+        spill_after,
+    })
+}
+
+/// `64Mi`, `1Gi`, `512Ki`, `10M`, or plain bytes.
+pub fn parse_size(text: &str) -> Result<u64, &'static str> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| "must be a size like 64Mi")?;
+    let factor: u64 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "K" | "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        _ => return Err("unknown unit (use Ki, Mi, Gi, K, M or G)"),
+    };
+    n.checked_mul(factor).ok_or("too large")
+}

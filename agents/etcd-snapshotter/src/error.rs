@@ -1,0 +1,71 @@
+//! Why a snapshot or a drill failed. The variant names are the bounded `reason` labels of
+//! `etcd_snapshotter_failures_total` and `etcd_snapshotter_drill_failures_total` (the metrics export every
+//! one at 0 from the start); the snapshot, the drill and the schedules produce them. Apart from both
+//! sides, so that neither imports the other.
+
+use crate::member::NoMember;
+use crate::storage::StorageError;
+use crate::trailer::TrailerError;
+
+/// Why a snapshot run failed; the variant name is the `reason` label of the failure counter.
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
+pub enum SnapshotError {
+    #[error(transparent)]
+    NoMember(#[from] NoMember),
+    #[error("etcd: {0}")]
+    Etcd(String),
+    #[error("the member's revision moved during each of {0} attempts to start the stream; cannot pin the revision")]
+    RevisionUnstable(usize),
+    #[error("snapshot hash mismatch, upload aborted: {0}")]
+    HashMismatch(#[from] TrailerError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("spill directory: {0}")]
+    Spill(String),
+    #[error("compressing or encrypting: {0}")]
+    Encode(String),
+    #[error("the stored object has {stored} bytes, {written} were uploaded")]
+    SizeMismatch { stored: u64, written: u64 },
+    #[error("shutdown: the snapshot did not finish within its grace and its upload was aborted")]
+    Interrupted,
+    #[error("retention: {0}")]
+    Retention(StorageError),
+}
+
+/// Why a drill failed; the variant name is the `reason` label of `etcd_snapshotter_drill_failures_total`.
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
+pub enum DrillError {
+    /// No published snapshot to drill (or the one named does not exist).
+    #[error("no snapshot to drill: {0}")]
+    NoSnapshot(String),
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("object hash mismatch: {0}")]
+    ObjectHashMismatch(String),
+    #[error("decrypting or decompressing: {0}")]
+    Decode(String),
+    #[error("etcd hash mismatch: {0}")]
+    EtcdHashMismatch(String),
+    #[error("etcdutl snapshot restore: {0}")]
+    Restore(String),
+    #[error("throwaway etcd: {0}")]
+    EtcdStart(String),
+    #[error("revision mismatch: {0}")]
+    RevisionMismatch(String),
+    #[error("key count mismatch: {0}")]
+    KeyCountMismatch(String),
+    #[error("hash_kv mismatch: {0}")]
+    HashKvMismatch(String),
+    #[error("reading keys: {0}")]
+    KeyRead(String),
+    #[error("kcp level: {0}")]
+    Kcp(String),
+    #[error("drill setup: {0}")]
+    Setup(String),
+    #[error("timeout: {0}")]
+    Timeout(String),
+    #[error("interrupted: the drill was stopped and cleaned up")]
+    Interrupted,
+}
