@@ -1,16 +1,37 @@
-//! The one-shots: `render` (print what would be written) and `check` (ask the resolver for every name).
-//! Results go to stdout; rule errors, warnings and notes to stderr, so `render > file` keeps only the text.
+//! The one-shots beside the runtime's `run` and `rbac`: `render` (print what would be written) and `check`
+//! (ask the resolver for every name). Results go to stdout; rule errors, warnings and notes to stderr, so
+//! `render > file` keeps only the text.
 
 use std::io::Write as _;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use kcp_keeper_runtime::args::KubeArgs;
+use kcp_keeper_runtime::config::load;
 
 use crate::cluster::{self, ClusterView};
 use crate::config::{self, Config, Target};
 use crate::plan::{Plan, plan};
 use crate::{block, render, verify};
+
+/// dns-rewriter's one-shots.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Print what would be written: the k3s snippet, or the marked Corefile block.
+    Render(RenderArgs),
+    /// Ask the resolver for every public name and print expected against answered.
+    Check(CheckArgs),
+}
+
+/// Runs one; exit code 1 when a rule has an error or (`check`) a name does not answer as expected.
+pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    let passed = match command {
+        Command::Render(args) => render(&args).await?,
+        Command::Check(args) => check(&args).await?,
+    };
+    Ok(if passed { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
 
 /// `dns-rewriter render`.
 #[derive(clap::Args, Debug, Clone)]
@@ -45,7 +66,7 @@ pub struct CheckArgs {
 /// Prints the snippet (k3s mode) or the marked block (Corefile mode) the agent would write. Exits 1 when a
 /// rule has an error (the text is printed all the same: the other rules would still be written).
 pub async fn render(args: &RenderArgs) -> anyhow::Result<bool> {
-    let config = config::load(&args.config)?;
+    let config: Config = load(&args.config)?;
     let plan = if args.offline {
         eprintln!("note: offline: the configured rules as written; no Service checks, no discovery");
         offline_plan(&config)?
@@ -84,7 +105,7 @@ fn report(plan: &Plan) {
 /// Asks the resolver for every name the plan holds and prints expected against answered. Exits 1 unless
 /// every name answered with exactly its Service's ClusterIP and no rule had an error.
 pub async fn check(args: &CheckArgs) -> anyhow::Result<bool> {
-    let config = config::load(&args.config)?;
+    let config: Config = load(&args.config)?;
     let resolver = match &args.resolver {
         Some(text) => config::parse_resolver(text).context("--resolver must be an IP address with an optional port")?,
         None => match config.verify.resolver {
@@ -115,11 +136,4 @@ pub async fn check(args: &CheckArgs) -> anyhow::Result<bool> {
     }
     std::io::stdout().write_all(out.as_bytes())?;
     Ok(plan.errors.is_empty() && checks.iter().all(|c| c.outcome == verify::Outcome::Match))
-}
-
-/// `dns-rewriter rbac`: the Roles the configuration needs, as YAML.
-pub fn print_rbac(config_path: &std::path::Path, who: &crate::rbac::Subjects) -> anyhow::Result<()> {
-    let config = config::load(config_path)?;
-    std::io::stdout().write_all(crate::rbac::render(&config, who).to_yaml()?.as_bytes())?;
-    Ok(())
 }

@@ -12,11 +12,9 @@ use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::config::Config;
 use crate::discovery::{COMPONENT_LABEL, Kind, OperatorObject};
+use crate::operator::{OPERATOR_GROUP, OPERATOR_VERSION};
 use crate::plan::{Plan, plan};
 use crate::services::ServiceFacts;
-
-pub const OPERATOR_GROUP: &str = "operator.kcp.io";
-pub const OPERATOR_VERSION: &str = "v1alpha1";
 
 /// The API resource of an operator kind.
 pub fn api_resource(kind: Kind) -> ApiResource {

@@ -1,10 +1,11 @@
-//! The agent's configuration file, read strictly: serde reads the raw form (unknown fields are errors), and
-//! [`Config::from_raw`] turns it into the validated form the agent works with, or reports every error at once,
-//! each with its field path. Parse, don't validate: past [`parse`], a host is a [`Hostname`], a mode an enum,
-//! a resolver a socket address.
+//! The agent's configuration file, read strictly by the runtime's loader ([`kcp_keeper_runtime::config`]):
+//! serde reads the raw form (unknown fields are errors), and [`Config::from_raw`] turns it into the validated
+//! form the agent works with, or reports every error at once, each with its field path. Parse, don't
+//! validate: past `from_raw`, a host is a [`Hostname`], a mode an enum, a resolver a socket address.
 //!
-//! No error repeats a value from the file: a reason says what is wrong and where, and serde's own messages
-//! (which quote the offending value for a wrong type) are reduced to what was expected.
+//! No error repeats a value from the file: a reason says what is wrong and where (the runtime's loader
+//! reduces serde's own messages, which quote the offending value for a wrong type, to what was expected).
+//! The doc comments of the raw types are the chart's `values.schema.json` descriptions.
 //!
 //! ```yaml
 //! mode: k3s                      # or corefile
@@ -36,15 +37,15 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
 use std::time::Duration;
 
-use kcp_keeper_runtime::config::{ConfigError, FieldError};
+use kcp_keeper_runtime::config::{AgentConfig, FieldError};
 use kcp_keeper_runtime::duration::parse_go_duration;
 use kcp_keeper_runtime::names;
+use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::discovery::Kind;
+use crate::discovery::{Kind, wanted_kinds};
 use crate::hostname::{Domain, Hostname};
 use crate::rules::ServiceRef;
 
@@ -55,78 +56,124 @@ pub const DEFAULT_COREFILE_NAME: &str = "coredns";
 pub const DEFAULT_COREFILE_KEY: &str = "Corefile";
 pub const DEFAULT_SERVER_BLOCK: &str = ".:53";
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+/// The default of `verify.timeout`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default of `verify.settle`: 60s of projection delay plus 30s of reload interval, rounded up.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(120);
+/// The default of `resyncInterval`.
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
+/// The shortest `resyncInterval` allowed.
+pub const MIN_RESYNC: Duration = Duration::from_secs(10);
 
-/// The file as written.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// dns-rewriter's configuration (the agent checks it again, with field paths, at start).
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawConfig {
+    /// Where the rules go: `k3s` (a key of our own in k3s's `coredns-custom`, imported into the main server
+    /// block) or `corefile` (a marked block inside one server block of a Corefile someone else owns).
+    #[schemars(extend("enum" = ["k3s", "corefile"]))]
     pub mode: String,
+    /// k3s mode's ConfigMap key (defaults: `kube-system`, `coredns-custom`, `kcp-split-horizon.override`);
+    /// not allowed in corefile mode.
     #[serde(default)]
     pub k3s: Option<RawK3s>,
+    /// The Corefile's ConfigMap and server block; required in corefile mode, not allowed in k3s mode.
     #[serde(default)]
     pub corefile: Option<RawCorefile>,
+    /// The cluster's DNS domain (default `cluster.local`); no public name may lie inside it.
     #[serde(default)]
     pub cluster_domain: Option<String>,
+    /// Public names and the Service each answers with, written as configured.
     #[serde(default)]
     pub rules: Vec<RawRule>,
+    /// Rules found in the kcp-operator's objects in one namespace; a configured rule wins over a discovered one.
     #[serde(default)]
     pub discovery: Option<RawDiscovery>,
+    /// Proof through DNS: the resolver asked for every name after each cycle.
     #[serde(default)]
     pub verify: Option<RawVerify>,
+    /// How often a cycle runs without a change to wake it (a Go duration, default `5m`, at least `10s`).
     #[serde(default)]
     pub resync_interval: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// One key of k3s's `coredns-custom`, written whole.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawK3s {
+    /// The ConfigMap's namespace (default `kube-system`).
     pub namespace: Option<String>,
+    /// The ConfigMap (default `coredns-custom`); it is never created, only written into.
     pub name: Option<String>,
+    /// The key (default `kcp-split-horizon.override`); must end in `.override`, the keys k3s imports into its
+    /// main server block.
     pub key: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// The Corefile our marked block goes into.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawCorefile {
+    /// The ConfigMap's namespace (default `kube-system`).
     pub namespace: Option<String>,
+    /// The ConfigMap holding the Corefile (default `coredns`); never created.
     pub name: Option<String>,
+    /// The key holding the Corefile (default `Corefile`); never created.
     pub key: Option<String>,
+    /// The server block our block goes into, by its key (default `.:53`).
     pub server_block: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// One public name and the Service it answers with.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawRule {
+    /// The public name (no wildcard, not inside the cluster domain; unique among the rules).
     pub host: String,
+    /// The Service whose ClusterIP the name answers with.
     pub service: RawServiceRef,
+    /// The public URL's port, to warn when the Service does not expose it (DNS cannot change ports).
     #[serde(default)]
+    #[schemars(range(min = 1, max = 65535))]
     pub port: Option<u16>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// A Service by namespace and name.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawServiceRef {
     pub namespace: String,
     pub name: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// Which of the kcp-operator's kinds to read public names from (at least one switched on).
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawDiscovery {
+    /// The namespace of the operator's objects and their Services.
     pub namespace: String,
+    /// Read RootShards (their virtual-workspace URL and certificate DNS names).
     #[serde(default)]
     pub root_shards: bool,
+    /// Read Shards (their virtual-workspace URL and certificate DNS names).
     #[serde(default)]
     pub shards: bool,
+    /// Read FrontProxies (their external hostname).
     #[serde(default)]
     pub front_proxies: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// How the names are checked through DNS.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawVerify {
+    /// The cluster DNS to ask: an IP address with an optional port (default 53); without it nothing is asked
+    /// and every host reads not verified.
     pub resolver: Option<String>,
+    /// How long one query may take (a Go duration, default `2s`).
     pub timeout: Option<String>,
+    /// After a write, how long until every name must answer (a Go duration, default `2m`: the kubelet's
+    /// projection delay plus CoreDNS's reload interval).
     #[serde(default)]
     pub settle: Option<String>,
 }
@@ -189,189 +236,224 @@ pub struct Verify {
     pub settle: Duration,
 }
 
-/// The default of `verify.settle`: 60s of projection delay plus 30s of reload interval, rounded up.
-pub const DEFAULT_SETTLE: Duration = Duration::from_secs(120);
+/// The runtime loads and reloads the file through this; the daemon gets a [`Config`].
+impl AgentConfig for Config {
+    type Raw = RawConfig;
+
+    fn from_raw(raw: RawConfig) -> Result<Self, Vec<FieldError>> {
+        Config::from_raw(raw)
+    }
+}
 
 impl Config {
-    /// Every error at once, each with its field path.
+    /// Every error at once, each with its field path, in the order of the file's sections.
     pub fn from_raw(raw: RawConfig) -> Result<Self, Vec<FieldError>> {
         let mut errors = Vec::new();
-        let mut err = |path: &str, reason: &str| errors.push(FieldError::new(path, reason));
-
-        let key_of = |errs: &mut dyn FnMut(&str, &str),
-                      section: &str,
-                      ns: Option<String>,
-                      name: Option<String>,
-                      key: Option<String>,
-                      defaults: (&str, &str, &str)| {
-            let ns = ns.unwrap_or_else(|| defaults.0.into());
-            let name = name.unwrap_or_else(|| defaults.1.into());
-            let key = key.unwrap_or_else(|| defaults.2.into());
-            if let Err(r) = names::check_dns_label(&ns) {
-                errs(&format!("{section}.namespace"), &r);
-            }
-            if let Err(r) = names::check_dns_subdomain(&name) {
-                errs(&format!("{section}.name"), &r);
-            }
-            if let Err(r) = names::check_data_key(&key) {
-                errs(&format!("{section}.key"), &r);
-            }
-            ConfigMapKey { namespace: ns, name, key }
-        };
-
-        let target = match raw.mode.as_str() {
-            "k3s" => {
-                if raw.corefile.is_some() {
-                    err("corefile", "only allowed when mode is corefile");
-                }
-                let k3s = raw.k3s.unwrap_or(RawK3s { namespace: None, name: None, key: None });
-                let key = key_of(
-                    &mut err,
-                    "k3s",
-                    k3s.namespace,
-                    k3s.name,
-                    k3s.key,
-                    (DEFAULT_K3S_NAMESPACE, DEFAULT_K3S_NAME, DEFAULT_K3S_KEY),
-                );
-                if !key.key.ends_with(".override") || key.key == ".override" {
-                    err("k3s.key", "must end in .override: k3s imports only those keys into its main server block");
-                }
-                Some(Target::K3s(key))
-            }
-            "corefile" => {
-                if raw.k3s.is_some() {
-                    err("k3s", "only allowed when mode is k3s");
-                }
-                match raw.corefile {
-                    None => {
-                        err("corefile", "required when mode is corefile (it names the Corefile's ConfigMap)");
-                        None
-                    }
-                    Some(c) => {
-                        let key = key_of(
-                            &mut err,
-                            "corefile",
-                            c.namespace,
-                            c.name,
-                            c.key,
-                            (DEFAULT_K3S_NAMESPACE, DEFAULT_COREFILE_NAME, DEFAULT_COREFILE_KEY),
-                        );
-                        let server_block = c.server_block.unwrap_or_else(|| DEFAULT_SERVER_BLOCK.into());
-                        if server_block.is_empty()
-                            || server_block
-                                .chars()
-                                .any(|c| c.is_whitespace() || c == '{' || c == '}' || c == '#' || c == '"')
-                        {
-                            err("corefile.serverBlock", "must be one server block key such as .:53");
-                        }
-                        Some(Target::Corefile { key, server_block })
-                    }
-                }
-            }
-            _ => {
-                err("mode", "must be k3s or corefile");
-                None
-            }
-        };
-
-        let cluster_domain = match Domain::parse(raw.cluster_domain.as_deref().unwrap_or(DEFAULT_CLUSTER_DOMAIN)) {
-            Ok(d) => Some(d),
-            Err(e) => {
-                err("clusterDomain", &e.to_string());
-                None
-            }
-        };
-
-        let mut rules = Vec::new();
-        let mut seen: BTreeMap<Hostname, usize> = BTreeMap::new();
-        for (i, r) in raw.rules.into_iter().enumerate() {
-            let host = match Hostname::parse(&r.host) {
-                Ok(h) => Some(h),
-                Err(e) => {
-                    err(&format!("rules[{i}].host"), &e.to_string());
-                    None
-                }
-            };
-            if let (Some(host), Some(domain)) = (&host, &cluster_domain)
-                && host.is_within(domain)
-            {
-                err(&format!("rules[{i}].host"), "lies inside the cluster domain, where the kubernetes plugin answers");
-            }
-            if let Some(host) = &host {
-                if let Some(first) = seen.get(host) {
-                    err(&format!("rules[{i}].host"), &format!("duplicates rules[{first}].host"));
-                } else {
-                    seen.insert(host.clone(), i);
-                }
-            }
-            let service = match ServiceRef::parse(&r.service.namespace, &r.service.name) {
-                Ok(s) => Some(s),
-                Err((field, reason)) => {
-                    err(&format!("rules[{i}].service.{field}"), &reason);
-                    None
-                }
-            };
-            if r.port == Some(0) {
-                err(&format!("rules[{i}].port"), "must be between 1 and 65535");
-            }
-            if let (Some(host), Some(service)) = (host, service) {
-                rules.push(Rule { host, service, port: r.port });
-            }
-        }
-
-        let discovery = raw.discovery.map(|d| {
-            if let Err(r) = names::check_dns_label(&d.namespace) {
-                err("discovery.namespace", &r);
-            }
-            let kinds = crate::plan::wanted_kinds(d.root_shards, d.shards, d.front_proxies);
-            if kinds.is_empty() {
-                err("discovery", "enable at least one of rootShards, shards, frontProxies (or leave discovery out)");
-            }
-            Discovery { namespace: d.namespace, kinds }
-        });
-
-        let raw_verify = raw.verify.unwrap_or(RawVerify { resolver: None, timeout: None, settle: None });
-        let resolver = raw_verify.resolver.as_deref().and_then(|text| match parse_resolver(text) {
-            Some(addr) => Some(addr),
-            None => {
-                err("verify.resolver", "must be an IP address with an optional port, e.g. 10.43.0.10:53");
-                None
-            }
-        });
-        let timeout = duration(&mut err, "verify.timeout", raw_verify.timeout.as_deref(), Duration::from_secs(2));
-        if timeout.is_zero() {
-            err("verify.timeout", "must be more than 0");
-        }
-        let settle = duration(&mut err, "verify.settle", raw_verify.settle.as_deref(), DEFAULT_SETTLE);
-        if settle.is_zero() {
-            err("verify.settle", "must be more than 0");
-        }
-        let resync_interval =
-            duration(&mut err, "resyncInterval", raw.resync_interval.as_deref(), Duration::from_secs(300));
-        if resync_interval < Duration::from_secs(10) {
-            err("resyncInterval", "must be at least 10s");
-        }
-
+        let target = target(&mut errors, &raw.mode, raw.k3s, raw.corefile);
+        let cluster_domain = cluster_domain(&mut errors, raw.cluster_domain.as_deref());
+        let rules = rules(&mut errors, raw.rules, cluster_domain.as_ref());
+        let discovery = raw.discovery.map(|d| discovery(&mut errors, d));
+        let verify = verify(&mut errors, raw.verify.unwrap_or_default());
+        let resync_interval = resync_interval(&mut errors, raw.resync_interval.as_deref());
         match (target, cluster_domain) {
-            (Some(target), Some(cluster_domain)) if errors.is_empty() => Ok(Config {
-                target,
-                cluster_domain,
-                rules,
-                discovery,
-                verify: Verify { resolver, timeout, settle },
-                resync_interval,
-            }),
+            (Some(target), Some(cluster_domain)) if errors.is_empty() => {
+                Ok(Config { target, cluster_domain, rules, discovery, verify, resync_interval })
+            }
             _ => Err(errors),
         }
     }
 }
 
-fn duration(err: &mut impl FnMut(&str, &str), path: &str, text: Option<&str>, default: Duration) -> Duration {
+/// `mode` with its section: `k3s` (optional) or `corefile` (required), never the other one.
+fn target(
+    errors: &mut Vec<FieldError>,
+    mode: &str,
+    k3s: Option<RawK3s>,
+    corefile: Option<RawCorefile>,
+) -> Option<Target> {
+    match mode {
+        "k3s" => {
+            if corefile.is_some() {
+                errors.push(FieldError::new("corefile", "only allowed when mode is corefile"));
+            }
+            Some(k3s_target(errors, k3s.unwrap_or_default()))
+        }
+        "corefile" => {
+            if k3s.is_some() {
+                errors.push(FieldError::new("k3s", "only allowed when mode is k3s"));
+            }
+            let Some(corefile) = corefile else {
+                errors.push(FieldError::new(
+                    "corefile",
+                    "required when mode is corefile (it names the Corefile's ConfigMap)",
+                ));
+                return None;
+            };
+            Some(corefile_target(errors, corefile))
+        }
+        _ => {
+            errors.push(FieldError::new("mode", "must be k3s or corefile"));
+            None
+        }
+    }
+}
+
+fn k3s_target(errors: &mut Vec<FieldError>, k3s: RawK3s) -> Target {
+    let defaults = (DEFAULT_K3S_NAMESPACE, DEFAULT_K3S_NAME, DEFAULT_K3S_KEY);
+    let key = configmap_key(errors, "k3s", k3s.namespace, k3s.name, k3s.key, defaults);
+    if !key.key.ends_with(".override") || key.key == ".override" {
+        errors.push(FieldError::new(
+            "k3s.key",
+            "must end in .override: k3s imports only those keys into its main server block",
+        ));
+    }
+    Target::K3s(key)
+}
+
+fn corefile_target(errors: &mut Vec<FieldError>, corefile: RawCorefile) -> Target {
+    let defaults = (DEFAULT_K3S_NAMESPACE, DEFAULT_COREFILE_NAME, DEFAULT_COREFILE_KEY);
+    let key = configmap_key(errors, "corefile", corefile.namespace, corefile.name, corefile.key, defaults);
+    let server_block = corefile.server_block.unwrap_or_else(|| DEFAULT_SERVER_BLOCK.into());
+    // One key as Corefiles write them: nothing that could open, close or comment out a block.
+    let odd = |c: char| c.is_whitespace() || matches!(c, '{' | '}' | '#' | '"');
+    if server_block.is_empty() || server_block.chars().any(odd) {
+        errors.push(FieldError::new("corefile.serverBlock", "must be one server block key such as .:53"));
+    }
+    Target::Corefile { key, server_block }
+}
+
+/// A ConfigMap key from a section's optional fields and their defaults (namespace, name, key).
+fn configmap_key(
+    errors: &mut Vec<FieldError>,
+    section: &str,
+    namespace: Option<String>,
+    name: Option<String>,
+    key: Option<String>,
+    defaults: (&str, &str, &str),
+) -> ConfigMapKey {
+    let namespace = namespace.unwrap_or_else(|| defaults.0.into());
+    let name = name.unwrap_or_else(|| defaults.1.into());
+    let key = key.unwrap_or_else(|| defaults.2.into());
+    let checks = [
+        ("namespace", names::check_dns_label(&namespace)),
+        ("name", names::check_dns_subdomain(&name)),
+        ("key", names::check_data_key(&key)),
+    ];
+    for (field, check) in checks {
+        if let Err(reason) = check {
+            errors.push(FieldError::new(format!("{section}.{field}"), reason));
+        }
+    }
+    ConfigMapKey { namespace, name, key }
+}
+
+fn cluster_domain(errors: &mut Vec<FieldError>, text: Option<&str>) -> Option<Domain> {
+    Domain::parse(text.unwrap_or(DEFAULT_CLUSTER_DOMAIN))
+        .map_err(|e| errors.push(FieldError::new("clusterDomain", e.to_string())))
+        .ok()
+}
+
+/// The rules that are valid; each invalid field is an error. Without a valid cluster domain the hosts are not
+/// checked against it (its own error is reported already).
+fn rules(errors: &mut Vec<FieldError>, raw: Vec<RawRule>, domain: Option<&Domain>) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    let mut seen: BTreeMap<Hostname, usize> = BTreeMap::new();
+    for (i, r) in raw.into_iter().enumerate() {
+        let host = rule_host(errors, i, &r.host, domain, &mut seen);
+        let service = ServiceRef::parse(&r.service.namespace, &r.service.name)
+            .map_err(|(field, reason)| errors.push(FieldError::new(format!("rules[{i}].service.{field}"), reason)))
+            .ok();
+        if r.port == Some(0) {
+            errors.push(FieldError::new(format!("rules[{i}].port"), "must be between 1 and 65535"));
+        }
+        if let (Some(host), Some(service)) = (host, service) {
+            rules.push(Rule { host, service, port: r.port });
+        }
+    }
+    rules
+}
+
+/// `rules[i].host`: a valid name, outside the cluster domain, and the first rule for it (`seen` remembers).
+fn rule_host(
+    errors: &mut Vec<FieldError>,
+    i: usize,
+    text: &str,
+    domain: Option<&Domain>,
+    seen: &mut BTreeMap<Hostname, usize>,
+) -> Option<Hostname> {
+    let path = format!("rules[{i}].host");
+    let host = match Hostname::parse(text) {
+        Ok(host) => host,
+        Err(e) => {
+            errors.push(FieldError::new(path, e.to_string()));
+            return None;
+        }
+    };
+    if domain.is_some_and(|d| host.is_within(d)) {
+        errors.push(FieldError::new(&path, "lies inside the cluster domain, where the kubernetes plugin answers"));
+    }
+    match seen.get(&host) {
+        Some(first) => errors.push(FieldError::new(path, format!("duplicates rules[{first}].host"))),
+        None => {
+            seen.insert(host.clone(), i);
+        }
+    }
+    Some(host)
+}
+
+fn discovery(errors: &mut Vec<FieldError>, raw: RawDiscovery) -> Discovery {
+    if let Err(reason) = names::check_dns_label(&raw.namespace) {
+        errors.push(FieldError::new("discovery.namespace", reason));
+    }
+    let kinds = wanted_kinds(raw.root_shards, raw.shards, raw.front_proxies);
+    if kinds.is_empty() {
+        errors.push(FieldError::new(
+            "discovery",
+            "enable at least one of rootShards, shards, frontProxies (or leave discovery out)",
+        ));
+    }
+    Discovery { namespace: raw.namespace, kinds }
+}
+
+fn verify(errors: &mut Vec<FieldError>, raw: RawVerify) -> Verify {
+    let resolver = raw.resolver.as_deref().and_then(|text| {
+        let addr = parse_resolver(text);
+        if addr.is_none() {
+            errors.push(FieldError::new(
+                "verify.resolver",
+                "must be an IP address with an optional port, e.g. 10.43.0.10:53",
+            ));
+        }
+        addr
+    });
+    let timeout = positive_duration(errors, "verify.timeout", raw.timeout.as_deref(), DEFAULT_TIMEOUT);
+    let settle = positive_duration(errors, "verify.settle", raw.settle.as_deref(), DEFAULT_SETTLE);
+    Verify { resolver, timeout, settle }
+}
+
+fn resync_interval(errors: &mut Vec<FieldError>, text: Option<&str>) -> Duration {
+    let interval = duration(errors, "resyncInterval", text, DEFAULT_RESYNC);
+    if interval < MIN_RESYNC {
+        errors.push(FieldError::new("resyncInterval", "must be at least 10s"));
+    }
+    interval
+}
+
+fn positive_duration(errors: &mut Vec<FieldError>, path: &str, text: Option<&str>, default: Duration) -> Duration {
+    let d = duration(errors, path, text, default);
+    if d.is_zero() {
+        errors.push(FieldError::new(path, "must be more than 0"));
+    }
+    d
+}
+
+/// A Go duration, `default` when absent (and, after its error, when invalid).
+fn duration(errors: &mut Vec<FieldError>, path: &str, text: Option<&str>, default: Duration) -> Duration {
     match text.map(parse_go_duration) {
         None => default,
         Some(Ok(d)) => d,
         Some(Err(e)) => {
-            err(path, &e.to_string());
+            errors.push(FieldError::new(path, e.to_string()));
             default
         }
     }
@@ -382,49 +464,12 @@ pub fn parse_resolver(text: &str) -> Option<SocketAddr> {
     text.parse::<SocketAddr>().ok().or_else(|| text.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 53)))
 }
 
-/// Parses and validates configuration text. `file` is only used in error messages.
-pub fn parse(file: &Path, text: &str) -> Result<Config, ConfigError> {
-    let raw = parse_raw(file, text)?;
-    Config::from_raw(raw).map_err(|errors| ConfigError::Invalid { file: file.into(), errors })
-}
-
-/// Reads the raw form; a schema error names the field and what was expected, never the value found.
-pub fn parse_raw(file: &Path, text: &str) -> Result<RawConfig, ConfigError> {
-    let deserializer = serde_yaml::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(deserializer).map_err(|e| {
-        let path = e.path().to_string();
-        ConfigError::Parse {
-            file: file.into(),
-            path: if path == "." { "(top level)".into() } else { path },
-            reason: without_value(&e.into_inner().to_string()),
-        }
-    })
-}
-
-/// Loads the file.
-pub fn load(file: &Path) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read { file: file.into(), source })?;
-    parse(file, &text)
-}
-
-/// serde's "invalid type: string \"x\", expected u16" quotes the value; keep what was expected only.
-/// Unknown and missing field messages name keys, which are kept.
-fn without_value(message: &str) -> String {
-    let message = message.split(" at line ").next().unwrap_or(message);
-    // serde_yaml may put the path in front; the path is reported separately.
-    for kept in ["unknown field", "missing field"] {
-        if let Some(at) = message.find(kept) {
-            return message[at..].to_string();
-        }
-    }
-    match message.split_once(", expected ") {
-        Some((_, expected)) => format!("invalid value, expected {expected}"),
-        None => "invalid value".into(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    use kcp_keeper_runtime::config::{ConfigError, load, parse};
+
     use super::*;
 
     fn parse_text(text: &str) -> Result<Config, ConfigError> {
@@ -438,7 +483,7 @@ mod tests {
     #[test]
     fn the_example_configuration_is_valid() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("example.yaml");
-        let config = load(&path).unwrap();
+        let config: Config = load(&path).unwrap();
         assert!(!config.rules.is_empty());
     }
 
@@ -530,7 +575,8 @@ mod tests {
     fn unknown_fields_are_errors_naming_their_path() {
         let msg = err("mode: k3s\nrules:\n- host: a.example.com\n  service: {namespace: a, name: b, nmae: c}\n");
         assert!(msg.starts_with("c.yaml: rules[0].service"), "{msg}");
-        assert!(msg.ends_with("unknown field `nmae`, expected `namespace` or `name`"), "{msg}");
+        // The runtime's loader keeps serde_yaml's position of the field (a position, never a value).
+        assert!(msg.ends_with("unknown field `nmae`, expected `namespace` or `name` at line 4 column 36"), "{msg}");
     }
 
     #[test]
@@ -553,6 +599,6 @@ mod tests {
             assert!(!msg.to_lowercase().contains("sekrit"), "{msg}");
         }
         let msg = err("mode: k3s\nrules:\n- host: a.example.com\n  service: {namespace: a, name: b}\n  port: many\n");
-        assert_eq!(msg, "c.yaml: rules[0].port: invalid value, expected u16");
+        assert_eq!(msg, "c.yaml: rules[0].port: expected u16, found string at line 5 column 9");
     }
 }

@@ -62,6 +62,18 @@ impl Kind {
     }
 }
 
+/// Which kinds a discovery configuration asks for, in [`Kind::ALL`]'s order.
+pub fn wanted_kinds(root_shards: bool, shards: bool, front_proxies: bool) -> Vec<Kind> {
+    Kind::ALL
+        .into_iter()
+        .filter(|k| match k {
+            Kind::RootShard => root_shards,
+            Kind::Shard => shards,
+            Kind::FrontProxy => front_proxies,
+        })
+        .collect()
+}
+
 /// One RootShard, Shard or FrontProxy as read from the cluster.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OperatorObject {

@@ -1,6 +1,7 @@
-//! dns-rewriter's metrics, prefix `dns_rewriter_`, updated by the daemon ([`crate::daemon`]). Every series an alert reads exists with a value from the start and stays when something fails:
-//! a rule error reason reads 0 until it happens, a host that stops answering reads `verified 0` with the time
-//! of its last check. A host's series go only when the host leaves the rules.
+//! dns-rewriter's metrics, prefix `dns_rewriter_`, updated by the reconciler. Every series an alert reads exists
+//! with a value from the start and stays when something fails: a rule error reason reads 0 until it happens, a
+//! host that stops answering reads `verified 0` with the time of its last check. A host's series go only when
+//! the host leaves the rules.
 //!
 //! - `dns_rewriter_rules`: rules in the last planned value;
 //! - `dns_rewriter_rule_errors{reason}`: rules left out by the last plan, by [`RuleError::reason`];
@@ -8,14 +9,13 @@
 //! - `dns_rewriter_host_verified{host}`: 1 when the last check of `host` answered exactly its Service's
 //!   ClusterIP under its own name, else 0;
 //! - `dns_rewriter_host_check_timestamp_seconds{host}`: when `host` was last checked;
-//! - the driver's `dns_rewriter_reconcile_duration_seconds`, `dns_rewriter_reconcile_errors_total{reason}`
-//!   (reasons: [`crate::daemon::CycleError`]), `dns_rewriter_reconcile_pass_timestamp_seconds` (when the
-//!   last cycle finished) and `dns_rewriter_leader`.
+//! - the runtime's `dns_rewriter_reconcile_duration_seconds`, `dns_rewriter_reconcile_errors_total{reason}`
+//!   (reasons: [`crate::error::CycleError`], registered by the runtime from that enum),
+//!   `dns_rewriter_reconcile_pass_timestamp_seconds` (when the last cycle finished) and `dns_rewriter_leader`.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use kcp_keeper_runtime::driver::ReconcileMetrics;
 use kcp_keeper_runtime::metrics::{GaugeF64, ReasonLabel, unix_now};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -32,7 +32,6 @@ pub struct HostLabel {
 
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    pub reconcile: ReconcileMetrics,
     rules: Gauge,
     rule_errors: Family<ReasonLabel, Gauge>,
     write_timestamp: GaugeF64,
@@ -46,7 +45,6 @@ impl Metrics {
     /// Registers under `registry` (the agent's prefixed sub-registry), every rule error reason at 0.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
-            reconcile: ReconcileMetrics::register::<crate::daemon::CycleError>(registry),
             rules: Gauge::default(),
             rule_errors: Family::default(),
             write_timestamp: GaugeF64::default(),

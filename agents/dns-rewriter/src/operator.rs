@@ -1,18 +1,21 @@
-//! The kcp-operator's kinds as typed resources (`operator.kcp.io/v1alpha1`), so they can be watched through the
-//! runtime's [`kcp_keeper_runtime::watch::Watches`] (which needs a static `DynamicType`; a `DynamicObject`'s
-//! `ApiResource` is not one). Only `metadata` and `spec` are kept: what discovery reads is in `spec`, as plain
-//! JSON for [`crate::discovery`]'s pure functions.
+//! The kcp-operator's kinds as typed resources (`operator.kcp.io/v1alpha1`, through the runtime's
+//! [`kcp_keeper_runtime::foreign_kind!`]), so they can be watched through the runtime's
+//! [`kcp_keeper_runtime::watch::Watches`] (which needs a static `DynamicType`; a `DynamicObject`'s
+//! `ApiResource` is not one). What discovery reads is in `spec`, handed over as plain JSON to
+//! [`crate::discovery`]'s pure functions.
 
-use std::borrow::Cow;
-
-use k8s_openapi::NamespaceResourceScope;
 use kube::Resource;
-use kube::api::ObjectMeta;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::cluster::{OPERATOR_GROUP, OPERATOR_VERSION};
 use crate::discovery::{Kind, OperatorObject};
+
+kcp_keeper_runtime::foreign_kind!(RootShard, "operator.kcp.io", "v1alpha1", "RootShard", "rootshards");
+kcp_keeper_runtime::foreign_kind!(Shard, "operator.kcp.io", "v1alpha1", "Shard", "shards");
+kcp_keeper_runtime::foreign_kind!(FrontProxy, "operator.kcp.io", "v1alpha1", "FrontProxy", "frontproxies");
+
+/// The operator's API group and version, as the typed kinds above address them.
+pub const OPERATOR_GROUP: &str = <RootShard as k8s_openapi::Resource>::GROUP;
+pub const OPERATOR_VERSION: &str = <RootShard as k8s_openapi::Resource>::VERSION;
 
 /// One operator object as read from the cluster.
 pub trait OperatorKind: Resource<DynamicType = ()> {
@@ -33,42 +36,6 @@ pub trait OperatorKind: Resource<DynamicType = ()> {
 
 macro_rules! operator_kind {
     ($ty:ident, $kind:expr) => {
-        #[derive(Clone, Debug, Default, Deserialize, Serialize)]
-        pub struct $ty {
-            pub metadata: ObjectMeta,
-            #[serde(default)]
-            pub spec: Value,
-        }
-
-        impl Resource for $ty {
-            type DynamicType = ();
-            type Scope = NamespaceResourceScope;
-
-            fn kind(_: &()) -> Cow<'_, str> {
-                $kind.name().into()
-            }
-
-            fn group(_: &()) -> Cow<'_, str> {
-                OPERATOR_GROUP.into()
-            }
-
-            fn version(_: &()) -> Cow<'_, str> {
-                OPERATOR_VERSION.into()
-            }
-
-            fn plural(_: &()) -> Cow<'_, str> {
-                $kind.plural().into()
-            }
-
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
-
         impl OperatorKind for $ty {
             const KIND: Kind = $kind;
 
@@ -96,6 +63,16 @@ mod tests {
         assert_eq!(Shard::url_path(&(), Some("ns")), "/apis/operator.kcp.io/v1alpha1/namespaces/ns/shards");
         assert_eq!(FrontProxy::url_path(&(), Some("ns")), "/apis/operator.kcp.io/v1alpha1/namespaces/ns/frontproxies");
         assert_eq!(FrontProxy::api_version(&()), "operator.kcp.io/v1alpha1");
+    }
+
+    #[test]
+    fn each_typed_kind_is_the_discovery_kind_of_the_same_name_and_plural() {
+        fn same<K: OperatorKind>() {
+            assert_eq!((K::kind(&()), K::plural(&())), (K::KIND.name().into(), K::KIND.plural().into()));
+        }
+        same::<RootShard>();
+        same::<Shard>();
+        same::<FrontProxy>();
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::Rule;
-use crate::discovery::{self, Candidate, Kind, OperatorObject, Origin};
+use crate::discovery::{self, Candidate, OperatorObject, Origin};
 use crate::hostname::{Domain, Hostname, HostnameError};
 use crate::rules::{RuleSet, ServiceRef, Target};
 use crate::services::{ClusterIp, ServiceFacts};
@@ -274,24 +274,12 @@ fn usable(
     }
 }
 
-/// Which kinds a discovery configuration asks for.
-pub fn wanted_kinds(root_shards: bool, shards: bool, front_proxies: bool) -> Vec<Kind> {
-    Kind::ALL
-        .into_iter()
-        .filter(|k| match k {
-            Kind::RootShard => root_shards,
-            Kind::Shard => shards,
-            Kind::FrontProxy => front_proxies,
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::discovery::{COMPONENT_LABEL, INSTANCE_LABEL};
+    use crate::discovery::{COMPONENT_LABEL, INSTANCE_LABEL, Kind};
     use crate::render::render;
 
     fn domain() -> Domain {

@@ -1,94 +1,78 @@
-//! `dns-rewriter run`: the daemon, on the runtime's reconcile driver. It has one item, the managed key; a cycle
-//! runs on any change to what [`crate::scope`] watches, on a configuration change, on leadership, and every
-//! `resyncInterval`:
+//! `dns-rewriter run`'s work: the reconciler on the runtime's driver, and [`daemon`], which runs it. It has one
+//! item, the managed key; a cycle runs on any change to what [`crate::scope`] watches, on a configuration
+//! change, on leadership, and every `resyncInterval`:
 //!
 //! 1. plan the rules from the stores ([`crate::plan`]); per-rule errors are counted, logged and, when new,
 //!    published as Events on the managed ConfigMap; the other rules go on;
 //! 2. compute the new value of the key and check it before writing ([`crate::output::desired_value`]);
-//! 3. write only when the bytes differ, conditional on the resourceVersion it was computed from
-//!    ([`crate::write`]); a cycle with nothing to do sends no write;
+//! 3. write only when the bytes differ, conditional on the resourceVersion it was computed from (the runtime's
+//!    [`kcp_keeper_runtime::marked_block::configmap::write_key`]: a merge patch of the one key; on a 409 it
+//!    re-reads, and the value is computed and checked again, so a change someone made meanwhile is kept); a
+//!    cycle with nothing to do sends no write; the ConfigMap is never created;
 //! 4. verify through the resolver: after a write, ask until every name answers its Service's ClusterIP or
 //!    `verify.settle` (projection delay plus reload interval) has passed; otherwise ask once. Each host's result
 //!    is exported, so a host that answers anything else (a cache holding a recreated Service's old address,
 //!    rules that never loaded) shows as `host_verified 0`.
+//!
+//! The ConfigMap is never created, in either mode: a Corefile ConfigMap is its owner's, and creating
+//! `coredns-custom` would need `create` on every ConfigMap of `kube-system` (RBAC cannot limit a create by name;
+//! the apiserver checks `create` even for a server-side apply that would create). It is created once at
+//! install time instead (the chart, or `kubectl -n kube-system create configmap coredns-custom`).
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use kcp_keeper_runtime::admin::Health;
-use kcp_keeper_runtime::agent::{self, AgentInfo, Context};
+use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::Outcome;
-use kcp_keeper_runtime::args::RunArgs;
-use kcp_keeper_runtime::driver::{self, Reconciler, Settings};
+use kcp_keeper_runtime::driver::{self, ReconcileMetrics, Reconciler, Settings};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
+use kcp_keeper_runtime::marked_block::configmap::write_key;
+use kube::Api;
 use tokio::time::Instant;
 
 use crate::config::{Config, ConfigMapKey};
+use crate::error::{CycleError, WriteError};
 use crate::metrics::Metrics;
-use crate::output::{OutputError, desired_value};
+use crate::output::desired_value;
 use crate::plan::Plan;
 use crate::rules::RuleSet;
 use crate::scope::Scope;
 use crate::verify::{self, HostCheck, Outcome as Answer};
-use crate::write::{self, WriteError};
-
-pub const INFO: AgentInfo = AgentInfo { name: "dns-rewriter", metrics_prefix: "dns_rewriter" };
 
 /// How often to ask again while waiting for a written change to answer.
 const VERIFY_POLL: Duration = Duration::from_secs(1);
 
-/// Why a cycle failed; `dns_rewriter_reconcile_errors_total{reason}` is the variant's name. A rule error is
-/// not among them: it leaves that rule out, and the cycle writes the others.
-#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
-#[strum(serialize_all = "snake_case")]
-pub enum CycleError {
-    /// The ConfigMap to write into does not exist; it is never created (see [`crate::write`]).
-    #[error(
-        "ConfigMap {0} does not exist; dns-rewriter writes into it but never creates it: create it once (the chart does)"
-    )]
-    ConfigMapMissing(String),
-    /// The value failed our own pre-write check, or the Corefile is not one we can safely edit: nothing written.
-    #[error("nothing written: {0}")]
-    Refused(OutputError),
-    #[error("write failed: {0}")]
-    WriteFailed(WriteError),
-    /// Some names did not answer exactly their Service's ClusterIP.
-    #[error("{failed} of {total} names do not answer their Service's ClusterIP: {detail}")]
-    NotVerified { failed: usize, total: usize, detail: String },
-}
-
-/// `dns-rewriter run`.
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    agent::run(INFO, args, Metrics::register, |ctx: Context<Config>, metrics: Metrics| async move {
-        // The configured resyncInterval comes back as each cycle's requeue time, so a reloaded value applies at
-        // once; the driver's own resync is only a backstop.
-        let settings = Settings { resync: Duration::from_secs(3600), ..Settings::default() };
-        let reconcile = metrics.reconcile.clone();
-        let (client, events) = (ctx.client.clone(), ctx.events.clone());
-        let reported = Arc::new(Mutex::new(BTreeSet::new()));
-        // One item whose whole job fails together: a leader is ready once it has written (or found nothing to
-        // write), not merely after a pass that failed.
-        ctx.health.require_success();
-        let health = ctx.health.clone();
-        driver::run(&ctx, &reconcile, settings, |config: Arc<Config>| {
-            let (scope, watches) = Scope::build(&client, &config);
-            let rewriter = Rewriter {
-                client: client.clone(),
-                events: events.clone(),
-                health: health.clone(),
-                metrics: metrics.clone(),
-                config,
-                scope,
-                reported: reported.clone(),
-            };
-            (rewriter, watches)
-        })
-        .await;
-        Ok(())
+/// `dns-rewriter run`'s work, on the runtime's driver: `reconcile` is the driver's metrics (the runtime
+/// registered them from [`CycleError`]).
+pub async fn daemon(ctx: Context<Config>, metrics: Metrics, reconcile: ReconcileMetrics) -> anyhow::Result<()> {
+    // The configured resyncInterval comes back as each cycle's requeue time, so a reloaded value applies at
+    // once; the driver's own resync is only a backstop.
+    let settings = Settings { resync: Duration::from_secs(3600), ..Settings::default() };
+    let (client, events) = (ctx.client.clone(), ctx.events.clone());
+    let reported = Arc::new(Mutex::new(BTreeSet::new()));
+    // One item whose whole job fails together: a leader is ready once it has written (or found nothing to
+    // write), not merely after a pass that failed.
+    ctx.health.require_success();
+    let health = ctx.health.clone();
+    driver::run(&ctx, &reconcile, settings, |config: Arc<Config>| {
+        let (scope, watches) = Scope::build(&client, &config);
+        let rewriter = Rewriter {
+            client: client.clone(),
+            events: events.clone(),
+            health: health.clone(),
+            metrics: metrics.clone(),
+            config,
+            scope,
+            reported: reported.clone(),
+        };
+        (rewriter, watches)
     })
-    .await
+    .await;
+    Ok(())
 }
 
 /// The driver's one item: the managed key.
@@ -149,25 +133,17 @@ impl Rewriter {
         self.config.target.configmap()
     }
 
-    /// Writes the key when its bytes differ; `Ok(true)` when it wrote.
+    /// Writes the key when its bytes differ; `Ok(true)` when it wrote. The value is computed from the key as
+    /// last seen and checked before any write; when the ConfigMap changed since (a 409), the runtime re-reads
+    /// it and the value is computed and checked again from the fresh object.
     async fn write(&self, rules: &RuleSet) -> Result<bool, CycleError> {
         let key = self.key();
-        let Some(live) = self.scope.configmap() else {
-            let error = CycleError::ConfigMapMissing(format!("{}/{}", key.namespace, key.name));
-            tracing::warn!(%error, "not written");
-            self.event(EventType::Warning, "ConfigMapMissing", &error.to_string()).await;
-            return Err(error);
+        let result = match self.scope.configmap() {
+            // Not in the store: nothing to ask the apiserver, and nothing to create.
+            None => Err(CycleError::ConfigMapMissing(format!("{}/{}", key.namespace, key.name))),
+            Some(live) => self.write_key(key, live, rules).await,
         };
-        let current = write::current_value(&live, key);
-        let value = match desired_value(&self.config.target, &self.config.cluster_domain, rules, current) {
-            Ok(value) => value,
-            Err(e) => {
-                tracing::warn!(error = %e, "not written");
-                self.event(EventType::Warning, "WriteRefused", &format!("key {}: nothing written: {e}", key.key)).await;
-                return Err(CycleError::Refused(e));
-            }
-        };
-        match write::write(&self.client, key, &live, &value).await {
+        match result {
             Ok(Outcome::Unchanged) => Ok(false),
             Ok(_) => {
                 self.metrics.wrote();
@@ -176,13 +152,43 @@ impl Rewriter {
                 self.event(EventType::Normal, "RulesWritten", &note).await;
                 Ok(true)
             }
-            Err(e) => {
+            Err(error) => {
+                self.not_written(key, &error).await;
+                Err(error)
+            }
+        }
+    }
+
+    async fn write_key(&self, key: &ConfigMapKey, live: ConfigMap, rules: &RuleSet) -> Result<Outcome, CycleError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
+        let (target, domain) = (&self.config.target, &self.config.cluster_domain);
+        let compute = |current: Option<&str>| desired_value(target, domain, rules, current);
+        let written = write_key(&api, &key.name, &key.key, Some(live), compute).await?;
+        if written.conflicts > 0 {
+            tracing::info!(conflicts = written.conflicts, "the ConfigMap changed since it was read; recomputed");
+        }
+        Ok(written.outcome)
+    }
+
+    /// Logs why nothing was written and says so in an Event; a conflict is not evented (someone else wrote,
+    /// and the next cycle recomputes).
+    async fn not_written(&self, key: &ConfigMapKey, error: &CycleError) {
+        match error {
+            CycleError::ConfigMapMissing(_) => {
+                tracing::warn!(%error, "not written");
+                self.event(EventType::Warning, "ConfigMapMissing", &error.to_string()).await;
+            }
+            CycleError::Refused(e) => {
+                tracing::warn!(error = %e, "not written");
+                self.event(EventType::Warning, "WriteRefused", &format!("key {}: nothing written: {e}", key.key)).await;
+            }
+            CycleError::WriteFailed(e) => {
                 tracing::warn!(error = %e, "write failed");
-                if !matches!(e, WriteError::Conflict(_)) {
+                if !matches!(e, WriteError::Conflict(..)) {
                     self.event(EventType::Warning, "WriteFailed", &format!("key {}: {e}", key.key)).await;
                 }
-                Err(CycleError::WriteFailed(e))
             }
+            CycleError::NotVerified { .. } => {}
         }
     }
 
@@ -262,11 +268,5 @@ mod tests {
     fn event_reasons_are_the_rule_error_reasons_in_camel_case() {
         assert_eq!(camel("service_missing"), "ServiceMissing");
         assert_eq!(camel("conflict"), "Conflict");
-    }
-
-    #[test]
-    fn cycle_error_reasons_are_its_variant_names() {
-        use kcp_keeper_runtime::driver::ErrorReason;
-        assert_eq!(CycleError::reasons(), ["config_map_missing", "refused", "write_failed", "not_verified"]);
     }
 }

@@ -4,7 +4,8 @@
 //!   operator's component labels for the kinds switched on;
 //! - the operator's RootShards, Shards and FrontProxies in the discovery namespace, only the kinds switched on.
 //!
-//! Reads come from the watches' stores, never from fresh GETs each cycle.
+//! Reads come from the watches' stores, never from fresh GETs each cycle. The Roles for exactly these reads
+//! (and the one write) are [`rbac`]'s, from the same [`service_scopes`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,6 +20,8 @@ use crate::config::Config;
 use crate::discovery::{COMPONENT_LABEL, Kind};
 use crate::operator::{FrontProxy, OperatorKind, RootShard, Shard};
 use crate::services::ServiceFacts;
+
+pub mod rbac;
 
 /// What one namespace's Service watch covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,7 +142,7 @@ mod tests {
     use super::*;
 
     fn config(text: &str) -> Config {
-        crate::config::parse(Path::new("test.yaml"), text).unwrap()
+        kcp_keeper_runtime::config::parse(Path::new("test.yaml"), text).unwrap()
     }
 
     #[test]

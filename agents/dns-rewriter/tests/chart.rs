@@ -7,15 +7,12 @@
 
 mod common;
 
-use std::path::Path;
-
 use anyhow::{Context, Result};
 use common::*;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::api::{Api, PostParams};
 use testbed::ControlPlane;
-use testbed::agent_process::AgentProcess;
 use testbed::audit::Request;
 use testbed::coredns::K3S_COREFILE;
 
@@ -49,16 +46,8 @@ async fn installed_by_the_chart_it_writes_its_configmap_with_the_chart_roles_and
     let user = format!("system:serviceaccount:{release_ns}:{ACCOUNT}");
     let kubeconfig = bed.apiserver.token_kubeconfig(&user, &token)?;
 
-    let mut agent = AgentProcess::start_as(
-        &bed,
-        &kubeconfig,
-        Path::new(BINARY),
-        &config,
-        &release_ns,
-        "kcp-keeper-dns-rewriter-0",
-        &[],
-    )?;
-    agent.wait_ready(WAIT).await?;
+    let mut agent =
+        agent(&bed, &release_ns, &config).kubeconfig(&kubeconfig).identity("kcp-keeper-dns-rewriter-0").start().await?;
     for host in HOSTS {
         let series = format!("dns_rewriter_host_verified{{host=\"{host}\"}}");
         assert_eq!(agent.metric(&series).await?, 1.0, "{host}");

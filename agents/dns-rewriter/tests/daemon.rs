@@ -47,7 +47,7 @@ async fn k3s_mode_the_agent_writes_and_coredns_answers_the_public_name_with_the_
         &bed,
         &config("mode: k3s\n", &format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")), dns.port),
     )?;
-    let agent = start_agent(&bed, &ns, &path).await?;
+    let agent = agent(&bed, &ns, &path).start().await?;
 
     // A replica is ready as a follower before it takes the Lease, so wait for the leader's first cycle, which
     // wrote, then asked CoreDNS until the name answered.
@@ -74,7 +74,7 @@ async fn corefile_mode_changes_only_the_marked_block_over_many_cycles_and_removi
     let one = format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp"));
     let two = format!("{one}{}", rule("alpha.kcp.example.com", &ns, "alpha-shard-kcp"));
     let path = write_config(&bed, &config(&mode, &two, dns.port))?;
-    let agent = start_agent(&bed, &ns, &path).await?;
+    let agent = agent(&bed, &ns, &path).start().await?;
     wait_answer(&dns, "kcp-root.example.com", root, WAIT).await;
     wait_answer(&dns, "alpha.kcp.example.com", alpha, WAIT).await;
 
@@ -120,7 +120,7 @@ async fn discovery_from_operator_objects_writes_what_the_equivalent_explicit_con
     let (dns, _kubelet) = k3s_coredns(&bed, K3S_COREFILE).await?;
     let discovery = format!("discovery: {{namespace: {ns}, rootShards: true, shards: true, frontProxies: true}}\n");
     let path = write_config(&bed, &config("mode: k3s\n", &discovery, dns.port))?;
-    let agent = start_agent(&bed, &ns, &path).await?;
+    let agent = agent(&bed, &ns, &path).start().await?;
     let hosts = ["alpha.kcp.example.com", "kcp-root.example.com", "kcp.example.com", "root.kcp.example.com"];
     for host in hosts {
         // Ready may come as a follower, before the Lease: wait for the leader's verified cycle.
@@ -168,7 +168,7 @@ async fn each_bad_rule_is_an_error_for_itself_alone_named_counted_and_evented_wh
         rule("beta.kcp.example.com", &ns, "beta-shard-kcp"),
     );
     let path = write_config(&bed, &config("mode: k3s\n", &body, dns.port))?;
-    let agent = start_agent(&bed, &ns, &path).await?;
+    let agent = agent(&bed, &ns, &path).start().await?;
 
     // The good rule is written and answers; the bad ones are not written.
     agent.wait_for_metric(&verified("kcp-root.example.com"), WAIT, |v| v == 1.0).await;
@@ -222,7 +222,7 @@ async fn verification_alerts_while_a_recreated_service_answers_its_old_address_a
         &bed,
         &config("mode: k3s\n", &format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")), dns.port),
     )?;
-    let agent = start_agent(&bed, &ns, &path).await?;
+    let agent = agent(&bed, &ns, &path).start().await?;
     let series = verified("kcp-root.example.com");
     agent.wait_for_metric(&series, WAIT, |v| v == 1.0).await;
     let checked = "dns_rewriter_host_check_timestamp_seconds{host=\"kcp-root.example.com\"}";
@@ -254,7 +254,7 @@ async fn without_its_configmap_the_agent_names_it_and_is_not_ready_until_it_exis
     let (bed, ns, client) = fresh_bed().await?;
     let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
     let path = write_config(&bed, &format!("mode: k3s\nrules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")))?;
-    let agent = spawn_agent(&bed, &ns, &path)?;
+    let agent = agent(&bed, &ns, &path).spawn()?;
     let missing = "dns_rewriter_reconcile_errors_total{reason=\"config_map_missing\"}";
     agent.wait_for_metric(missing, WAIT, |v| v >= 1.0).await;
     let (code, _, body) = testbed::http::get(&format!("{}/readyz", agent.admin_url)).await?;
@@ -293,7 +293,7 @@ async fn a_corefile_the_pre_write_check_refuses_is_never_written_and_the_leader_
     let (_, rv) = configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await.context("the Corefile")?;
     let body = format!("mode: corefile\ncorefile: {{}}\nrules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp"));
     let path = write_config(&bed, &body)?;
-    let agent = spawn_agent(&bed, &ns, &path)?;
+    let agent = agent(&bed, &ns, &path).spawn()?;
     agent.wait_for_metric("dns_rewriter_reconcile_errors_total{reason=\"refused\"}", WAIT, |v| v >= 2.0).await;
     let (code, _, readyz) = testbed::http::get(&format!("{}/readyz", agent.admin_url)).await?;
     assert_eq!(code, 503, "{readyz}");

@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use common::*;
 use testbed::ControlPlane;
-use testbed::agent_process::{AgentProcess, run_to_completion};
+use testbed::agent_process::run_to_completion;
 use testbed::audit::Request;
 use testbed::coredns::K3S_COREFILE;
 
@@ -50,9 +50,7 @@ async fn with_exactly_the_documented_rbac_the_agent_writes_its_one_configmap_and
     let (kubeconfig, user) = bed.service_account_kubeconfig(&agent_ns, "dns-rewriter").await?;
     kubectl_apply(&bed, &yaml)?;
 
-    let mut agent =
-        AgentProcess::start_as(&bed, &kubeconfig, Path::new(BINARY), &config, &agent_ns, "dns-rewriter-0", &[])?;
-    agent.wait_ready(WAIT).await?;
+    let agent = agent(&bed, &agent_ns, &config).kubeconfig(&kubeconfig).start().await?;
     for host in HOSTS {
         let series = format!("dns_rewriter_host_verified{{host=\"{host}\"}}");
         assert_eq!(agent.metric(&series).await?, 1.0, "{host}");

@@ -1,6 +1,9 @@
 //! Our marked block inside a Corefile key that another field manager ("kubeadm") owns, on a real apiserver:
 //! only the block changes, a no-op makes zero writes, a concurrent change by the owner is kept, ambiguous
-//! content is refused without a write, and a real CoreDNS loads a Corefile holding our block.
+//! content is refused without a write, and a real CoreDNS loads a Corefile holding our block. A whole key of
+//! our own ([`write_key`]) is added to a ConfigMap that exists, a repeat makes zero writes, a change made
+//! after our read is kept (the text is computed again from the fresh object), and a missing ConfigMap is
+//! never created.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +11,7 @@ use anyhow::Result;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kcp_keeper_runtime::apply::Outcome;
 use kcp_keeper_runtime::marked_block::MarkedBlock;
-use kcp_keeper_runtime::marked_block::configmap::{WriteError, write_block};
+use kcp_keeper_runtime::marked_block::configmap::{KeyError, WriteError, write_block, write_key};
 use kube::api::{Api, ObjectMeta, PostParams};
 
 const COREFILE: &str = ".:53 {
@@ -177,5 +180,56 @@ async fn a_corefile_with_our_block_loads_in_real_coredns_and_the_block_acts_insi
     let coredns = bed.coredns(&corefile).await?;
     let answer = coredns.resolve_a("kcp-root.example.com").await?;
     assert_eq!(answer, [cluster_ip], "the rewrite in our block answers with the Service's ClusterIP");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_whole_key_of_our_own_is_added_computed_again_after_a_conflict_and_the_configmap_never_created() -> Result<()>
+{
+    let bed = testbed::ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let api = Api::<ConfigMap>::namespaced(bed.client(), &ns);
+    let ours = |_: Option<&str>| Ok::<_, std::convert::Infallible>(format!("{RULES}\n"));
+
+    let err = write_key(&api, "coredns-custom", "kcp.override", None, ours).await.unwrap_err();
+    assert!(matches!(err, KeyError::Missing(_)), "{err}");
+    assert!(api.get_opt("coredns-custom").await?.is_none(), "never created");
+
+    // The ConfigMap as the chart creates it, with a key of someone else's.
+    let cm = ConfigMap {
+        metadata: ObjectMeta { name: Some("coredns-custom".into()), ..Default::default() },
+        data: Some(BTreeMap::from([("theirs.server".to_string(), "one\n".to_string())])),
+        ..Default::default()
+    };
+    let seen = api.create(&kubeadm(), &cm).await?;
+    // Someone changes their key after our read: the stale write is refused, we read again and compute again.
+    let mut theirs = seen.clone();
+    theirs.data.as_mut().unwrap().insert("theirs.server".into(), "two\n".into());
+    api.replace("coredns-custom", &kubeadm(), &theirs).await?;
+    let mut given = Vec::new();
+    let written = write_key(&api, "coredns-custom", "kcp.override", Some(seen), |text: Option<&str>| {
+        given.push(text.map(String::from));
+        ours(text)
+    })
+    .await?;
+    assert_eq!(
+        written,
+        kcp_keeper_runtime::marked_block::configmap::Written { outcome: Outcome::Updated, conflicts: 1 }
+    );
+    assert_eq!(given, [None, None], "computed again from the fresh object, where the key is still absent");
+    let data = api.get("coredns-custom").await?.data.unwrap();
+    assert_eq!(data["theirs.server"], "two\n", "their change is kept");
+    assert_eq!(data["kcp.override"], format!("{RULES}\n"));
+
+    let rv = api.get("coredns-custom").await?.metadata.resource_version;
+    let writes = configmap_writes(&bed.client()).await?;
+    for _ in 0..3 {
+        let again = write_key(&api, "coredns-custom", "kcp.override", None, ours).await?;
+        assert_eq!(again.outcome, Outcome::Unchanged);
+    }
+    let refused = write_key(&api, "coredns-custom", "kcp.override", None, |_| Err("not today")).await.unwrap_err();
+    assert!(matches!(refused, KeyError::Refused("not today")), "{refused}");
+    assert_eq!(api.get("coredns-custom").await?.metadata.resource_version, rv, "resourceVersion must not move");
+    assert_eq!(configmap_writes(&bed.client()).await?, writes, "the apiserver saw no write to configmaps");
     Ok(())
 }

@@ -1,11 +1,11 @@
-//! `dns-rewriter rbac`: the exact Roles a configuration needs, from the same configuration the watches are
-//! built from ([`crate::scope`]). docs/dns-rewriter.md shows this command's output for `example.yaml` (a test
+//! `dns-rewriter rbac` (the runtime's subcommand, through [`kcp_keeper_runtime::agent::Agent::rbac`]): the exact
+//! Roles a configuration needs, from the same plan the watches are built from ([`crate::scope`]). docs/dns-rewriter.md shows this command's output for `example.yaml` (a test
 //! keeps them identical), and the RBAC test runs the agent with a ServiceAccount holding exactly this.
 //!
 //! What is granted, all namespaced:
 //! - the managed ConfigMap's namespace: get/list/watch/patch on that one ConfigMap (`resourceNames`; list and
-//!   watch are narrowed by the `metadata.name` field selector; in k3s mode a missing `coredns-custom` is
-//!   created by a server-side apply, which is a patch), and create on Events (they are about that ConfigMap);
+//!   watch are narrowed by the `metadata.name` field selector; it is never created, so no `create`), and
+//!   create on Events (they are about that ConfigMap);
 //! - each namespace whose Services the rules or discovery read: list/watch on Services;
 //! - the discovery namespace: list/watch on the operator kinds switched on;
 //! - the agent's own namespace: its Lease (create cannot be limited by name: the name is not in the URL).
@@ -13,16 +13,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
-pub use kcp_keeper_runtime::rbac::Subjects;
-use kcp_keeper_runtime::rbac::{Roles, lease_rules, rule};
+use kcp_keeper_runtime::rbac::{Rbac, Subjects, lease_rules, rule};
 
-use crate::cluster::OPERATOR_GROUP;
+use super::service_scopes;
 use crate::config::Config;
-use crate::scope::service_scopes;
+use crate::operator::OPERATOR_GROUP;
 
 pub const ROLE_NAME: &str = "kcp-keeper-dns-rewriter";
 
-pub fn render(config: &Config, who: &Subjects) -> Roles {
+pub fn render(config: &Config, who: &Subjects) -> Rbac {
     let mut by_namespace: BTreeMap<String, Vec<PolicyRule>> = BTreeMap::new();
     let mut add = |ns: &str, rule: PolicyRule| by_namespace.entry(ns.to_string()).or_default().push(rule);
     let key = config.target.configmap();
@@ -38,7 +37,7 @@ pub fn render(config: &Config, who: &Subjects) -> Roles {
     for lease in lease_rules(who) {
         add(&who.namespace, lease);
     }
-    let mut roles = Roles::default();
+    let mut roles = Rbac::default();
     for (ns, rules) in by_namespace {
         roles.add(&ns, ROLE_NAME, "dns-rewriter", rules, who);
     }
@@ -60,7 +59,7 @@ mod tests {
     }
 
     fn example() -> Config {
-        crate::config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("example.yaml")).unwrap()
+        kcp_keeper_runtime::config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("example.yaml")).unwrap()
     }
 
     #[test]

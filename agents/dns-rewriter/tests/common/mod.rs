@@ -12,7 +12,7 @@ use dns_rewriter::rules::{RuleSet, ServiceRef, Target};
 use hickory_resolver::proto::rr::{RData, RecordType};
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use kube::api::{Api, ObjectMeta, PostParams};
-use testbed::agent_process::AgentProcess;
+use testbed::agent_process::{AgentProcess, AgentUnderTest};
 use testbed::{ControlPlane, CoreDns};
 
 pub fn domain() -> Domain {
@@ -183,16 +183,10 @@ pub fn write_config(bed: &ControlPlane, config: &str) -> Result<std::path::PathB
     Ok(path)
 }
 
-/// Starts `dns-rewriter run` as the admin with its Lease in `lease_ns`.
-pub fn spawn_agent(bed: &ControlPlane, lease_ns: &str, config: &Path) -> Result<AgentProcess> {
-    AgentProcess::start(bed, Path::new(BINARY), config, lease_ns, "dns-rewriter-0", &[])
-}
-
-/// [`spawn_agent`], then waits until it is ready.
-pub async fn start_agent(bed: &ControlPlane, lease_ns: &str, config: &Path) -> Result<AgentProcess> {
-    let mut agent = spawn_agent(bed, lease_ns, config)?;
-    agent.wait_ready(WAIT).await?;
-    Ok(agent)
+/// `dns-rewriter run` as the admin, its Lease in `lease_ns` under identity `dns-rewriter-0`, ready within
+/// [`WAIT`]: `.start().await` waits for ready, `.spawn()` does not.
+pub fn agent<'a>(bed: &'a ControlPlane, lease_ns: &str, config: &Path) -> AgentUnderTest<'a> {
+    AgentUnderTest::new(bed, BINARY, config).namespace(lease_ns).identity("dns-rewriter-0").ready_within(WAIT)
 }
 
 /// `dns_rewriter_reconcile_pass_timestamp_seconds`: when the last cycle finished.
@@ -212,14 +206,7 @@ pub async fn wait_cycles(agent: &AgentProcess, since: f64, n: usize) -> f64 {
 
 /// The Events about ConfigMap `kube-system/name`: (reason, note).
 pub async fn events_about(client: &kube::Client, name: &str) -> Vec<(String, String)> {
-    use k8s_openapi::api::events::v1::Event;
-    let list = Api::<Event>::namespaced(client.clone(), "kube-system").list(&Default::default()).await;
-    list.map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
-        .collect()
+    testbed::agent_process::events_about(client, "kube-system", name).await
 }
 
 /// Creates a kcp-operator object (validated by the operator's real CRDs, which the bed installs).

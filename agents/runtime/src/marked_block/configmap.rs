@@ -1,12 +1,14 @@
-//! Writes a [`MarkedBlock`] into one key of a ConfigMap that another writer owns (kubeadm's
-//! `kube-system/coredns`, key `Corefile`).
+//! Writes one key of a ConfigMap that we never create: a whole key of our own ([`write_key`]: dns-rewriter's
+//! key in k3s's `coredns-custom`), or a [`MarkedBlock`] inside a key another writer owns ([`write_block`]:
+//! kubeadm's `kube-system/coredns`, key `Corefile`).
 //!
-//! Server-side apply is the wrong tool here: it would have to force ownership of the whole key away from its
-//! owner. Instead each write is a merge patch of that one key carrying the `resourceVersion` the new text was
-//! computed from, as field manager `kcp-keeper`: if the owner changed anything since (even a byte outside our
-//! block), the apiserver answers 409, we read again and recompute from the fresh text, so the owner's change
-//! is never lost. Unchanged text sends no request. We never create the ConfigMap or the key: both are the
-//! owner's.
+//! Server-side apply is the wrong tool here: in someone else's key it would have to force ownership of the
+//! whole key away from its owner, and applying to a ConfigMap that does not exist would create it (which
+//! needs `create` on every ConfigMap of the namespace: RBAC cannot limit a create by name). Instead each write
+//! is a merge patch of that one key carrying the `resourceVersion` the new text was computed from, as field
+//! manager `kcp-keeper`: if anyone changed the ConfigMap since (even a byte outside our block), the apiserver
+//! answers 409, we read again and compute again from the fresh text, so the other writer's change is never
+//! lost. Unchanged text sends no request. We never create the ConfigMap.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
@@ -19,6 +21,20 @@ use crate::apply::Outcome;
 /// How many times a write re-reads after a conflict before giving up (the owner writing that often means
 /// something is fighting us; the next reconcile tries again).
 pub const ATTEMPTS: u32 = 5;
+
+/// Why [`write_key`] wrote nothing; `E` is the caller's refusal from `compute`.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError<E> {
+    #[error("ConfigMap {0} does not exist (it is not ours to create)")]
+    Missing(String),
+    /// `compute` refused the text it was given (nothing was written).
+    #[error("{0}")]
+    Refused(E),
+    #[error("ConfigMap {0} kept changing under us: {1} conflicting writes in a row")]
+    Conflict(String, u32),
+    #[error("ConfigMap {0}: {1}")]
+    Kube(String, kube::Error),
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
@@ -55,17 +71,17 @@ pub struct Written {
     pub conflicts: u32,
 }
 
-/// Sets `block` to `content` (`None` removes it) in `key` of ConfigMap `name`. `seen` is the object as the
-/// caller last saw it (e.g. from a reflector store; it may be stale: a conflict makes us re-read); `None`
-/// reads it first.
-pub async fn write_block(
+/// Sets `key` of ConfigMap `name` to what `compute` makes of its current text (`None` when the key is absent).
+/// `seen` is the object as the caller last saw it (e.g. from a reflector store; it may be stale: a conflict
+/// makes us re-read, and `compute` runs again on the fresh text); `None` reads it first. Text equal to the
+/// current value sends no request; a refusal from `compute` sends none either.
+pub async fn write_key<E>(
     api: &Api<ConfigMap>,
     name: &str,
     key: &str,
-    block: &MarkedBlock,
-    content: Option<&str>,
     mut seen: Option<ConfigMap>,
-) -> Result<Written, WriteError> {
+    mut compute: impl FnMut(Option<&str>) -> Result<String, E>,
+) -> Result<Written, KeyError<E>> {
     let object = match api.namespace() {
         Some(ns) => format!("{ns}/{name}"),
         None => name.to_string(),
@@ -77,16 +93,12 @@ pub async fn write_block(
             None => api
                 .get_opt(name)
                 .await
-                .map_err(|e| WriteError::Kube(object.clone(), e))?
-                .ok_or_else(|| WriteError::Missing(object.clone()))?,
+                .map_err(|e| KeyError::Kube(object.clone(), e))?
+                .ok_or_else(|| KeyError::Missing(object.clone()))?,
         };
-        let text = live
-            .data
-            .as_ref()
-            .and_then(|data| data.get(key))
-            .ok_or_else(|| WriteError::MissingKey(object.clone(), key.into()))?;
-        let desired = block.set(text, content).map_err(|e| WriteError::Block(object.clone(), key.into(), e))?;
-        if desired == *text {
+        let text = live.data.as_ref().and_then(|data| data.get(key)).map(String::as_str);
+        let desired = compute(text).map_err(KeyError::Refused)?;
+        if text == Some(desired.as_str()) {
             return Ok(Written { outcome: Outcome::Unchanged, conflicts });
         }
         // The resourceVersion makes the patch conditional: the apiserver refuses it if the object moved on.
@@ -99,8 +111,34 @@ pub async fn write_block(
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 tracing::debug!(configmap = %object, "the ConfigMap changed since it was read; reading it again");
             }
-            Err(e) => return Err(WriteError::Kube(object, e)),
+            Err(e) => return Err(KeyError::Kube(object, e)),
         }
     }
-    Err(WriteError::Conflict(object, ATTEMPTS))
+    Err(KeyError::Conflict(object, ATTEMPTS))
+}
+
+/// Sets `block` to `content` (`None` removes it) in `key` of ConfigMap `name`, through [`write_key`]; the key
+/// must exist (it is the owner's: we never create it).
+pub async fn write_block(
+    api: &Api<ConfigMap>,
+    name: &str,
+    key: &str,
+    block: &MarkedBlock,
+    content: Option<&str>,
+    seen: Option<ConfigMap>,
+) -> Result<Written, WriteError> {
+    let object = match api.namespace() {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    };
+    let set = |text: Option<&str>| {
+        let text = text.ok_or_else(|| WriteError::MissingKey(object.clone(), key.into()))?;
+        block.set(text, content).map_err(|e| WriteError::Block(object.clone(), key.into(), e))
+    };
+    write_key(api, name, key, seen, set).await.map_err(|e| match e {
+        KeyError::Missing(object) => WriteError::Missing(object),
+        KeyError::Refused(e) => e,
+        KeyError::Conflict(object, n) => WriteError::Conflict(object, n),
+        KeyError::Kube(object, e) => WriteError::Kube(object, e),
+    })
 }
