@@ -89,7 +89,7 @@ pub struct RawConfig {
     /// Rules found in the kcp-operator's objects in one namespace; a configured rule wins over a discovered one.
     #[serde(default)]
     pub discovery: Option<RawDiscovery>,
-    /// Proof through DNS: the resolver asked for every name after each cycle.
+    /// Proof through DNS: the resolver asked for every name in each cycle.
     #[serde(default)]
     pub verify: Option<RawVerify>,
     /// How often a cycle runs without a change to wake it (a Go duration, default `5m`, at least `10s`).
