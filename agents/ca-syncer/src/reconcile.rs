@@ -49,7 +49,7 @@ pub struct Own {
     pub lease_name: String,
 }
 
-/// `ca-syncer run`: the driver over one [`Syncer`] per configuration. `flags.public_roots_file` replaces the
+/// `ca-syncer run`: the driver over one `Syncer` per configuration. `flags.public_roots_file` replaces the
 /// compiled-in public roots for the empty-means-public check (tests only).
 pub async fn daemon(
     ctx: Context<Config>,
