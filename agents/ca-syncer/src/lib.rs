@@ -35,9 +35,7 @@ mod testcerts;
 
 use std::process::ExitCode;
 
-use clap::FromArgMatches as _;
 use kcp_keeper_runtime::agent::{Agent, Daemon, Driven};
-use kcp_keeper_runtime::args::RunArgs;
 use kcp_keeper_runtime::rbac::{Rbac, Subjects, needs_config};
 use prometheus_client::registry::Registry;
 
@@ -66,21 +64,11 @@ impl Agent for CaSyncer {
 
     async fn daemon(daemon: Daemon<Self>) -> anyhow::Result<()> {
         let Daemon { ctx, metrics, form, flags } = daemon;
-        reconcile::daemon(ctx, metrics, form, flags, own()?).await
+        let own = reconcile::Own { lease_name: ctx.lease_name.clone(), namespace: ctx.namespace.clone() };
+        reconcile::daemon(ctx, metrics, form, flags, own).await
     }
 
     async fn oneshot(command: cli::Command) -> anyhow::Result<ExitCode> {
         cli::run(command).await
     }
-}
-
-/// The agent's namespace and Lease name as `run` was given them. A stopgap: the runtime's `Context` carries
-/// them only inside `lease_record`, which is `None` without leader election, yet the rotation records live in
-/// that namespace either way. So `run`'s arguments are parsed again, by the same command line (same flags,
-/// environment and defaults).
-fn own() -> anyhow::Result<reconcile::Own> {
-    let matches = kcp_keeper_runtime::cli::command::<CaSyncer>().try_get_matches_from(std::env::args_os())?;
-    let run = matches.subcommand_matches("run").ok_or_else(|| anyhow::anyhow!("the daemon runs only under `run`"))?;
-    let lease = RunArgs::from_arg_matches(run)?.runtime.lease;
-    Ok(reconcile::Own { lease_name: lease.lease_name(CaSyncer::NAME), namespace: lease.lease_namespace })
 }

@@ -127,6 +127,11 @@ pub struct Context<C> {
     pub shutdown: CancellationToken,
     pub events: Arc<Recorder>,
     pub identity: String,
+    /// The agent's own namespace (`--lease-namespace`, the pod's): its Lease, and any state it keeps, live there,
+    /// with leader election on or off.
+    pub namespace: String,
+    /// The agent's Lease name (`--lease-name`, else `kcp-keeper-<agent>`), also when leader election is off.
+    pub lease_name: String,
     /// Where schedules record the ticks they ran ([`crate::schedule::LeaseRecord`]): this agent's own Lease.
     /// `None` when leader election is off (then every tick fires and nothing is recorded).
     pub lease_record: Option<crate::schedule::LeaseRecord>,
@@ -203,8 +208,18 @@ where
     }
     let config = config::watch(args.config.clone(), initial, config_metrics, config::POLL_INTERVAL, shutdown.clone())?;
     let events = Arc::new(Recorder::new(client.clone(), info.name, &identity));
-    let ctx =
-        Context { client, config, leadership, health, shutdown: shutdown.clone(), events, identity, lease_record };
+    let ctx = Context {
+        client,
+        config,
+        leadership,
+        health,
+        shutdown: shutdown.clone(),
+        events,
+        identity,
+        namespace: rt.lease.lease_namespace.clone(),
+        lease_name: rt.lease.lease_name(info.name),
+        lease_record,
+    };
     let result = body(ctx, agent_metrics).await;
 
     // Release the lease on the way out so another replica takes over at once.

@@ -65,6 +65,8 @@ fn start(bed: &testbed::ControlPlane, ns: &str, leadership: Leadership, fail: bo
         shutdown: shutdown.clone(),
         events: Arc::new(Recorder::new(client.clone(), "test", "test-0")),
         identity: "test-0".into(),
+        namespace: ns.into(),
+        lease_name: "kcp-keeper-test".into(),
         lease_record: None,
     };
     let mut registry = Registry::default();
