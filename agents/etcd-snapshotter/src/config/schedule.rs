@@ -7,6 +7,7 @@
 
 /// A cron schedule.
 #[derive(schemars::JsonSchema)]
+#[schemars(rename = "ScheduleSpec")]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 #[allow(dead_code)]
 pub struct ScheduleSpecSchema {
@@ -28,10 +29,28 @@ pub struct ScheduleSpecSchema {
 }
 
 #[derive(schemars::JsonSchema, Default)]
+#[schemars(rename = "Missed")]
 #[serde(rename_all = "camelCase")]
 #[allow(dead_code)]
 pub enum MissedSchema {
     #[default]
     RunOnce,
     Skip,
+}
+
+#[cfg(test)]
+mod tests {
+    use kcp_keeper_runtime::schedule::ScheduleSpec;
+
+    #[test]
+    fn the_mirror_has_exactly_the_runtime_types_fields() {
+        let spec: ScheduleSpec = serde_yaml::from_str("cron: '0 3 * * *'").unwrap();
+        // Without `..`: a field added to the runtime's type stops this compiling.
+        let ScheduleSpec { cron: _, time_zone: _, jitter: _, missed: _, starting_deadline: _ } = spec;
+        let schema = serde_json::to_value(schemars::schema_for!(super::ScheduleSpecSchema)).unwrap();
+        let mut fields: Vec<&String> = schema["properties"].as_object().unwrap().keys().collect();
+        fields.sort();
+        assert_eq!(fields, ["cron", "jitter", "missed", "startingDeadline", "timeZone"]);
+        assert_eq!(schema["$defs"]["Missed"]["enum"], serde_json::json!(["runOnce", "skip"]));
+    }
 }
