@@ -1,6 +1,6 @@
 //! Why a cycle failed: [`CycleError`], whose variant names are the `reason` label of
 //! `dns_rewriter_reconcile_errors_total` (the runtime registers every reason at 0 from this enum). The
-//! reconciler ([`crate::reconcile`]) returns it; nothing here depends on the reconciler.
+//! reconciler returns it; nothing here depends on the reconciler.
 
 use kcp_keeper_runtime::marked_block::configmap::KeyError;
 
