@@ -9,7 +9,6 @@
 
 mod drills;
 mod retention;
-mod schedule;
 mod shards;
 mod spill;
 mod storage;

@@ -61,7 +61,7 @@ impl Agent for EtcdSnapshotter {
     }
 
     async fn daemon(daemon: Daemon<Self>) -> anyhow::Result<()> {
-        let lease = scope::Lease::of_daemon(&daemon.ctx, Self::NAME);
+        let lease = scope::Lease::of_daemon(&daemon.ctx);
         schedule::run(daemon.ctx, daemon.metrics, lease).await
     }
 

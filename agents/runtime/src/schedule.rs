@@ -45,7 +45,7 @@ pub const RECORD_PREFIX: &str = "schedule.kcp-keeper.io/";
 const MAX_TICKS_SCANNED: usize = 100_000;
 
 /// What to do with ticks that passed without a run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum Missed {
     /// Run once for all of them, as soon as possible.
@@ -55,8 +55,8 @@ pub enum Missed {
     Skip,
 }
 
-/// A schedule as written in configuration.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+/// A cron schedule, as written in configuration.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ScheduleSpec {
     /// Standard 5-field cron (`0 3 * * *`), 6 or 7 fields with seconds and years, or `@daily` and friends.
@@ -67,6 +67,8 @@ pub struct ScheduleSpec {
     /// Go-style duration (`5m`): each tick fires up to this much later.
     #[serde(default)]
     pub jitter: Option<String>,
+    /// What to do with ticks that passed without a run: `runOnce` (the default) runs once for all of them, as
+    /// soon as possible; `skip` drops the ones later than the starting deadline.
     #[serde(default)]
     pub missed: Missed,
     /// Go-style duration: how late a tick may still start (beyond its jitter); 5m when absent.

@@ -10,7 +10,6 @@ use kcp_keeper_runtime::schedule::{Schedule, ScheduleSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::schedule::ScheduleSpecSchema;
 use super::spill::Spill;
 
 /// How drills run (the tools and where); which shards drill when is each shard's `drill`.
@@ -59,7 +58,6 @@ fn default_sample_keys() -> usize {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawShardDrill {
     /// When the shard's drills run (recorded on the Lease as `drill-<shard>`).
-    #[schemars(with = "ScheduleSpecSchema")]
     pub schedule: ScheduleSpec,
     /// Chance (0 to 1) that a scheduled drill also drills a random older retained snapshot.
     #[serde(default)]

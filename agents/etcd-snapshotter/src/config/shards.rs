@@ -9,7 +9,6 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::drills::{RawShardDrill, ShardDrill, shard_drill};
-use super::schedule::ScheduleSpecSchema;
 
 /// One kcp shard's etcd.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -24,7 +23,6 @@ pub struct RawShard {
     #[serde(default)]
     pub tls: Option<TlsFiles>,
     /// When the shard is snapshotted (recorded on the Lease as `snapshot-<shard>`).
-    #[schemars(with = "ScheduleSpecSchema")]
     pub schedule: ScheduleSpec,
     /// Restore drills of the shard's snapshots.
     #[serde(default)]
