@@ -142,7 +142,9 @@ pub struct RawRule {
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawServiceRef {
+    /// The Service's namespace.
     pub namespace: String,
+    /// The Service's name.
     pub name: String,
 }
 
