@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use e2e::layout::{self, EXTERNAL_HOSTNAME, HUB_NAMESPACE, KCP_NAMESPACE, SERVICES};
-use testbed::agent_process::AgentProcess;
+use testbed::agent_process::{AgentProcess, AgentUnderTest};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser)]
@@ -156,7 +156,11 @@ fn agent_binary(name: &str) -> Result<PathBuf> {
 fn start_agent(bed: &testbed::ControlPlane, name: &str, config: &str) -> Result<AgentProcess> {
     let path = bed.subdir(name)?.join("config.yaml");
     std::fs::write(&path, config)?;
-    AgentProcess::start(bed, &agent_binary(name)?, &path, KCP_NAMESPACE, name, &[("KCP_KEEPER_LOG_FORMAT", "plain")])
+    AgentUnderTest::new(bed, agent_binary(name)?, &path)
+        .namespace(KCP_NAMESPACE)
+        .identity(name)
+        .env("KCP_KEEPER_LOG_FORMAT", "plain")
+        .spawn()
 }
 
 /// Waits for ca-syncer's first full cycle, checks the hub's bundle holds the CA certificates and not the CA's

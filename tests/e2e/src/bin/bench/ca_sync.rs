@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
-use testbed::agent_process::AgentProcess;
+use testbed::agent_process::AgentUnderTest;
 use testbed::certs::Ca;
 
 use crate::common::{self, MIB, Report, Row};
@@ -85,8 +85,8 @@ pub async fn run(rounds: usize) -> Result<Report> {
     let kubeconfig = bed.apiserver.user_kubeconfig(USER, &["system:masters"], Duration::from_secs(24 * 3600))?;
     let binary = common::agent_binary("ca-syncer")?;
     let env = [("KCP_KEEPER_LOG_FORMAT", "plain")];
-    let mut agent = AgentProcess::start_as(&bed, &kubeconfig, &binary, &config, AGENT_NS, "ca-syncer", &env)?;
-    agent.wait_ready(Duration::from_secs(60)).await?;
+    let agent = AgentUnderTest::new(&bed, &binary, &config).kubeconfig(&kubeconfig).namespace(AGENT_NS);
+    let mut agent = agent.identity("ca-syncer").envs(&env).ready_within(Duration::from_secs(60)).start().await?;
     let pid = agent.process.pid().context("ca-syncer exited")?;
     let started = Instant::now();
     wait_all(&seen, &namespaces, TARGET, &marker(&first), started).await.context("the first sync")?;

@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::json;
-use testbed::agent_process::AgentProcess;
+use testbed::agent_process::AgentUnderTest;
 
 use crate::common::{self, MIB, Report, Row};
 
@@ -74,8 +74,8 @@ pub async fn run(rounds: usize) -> Result<Report> {
     let kubeconfig = bed.apiserver.user_kubeconfig(USER, &["system:masters"], Duration::from_secs(24 * 3600))?;
     let binary = common::agent_binary("dns-rewriter")?;
     let env = [("KCP_KEEPER_LOG_FORMAT", "plain")];
-    let mut agent = AgentProcess::start_as(&bed, &kubeconfig, &binary, &config, NS, "dns-rewriter", &env)?;
-    agent.wait_ready(Duration::from_secs(60)).await?;
+    let agent = AgentUnderTest::new(&bed, &binary, &config).kubeconfig(&kubeconfig).namespace(NS);
+    let mut agent = agent.identity("dns-rewriter").envs(&env).ready_within(Duration::from_secs(60)).start().await?;
     let pid = agent.process.pid().context("the agent exited")?;
     for i in 0..HOSTS {
         let series = format!("dns_rewriter_host_verified{{host=\"{}\"}}", host(None, i));

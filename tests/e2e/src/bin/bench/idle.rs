@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use e2e::layout::{self, EXTERNAL_HOSTNAME, HUB_NAMESPACE, KCP_NAMESPACE, SERVICES};
 use serde_json::json;
-use testbed::agent_process::AgentProcess;
+use testbed::agent_process::{AgentProcess, AgentUnderTest};
 
 use crate::common::{self, MIB, Report, Row};
 
@@ -104,8 +104,8 @@ async fn measure(bed: &testbed::ControlPlane, subject: &Subject) -> Result<(Vec<
     let mut env = vec![("KCP_KEEPER_LOG_FORMAT", "plain")];
     env.extend(subject.env.iter().copied());
     let binary = common::agent_binary(subject.name)?;
-    let mut agent = AgentProcess::start_as(bed, &kubeconfig, &binary, &config, KCP_NAMESPACE, subject.name, &env)?;
-    agent.wait_ready(Duration::from_secs(90)).await?;
+    let agent = AgentUnderTest::new(bed, &binary, &config).kubeconfig(&kubeconfig).namespace(KCP_NAMESPACE);
+    let mut agent = agent.identity(subject.name).envs(&env).ready_within(Duration::from_secs(90)).start().await?;
     let pid = agent.process.pid().context("the agent exited")?;
     // At ready, before its first cycle has done any work (for etcd-snapshotter: before its first snapshot, which
     // is where it sits between snapshots with an hourly schedule, bar what the allocator keeps after one).

@@ -13,7 +13,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::json;
-use testbed::agent_process::AgentProcess;
+use testbed::agent_process::AgentUnderTest;
 use testbed::kcp::pki::{ADMIN_GROUP, ADMIN_USER};
 
 use crate::common::{self, MIB, Report, Row};
@@ -48,8 +48,8 @@ pub async fn run(rounds: usize) -> Result<Report> {
     )?;
     let binary = common::agent_binary("kubeconfig-rotator")?;
     let env = [("KCP_KEEPER_LOG_FORMAT", "plain")];
-    let mut agent = AgentProcess::start(&bed, &binary, &config, KCP_NAMESPACE, "kubeconfig-rotator", &env)?;
-    agent.wait_ready(Duration::from_secs(60)).await?;
+    let agent = AgentUnderTest::new(&bed, &binary, &config).namespace(KCP_NAMESPACE).identity("kubeconfig-rotator");
+    let mut agent = agent.envs(&env).ready_within(Duration::from_secs(60)).start().await?;
     let pid = agent.process.pid().context("the agent exited")?;
     let t0 = Instant::now();
     wait_targets(&targets, &marker(&first), t0).await.context("the first publication")?;

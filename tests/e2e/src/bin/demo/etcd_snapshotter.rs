@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use testbed::agent_process::AgentProcess;
+use testbed::agent_process::{AgentProcess, AgentUnderTest};
 
 use super::agent_binary;
 
@@ -65,7 +65,11 @@ pub fn start(
     let path = dir.join("config.yaml");
     std::fs::write(&path, config(bed, kcp, s3, &secret_dir, &dir.join("spill")))?;
     let env = [("KCP_KEEPER_LOG_FORMAT", "plain"), ("AWS_EC2_METADATA_DISABLED", "true")];
-    AgentProcess::start(bed, &agent_binary("etcd-snapshotter")?, &path, namespace, "etcd-snapshotter", &env)
+    AgentUnderTest::new(bed, agent_binary("etcd-snapshotter")?, &path)
+        .namespace(namespace)
+        .identity("etcd-snapshotter")
+        .envs(&env)
+        .spawn()
 }
 
 /// Waits until every shard has a published snapshot and summarizes them from their manifests.
