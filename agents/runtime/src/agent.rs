@@ -143,8 +143,10 @@ pub async fn run<A: Agent>(args: RunArgs, flags: A::RunFlags) -> anyhow::Result<
         let form = <A::Form as Form>::register::<A::Error>(registry);
         (A::metrics(registry), form)
     };
-    run_with(AgentInfo::of::<A>(), args, register, |ctx, (metrics, form)| A::daemon(Daemon { ctx, metrics, form, flags }))
-        .await
+    run_with(AgentInfo::of::<A>(), args, register, |ctx, (metrics, form)| {
+        A::daemon(Daemon { ctx, metrics, form, flags })
+    })
+    .await
 }
 
 /// Runs an agent: logging, configuration (fails at start with the field path when invalid), metrics and the

@@ -138,7 +138,13 @@ pub fn generate(chart_dir: &std::path::Path, schema: &Value) -> Result<String> {
     Ok(out)
 }
 
-fn fields(schema: &Value, defs: &Map<String, Value>, path: &str, rows: &mut Vec<(String, String, String)>, depth: usize) {
+fn fields(
+    schema: &Value,
+    defs: &Map<String, Value>,
+    path: &str,
+    rows: &mut Vec<(String, String, String)>,
+    depth: usize,
+) {
     if depth > 12 {
         return;
     }

@@ -48,7 +48,8 @@ pub fn generate() -> Result<Value> {
             agent["if"] = serde_json::json!({"properties": {"enabled": {"const": true}}, "required": ["enabled"]});
             agent["then"] = serde_json::json!({"properties": {"config": {"required": required}}});
         }
-        let slot = agent["properties"]["config"].as_object_mut().with_context(|| format!("{key}.config in the base"))?;
+        let slot =
+            agent["properties"]["config"].as_object_mut().with_context(|| format!("{key}.config in the base"))?;
         let description = slot.get("description").cloned();
         slot.clear();
         slot.extend(config.as_object().cloned().unwrap_or_default());

@@ -40,7 +40,12 @@ fn every_field_of_every_agents_configuration_has_a_description_in_the_schema() -
     let defs = generated["$defs"].as_object().cloned().unwrap_or_default();
     let mut missing = Vec::new();
     for (key, _) in schema::agent_schemas() {
-        schema::undescribed(&generated["properties"][key]["properties"]["config"], &defs, &format!("{key}.config"), &mut missing);
+        schema::undescribed(
+            &generated["properties"][key]["properties"]["config"],
+            &defs,
+            &format!("{key}.config"),
+            &mut missing,
+        );
     }
     assert!(missing.is_empty(), "fields without a doc comment (the schema's description): {missing:#?}");
     Ok(())

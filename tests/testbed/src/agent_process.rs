@@ -89,7 +89,8 @@ impl<'a> AgentUnderTest<'a> {
     pub fn spawn(self) -> Result<AgentProcess> {
         let port = free_port()?;
         let admin_addr = format!("127.0.0.1:{port}");
-        let kubeconfig = self.kubeconfig.as_deref().unwrap_or(&self.bed.apiserver.admin_kubeconfig).display().to_string();
+        let kubeconfig =
+            self.kubeconfig.as_deref().unwrap_or(&self.bed.apiserver.admin_kubeconfig).display().to_string();
         let mut env: Vec<(&str, &str)> = vec![
             ("KCP_KEEPER_KUBECONFIG", &kubeconfig),
             ("KCP_KEEPER_ADMIN_ADDR", &admin_addr),
