@@ -47,11 +47,7 @@ mod tests {
 
     #[test]
     fn events_are_about_the_lease_rbac_grants() {
-        let who = Subjects {
-            namespace: "kcp-keeper".into(),
-            service_account: "etcd-snapshotter".into(),
-            lease_name: "kcp-keeper-etcd-snapshotter".into(),
-        };
+        let who = Subjects::defaults("kcp-keeper", "etcd-snapshotter");
         let regarding = Lease::of(&who).regarding();
         assert_eq!(regarding.kind.as_deref(), Some("Lease"));
         assert_eq!(regarding.namespace.as_deref(), Some("kcp-keeper"));

@@ -8,19 +8,18 @@
 //! The daemon gets a [`Daemon`] and returns when its shutdown token is cancelled.
 
 use std::future::Future;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-
-use std::process::ExitCode;
 
 use crate::admin::{self, Health};
 use crate::args::RunArgs;
 use crate::config::{self, AgentConfig};
+pub use crate::context::Context;
 use crate::driver::{ErrorReason, ReconcileMetrics};
 use crate::events::Recorder;
 use crate::lease::{self, Leadership, LeaseConfig};
@@ -113,28 +112,6 @@ impl AgentInfo {
     pub fn of<A: Agent>() -> Self {
         Self { name: A::NAME, metrics_prefix: A::METRICS_PREFIX }
     }
-}
-
-/// What an agent's loop works with.
-pub struct Context<C> {
-    pub client: kube::Client,
-    /// The current valid configuration; changes when a valid new file is applied.
-    pub config: watch::Receiver<Arc<C>>,
-    /// Only write while this says leader.
-    pub leadership: Leadership,
-    pub health: Arc<Health>,
-    /// Cancelled on SIGTERM/SIGINT or when leadership is lost; the loop finishes its step and returns.
-    pub shutdown: CancellationToken,
-    pub events: Arc<Recorder>,
-    pub identity: String,
-    /// The agent's own namespace (`--lease-namespace`, the pod's): its Lease, and any state it keeps, live there,
-    /// with leader election on or off.
-    pub namespace: String,
-    /// The agent's Lease name (`--lease-name`, else `kcp-keeper-<agent>`), also when leader election is off.
-    pub lease_name: String,
-    /// Where schedules record the ticks they ran ([`crate::schedule::LeaseRecord`]): this agent's own Lease.
-    /// `None` when leader election is off (then every tick fires and nothing is recorded).
-    pub lease_record: Option<crate::schedule::LeaseRecord>,
 }
 
 /// `<agent> run`: the agent's daemon under [`run_with`].

@@ -94,10 +94,11 @@ pub struct RbacArgs {
 impl RbacArgs {
     /// Who the Roles are for, with the agent's defaults filled in.
     pub fn subjects(&self, agent: &str) -> crate::rbac::Subjects {
+        let defaults = crate::rbac::Subjects::defaults(&self.namespace, agent);
         crate::rbac::Subjects {
-            namespace: self.namespace.clone(),
-            service_account: self.service_account.clone().unwrap_or_else(|| agent.to_string()),
-            lease_name: self.lease_name.clone().unwrap_or_else(|| crate::lease::default_name(agent)),
+            service_account: self.service_account.clone().unwrap_or(defaults.service_account),
+            lease_name: self.lease_name.clone().unwrap_or(defaults.lease_name),
+            namespace: defaults.namespace,
         }
     }
 }

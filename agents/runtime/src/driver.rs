@@ -32,7 +32,7 @@ use prometheus_client::registry::{Registry, Unit};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::agent::Context;
+use crate::context::Context;
 use crate::metrics::{GaugeF64, ReasonLabel, unix_now};
 use crate::watch::{Signal, Watches};
 

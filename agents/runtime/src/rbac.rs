@@ -18,6 +18,16 @@ pub struct Subjects {
 }
 
 impl Subjects {
+    /// An agent's defaults in `namespace`: its ServiceAccount named after it, its Lease `kcp-keeper-<agent>`
+    /// (what `rbac` prints without `--service-account` and `--lease-name`).
+    pub fn defaults(namespace: &str, agent: &str) -> Self {
+        Self {
+            namespace: namespace.into(),
+            service_account: agent.into(),
+            lease_name: crate::lease::default_name(agent),
+        }
+    }
+
     /// The ServiceAccount as a binding's subject.
     pub fn subject(&self) -> Subject {
         Subject {

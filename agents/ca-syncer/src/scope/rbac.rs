@@ -118,11 +118,7 @@ mod tests {
     use super::*;
 
     fn who() -> Subjects {
-        Subjects {
-            namespace: "kcp-keeper".into(),
-            service_account: "ca-syncer".into(),
-            lease_name: "kcp-keeper-ca-syncer".into(),
-        }
+        Subjects::defaults("kcp-keeper", "ca-syncer")
     }
 
     fn example() -> Config {

@@ -51,11 +51,7 @@ mod tests {
     use super::*;
 
     fn who() -> Subjects {
-        Subjects {
-            namespace: "kcp-keeper".into(),
-            service_account: "dns-rewriter".into(),
-            lease_name: "kcp-keeper-dns-rewriter".into(),
-        }
+        Subjects::defaults("kcp-keeper", "dns-rewriter")
     }
 
     fn example() -> Config {

@@ -30,11 +30,7 @@ mod tests {
     #[test]
     fn the_docs_show_exactly_what_rbac_prints() {
         let docs = include_str!("../../../../docs/etcd-snapshotter.md");
-        let who = Subjects {
-            namespace: "kcp-keeper".into(),
-            service_account: "etcd-snapshotter".into(),
-            lease_name: "kcp-keeper-etcd-snapshotter".into(),
-        };
+        let who = Subjects::defaults("kcp-keeper", "etcd-snapshotter");
         let printed = super::render("etcd-snapshotter", &who).to_yaml().unwrap();
         assert!(docs.contains(&format!("```yaml\n{printed}```")), "docs/etcd-snapshotter.md#rbac is stale:\n{printed}");
     }

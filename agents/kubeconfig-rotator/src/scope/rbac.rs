@@ -88,11 +88,7 @@ mod tests {
     use super::*;
 
     fn who() -> Subjects {
-        Subjects {
-            namespace: "kcp-keeper".into(),
-            service_account: "kubeconfig-rotator".into(),
-            lease_name: "kcp-keeper-kubeconfig-rotator".into(),
-        }
+        Subjects::defaults("kcp-keeper", "kubeconfig-rotator")
     }
 
     fn example() -> Config {
