@@ -31,6 +31,12 @@ pub enum CredentialError {
     Expired(String),
     #[error("the client certificate is not valid before {0}")]
     NotYetValid(String),
+    /// The kubeconfig carries more than a server, its CA and a client certificate and key: the field is named
+    /// (`users.user.tokenFile`), never its value.
+    #[error(
+        "unsupported field {0}: a candidate may carry only a server, its CA data and an inline client certificate and key"
+    )]
+    UnsupportedField(String),
 }
 
 /// What identifies a client certificate, for comparisons, metrics, Events and the status table.
@@ -62,7 +68,7 @@ impl CertInfo {
     }
 }
 
-/// A checked credential: the kubeconfig as it would be published, and what is in it.
+/// A checked credential: its parts, and the kubeconfig rendered from them alone, as it is published.
 #[derive(Debug, Clone)]
 pub struct Credential {
     /// The current context's server (where it is proven).
@@ -71,7 +77,7 @@ pub struct Credential {
     pub ca_pem: Vec<u8>,
     pub cert_pem: Vec<u8>,
     pub key_pem: Sensitive<Vec<u8>>,
-    /// The exact bytes published under the target key.
+    /// The exact bytes published under the target key: rendered from the parts ([`build`]), never the source's.
     pub kubeconfig: Sensitive<Vec<u8>>,
 }
 
@@ -87,18 +93,25 @@ pub fn content_hash(bytes: &[u8]) -> String {
     hex::encode(&Sha256::digest(bytes)[..8])
 }
 
-/// The parts of a kubeconfig's current context, still unchecked.
-struct Parts {
-    server: String,
-    ca_pem: Vec<u8>,
-    cert_pem: Vec<u8>,
-    key_pem: Vec<u8>,
+/// The parts of a kubeconfig's current context, sanitised ([`parts`]) but still unchecked.
+pub struct Parts {
+    pub server: String,
+    pub ca_pem: Vec<u8>,
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
 }
 
-/// Parses and checks a kubeconfig at `now`.
+impl Parts {
+    /// The server moved to `base` (scheme, host, port), keeping its path (`/clusters/root`).
+    pub fn at(mut self, base: &str) -> Self {
+        self.server = format!("{base}{}", path_of(&self.server));
+        self
+    }
+}
+
+/// Sanitises and checks a kubeconfig at `now`.
 pub fn parse(kubeconfig: &[u8], now: OffsetDateTime) -> Result<Credential, CredentialError> {
-    let parts = parts(kubeconfig)?;
-    check(parts, kubeconfig.to_vec(), now)
+    check(parts(kubeconfig)?, now)
 }
 
 /// The client certificate of a kubeconfig without any check (a stale or expired render still has a serial).
@@ -121,8 +134,9 @@ pub fn ca_contains(rendered: &[u8], current: &[u8]) -> bool {
     ders(current).iter().all(|c| rendered.contains(c))
 }
 
-/// Checks certificate, key and CA parts and wraps them with the kubeconfig they came in.
-fn check(parts: Parts, kubeconfig: Vec<u8>, now: OffsetDateTime) -> Result<Credential, CredentialError> {
+/// Checks certificate, key and CA parts and renders the kubeconfig that is published from them.
+pub fn check(parts: Parts, now: OffsetDateTime) -> Result<Credential, CredentialError> {
+    check_server(&parts.server)?;
     let cert = cert_info(&parts.cert_pem)?;
     key_matches(&parts.cert_pem, &parts.key_pem)?;
     if CertificateDer::pem_slice_iter(&parts.ca_pem).filter_map(Result::ok).next().is_none() {
@@ -135,6 +149,8 @@ fn check(parts: Parts, kubeconfig: Vec<u8>, now: OffsetDateTime) -> Result<Crede
     if cert.not_before > now + time::Duration::minutes(1) {
         return Err(CredentialError::NotYetValid(rfc3339(cert.not_before)));
     }
+    let user = if cert.username.is_empty() { "kcp-keeper" } else { cert.username.as_str() };
+    let kubeconfig = build(&parts.server, &parts.ca_pem, &parts.cert_pem, &parts.key_pem, user);
     Ok(Credential {
         server: parts.server,
         cert,
@@ -174,20 +190,111 @@ fn key_matches(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), CredentialError> {
     if public.as_ref() == cert.public_key().raw { Ok(()) } else { Err(CredentialError::KeyMismatch) }
 }
 
-/// The current context's server, CA and client certificate and key (inline `*-data` fields only: a published
-/// kubeconfig must stand on its own).
-fn parts(kubeconfig: &[u8]) -> Result<Parts, CredentialError> {
+/// The fields a candidate may carry: the server and its CA, the client certificate and key, and the names that
+/// tie them together. Anything else (`exec`, `token`, `tokenFile`, `insecure-skip-tls-verify`, `proxy-url`, a file
+/// path, ...) is refused as [`CredentialError::UnsupportedField`]: none of it is used, so none of it may be there.
+const TOP_FIELDS: &[&str] = &["apiVersion", "kind", "clusters", "contexts", "users", "current-context", "preferences"];
+const CLUSTER_FIELDS: &[&str] = &["server", "certificate-authority-data"];
+const USER_FIELDS: &[&str] = &["client-certificate-data", "client-key-data"];
+const CONTEXT_FIELDS: &[&str] = &["cluster", "user", "namespace"];
+const ENTRY_FIELDS: &[&str] = &["name", "cluster", "user", "context"];
+
+/// Field names a refusal may echo: kubeconfig's own (a key an attacker made up is named "an unknown field", so a
+/// refusal never carries text from the candidate).
+const KNOWN_FIELDS: &[&str] = &[
+    "exec",
+    "auth-provider",
+    "token",
+    "tokenFile",
+    "username",
+    "password",
+    "as",
+    "as-uid",
+    "as-groups",
+    "as-user-extra",
+    "client-certificate",
+    "client-key",
+    "certificate-authority",
+    "insecure-skip-tls-verify",
+    "proxy-url",
+    "tls-server-name",
+    "disable-compression",
+    "extensions",
+    "server",
+    "certificate-authority-data",
+    "client-certificate-data",
+    "client-key-data",
+    "cluster",
+    "user",
+    "namespace",
+    "context",
+    "name",
+    "apiVersion",
+    "kind",
+    "preferences",
+    "clusters",
+    "contexts",
+    "users",
+    "current-context",
+];
+
+/// `where.field`, the field named only if kubeconfig knows it.
+fn unsupported(place: &str, field: &str) -> CredentialError {
+    let field = KNOWN_FIELDS.iter().find(|k| **k == field).copied().unwrap_or("an unknown field");
+    CredentialError::UnsupportedField(format!("{place}.{field}"))
+}
+
+/// Every key of `map` is in `allowed`.
+fn only(map: &Value, allowed: &[&str], place: &str) -> Result<(), CredentialError> {
+    let map = map.as_mapping().ok_or(CredentialError::Unparsable("an entry is not a map"))?;
+    for key in map.keys() {
+        let key = key.as_str().unwrap_or("");
+        if !allowed.contains(&key) {
+            return Err(unsupported(place, key));
+        }
+    }
+    Ok(())
+}
+
+/// Sanitises a kubeconfig into exactly its current context's server, CA data, client certificate data and client
+/// key data (inline `*-data` fields only: a published kubeconfig must stand on its own). Every entry of every list
+/// is held to the allowed fields; without a `current-context`, there must be exactly one context.
+pub fn parts(kubeconfig: &[u8]) -> Result<Parts, CredentialError> {
     use CredentialError::Unparsable;
     let doc: Value = serde_yaml::from_slice(kubeconfig).map_err(|_| Unparsable("not YAML"))?;
-    let current = doc.get("current-context").and_then(Value::as_str).ok_or(Unparsable("no current-context"))?;
-    let context =
-        named(&doc, "contexts", current).and_then(|c| c.get("context")).ok_or(Unparsable("current context missing"))?;
+    only(&doc, TOP_FIELDS, "kubeconfig")?;
+    for (list, inner, fields) in [
+        ("clusters", "cluster", CLUSTER_FIELDS),
+        ("users", "user", USER_FIELDS),
+        ("contexts", "context", CONTEXT_FIELDS),
+    ] {
+        let Some(entries) = doc.get(list) else { continue };
+        let entries = entries.as_sequence().ok_or(Unparsable("a list is not a list"))?;
+        for entry in entries {
+            only(entry, ENTRY_FIELDS, list)?;
+            if let Some(body) = entry.get(inner) {
+                only(body, fields, &format!("{list}.{inner}"))?;
+            }
+        }
+    }
+    let current = match doc.get("current-context").and_then(Value::as_str) {
+        Some(c) => c.to_string(),
+        None => match doc.get("contexts").and_then(Value::as_sequence).map(Vec::as_slice) {
+            Some([only]) => only.get("name").and_then(Value::as_str).ok_or(Unparsable("context has no name"))?.into(),
+            Some([]) | None => return Err(Unparsable("no context")),
+            Some(_) => return Err(CredentialError::UnsupportedField("contexts (more than one, none current)".into())),
+        },
+    };
+    let context = named(&doc, "contexts", &current)
+        .and_then(|c| c.get("context"))
+        .ok_or(Unparsable("current context missing"))?;
     let cluster_name = context.get("cluster").and_then(Value::as_str).ok_or(Unparsable("context names no cluster"))?;
     let user_name = context.get("user").and_then(Value::as_str).ok_or(Unparsable("context names no user"))?;
     let cluster =
         named(&doc, "clusters", cluster_name).and_then(|c| c.get("cluster")).ok_or(Unparsable("cluster missing"))?;
     let user = named(&doc, "users", user_name).and_then(|u| u.get("user")).ok_or(Unparsable("user missing"))?;
     let server = cluster.get("server").and_then(Value::as_str).ok_or(Unparsable("cluster has no server"))?;
+    check_server(server)?;
     let data = |map: &Value, field: &'static str| -> Result<Vec<u8>, CredentialError> {
         let text = map.get(field).and_then(Value::as_str).ok_or(Unparsable(field))?;
         B64.decode(text.trim()).map_err(|_| Unparsable(field))
@@ -200,22 +307,26 @@ fn parts(kubeconfig: &[u8]) -> Result<Parts, CredentialError> {
     })
 }
 
+/// The server is `https://host[:port][/path]`: no other scheme (a client certificate over plain HTTP, or a
+/// credential sent in clear), no user info, query or fragment.
+fn check_server(server: &str) -> Result<(), CredentialError> {
+    let Some(rest) = server.strip_prefix("https://") else {
+        return Err(CredentialError::UnsupportedField("clusters.cluster.server (not https)".into()));
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.is_empty()
+        || authority.contains('@')
+        || rest.contains(['?', '#'])
+        || server.parse::<http::Uri>().is_err()
+    {
+        return Err(CredentialError::Unparsable("the server is not an https URL"));
+    }
+    Ok(())
+}
+
 /// The entry named `name` in the list `list` (`clusters`, `contexts`, `users`).
 fn named<'a>(doc: &'a Value, list: &str, name: &str) -> Option<&'a Value> {
     doc.get(list)?.as_sequence()?.iter().find(|e| e.get("name").and_then(Value::as_str) == Some(name))
-}
-
-/// Rewrites every cluster's server to `base` (scheme, host, port), keeping each path (`/clusters/root`).
-pub fn rewrite_server(kubeconfig: &[u8], base: &str) -> Result<Vec<u8>, CredentialError> {
-    use CredentialError::Unparsable;
-    let mut doc: Value = serde_yaml::from_slice(kubeconfig).map_err(|_| Unparsable("not YAML"))?;
-    let clusters = doc.get_mut("clusters").and_then(Value::as_sequence_mut).ok_or(Unparsable("no clusters"))?;
-    for cluster in clusters {
-        let Some(server) = cluster.get_mut("cluster").and_then(|c| c.get_mut("server")) else { continue };
-        let path = server.as_str().map(path_of).unwrap_or_default();
-        *server = Value::String(format!("{base}{path}"));
-    }
-    serde_yaml::to_string(&doc).map(String::into_bytes).map_err(|_| Unparsable("cannot be written back"))
 }
 
 /// The path of an `https://host:port/path` URL ("" when it has none).
@@ -320,15 +431,142 @@ mod tests {
     }
 
     #[test]
-    fn rewriting_the_server_keeps_each_path_and_the_credential() {
+    fn moving_the_server_keeps_its_path_and_the_credential_and_renders_both_contexts() {
         let ca = Ca::new("client-ca", HOUR * 24).unwrap();
         let (bytes, _) = kubeconfig(&ca, "u", &[], HOUR);
-        let rewritten = rewrite_server(&bytes, "https://fp.kcp-system.svc:6443").unwrap();
-        let c = parse(&rewritten, OffsetDateTime::now_utc()).unwrap();
+        let c = check(parts(&bytes).unwrap().at("https://fp.kcp-system.svc:6443"), OffsetDateTime::now_utc()).unwrap();
         assert_eq!(c.server, "https://fp.kcp-system.svc:6443/clusters/root");
-        let text = String::from_utf8(rewritten).unwrap();
+        let text = String::from_utf8(c.kubeconfig.expose().clone()).unwrap();
         assert!(text.contains("server: https://fp.kcp-system.svc:6443\n"), "the base context keeps no path: {text}");
-        assert_eq!(c.cert.username, "u");
+        assert_eq!(parse(c.kubeconfig.expose(), OffsetDateTime::now_utc()).unwrap().cert.username, "u");
+    }
+
+    /// A clean kubeconfig in the testbed's shape (one cluster, one user, one context) with `edit` applied to
+    /// its YAML.
+    fn shaped(edit: impl FnOnce(&mut Value)) -> (Vec<u8>, String) {
+        let ca = Ca::new("client-ca", HOUR * 24).unwrap();
+        let cred = ca.issue_client("u", &[], HOUR).unwrap();
+        let mut doc: Value = serde_yaml::from_str(&format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443/clusters/root\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+            ca = B64.encode(ca.cert_pem()),
+            cert = B64.encode(&cred.cert_pem),
+            key = B64.encode(&cred.key_pem),
+        ))
+        .unwrap();
+        edit(&mut doc);
+        (serde_yaml::to_string(&doc).unwrap().into_bytes(), cred.key_pem)
+    }
+
+    fn set(doc: &mut Value, list: &str, inner: &str, field: &str, value: Value) {
+        doc[list][0][inner].as_mapping_mut().unwrap().insert(Value::from(field), value);
+    }
+
+    /// Refused as `unsupported_field`, naming `field`, never echoing `value` or the key.
+    fn refused(bytes: &[u8], field: &str, value: &str, key: &str) {
+        let err = parse(bytes, OffsetDateTime::now_utc()).unwrap_err();
+        assert!(matches!(err, CredentialError::UnsupportedField(_)), "{err:?}");
+        assert_eq!(<&str>::from(&err), "unsupported_field");
+        let text = err.to_string();
+        assert!(text.contains(field), "names {field}: {text}");
+        assert!(value.is_empty() || !text.contains(value), "echoes the value: {text}");
+        testbed::assert_no_secret_material(&text, &[key]);
+    }
+
+    macro_rules! refused_user_field {
+        ($($test:ident: $field:literal = $value:expr;)*) => {$(
+            #[test]
+            fn $test() {
+                let value: Value = serde_yaml::from_str($value).unwrap();
+                let (bytes, key) = shaped(|d| set(d, "users", "user", $field, value));
+                refused(&bytes, &format!("users.user.{}", $field), "s3cr3t", &key);
+            }
+        )*};
+    }
+
+    refused_user_field! {
+        an_exec_plugin_is_refused_so_no_command_runs: "exec" = "{command: /bin/s3cr3t, apiVersion: client.authentication.k8s.io/v1}";
+        an_auth_provider_is_refused: "auth-provider" = "{name: oidc, config: {id-token: s3cr3t}}";
+        a_token_is_refused_naming_the_field_not_the_token: "token" = "s3cr3t";
+        a_token_file_is_refused_so_the_agents_own_token_is_never_read: "tokenFile" = "/var/run/secrets/s3cr3t/token";
+        a_username_is_refused: "username" = "s3cr3t";
+        a_password_is_refused: "password" = "s3cr3t";
+        a_client_certificate_file_path_is_refused: "client-certificate" = "/etc/s3cr3t.crt";
+        a_client_key_file_path_is_refused: "client-key" = "/etc/s3cr3t.key";
+        impersonation_is_refused: "as" = "s3cr3t";
+    }
+
+    macro_rules! refused_cluster_field {
+        ($($test:ident: $field:literal = $value:expr;)*) => {$(
+            #[test]
+            fn $test() {
+                let value: Value = serde_yaml::from_str($value).unwrap();
+                let (bytes, key) = shaped(|d| set(d, "clusters", "cluster", $field, value));
+                refused(&bytes, &format!("clusters.cluster.{}", $field), "s3cr3t", &key);
+            }
+        )*};
+    }
+
+    refused_cluster_field! {
+        insecure_skip_tls_verify_is_refused_so_a_proof_always_verifies_the_server: "insecure-skip-tls-verify" = "true";
+        a_proxy_url_is_refused: "proxy-url" = "http://s3cr3t.example:3128";
+        a_tls_server_name_is_refused: "tls-server-name" = "s3cr3t";
+        a_certificate_authority_file_path_is_refused: "certificate-authority" = "/etc/s3cr3t.crt";
+    }
+
+    #[test]
+    fn an_unknown_field_is_refused_without_echoing_its_name() {
+        let (bytes, key) = shaped(|d| set(d, "users", "user", "s3cr3t-field", Value::from("x")));
+        refused(&bytes, "users.user.an unknown field", "s3cr3t", &key);
+        let (bytes, key) = shaped(|d| {
+            d.as_mapping_mut().unwrap().insert(Value::from("s3cr3t-top"), Value::from("x"));
+        });
+        refused(&bytes, "kubeconfig.an unknown field", "s3cr3t", &key);
+    }
+
+    #[test]
+    fn a_field_in_an_entry_the_current_context_does_not_use_is_refused_too() {
+        let (bytes, key) = shaped(|d| {
+            let mut other = d["users"][0].clone();
+            other["name"] = Value::from("other");
+            other["user"].as_mapping_mut().unwrap().insert(Value::from("token"), Value::from("s3cr3t"));
+            d["users"].as_sequence_mut().unwrap().push(other);
+        });
+        refused(&bytes, "users.user.token", "s3cr3t", &key);
+    }
+
+    #[test]
+    fn more_than_one_context_with_none_current_is_refused() {
+        let (bytes, key) = shaped(|d| {
+            let mut other = d["contexts"][0].clone();
+            other["name"] = Value::from("y");
+            d["contexts"].as_sequence_mut().unwrap().push(other);
+            d.as_mapping_mut().unwrap().remove("current-context");
+        });
+        refused(&bytes, "contexts", "", &key);
+        // One context and no current-context is that context.
+        let (bytes, _) = shaped(|d| {
+            d.as_mapping_mut().unwrap().remove("current-context");
+        });
+        assert_eq!(parse(&bytes, OffsetDateTime::now_utc()).unwrap().cert.username, "u");
+    }
+
+    #[test]
+    fn a_plain_http_server_is_refused() {
+        let (bytes, key) =
+            shaped(|d| d["clusters"][0]["cluster"]["server"] = Value::from("http://127.0.0.1:8080/clusters/root"));
+        refused(&bytes, "clusters.cluster.server", "127.0.0.1", &key);
+    }
+
+    #[test]
+    fn what_is_published_is_rendered_from_the_parts_alone() {
+        let (bytes, _) = shaped(|d| {
+            d["clusters"][0]["cluster"]["server"] = Value::from("https://127.0.0.1:6443/clusters/root");
+        });
+        let c = parse(&bytes, OffsetDateTime::now_utc()).unwrap();
+        assert_ne!(c.kubeconfig.expose(), &bytes, "rendered, not copied");
+        let again = parse(c.kubeconfig.expose(), OffsetDateTime::now_utc()).unwrap();
+        assert_eq!(again.kubeconfig.expose(), c.kubeconfig.expose(), "a rendering renders to itself");
+        assert_eq!((again.server, again.cert_pem), (c.server, c.cert_pem));
     }
 
     #[test]

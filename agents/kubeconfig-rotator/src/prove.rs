@@ -4,7 +4,11 @@
 
 use std::time::Duration;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use kube::config::AuthInfo;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 
 use crate::credential::Credential;
 use crate::policy::{Expected, identity_matches};
@@ -36,14 +40,7 @@ pub enum ProofError {
 
 /// Sends the review with `candidate` and checks the identity it proves.
 pub async fn prove(candidate: &Credential, expected: &Expected) -> Result<(), ProofError> {
-    let text = std::str::from_utf8(candidate.kubeconfig.expose()).map_err(|_| ProofError::ClientConfig("not UTF-8"))?;
-    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|_| ProofError::ClientConfig("kubeconfig rejected"))?;
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|_| ProofError::ClientConfig("kubeconfig rejected"))?;
-    config.connect_timeout = Some(TIMEOUT);
-    config.read_timeout = Some(TIMEOUT);
-    let client = kube::Client::try_from(config).map_err(|_| ProofError::ClientConfig("TLS setup failed"))?;
+    let client = client(candidate)?;
     let body = serde_json::to_vec(&serde_json::json!({
         "apiVersion": "authentication.k8s.io/v1",
         "kind": "SelfSubjectReview",
@@ -67,4 +64,23 @@ pub async fn prove(candidate: &Credential, expected: &Expected) -> Result<(), Pr
         .map(|g| g.iter().filter_map(|v| v.as_str().map(String::from)).collect())
         .unwrap_or_default();
     identity_matches(expected, username, &groups).map_err(ProofError::WrongIdentity)
+}
+
+/// A client built from the candidate's parts alone, never from a kubeconfig: the server, trusted through exactly
+/// the CA data, authenticating with exactly the client certificate and key. No proxy, no TLS override, no other
+/// authentication (a token, an exec plugin) can be in it.
+fn client(candidate: &Credential) -> Result<kube::Client, ProofError> {
+    let url = candidate.server.parse::<http::Uri>().map_err(|_| ProofError::ClientConfig("server is not a URL"))?;
+    let mut config = kube::Config::new(url);
+    let roots: Vec<Vec<u8>> =
+        CertificateDer::pem_slice_iter(&candidate.ca_pem).filter_map(Result::ok).map(|c| c.to_vec()).collect();
+    config.root_cert = Some(roots);
+    config.auth_info = serde_json::from_value::<AuthInfo>(serde_json::json!({
+        "client-certificate-data": B64.encode(&candidate.cert_pem),
+        "client-key-data": B64.encode(candidate.key_pem.expose()),
+    }))
+    .map_err(|_| ProofError::ClientConfig("client certificate"))?;
+    config.connect_timeout = Some(TIMEOUT);
+    config.read_timeout = Some(TIMEOUT);
+    kube::Client::try_from(config).map_err(|_| ProofError::ClientConfig("TLS setup failed"))
 }

@@ -96,11 +96,13 @@ fn expected_of(kc: &Kubeconfig) -> Expected {
     Expected { username: e.username, groups: e.groups }
 }
 
-/// The candidate as it will be published: the source's kubeconfig, its server rewritten if configured.
+/// The candidate as it will be published: the source's kubeconfig sanitised into its parts (anything more is
+/// refused), the server moved if configured, rendered from those parts alone.
 pub fn candidate(kc: &Kubeconfig, source: &Resolved, now: OffsetDateTime) -> Result<Credential, CredentialError> {
-    let bytes = match &kc.server {
-        Some(base) => credential::rewrite_server(&source.bytes, base)?,
-        None => source.bytes.clone(),
+    let parts = credential::parts(&source.bytes)?;
+    let parts = match &kc.server {
+        Some(base) => parts.at(base),
+        None => parts,
     };
-    credential::parse(&bytes, now)
+    credential::check(parts, now)
 }

@@ -275,7 +275,7 @@ async fn bad_candidates_are_never_published_and_a_longer_lived_target_is_never_r
     ))?;
     let agent = layout.start(&config).await?;
     let published = testbed::eventually(WAIT, "the first publication", || async {
-        key(&layout.target().await?, TARGET_KEY).filter(|k| k == good_kubeconfig.as_bytes())
+        key(&layout.target().await?, TARGET_KEY).filter(|k| client_cert(k).serial == serial_of(&good))
     })
     .await;
 
@@ -320,10 +320,9 @@ async fn bad_candidates_are_never_published_and_a_longer_lived_target_is_never_r
     assert_eq!(key(&layout.target().await.expect("target"), TARGET_KEY).as_deref(), Some(&published[..]));
     // A longer-lived one is.
     let longer = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 700)?;
-    let longer_kubeconfig = kubeconfig_for(&layout, &longer, ADMIN_USER);
-    put(longer_kubeconfig.clone().into_bytes()).await?;
+    put(kubeconfig_for(&layout, &longer, ADMIN_USER).into_bytes()).await?;
     testbed::eventually(WAIT, "the longer-lived credential to be published", || async {
-        key(&layout.target().await?, TARGET_KEY).filter(|k| k == longer_kubeconfig.as_bytes())
+        key(&layout.target().await?, TARGET_KEY).filter(|k| client_cert(k).serial == serial_of(&longer))
     })
     .await;
     let rotations =
@@ -384,6 +383,218 @@ async fn a_certificate_secret_is_built_into_a_kubeconfig_proven_and_published() 
     assert_eq!(code, Some(1), "only an operator source can be re-issued");
     assert!(err.contains("only a kcp-operator Kubeconfig can be re-issued"), "{err}");
     testbed::assert_no_secret_material(&agent.process.log(), &[&cred.key_pem]);
+    Ok(())
+}
+
+fn serial_of(cred: &Credential) -> String {
+    credential::cert_info(cred.cert_pem.as_bytes()).expect("a certificate").serial
+}
+
+/// A loopback "server" that counts the connections it accepts and keeps every byte sent to it.
+struct Attacker {
+    port: u16,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    received: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Attacker {
+    async fn start() -> Result<Self> {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (a, r) = (accepted.clone(), received.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                a.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let r = r.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = socket.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        r.lock().unwrap().extend_from_slice(&buf[..n]);
+                    }
+                });
+            }
+        });
+        Ok(Self { port, accepted, received, task })
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Attacker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The kubeconfig of `kubeconfig_for` with `edit` applied to its YAML.
+fn edited(layout: &Layout, cred: &Credential, edit: impl FnOnce(&mut serde_yaml::Value)) -> Vec<u8> {
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&kubeconfig_for(layout, cred, ADMIN_USER)).expect("YAML");
+    edit(&mut doc);
+    serde_yaml::to_string(&doc).expect("YAML").into_bytes()
+}
+
+fn set(doc: &mut serde_yaml::Value, list: &str, inner: &str, field: &str, value: serde_yaml::Value) {
+    doc[list][0][inner].as_mapping_mut().expect("a map").insert(field.into(), value);
+}
+
+#[tokio::test]
+async fn a_candidate_carrying_more_than_server_ca_and_client_certificate_is_refused_naming_the_field_and_never_used()
+-> Result<()> {
+    let layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    let client_ca = &layout.kcp.pki.client_ca;
+    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    let put = |kubeconfig: Vec<u8>| {
+        let patch = json!({"data": {"kubeconfig": base64_encode(&kubeconfig)}});
+        let sources = sources.clone();
+        async move { sources.patch("plain", &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ()) }
+    };
+    let good = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 365)?;
+    sources
+        .create(
+            &PostParams::default(),
+            &secret("plain", &[("kubeconfig", kubeconfig_for(&layout, &good, ADMIN_USER).as_bytes())]),
+        )
+        .await?;
+    let config = layout.write_config(&format!(
+        "resyncInterval: 2s\nkubeconfigs:\n- name: plain\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}}}\n",
+        src = layout.src,
+        dst = layout.dst,
+    ))?;
+    let agent = layout.start(&config).await?;
+    let published = testbed::eventually(WAIT, "the first publication", || async {
+        key(&layout.target().await?, TARGET_KEY).filter(|k| client_cert(k).serial == serial_of(&good))
+    })
+    .await;
+    let doc: serde_yaml::Value = serde_yaml::from_slice(&published)?;
+    for user in doc["users"].as_sequence().expect("users") {
+        let fields: Vec<&str> = user["user"].as_mapping().expect("a user").keys().filter_map(|k| k.as_str()).collect();
+        assert_eq!(fields, ["client-certificate-data", "client-key-data"], "published from the parsed parts alone");
+    }
+    assert_eq!(self_subject_review(&published).await?, ADMIN_USER, "the rendering authenticates");
+    let series = "kubeconfig_rotator_verification_failures_total{kubeconfig=\"plain\",reason=\"unsupported_field\"}";
+    assert_eq!(metric(&metrics(&agent).await, series)?, 0.0, "the reason is exported at 0 from the start");
+
+    // The exfiltration attempt: whoever can write the source points the server at themselves and asks for the
+    // agent's own token (tokenFile), over plain HTTP. No request may reach them.
+    let attacker = Attacker::start().await?;
+    let dir = layout.bed.subdir("attack")?;
+    let token_file = dir.join("token");
+    let token = "exfiltrated-service-account-token-7d1f";
+    std::fs::write(&token_file, token)?;
+    let marker = dir.join("exec-ran");
+    let candidate = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 700)?;
+    let attacker_url = format!("http://127.0.0.1:{}/clusters/root", attacker.port);
+    let token_path = token_file.display().to_string();
+    let rogue_ca = Ca::new("not-the-kcp-server-ca", HOUR)?.cert_pem();
+    let yaml = |s: &str| serde_yaml::from_str::<serde_yaml::Value>(s).expect("YAML");
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "users.user.tokenFile",
+            edited(&layout, &candidate, |d| {
+                d["clusters"][0]["cluster"]["server"] = attacker_url.clone().into();
+                set(d, "users", "user", "tokenFile", token_path.clone().into());
+            }),
+        ),
+        (
+            "users.user.exec",
+            edited(&layout, &candidate, |d| {
+                let exec = format!(
+                    "{{apiVersion: client.authentication.k8s.io/v1beta1, command: /bin/sh, args: [-c, 'touch {}'], interactiveMode: Never}}",
+                    marker.display()
+                );
+                set(d, "users", "user", "exec", yaml(&exec));
+            }),
+        ),
+        (
+            "clusters.cluster.insecure-skip-tls-verify",
+            edited(&layout, &candidate, |d| {
+                d["clusters"][0]["cluster"]["certificate-authority-data"] = base64_encode(rogue_ca.as_bytes()).into();
+                set(d, "clusters", "cluster", "insecure-skip-tls-verify", true.into());
+            }),
+        ),
+        ("users.user.token", edited(&layout, &candidate, |d| set(d, "users", "user", "token", token.into()))),
+        (
+            "users.user.auth-provider",
+            edited(&layout, &candidate, |d| set(d, "users", "user", "auth-provider", yaml("{name: oidc}"))),
+        ),
+        ("users.user.username", edited(&layout, &candidate, |d| set(d, "users", "user", "username", "admin".into()))),
+        ("users.user.password", edited(&layout, &candidate, |d| set(d, "users", "user", "password", token.into()))),
+        (
+            "clusters.cluster.proxy-url",
+            edited(&layout, &candidate, |d| {
+                set(d, "clusters", "cluster", "proxy-url", format!("http://127.0.0.1:{}", attacker.port).into())
+            }),
+        ),
+        (
+            "clusters.cluster.tls-server-name",
+            edited(&layout, &candidate, |d| set(d, "clusters", "cluster", "tls-server-name", "localhost".into())),
+        ),
+        (
+            "clusters.cluster.certificate-authority",
+            edited(&layout, &candidate, |d| {
+                set(d, "clusters", "cluster", "certificate-authority", token_path.clone().into())
+            }),
+        ),
+        (
+            "users.user.client-key",
+            edited(&layout, &candidate, |d| set(d, "users", "user", "client-key", token_path.clone().into())),
+        ),
+        (
+            "contexts (more than one, none current)",
+            edited(&layout, &candidate, |d| {
+                let mut other = d["contexts"][0].clone();
+                other["name"] = "other".into();
+                d["contexts"].as_sequence_mut().expect("a list").push(other);
+                d.as_mapping_mut().expect("a map").remove("current-context");
+            }),
+        ),
+    ];
+    for (n, (field, kubeconfig)) in cases.into_iter().enumerate() {
+        put(kubeconfig).await?;
+        let want = (n + 1) as f64;
+        testbed::eventually(WAIT, &format!("{field}: refused, or a request at the attacker"), || async {
+            let refused = metric(&metrics(&agent).await, series).ok().filter(|v| *v >= want);
+            refused.or_else(|| (attacker.accepted() > 0).then_some(0.0))
+        })
+        .await;
+        assert_eq!(attacker.accepted(), 0, "{field}: a request reached the attacker's server");
+        assert!(!marker.exists(), "{field}: the exec plugin ran");
+        let held = key(&layout.target().await.expect("target"), TARGET_KEY);
+        assert_eq!(held.as_deref(), Some(&published[..]), "{field}: the target is left as it is");
+        let named = format!("unsupported field {field}");
+        assert!(agent.process.log().contains(&named), "{field}: the log names the field");
+        // Events on the source are rate limited per reason (a burst of 5, then one a minute): the first refusal's
+        // is checked, the rest are named in the log.
+        if n == 0 {
+            testbed::eventually(WAIT, &format!("a CandidateRejected Event naming {field}"), || async {
+                let notes = layout.events(&layout.src, "CandidateRejected").await;
+                notes.iter().any(|n| n.contains(&named)).then_some(())
+            })
+            .await;
+        }
+    }
+    // Nothing else was counted for these candidates: each was refused before any proof.
+    let text = metrics(&agent).await;
+    for reason in ["refused", "unreachable", "wrong_identity", "client_config"] {
+        let other =
+            format!("kubeconfig_rotator_verification_failures_total{{kubeconfig=\"plain\",reason=\"{reason}\"}}");
+        assert_eq!(metric(&text, &other)?, 0.0, "{reason}");
+    }
+    assert!(attacker.received.lock().unwrap().is_empty(), "the attacker received nothing");
+    let secrets = [good.key_pem.as_str(), candidate.key_pem.as_str(), token];
+    testbed::assert_no_secret_material(&agent.process.log(), &secrets);
+    testbed::assert_no_secret_material(&layout.all_event_notes().await, &secrets);
+    assert!(!agent.process.log().contains(&token_path), "the token file's path is never echoed");
     Ok(())
 }
 
