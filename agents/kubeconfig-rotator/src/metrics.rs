@@ -29,6 +29,13 @@ pub struct TargetLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConsumerLabels {
+    pub kubeconfig: String,
+    pub namespace: String,
+    pub deployment: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub kubeconfig: String,
     pub reason: String,
@@ -45,6 +52,7 @@ pub struct Metrics {
     pub verification_failures: Family<ReasonLabels, Counter>,
     pub nudges: Family<KubeconfigLabel, Counter>,
     pub forced_renewals: Family<KubeconfigLabel, Counter>,
+    pub consumer_restart_pending: Family<ConsumerLabels, Gauge>,
 }
 
 impl Metrics {
@@ -59,6 +67,7 @@ impl Metrics {
             verification_failures: Family::default(),
             nudges: Family::default(),
             forced_renewals: Family::default(),
+            consumer_restart_pending: Family::default(),
         };
         registry.register_with_unit(
             "certificate_not_after_timestamp",
@@ -97,6 +106,11 @@ impl Metrics {
             "Renewals forced through the Certificate's Issuing condition",
             m.forced_renewals.clone(),
         );
+        registry.register(
+            "consumer_restart_pending",
+            "1 while a consumer Deployment has not been restarted for the content its target holds (missing, or the restart failed)",
+            m.consumer_restart_pending.clone(),
+        );
         m
     }
 
@@ -109,6 +123,9 @@ impl Metrics {
                 TargetLabels { kubeconfig: kubeconfig.into(), namespace: t.namespace.clone(), name: t.name.clone() };
             let _ = self.target_in_sync.get_or_create(&labels);
             let _ = self.target_not_after.get_or_create(&labels);
+            for d in &t.restart_deployments {
+                let _ = self.consumer_restart_pending.get_or_create(&consumer(kubeconfig, &t.namespace, d));
+            }
         }
         let label = KubeconfigLabel { kubeconfig: kubeconfig.into() };
         let _ = self.not_after.get_or_create(&label);
@@ -157,6 +174,13 @@ impl Metrics {
         self.forced_renewals.get_or_create(&label(kubeconfig)).inc();
     }
 
+    /// Whether consumer `deployment` still waits for its restart.
+    pub fn consumer_pending(&self, kubeconfig: &str, namespace: &str, deployment: &str, pending: bool) {
+        self.consumer_restart_pending
+            .get_or_create(&consumer(kubeconfig, namespace, deployment))
+            .set(i64::from(pending));
+    }
+
     /// The series of one target of `kc`, created if they were not.
     pub fn target(&self, kc: &Kubeconfig, target: &Target) -> TargetSeries {
         let labels = TargetLabels {
@@ -169,6 +193,10 @@ impl Metrics {
             not_after: self.target_not_after.get_or_create(&labels).clone(),
         }
     }
+}
+
+fn consumer(kubeconfig: &str, namespace: &str, deployment: &str) -> ConsumerLabels {
+    ConsumerLabels { kubeconfig: kubeconfig.into(), namespace: namespace.into(), deployment: deployment.into() }
 }
 
 fn label(kubeconfig: &str) -> KubeconfigLabel {

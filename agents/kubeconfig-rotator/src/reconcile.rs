@@ -117,6 +117,7 @@ impl Rotator {
         if let Some(first) = failures.into_iter().next() {
             return Err(match first {
                 TargetFailure::Restart(e) => SyncError::RestartFailed(Box::new(e)),
+                TargetFailure::ConsumerMissing(object) => SyncError::ConsumerMissing(object),
                 TargetFailure::Write(first @ (ApplyError::Foreign { .. } | ApplyError::ForeignKey { .. })) => {
                     SyncError::TargetNotOwned { failed, total, first: Box::new(first) }
                 }
@@ -229,11 +230,11 @@ impl Rotator {
         let live = live_state(live_secret, target, now);
         let complete = split_keys_current(live_secret, target, candidate);
         let regarding = reference("v1", "Secret", &target.namespace, &target.name, None);
-        // What the target holds after this pass, and whether this pass wrote it.
-        let (held_hash, wrote) = match (policy::target_action(&live, candidate, complete), &live) {
+        // What the target holds after this pass.
+        let held_hash = match (policy::target_action(&live, candidate, complete), &live) {
             (TargetAction::Unchanged, _) => {
                 series.holds(candidate.cert.not_after, true);
-                (candidate.hash(), false)
+                candidate.hash()
             }
             (TargetAction::KeepLonger, Live::Valid { cert, hash }) => {
                 series.holds(cert.not_after, false);
@@ -245,18 +246,15 @@ impl Rotator {
                     candidate.cert.serial,
                 );
                 self.events.publish(&regarding, EventType::Normal, "KeptLonger", "Publish", &note).await;
-                (hash.clone(), false)
+                hash.clone()
             }
             _ => {
                 let rv = live_secret.and_then(|s| s.metadata.resource_version.as_deref());
                 let desired = desired_secret(kc, target, candidate, rv, live_secret.is_none());
                 let ownership = Ownership::Owned { adopt: target.adopt };
-                let wrote = match apply::apply_over(&api, desired, ownership, live_secret).await {
-                    Ok(Outcome::Unchanged) => false,
-                    Ok(_) => {
-                        self.published(kc, target, candidate, &live, &regarding).await;
-                        true
-                    }
+                match apply::apply_over(&api, desired, ownership, live_secret).await {
+                    Ok(Outcome::Unchanged) => {}
+                    Ok(_) => self.published(kc, target, candidate, &live, &regarding).await,
                     Err(e) => {
                         series.not_in_sync();
                         let reason = if e.metric_label() == "not_owned" { "NotOwned" } else { "WriteFailed" };
@@ -272,15 +270,22 @@ impl Rotator {
                             .await;
                         return Err(TargetFailure::Write(e));
                     }
-                };
+                }
                 series.holds(candidate.cert.not_after, true);
-                (candidate.hash(), wrote)
+                candidate.hash()
             }
         };
+        // Every pass, whether it wrote or not: a consumer not yet restarted for what the target holds (created
+        // later, or its restart failed) is restarted now; until then it is pending, and the error retries it.
+        let mut first = None;
         for deployment in &target.restart_deployments {
-            self.restart(kc, &target.namespace, deployment, &held_hash, wrote).await.map_err(TargetFailure::Restart)?;
+            let result = self.restart(kc, &target.namespace, deployment, &held_hash, &regarding).await;
+            self.metrics.consumer_pending(&kc.name, &target.namespace, deployment, result.is_err());
+            if let Err(e) = result {
+                first.get_or_insert(e);
+            }
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 
     /// After a write: metrics, log and Event, saying whether the certificate changed.
@@ -315,24 +320,36 @@ impl Rotator {
         self.events.publish(regarding, EventType::Normal, reason, "Publish", &note).await;
     }
 
-    /// Rolls a read-once consumer for content `hash`: after a write, or to finish a restart an earlier pass
-    /// could not make. A consumer never annotated is left alone unless the content changed now.
+    /// Rolls a read-once consumer for content `hash`, the one its target holds, unless its annotation already
+    /// says it was restarted for it: decided on every pass from the two, never from whether this pass wrote.
     async fn restart(
         &self,
         kc: &Kubeconfig,
         namespace: &str,
         name: &str,
         hash: &str,
-        wrote: bool,
-    ) -> Result<(), ApplyError> {
+        target: &ObjectReference,
+    ) -> Result<(), TargetFailure> {
         let api = Api::<Deployment>::namespaced(self.client.clone(), namespace);
+        let regarding = reference("apps/v1", "Deployment", namespace, name, None);
         let kube_err =
             |source| ApplyError::Kube { kind: "Deployment".into(), object: format!("{namespace}/{name}"), source };
-        let live = api.get_opt(name).await.map_err(kube_err)?;
+        let live = match api.get_opt(name).await {
+            Ok(live) => live,
+            Err(e) => return Err(self.restart_failed(kc, &regarding, kube_err(e)).await),
+        };
+        let Some(live) = live else {
+            let note = format!(
+                "kubeconfig {}: consumer Deployment {namespace}/{name} not found; it is restarted for content {hash} once it exists",
+                kc.name
+            );
+            tracing::warn!(kubeconfig = %kc.name, namespace, deployment = name, "consumer missing; restart pending");
+            self.events.publish(target, EventType::Warning, "ConsumerMissing", "Restart", &note).await;
+            return Err(TargetFailure::ConsumerMissing(format!("{namespace}/{name}")));
+        };
         let key = format!("{RESTART_ANNOTATION_PREFIX}{}", kc.name);
-        let current =
-            live.as_ref().and_then(|d| d.spec.template.metadata.as_ref()?.annotations.as_ref()?.get(&key).cloned());
-        if live.is_none() || current.as_deref() == Some(hash) || (!wrote && current.is_none()) {
+        let current = live.spec.template.metadata.as_ref().and_then(|m| m.annotations.as_ref()?.get(&key).cloned());
+        if current.as_deref() == Some(hash) {
             return Ok(());
         }
         let desired = json!({
@@ -340,16 +357,26 @@ impl Rotator {
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"template": {"metadata": {"annotations": {key: hash}}}},
         });
-        apply::apply_over(&api, desired, Ownership::Fields, live.as_ref()).await?;
-        let regarding = reference("apps/v1", "Deployment", namespace, name, None);
+        if let Err(e) = apply::apply_over(&api, desired, Ownership::Fields, Some(&live)).await {
+            return Err(self.restart_failed(kc, &regarding, e).await);
+        }
         let note = format!("kubeconfig {}: restarted to pick up content {hash}", kc.name);
         tracing::info!(kubeconfig = %kc.name, namespace, deployment = name, "restarted a consumer");
         self.events.publish(&regarding, EventType::Normal, "Restarted", "Restart", &note).await;
         Ok(())
+    }
+
+    /// A restart that could not be made: logged, an Event on the Deployment; retried with the reconcile's backoff.
+    async fn restart_failed(&self, kc: &Kubeconfig, regarding: &ObjectReference, e: ApplyError) -> TargetFailure {
+        tracing::warn!(kubeconfig = %kc.name, error = %e, "consumer not restarted; restart pending");
+        let note = format!("kubeconfig {}: restart pending, retried: {e}", kc.name);
+        self.events.publish(regarding, EventType::Warning, "RestartFailed", "Restart", &note).await;
+        TargetFailure::Restart(e)
     }
 }
 
 enum TargetFailure {
     Write(ApplyError),
     Restart(ApplyError),
+    ConsumerMissing(String),
 }

@@ -248,6 +248,49 @@ async fn with_exactly_its_rbac_it_forces_an_overdue_renewal_on_status_and_nudges
     Ok(())
 }
 
+/// The restart annotation of consumer `name`, if it exists and carries one.
+async fn restarted_for(layout: &Layout, name: &str) -> Option<String> {
+    let d = Api::<Deployment>::namespaced(layout.bed.client(), &layout.dst).get_opt(name).await.ok()??;
+    d.spec.template.metadata?.annotations?.get(&format!("kcp-keeper.io/restarted-for-{KUBECONFIG}")).cloned()
+}
+
+#[tokio::test]
+async fn a_consumer_created_after_the_first_publish_is_reported_pending_and_restarted_on_a_later_pass() -> Result<()> {
+    let mut layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    layout.operator("1h", issuer::Settings::default()).await?;
+    let config = layout.write_config(&operator_config(&layout, "", ""))?;
+    let agent = layout.start(&config).await?;
+    let target = testbed::eventually(WAIT, "the first publication", || async { layout.target().await }).await;
+    let hash = annotation(&target, "kcp-keeper.io/content-hash").expect("hash annotation");
+    let pending = format!(
+        "kubeconfig_rotator_consumer_restart_pending{{kubeconfig=\"{KUBECONFIG}\",namespace=\"{}\",deployment=\"hub\"}}",
+        layout.dst
+    );
+    wait_for_metric(&agent, &pending, "the missing consumer pending", |v| v == 1.0).await;
+    testbed::eventually(WAIT, "an Event saying the consumer is missing", || async {
+        let notes = layout.events(&layout.dst, "ConsumerMissing").await;
+        (!notes.is_empty()).then_some(())
+    })
+    .await;
+    let missing = "kubeconfig_rotator_reconcile_errors_total{reason=\"consumer_missing\"}";
+    wait_for_metric(&agent, missing, "the missing consumer counted", |v| v >= 1.0).await;
+
+    // The consumer appears after the target was written: no pass writes the target again (it is unchanged), yet
+    // the consumer is restarted for the content the target holds.
+    consumer(&layout, "hub").await?;
+    testbed::eventually(WAIT, "the late consumer restarted for the held content", || async {
+        restarted_for(&layout, "hub").await.filter(|h| *h == hash)
+    })
+    .await;
+    wait_for_metric(&agent, &pending, "nothing pending", |v| v == 0.0).await;
+    assert_eq!(generation(&layout, "hub").await, 2, "restarted once");
+    let held = layout.target().await.and_then(|t| annotation(&t, "kcp-keeper.io/content-hash"));
+    assert_eq!(held.as_deref(), Some(hash.as_str()), "the target was not rewritten to get there");
+    testbed::assert_no_secret_material(&agent.process.log(), &[]);
+    Ok(())
+}
+
 /// A kubeconfig for the front proxy's root workspace with `cred`, trusting kcp's server CA.
 fn kubeconfig_for(layout: &Layout, cred: &Credential, user: &str) -> String {
     let server = format!("{}/clusters/root", layout.kcp.front_proxy.url);
