@@ -109,7 +109,7 @@ pub async fn snapshot(config: &Path, shards: &[String]) -> anyhow::Result<()> {
                 println!(
                     "{}\trevision {}\t{} keys\t{} bytes ({} in etcd)\t{:.1}s\tspilled {} bytes",
                     m.id,
-                    m.revision,
+                    m.revision_bounds(),
                     m.key_count,
                     m.object_size_bytes,
                     m.db_size_bytes,
@@ -156,7 +156,7 @@ pub async fn list(config: &Path, shard: Option<&str>) -> anyhow::Result<()> {
             m.id,
             m.shard,
             m.started_at.format("%Y-%m-%dT%H:%M:%SZ"),
-            m.revision,
+            m.revision_bounds(),
             m.key_count,
             m.object_size_bytes,
             verified

@@ -9,7 +9,8 @@ pub mod scratch;
 use crate::error::DrillError;
 use crate::manifest::Manifest;
 
-/// What the restored etcd says, read at the snapshot's revision.
+/// What the restored etcd says: its revision (the exact one the snapshot holds), and keys and HashKV read at
+/// the manifest's revision (the lower bound the live member's were recorded at).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observed {
     pub revision: u64,
@@ -30,10 +31,11 @@ pub enum HashKvResult {
 /// Compares the restored member with the manifest: revision, then key count, then HashKV. The first
 /// difference fails the drill with the field named and both values (counts and hashes, never data).
 pub fn compare(manifest: &Manifest, observed: &Observed) -> Result<HashKvResult, DrillError> {
-    if observed.revision != manifest.revision {
+    if !manifest.holds_revision(observed.revision) {
         return Err(DrillError::RevisionMismatch(format!(
             "the restored etcd is at revision {}, the manifest's revision is {}",
-            observed.revision, manifest.revision
+            observed.revision,
+            manifest.revision_bounds()
         )));
     }
     if observed.key_count != manifest.key_count {
@@ -78,6 +80,21 @@ mod tests {
         assert_eq!(compare(&m, &observed(&m)).unwrap(), HashKvResult::Match);
         let without = Manifest { hash_kv: None, ..m.clone() };
         assert_eq!(compare(&without, &observed(&m)).unwrap(), HashKvResult::NotComparable);
+    }
+
+    #[test]
+    fn a_restored_revision_within_the_manifest_bounds_passes_and_one_outside_fails() {
+        let m = Manifest { revision_upper_bound: Some(1005), ..sample() };
+        for exact in [1000, 1003, 1005] {
+            assert!(compare(&m, &Observed { revision: exact, ..observed(&m) }).is_ok(), "{exact}");
+        }
+        for exact in [999, 1006] {
+            let error = compare(&m, &Observed { revision: exact, ..observed(&m) }).unwrap_err();
+            assert!(error.to_string().contains("1000..1005"), "{error}");
+        }
+        // Without an upper bound (older manifests) the revision is exact.
+        let exact = Manifest { revision_upper_bound: None, ..sample() };
+        assert!(compare(&exact, &Observed { revision: 1001, ..observed(&exact) }).is_err());
     }
 
     #[test]

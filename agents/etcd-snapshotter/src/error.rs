@@ -15,8 +15,6 @@ pub enum SnapshotError {
     NoMember(#[from] NoMember),
     #[error("etcd: {0}")]
     Etcd(String),
-    #[error("the member's revision moved during each of {0} attempts to start the stream; cannot pin the revision")]
-    RevisionUnstable(usize),
     #[error("snapshot hash mismatch, upload aborted: {0}")]
     HashMismatch(#[from] TrailerError),
     #[error(transparent)]

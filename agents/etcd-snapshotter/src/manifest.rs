@@ -87,9 +87,16 @@ pub struct Manifest {
     pub shard: String,
     pub member: Member,
     pub etcd_version: String,
-    /// The store revision the snapshot holds (etcd does not put it in the stream: it is bracketed by two
-    /// reads of the member's revision that agree, see `snapshot::bracket`).
+    /// A store revision the snapshot provably holds, a lower bound: the member's revision read before the
+    /// stream was requested (etcd puts no revision in the stream; see `snapshot::bracket`). The snapshot holds
+    /// exactly this revision when `revisionUpperBound` equals it; a drill reports the exact one. Key count
+    /// and HashKV are recorded at this revision, so they compare against any restore of the snapshot.
     pub revision: u64,
+    /// The member's revision read after the stream's first message: the snapshot holds at most this
+    /// revision. Absent in manifests written before it existed, whose `revision` was exact (two reads that
+    /// agreed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_upper_bound: Option<u64>,
     /// The compact revision HashKV reported; -1 when HashKV could not be recorded.
     pub compact_revision: i64,
     /// Keys at `revision`.
@@ -136,6 +143,20 @@ pub struct Member {
 }
 
 impl Manifest {
+    /// Whether a database at `exact` (as etcdutl or a restored member reads it) is what this manifest
+    /// describes: within `[revision, revisionUpperBound]`.
+    pub fn holds_revision(&self, exact: u64) -> bool {
+        self.revision <= exact && exact <= self.revision_upper_bound.unwrap_or(self.revision)
+    }
+
+    /// The bounds as people read them: `42` when exact, `42..45` otherwise.
+    pub fn revision_bounds(&self) -> String {
+        match self.revision_upper_bound {
+            Some(upper) if upper != self.revision => format!("{}..{upper}", self.revision),
+            _ => self.revision.to_string(),
+        }
+    }
+
     pub fn to_json(&self) -> Vec<u8> {
         let mut text = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
         text.push(b'\n');
@@ -166,6 +187,7 @@ pub(crate) fn sample() -> Manifest {
         },
         etcd_version: "3.6.16".into(),
         revision: 1000,
+        revision_upper_bound: Some(1000),
         compact_revision: 0,
         key_count: 17,
         hash_kv: Some(123),

@@ -1,7 +1,7 @@
 //! One snapshot of one shard, proven before it is published:
 //!
 //! 1. clean what an interrupted run left (multipart uploads, data objects without a manifest, spill files);
-//! 2. pick a healthy voting member and pin the revision (`bracket`);
+//! 2. pick a healthy voting member and bound the revision the stream will hold (`bracket`);
 //! 3. stream `Maintenance.Snapshot` through the trailer check, zstd and age into parts; parts go to a
 //!    multipart upload, a bounded number in memory, the rest through the spill directory when S3 lags;
 //! 4. at the end compare etcd's trailing sha256 with ours; on any failure abort the upload;
@@ -29,9 +29,6 @@ use crate::trailer::TrailerCheck;
 fn etcd(context: &str) -> impl Fn(etcd_client::Error) -> SnapshotError + '_ {
     move |e| SnapshotError::Etcd(format!("{context}: {e}"))
 }
-
-/// Attempts at pinning the revision; each costs one status call and the stream's first message.
-const BRACKET_ATTEMPTS: usize = 10;
 
 /// The multipart upload in progress, for the shutdown hook to abort.
 #[derive(Clone, Default)]
@@ -81,13 +78,22 @@ pub async fn take(
 
     let mut chosen = member::choose(shard).await?;
     tracing::info!(shard = shard.name, member = chosen.name, endpoint = chosen.endpoint, "streaming from member");
-    let (stream, first, revision) = bracket(&mut chosen.client).await?;
+    let (stream, first, Bracket { revision, upper }) = bracket(&mut chosen.client).await?;
+    if upper != revision {
+        tracing::info!(
+            shard = shard.name,
+            revision,
+            upper,
+            "the shard was written to as the stream opened; revision is a lower bound"
+        );
+    }
     let location = Location::new(&store.prefix, &shard.name, started_at, revision as u64);
     let encrypted = !config.recipients.is_empty();
     let object = manifest::object_name(config.compression.as_str(), encrypted);
     let key = location.object_key(config.compression.as_str(), encrypted);
 
-    // Keys and HashKV at the pinned revision, read while the stream runs (a compaction later could remove it).
+    // Keys and HashKV at the lower bound, which the snapshot holds: read once the stream is open, so a read
+    // that succeeds proves no compaction past it had started when the snapshot's transaction began.
     let mut fingerprint_client = chosen.client.clone();
     let fingerprint = tokio::spawn(async move { member::fingerprint(&mut fingerprint_client, revision).await });
 
@@ -141,6 +147,7 @@ pub async fn take(
         member: Member { name: chosen.name.clone(), id: format!("{:x}", chosen.id), endpoint: chosen.endpoint.clone() },
         etcd_version: chosen.version.clone(),
         revision: revision as u64,
+        revision_upper_bound: Some(upper as u64),
         compact_revision,
         key_count,
         hash_kv,
@@ -164,29 +171,33 @@ pub async fn take(
     Ok(manifest)
 }
 
-/// Opens the stream with the revision pinned: etcd puts no revision in the stream, so the member's revision
-/// is read before the request and again after the first message (by then the server holds its read
-/// transaction). When both agree, nothing was written in between and the snapshot holds exactly that
-/// revision; otherwise the stream is dropped (it cost one message) and tried again.
+/// The revisions a snapshot stream holds at least and at most.
+struct Bracket {
+    /// The member's revision read before the stream was requested: everything up to it was committed to the
+    /// backend, and etcd commits pending writes before its snapshot transaction begins, so the stream holds
+    /// at least this revision.
+    revision: i64,
+    /// The member's revision read after the first message: by then the server holds its read transaction,
+    /// so the stream holds at most this revision. Equal to `revision` when nothing was written in between.
+    upper: i64,
+}
+
+/// Opens the stream and bounds its revision (etcd puts no revision in the stream, and a snapshot and a
+/// revision read are never atomic: etcd-io/etcd#9037). One attempt: a busy shard moves its revision between
+/// any two reads, so waiting for them to agree would fail exactly the shards that matter; the lower bound is
+/// recorded instead (as Gardener's etcd-backup-restore does) and a drill reads the exact one.
 async fn bracket(
     client: &mut etcd_client::Client,
-) -> Result<(etcd_client::SnapshotStreaming, etcd_client::SnapshotResponse, i64), SnapshotError> {
-    for attempt in 1..=BRACKET_ATTEMPTS {
-        let before = member::revision(client).await.map_err(|e| SnapshotError::Etcd(format!("{e:#}")))?;
-        let mut stream = client.snapshot().await.map_err(etcd("starting the snapshot"))?;
-        let first = stream
-            .message()
-            .await
-            .map_err(etcd("first snapshot message"))?
-            .ok_or_else(|| SnapshotError::Etcd("the snapshot stream ended before its first message".into()))?;
-        let after = member::revision(client).await.map_err(|e| SnapshotError::Etcd(format!("{e:#}")))?;
-        if before == after {
-            return Ok((stream, first, before));
-        }
-        tracing::debug!(attempt, before, after, "revision moved while the stream opened; again");
-        tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
-    }
-    Err(SnapshotError::RevisionUnstable(BRACKET_ATTEMPTS))
+) -> Result<(etcd_client::SnapshotStreaming, etcd_client::SnapshotResponse, Bracket), SnapshotError> {
+    let revision = member::revision(client).await.map_err(|e| SnapshotError::Etcd(format!("{e:#}")))?;
+    let mut stream = client.snapshot().await.map_err(etcd("starting the snapshot"))?;
+    let first = stream
+        .message()
+        .await
+        .map_err(etcd("first snapshot message"))?
+        .ok_or_else(|| SnapshotError::Etcd("the snapshot stream ended before its first message".into()))?;
+    let upper = member::revision(client).await.map_err(|e| SnapshotError::Etcd(format!("{e:#}")))?;
+    Ok((stream, first, Bracket { revision, upper }))
 }
 
 struct Streamed {

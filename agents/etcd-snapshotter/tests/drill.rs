@@ -166,8 +166,10 @@ async fn a_manifest_with_an_altered_key_count_or_revision_fails_with_the_field_n
     let manifest: serde_json::Value = serde_json::from_str(&original).unwrap();
     let (keys, revision) = (manifest["keyCount"].as_u64().unwrap(), manifest["revision"].as_u64().unwrap());
 
+    // A revision raised above what the database holds (and above the manifest's upper bound): `revision` is a
+    // lower bound, so only a database below it (or above `revisionUpperBound`) contradicts the manifest.
     for (field, from, to, reason) in
-        [("keyCount", keys, keys + 1, "key_count_mismatch"), ("revision", revision, revision - 1, "revision_mismatch")]
+        [("keyCount", keys, keys + 1, "key_count_mismatch"), ("revision", revision, revision + 1, "revision_mismatch")]
     {
         let altered = original.replacen(&format!("\"{field}\": {from},"), &format!("\"{field}\": {to},"), 1);
         assert_ne!(altered, original, "{field} was altered");

@@ -369,3 +369,156 @@ async fn static_credentials_come_from_the_environment_and_missing_ones_fail_clea
     testbed::assert_no_secret_material(&text(&out), &[&bed.s3.secret_key]);
     assert_eq!(manifests(&bed.s3.client(), &bed.s3.bucket).await.len(), 1);
 }
+
+/// Writes 1 KiB values (a kcp shard's leases, events and status updates) to a ring of 10,000 keys at
+/// `per_second` from its own tasks until dropped (at most 128 puts in flight; a tick with none free is
+/// skipped, never queued). `done` counts the puts that landed.
+struct Writer {
+    done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    fn start(client: etcd_client::Client, per_second: u64) -> Self {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = done.clone();
+        let task = tokio::spawn(async move {
+            if per_second == 0 {
+                return;
+            }
+            let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(128));
+            let mut ticks = tokio::time::interval(std::time::Duration::from_micros(1_000_000 / per_second));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            for i in 0u64.. {
+                ticks.tick().await;
+                let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+                let (mut client, counter) = (client.clone(), counter.clone());
+                tokio::spawn(async move {
+                    let value = format!("{i:08}").repeat(128);
+                    if client.put(format!("/registry/leases/{:05}", i % 10_000), value, None).await.is_ok() {
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
+                    drop(slot);
+                });
+            }
+        });
+        Self { done, task }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One `snapshot` one-shot per run while `writer` writes: the outputs, with the member's revision read just
+/// before and just after each run.
+async fn snapshots_under_load(
+    binary: &str,
+    config: &std::path::Path,
+    client: &mut etcd_client::Client,
+    runs: usize,
+) -> Vec<(i64, std::process::Output, i64)> {
+    let mut out = Vec::new();
+    for _ in 0..runs {
+        let before = client.status().await.unwrap().header().unwrap().revision();
+        let (binary, config) = (binary.to_string(), config.to_str().unwrap().to_string());
+        let run = tokio::task::spawn_blocking(move || {
+            std::process::Command::new(binary)
+                .args(["snapshot", "--config", &config])
+                .env(NO_METADATA.0, NO_METADATA.1)
+                .output()
+                .expect("the binary runs")
+        })
+        .await
+        .unwrap();
+        let after = client.status().await.unwrap().header().unwrap().revision();
+        out.push((before, run, after));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shard_taking_1000_writes_per_second_publishes_20_of_20_snapshots_each_holding_at_least_its_manifest_revision()
+ {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 400, 20_000).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.keep_last = 100;
+    let config = write_config(&bed, &options).unwrap();
+
+    let writer = Writer::start(etcd.member_client(0).await.unwrap(), 1000);
+    let runs = snapshots_under_load(BINARY, &config, &mut client, 20).await;
+    let written = writer.done.load(Ordering::Relaxed);
+    drop(writer);
+    let failed: Vec<String> = runs.iter().filter(|(_, o, _)| !o.status.success()).map(|(_, o, _)| text(o)).collect();
+    assert!(failed.is_empty(), "{} of 20 failed under load ({written} writes); the first: {}", failed.len(), failed[0]);
+    for (before, _, after) in &runs {
+        assert!(after > before, "the shard was written to during every run: {before} .. {after}");
+    }
+
+    let manifests = manifests(&bed.s3.client(), &bed.s3.bucket).await;
+    assert_eq!(manifests.len(), 20);
+    let etcdutl = bed.etcdutl().to_str().unwrap().to_string();
+    for m in &manifests {
+        let revision = m["revision"].as_i64().unwrap();
+        let upper = m["revisionUpperBound"].as_i64().unwrap();
+        assert!(revision <= upper, "{m}");
+        assert!(
+            runs.iter().any(|(before, _, after)| before <= &revision && &upper <= after),
+            "bounds within a run: {m}"
+        );
+        // Key count and HashKV are the live member's at the manifest's revision.
+        let at = etcd_client::GetOptions::new().with_all_keys().with_count_only().with_revision(revision);
+        assert_eq!(m["keyCount"], client.get("", Some(at)).await.unwrap().count(), "{m}");
+        assert_eq!(m["hashKv"], client.hash_kv(revision).await.unwrap().hash(), "{m}");
+        // What the database itself holds (etcdutl snapshot status) lies within the manifest's bounds.
+        let id = m["id"].as_str().unwrap();
+        let out = cli(&["verify", "--config", config.to_str().unwrap(), id, "--etcdutl", &etcdutl]);
+        assert!(out.status.success(), "{}", text(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let exact: i64 = stdout
+            .split("etcdutl reads revision ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no revision in {stdout}"));
+        assert!(revision <= exact && exact <= upper, "the database holds {exact}, outside [{revision}, {upper}]");
+    }
+}
+
+/// The figures for docs/etcd-snapshotter.md: published runs out of attempted at 0, 200 and 1000 writes/s
+/// (`cargo test -p etcd-snapshotter --test snapshot -- --ignored --nocapture busy_shard_figures`), of this
+/// build or of the binary `BUSY_SHARD_BINARY` names (an older build, for a before and after).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement: prints figures, asserts nothing"]
+async fn busy_shard_figures() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 1600, 20_000).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.keep_last = 1000;
+    let config = write_config(&bed, &options).unwrap();
+    let binary = std::env::var("BUSY_SHARD_BINARY").unwrap_or_else(|_| BINARY.into());
+    for rate in [0, 200, 1000] {
+        let writer = Writer::start(etcd.member_client(0).await.unwrap(), rate);
+        let started = std::time::Instant::now();
+        let runs = snapshots_under_load(&binary, &config, &mut client, 20).await;
+        let written = writer.done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+        drop(writer);
+        let published = runs.iter().filter(|(_, o, _)| o.status.success()).count();
+        let reasons: Vec<String> = runs
+            .iter()
+            .filter(|(_, o, _)| !o.status.success())
+            .map(|(_, o, _)| String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or_default().to_string())
+            .collect();
+        println!(
+            "FIGURE {rate} writes/s (measured {written:.0}/s): {published} of {} published; {reasons:?}",
+            runs.len()
+        );
+    }
+}

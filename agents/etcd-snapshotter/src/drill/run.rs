@@ -143,7 +143,7 @@ async fn steps(
     let mut client = wait_for_etcd(&mut scratch, etcd, &client_url, &log).await?;
     measured.restore_seconds = Some(restore_started.elapsed().as_secs_f64());
 
-    let observed = observe(&mut client, manifest.revision).await?;
+    let observed = observe(&mut client, manifest).await?;
     measured.observed = Some(observed.clone());
     measured.hash_kv = Some(compare(manifest, &observed)?);
     measured.sampled_keys = Some(sample(&mut client, manifest, drills.sample_keys).await?);
@@ -266,14 +266,14 @@ async fn wait_for_etcd(
     }
 }
 
-/// Revision, keys at the snapshot revision and `HashKV` there.
-async fn observe(client: &mut etcd_client::Client, revision: u64) -> Result<Observed, DrillError> {
+/// The restored revision (exact), keys at the manifest's revision and `HashKV` there.
+async fn observe(client: &mut etcd_client::Client, manifest: &Manifest) -> Result<Observed, DrillError> {
     let etcd = |what: &str, e: etcd_client::Error| DrillError::KeyRead(format!("{what}: {e}"));
     let status = client.status().await.map_err(|e| etcd("status", e))?;
     let current = status.header().map(|h| h.revision()).unwrap_or(0).max(0) as u64;
-    // A revision that is not the manifest's fails on the revision, before any read at it.
-    let at = revision as i64;
-    let (key_count, hash_kv) = if current == revision {
+    // A revision outside the manifest's bounds fails on the revision, before any read at it.
+    let at = manifest.revision as i64;
+    let (key_count, hash_kv) = if manifest.holds_revision(current) {
         let options = GetOptions::new().with_all_keys().with_count_only().with_revision(at);
         let count = client.get("", Some(options)).await.map_err(|e| etcd("counting keys", e))?.count();
         let hash = client.hash_kv(at).await.map_err(|e| etcd("HashKV", e))?.hash();
