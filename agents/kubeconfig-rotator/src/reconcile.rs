@@ -22,10 +22,10 @@ use crate::credential::{self, Credential, rfc3339};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
 use crate::objects::{Certificate, RENDER_REQUESTED};
-use crate::policy::{self, Live, TargetAction};
+use crate::policy::{self, Expected, Live, TargetAction};
 use crate::prove;
 use crate::renew::{self, nudge_due};
-use crate::scope::{Reader, Snapshot, Stores};
+use crate::scope::{Reader, Snapshot, Stores, secret_key};
 use crate::source::{Resolved, candidate, resolve};
 use crate::target::{RESTART_ANNOTATION_PREFIX, desired_secret, live_state, split_keys_current};
 
@@ -109,7 +109,7 @@ impl Rotator {
 
         let mut failures = Vec::new();
         for target in &kc.targets {
-            if let Err(e) = self.sync_target(kc, target, &candidate, snap, now).await {
+            if let Err(e) = self.sync_target(kc, target, &candidate, &source.expected, snap, now).await {
                 failures.push(e);
             }
         }
@@ -212,6 +212,7 @@ impl Rotator {
         kc: &Kubeconfig,
         target: &Target,
         candidate: &Credential,
+        expected: &Expected,
         snap: &Snapshot,
         now: OffsetDateTime,
     ) -> Result<(), TargetFailure> {
@@ -231,7 +232,11 @@ impl Rotator {
         let complete = split_keys_current(live_secret, target, candidate);
         let regarding = reference("v1", "Secret", &target.namespace, &target.name, None);
         // What the target holds after this pass.
-        let held_hash = match (policy::target_action(&live, candidate, complete), &live) {
+        let mut action = policy::target_action(&live, candidate, complete);
+        if action == TargetAction::KeepLonger {
+            action = self.prove_held(kc, live_secret, target, expected, &regarding, now).await;
+        }
+        let held_hash = match (action, &live) {
             (TargetAction::Unchanged, _) => {
                 series.holds(candidate.cert.not_after, true);
                 candidate.hash()
@@ -286,6 +291,33 @@ impl Rotator {
             }
         }
         first.map_or(Ok(()), Err)
+    }
+
+    /// A target is kept because it lasts longer only if it is proven too (one SelfSubjectReview, at the server it
+    /// holds): a credential kcp no longer accepts (an old client CA, another user) is replaced by the candidate.
+    async fn prove_held(
+        &self,
+        kc: &Kubeconfig,
+        secret: Option<&Secret>,
+        target: &Target,
+        expected: &Expected,
+        regarding: &ObjectReference,
+        now: OffsetDateTime,
+    ) -> TargetAction {
+        let held = secret_key(secret, &target.key).map(|bytes| credential::parse(bytes, now));
+        let Some(Ok(held)) = held else { return TargetAction::Write };
+        match prove::prove(&held, expected).await {
+            Ok(()) => TargetAction::KeepLonger,
+            Err(e) => {
+                let note = format!(
+                    "kubeconfig {}: the target's serial {} lasts longer but failed its proof ({e}); replaced by the proven candidate",
+                    kc.name, held.cert.serial
+                );
+                tracing::warn!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, reason = <&str>::from(&e), "a longer-lived target failed its proof");
+                self.events.publish(regarding, EventType::Warning, "ReplacedUnproven", "Publish", &note).await;
+                TargetAction::Write
+            }
+        }
     }
 
     /// After a write: metrics, log and Event, saying whether the certificate changed.

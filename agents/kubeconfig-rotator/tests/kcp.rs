@@ -641,6 +641,43 @@ async fn a_candidate_carrying_more_than_server_ca_and_client_certificate_is_refu
     Ok(())
 }
 
+#[tokio::test]
+async fn a_longer_lived_target_that_kcp_no_longer_accepts_is_replaced_by_a_proven_candidate() -> Result<()> {
+    let layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    let good = layout.kcp.pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 365)?;
+    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    let source = secret("plain", &[("kubeconfig", kubeconfig_for(&layout, &good, ADMIN_USER).as_bytes())]);
+    sources.create(&PostParams::default(), &source).await?;
+    // The target holds a credential that lasts longer but is signed by a client CA kcp does not trust (an old
+    // client CA, a hand-pasted one).
+    let stale =
+        Ca::new("retired-client-ca", HOUR * 24 * 800)?.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 700)?;
+    let held = secret(TARGET, &[(TARGET_KEY, kubeconfig_for(&layout, &stale, ADMIN_USER).as_bytes())]);
+    Api::<Secret>::namespaced(layout.bed.client(), &layout.dst).create(&PostParams::default(), &held).await?;
+    let config = layout.write_config(&format!(
+        "resyncInterval: 2s\nkubeconfigs:\n- name: plain\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}, adopt: true}}\n",
+        src = layout.src,
+        dst = layout.dst,
+    ))?;
+    let agent = layout.start(&config).await?;
+    let published = testbed::eventually(WAIT, "the unproven target replaced by the proven candidate", || async {
+        key(&layout.target().await?, TARGET_KEY).filter(|k| client_cert(k).serial == serial_of(&good))
+    })
+    .await;
+    assert_eq!(self_subject_review(&published).await?, ADMIN_USER, "what replaced it authenticates");
+    let notes = layout.events(&layout.dst, "KeptLonger").await;
+    assert!(notes.is_empty(), "an unproven target is never kept: {notes:?}");
+    testbed::eventually(WAIT, "an Event saying why it was replaced", || async {
+        let notes = layout.events(&layout.dst, "ReplacedUnproven").await;
+        notes.iter().any(|n| n.contains("refused")).then_some(())
+    })
+    .await;
+    testbed::assert_no_secret_material(&agent.process.log(), &[&good.key_pem, &stale.key_pem]);
+    testbed::assert_no_secret_material(&layout.all_event_notes().await, &[&good.key_pem, &stale.key_pem]);
+    Ok(())
+}
+
 fn base64_encode(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
