@@ -1,7 +1,10 @@
 //! Picking the member a snapshot streams from: one client per member URL (etcd-client balances when given
 //! several, and a snapshot must come from exactly one), skipping members that do not answer, learners (their
-//! data may lag) and members with an active alarm (NOSPACE, CORRUPT). A follower is preferred so the
-//! leader's disk is spared the long read transaction.
+//! data may lag) and members with a CORRUPT alarm of their own. Alarms are decided per member: etcd lists
+//! every alarm of the cluster in each member's Status, so another member's alarm says nothing about this
+//! one, and NOSPACE (the member refuses writes, serves reads) never stops a snapshot: it is when operators
+//! compact and defragment, and a snapshot first is the safety net. A follower is preferred so the leader's
+//! disk is spared the long read transaction.
 
 use std::time::Duration;
 
@@ -22,6 +25,25 @@ pub struct Chosen {
     pub version: String,
     pub is_leader: bool,
 }
+
+/// An active alarm of the cluster, as the `alarms` metric names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alarm {
+    Nospace,
+    Corrupt,
+}
+
+impl Alarm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Alarm::Nospace => "nospace",
+            Alarm::Corrupt => "corrupt",
+        }
+    }
+}
+
+/// The cluster's active alarms as one member lists them: `(member id, alarm)`.
+pub type Alarms = Vec<(u64, Alarm)>;
 
 #[derive(Debug, thiserror::Error)]
 #[error("no healthy voting member among {} endpoint(s): {}", skipped.len(), skipped.join("; "))]
@@ -59,19 +81,31 @@ async fn bounded<T>(
     }
 }
 
-async fn probe(endpoint: &str, tls: Option<&TlsFiles>) -> anyhow::Result<Chosen> {
+/// Probes one member; the cluster's alarms it lists go to `seen` (the first member that lists them wins).
+async fn probe(endpoint: &str, tls: Option<&TlsFiles>, seen: &mut Option<Alarms>) -> anyhow::Result<Chosen> {
     let mut client = connect(endpoint, tls).await?;
     let status = bounded("status", client.status()).await?;
     if status.is_learner() {
         anyhow::bail!("a learner");
     }
-    if !status.errors().is_empty() {
-        anyhow::bail!("reports errors: {}", status.errors().join(", "));
-    }
     let id = status.header().map(|h| h.member_id()).unwrap_or_default();
     let alarms = bounded("alarm list", client.alarm(AlarmAction::Get, AlarmType::None, None)).await?;
-    if let Some(alarm) = alarms.alarms().iter().find(|a| a.member_id() == id) {
-        anyhow::bail!("has an active alarm ({:?})", alarm.alarm());
+    let listed: Alarms = alarms
+        .alarms()
+        .iter()
+        .filter_map(|a| match a.alarm() {
+            AlarmType::Nospace => Some((a.member_id(), Alarm::Nospace)),
+            AlarmType::Corrupt => Some((a.member_id(), Alarm::Corrupt)),
+            AlarmType::None => None,
+        })
+        .collect();
+    seen.get_or_insert_with(|| listed.clone());
+    let own: Vec<AlarmType> = alarms.alarms().iter().filter(|a| a.member_id() == id).map(|a| a.alarm()).collect();
+    if own.contains(&AlarmType::Corrupt) {
+        anyhow::bail!("has a CORRUPT alarm");
+    }
+    if own.contains(&AlarmType::Nospace) {
+        tracing::warn!(endpoint, "the member has a NOSPACE alarm (it refuses writes); snapshotting it anyway");
     }
     let members = bounded("member list", client.member_list()).await?;
     let name = members.members().iter().find(|m| m.id() == id).map(|m| m.name().to_string()).unwrap_or_default();
@@ -85,23 +119,25 @@ async fn probe(endpoint: &str, tls: Option<&TlsFiles>) -> anyhow::Result<Chosen>
     })
 }
 
-/// The member to stream from: the first healthy follower in configuration order, else a healthy leader.
-pub async fn choose(shard: &Shard) -> Result<Chosen, NoMember> {
+/// The member to stream from: the first healthy follower in configuration order, else a healthy leader;
+/// with the cluster's alarms as the first member that answered listed them (`None`: none answered).
+pub async fn choose(shard: &Shard) -> (Result<Chosen, NoMember>, Option<Alarms>) {
     let mut skipped = Vec::new();
     let mut leader = None;
+    let mut seen = None;
     for (i, endpoint) in shard.endpoints.iter().enumerate() {
-        match probe(endpoint, shard.tls.as_ref()).await {
+        match probe(endpoint, shard.tls.as_ref(), &mut seen).await {
             Ok(chosen) if chosen.is_leader && shard.endpoints.len() > 1 => {
                 leader.get_or_insert(chosen);
             }
-            Ok(chosen) => return Ok(chosen),
+            Ok(chosen) => return (Ok(chosen), seen),
             Err(e) => {
                 tracing::warn!(shard = shard.name, endpoint = i, error = %format!("{e:#}"), "member skipped");
                 skipped.push(format!("endpoints[{i}]: {e:#}"));
             }
         }
     }
-    leader.ok_or(NoMember { skipped })
+    (leader.ok_or(NoMember { skipped }), seen)
 }
 
 /// The member's current store revision.

@@ -24,6 +24,16 @@ pub struct FailureLabels {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AlarmLabels {
+    pub shard: String,
+    /// `nospace` or `corrupt`.
+    pub alarm: String,
+}
+
+/// The alarms the `alarms` gauge counts, each exported at 0 for every shard from the start.
+pub const ALARMS: [&str; 2] = ["nospace", "corrupt"];
+
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
     pub last_success: Family<ShardLabel, GaugeF64>,
@@ -42,6 +52,8 @@ pub struct Metrics {
     pub parts_in_flight: Gauge,
     /// The longest gap between firings of the shard's snapshot schedule (alerts: "no success within 2x").
     pub schedule_interval: Family<ShardLabel, GaugeF64>,
+    /// Members of the shard's etcd cluster with the alarm active, as the last run's member probe read them.
+    pub alarms: Family<AlarmLabels, Gauge>,
     pub drill: DrillMetrics,
 }
 
@@ -119,6 +131,11 @@ impl Metrics {
             Unit::Seconds,
             m.schedule_interval.clone(),
         );
+        registry.register(
+            "alarms",
+            "Members of the shard's etcd cluster with the alarm active (nospace, corrupt), read by the last run",
+            m.alarms.clone(),
+        );
         let d = &m.drill;
         registry.register_with_unit(
             "drill_last_success_timestamp",
@@ -183,6 +200,17 @@ impl Metrics {
         for reason in SnapshotError::VARIANTS {
             let _ = self.failures.get_or_create(&FailureLabels { shard: shard.into(), reason: reason.to_string() });
         }
+        for alarm in ALARMS {
+            let _ = self.alarms.get_or_create(&AlarmLabels { shard: shard.into(), alarm: alarm.into() });
+        }
+    }
+
+    /// Sets the shard's alarm gauges from what a member listed: `(member id, alarm)` pairs.
+    pub fn alarms_seen(&self, shard: &str, alarms: &[(u64, crate::member::Alarm)]) {
+        for alarm in ALARMS {
+            let members = alarms.iter().filter(|(_, a)| a.as_str() == alarm).count();
+            self.alarms.get_or_create(&AlarmLabels { shard: shard.into(), alarm: alarm.into() }).set(members as i64);
+        }
     }
 
     pub fn configure(&self, spill: &crate::config::Spill) {
@@ -207,5 +235,32 @@ impl Metrics {
         if matches!(error, SnapshotError::Storage(_)) {
             self.storage_reachable.set(0);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::member::Alarm;
+
+    #[test]
+    fn alarms_are_exported_at_0_per_shard_and_count_the_members_with_each_alarm() {
+        let mut registry = Registry::with_prefix("etcd_snapshotter");
+        let m = Metrics::register(&mut registry);
+        for alarm in ALARMS {
+            let _ = m.alarms.get_or_create(&AlarmLabels { shard: "root".into(), alarm: alarm.into() });
+        }
+        let text = |registry: &Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+            out
+        };
+        assert!(text(&registry).contains("etcd_snapshotter_alarms{shard=\"root\",alarm=\"corrupt\"} 0"));
+        m.alarms_seen("root", &[(1, Alarm::Nospace), (2, Alarm::Nospace), (3, Alarm::Corrupt)]);
+        let out = text(&registry);
+        assert!(out.contains("etcd_snapshotter_alarms{shard=\"root\",alarm=\"nospace\"} 2"), "{out}");
+        assert!(out.contains("etcd_snapshotter_alarms{shard=\"root\",alarm=\"corrupt\"} 1"), "{out}");
+        m.alarms_seen("root", &[]);
+        assert!(text(&registry).contains("etcd_snapshotter_alarms{shard=\"root\",alarm=\"nospace\"} 0"));
     }
 }

@@ -76,7 +76,19 @@ pub async fn take(
     let spill_root = config.spill.directory.join(&shard.name);
     clean_spill(&spill_root);
 
-    let mut chosen = member::choose(shard).await?;
+    let (chosen, alarms) = member::choose(shard).await;
+    if let Some(alarms) = &alarms {
+        metrics.alarms_seen(&shard.name, alarms);
+        for (member, alarm) in alarms {
+            tracing::warn!(
+                shard = shard.name,
+                member = format!("{member:x}"),
+                alarm = alarm.as_str(),
+                "etcd alarm active"
+            );
+        }
+    }
+    let mut chosen = chosen?;
     tracing::info!(shard = shard.name, member = chosen.name, endpoint = chosen.endpoint, "streaming from member");
     let (stream, first, Bracket { revision, upper }) = bracket(&mut chosen.client).await?;
     if upper != revision {

@@ -522,3 +522,75 @@ async fn busy_shard_figures() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_whose_quota_raised_nospace_is_still_snapshotted_with_every_key() {
+    let bed = Bed::start().await.unwrap();
+    let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
+    let (client_url, peer_url) = (format!("http://127.0.0.1:{client_port}"), format!("http://127.0.0.1:{peer_port}"));
+    let _small = testbed::process::Process::start(
+        "small-etcd",
+        bed.peers.path("etcd"),
+        vec![
+            "--name=small-0".into(),
+            format!("--data-dir={}", bed.path("small").display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=small-0={peer_url}"),
+            "--quota-backend-bytes=16777216".into(),
+            "--unsafe-no-fsync".into(),
+        ],
+        bed.path("small.log"),
+    )
+    .unwrap();
+    let mut client = testbed::eventually(WAIT, "the small etcd serves", || {
+        let url = client_url.clone();
+        async move {
+            let mut c = etcd_client::Client::connect([url], None).await.ok()?;
+            c.status().await.ok()?;
+            Some(c)
+        }
+    })
+    .await;
+    // Fill until etcd refuses a write and raises the alarm.
+    let mut written = 0;
+    let refused = loop {
+        match load(&mut client, &format!("/registry/fill/{written:06}"), 1, 200_000).await {
+            Ok(()) => written += 1,
+            Err(error) => break error.to_string(),
+        }
+    };
+    assert!(refused.contains("database space exceeded"), "{refused}");
+    let alarms = client.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await.unwrap();
+    assert!(alarms.alarms().iter().any(|a| a.alarm() == etcd_client::AlarmType::Nospace), "NOSPACE is raised");
+
+    let config = write_config(&bed, &Options::new(&bed, "small", vec![client_url.clone()])).unwrap();
+    let out = cli(&["snapshot", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("etcd alarm active") && text(&out).contains("nospace"), "{}", text(&out));
+    let m = &manifests(&bed.s3.client(), &bed.s3.bucket).await[0];
+    assert_eq!(m["keyCount"], written, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrupt_alarm_on_one_member_of_three_skips_that_member_only() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("alpha", 3).await.unwrap();
+    let mut client = etcd.member_client(1).await.unwrap();
+    load(&mut client, "/registry/things", 50, 1000).await.unwrap();
+    let mut first = etcd.member_client(0).await.unwrap();
+    let id = first.status().await.unwrap().header().unwrap().member_id();
+    let mut on_first = etcd_client::AlarmOptions::new();
+    on_first.with_member(id);
+    first.alarm(etcd_client::AlarmAction::Activate, etcd_client::AlarmType::Corrupt, Some(on_first)).await.unwrap();
+    let endpoints: Vec<String> = etcd.members.iter().map(|m| m.client_url.clone()).collect();
+    let config = write_config(&bed, &Options::new(&bed, "alpha", endpoints)).unwrap();
+    let out = cli(&["snapshot", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("has a CORRUPT alarm"), "the corrupt member is named as skipped: {}", text(&out));
+    assert!(text(&out).contains("etcd alarm active") && text(&out).contains("corrupt"), "{}", text(&out));
+    let m = &manifests(&bed.s3.client(), &bed.s3.bucket).await[0];
+    assert_ne!(m["member"]["name"], "alpha-0", "{m}");
+}
