@@ -16,7 +16,7 @@ use std::time::Instant;
 
 mod pins;
 
-pub use pins::{PEERS, Peer, Recipe, SourceArchive};
+pub use pins::{PAUSE_IMAGE, PEERS, Peer, Recipe, SourceArchive};
 
 /// Errors while building or locating peers. Messages say what to run next.
 #[derive(Debug, thiserror::Error)]
@@ -190,9 +190,19 @@ fn build(peer: &Peer) -> Result<()> {
     let out = scratch.join("out");
     io("creating the output dir", fs::create_dir_all(&out))?;
     match &peer.recipe {
-        Recipe::GoInstall { package } => {
+        Recipe::GoInstall { packages, cgo, tags } => {
             let mut cmd = go(&scratch);
-            cmd.env("GOBIN", &out).arg("install").arg("-trimpath").arg(format!("{package}@{}", peer.version));
+            cmd.env("GOBIN", &out).arg("install").arg("-trimpath");
+            if *cgo {
+                cmd.env("CGO_ENABLED", "1");
+            }
+            if !tags.is_empty() {
+                cmd.args(["-tags", tags]);
+            }
+            for package in *packages {
+                eprintln!("peers: go install {package}@{}", peer.version);
+                cmd.arg(format!("{package}@{}", peer.version));
+            }
             run(cmd)?;
         }
         Recipe::Wrapper { go_mod, builds, ldflags } => {
@@ -200,6 +210,7 @@ fn build(peer: &Peer) -> Result<()> {
             io("creating the wrapper module", fs::create_dir_all(&module))?;
             io("writing go.mod", fs::write(module.join("go.mod"), go_mod(peer.version)?))?;
             for (binary, package) in *builds {
+                eprintln!("peers: go build {package}");
                 let mut cmd = go(&module);
                 // -mod=mod lets `go build` fill go.sum for the wrapper module from the proxy.
                 cmd.env("GOFLAGS", "-mod=mod -buildvcs=false")
@@ -224,6 +235,10 @@ fn build(peer: &Peer) -> Result<()> {
                 run(cmd)?;
             }
         }
+        Recipe::Pause { kubernetes } => {
+            let source = module_dir("k8s.io/kubernetes", kubernetes)?.join("build/pause");
+            build_pause(&source, peer.version, kubernetes, &scratch, &out)?;
+        }
     }
     let dest = peer.dir();
     if dest.exists() {
@@ -232,6 +247,78 @@ fn build(peer: &Peer) -> Result<()> {
     io("moving the peer into place", fs::rename(&out, &dest))?;
     io("removing the build dir", fs::remove_dir_all(&scratch))?;
     Ok(())
+}
+
+/// `pause` compiled as Kubernetes' `build/pause/Makefile` compiles it (`-Os -Wall -Werror -static
+/// -DVERSION=v<tag>-<rev>`, the revision being the Kubernetes release here, as the Makefile's is `git describe`), then `pause.tar`: a docker-archive image of it under [`PAUSE_IMAGE`], written here
+/// (a layer tar, its config and `manifest.json`), so no container tool is needed to make it.
+fn build_pause(source: &Path, version: &str, rev: &str, scratch: &Path, out: &Path) -> Result<()> {
+    let makefile = io("reading build/pause/Makefile", fs::read_to_string(source.join("Makefile")))?;
+    let tag = makefile.lines().find_map(|l| l.strip_prefix("TAG ?=")).map(str::trim);
+    if tag != Some(version) {
+        return Err(Error::Other(format!(
+            "build/pause/Makefile says TAG ?= {}, the pin says {version}: update PAUSE in pins.rs",
+            tag.unwrap_or("(none)")
+        )));
+    }
+    let rootfs = scratch.join("rootfs");
+    io("creating the pause rootfs", fs::create_dir_all(&rootfs))?;
+    eprintln!("peers: gcc -static build/pause/linux/pause.c");
+    let mut gcc = Command::new("gcc");
+    gcc.args(["-Os", "-Wall", "-Werror", "-static"])
+        .arg(format!("-DVERSION=v{version}-{rev}"))
+        .arg("-o")
+        .arg(rootfs.join("pause"))
+        .arg(source.join("linux/pause.c"));
+    run(gcc).map_err(|e| Error::Other(format!("{e} (gcc -static needs a C compiler and libc6-dev)")))?;
+    io("copying pause", fs::copy(rootfs.join("pause"), out.join("pause")))?;
+
+    let image = scratch.join("image");
+    io("creating the image dir", fs::create_dir_all(&image))?;
+    let mut layer = Command::new("tar");
+    layer
+        .args(["--owner=0", "--group=0", "--numeric-owner", "--mtime=@0", "-cf"])
+        .arg(image.join("layer.tar"))
+        .arg("-C")
+        .arg(&rootfs)
+        .arg("pause");
+    run(layer)?;
+    let layer_sha = sha256_file(&image.join("layer.tar"))?;
+    let layer_dir = image.join(&layer_sha);
+    io("creating the layer dir", fs::create_dir_all(&layer_dir))?;
+    io("moving the layer", fs::rename(image.join("layer.tar"), layer_dir.join("layer.tar")))?;
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "created": "1970-01-01T00:00:00Z",
+        // 65535 is the user Kubernetes' own pause image runs as.
+        "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_sha}")]},
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": format!("gcc -static build/pause/linux/pause.c (v{version}-{rev})")}],
+    });
+    let config = config.to_string();
+    let config_sha = sha256_bytes(config.as_bytes());
+    let config_name = format!("{config_sha}.json");
+    io("writing the image config", fs::write(image.join(&config_name), &config))?;
+    let manifest = serde_json::json!([{
+        "Config": config_name,
+        "RepoTags": [PAUSE_IMAGE],
+        "Layers": [format!("{layer_sha}/layer.tar")],
+    }]);
+    io("writing manifest.json", fs::write(image.join("manifest.json"), manifest.to_string()))?;
+    let mut archive = Command::new("tar");
+    archive
+        .args(["--owner=0", "--group=0", "--numeric-owner", "--mtime=@0", "-cf"])
+        .arg(out.join("pause.tar"))
+        .arg("-C")
+        .arg(&image)
+        .args(["manifest.json", &config_name, &format!("{layer_sha}/layer.tar")]);
+    run(archive)
+}
+
+fn sha256_bytes(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The pinned source tree unpacked (or cloned) under `scratch`, after checking it is the pinned one.
@@ -401,6 +488,39 @@ mod tests {
         let err = source_tree(&source(wrong), archive.parent().unwrap(), &scratch).unwrap_err().to_string();
         assert!(err.contains("refusing to build it") && err.contains(wrong), "{err}");
         assert_eq!(fs::read_dir(&scratch).unwrap().count(), 0, "nothing was unpacked");
+    }
+
+    #[test]
+    fn pause_is_a_static_binary_in_a_docker_archive_under_the_pinned_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("pause");
+        fs::create_dir_all(source.join("linux")).unwrap();
+        fs::write(source.join("Makefile"), "TAG ?= 9.9\nREV = $(shell git describe)\n").unwrap();
+        fs::write(
+            source.join("linux/pause.c"),
+            "#include <stdio.h>\n#define S(x) #x\n#define V(x) S(x)\nint main(void) { return puts(V(VERSION)) < 0; }\n",
+        )
+        .unwrap();
+        let (scratch, out) = (dir.path().join("scratch"), dir.path().join("out"));
+        fs::create_dir_all(&scratch).unwrap();
+        fs::create_dir_all(&out).unwrap();
+        let err = build_pause(&source, "9.8", "v1.0.0", &scratch, &out).unwrap_err().to_string();
+        assert!(err.contains("TAG ?= 9.9") && err.contains("9.8"), "{err}");
+        build_pause(&source, "9.9", "v1.0.0", &scratch, &out).unwrap();
+        let printed = Command::new(out.join("pause")).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&printed.stdout), "v9.9-v1.0.0\n");
+        let listing = Command::new("tar").arg("-tf").arg(out.join("pause.tar")).output().unwrap();
+        let listing = String::from_utf8_lossy(&listing.stdout);
+        assert!(listing.lines().any(|l| l == "manifest.json") && listing.contains("/layer.tar"), "{listing}");
+        let manifest =
+            Command::new("tar").arg("-xOf").arg(out.join("pause.tar")).arg("manifest.json").output().unwrap();
+        let manifest: serde_json::Value = serde_json::from_slice(&manifest.stdout).unwrap();
+        assert_eq!(manifest[0]["RepoTags"][0], PAUSE_IMAGE);
+    }
+
+    #[test]
+    fn the_pause_image_name_carries_the_pinned_version() {
+        assert!(PAUSE_IMAGE.ends_with(&format!(":{}", pins::PAUSE)), "{PAUSE_IMAGE}");
     }
 
     #[test]

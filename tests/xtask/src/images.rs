@@ -124,17 +124,6 @@ pub fn images() -> Result<()> {
     Ok(())
 }
 
-/// `cargo xtask test`'s images step: the images when buildah is installed, else a line saying why not.
-pub fn images_if_buildah_present() -> Result<()> {
-    match prereqs::buildah_version() {
-        Some(_) => images(),
-        None => {
-            eprintln!("xtask: buildah is not installed: skipping the images (`cargo xtask images` installs it)");
-            Ok(())
-        }
-    }
-}
-
 /// Where the static binaries are built: under the machine cache, shared by every checkout.
 fn build_dir() -> PathBuf {
     peers::cache_root().join("images-target")
