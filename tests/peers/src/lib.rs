@@ -137,30 +137,34 @@ pub fn locate_only(names: &[&str]) -> Result<Peers> {
 
 /// Builds every missing peer (printing progress to stderr) and returns all paths.
 pub fn ensure_all() -> Result<Peers> {
-    let lock = lock_cache(&peers_dir())?;
     for peer in PEERS {
         if peer.is_built() {
             continue;
         }
-        eprintln!("peers: building {} {} ({}; first time only)", peer.name, peer.version, peer.expected_time);
-        let started = Instant::now();
-        build(peer)?;
-        eprintln!("peers: built {} {} in {:.0?}", peer.name, peer.version, started.elapsed());
+        let lock = lock_peer(&peers_dir(), peer.name, peer.version)?;
+        // Another caller may have built it while this one waited for the lock.
+        if !peer.is_built() {
+            eprintln!("peers: building {} {} ({}; first time only)", peer.name, peer.version, peer.expected_time);
+            let started = Instant::now();
+            build(peer)?;
+            eprintln!("peers: built {} {} in {:.0?}", peer.name, peer.version, started.elapsed());
+        }
+        drop(lock);
     }
-    drop(lock);
     locate()
 }
 
-/// Creates the cache directory, takes its lock (waiting for another build to finish) and clears what a killed
-/// build left behind: under the lock no other build is running, so every scratch dir is stale.
-fn lock_cache(dir: &Path) -> Result<fs::File> {
+/// Creates the cache directory, takes the peer's lock (waiting for another build of it to finish) and clears what
+/// a killed build of it left behind: under the lock no other build of this peer is running, so its scratch dirs
+/// are stale. One lock per peer, so two callers needing different peers build them side by side.
+fn lock_peer(dir: &Path, name: &str, version: &str) -> Result<fs::File> {
     fs::create_dir_all(dir).map_err(|e| {
         Error::Other(format!(
             "cannot create the peer cache {}: {e}; set KCP_KEEPER_CACHE to a writable directory",
             dir.display()
         ))
     })?;
-    let lock_path = dir.join(".lock");
+    let lock_path = dir.join(format!(".lock-{name}-{version}"));
     let lock = fs::File::create(&lock_path).map_err(|e| {
         Error::Other(format!(
             "cannot write in the peer cache {}: {e}; set KCP_KEEPER_CACHE to a writable directory",
@@ -168,15 +172,23 @@ fn lock_cache(dir: &Path) -> Result<fs::File> {
         ))
     })?;
     if lock.try_lock().is_err() {
-        eprintln!("peers: another build holds {}, waiting", lock_path.display());
+        eprintln!("peers: another build of {name} {version} holds {}, waiting", lock_path.display());
         io("locking the peer cache", lock.lock())?;
     }
+    let stale = format!(".build-{name}-");
     for entry in io(dir.display(), fs::read_dir(dir))? {
         let entry = io(dir.display(), entry)?;
-        if entry.file_name().to_string_lossy().starts_with(".build-") {
-            eprintln!("peers: removing {}, left by an interrupted build", entry.path().display());
-            io("removing an interrupted build", fs::remove_dir_all(entry.path()))?;
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file_name.strip_prefix(&stale) else { continue };
+        // A builder that locks differently (an older checkout's single cache lock) may be running: only a dir
+        // whose builder process is gone is stale.
+        if pid.parse::<u32>().is_ok_and(|pid| pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists())
+        {
+            eprintln!("peers: {} belongs to running process {pid}; leaving it", entry.path().display());
+            continue;
         }
+        eprintln!("peers: removing {}, left by an interrupted build", entry.path().display());
+        io("removing an interrupted build", fs::remove_dir_all(entry.path()))?;
     }
     Ok(lock)
 }
@@ -528,20 +540,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("not-a-dir");
         fs::write(&file, "").unwrap();
-        let err = lock_cache(&file.join("peers")).unwrap_err().to_string();
+        let err = lock_peer(&file.join("peers"), "etcd", "v1").unwrap_err().to_string();
         assert!(err.contains("cannot create the peer cache") && err.contains("KCP_KEEPER_CACHE"), "{err}");
     }
 
     #[test]
     fn a_killed_build_leaves_nothing_behind_for_the_next_one() {
         let dir = tempfile::tempdir().unwrap();
-        let stale = dir.path().join(".build-kubernetes-4242").join("out");
+        // No process has a PID this large (pid_max is at most 2^22).
+        let stale = dir.path().join(".build-kubernetes-99999999").join("out");
         fs::create_dir_all(&stale).unwrap();
         fs::write(stale.join("kube-apiserver"), "half").unwrap();
         let finished = dir.path().join("etcd-v3.6.16");
         fs::create_dir_all(&finished).unwrap();
-        let _lock = lock_cache(dir.path()).unwrap();
-        assert!(!dir.path().join(".build-kubernetes-4242").exists(), "the stale build dir is still there");
+        let other = dir.path().join(".build-kcp-99999998");
+        fs::create_dir_all(&other).unwrap();
+        let _lock = lock_peer(dir.path(), "kubernetes", "v1.37.2").unwrap();
+        assert!(!dir.path().join(".build-kubernetes-99999999").exists(), "the stale build dir is still there");
         assert!(finished.exists(), "a finished peer was removed");
+        assert!(other.exists(), "another peer's build (maybe running) was removed");
+        let running = dir.path().join(format!(".build-kubernetes-{}", std::os::unix::process::parent_id()));
+        fs::create_dir_all(&running).unwrap();
+        drop(_lock);
+        let _lock = lock_peer(dir.path(), "kubernetes", "v1.37.2").unwrap();
+        assert!(running.exists(), "the build dir of a running process was removed");
     }
 }

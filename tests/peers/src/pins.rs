@@ -94,6 +94,36 @@ pub static PEERS: &[Peer] = &[
         expected_time: "about 15 minutes on 2 cores",
     },
     Peer {
+        name: "containerd",
+        version: CONTAINERD,
+        recipe: Recipe::GoInstall {
+            packages: &[
+                "github.com/containerd/containerd/v2/cmd/containerd",
+                "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+                "github.com/containerd/containerd/v2/cmd/ctr",
+            ],
+            cgo: false,
+            tags: "",
+        },
+        outputs: &["containerd", "containerd-shim-runc-v2", "ctr"],
+        expected_time: "about 3 minutes",
+    },
+    Peer {
+        name: "runc",
+        version: RUNC,
+        // runc's nsenter is C, and seccomp (the restricted profile's RuntimeDefault) needs libseccomp.
+        recipe: Recipe::GoInstall { packages: &["github.com/opencontainers/runc"], cgo: true, tags: "seccomp" },
+        outputs: &["runc"],
+        expected_time: "about 1 minute",
+    },
+    Peer {
+        name: "pause",
+        version: PAUSE,
+        recipe: Recipe::Pause { kubernetes: KUBERNETES },
+        outputs: &["pause", "pause.tar"],
+        expected_time: "seconds",
+    },
+    Peer {
         name: "etcd",
         version: ETCD,
         recipe: Recipe::Wrapper {
@@ -171,36 +201,6 @@ pub static PEERS: &[Peer] = &[
         },
         outputs: &["kcp", "kcp-front-proxy"],
         expected_time: "about 10 minutes on 2 cores",
-    },
-    Peer {
-        name: "containerd",
-        version: CONTAINERD,
-        recipe: Recipe::GoInstall {
-            packages: &[
-                "github.com/containerd/containerd/v2/cmd/containerd",
-                "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
-                "github.com/containerd/containerd/v2/cmd/ctr",
-            ],
-            cgo: false,
-            tags: "",
-        },
-        outputs: &["containerd", "containerd-shim-runc-v2", "ctr"],
-        expected_time: "about 3 minutes",
-    },
-    Peer {
-        name: "runc",
-        version: RUNC,
-        // runc's nsenter is C, and seccomp (the restricted profile's RuntimeDefault) needs libseccomp.
-        recipe: Recipe::GoInstall { packages: &["github.com/opencontainers/runc"], cgo: true, tags: "seccomp" },
-        outputs: &["runc"],
-        expected_time: "about 1 minute",
-    },
-    Peer {
-        name: "pause",
-        version: PAUSE,
-        recipe: Recipe::Pause { kubernetes: KUBERNETES },
-        outputs: &["pause", "pause.tar"],
-        expected_time: "seconds",
     },
 ];
 
