@@ -145,6 +145,9 @@ fn age_identity() -> &'static age::x25519::Identity {
     IDENTITY.get_or_init(age::x25519::Identity::generate)
 }
 
+/// The source CA ca-syncer first copies.
+static CA_BEFORE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// What the agents' configurations name: namespaces, the source Secrets, the Services of the peers, and the
 /// peers themselves (etcd and S3 as processes inside the node, on its address).
 async fn seed(node: &Node, client: &kube::Client) -> Result<Vec<testbed::process::Process>> {
@@ -164,6 +167,7 @@ async fn seed(node: &Node, client: &kube::Client) -> Result<Vec<testbed::process
     let year = Duration::from_secs(365 * 24 * 3600);
     let ca = testbed::certs::Ca::new("kcp-root-ca", year)?;
     create::<Secret>(client, "kcp-system", secret("root-server-ca", &[("ca.crt", &ca.cert_pem())])).await?;
+    CA_BEFORE.set(ca.cert_pem()).ok();
     let kubeconfig = node.in_cluster_kubeconfig("hub-admin", &["hub-admins"], year)?;
     create::<Secret>(client, "kcp-system", secret("hub-admin-kubeconfig", &[("kubeconfig", &kubeconfig)])).await?;
     create::<Secret>(
@@ -296,5 +300,73 @@ async fn helm_install_wait_runs_every_agent_from_its_shipped_image_in_a_restrict
     let events = Api::<Event>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;
     let pulling: Vec<_> = events.items.iter().filter(|e| e.reason.as_deref() == Some("Pulling")).collect();
     ensure!(pulling.is_empty(), "kubelet tried to pull: {pulling:?}");
+
+    ca_syncer_reaches_a_consumer_pod(node, &client).await
+}
+
+/// Secret `railgrid-system/kcp-ca`'s `ca.crt`.
+async fn target_bundle(client: &kube::Client) -> Option<String> {
+    let secret = Api::<Secret>::namespaced(client.clone(), "railgrid-system").get_opt("kcp-ca").await.ok()??;
+    let bytes = secret.data?.get("ca.crt")?.0.clone();
+    String::from_utf8(bytes).ok()
+}
+
+/// ca-syncer, in its pod, copied the source CA into the target Secret in another namespace; a consumer pod mounts
+/// that Secret; after the source CA changes, the target follows and the file the kubelet projected into the
+/// consumer's volume holds the new CA.
+async fn ca_syncer_reaches_a_consumer_pod(node: &Node, client: &kube::Client) -> Result<()> {
+    let before = CA_BEFORE.get().context("seeded")?.trim().to_string();
+    let started = Instant::now();
+    testbed::eventually(Duration::from_secs(60), "ca-syncer to write the target Secret", || async {
+        target_bundle(client).await.filter(|b| b.contains(&before))
+    })
+    .await;
+    eprintln!("ca-syncer (in its pod) wrote railgrid-system/kcp-ca after {:.1?}", started.elapsed());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "consumer"},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65535, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "consumer",
+                "image": peers::PAUSE_IMAGE,
+                "imagePullPolicy": "Never",
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+                "volumeMounts": [{"name": "ca", "mountPath": "/etc/kcp-ca", "readOnly": true}],
+            }],
+            "volumes": [{"name": "ca", "secret": {"secretName": "kcp-ca"}}],
+        },
+    }))?;
+    let pods = Api::<Pod>::namespaced(client.clone(), "railgrid-system");
+    pods.create(&PostParams::default(), &pod).await?;
+    let uid = testbed::eventually(Duration::from_secs(120), "the consumer pod Running", || async {
+        let pod = pods.get("consumer").await.ok()?;
+        (pod.status?.phase.as_deref() == Some("Running")).then_some(pod.metadata.uid?)
+    })
+    .await;
+    let file = node.kubelet_root().join(format!("pods/{uid}/volumes/kubernetes.io~secret/ca/ca.crt"));
+    let mounted = node.read_inside(&file)?;
+    ensure!(mounted.contains(&before), "the consumer's mounted ca.crt lacks the source CA:\n{mounted}");
+
+    // The source CA changes (a new CA, as a re-issued root would be).
+    let after = testbed::certs::Ca::new("kcp-root-ca-2", Duration::from_secs(365 * 24 * 3600))?.cert_pem();
+    let patch = json!({"stringData": {"ca.crt": after}});
+    Api::<Secret>::namespaced(client.clone(), "kcp-system")
+        .patch("root-server-ca", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+        .await?;
+    let changed = Instant::now();
+    let after = after.trim().to_string();
+    testbed::eventually(Duration::from_secs(60), "the new CA in the target Secret", || async {
+        target_bundle(client).await.filter(|b| b.contains(&after))
+    })
+    .await;
+    let in_secret = changed.elapsed();
+    testbed::eventually(Duration::from_secs(180), "the new CA in the consumer's mounted file", || async {
+        node.read_inside(&file).ok().filter(|m| m.contains(&after))
+    })
+    .await;
+    eprintln!(
+        "a source CA change reached the target Secret in {in_secret:.1?} and the consumer pod's mounted file in {:.1?}",
+        changed.elapsed()
+    );
     Ok(())
 }

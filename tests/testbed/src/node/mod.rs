@@ -376,6 +376,17 @@ impl Node {
         Ok(kubeconfig_yaml("https://kubernetes.default.svc.cluster.local:443", &self.server_ca_pem, &cred, user))
     }
 
+    /// A file as the node's mount namespace shows it (where kubelet's volume mounts live), e.g. a file of a pod's
+    /// volume under [`Node::kubelet_root`].
+    pub fn read_inside(&self, path: &Path) -> Result<String> {
+        self.run_inside(&format!("cat {}", path.display()), &[Path::new("/bin/cat"), path], &[])
+    }
+
+    /// kubelet's `--root-dir` (pods' volumes are under `pods/<uid>/volumes/`).
+    pub fn kubelet_root(&self) -> PathBuf {
+        self.dir.join("kubelet/root")
+    }
+
     /// Starts a peer inside the node (its namespaces and cgroup) for the caller to own: it dies with the caller's
     /// thread, as every [`Process`] does. Its log goes to `logs/<name>.log`.
     pub fn spawn_inside(&self, name: &str, program: &Path, args: Vec<String>) -> Result<Process> {
