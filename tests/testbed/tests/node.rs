@@ -137,7 +137,8 @@ fn a_node_runs_a_pod_and_a_sigkilled_test_binary_leaves_nothing_behind() -> Resu
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("READY ") {
+            // libtest may print `test node_sigkill_child ... ` before it on the same line.
+            if let Some((_, rest)) = line.split_once("READY ") {
                 let _ = tx.send(rest.to_string());
             }
         }
