@@ -69,6 +69,23 @@ fn cgroups_left(root: &str) -> Vec<String> {
         .collect()
 }
 
+/// The hierarchies in which this process's memory cgroup path exists (the node's cgroups are made under it).
+fn parents_present() -> Vec<String> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let memory = own
+        .lines()
+        .find_map(|l| l.splitn(3, ':').nth(2).filter(|_| l.split(':').nth(1).is_some_and(|c| c.contains("memory"))))
+        .unwrap_or("/")
+        .to_string();
+    std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|h| format!("{}{memory}", h.path().display()))
+        .filter(|p| Path::new(p).exists())
+        .collect()
+}
+
 /// A pod from the pause image (imported at start), which containerd runs with runc: a sandbox, a shim and a
 /// container on the node, so the teardown has all three to remove.
 async fn run_a_pod(client: kube::Client) -> Result<()> {
@@ -124,6 +141,7 @@ fn node_sigkill_child() -> Result<()> {
 #[test]
 fn a_node_runs_a_pod_and_a_sigkilled_test_binary_leaves_nothing_behind() -> Result<()> {
     let before = host_state()?;
+    let parents_before = parents_present();
     let dir = tempfile::Builder::new().prefix("kcp-keeper-node-kill-").tempdir()?;
     let node_dir = dir.path().join("node");
     let started = Instant::now();
@@ -185,6 +203,7 @@ fn a_node_runs_a_pod_and_a_sigkilled_test_binary_leaves_nothing_behind() -> Resu
     let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
     ensure!(!mounts.contains(&needle), "a mount of the node shows on the host:\n{mounts}");
     assert_eq!(host_state()?, before, "the host's iptables rules, interfaces or sysctls changed");
+    assert_eq!(parents_present(), parents_before, "cgroup parents made for the node are left");
     let reaper = std::fs::read_to_string(node_dir.join("reaper.log"))?;
     ensure!(reaper.contains("reaper: done"), "{reaper}");
     Ok(())

@@ -55,7 +55,8 @@ EOF
 /// `reaper.sh <cgroup-root> <created-list>`: waits until its stdin closes (the bed dropped the node, or the
 /// test binary died, even by SIGKILL), then kills every process in the node's cgroups (daemons, shims,
 /// containers) until none is left, removes those cgroups depth-first and the parent cgroups the bed created
-/// (listed in `<created-list>`, removed newest first, only if empty). The namespaces and their mounts, iptables
+/// (listed in `<created-list>`, removed newest first, only if empty), and any empty parent left by an overlapping
+/// node, outside the memory hierarchy. The namespaces and their mounts, iptables
 /// rules and interfaces go with the last process in them.
 pub const REAPER: &str = r#"#!/bin/sh
 root="$1"; created="$2"
@@ -91,5 +92,13 @@ done
 if [ -f "$created" ]; then
   tac "$created" | while read -r d; do rmdir "$d" 2>/dev/null || true; done
 fi
+# Parents another node made while this one ran (and could not remove then, as this one still used them): empty
+# ones go too, except in the memory hierarchy, where the parent is the session's own cgroup.
+prefix="${root%/*}"
+for h in /sys/fs/cgroup/*; do
+  case "$h" in *memory*) continue ;; esac
+  d="$h$prefix"
+  while [ "$d" != "$h" ] && [ -d "$d" ]; do rmdir "$d" 2>/dev/null || break; d="${d%/*}"; done
+done
 if [ $left -eq 0 ]; then echo "reaper: done"; else echo "reaper: cgroups left under $root"; exit 1; fi
 "#;
