@@ -16,7 +16,7 @@ use std::time::Instant;
 
 mod pins;
 
-pub use pins::{PEERS, Peer, Recipe, SourceArchive};
+pub use pins::{PAUSE_IMAGE, PEERS, Peer, Recipe, SourceArchive};
 
 /// Errors while building or locating peers. Messages say what to run next.
 #[derive(Debug, thiserror::Error)]
@@ -137,30 +137,34 @@ pub fn locate_only(names: &[&str]) -> Result<Peers> {
 
 /// Builds every missing peer (printing progress to stderr) and returns all paths.
 pub fn ensure_all() -> Result<Peers> {
-    let lock = lock_cache(&peers_dir())?;
     for peer in PEERS {
         if peer.is_built() {
             continue;
         }
-        eprintln!("peers: building {} {} ({}; first time only)", peer.name, peer.version, peer.expected_time);
-        let started = Instant::now();
-        build(peer)?;
-        eprintln!("peers: built {} {} in {:.0?}", peer.name, peer.version, started.elapsed());
+        let lock = lock_peer(&peers_dir(), peer.name, peer.version)?;
+        // Another caller may have built it while this one waited for the lock.
+        if !peer.is_built() {
+            eprintln!("peers: building {} {} ({}; first time only)", peer.name, peer.version, peer.expected_time);
+            let started = Instant::now();
+            build(peer)?;
+            eprintln!("peers: built {} {} in {:.0?}", peer.name, peer.version, started.elapsed());
+        }
+        drop(lock);
     }
-    drop(lock);
     locate()
 }
 
-/// Creates the cache directory, takes its lock (waiting for another build to finish) and clears what a killed
-/// build left behind: under the lock no other build is running, so every scratch dir is stale.
-fn lock_cache(dir: &Path) -> Result<fs::File> {
+/// Creates the cache directory, takes the peer's lock (waiting for another build of it to finish) and clears what
+/// a killed build of it left behind: under the lock no other build of this peer is running, so its scratch dirs
+/// are stale. One lock per peer, so two callers needing different peers build them side by side.
+fn lock_peer(dir: &Path, name: &str, version: &str) -> Result<fs::File> {
     fs::create_dir_all(dir).map_err(|e| {
         Error::Other(format!(
             "cannot create the peer cache {}: {e}; set KCP_KEEPER_CACHE to a writable directory",
             dir.display()
         ))
     })?;
-    let lock_path = dir.join(".lock");
+    let lock_path = dir.join(format!(".lock-{name}-{version}"));
     let lock = fs::File::create(&lock_path).map_err(|e| {
         Error::Other(format!(
             "cannot write in the peer cache {}: {e}; set KCP_KEEPER_CACHE to a writable directory",
@@ -168,15 +172,23 @@ fn lock_cache(dir: &Path) -> Result<fs::File> {
         ))
     })?;
     if lock.try_lock().is_err() {
-        eprintln!("peers: another build holds {}, waiting", lock_path.display());
+        eprintln!("peers: another build of {name} {version} holds {}, waiting", lock_path.display());
         io("locking the peer cache", lock.lock())?;
     }
+    let stale = format!(".build-{name}-");
     for entry in io(dir.display(), fs::read_dir(dir))? {
         let entry = io(dir.display(), entry)?;
-        if entry.file_name().to_string_lossy().starts_with(".build-") {
-            eprintln!("peers: removing {}, left by an interrupted build", entry.path().display());
-            io("removing an interrupted build", fs::remove_dir_all(entry.path()))?;
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file_name.strip_prefix(&stale) else { continue };
+        // A builder that locks differently (an older checkout's single cache lock) may be running: only a dir
+        // whose builder process is gone is stale.
+        if pid.parse::<u32>().is_ok_and(|pid| pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists())
+        {
+            eprintln!("peers: {} belongs to running process {pid}; leaving it", entry.path().display());
+            continue;
         }
+        eprintln!("peers: removing {}, left by an interrupted build", entry.path().display());
+        io("removing an interrupted build", fs::remove_dir_all(entry.path()))?;
     }
     Ok(lock)
 }
@@ -190,9 +202,19 @@ fn build(peer: &Peer) -> Result<()> {
     let out = scratch.join("out");
     io("creating the output dir", fs::create_dir_all(&out))?;
     match &peer.recipe {
-        Recipe::GoInstall { package } => {
+        Recipe::GoInstall { packages, cgo, tags } => {
             let mut cmd = go(&scratch);
-            cmd.env("GOBIN", &out).arg("install").arg("-trimpath").arg(format!("{package}@{}", peer.version));
+            cmd.env("GOBIN", &out).arg("install").arg("-trimpath");
+            if *cgo {
+                cmd.env("CGO_ENABLED", "1");
+            }
+            if !tags.is_empty() {
+                cmd.args(["-tags", tags]);
+            }
+            for package in *packages {
+                eprintln!("peers: go install {package}@{}", peer.version);
+                cmd.arg(format!("{package}@{}", peer.version));
+            }
             run(cmd)?;
         }
         Recipe::Wrapper { go_mod, builds, ldflags } => {
@@ -200,6 +222,7 @@ fn build(peer: &Peer) -> Result<()> {
             io("creating the wrapper module", fs::create_dir_all(&module))?;
             io("writing go.mod", fs::write(module.join("go.mod"), go_mod(peer.version)?))?;
             for (binary, package) in *builds {
+                eprintln!("peers: go build {package}");
                 let mut cmd = go(&module);
                 // -mod=mod lets `go build` fill go.sum for the wrapper module from the proxy.
                 cmd.env("GOFLAGS", "-mod=mod -buildvcs=false")
@@ -224,6 +247,10 @@ fn build(peer: &Peer) -> Result<()> {
                 run(cmd)?;
             }
         }
+        Recipe::Pause { kubernetes } => {
+            let source = module_dir("k8s.io/kubernetes", kubernetes)?.join("build/pause");
+            build_pause(&source, peer.version, kubernetes, &scratch, &out)?;
+        }
     }
     let dest = peer.dir();
     if dest.exists() {
@@ -232,6 +259,78 @@ fn build(peer: &Peer) -> Result<()> {
     io("moving the peer into place", fs::rename(&out, &dest))?;
     io("removing the build dir", fs::remove_dir_all(&scratch))?;
     Ok(())
+}
+
+/// `pause` compiled as Kubernetes' `build/pause/Makefile` compiles it (`-Os -Wall -Werror -static
+/// -DVERSION=v<tag>-<rev>`, the revision being the Kubernetes release here, as the Makefile's is `git describe`), then `pause.tar`: a docker-archive image of it under [`PAUSE_IMAGE`], written here
+/// (a layer tar, its config and `manifest.json`), so no container tool is needed to make it.
+fn build_pause(source: &Path, version: &str, rev: &str, scratch: &Path, out: &Path) -> Result<()> {
+    let makefile = io("reading build/pause/Makefile", fs::read_to_string(source.join("Makefile")))?;
+    let tag = makefile.lines().find_map(|l| l.strip_prefix("TAG ?=")).map(str::trim);
+    if tag != Some(version) {
+        return Err(Error::Other(format!(
+            "build/pause/Makefile says TAG ?= {}, the pin says {version}: update PAUSE in pins.rs",
+            tag.unwrap_or("(none)")
+        )));
+    }
+    let rootfs = scratch.join("rootfs");
+    io("creating the pause rootfs", fs::create_dir_all(&rootfs))?;
+    eprintln!("peers: gcc -static build/pause/linux/pause.c");
+    let mut gcc = Command::new("gcc");
+    gcc.args(["-Os", "-Wall", "-Werror", "-static"])
+        .arg(format!("-DVERSION=v{version}-{rev}"))
+        .arg("-o")
+        .arg(rootfs.join("pause"))
+        .arg(source.join("linux/pause.c"));
+    run(gcc).map_err(|e| Error::Other(format!("{e} (gcc -static needs a C compiler and libc6-dev)")))?;
+    io("copying pause", fs::copy(rootfs.join("pause"), out.join("pause")))?;
+
+    let image = scratch.join("image");
+    io("creating the image dir", fs::create_dir_all(&image))?;
+    let mut layer = Command::new("tar");
+    layer
+        .args(["--owner=0", "--group=0", "--numeric-owner", "--mtime=@0", "-cf"])
+        .arg(image.join("layer.tar"))
+        .arg("-C")
+        .arg(&rootfs)
+        .arg("pause");
+    run(layer)?;
+    let layer_sha = sha256_file(&image.join("layer.tar"))?;
+    let layer_dir = image.join(&layer_sha);
+    io("creating the layer dir", fs::create_dir_all(&layer_dir))?;
+    io("moving the layer", fs::rename(image.join("layer.tar"), layer_dir.join("layer.tar")))?;
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "created": "1970-01-01T00:00:00Z",
+        // 65535 is the user Kubernetes' own pause image runs as.
+        "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_sha}")]},
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": format!("gcc -static build/pause/linux/pause.c (v{version}-{rev})")}],
+    });
+    let config = config.to_string();
+    let config_sha = sha256_bytes(config.as_bytes());
+    let config_name = format!("{config_sha}.json");
+    io("writing the image config", fs::write(image.join(&config_name), &config))?;
+    let manifest = serde_json::json!([{
+        "Config": config_name,
+        "RepoTags": [PAUSE_IMAGE],
+        "Layers": [format!("{layer_sha}/layer.tar")],
+    }]);
+    io("writing manifest.json", fs::write(image.join("manifest.json"), manifest.to_string()))?;
+    let mut archive = Command::new("tar");
+    archive
+        .args(["--owner=0", "--group=0", "--numeric-owner", "--mtime=@0", "-cf"])
+        .arg(out.join("pause.tar"))
+        .arg("-C")
+        .arg(&image)
+        .args(["manifest.json", &config_name, &format!("{layer_sha}/layer.tar")]);
+    run(archive)
+}
+
+fn sha256_bytes(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The pinned source tree unpacked (or cloned) under `scratch`, after checking it is the pinned one.
@@ -404,24 +503,66 @@ mod tests {
     }
 
     #[test]
+    fn pause_is_a_static_binary_in_a_docker_archive_under_the_pinned_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("pause");
+        fs::create_dir_all(source.join("linux")).unwrap();
+        fs::write(source.join("Makefile"), "TAG ?= 9.9\nREV = $(shell git describe)\n").unwrap();
+        fs::write(
+            source.join("linux/pause.c"),
+            "#include <stdio.h>\n#define S(x) #x\n#define V(x) S(x)\nint main(void) { return puts(V(VERSION)) < 0; }\n",
+        )
+        .unwrap();
+        let (scratch, out) = (dir.path().join("scratch"), dir.path().join("out"));
+        fs::create_dir_all(&scratch).unwrap();
+        fs::create_dir_all(&out).unwrap();
+        let err = build_pause(&source, "9.8", "v1.0.0", &scratch, &out).unwrap_err().to_string();
+        assert!(err.contains("TAG ?= 9.9") && err.contains("9.8"), "{err}");
+        build_pause(&source, "9.9", "v1.0.0", &scratch, &out).unwrap();
+        let printed = Command::new(out.join("pause")).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&printed.stdout), "v9.9-v1.0.0\n");
+        let listing = Command::new("tar").arg("-tf").arg(out.join("pause.tar")).output().unwrap();
+        let listing = String::from_utf8_lossy(&listing.stdout);
+        assert!(listing.lines().any(|l| l == "manifest.json") && listing.contains("/layer.tar"), "{listing}");
+        let manifest =
+            Command::new("tar").arg("-xOf").arg(out.join("pause.tar")).arg("manifest.json").output().unwrap();
+        let manifest: serde_json::Value = serde_json::from_slice(&manifest.stdout).unwrap();
+        assert_eq!(manifest[0]["RepoTags"][0], PAUSE_IMAGE);
+    }
+
+    #[test]
+    fn the_pause_image_name_carries_the_pinned_version() {
+        assert!(PAUSE_IMAGE.ends_with(&format!(":{}", pins::PAUSE)), "{PAUSE_IMAGE}");
+    }
+
+    #[test]
     fn an_unwritable_cache_is_reported_with_the_way_out() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("not-a-dir");
         fs::write(&file, "").unwrap();
-        let err = lock_cache(&file.join("peers")).unwrap_err().to_string();
+        let err = lock_peer(&file.join("peers"), "etcd", "v1").unwrap_err().to_string();
         assert!(err.contains("cannot create the peer cache") && err.contains("KCP_KEEPER_CACHE"), "{err}");
     }
 
     #[test]
     fn a_killed_build_leaves_nothing_behind_for_the_next_one() {
         let dir = tempfile::tempdir().unwrap();
-        let stale = dir.path().join(".build-kubernetes-4242").join("out");
+        // No process has a PID this large (pid_max is at most 2^22).
+        let stale = dir.path().join(".build-kubernetes-99999999").join("out");
         fs::create_dir_all(&stale).unwrap();
         fs::write(stale.join("kube-apiserver"), "half").unwrap();
         let finished = dir.path().join("etcd-v3.6.16");
         fs::create_dir_all(&finished).unwrap();
-        let _lock = lock_cache(dir.path()).unwrap();
-        assert!(!dir.path().join(".build-kubernetes-4242").exists(), "the stale build dir is still there");
+        let other = dir.path().join(".build-kcp-99999998");
+        fs::create_dir_all(&other).unwrap();
+        let _lock = lock_peer(dir.path(), "kubernetes", "v1.37.2").unwrap();
+        assert!(!dir.path().join(".build-kubernetes-99999999").exists(), "the stale build dir is still there");
         assert!(finished.exists(), "a finished peer was removed");
+        assert!(other.exists(), "another peer's build (maybe running) was removed");
+        let running = dir.path().join(format!(".build-kubernetes-{}", std::os::unix::process::parent_id()));
+        fs::create_dir_all(&running).unwrap();
+        drop(_lock);
+        let _lock = lock_peer(dir.path(), "kubernetes", "v1.37.2").unwrap();
+        assert!(running.exists(), "the build dir of a running process was removed");
     }
 }

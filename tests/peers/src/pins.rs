@@ -16,11 +16,19 @@ pub const KCP: &str = "v0.32.3";
 /// The one prometheus-operator version the module proxy here answers for (its checksum is known); only its
 /// ServiceMonitor and PrometheusRule CRDs are used (the chart's monitoring objects, applied to the test bed).
 pub const PROMETHEUS_OPERATOR: &str = "v0.85.0";
+/// The container runtime of the test bed's real node (`testbed::node`): containerd 2 is what Kubernetes 1.37 is
+/// tested with (containerd's own support table lists 2.3 and 2.4 for it).
+pub const CONTAINERD: &str = "v2.4.2";
+pub const RUNC: &str = "v1.5.3";
+/// The pause image's version in Kubernetes' `build/pause/Makefile` (`TAG ?=`) at [`KUBERNETES`]; the build checks
+/// the Makefile still says so.
+pub const PAUSE: &str = "3.10.2";
 
 /// How a peer is built.
 pub enum Recipe {
-    /// `go install <package>@<version>`: the module has no `replace` directives.
-    GoInstall { package: &'static str },
+    /// `go install <package>@<version>...`: the module has no `replace` directives. With `cgo` the build links
+    /// against the machine's C libraries (runc needs libseccomp); `tags` are Go build tags.
+    GoInstall { packages: &'static [&'static str], cgo: bool, tags: &'static str },
     /// A generated wrapper module that requires the peer's modules, then one `go build` per binary.
     Wrapper {
         go_mod: fn(&str) -> Result<String>,
@@ -34,6 +42,10 @@ pub enum Recipe {
     /// [`crate::third_party_dir`]), or, without the archive, cloned from git at the tag and checked against the
     /// commit. Then one `go build` per binary inside the tree.
     Source { source: &'static SourceArchive, builds: &'static [(&'static str, &'static str)] },
+    /// Kubernetes' pause program, compiled with `gcc -static` from `build/pause/linux/pause.c` of the
+    /// `k8s.io/kubernetes` module download, and a one-layer image holding it as a docker-archive tar (what
+    /// `ctr images import` reads): the node's sandbox image, as no registry can be reached.
+    Pause { kubernetes: &'static str },
 }
 
 /// Where a source tree comes from and how to tell it is the pinned one.
@@ -71,11 +83,45 @@ pub static PEERS: &[Peer] = &[
             builds: &[
                 ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
                 ("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
+                ("kubelet", "k8s.io/kubernetes/cmd/kubelet"),
+                ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"),
+                ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
+                ("kube-proxy", "k8s.io/kubernetes/cmd/kube-proxy"),
             ],
             ldflags: kubernetes_ldflags,
         },
-        outputs: &["kube-apiserver", "kubectl"],
-        expected_time: "about 10 minutes on 2 cores",
+        outputs: &["kube-apiserver", "kubectl", "kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy"],
+        expected_time: "about 15 minutes on 2 cores",
+    },
+    Peer {
+        name: "containerd",
+        version: CONTAINERD,
+        recipe: Recipe::GoInstall {
+            packages: &[
+                "github.com/containerd/containerd/v2/cmd/containerd",
+                "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+                "github.com/containerd/containerd/v2/cmd/ctr",
+            ],
+            cgo: false,
+            tags: "",
+        },
+        outputs: &["containerd", "containerd-shim-runc-v2", "ctr"],
+        expected_time: "about 3 minutes",
+    },
+    Peer {
+        name: "runc",
+        version: RUNC,
+        // runc's nsenter is C, and seccomp (the restricted profile's RuntimeDefault) needs libseccomp.
+        recipe: Recipe::GoInstall { packages: &["github.com/opencontainers/runc"], cgo: true, tags: "seccomp" },
+        outputs: &["runc"],
+        expected_time: "about 1 minute",
+    },
+    Peer {
+        name: "pause",
+        version: PAUSE,
+        recipe: Recipe::Pause { kubernetes: KUBERNETES },
+        outputs: &["pause", "pause.tar"],
+        expected_time: "seconds",
     },
     Peer {
         name: "etcd",
@@ -95,21 +141,21 @@ pub static PEERS: &[Peer] = &[
     Peer {
         name: "coredns",
         version: COREDNS,
-        recipe: Recipe::GoInstall { package: "github.com/coredns/coredns" },
+        recipe: Recipe::GoInstall { packages: &["github.com/coredns/coredns"], cgo: false, tags: "" },
         outputs: &["coredns"],
         expected_time: "about 3 minutes",
     },
     Peer {
         name: "versitygw",
         version: VERSITYGW,
-        recipe: Recipe::GoInstall { package: "github.com/versity/versitygw/cmd/versitygw" },
+        recipe: Recipe::GoInstall { packages: &["github.com/versity/versitygw/cmd/versitygw"], cgo: false, tags: "" },
         outputs: &["versitygw"],
         expected_time: "about 2 minutes",
     },
     Peer {
         name: "helm",
         version: HELM,
-        recipe: Recipe::GoInstall { package: "helm.sh/helm/v3/cmd/helm" },
+        recipe: Recipe::GoInstall { packages: &["helm.sh/helm/v3/cmd/helm"], cgo: false, tags: "" },
         outputs: &["helm"],
         expected_time: "about 2 minutes",
     },
@@ -157,6 +203,9 @@ pub static PEERS: &[Peer] = &[
         expected_time: "about 10 minutes on 2 cores",
     },
 ];
+
+/// The reference the pause image is imported under and the node's containerd pins as its sandbox image.
+pub const PAUSE_IMAGE: &str = "kcp-keeper.local/pause:3.10.2";
 
 /// kcp's go.mod replaces five `github.com/kcp-dev/*` modules with `./staging/src/...` directories that are not in
 /// the module download, and the proxy refuses one of them, so kcp is built from its source tree.

@@ -22,6 +22,7 @@ pub mod http;
 pub mod kcp;
 pub mod leaks;
 pub mod metrics;
+pub mod node;
 pub mod process;
 pub mod projection;
 pub mod s3;

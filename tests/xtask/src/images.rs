@@ -111,6 +111,14 @@ pub fn images() -> Result<()> {
             );
             eprintln!("xtask: {tag}: {program} {} -> {}", args.join(" "), out.lines().next().unwrap_or(""));
         }
+        // The node's containerd imports the image from a docker-archive (`ctr images import`): no registry.
+        let archive = archive_path(agent);
+        std::fs::create_dir_all(archive.parent().expect("has a parent"))?;
+        let _ = std::fs::remove_file(&archive);
+        let mut push = buildah(&["push", "--quiet", &tag]);
+        push.arg(format!("docker-archive:{}:{tag}", archive.display()));
+        push.stdout(std::process::Stdio::null());
+        crate::step(&format!("export {tag} to {}", archive.display()), push)?;
         sizes.push((tag, facts.size));
     }
     // Rebuilding moves a tag to a new image; the old one would stay in vfs storage (a full copy per layer).
@@ -124,15 +132,10 @@ pub fn images() -> Result<()> {
     Ok(())
 }
 
-/// `cargo xtask test`'s images step: the images when buildah is installed, else a line saying why not.
-pub fn images_if_buildah_present() -> Result<()> {
-    match prereqs::buildah_version() {
-        Some(_) => images(),
-        None => {
-            eprintln!("xtask: buildah is not installed: skipping the images (`cargo xtask images` installs it)");
-            Ok(())
-        }
-    }
+/// Where an agent's image is exported as a docker-archive: `<cache>/images/<agent>.tar` (`testbed::node`
+/// imports it from there into the node's containerd).
+pub fn archive_path(agent: &str) -> PathBuf {
+    peers::cache_root().join("images").join(format!("{agent}.tar"))
 }
 
 /// Where the static binaries are built: under the machine cache, shared by every checkout.

@@ -85,8 +85,10 @@ fn test() -> Result<()> {
     ensure_peers()?;
     step("format", cargo(&["fmt", "--all", "--check"]))?;
     step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))?;
+    // The images first: the node test imports them into the node's containerd.
+    images::images()?;
+    prereqs::ensure_node_tools()?;
     step("tests", cargo(&["test", "--workspace", "--locked", "--no-fail-fast"]))?;
-    images::images_if_buildah_present()?;
     eprintln!("xtask: all checks passed in {:.0?}", started.elapsed());
     Ok(())
 }
@@ -116,6 +118,7 @@ fn demo(once: bool) -> Result<()> {
 
 fn ensure_peers() -> Result<peers::Peers> {
     prereqs::check_go()?;
+    prereqs::ensure_peer_c_builds()?;
     eprintln!("xtask: checking peers in {}", peers::cache_root().join("peers").display());
     peers::ensure_all().context("building the peers")
 }

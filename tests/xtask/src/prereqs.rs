@@ -9,6 +9,10 @@
 //!   downloads a newer toolchain behind our back).
 //! - For `cargo xtask images`: Rust's musl target (its `std`), a C compiler for musl (ring, aws-lc-sys and
 //!   zstd-sys compile C for the target: cc-rs picks `musl-gcc`, from Debian's `musl-tools`), and buildah.
+//! - For the peers of the real node (`testbed::node`): a cgo build against libseccomp (runc's seccomp support,
+//!   which the restricted profile's `RuntimeDefault` needs: Debian's `libseccomp-dev` and `pkg-config`), a static
+//!   C build (Kubernetes' pause, `gcc -static`: `gcc` and `libc6-dev`); to run the node, the CNI plugins
+//!   (Debian's `containernetworking-plugins` in `/usr/lib/cni`) and iptables (kube-proxy's iptables mode).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -337,6 +341,111 @@ pub fn check_rootless_buildah() -> Result<()> {
     Ok(())
 }
 
+/// Compiles and links a C program with `cc` and `extra` arguments, as a build would; the compiler's message on
+/// failure.
+fn check_c_build(source: &str, extra: &[&str]) -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("no temp dir: {e}"))?;
+    let probe = dir.path().join("probe.c");
+    std::fs::write(&probe, source).map_err(|e| format!("cannot write the probe: {e}"))?;
+    let output = Command::new("cc").arg("-o").arg(dir.path().join("probe")).arg(&probe).args(extra).output();
+    match output {
+        Err(e) => Err(format!("cannot run cc: {e}")),
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+    }
+}
+
+/// What cgo does for runc's seccomp package: `pkg-config --cflags --libs libseccomp`, then a C build with them.
+pub fn check_seccomp_cgo() -> Result<(), String> {
+    let flags = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "libseccomp"])
+        .output()
+        .map_err(|e| format!("cannot run pkg-config: {e}"))?;
+    if !flags.status.success() {
+        return Err(String::from_utf8_lossy(&flags.stderr).trim().to_string());
+    }
+    let flags = String::from_utf8_lossy(&flags.stdout).to_string();
+    let flags: Vec<&str> = flags.split_whitespace().collect();
+    check_c_build("#include <seccomp.h>\nint main(void) { return seccomp_version() == 0; }\n", &flags)
+}
+
+/// Makes the peer builds' C parts work: runc's cgo with libseccomp, pause's `gcc -static`.
+pub fn ensure_peer_c_builds() -> Result<()> {
+    let static_c = "#include <stdio.h>\nint main(void) { return puts(\"probe\") < 0; }\n";
+    let mut missing = Vec::new();
+    if let Err(why) = check_c_build(static_c, &["-static"]) {
+        eprintln!("xtask: no static C build ({why}); Kubernetes' pause is compiled with gcc -static");
+        missing.extend(["gcc", "libc6-dev"]);
+    }
+    if let Err(why) = check_seccomp_cgo() {
+        eprintln!("xtask: no libseccomp for cgo ({why}); runc is built with seccomp support");
+        missing.extend(["libseccomp-dev", "pkg-config"]);
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    apt_install(&missing)?;
+    check_c_build(static_c, &["-static"]).map_err(|why| anyhow::anyhow!("still no static C build: {why}"))?;
+    check_seccomp_cgo().map_err(|why| anyhow::anyhow!("still no libseccomp for cgo after installing it: {why}"))
+}
+
+/// Where the node's containerd looks for CNI plugins (Debian's `containernetworking-plugins` puts them there).
+pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
+
+/// The plugins the node's CNI configuration chains.
+const CNI_PLUGINS: [&str; 4] = ["bridge", "host-local", "loopback", "portmap"];
+
+/// Runs each plugin's `VERSION` command, as the CNI library does before using one.
+pub fn check_cni_plugins(dir: &Path) -> Result<(), String> {
+    for plugin in CNI_PLUGINS {
+        let path = dir.join(plugin);
+        let output = Command::new(&path)
+            .env("CNI_COMMAND", "VERSION")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", path.display()))?;
+        if !output.status.success() || !String::from_utf8_lossy(&output.stdout).contains("supportedVersions") {
+            return Err(format!("{} VERSION failed: {}", path.display(), String::from_utf8_lossy(&output.stderr)));
+        }
+    }
+    Ok(())
+}
+
+/// `iptables` and `iptables-restore` run (kube-proxy's iptables mode uses both, and `ip6tables` to probe).
+fn check_iptables() -> Result<(), String> {
+    for program in ["iptables", "iptables-restore", "ip6tables"] {
+        match Command::new(program).arg("--version").output() {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => return Err(format!("{program} --version failed: {}", String::from_utf8_lossy(&o.stderr))),
+            Err(e) => return Err(format!("cannot run {program}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// What the real node runs beside the peers: the CNI plugins, iptables, nsenter.
+pub fn ensure_node_tools() -> Result<()> {
+    let mut missing = Vec::new();
+    if let Err(why) = check_cni_plugins(Path::new(CNI_BIN_DIR)) {
+        eprintln!("xtask: the CNI plugins are missing ({why}); the test bed's node gives its pods a bridge network");
+        missing.push("containernetworking-plugins");
+    }
+    if let Err(why) = check_iptables() {
+        eprintln!("xtask: iptables is missing ({why}); the test bed's node runs kube-proxy in iptables mode");
+        missing.push("iptables");
+    }
+    if find_on_path("nsenter").is_none() {
+        eprintln!("xtask: nsenter is missing; the test bed's node starts its processes in its namespaces with it");
+        missing.push("util-linux");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    apt_install(&missing)?;
+    check_cni_plugins(Path::new(CNI_BIN_DIR)).map_err(|why| anyhow::anyhow!("still no CNI plugins: {why}"))?;
+    check_iptables().map_err(|why| anyhow::anyhow!("still no iptables: {why}"))
+}
+
 fn find_on_path(program: &str) -> Option<PathBuf> {
     let paths = std::env::var_os("PATH")?;
     std::env::split_paths(&paths).map(|dir| dir.join(program)).find(|p| p.is_file())
@@ -419,6 +528,21 @@ mod tests {
         // The toolchain that builds this test has the host's std: the check must see it.
         let host = target_lib_dir("x86_64-unknown-linux-gnu").unwrap();
         assert!(has_std(&host), "{}", host.display());
+    }
+
+    #[test]
+    fn the_node_tools_are_there_after_the_xtask_installed_them() {
+        // `cargo xtask test` runs ensure_peer_c_builds and ensure_node_tools before the tests.
+        assert_eq!(check_seccomp_cgo(), Ok(()));
+        assert_eq!(check_cni_plugins(Path::new(CNI_BIN_DIR)), Ok(()));
+        assert_eq!(check_iptables(), Ok(()));
+    }
+
+    #[test]
+    fn missing_cni_plugins_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let why = check_cni_plugins(dir.path()).unwrap_err();
+        assert!(why.contains("bridge"), "{why}");
     }
 
     #[test]

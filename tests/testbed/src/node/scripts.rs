@@ -1,0 +1,104 @@
+//! The shell halves of the node: entering it, setting up its namespaces, tearing it down. Plain `sh`, so the
+//! teardown also runs when the test binary is gone (SIGKILL), from the reaper process it left behind.
+
+/// `enter.sh <cgroup-root> <holder-pid> <program> <args...>`: joins the node's `daemons` cgroup in every v1
+/// hierarchy, then the holder's mount and network namespaces, and execs the program (so the PID the bed knows is
+/// the program's, and its parent-death signal survives both execs).
+pub const ENTER: &str = r#"#!/bin/sh
+root="$1"; holder="$2"; shift 2
+for h in /sys/fs/cgroup/*; do
+  if [ -f "$h$root/daemons/cgroup.procs" ]; then echo $$ > "$h$root/daemons/cgroup.procs" || exit 1; fi
+done
+exec nsenter -t "$holder" -m -n -- "$@"
+"#;
+
+/// `holder.sh <cgroup-root>`: the process that owns the node's mount and network namespaces: private mount
+/// propagation, so nothing mounted inside shows on the host, and everything goes when it and the node's
+/// processes are gone.
+pub const HOLDER: &str = r#"#!/bin/sh
+root="$1"
+for h in /sys/fs/cgroup/*; do
+  if [ -f "$h$root/daemons/cgroup.procs" ]; then echo $$ > "$h$root/daemons/cgroup.procs" || exit 1; fi
+done
+exec unshare --mount --net --propagation private -- sleep infinity
+"#;
+
+/// `setup.sh <node-dir> <node-ip>`, run inside the namespaces: loopback, a veth pair (both ends inside, there is
+/// no route out) carrying the node's /32 address, the per-node directories over the paths kubelet, the CNI
+/// plugins and iptables hard-code, and files over the global sysctls kubelet writes, holding the values it wants
+/// (so it reads them and writes nothing; the host's values never change).
+pub const SETUP: &str = r#"#!/bin/sh
+set -eu
+dir="$1"; ip_addr="$2"
+ip link set lo up
+ip link add kk0 type veth peer name kk1
+ip addr add "$ip_addr/32" dev kk0
+ip link set kk0 up
+ip link set kk1 up
+mkdir -p "$dir/run" "$dir/var-lib" "$dir/sysctl"
+mount --bind "$dir/run" /run
+mount --bind "$dir/var-lib" /var/lib
+while read -r key value; do
+  file="$dir/sysctl/$(echo "$key" | tr / .)"
+  echo "$value" > "$file"
+  mount --bind "$file" "/proc/sys/$key"
+done <<EOF
+vm/overcommit_memory 1
+vm/panic_on_oom 0
+kernel/panic 10
+kernel/panic_on_oops 1
+kernel/keys/root_maxkeys 1000000
+kernel/keys/root_maxbytes 25000000
+EOF
+"#;
+
+/// `reaper.sh <cgroup-root> <created-list>`: waits until its stdin closes (the bed dropped the node, or the
+/// test binary died, even by SIGKILL), then kills every process in the node's cgroups (daemons, shims,
+/// containers) until none is left, removes those cgroups depth-first and the parent cgroups the bed created
+/// (listed in `<created-list>`, removed newest first, only if empty), and any empty parent left by an overlapping
+/// node, outside the memory hierarchy. The namespaces and their mounts, iptables
+/// rules and interfaces go with the last process in them.
+pub const REAPER: &str = r#"#!/bin/sh
+root="$1"; created="$2"
+cat > /dev/null
+echo "reaper: tearing down $root"
+procs() {
+  for h in /sys/fs/cgroup/*; do
+    [ -d "$h$root" ] && find "$h$root" -name cgroup.procs -exec cat {} + 2>/dev/null
+  done
+}
+empty=0; i=0
+while [ $i -lt 300 ]; do
+  pids=$(procs | sort -u | tr '\n' ' ')
+  if [ -z "${pids% }" ]; then
+    empty=$((empty + 1)); [ $empty -ge 2 ] && break
+  else
+    empty=0; kill -9 $pids 2>/dev/null
+  fi
+  i=$((i + 1)); sleep 0.05
+done
+j=0
+while [ $j -lt 100 ]; do
+  left=0
+  for h in /sys/fs/cgroup/*; do
+    if [ -d "$h$root" ]; then
+      find "$h$root" -depth -type d -exec rmdir {} + 2>/dev/null
+      [ -d "$h$root" ] && left=1
+    fi
+  done
+  [ $left -eq 0 ] && break
+  j=$((j + 1)); sleep 0.05
+done
+if [ -f "$created" ]; then
+  tac "$created" | while read -r d; do rmdir "$d" 2>/dev/null || true; done
+fi
+# Parents another node made while this one ran (and could not remove then, as this one still used them): empty
+# ones go too, except in the memory hierarchy, where the parent is the session's own cgroup.
+prefix="${root%/*}"
+for h in /sys/fs/cgroup/*; do
+  case "$h" in *memory*) continue ;; esac
+  d="$h$prefix"
+  while [ "$d" != "$h" ] && [ -d "$d" ]; do rmdir "$d" 2>/dev/null || break; d="${d%/*}"; done
+done
+if [ $left -eq 0 ]; then echo "reaper: done"; else echo "reaper: cgroups left under $root"; exit 1; fi
+"#;
