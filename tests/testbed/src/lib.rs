@@ -31,6 +31,7 @@ pub mod standins;
 pub mod tls;
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Namespace;
@@ -184,5 +185,38 @@ where
         }
         assert!(tokio::time::Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// A peer shared by every test of one test binary: `start` runs once, on first use, on a thread that lives as
+/// long as the binary, because the kernel kills a peer when the thread that spawned it exits (PR_SET_PDEATHSIG)
+/// and each test runs on a thread of its own. A failed start panics every test that asks, with its cause.
+pub fn shared_for_binary<T, F, Fut>(cell: &'static OnceLock<Result<T, String>>, name: &str, start: F) -> &'static T
+where
+    T: Send + Sync + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let result = cell.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+                let result = match runtime {
+                    Ok(rt) => rt.block_on(start()).map_err(|e| format!("{e:#}")),
+                    Err(e) => Err(format!("building a runtime: {e}")),
+                };
+                let _ = tx.send(result);
+                loop {
+                    std::thread::park();
+                }
+            })
+            .expect("spawning a shared peer's thread");
+        rx.recv().unwrap_or_else(|_| Err(format!("the {name} thread died")))
+    });
+    match result {
+        Ok(peer) => peer,
+        Err(e) => panic!("the shared {name} did not start: {e}"),
     }
 }

@@ -403,28 +403,7 @@ static SHARED: OnceLock<Result<Kcp, String>> = OnceLock::new();
 /// it exits (PR_SET_PDEATHSIG), and each test runs on a thread of its own. Files go under the target directory
 /// (`kcp-bed-<binary>`), cleared at the next run, so logs outlive a failed run without piling up.
 pub fn shared() -> &'static Kcp {
-    let result = SHARED.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("kcp-bed".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-                let result = match runtime {
-                    Ok(rt) => rt.block_on(start_shared()).map_err(|e| format!("{e:#}")),
-                    Err(e) => Err(format!("building a runtime: {e}")),
-                };
-                let _ = tx.send(result);
-                loop {
-                    std::thread::park();
-                }
-            })
-            .expect("spawning the kcp bed thread");
-        rx.recv().unwrap_or_else(|_| Err("the kcp bed thread died".into()))
-    });
-    match result {
-        Ok(kcp) => kcp,
-        Err(e) => panic!("the shared kcp bed did not start: {e}"),
-    }
+    crate::shared_for_binary(&SHARED, "kcp bed", start_shared)
 }
 
 /// The peers kcp's part of the bed runs.

@@ -937,28 +937,7 @@ static SHARED: OnceLock<Result<Node, String>> = OnceLock::new();
 /// and the reaper tears it down when the binary exits. Files go under the target directory
 /// (`node-bed-<binary>`), cleared at the next run, so logs outlive a failed run without piling up.
 pub fn shared() -> &'static Node {
-    let result = SHARED.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("node-bed".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-                let result = match runtime {
-                    Ok(rt) => rt.block_on(start_shared()).map_err(|e| format!("{e:#}")),
-                    Err(e) => Err(format!("building a runtime: {e}")),
-                };
-                let _ = tx.send(result);
-                loop {
-                    std::thread::park();
-                }
-            })
-            .expect("spawning the node bed thread");
-        rx.recv().unwrap_or_else(|_| Err("the node bed thread died".into()))
-    });
-    match result {
-        Ok(node) => node,
-        Err(e) => panic!("the shared node did not start: {e}"),
-    }
+    crate::shared_for_binary(&SHARED, "node bed", start_shared)
 }
 
 /// The directory a binary's shared node uses: `target/<profile>/node-bed-<binary>`.
