@@ -490,39 +490,6 @@ async fn a_shard_taking_1000_writes_per_second_publishes_20_of_20_snapshots_each
     }
 }
 
-/// The figures for docs/etcd-snapshotter.md: published runs out of attempted at 0, 200 and 1000 writes/s
-/// (`cargo test -p etcd-snapshotter --test snapshot -- --ignored --nocapture busy_shard_figures`), of this
-/// build or of the binary `BUSY_SHARD_BINARY` names (an older build, for a before and after).
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a measurement: prints figures, asserts nothing"]
-async fn busy_shard_figures() {
-    let bed = Bed::start().await.unwrap();
-    let etcd = bed.etcd("root", 1).await.unwrap();
-    let mut client = etcd.member_client(0).await.unwrap();
-    load(&mut client, "/registry/things", 1600, 20_000).await.unwrap();
-    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
-    options.keep_last = 1000;
-    let config = write_config(&bed, &options).unwrap();
-    let binary = std::env::var("BUSY_SHARD_BINARY").unwrap_or_else(|_| BINARY.into());
-    for rate in [0, 200, 1000] {
-        let writer = Writer::start(etcd.member_client(0).await.unwrap(), rate);
-        let started = std::time::Instant::now();
-        let runs = snapshots_under_load(&binary, &config, &mut client, 20).await;
-        let written = writer.done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
-        drop(writer);
-        let published = runs.iter().filter(|(_, o, _)| o.status.success()).count();
-        let reasons: Vec<String> = runs
-            .iter()
-            .filter(|(_, o, _)| !o.status.success())
-            .map(|(_, o, _)| String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or_default().to_string())
-            .collect();
-        println!(
-            "FIGURE {rate} writes/s (measured {written:.0}/s): {published} of {} published; {reasons:?}",
-            runs.len()
-        );
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_member_whose_quota_raised_nospace_is_still_snapshotted_with_every_key() {
     let bed = Bed::start().await.unwrap();

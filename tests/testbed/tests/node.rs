@@ -106,18 +106,12 @@ async fn run_a_pod(client: kube::Client) -> Result<()> {
     }))?;
     let pods = Api::<Pod>::namespaced(client, "default");
     pods.create(&PostParams::default(), &pod).await?;
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        let pod = pods.get("pause").await?;
-        let status = pod.status.unwrap_or_default();
-        if status.phase.as_deref() == Some("Running") {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("the pause pod is not Running after 180s: {status:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    testbed::eventually(Duration::from_secs(180), "the pause pod to be Running", || async {
+        let status = pods.get("pause").await.ok()?.status?;
+        (status.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    Ok(())
 }
 
 /// Not a test of its own: the child the SIGKILL test starts (it returns at once unless that test started it).
