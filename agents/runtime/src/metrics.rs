@@ -29,6 +29,9 @@ pub struct ReasonLabel {
 pub struct ConfigMetrics {
     errors: Family<ReasonLabel, Counter>,
     last_success: GaugeF64,
+    /// 1 from a rejected file until a valid one is applied: the state an alert needs, since a bad file is
+    /// counted once (not on every poll) and the counter alone cannot say whether it is still on disk.
+    rejected: Gauge,
 }
 
 impl ConfigMetrics {
@@ -45,15 +48,28 @@ impl ConfigMetrics {
             Unit::Seconds,
             m.last_success.clone(),
         );
+        registry.register(
+            "config_rejected",
+            "1 while the configuration file on disk was rejected and the agent runs on the last valid one \
+             (the next restart would fail on it)",
+            m.rejected.clone(),
+        );
         m
     }
 
     pub fn mark_applied(&self) {
         self.last_success.set(unix_now());
+        self.rejected.set(0);
     }
 
     pub fn reload_failed(&self, reason: &str) {
         self.errors.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
+        self.rejected.set(1);
+    }
+
+    /// Whether the file on disk is the rejected one (see `config_rejected`).
+    pub fn rejected(&self) -> bool {
+        self.rejected.get() == 1
     }
 
     pub fn errors(&self, reason: &str) -> u64 {
@@ -179,15 +195,20 @@ mod tests {
     }
 
     #[test]
-    fn registry_exports_build_info_process_metrics_and_reload_counters() {
+    fn registry_exports_build_info_process_metrics_reload_counters_and_the_rejected_state() {
         let mut registry = registry("test_agent");
         let config = ConfigMetrics::register(registry.sub_registry_with_prefix("test_agent"));
+        let before = encode(&registry);
+        assert!(before.contains("test_agent_config_rejected 0"), "{before}");
         config.reload_failed("parse");
         let text = encode(&registry);
+        assert!(text.contains("test_agent_config_rejected 1"), "{text}");
         assert!(text.contains("test_agent_build_info{version=\""), "{text}");
         assert!(text.contains("process_resident_memory_bytes "), "{text}");
         assert!(text.contains("process_cpu_seconds_total "), "{text}");
         assert!(text.contains("test_agent_config_reload_errors_total{reason=\"parse\"} 1"), "{text}");
         assert!(text.ends_with("# EOF\n"));
+        config.mark_applied();
+        assert!(!config.rejected() && encode(&registry).contains("test_agent_config_rejected 0"));
     }
 }

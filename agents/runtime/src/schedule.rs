@@ -17,6 +17,9 @@
 //!   so a takeover and a claim are ordered by the apiserver: a new leader reads T and does not run it again, and
 //!   a claim that races a takeover fails with 409 and is re-read. The record is written before the run, so a
 //!   leader that dies mid-run does not hand the tick on (a job that must finish uses the shutdown grace).
+//! - Clocks: a leader records a tick only once its own clock passed it, so a record later than now plus the
+//!   jitter plus [`CLOCK_SLACK`] was written by a clock that ran ahead. It is ignored with a warning (and
+//!   overwritten by the next claim): a wrong clock must not stop a successor until that time comes.
 //!
 //! The Lease annotation is written by JSON merge patch (field manager `kcp-keeper`) rather than server-side
 //! apply: an apply of one annotation would drop the sibling schedules' annotations applied by the same manager.
@@ -40,6 +43,9 @@ use crate::lease::Leadership;
 
 /// Prefix of the annotation that records a schedule's last fired tick on the agent's Lease.
 pub const RECORD_PREFIX: &str = "schedule.kcp-keeper.io/";
+
+/// How far ahead of our clock (beyond the jitter) another replica's clock may be before its record is ignored.
+pub const CLOCK_SLACK: Duration = Duration::from_secs(120);
 
 /// At most this many ticks are looked at when catching up (a per-second schedule after a long outage).
 const MAX_TICKS_SCANNED: usize = 100_000;
@@ -182,6 +188,29 @@ impl Schedule {
         tick.checked_add_signed(offset).unwrap_or(DateTime::<Utc>::MAX_UTC)
     }
 
+    /// Whether a recorded tick can have been written by a clock in step with ours: not later than `now`
+    /// plus the jitter plus [`CLOCK_SLACK`].
+    pub fn record_is_plausible(&self, recorded: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+        let ahead = chrono::Duration::from_std(self.jitter + CLOCK_SLACK).unwrap_or(chrono::Duration::MAX);
+        now.checked_add_signed(ahead).is_none_or(|latest| recorded <= latest)
+    }
+
+    /// `recorded` unless it is implausible ([`Schedule::record_is_plausible`]), with a warning then.
+    fn trusted(&self, recorded: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
+        let now = Utc::now();
+        let recorded = recorded?;
+        if self.record_is_plausible(recorded, now) {
+            return Some(recorded);
+        }
+        tracing::warn!(
+            schedule = self.name(),
+            %recorded,
+            %now,
+            "the recorded tick is later than this clock allows (a clock ahead wrote it); ignored"
+        );
+        None
+    }
+
     /// Decides at `now` what to do about the ticks after `after` (the last tick handled).
     pub fn plan(&self, now: DateTime<Utc>, after: DateTime<Utc>) -> Plan {
         let mut latest_due = None;
@@ -274,10 +303,12 @@ impl LeaseRecord {
     }
 
     /// Records `tick` as fired, only while the Lease names us and no later tick is recorded.
-    async fn claim(&self, key: &str, tick: DateTime<Utc>) -> Result<Claim, kube::Error> {
+    async fn claim(&self, schedule: &Schedule, tick: DateTime<Utc>) -> Result<Claim, kube::Error> {
+        let key = schedule.record_key();
         let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
         for _ in 0..CLAIM_ATTEMPTS {
-            let (record, resource_version, holder) = self.read(key).await?;
+            let (record, resource_version, holder) = self.read(&key).await?;
+            let record = schedule.trusted(record);
             if holder.as_deref() != Some(self.identity.as_str()) {
                 return Ok(Claim::NotHolder);
             }
@@ -286,7 +317,7 @@ impl LeaseRecord {
             }
             let patch = json!({"metadata": {
                 "resourceVersion": resource_version,
-                "annotations": {key: tick.to_rfc3339_opts(SecondsFormat::Secs, true)},
+                "annotations": {key.as_str(): tick.to_rfc3339_opts(SecondsFormat::Secs, true)},
             }});
             match self.api.patch(&self.lease_name, &params, &Patch::Merge(&patch)).await {
                 Ok(_) => return Ok(Claim::Won),
@@ -333,7 +364,7 @@ pub async fn run<F, Fut>(
             None => Ok(None),
         };
         let recorded = match read {
-            Ok(recorded) => recorded,
+            Ok(recorded) => schedule.trusted(recorded),
             Err(error) => {
                 tracing::warn!(schedule = schedule.name(), %error, "cannot read the schedule record; retrying");
                 if pause(&shutdown, Duration::from_secs(2)).await {
@@ -359,7 +390,7 @@ pub async fn run<F, Fut>(
                 handled = Some(tick);
             }
             Plan::Fire { .. } if shutdown.is_cancelled() => return,
-            Plan::Fire { tick, missed } => match claim(record.as_ref(), &key, tick).await {
+            Plan::Fire { tick, missed } => match claim(record.as_ref(), &schedule, tick).await {
                 Ok(Claim::Won) => {
                     if missed > 0 {
                         tracing::warn!(schedule = schedule.name(), %tick, missed, "running once for missed ticks");
@@ -390,9 +421,9 @@ pub async fn run<F, Fut>(
 }
 
 /// Claims `tick` on the Lease; without one (no leader election) every tick is ours.
-async fn claim(record: Option<&LeaseRecord>, key: &str, tick: DateTime<Utc>) -> Result<Claim, kube::Error> {
+async fn claim(record: Option<&LeaseRecord>, schedule: &Schedule, tick: DateTime<Utc>) -> Result<Claim, kube::Error> {
     match record {
-        Some(record) => record.claim(key, tick).await,
+        Some(record) => record.claim(schedule, tick).await,
         None => Ok(Claim::Won),
     }
 }
@@ -470,6 +501,20 @@ mod tests {
         assert_eq!(skip.plan(now, after), Plan::Fire { tick: at("2026-11-30T14:00:00Z"), missed: 3 });
         // A tick already handled is not due again.
         assert_eq!(run_once.plan(now, at("2026-11-30T14:00:00Z")), Plan::Wait { until: at("2026-11-30T15:00:00Z") });
+    }
+
+    #[test]
+    fn a_record_later_than_now_plus_jitter_plus_slack_is_implausible_and_one_within_is_trusted() {
+        let jittered = Schedule::new("s", &ScheduleSpec { jitter: Some("10m".into()), ..spec("0 * * * *") }).unwrap();
+        let now = at("2026-11-30T14:00:00Z");
+        let slack = chrono::Duration::from_std(CLOCK_SLACK).unwrap();
+        let edge = now + chrono::Duration::minutes(10) + slack;
+        assert!(jittered.record_is_plausible(now, now));
+        assert!(jittered.record_is_plausible(edge, now), "up to the jitter and the slack ahead");
+        assert!(!jittered.record_is_plausible(edge + chrono::Duration::seconds(1), now));
+        let plain = Schedule::new("s", &spec("0 * * * *")).unwrap();
+        assert!(!plain.record_is_plausible(now + slack + chrono::Duration::seconds(1), now), "no jitter, no room");
+        assert!(!plain.record_is_plausible(at("2027-11-30T14:00:00Z"), now), "a year ahead");
     }
 
     #[test]

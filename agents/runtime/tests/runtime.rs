@@ -49,7 +49,8 @@ async fn counted(metrics: &ConfigMetrics, reason: &str) -> Result<()> {
 }
 
 #[tokio::test]
-async fn config_swapped_in_by_kubelet_is_applied_only_when_valid() -> Result<()> {
+async fn config_swapped_in_by_kubelet_is_applied_only_when_valid_and_a_rejected_file_is_flagged_until_fixed()
+-> Result<()> {
     let dir = tempfile::tempdir()?;
     project(dir.path(), "name: first\n")?;
     let file = dir.path().join("config.yaml");
@@ -69,9 +70,11 @@ async fn config_swapped_in_by_kubelet_is_applied_only_when_valid() -> Result<()>
     assert!(!rx.has_changed()?, "an invalid file must not be applied");
     assert_eq!(rx.borrow().name, "second");
     assert_eq!((metrics.errors("parse"), metrics.errors("invalid")), (1, 1), "exactly one error of each kind");
+    assert!(metrics.rejected(), "the file on disk is the rejected one: config_rejected must say so (the alert)");
 
     project(dir.path(), "name: fourth\n")?;
     assert_eq!(next_change(&mut rx).await?, "fourth");
+    assert!(!metrics.rejected(), "a valid file applied clears config_rejected");
     shutdown.cancel();
     Ok(())
 }

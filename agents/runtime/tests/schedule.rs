@@ -135,3 +135,43 @@ async fn without_leader_election_every_tick_fires_with_nothing_recorded() {
     assert_eq!(second - first, chrono::Duration::seconds(1), "consecutive ticks, each once");
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_tick_recorded_by_a_clock_a_year_ahead_is_ignored_and_the_leader_fires_and_records_its_own() -> Result<()> {
+    init_tracing();
+    let bed = testbed::ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let spec = ScheduleSpec {
+        cron: "* * * * * *".into(),
+        time_zone: None,
+        jitter: Some("1s".into()),
+        missed: Missed::Skip,
+        starting_deadline: None,
+    };
+    let schedule = Schedule::new("snapshot-root", &spec)?;
+    let a = elect(&bed, &ns, "a").await?;
+    testbed::eventually(Duration::from_secs(10), "a leads", || async { a.leadership.is_leader().then_some(()) }).await;
+    // A previous leader whose clock ran a year ahead recorded a tick that, by our clock, is a year away.
+    let ahead_at = Utc::now() + chrono::Duration::days(365);
+    let ahead = ahead_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let leases = Api::<Lease>::namespaced(bed.client(), &ns);
+    let patch = serde_json::json!({"metadata": {"annotations": {schedule.record_key(): ahead}}});
+    leases.patch(LEASE, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await?;
+
+    let fired: Fired = Arc::default();
+    schedule_on(&a, &ns, schedule.clone(), fired.clone(), false);
+    testbed::eventually(Duration::from_secs(30), "a fires despite the record from the future", || async {
+        (!fired.lock().unwrap().is_empty()).then_some(())
+    })
+    .await;
+    a.shutdown.cancel();
+    let first = fired.lock().unwrap()[0].1;
+    let lease = leases.get(LEASE).await?;
+    let recorded =
+        DateTime::parse_from_rfc3339(&lease.metadata.annotations.unwrap_or_default()[&schedule.record_key()])?;
+    assert!(
+        recorded >= first && recorded < ahead_at - chrono::Duration::days(1),
+        "the record from the future was overwritten by a tick run: {recorded}"
+    );
+    Ok(())
+}
