@@ -247,6 +247,19 @@ fn build(peer: &Peer) -> Result<()> {
                 run(cmd)?;
             }
         }
+        Recipe::Program { go_mod, main_go, output } => {
+            let module = scratch.join("module");
+            io("creating the program's module", fs::create_dir_all(&module))?;
+            io("writing go.mod", fs::write(module.join("go.mod"), go_mod(peer.version)?))?;
+            io("writing main.go", fs::write(module.join("main.go"), main_go))?;
+            eprintln!("peers: go build {output}");
+            let mut cmd = go(&module);
+            cmd.env("GOFLAGS", "-mod=mod -buildvcs=false")
+                .args(["build", "-trimpath", "-o"])
+                .arg(out.join(output))
+                .arg(".");
+            run(cmd)?;
+        }
         Recipe::Pause { kubernetes } => {
             let source = module_dir("k8s.io/kubernetes", kubernetes)?.join("build/pause");
             build_pause(&source, peer.version, kubernetes, &scratch, &out)?;

@@ -23,6 +23,9 @@ pub const RUNC: &str = "v1.5.3";
 /// The pause image's version in Kubernetes' `build/pause/Makefile` (`TAG ?=`) at [`KUBERNETES`]; the build checks
 /// the Makefile still says so.
 pub const PAUSE: &str = "3.10.2";
+/// The library kubeadm migrates a customised Corefile with when it upgrades CoreDNS (dns-rewriter's tests run
+/// it on a Corefile holding the agent's block).
+pub const COREFILE_MIGRATION: &str = "v1.0.36";
 
 /// How a peer is built.
 pub enum Recipe {
@@ -42,6 +45,9 @@ pub enum Recipe {
     /// [`crate::third_party_dir`]), or, without the archive, cloned from git at the tag and checked against the
     /// commit. Then one `go build` per binary inside the tree.
     Source { source: &'static SourceArchive, builds: &'static [(&'static str, &'static str)] },
+    /// A one-file Go program of ours (`main_go`) in a generated module requiring the library it calls
+    /// (`go_mod` from the version), built with one `go build` into `output`.
+    Program { go_mod: fn(&str) -> Result<String>, main_go: &'static str, output: &'static str },
     /// Kubernetes' pause program, compiled with `gcc -static` from `build/pause/linux/pause.c` of the
     /// `k8s.io/kubernetes` module download, and a one-layer image holding it as a docker-archive tar (what
     /// `ctr images import` reads): the node's sandbox image, as no registry can be reached.
@@ -193,6 +199,17 @@ pub static PEERS: &[Peer] = &[
         expected_time: "seconds",
     },
     Peer {
+        name: "corefile-migration",
+        version: COREFILE_MIGRATION,
+        recipe: Recipe::Program {
+            go_mod: corefile_migration_go_mod,
+            main_go: include_str!("corefile_migrate.go"),
+            output: "corefile-migrate",
+        },
+        outputs: &["corefile-migrate"],
+        expected_time: "seconds",
+    },
+    Peer {
         name: "kcp",
         version: KCP,
         recipe: Recipe::Source {
@@ -283,6 +300,13 @@ fn kubernetes_ldflags(version: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// `corefile-migrate FROM TO < Corefile` calls `migration.Migrate(FROM, TO, corefile, false)`, as kubeadm does.
+fn corefile_migration_go_mod(version: &str) -> Result<String> {
+    Ok(format!(
+        "module kcp-keeper.local/corefile-migrate\n\ngo 1.22\n\nrequire github.com/coredns/corefile-migration {version}\n"
+    ))
 }
 
 fn etcd_go_mod(version: &str) -> Result<String> {
