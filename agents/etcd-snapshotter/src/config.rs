@@ -9,6 +9,7 @@
 
 mod drills;
 mod retention;
+mod retry;
 mod shards;
 mod spill;
 mod storage;
@@ -21,6 +22,7 @@ use serde::Deserialize;
 
 pub use drills::{Drills, ExpectedObject, KcpExpect, RawDrills, RawShardDrill, ShardDrill};
 pub use retention::RawRetention;
+pub use retry::{RawRetry, Retry};
 pub use shards::{RawShard, Shard, TlsFiles};
 pub use spill::{MIN_PART_SIZE, RawSpill, Spill, parse_size};
 pub use storage::{
@@ -52,6 +54,9 @@ pub struct RawConfig {
     /// How restore drills run (the tools and where); each shard's `drill` says when.
     #[serde(default)]
     pub drills: Option<RawDrills>,
+    /// How a failed scheduled snapshot run is run again within its tick.
+    #[serde(default)]
+    pub retry: Option<RawRetry>,
 }
 
 /// How snapshots are compressed before encryption.
@@ -90,6 +95,7 @@ pub struct Config {
     pub retention: Policy,
     pub spill: Spill,
     pub drills: Drills,
+    pub retry: Retry,
 }
 
 /// An age recipient with the text it was written as (its id in manifests).
@@ -124,10 +130,18 @@ impl AgentConfig for Config {
         let spill = spill::spill(raw.spill, &mut errors);
         let scheduled = shards.iter().any(|s| s.drill.is_some());
         let drills = drills::drills(raw.drills, spill.as_ref(), scheduled, !recipients.is_empty(), &mut errors);
+        let retry = retry::retry(raw.retry, &mut errors);
         match (storage, spill) {
-            (Some(storage), Some(spill)) if errors.is_empty() => {
-                Ok(Config { shards, storage, compression: raw.compression, recipients, retention, spill, drills })
-            }
+            (Some(storage), Some(spill)) if errors.is_empty() => Ok(Config {
+                shards,
+                storage,
+                compression: raw.compression,
+                recipients,
+                retention,
+                spill,
+                drills,
+                retry,
+            }),
             _ => Err(errors),
         }
     }

@@ -25,6 +25,7 @@ pub mod member;
 pub mod metrics;
 pub mod restore;
 pub mod retention;
+pub mod retries;
 pub mod schedule;
 pub mod scope;
 pub mod snapshot;

@@ -31,6 +31,14 @@ pub struct AlarmLabels {
     pub alarm: String,
 }
 
+/// `etcd_snapshotter_retries_total`: `op` is `upload_part`, `s3_request` or `snapshot_run`; `reason` is why
+/// the attempt failed (`retries::Reason` for S3, the run's failure reason for a run).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    pub op: String,
+    pub reason: String,
+}
+
 /// The alarms the `alarms` gauge counts, each exported at 0 for every shard from the start.
 pub const ALARMS: [&str; 2] = ["nospace", "corrupt"];
 
@@ -54,6 +62,8 @@ pub struct Metrics {
     pub schedule_interval: Family<ShardLabel, GaugeF64>,
     /// Members of the shard's etcd cluster with the alarm active, as the last run's member probe read them.
     pub alarms: Family<AlarmLabels, Gauge>,
+    /// Retries of S3 requests and of whole runs, every label pair exported at 0 from the start.
+    pub retries: Family<RetryLabels, Counter>,
     pub drill: DrillMetrics,
 }
 
@@ -136,6 +146,20 @@ impl Metrics {
             "Members of the shard's etcd cluster with the alarm active (nospace, corrupt), read by the last run",
             m.alarms.clone(),
         );
+        registry.register(
+            "retries",
+            "Retries of S3 requests and of snapshot runs, by op and reason",
+            m.retries.clone(),
+        );
+        for op in [crate::retries::OP_UPLOAD_PART, crate::retries::OP_REQUEST] {
+            for reason in crate::retries::Reason::VARIANTS {
+                let _ = m.retries.get_or_create(&RetryLabels { op: op.into(), reason: reason.to_string() });
+            }
+        }
+        for reason in SnapshotError::VARIANTS {
+            let labels = RetryLabels { op: crate::retries::OP_RUN.into(), reason: reason.to_string() };
+            let _ = m.retries.get_or_create(&labels);
+        }
         let d = &m.drill;
         registry.register_with_unit(
             "drill_last_success_timestamp",

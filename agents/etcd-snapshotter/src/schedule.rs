@@ -24,7 +24,7 @@ use crate::drill::older_choice;
 use crate::drill::run::{self as drill_run, Outcome};
 use crate::drill::scratch;
 use crate::error::{DrillError, SnapshotError};
-use crate::metrics::{FailureLabels, Metrics};
+use crate::metrics::{FailureLabels, Metrics, RetryLabels};
 use crate::scope::Lease;
 use crate::snapshot::{self, Pending};
 use crate::storage::Store;
@@ -68,7 +68,7 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
             let snapshots = job(&one_at_a_time);
             spawn_schedule(&mut tasks, &ctx, &schedules, shard.schedule.clone(), move |tick| {
                 let job = snapshots.clone();
-                async move { job.snapshot(tick).await }
+                async move { job.snapshot_within_tick(tick).await }
             });
             let Some(drill) = shard.drill.clone() else { continue };
             let drills = job(&one_drill_at_a_time);
@@ -144,13 +144,14 @@ struct Job {
 }
 
 impl Job {
-    async fn snapshot(&self, tick: Tick) {
+    /// One run of the tick's snapshot: `Some(reason)` when it failed.
+    async fn snapshot(&self, tick: Tick) -> Option<&'static str> {
         let _turn = self.one_at_a_time.lock().await;
         let shard = &self.shard.name;
         let started = std::time::Instant::now();
         let label = self.metrics.shard(shard);
         // Credentials are read per run, so a rotated Secret is used without a restart.
-        let store = match Store::new(&self.config.storage) {
+        let store = match Store::new(&self.config.storage).map(|s| s.counting_retries(self.metrics.retries.clone())) {
             Ok(store) => store,
             Err(e) => return self.snapshot_failed(&SnapshotError::Storage(e), started).await,
         };
@@ -189,9 +190,10 @@ impl Job {
                 self.metrics.failed(shard, &error);
             }
         }
+        None
     }
 
-    async fn snapshot_failed(&self, error: &SnapshotError, started: std::time::Instant) {
+    async fn snapshot_failed(&self, error: &SnapshotError, started: std::time::Instant) -> Option<&'static str> {
         let shard = &self.shard.name;
         let reason: &'static str = error.into();
         self.metrics.failed(shard, error);
@@ -199,6 +201,39 @@ impl Job {
         tracing::error!(shard, reason, error = %error, "snapshot failed; nothing was published and retention did not run");
         let note = format!("snapshot of shard {shard} failed ({reason}): {error}");
         self.events.publish(&self.regarding, EventType::Warning, "SnapshotFailed", "Snapshot", &note).await;
+        Some(reason)
+    }
+
+    /// The tick's snapshot, run again after a failure while the tick's retry window lasts (`retry` in the
+    /// configuration), so one transient failure does not cost the whole interval. Each run again is counted
+    /// as `etcd_snapshotter_retries_total{op="snapshot_run",reason=<the failed run's reason>}`.
+    async fn snapshot_within_tick(&self, tick: Tick) {
+        let shard = &self.shard.name;
+        let mut runs = 0;
+        while let Some(reason) = self.snapshot(tick.clone()).await {
+            runs += 1;
+            if reason == "interrupted" || self.shutdown.is_cancelled() {
+                return;
+            }
+            let next = self.shard.schedule.next_tick(tick.at);
+            let Some(wait) = self.config.retry.wait_before_next(tick.at, next, chrono::Utc::now(), runs) else {
+                tracing::warn!(shard, runs, tick = %tick.at, "no time left in the tick's retry window; the next tick runs");
+                return;
+            };
+            tracing::warn!(
+                shard,
+                reason,
+                runs,
+                wait_seconds = wait.as_secs_f64(),
+                "the run failed; running it again within its tick"
+            );
+            tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+            let labels = RetryLabels { op: crate::retries::OP_RUN.into(), reason: reason.into() };
+            self.metrics.retries.get_or_create(&labels).inc();
+        }
     }
 }
 
@@ -208,7 +243,7 @@ impl Job {
     async fn drill(&self, tick: Tick) {
         let _turn = self.one_at_a_time.lock().await;
         let shard = &self.shard.name;
-        let store = match Store::new(&self.config.storage) {
+        let store = match Store::new(&self.config.storage).map(|s| s.counting_retries(self.metrics.retries.clone())) {
             Ok(store) => store,
             Err(e) => return self.drill_failed(&tick, shard, &DrillError::Storage(e.to_string()), 0.0).await,
         };

@@ -2,7 +2,8 @@
 //! path-style addressing, request checksums only when required (unless configured), static or web-identity
 //! credentials set explicitly so the SDK has no credential chain to walk and never probes a cloud metadata
 //! endpoint, bounded
-//! attempts with exponential backoff and a timeout per attempt.
+//! attempts with exponential backoff and a timeout per attempt: `maxAttempts` per request, `partMaxAttempts`
+//! per multipart part (a part lost fails the run), each retry counted and logged (`retries`).
 //!
 //! Errors carry the operation and the SDK's error code, never a credential: the SDK's own messages do not
 //! include keys, and the credentials live only inside its provider.
@@ -18,8 +19,12 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, ServerSideEncryption as SdkSse};
 use bytes::Bytes;
 use kcp_keeper_runtime::Sensitive;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 
 use crate::config::{ChecksumMode, Credentials, ServerSideEncryption, Storage, WebIdentity};
+use crate::metrics::RetryLabels;
+use crate::retries::RetryCounter;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -66,6 +71,16 @@ pub struct Store {
     pub prefix: String,
     sse: Option<ServerSideEncryption>,
     checksum: ChecksumMode,
+    part_max_attempts: u32,
+    retries: RetryCounter,
+}
+
+/// The SDK's standard retry strategy with `attempts` attempts: exponential backoff with jitter, 500 ms to 10 s.
+fn retry_config(attempts: u32) -> aws_smithy_types::retry::RetryConfig {
+    aws_smithy_types::retry::RetryConfig::standard()
+        .with_max_attempts(attempts)
+        .with_initial_backoff(Duration::from_millis(500))
+        .with_max_backoff(Duration::from_secs(10))
 }
 
 /// The credentials provider the configuration asks for. Static keys are read now (call again per run so a
@@ -124,6 +139,7 @@ impl Store {
     /// Builds the client; credentials are read now (call again per run so a rotated Secret is picked up).
     pub fn new(storage: &Storage) -> Result<Self, StorageError> {
         let credentials = credentials_provider(storage)?;
+        let retries = RetryCounter::default();
         let checksum = match storage.checksum_mode {
             ChecksumMode::WhenRequired => (
                 aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
@@ -142,12 +158,8 @@ impl Store {
             .credentials_provider(credentials)
             .request_checksum_calculation(checksum.0)
             .response_checksum_validation(checksum.1)
-            .retry_config(
-                aws_smithy_types::retry::RetryConfig::standard()
-                    .with_max_attempts(storage.max_attempts)
-                    .with_initial_backoff(Duration::from_millis(500))
-                    .with_max_backoff(Duration::from_secs(10)),
-            )
+            .retry_config(retry_config(storage.max_attempts))
+            .interceptor(retries.clone())
             .timeout_config(
                 aws_smithy_types::timeout::TimeoutConfig::builder()
                     .connect_timeout(Duration::from_secs(5))
@@ -163,7 +175,15 @@ impl Store {
             prefix: storage.prefix.clone(),
             sse: storage.server_side_encryption.clone(),
             checksum: storage.checksum_mode,
+            part_max_attempts: storage.part_max_attempts,
+            retries,
         })
+    }
+
+    /// Counts every retry of this store's requests in `family` (the daemon's `etcd_snapshotter_retries_total`).
+    pub fn counting_retries(self, family: Family<RetryLabels, Counter>) -> Self {
+        self.retries.count_into(family);
+        self
     }
 
     fn sse(&self) -> (Option<SdkSse>, Option<String>) {
@@ -225,7 +245,12 @@ impl Store {
         if self.checksum == ChecksumMode::WhenSupported {
             request = request.checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32);
         }
-        let out = request.send().await.map_err(|e| StorageError::request("UploadPart", e))?;
+        let out = request
+            .customize()
+            .config_override(aws_sdk_s3::Config::builder().retry_config(retry_config(self.part_max_attempts)))
+            .send()
+            .await
+            .map_err(|e| StorageError::request("UploadPart", e))?;
         Ok(CompletedPart::builder()
             .part_number(number)
             .set_e_tag(out.e_tag)

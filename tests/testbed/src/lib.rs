@@ -17,6 +17,7 @@ pub mod certs;
 pub mod coredns;
 pub mod crds;
 pub mod etcd;
+pub mod fault_proxy;
 pub mod helm;
 pub mod http;
 pub mod kcp;

@@ -37,6 +37,11 @@ pub struct RawStorage {
     #[serde(default = "default_attempts")]
     #[schemars(range(min = 1, max = 10))]
     pub max_attempts: u32,
+    /// Attempts per multipart part (the first plus retries after 503 SlowDown, a reset connection, a
+    /// timeout...), with exponential backoff: a part that still fails fails the run.
+    #[serde(default = "default_part_attempts")]
+    #[schemars(range(min = 1, max = 20))]
+    pub part_max_attempts: u32,
     /// Go-style duration: how long one S3 request attempt may take.
     #[serde(default)]
     pub attempt_timeout: Option<String>,
@@ -44,6 +49,11 @@ pub struct RawStorage {
 
 fn default_attempts() -> u32 {
     4
+}
+
+/// About a minute of backoff (0.5, 1, 2, 4, 8, then 10 s each) before a part gives up.
+fn default_part_attempts() -> u32 {
+    10
 }
 
 /// When the SDK computes request checksums. S3-compatible stores often reject the SDK's default
@@ -137,6 +147,7 @@ pub struct Storage {
     pub credentials: Credentials,
     pub server_side_encryption: Option<ServerSideEncryption>,
     pub max_attempts: u32,
+    pub part_max_attempts: u32,
     pub attempt_timeout: Duration,
 }
 
@@ -167,6 +178,9 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
     }
     if !(1..=10).contains(&raw.max_attempts) {
         errors.push(FieldError::new("storage.maxAttempts", "must be 1 to 10"));
+    }
+    if !(1..=20).contains(&raw.part_max_attempts) {
+        errors.push(FieldError::new("storage.partMaxAttempts", "must be 1 to 20"));
     }
     let attempt_timeout = match raw.attempt_timeout.as_deref().map(parse_go_duration) {
         None => Duration::from_secs(120),
@@ -214,6 +228,7 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
         credentials: credentials?,
         server_side_encryption,
         max_attempts: raw.max_attempts,
+        part_max_attempts: raw.part_max_attempts,
         attempt_timeout,
     })
 }
