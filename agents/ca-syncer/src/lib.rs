@@ -12,7 +12,7 @@
 //!
 //! The domain, pure (no Kubernetes client, no I/O): [`certs`] (strict parsing), [`bundle`] (byte-stable
 //! bundles), [`rotation`] (keeping rotated-out CAs). The edges: [`sources`] (reading them), [`state`] (each
-//! bundle's rotation record, in the agent's own namespace), [`live_check`], and [`sidecar`]
+//! bundle's rotation record, in the agent's own namespace), [`observed`] (a target as a pass sees it), [`live_check`], and [`sidecar`]
 //! (`ca-syncer watch`).
 #![forbid(unsafe_code)]
 
@@ -23,6 +23,7 @@ pub mod config;
 pub mod error;
 pub mod live_check;
 pub mod metrics;
+pub mod observed;
 pub mod reconcile;
 pub mod rotation;
 pub mod scope;

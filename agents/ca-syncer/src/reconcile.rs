@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::{self, ApplyError, Outcome, Ownership};
@@ -28,6 +29,7 @@ use crate::config::{Bundle, Config, LiveCheck, Placement, TargetKind};
 use crate::error::SyncError;
 use crate::live_check::{self, LiveCheckError};
 use crate::metrics::{BundleLabel, Metrics, Published, ReasonLabels, SkipReason, TargetLabels};
+use crate::observed::{ObjectKey, Observed, Written};
 use crate::rotation::{self, DropReason, RetentionPlan, RotationState, STATE_ANNOTATION, plan_retention};
 use crate::scope::Scope;
 use crate::sources::{self, Reader, SourceFailure};
@@ -85,6 +87,7 @@ pub async fn daemon(
             state: state.clone(),
             own_object: own_object.clone(),
             public_roots: public_roots.clone(),
+            written: Written::default(),
         };
         (syncer, watches)
     })
@@ -114,7 +117,12 @@ struct Syncer {
     /// The agent's Lease: where Events about sources without an object of their own go.
     own_object: k8s_openapi::api::core::v1::ObjectReference,
     public_roots: Arc<Vec<Certificate>>,
+    /// Our writes the stores have not shown yet ([`crate::observed`]).
+    written: Written,
 }
+
+/// How many targets are read fresh at once when the stores lag behind our writes.
+const FRESH_READS: usize = 16;
 
 /// One object a target resolves to.
 struct Resolved {
@@ -126,6 +134,10 @@ struct Resolved {
 }
 
 impl Resolved {
+    fn key(&self) -> ObjectKey {
+        (self.kind, self.namespace.clone(), self.name.clone())
+    }
+
     fn labels(&self, bundle: &str) -> TargetLabels {
         TargetLabels {
             bundle: bundle.to_string(),
@@ -190,9 +202,15 @@ impl Syncer {
         for problem in &stored.decoded.problems {
             tracing::warn!(bundle = %spec.name, problem = %problem, "rotation record partly ignored");
         }
+        let (written, client, scope) = (&self.written, &self.client, &self.scope);
+        let observed: Vec<Observed> = futures::stream::iter(targets.iter().map(Resolved::key))
+            .map(|key| async move { written.observe(client, scope, &key).await })
+            .buffered(FRESH_READS)
+            .collect()
+            .await;
         let mut plans = Vec::with_capacity(targets.len());
-        for target in &targets {
-            match self.plan_target(spec, &current, &stored.decoded.state, target, now) {
+        for (target, observed) in targets.iter().zip(observed) {
+            match self.plan_target(spec, &current, &stored.decoded.state, target, observed, now) {
                 Some(plan) => plans.push(plan),
                 None => {
                     self.out_of_sync(spec, &targets);
@@ -321,16 +339,16 @@ impl Syncer {
         current: &[Certificate],
         record: &RotationState,
         target: &'a Resolved,
+        observed: Observed,
         now: OffsetDateTime,
     ) -> Option<TargetPlan<'a>> {
-        let live = self.read_target(target);
-        let exists = live.is_some();
+        let live = observed.content(&target.key);
         if current.is_empty() {
             // Empty-means-public mode: the key is written empty, with nothing retained, because a consumer
             // holding any CA would stop trusting the public roots.
             return Some(TargetPlan {
                 target,
-                exists,
+                observed,
                 pem: String::new(),
                 cache: String::new(),
                 bundle: None,
@@ -351,7 +369,7 @@ impl Syncer {
         let review = min_time(plan.next_review_at(), bundle.earliest_not_after().filter(|_| spec.drop_expired));
         Some(TargetPlan {
             target,
-            exists,
+            observed,
             pem: bundle.render(),
             cache,
             bundle: Some((bundle, review)),
@@ -371,20 +389,24 @@ impl Syncer {
         // A new series starts at 0; an existing one keeps its value until this pass knows better, so a target
         // that stays in sync never reads 0 mid-pass (an alert or a reader would see a flap).
         let in_sync = self.metrics.target_in_sync.get_or_create(&labels).clone();
-        let desired = desired_object(target, &plan.pem, &plan.cache, !plan.exists);
+        let desired = desired_object(target, &plan.pem, &plan.cache, !plan.observed.exists());
         let ownership = Ownership::Owned { adopt: target.adopt };
-        let outcome = match target.kind {
-            TargetKind::Secret => {
+        let written = match &plan.observed {
+            Observed::Secret(live) => {
                 let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
-                let live = self.scope.secret(&target.namespace, &target.name);
                 write_checked(&api, desired, ownership, live.as_deref()).await
             }
-            TargetKind::ConfigMap => {
+            Observed::ConfigMap(live) => {
                 let api = Api::<ConfigMap>::namespaced(self.client.clone(), &target.namespace);
-                let live = self.scope.config_map(&target.namespace, &target.name);
                 write_checked(&api, desired, ownership, live.as_deref()).await
             }
         };
+        let outcome = written.map(|(outcome, version)| {
+            if let Some(version) = version {
+                self.written.wrote(target.key(), version);
+            }
+            outcome
+        });
         let count = plan.bundle.as_ref().map_or(0, |(b, _)| b.len());
         match outcome {
             Ok(Outcome::Unchanged) => {}
@@ -433,19 +455,6 @@ impl Syncer {
         Ok(review)
     }
 
-    /// The target's current key content, from the store, if the object exists (the key may be absent).
-    fn read_target(&self, target: &Resolved) -> Option<Vec<u8>> {
-        match target.kind {
-            TargetKind::Secret => self
-                .scope
-                .secret(&target.namespace, &target.name)
-                .map(|s| s.data.as_ref().and_then(|d| d.get(&target.key)).map(|v| v.0.clone()).unwrap_or_default()),
-            TargetKind::ConfigMap => self.scope.config_map(&target.namespace, &target.name).map(|c| {
-                c.data.as_ref().and_then(|d| d.get(&target.key)).map(|v| v.clone().into_bytes()).unwrap_or_default()
-            }),
-        }
-    }
-
     /// An Event on a target, sent without waiting (one per target written would otherwise double the time a
     /// bundle takes to reach all its targets).
     fn event(&self, target: &Resolved, kind: EventType, reason: &'static str, note: &str) {
@@ -464,7 +473,7 @@ pub async fn write_checked<K>(
     mut desired: serde_json::Value,
     ownership: Ownership,
     live: Option<&K>,
-) -> Result<Outcome, ApplyError>
+) -> Result<(Outcome, Option<String>), ApplyError>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + fmt::Debug,
     K::DynamicType: Default,
@@ -472,7 +481,7 @@ where
     if let Some(version) = live.and_then(|l| l.meta().resource_version.clone()) {
         desired["metadata"]["resourceVersion"] = json!(version);
     }
-    apply::apply_over(api, desired, ownership, live).await
+    apply::apply_over_versioned(api, desired, ownership, live).await
 }
 
 /// The apiserver refuses new objects in a namespace that is being deleted (NamespaceLifecycle admission).
@@ -512,7 +521,8 @@ impl Terminating {
 /// One target's part of a cycle, planned before anything is written.
 struct TargetPlan<'a> {
     target: &'a Resolved,
-    exists: bool,
+    /// The object as this pass saw it: what is compared with, and the version the write is held to.
+    observed: Observed,
     pem: String,
     /// The cache annotation: what this target holds, for people reading it. Never read back.
     cache: String,

@@ -98,6 +98,21 @@ where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
     K::DynamicType: Default,
 {
+    apply_over_versioned(api, desired, ownership, live).await.map(|(outcome, _)| outcome)
+}
+
+/// [`apply_over`], also returning the `resourceVersion` the write produced (`None` when nothing was written), so
+/// a caller reading through a cache can tell whether the cache has seen its own write yet.
+pub async fn apply_over_versioned<K>(
+    api: &Api<K>,
+    desired: Value,
+    ownership: Ownership,
+    live: Option<&K>,
+) -> Result<(Outcome, Option<String>), ApplyError>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+    K::DynamicType: Default,
+{
     let name = desired
         .pointer("/metadata/name")
         .and_then(Value::as_str)
@@ -123,13 +138,16 @@ where
             })?;
         }
         if contains(&live_json, &desired) {
-            return Ok(Outcome::Unchanged);
+            return Ok((Outcome::Unchanged, None));
         }
     }
     let mut params = PatchParams::apply(FIELD_MANAGER);
     params.force = matches!(ownership, Ownership::Owned { .. });
     match api.patch(&name, &params, &Patch::Apply(&desired)).await {
-        Ok(_) => Ok(if live.is_some() { Outcome::Updated } else { Outcome::Created }),
+        Ok(written) => {
+            let outcome = if live.is_some() { Outcome::Updated } else { Outcome::Created };
+            Ok((outcome, written.meta().resource_version.clone()))
+        }
         Err(kube::Error::Api(status)) if status.code == 409 => {
             Err(ApplyError::Conflict { kind, object, message: status.message.clone() })
         }

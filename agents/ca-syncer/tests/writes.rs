@@ -1,0 +1,146 @@
+//! One write per target, read from the apiserver's audit log: the first fan-out to many new targets sends each
+//! target exactly one write, so does a CA change after it, and the cycles that follow send none. The agent runs
+//! as a user of its own, so the log tells its requests from the test's.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Result;
+use common::*;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use testbed::agent_process::AgentProcess;
+use testbed::certs::Ca;
+use testbed::{ControlPlane, eventually};
+
+const USER: &str = "ca-syncer-writes";
+const TARGET: &str = "kcp-ca";
+const LABEL: &str = "writes.kcp-keeper.io/trust";
+/// Generous: a thousand targets on a loaded two-core machine.
+const FAN_OUT: Duration = Duration::from_secs(240);
+
+/// The agent's writes to target Secrets, by namespace, from the audit log (every write verb, whatever its code:
+/// a refused or no-op write is a write sent all the same).
+fn writes_by_namespace(bed: &ControlPlane) -> Result<BTreeMap<String, Vec<String>>> {
+    let mut by_ns: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in testbed::audit::by_user(&bed.apiserver.audit_log, USER)? {
+        if r.resource == "secrets" && r.name.as_deref() == Some(TARGET) && r.is_write() {
+            let code = r.code.map_or("-".into(), |c| c.to_string());
+            by_ns.entry(r.namespace.unwrap_or_default()).or_default().push(format!("{} {code}", r.verb));
+        }
+    }
+    Ok(by_ns)
+}
+
+/// Waits until every target Secret holds a certificate with `marker` in its base64.
+async fn wait_all_hold(client: &kube::Client, namespaces: &[String], marker: &str) {
+    let api = Api::<Secret>::all(client.clone());
+    let params = ListParams::default().fields(&format!("metadata.name={TARGET}"));
+    eventually(FAN_OUT, "every target to hold the CA", || async {
+        let listed = api.list(&params).await.ok()?;
+        let holding = listed
+            .items
+            .iter()
+            .filter(|s| {
+                s.data
+                    .as_ref()
+                    .and_then(|d| d.get("ca.crt"))
+                    .is_some_and(|v| String::from_utf8_lossy(&v.0).contains(marker))
+            })
+            .count();
+        (holding == namespaces.len()).then_some(())
+    })
+    .await;
+}
+
+/// Waits for `cycles` more successful passes of the bundle (the 1s resync runs them even when nothing changes).
+async fn settle(agent: &AgentProcess, cycles: usize) {
+    let series = "ca_syncer_last_sync_timestamp_seconds{bundle=\"fleet\"}";
+    let mut last = wait_for_metric(agent, series, "a synced bundle", |v| v > 0.0).await;
+    for _ in 0..cycles {
+        last = wait_for_metric(agent, series, "another cycle", |v| v > last).await;
+    }
+}
+
+/// Each namespace exactly once in `after` beyond `before`, nowhere else.
+fn assert_one_write_each(
+    what: &str,
+    namespaces: &[String],
+    before: &BTreeMap<String, Vec<String>>,
+    after: &BTreeMap<String, Vec<String>>,
+) {
+    let mut wrong = Vec::new();
+    let mut total = 0;
+    for (ns, writes) in after {
+        let new = &writes[before.get(ns).map_or(0, Vec::len)..];
+        total += new.len();
+        if new.len() != 1 || !namespaces.contains(ns) {
+            wrong.push(format!("{ns}: {new:?}"));
+        }
+    }
+    let missing: Vec<_> = namespaces.iter().filter(|ns| !after.contains_key(*ns)).collect();
+    assert!(
+        wrong.is_empty() && missing.is_empty(),
+        "{what}: {total} writes to {} targets; not exactly one: {} (first: {:?}); none: {}",
+        namespaces.len(),
+        wrong.len(),
+        wrong.iter().take(5).collect::<Vec<_>>(),
+        missing.len()
+    );
+}
+
+async fn one_write_per_target(count: usize) -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let src = bed.namespace().await?;
+    let first = Ca::new("kcp-ca", YEAR)?;
+    let sources = Api::<Secret>::namespaced(bed.client(), &src);
+    sources.create(&PostParams::default(), &secret("source", &[("ca.crt", &first.cert_pem())])).await?;
+    let namespaces: Vec<String> = (0..count).map(|i| format!("fleet-{count}-{i:04}")).collect();
+    let api = Api::<Namespace>::all(bed.client());
+    futures::stream::iter(&namespaces)
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                let labels = BTreeMap::from([(LABEL.to_string(), "true".to_string())]);
+                let ns = Namespace {
+                    metadata: ObjectMeta { name: Some(name.clone()), labels: Some(labels), ..Default::default() },
+                    ..Default::default()
+                };
+                api.create(&PostParams::default(), &ns).await.map(|_| ())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<()>()
+        .await?;
+    let config = format!(
+        "resyncInterval: 1s\nbundles:\n- name: fleet\n  sources:\n  - secret: {{namespace: {src}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{name: {TARGET}, key: ca.crt, namespaceSelector: {{matchLabels: {{{LABEL}: \"true\"}}}}}}\n"
+    );
+    let kubeconfig = bed.apiserver.user_kubeconfig(USER, &["system:masters"], Duration::from_secs(3600))?;
+    let mut agent = common::agent(&bed, &write_config(&bed, &config)?, &src).kubeconfig(&kubeconfig).spawn()?;
+    agent.wait_ready(FAN_OUT).await?;
+    let marker = |ca: &Ca| ca.cert_pem().lines().nth(1).unwrap_or_default().to_string();
+    wait_all_hold(&bed.client(), &namespaces, &marker(&first)).await;
+    settle(&agent, 3).await;
+    let created = writes_by_namespace(&bed)?;
+    assert_one_write_each("the first fan-out", &namespaces, &BTreeMap::new(), &created);
+
+    let next = Ca::new("kcp-ca", YEAR)?;
+    sources.replace("source", &PostParams::default(), &secret("source", &[("ca.crt", &next.cert_pem())])).await?;
+    wait_all_hold(&bed.client(), &namespaces, &marker(&next)).await;
+    settle(&agent, 3).await;
+    assert_one_write_each("the CA change", &namespaces, &created, &writes_by_namespace(&bed)?);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_first_fan_out_to_300_new_targets_and_a_ca_change_write_each_target_exactly_once() -> Result<()> {
+    one_write_per_target(300).await
+}
+
+#[tokio::test]
+async fn the_first_fan_out_to_1000_new_targets_and_a_ca_change_write_each_target_exactly_once() -> Result<()> {
+    one_write_per_target(1000).await
+}
