@@ -12,7 +12,7 @@ use kcp_keeper_runtime::config::load;
 
 use crate::cluster::{self, ClusterView};
 use crate::config::{self, Config, Target};
-use crate::plan::{Plan, plan};
+use crate::plan::{Plan, plan, rejected_errors};
 use crate::{block, render, verify};
 
 /// dns-rewriter's one-shots.
@@ -90,7 +90,9 @@ fn offline_plan(config: &Config) -> anyhow::Result<Plan> {
     if config.discovery.is_some() {
         eprintln!("note: offline: discovery skipped");
     }
-    Ok(plan(&config.cluster_domain, &config.rules, &[], None))
+    let mut plan = plan(&config.cluster_domain, &config.rules, &[], None);
+    plan.errors.splice(0..0, rejected_errors(&config.rejected));
+    Ok(plan)
 }
 
 fn report(plan: &Plan) {

@@ -13,7 +13,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use crate::config::Config;
 use crate::discovery::{COMPONENT_LABEL, Kind, OperatorObject};
 use crate::operator::{OPERATOR_GROUP, OPERATOR_VERSION};
-use crate::plan::{Plan, plan};
+use crate::plan::{Plan, plan, rejected_errors};
 use crate::services::ServiceFacts;
 
 /// The API resource of an operator kind.
@@ -78,7 +78,10 @@ pub async fn read(client: &kube::Client, config: &Config) -> anyhow::Result<Clus
     Ok(ClusterView { services: services.into_values().collect(), objects })
 }
 
-/// The plan for `config` against what the cluster holds.
+/// The plan for `config` against what the cluster holds, the configured rules the configuration left out
+/// among its errors.
 pub fn plan_with(config: &Config, view: &ClusterView) -> Plan {
-    plan(&config.cluster_domain, &config.rules, &view.objects, Some(&view.services))
+    let mut plan = plan(&config.cluster_domain, &config.rules, &view.objects, Some(&view.services));
+    plan.errors.splice(0..0, rejected_errors(&config.rejected));
+    plan
 }

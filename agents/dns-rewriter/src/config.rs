@@ -1,6 +1,8 @@
 //! The agent's configuration file, read strictly by the runtime's loader ([`kcp_keeper_runtime::config`]):
 //! serde reads the raw form (unknown fields are errors), and [`Config::from_raw`] turns it into the validated
-//! form the agent works with, or reports every error at once, each with its field path. Parse, don't
+//! form the agent works with, or reports every error at once, each with its field path. A configured rule
+//! that fails its checks is not an error of the file: it is left out ([`Config::rejected`]) and reported by
+//! the plan as an error for that rule alone, at start and on reload alike. Parse, don't
 //! validate: past `from_raw`, a host is a [`Hostname`], a mode an enum, a resolver a socket address.
 //!
 //! No error repeats a value from the file: a reason says what is wrong and where (the runtime's loader
@@ -46,7 +48,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::discovery::{Kind, wanted_kinds};
-use crate::hostname::{Domain, Hostname};
+use crate::hostname::{Domain, Hostname, HostnameError};
 use crate::rules::ServiceRef;
 
 pub const DEFAULT_K3S_NAMESPACE: &str = "kube-system";
@@ -83,7 +85,9 @@ pub struct RawConfig {
     /// The cluster's DNS domain (default `cluster.local`); no public name may lie inside it.
     #[serde(default)]
     pub cluster_domain: Option<String>,
-    /// Public names and the Service each answers with, written as configured.
+    /// Public names and the Service each answers with, written as configured. A rule that fails its checks
+    /// (its name, its Service reference, its port, a name an earlier rule has) is an error for that rule alone:
+    /// reported (log, Event, metric) and left out, the others written.
     #[serde(default)]
     pub rules: Vec<RawRule>,
     /// Rules found in the kcp-operator's objects in one namespace; a configured rule wins over a discovered one.
@@ -185,7 +189,10 @@ pub struct RawVerify {
 pub struct Config {
     pub target: Target,
     pub cluster_domain: Domain,
+    /// The valid rules, in the file's order.
     pub rules: Vec<Rule>,
+    /// The configured rules that failed their checks: each an error for that rule alone, reported by the plan.
+    pub rejected: Vec<RejectedRule>,
     pub discovery: Option<Discovery>,
     pub verify: Verify,
     pub resync_interval: Duration,
@@ -223,6 +230,24 @@ pub struct Rule {
     pub port: Option<u16>,
 }
 
+/// `rules[index]` of the file, left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectedRule {
+    pub index: usize,
+    pub problem: RuleProblem,
+}
+
+/// Why a configured rule was left out. Like every error here, it never repeats a value from the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleProblem {
+    /// `host` is not a name a rule may carry.
+    Host(HostnameError),
+    /// `host` lies inside the cluster domain.
+    InClusterDomain,
+    /// Another field (`service.namespace`, `service.name`, `port`), or `host` repeating an earlier rule's.
+    Field { field: String, reason: String },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Discovery {
     pub namespace: String,
@@ -248,18 +273,19 @@ impl AgentConfig for Config {
 }
 
 impl Config {
-    /// Every error at once, each with its field path, in the order of the file's sections.
+    /// Every error at once, each with its field path, in the order of the file's sections. A rule's own
+    /// problems are not among them: they leave that rule out ([`Config::rejected`]), not the file.
     pub fn from_raw(raw: RawConfig) -> Result<Self, Vec<FieldError>> {
         let mut errors = Vec::new();
         let target = target(&mut errors, &raw.mode, raw.k3s, raw.corefile);
         let cluster_domain = cluster_domain(&mut errors, raw.cluster_domain.as_deref());
-        let rules = rules(&mut errors, raw.rules, cluster_domain.as_ref());
+        let (rules, rejected) = rules(raw.rules, cluster_domain.as_ref());
         let discovery = raw.discovery.map(|d| discovery(&mut errors, d));
         let verify = verify(&mut errors, raw.verify.unwrap_or_default());
         let resync_interval = resync_interval(&mut errors, raw.resync_interval.as_deref());
         match (target, cluster_domain) {
             (Some(target), Some(cluster_domain)) if errors.is_empty() => {
-                Ok(Config { target, cluster_domain, rules, discovery, verify, resync_interval })
+                Ok(Config { target, cluster_domain, rules, rejected, discovery, verify, resync_interval })
             }
             _ => Err(errors),
         }
@@ -355,52 +381,60 @@ fn cluster_domain(errors: &mut Vec<FieldError>, text: Option<&str>) -> Option<Do
         .ok()
 }
 
-/// The rules that are valid; each invalid field is an error. Without a valid cluster domain the hosts are not
-/// checked against it (its own error is reported already).
-fn rules(errors: &mut Vec<FieldError>, raw: Vec<RawRule>, domain: Option<&Domain>) -> Vec<Rule> {
+/// The rules that are valid, and the others with why: a rule that fails its checks is an error for that rule
+/// alone (the plan reports it and writes the rest), never for the file. Without a valid cluster domain the
+/// hosts are not checked against it (its own error is reported already, and that one is the file's).
+fn rules(raw: Vec<RawRule>, domain: Option<&Domain>) -> (Vec<Rule>, Vec<RejectedRule>) {
     let mut rules = Vec::new();
+    let mut rejected = Vec::new();
     let mut seen: BTreeMap<Hostname, usize> = BTreeMap::new();
-    for (i, r) in raw.into_iter().enumerate() {
-        let host = rule_host(errors, i, &r.host, domain, &mut seen);
+    for (index, r) in raw.into_iter().enumerate() {
+        let mut problems = Vec::new();
+        let host = rule_host(&mut problems, &r.host, domain, &seen);
         let service = ServiceRef::parse(&r.service.namespace, &r.service.name)
-            .map_err(|(field, reason)| errors.push(FieldError::new(format!("rules[{i}].service.{field}"), reason)))
+            .map_err(|(field, reason)| problems.push(RuleProblem::Field { field: format!("service.{field}"), reason }))
             .ok();
         if r.port == Some(0) {
-            errors.push(FieldError::new(format!("rules[{i}].port"), "must be between 1 and 65535"));
+            problems.push(RuleProblem::Field { field: "port".into(), reason: "must be between 1 and 65535".into() });
         }
-        if let (Some(host), Some(service)) = (host, service) {
-            rules.push(Rule { host, service, port: r.port });
+        match (host, service) {
+            (Some(host), Some(service)) if problems.is_empty() => {
+                seen.insert(host.clone(), index);
+                rules.push(Rule { host, service, port: r.port });
+            }
+            _ => rejected.extend(problems.into_iter().map(|problem| RejectedRule { index, problem })),
         }
     }
-    rules
+    (rules, rejected)
 }
 
-/// `rules[i].host`: a valid name, outside the cluster domain, and the first rule for it (`seen` remembers).
+/// `rules[i].host`: a valid name, outside the cluster domain, and the first rule for it (`seen` holds the
+/// valid rules' names: a rule left out claims no name).
 fn rule_host(
-    errors: &mut Vec<FieldError>,
-    i: usize,
+    problems: &mut Vec<RuleProblem>,
     text: &str,
     domain: Option<&Domain>,
-    seen: &mut BTreeMap<Hostname, usize>,
+    seen: &BTreeMap<Hostname, usize>,
 ) -> Option<Hostname> {
-    let path = format!("rules[{i}].host");
     let host = match Hostname::parse(text) {
         Ok(host) => host,
         Err(e) => {
-            errors.push(FieldError::new(path, e.to_string()));
+            problems.push(RuleProblem::Host(e));
             return None;
         }
     };
     if domain.is_some_and(|d| host.is_within(d)) {
-        errors.push(FieldError::new(&path, "lies inside the cluster domain, where the kubernetes plugin answers"));
+        problems.push(RuleProblem::InClusterDomain);
+        return None;
     }
     match seen.get(&host) {
-        Some(first) => errors.push(FieldError::new(path, format!("duplicates rules[{first}].host"))),
-        None => {
-            seen.insert(host.clone(), i);
+        Some(first) => {
+            problems
+                .push(RuleProblem::Field { field: "host".into(), reason: format!("duplicates rules[{first}].host") });
+            None
         }
+        None => Some(host),
     }
-    Some(host)
 }
 
 fn discovery(errors: &mut Vec<FieldError>, raw: RawDiscovery) -> Discovery {
@@ -535,21 +569,15 @@ mod tests {
     }
 
     #[test]
-    fn every_semantic_error_is_reported_with_its_path() {
+    fn every_semantic_error_of_the_file_is_reported_with_its_path() {
         let msg = err("mode: k3s\nk3s: {key: custom.server}\ncorefile: {}\nclusterDomain: Cluster.Local\nrules:\n\
                        - host: '*.example.com'\n  service: {namespace: kcp-system, name: root-kcp}\n\
-                       - host: a.example.com\n  service: {namespace: Kcp, name: 0-root}\n  port: 0\n\
-                       - host: a.example.com\n  service: {namespace: kcp-system, name: root-kcp}\n\
                        discovery: {namespace: kcp-system}\nverify: {resolver: 'dns.example.com', timeout: 5x}\nresyncInterval: 1s\n");
         assert_eq!(
             msg,
             "c.yaml: corefile: only allowed when mode is corefile; \
              k3s.key: must end in .override: k3s imports only those keys into its main server block; \
              clusterDomain: must be lowercase; \
-             rules[0].host: must not be a wildcard; \
-             rules[1].service.namespace: must be a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit; \
-             rules[1].port: must be between 1 and 65535; \
-             rules[2].host: duplicates rules[1].host; \
              discovery: enable at least one of rootShards, shards, frontProxies (or leave discovery out); \
              verify.resolver: must be an IP address with an optional port, e.g. 10.43.0.10:53; \
              verify.timeout: has an unknown unit (use ns, us, ms, s, m or h); \
@@ -558,11 +586,32 @@ mod tests {
     }
 
     #[test]
-    fn a_host_inside_the_cluster_domain_is_refused() {
-        let msg = err(
-            "mode: k3s\nrules:\n- host: x.kcp-system.svc.cluster.local\n  service: {namespace: kcp-system, name: root-kcp}\n",
+    fn a_rule_failing_its_checks_is_left_out_with_why_and_the_file_loads() {
+        let config = parse_text(
+            "mode: k3s\nrules:\n\
+             - host: '*.example.com'\n  service: {namespace: kcp-system, name: root-kcp}\n\
+             - host: a.example.com\n  service: {namespace: Kcp, name: 0-root}\n  port: 0\n\
+             - host: a.example.com\n  service: {namespace: kcp-system, name: root-kcp}\n\
+             - host: a.example.com\n  service: {namespace: kcp-system, name: alpha}\n\
+             - host: x.kcp-system.svc.cluster.local\n  service: {namespace: kcp-system, name: root-kcp}\n",
+        )
+        .unwrap();
+        assert_eq!(config.rules.len(), 1, "only rules[2] is valid: {:?}", config.rules);
+        assert_eq!((config.rules[0].host.as_str(), config.rules[0].service.name()), ("a.example.com", "root-kcp"));
+        let field = |field: &str, reason: &str| RuleProblem::Field { field: field.into(), reason: reason.into() };
+        let label =
+            "must be a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit";
+        let rejected: Vec<(usize, RuleProblem)> = config.rejected.into_iter().map(|r| (r.index, r.problem)).collect();
+        assert_eq!(
+            rejected,
+            vec![
+                (0, RuleProblem::Host(HostnameError::Wildcard)),
+                (1, field("service.namespace", label)),
+                (1, field("port", "must be between 1 and 65535")),
+                (3, field("host", "duplicates rules[2].host")),
+                (4, RuleProblem::InClusterDomain),
+            ]
         );
-        assert!(msg.contains("rules[0].host: lies inside the cluster domain"), "{msg}");
     }
 
     #[test]
@@ -586,8 +635,6 @@ mod tests {
         let secretish = "sekrit-Value";
         for text in [
             format!("mode: {secretish}\n"),
-            format!("mode: k3s\nrules:\n- host: {secretish}.example.com\n  service: {{namespace: a, name: b}}\n"),
-            format!("mode: k3s\nrules:\n- host: a.example.com\n  service: {{namespace: {secretish}, name: b}}\n"),
             format!(
                 "mode: k3s\nrules:\n- host: a.example.com\n  service: {{namespace: a, name: b}}\n  port: {secretish}\n"
             ),
@@ -599,6 +646,15 @@ mod tests {
         ] {
             let msg = err(&text);
             assert!(!msg.to_lowercase().contains("sekrit"), "{msg}");
+        }
+        for text in [
+            format!("mode: k3s\nrules:\n- host: {secretish}.example.com\n  service: {{namespace: a, name: b}}\n"),
+            format!("mode: k3s\nrules:\n- host: a.example.com\n  service: {{namespace: {secretish}, name: b}}\n"),
+        ] {
+            let config = parse_text(&text).unwrap();
+            let errors = crate::plan::rejected_errors(&config.rejected);
+            assert_eq!(errors.len(), 1, "{text}");
+            assert!(!errors[0].to_string().to_lowercase().contains("sekrit"), "{}", errors[0]);
         }
         let msg = err("mode: k3s\nrules:\n- host: a.example.com\n  service: {namespace: a, name: b}\n  port: many\n");
         assert_eq!(msg, "c.yaml: rules[0].port: expected u16, found string at line 5 column 9");

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::config::Rule;
+use crate::config::{RejectedRule, Rule, RuleProblem};
 use crate::discovery::{self, Candidate, OperatorObject, Origin};
 use crate::hostname::{Domain, Hostname, HostnameError};
 use crate::rules::{RuleSet, ServiceRef, Target};
@@ -21,6 +21,9 @@ pub enum RuleError {
     InvalidHostname { origin: Origin, reason: HostnameError },
     #[error("{origin}: the public name lies inside the cluster domain, where the kubernetes plugin answers")]
     InClusterDomain { origin: Origin },
+    /// A configured rule's field other than its name (its Service reference, its port, a repeated name).
+    #[error("rules[{rule}].{field}: {reason}")]
+    InvalidRule { rule: usize, field: String, reason: String },
     #[error("{origin}: not an http(s) URL with a host")]
     InvalidUrl { origin: Origin },
     #[error("{origin}: {host}: Service {service} does not exist")]
@@ -44,6 +47,7 @@ impl RuleError {
     pub const REASONS: &'static [&'static str] = &[
         "invalid_hostname",
         "in_cluster_domain",
+        "invalid_rule",
         "invalid_url",
         "service_missing",
         "service_headless",
@@ -58,6 +62,7 @@ impl RuleError {
         match self {
             Self::InvalidHostname { .. } => "invalid_hostname",
             Self::InClusterDomain { .. } => "in_cluster_domain",
+            Self::InvalidRule { .. } => "invalid_rule",
             Self::InvalidUrl { .. } => "invalid_url",
             Self::ServiceMissing { .. } => "service_missing",
             Self::ServiceHeadless { .. } => "service_headless",
@@ -256,6 +261,21 @@ pub fn plan(
         let _ = rules.insert(host, Target { service: entry.service, cluster_ip: entry.cluster_ip });
     }
     Plan { rules, errors, warnings }
+}
+
+/// The errors for the configured rules the configuration left out, first in a plan's errors (they are the
+/// file's first rules to report).
+pub fn rejected_errors(rejected: &[RejectedRule]) -> Vec<RuleError> {
+    rejected
+        .iter()
+        .map(|r| match &r.problem {
+            RuleProblem::Host(reason) => RuleError::InvalidHostname { origin: Origin::Rule(r.index), reason: *reason },
+            RuleProblem::InClusterDomain => RuleError::InClusterDomain { origin: Origin::Rule(r.index) },
+            RuleProblem::Field { field, reason } => {
+                RuleError::InvalidRule { rule: r.index, field: field.clone(), reason: reason.clone() }
+            }
+        })
+        .collect()
 }
 
 /// The Service's ClusterIP and ports, or why it cannot be a rule's target.
@@ -497,6 +517,7 @@ mod tests {
         let all = [
             RuleError::InvalidHostname { origin: origin.clone(), reason: HostnameError::Empty },
             RuleError::InClusterDomain { origin: origin.clone() },
+            RuleError::InvalidRule { rule: 0, field: "port".into(), reason: "r".into() },
             RuleError::InvalidUrl { origin: origin.clone() },
             RuleError::ServiceMissing { origin: origin.clone(), host: host.clone(), service: service.clone() },
             RuleError::ServiceHeadless { origin: origin.clone(), host: host.clone(), service: service.clone() },

@@ -237,15 +237,22 @@ impl Rewriter {
         for w in &plan.warnings {
             tracing::warn!("{w}");
         }
+        // One rate-limit bucket per note (each names its rule): a sixth rule error of one reason is not lost to
+        // the runtime's burst of five per object and reason.
         for (kind, reason, note) in new {
-            self.event(*kind, reason, note).await;
+            self.event_about(note, *kind, reason, note).await;
         }
     }
 
     async fn event(&self, kind: EventType, reason: &str, note: &str) {
+        self.event_about("", kind, reason, note).await;
+    }
+
+    /// An Event whose rate limit is `subject`'s own.
+    async fn event_about(&self, subject: &str, kind: EventType, reason: &str, note: &str) {
         let key = self.key();
         let regarding = reference("v1", "ConfigMap", &key.namespace, &key.name, None);
-        self.events.publish(&regarding, kind, reason, "Rewrite", note).await;
+        self.events.publish_about(&regarding, subject, kind, reason, "Rewrite", note).await;
     }
 }
 

@@ -68,18 +68,31 @@ fn render_offline_in_corefile_mode_prints_the_marked_block() {
 }
 
 #[test]
-fn render_refuses_an_invalid_configuration_naming_the_field_but_not_the_value() {
+fn render_leaves_out_an_invalid_rule_naming_the_field_but_not_the_value_and_prints_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
         dir.path(),
         "c.yaml",
-        "mode: k3s\nrules:\n- host: Private-Name.example.com\n  service: {namespace: kcp-system, name: root-kcp}\n",
+        "mode: k3s\nrules:\n- host: Private_Name.example.com\n  service: {namespace: kcp-system, name: root-kcp}\n\
+         - host: kcp-root.example.com\n  service: {namespace: kcp-system, name: root-kcp}\n",
     );
+    let (code, stdout, stderr) = run(&["render", "--offline", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "a rule error makes render exit 1");
+    let rules: Vec<&str> = stdout.lines().filter(|l| l.starts_with("rewrite ")).collect();
+    assert_eq!(rules, ["rewrite name exact kcp-root.example.com. root-kcp.kcp-system.svc.cluster.local."]);
+    assert!(stderr.contains("error: rules[0]: invalid hostname: must be lowercase"), "{stderr}");
+    assert!(!stderr.contains("Private"), "{stderr}");
+}
+
+#[test]
+fn render_refuses_a_configuration_file_that_is_invalid_as_a_whole_printing_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "c.yaml", "mode: Private-Mode\n");
     let (code, stdout, stderr) = run(&["render", "--offline", "--config", config.to_str().unwrap()]);
     assert_eq!(code, Some(1));
     assert!(stdout.is_empty(), "nothing is printed as if it would be written: {stdout}");
-    assert!(stderr.contains("rules[0].host: must be lowercase"), "{stderr}");
-    assert!(!stderr.contains("Private-Name"), "{stderr}");
+    assert!(stderr.contains("mode: must be k3s or corefile"), "{stderr}");
+    assert!(!stderr.contains("Private"), "{stderr}");
 }
 
 /// Objects shaped like the seed's (tests/e2e/src/layout.rs), with every field the operator's real CRDs require,

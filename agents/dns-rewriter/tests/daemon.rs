@@ -306,3 +306,70 @@ async fn a_corefile_the_pre_write_check_refuses_is_never_written_and_the_leader_
     );
     Ok(())
 }
+
+/// Seven configured rules whose names fail the check (more than the Event burst of five per reason), and one
+/// good rule: a fresh `run` starts, writes the good rule and publishes one Event per bad rule. A reload that
+/// adds a good rule and another bad one (a duplicate) is applied, not refused: the new good rule is written
+/// and the new bad one gets its own Event too.
+#[tokio::test]
+async fn configured_rules_failing_validation_are_each_an_error_with_its_own_event_at_start_and_on_reload() -> Result<()>
+{
+    let (bed, ns, client) = fresh_bed().await?;
+    let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
+    let alpha = create_service(&client, &ns, "alpha-shard-kcp", &[], false).await?.unwrap();
+    let (dns, _kubelet) = k3s_coredns(&bed, K3S_COREFILE).await?;
+    let bad = [
+        "'*.kcp.example.com'",
+        "kcp_a.example.com",
+        "-kcp.example.com",
+        "localhost",
+        "10.96.0.10",
+        "a..b.com",
+        "'a b.example.com'",
+    ];
+    let mut body = format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp"));
+    for host in bad {
+        body.push_str(&rule(host, &ns, "root-kcp"));
+    }
+    let path = write_config(&bed, &config("mode: k3s\n", &body, dns.port))?;
+    let agent = agent(&bed, &ns, &path).start().await?;
+    agent.wait_for_metric(&verified("kcp-root.example.com"), WAIT, |v| v == 1.0).await;
+    let (value, _) = configmap_key(&client, K3S_CONFIGMAP, OVERRIDE_KEY).await.context("the key")?;
+    assert_eq!(value, render::render(&rules(&[("kcp-root.example.com", &ns, "root-kcp", root)]), &domain()));
+    assert_eq!(agent.metric("dns_rewriter_rule_errors{reason=\"invalid_hostname\"}").await?, bad.len() as f64);
+    let invalid = |events: &[(String, String)]| -> Vec<String> {
+        let mut notes: Vec<String> =
+            events.iter().filter(|(r, _)| r == "InvalidHostname").map(|(_, n)| n.clone()).collect();
+        notes.sort();
+        notes.dedup();
+        notes
+    };
+    let events = testbed::eventually(WAIT, "an Event for each of the seven bad rules", || async {
+        let events = events_about(&client, K3S_CONFIGMAP).await;
+        (invalid(&events).len() >= bad.len()).then_some(events)
+    })
+    .await;
+    for i in 1..=bad.len() {
+        assert!(
+            invalid(&events).iter().any(|n| n.starts_with(&format!("rules[{i}]: invalid hostname: "))),
+            "rules[{i}] has its Event: {events:?}"
+        );
+    }
+
+    // The reload adds a good rule and a duplicate of the first: applied, the good one written, the duplicate
+    // its own error and Event.
+    body.push_str(&rule("alpha.kcp.example.com", &ns, "alpha-shard-kcp"));
+    body.push_str(&rule("kcp-root.example.com", &ns, "alpha-shard-kcp"));
+    std::fs::write(&path, config("mode: k3s\n", &body, dns.port))?;
+    wait_answer(&dns, "alpha.kcp.example.com", alpha, WAIT).await;
+    wait_answer(&dns, "kcp-root.example.com", root, WAIT).await;
+    assert_eq!(agent.metric("dns_rewriter_config_rejected ").await?, 0.0, "the reload was applied");
+    agent.wait_for_metric("dns_rewriter_rule_errors{reason=\"invalid_rule\"}", WAIT, |v| v == 1.0).await;
+    testbed::eventually(WAIT, "the duplicate's Event", || async {
+        let events = events_about(&client, K3S_CONFIGMAP).await;
+        let dup = format!("rules[{}].host: duplicates rules[0].host", bad.len() + 2);
+        events.iter().any(|(r, n)| r == "InvalidRule" && n.contains(&dup)).then_some(())
+    })
+    .await;
+    Ok(())
+}

@@ -1,5 +1,6 @@
 //! Kubernetes Events (events.k8s.io/v1) on the objects an agent acts on, rate limited twice over:
-//! - within a process, a token bucket per (object, reason) absorbs bursts;
+//! - within a process, a token bucket per (object, reason) absorbs bursts ([`Recorder::publish_about`] adds a
+//!   subject to that key, for an agent reporting many distinct things under one reason on one object);
 //! - across restarts, an Event's name is derived from (object, reason, note, time window), so a crash-looping
 //!   agent re-creating the same Event gets `AlreadyExists` instead of adding one per restart.
 
@@ -16,9 +17,12 @@ use sha2::{Digest, Sha256};
 
 /// Identical Events inside one window share a name and are created once.
 const DEDUPE_WINDOW: Duration = Duration::from_secs(10 * 60);
-/// Per (object, reason): a burst of this many, then one per refill interval.
+/// Per (object, reason, subject): a burst of this many, then one per refill interval.
 const BURST: f64 = 5.0;
 const REFILL_EVERY: Duration = Duration::from_secs(60);
+
+/// (object, reason, subject): what one token bucket limits.
+type BucketKey = (String, String, String);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
@@ -31,7 +35,7 @@ pub struct Recorder {
     client: kube::Client,
     controller: String,
     instance: String,
-    buckets: Mutex<HashMap<(String, String), (f64, Instant)>>,
+    buckets: Mutex<HashMap<BucketKey, (f64, Instant)>>,
 }
 
 impl Recorder {
@@ -48,13 +52,29 @@ impl Recorder {
     /// a note that looks like PEM is withheld here as a last line of defence. Failures are logged, not returned:
     /// an Event is never worth failing a reconcile over.
     pub async fn publish(&self, regarding: &ObjectReference, kind: EventType, reason: &str, action: &str, note: &str) {
+        self.publish_about(regarding, "", kind, reason, action, note).await
+    }
+
+    /// [`Recorder::publish`] rate limited per `subject` as well as per object and reason: for an agent that
+    /// reports many distinct things under one reason on one object (dns-rewriter's rule errors, one Event per
+    /// rule), so the sixth is not lost to the first five's burst. `subject` is only a key, never shown.
+    /// `publish` is this with an empty subject.
+    pub async fn publish_about(
+        &self,
+        regarding: &ObjectReference,
+        subject: &str,
+        kind: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
         let object = format!(
             "{}/{}/{}",
             regarding.kind.as_deref().unwrap_or_default(),
             regarding.namespace.as_deref().unwrap_or_default(),
             regarding.name.as_deref().unwrap_or_default()
         );
-        if !self.take_token(&object, reason) {
+        if !self.take_token(&object, reason, subject) {
             tracing::debug!(%object, reason, "event suppressed by rate limit");
             return;
         }
@@ -105,10 +125,11 @@ impl Recorder {
         tokio::spawn(async move { recorder.publish(&regarding, kind, reason, action, &note).await });
     }
 
-    fn take_token(&self, object: &str, reason: &str) -> bool {
+    fn take_token(&self, object: &str, reason: &str, subject: &str) -> bool {
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        let (tokens, last) = buckets.entry((object.into(), reason.into())).or_insert((BURST, now));
+        let key = (object.into(), reason.into(), subject.into());
+        let (tokens, last) = buckets.entry(key).or_insert((BURST, now));
         *tokens = (*tokens + now.duration_since(*last).as_secs_f64() / REFILL_EVERY.as_secs_f64()).min(BURST);
         *last = now;
         if *tokens >= 1.0 {
@@ -163,6 +184,20 @@ pub fn reference(api_version: &str, kind: &str, namespace: &str, name: &str, uid
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_burst_is_per_subject_as_well_as_per_object_and_reason() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let recorder = Recorder::new(kube::Client::try_from(config).unwrap(), "test", "test-0");
+        for _ in 0..5 {
+            assert!(recorder.take_token("o", "r", ""));
+        }
+        assert!(!recorder.take_token("o", "r", ""), "the sixth of one key waits for the refill");
+        for subject in ["a", "b", "c", "d", "e", "f", "g"] {
+            assert!(recorder.take_token("o", "r", subject), "{subject} has a bucket of its own");
+        }
+        assert!(recorder.take_token("o", "other", ""), "and so has another reason");
+    }
 
     #[test]
     fn pem_in_a_note_is_withheld_and_long_notes_are_cut() {
