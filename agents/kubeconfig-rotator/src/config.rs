@@ -21,6 +21,7 @@ use std::time::Duration;
 use kcp_keeper_runtime::config::{AgentConfig, FieldError};
 use kcp_keeper_runtime::duration::ConfigDuration;
 use kcp_keeper_runtime::names;
+use kcp_keeper_runtime::schedule::{Schedule, ScheduleSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -114,9 +115,68 @@ pub struct Target {
     pub split_keys: bool,
     /// Take over a Secret (or key) kcp-keeper did not create.
     pub adopt: bool,
-    /// Deployments in the target's namespace that read the kubeconfig once at start: restarted on a real change.
-    pub restart_deployments: Vec<String>,
+    /// Workloads in the target's namespace that read the kubeconfig once at start: restarted on a real change.
+    pub consumers: Vec<Consumer>,
+    /// When consumers may be restarted; `None`: at once.
+    pub restart_window: Option<RestartWindow>,
 }
+
+/// The workload kinds a consumer can be: each rolls its pods when its pod template changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ConsumerKind {
+    Deployment,
+    StatefulSet,
+    DaemonSet,
+}
+
+impl ConsumerKind {
+    pub const ALL: [ConsumerKind; 3] = [ConsumerKind::Deployment, ConsumerKind::StatefulSet, ConsumerKind::DaemonSet];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConsumerKind::Deployment => "Deployment",
+            ConsumerKind::StatefulSet => "StatefulSet",
+            ConsumerKind::DaemonSet => "DaemonSet",
+        }
+    }
+
+    /// The resource name, as RBAC grants it.
+    pub fn plural(self) -> &'static str {
+        match self {
+            ConsumerKind::Deployment => "deployments",
+            ConsumerKind::StatefulSet => "statefulsets",
+            ConsumerKind::DaemonSet => "daemonsets",
+        }
+    }
+}
+
+/// A read-once consumer of a target, in the target's namespace.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Consumer {
+    pub kind: ConsumerKind,
+    pub name: String,
+}
+
+/// When restarts may happen: from each tick of `schedule` for `duration`, but never later than the notAfter of
+/// the credential a consumer was last restarted for minus `margin` (it must not run on an expired one).
+#[derive(Debug, Clone)]
+pub struct RestartWindow {
+    pub spec: ScheduleSpec,
+    pub schedule: Schedule,
+    pub duration: Duration,
+    pub margin: Duration,
+}
+
+impl PartialEq for RestartWindow {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.spec, self.duration, self.margin) == (&other.spec, other.duration, other.margin)
+    }
+}
+
+impl Eq for RestartWindow {}
+
+/// The default `restartWindow.margin`.
+pub const DEFAULT_RESTART_MARGIN: Duration = Duration::from_secs(24 * 3600);
 
 /// The Certificate and certificate Secret the kcp-operator creates for a Kubeconfig.
 pub fn certificate_name(kubeconfig: &str) -> String {
@@ -230,6 +290,37 @@ struct RawTarget {
     /// change.
     #[serde(default)]
     restart_deployments: Vec<String>,
+    /// StatefulSets in the target's namespace that read the kubeconfig once at start: restarted once per real
+    /// change.
+    #[serde(default)]
+    restart_stateful_sets: Vec<String>,
+    /// DaemonSets in the target's namespace that read the kubeconfig once at start: restarted once per real
+    /// change.
+    #[serde(default)]
+    restart_daemon_sets: Vec<String>,
+    /// Restart the consumers only inside this window (default: at once), but never later than the notAfter of
+    /// the credential they hold minus the margin.
+    #[serde(default)]
+    restart_window: Option<RawRestartWindow>,
+}
+
+/// A cron-style restart window, like cert-manager's renewal windows.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawRestartWindow {
+    /// When the window opens: 5-field cron (0 2 * * 1-5), 6 or 7 fields with seconds and years, or @daily.
+    cron: String,
+    /// IANA zone the cron is read in (Europe/Berlin); UTC when absent.
+    #[serde(default)]
+    time_zone: Option<String>,
+    /// How long the window stays open after each tick (a duration such as 2h; more than 0).
+    #[schemars(with = "String")]
+    duration: ConfigDuration,
+    /// A consumer is restarted outside the window once the credential it holds (the one it was last restarted
+    /// for) has less than this left (default 24h).
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    margin: Option<ConfigDuration>,
 }
 
 impl AgentConfig for Config {
@@ -318,18 +409,51 @@ impl AgentConfig for Config {
                 if !targets_seen.insert((t.namespace.clone(), t.name.clone())) {
                     err(&tat, "this Secret is already a target (of this or another kubeconfig)".into());
                 }
-                for (d, deployment) in t.restart_deployments.iter().enumerate() {
-                    if let Err(e) = names::check_dns_subdomain(deployment) {
-                        err(&format!("{tat}.restartDeployments[{d}]"), e);
+                let mut consumers = Vec::new();
+                for (field, kind, list) in [
+                    ("restartDeployments", ConsumerKind::Deployment, t.restart_deployments),
+                    ("restartStatefulSets", ConsumerKind::StatefulSet, t.restart_stateful_sets),
+                    ("restartDaemonSets", ConsumerKind::DaemonSet, t.restart_daemon_sets),
+                ] {
+                    for (d, name) in list.into_iter().enumerate() {
+                        if let Err(e) = names::check_dns_subdomain(&name) {
+                            err(&format!("{tat}.{field}[{d}]"), e);
+                        }
+                        consumers.push(Consumer { kind, name });
                     }
                 }
+                let restart_window = t.restart_window.and_then(|w| {
+                    let spec = ScheduleSpec {
+                        cron: w.cron,
+                        time_zone: w.time_zone,
+                        jitter: None,
+                        missed: Default::default(),
+                        starting_deadline: None,
+                    };
+                    if w.duration.0.is_zero() {
+                        err(&format!("{tat}.restartWindow.duration"), "must be more than 0".into());
+                    }
+                    match Schedule::new("restart-window", &spec) {
+                        Ok(schedule) => Some(RestartWindow {
+                            spec,
+                            schedule,
+                            duration: w.duration.0,
+                            margin: w.margin.map_or(DEFAULT_RESTART_MARGIN, |m| m.0),
+                        }),
+                        Err(e) => {
+                            err(&format!("{tat}.restartWindow"), e.to_string());
+                            None
+                        }
+                    }
+                });
                 targets.push(Target {
                     namespace: t.namespace,
                     name: t.name,
                     key,
                     split_keys: t.split_keys,
                     adopt: t.adopt,
-                    restart_deployments: t.restart_deployments,
+                    consumers,
+                    restart_window,
                 });
             }
             if let Some(source) = source {

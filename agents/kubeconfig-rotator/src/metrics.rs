@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use time::OffsetDateTime;
 
-use crate::config::{Kubeconfig, Target};
+use crate::config::{Consumer, Kubeconfig, Target};
 use crate::error::verification_reasons;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -32,7 +32,9 @@ pub struct TargetLabels {
 pub struct ConsumerLabels {
     pub kubeconfig: String,
     pub namespace: String,
-    pub deployment: String,
+    /// Deployment, StatefulSet or DaemonSet.
+    pub kind: String,
+    pub name: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -53,6 +55,7 @@ pub struct Metrics {
     pub nudges: Family<KubeconfigLabel, Counter>,
     pub forced_renewals: Family<KubeconfigLabel, Counter>,
     pub consumer_restart_pending: Family<ConsumerLabels, Gauge>,
+    pub consumer_restart_deferred_until: Family<ConsumerLabels, GaugeF64>,
 }
 
 impl Metrics {
@@ -68,6 +71,7 @@ impl Metrics {
             nudges: Family::default(),
             forced_renewals: Family::default(),
             consumer_restart_pending: Family::default(),
+            consumer_restart_deferred_until: Family::default(),
         };
         registry.register_with_unit(
             "certificate_not_after_timestamp",
@@ -108,8 +112,14 @@ impl Metrics {
         );
         registry.register(
             "consumer_restart_pending",
-            "1 while a consumer Deployment has not been restarted for the content its target holds (missing, or the restart failed)",
+            "1 while a consumer has not been restarted for the content its target holds (missing, or the restart failed)",
             m.consumer_restart_pending.clone(),
+        );
+        registry.register_with_unit(
+            "consumer_restart_deferred_until_timestamp",
+            "While a consumer's restart waits for its restart window: when it happens at the latest (0 otherwise)",
+            Unit::Seconds,
+            m.consumer_restart_deferred_until.clone(),
         );
         m
     }
@@ -123,8 +133,10 @@ impl Metrics {
                 TargetLabels { kubeconfig: kubeconfig.into(), namespace: t.namespace.clone(), name: t.name.clone() };
             let _ = self.target_in_sync.get_or_create(&labels);
             let _ = self.target_not_after.get_or_create(&labels);
-            for d in &t.restart_deployments {
-                let _ = self.consumer_restart_pending.get_or_create(&consumer(kubeconfig, &t.namespace, d));
+            for c in &t.consumers {
+                let labels = consumer(kubeconfig, &t.namespace, c);
+                let _ = self.consumer_restart_pending.get_or_create(&labels);
+                let _ = self.consumer_restart_deferred_until.get_or_create(&labels);
             }
         }
         let label = KubeconfigLabel { kubeconfig: kubeconfig.into() };
@@ -174,11 +186,19 @@ impl Metrics {
         self.forced_renewals.get_or_create(&label(kubeconfig)).inc();
     }
 
-    /// Whether consumer `deployment` still waits for its restart.
-    pub fn consumer_pending(&self, kubeconfig: &str, namespace: &str, deployment: &str, pending: bool) {
-        self.consumer_restart_pending
-            .get_or_create(&consumer(kubeconfig, namespace, deployment))
-            .set(i64::from(pending));
+    /// Whether `consumer`'s restart is pending (missing, or it failed), or deferred to its window until when.
+    pub fn consumer_state(
+        &self,
+        kubeconfig: &str,
+        namespace: &str,
+        consumer_: &Consumer,
+        pending: bool,
+        deferred: Option<OffsetDateTime>,
+    ) {
+        let labels = consumer(kubeconfig, namespace, consumer_);
+        self.consumer_restart_pending.get_or_create(&labels).set(i64::from(pending));
+        let until = deferred.map_or(0.0, |t| t.unix_timestamp() as f64);
+        self.consumer_restart_deferred_until.get_or_create(&labels).set(until);
     }
 
     /// The series of one target of `kc`, created if they were not.
@@ -195,8 +215,13 @@ impl Metrics {
     }
 }
 
-fn consumer(kubeconfig: &str, namespace: &str, deployment: &str) -> ConsumerLabels {
-    ConsumerLabels { kubeconfig: kubeconfig.into(), namespace: namespace.into(), deployment: deployment.into() }
+fn consumer(kubeconfig: &str, namespace: &str, c: &Consumer) -> ConsumerLabels {
+    ConsumerLabels {
+        kubeconfig: kubeconfig.into(),
+        namespace: namespace.into(),
+        kind: c.kind.as_str().into(),
+        name: c.name.clone(),
+    }
 }
 
 fn label(kubeconfig: &str) -> KubeconfigLabel {

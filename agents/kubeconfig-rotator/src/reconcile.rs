@@ -7,17 +7,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::{self, ApplyError, Outcome, Ownership};
 use kcp_keeper_runtime::driver::{self, ErrorReason, ReconcileMetrics, Reconciler, Settings};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
 use kube::api::Api;
-use serde_json::json;
 use time::OffsetDateTime;
 
-use crate::config::{Config, Kubeconfig, Source, Target};
+use crate::config::{Config, Consumer, ConsumerKind, Kubeconfig, Source, Target};
+use crate::consumer::{self, Workload};
 use crate::credential::{self, Credential, rfc3339};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
@@ -27,7 +27,8 @@ use crate::prove;
 use crate::renew::{self, nudge_due};
 use crate::scope::{Reader, Snapshot, Stores, secret_key};
 use crate::source::{Resolved, candidate, resolve};
-use crate::target::{RESTART_ANNOTATION_PREFIX, desired_secret, live_state, split_keys_current};
+use crate::target::{desired_secret, live_state, split_keys_current};
+use crate::window::{self, RestartPlan};
 
 /// How soon to look again after a nudge or a forced renewal: the operator or cert-manager answers in seconds.
 const FOLLOW_UP: Duration = Duration::from_secs(2);
@@ -107,10 +108,12 @@ impl Rotator {
         }
         self.metrics.proven(&kc.name, candidate.cert.not_after, now);
 
-        let mut failures = Vec::new();
+        let (mut failures, mut wake) = (Vec::new(), None);
         for target in &kc.targets {
-            if let Err(e) = self.sync_target(kc, target, &candidate, &source.expected, snap, now).await {
-                failures.push(e);
+            match self.sync_target(kc, target, &candidate, &source.expected, snap, now).await {
+                Err(e) => failures.push(e),
+                Ok(Some(until)) => wake = Some(wake.map_or(until, |w: OffsetDateTime| w.min(until))),
+                Ok(None) => {}
             }
         }
         let (total, failed) = (kc.targets.len(), failures.len());
@@ -132,6 +135,13 @@ impl Rotator {
             renew_before,
             self.config.resync_interval,
         );
+        // A restart deferred to its window is looked at again when the window opens (or its deadline comes).
+        let review = match wake {
+            Some(until) => {
+                review.min(Duration::try_from(until - now).unwrap_or(Duration::ZERO) + Duration::from_secs(1))
+            }
+            None => review,
+        };
         Ok(if follow_up { review.min(FOLLOW_UP) } else { review })
     }
 
@@ -215,7 +225,7 @@ impl Rotator {
         expected: &Expected,
         snap: &Snapshot,
         now: OffsetDateTime,
-    ) -> Result<(), TargetFailure> {
+    ) -> Result<Option<OffsetDateTime>, TargetFailure> {
         let series = self.metrics.target(kc, target);
         let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
         // A target the store does not hold yet is read once more: creating it carries no resourceVersion
@@ -236,10 +246,10 @@ impl Rotator {
         if action == TargetAction::KeepLonger {
             action = self.prove_held(kc, live_secret, target, expected, &regarding, now).await;
         }
-        let held_hash = match (action, &live) {
+        let (held_hash, held_not_after) = match (action, &live) {
             (TargetAction::Unchanged, _) => {
                 series.holds(candidate.cert.not_after, true);
-                candidate.hash()
+                (candidate.hash(), candidate.cert.not_after)
             }
             (TargetAction::KeepLonger, Live::Valid { cert, hash }) => {
                 series.holds(cert.not_after, false);
@@ -251,7 +261,7 @@ impl Rotator {
                     candidate.cert.serial,
                 );
                 self.events.publish(&regarding, EventType::Normal, "KeptLonger", "Publish", &note).await;
-                hash.clone()
+                (hash.clone(), cert.not_after)
             }
             _ => {
                 let rv = live_secret.and_then(|s| s.metadata.resource_version.as_deref());
@@ -277,20 +287,26 @@ impl Rotator {
                     }
                 }
                 series.holds(candidate.cert.not_after, true);
-                candidate.hash()
+                (candidate.hash(), candidate.cert.not_after)
             }
         };
+        let held = (held_hash.as_str(), held_not_after);
         // Every pass, whether it wrote or not: a consumer not yet restarted for what the target holds (created
         // later, or its restart failed) is restarted now; until then it is pending, and the error retries it.
-        let mut first = None;
-        for deployment in &target.restart_deployments {
-            let result = self.restart(kc, &target.namespace, deployment, &held_hash, &regarding).await;
-            self.metrics.consumer_pending(&kc.name, &target.namespace, deployment, result.is_err());
-            if let Err(e) = result {
-                first.get_or_insert(e);
+        let (mut first, mut wake) = (None, None);
+        for consumer in &target.consumers {
+            let result = self.restart(kc, &target.namespace, consumer, held, target, &regarding, now).await;
+            let deferred = result.as_ref().ok().copied().flatten();
+            self.metrics.consumer_state(&kc.name, &target.namespace, consumer, result.is_err(), deferred);
+            match result {
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+                Ok(Some(until)) => wake = Some(wake.map_or(until, |w: OffsetDateTime| w.min(until))),
+                Ok(None) => {}
             }
         }
-        first.map_or(Ok(()), Err)
+        first.map_or(Ok(wake), Err)
     }
 
     /// A target is kept because it lasts longer only if it is proven too (one SelfSubjectReview, at the server it
@@ -352,53 +368,86 @@ impl Rotator {
         self.events.publish(regarding, EventType::Normal, reason, "Publish", &note).await;
     }
 
-    /// Rolls a read-once consumer for content `hash`, the one its target holds, unless its annotation already
-    /// says it was restarted for it: decided on every pass from the two, never from whether this pass wrote.
+    /// Restarts a read-once consumer for content `hash` (valid until `not_after`), the one its target holds,
+    /// unless its annotation already says it was restarted for it: decided on every pass from the two, never from
+    /// whether this pass wrote. A restart window may defer it: `Ok(Some(t))` says when to look again.
+    #[allow(clippy::too_many_arguments)]
     async fn restart(
         &self,
         kc: &Kubeconfig,
         namespace: &str,
-        name: &str,
-        hash: &str,
-        target: &ObjectReference,
-    ) -> Result<(), TargetFailure> {
-        let api = Api::<Deployment>::namespaced(self.client.clone(), namespace);
-        let regarding = reference("apps/v1", "Deployment", namespace, name, None);
-        let kube_err =
-            |source| ApplyError::Kube { kind: "Deployment".into(), object: format!("{namespace}/{name}"), source };
+        consumer: &Consumer,
+        held: (&str, OffsetDateTime),
+        target: &Target,
+        regarding: &ObjectReference,
+        now: OffsetDateTime,
+    ) -> Result<Option<OffsetDateTime>, TargetFailure> {
+        match consumer.kind {
+            ConsumerKind::Deployment => {
+                self.restart_workload::<Deployment>(kc, namespace, consumer, held, target, regarding, now).await
+            }
+            ConsumerKind::StatefulSet => {
+                self.restart_workload::<StatefulSet>(kc, namespace, consumer, held, target, regarding, now).await
+            }
+            ConsumerKind::DaemonSet => {
+                self.restart_workload::<DaemonSet>(kc, namespace, consumer, held, target, regarding, now).await
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn restart_workload<K: Workload>(
+        &self,
+        kc: &Kubeconfig,
+        namespace: &str,
+        consumer: &Consumer,
+        (hash, not_after): (&str, OffsetDateTime),
+        target: &Target,
+        regarding: &ObjectReference,
+        now: OffsetDateTime,
+    ) -> Result<Option<OffsetDateTime>, TargetFailure> {
+        let (kind, name) = (consumer.kind.as_str(), consumer.name.as_str());
+        let api = Api::<K>::namespaced(self.client.clone(), namespace);
+        let consumer_ref = reference("apps/v1", kind, namespace, name, None);
+        let kube_err = |source| ApplyError::Kube { kind: kind.into(), object: format!("{namespace}/{name}"), source };
         let live = match api.get_opt(name).await {
             Ok(live) => live,
-            Err(e) => return Err(self.restart_failed(kc, &regarding, kube_err(e)).await),
+            Err(e) => return Err(self.restart_failed(kc, &consumer_ref, kube_err(e)).await),
         };
         let Some(live) = live else {
             let note = format!(
-                "kubeconfig {}: consumer Deployment {namespace}/{name} not found; it is restarted for content {hash} once it exists",
+                "kubeconfig {}: consumer {kind} {namespace}/{name} not found; it is restarted for content {hash} once it exists",
                 kc.name
             );
-            tracing::warn!(kubeconfig = %kc.name, namespace, deployment = name, "consumer missing; restart pending");
-            self.events.publish(target, EventType::Warning, "ConsumerMissing", "Restart", &note).await;
-            return Err(TargetFailure::ConsumerMissing(format!("{namespace}/{name}")));
+            tracing::warn!(kubeconfig = %kc.name, namespace, kind, consumer = name, "consumer missing; restart pending");
+            self.events.publish(regarding, EventType::Warning, "ConsumerMissing", "Restart", &note).await;
+            return Err(TargetFailure::ConsumerMissing(format!("{kind} {namespace}/{name}")));
         };
-        let key = format!("{RESTART_ANNOTATION_PREFIX}{}", kc.name);
-        let current = live.spec.template.metadata.as_ref().and_then(|m| m.annotations.as_ref()?.get(&key).cloned());
-        if current.as_deref() == Some(hash) {
-            return Ok(());
+        if consumer::restarted_for(&live, &kc.name).as_deref() == Some(hash) {
+            return Ok(None);
         }
-        let desired = json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"template": {"metadata": {"annotations": {key: hash}}}},
-        });
+        let held_not_after = consumer::held_not_after(&live, &kc.name);
+        if let RestartPlan::Wait { until } = window::plan(target.restart_window.as_ref(), now, held_not_after) {
+            let note = format!(
+                "kubeconfig {}: restart for content {hash} waits for the restart window, until {} at the latest",
+                kc.name,
+                rfc3339(until)
+            );
+            tracing::info!(kubeconfig = %kc.name, namespace, kind, consumer = name, until = %rfc3339(until), "restart deferred to its window");
+            self.events.publish(&consumer_ref, EventType::Normal, "RestartDeferred", "Restart", &note).await;
+            return Ok(Some(until));
+        }
+        let desired = consumer::restart_patch(consumer.kind, namespace, name, &kc.name, hash, not_after);
         if let Err(e) = apply::apply_over(&api, desired, Ownership::Fields, Some(&live)).await {
-            return Err(self.restart_failed(kc, &regarding, e).await);
+            return Err(self.restart_failed(kc, &consumer_ref, e).await);
         }
         let note = format!("kubeconfig {}: restarted to pick up content {hash}", kc.name);
-        tracing::info!(kubeconfig = %kc.name, namespace, deployment = name, "restarted a consumer");
-        self.events.publish(&regarding, EventType::Normal, "Restarted", "Restart", &note).await;
-        Ok(())
+        tracing::info!(kubeconfig = %kc.name, namespace, kind, consumer = name, "restarted a consumer");
+        self.events.publish(&consumer_ref, EventType::Normal, "Restarted", "Restart", &note).await;
+        Ok(None)
     }
 
-    /// A restart that could not be made: logged, an Event on the Deployment; retried with the reconcile's backoff.
+    /// A restart that could not be made: logged, an Event on the consumer; retried with the reconcile's backoff.
     async fn restart_failed(&self, kc: &Kubeconfig, regarding: &ObjectReference, e: ApplyError) -> TargetFailure {
         tracing::warn!(kubeconfig = %kc.name, error = %e, "consumer not restarted; restart pending");
         let note = format!("kubeconfig {}: restart pending, retried: {e}", kc.name);

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use anyhow::Result;
 use common::*;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kubeconfig_rotator::credential;
+use serde::Deserialize;
 use serde_json::json;
 use testbed::agent_process::run_to_completion;
 use testbed::certs::{Ca, Credential};
@@ -264,7 +265,7 @@ async fn a_consumer_created_after_the_first_publish_is_reported_pending_and_rest
     let target = testbed::eventually(WAIT, "the first publication", || async { layout.target().await }).await;
     let hash = annotation(&target, "kcp-keeper.io/content-hash").expect("hash annotation");
     let pending = format!(
-        "kubeconfig_rotator_consumer_restart_pending{{kubeconfig=\"{KUBECONFIG}\",namespace=\"{}\",deployment=\"hub\"}}",
+        "kubeconfig_rotator_consumer_restart_pending{{kubeconfig=\"{KUBECONFIG}\",namespace=\"{}\",kind=\"Deployment\",name=\"hub\"}}",
         layout.dst
     );
     wait_for_metric(&agent, &pending, "the missing consumer pending", |v| v == 1.0).await;
@@ -681,4 +682,195 @@ async fn a_longer_lived_target_that_kcp_no_longer_accepts_is_replaced_by_a_prove
 fn base64_encode(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// A plain `secret` source holding `cred`'s kubeconfig for the front proxy, and a configuration publishing it to
+/// the target with `target_extra` (inside the target's flow map).
+async fn plain_source(layout: &Layout, cred: &Credential, target_extra: &str) -> Result<std::path::PathBuf> {
+    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    let source = secret("plain", &[("kubeconfig", kubeconfig_for(layout, cred, ADMIN_USER).as_bytes())]);
+    sources.create(&PostParams::default(), &source).await?;
+    layout.write_config(&format!(
+        "resyncInterval: 2s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}{target_extra}}}\n",
+        src = layout.src,
+        dst = layout.dst,
+    ))
+}
+
+/// A pod template that reads the kubeconfig once at start, for any workload kind.
+fn workload_spec(name: &str) -> serde_json::Value {
+    json!({
+        "selector": {"matchLabels": {"app": name}},
+        "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "c", "image": "hub"}]}},
+    })
+}
+
+/// The restart annotation on the pod template and `metadata.generation` of workload `name` (no controller runs,
+/// so the generation counts pod-template changes: the restarts).
+async fn workload_state<K>(layout: &Layout, name: &str) -> Option<(Option<String>, i64)>
+where
+    K: kubeconfig_rotator::consumer::Workload,
+{
+    let live = Api::<K>::namespaced(layout.bed.client(), &layout.dst).get_opt(name).await.ok()??;
+    let generation = live.meta().generation.unwrap_or_default();
+    Some((kubeconfig_rotator::consumer::restarted_for(&live, KUBECONFIG), generation))
+}
+
+fn consumer_series(layout: &Layout, series: &str, kind: &str, name: &str) -> String {
+    format!(
+        "kubeconfig_rotator_{series}{{kubeconfig=\"{KUBECONFIG}\",namespace=\"{}\",kind=\"{kind}\",name=\"{name}\"}}",
+        layout.dst
+    )
+}
+
+#[tokio::test]
+async fn statefulset_and_daemonset_consumers_are_restarted_and_a_refused_restart_is_pending_and_retried_until_it_succeeds()
+-> Result<()> {
+    let layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    let good = layout.kcp.pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 365)?;
+    let config = plain_source(&layout, &good, ", restartStatefulSets: [db], restartDaemonSets: [node-agent]").await?;
+    let client = layout.bed.client();
+    let mut db = json!({"metadata": {"name": "db"}, "spec": workload_spec("db")});
+    db["spec"]["serviceName"] = json!("db");
+    Api::<StatefulSet>::namespaced(client.clone(), &layout.dst)
+        .create(&PostParams::default(), &serde_json::from_value(db)?)
+        .await?;
+    let agent_ds = json!({"metadata": {"name": "node-agent"}, "spec": workload_spec("node-agent")});
+    Api::<DaemonSet>::namespaced(client.clone(), &layout.dst)
+        .create(&PostParams::default(), &serde_json::from_value(agent_ds)?)
+        .await?;
+
+    // The agent's exact RBAC, less the DaemonSet grant: its restart is refused (403) until the grant is back.
+    let (code, rbac, err) = run_to_completion(
+        Path::new(BINARY),
+        &["rbac", "--config", &config.display().to_string(), "--namespace", &layout.agent],
+    )?;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(rbac.contains("statefulsets") && rbac.contains("daemonsets"), "both kinds granted by name:\n{rbac}");
+    let without_daemonsets: Vec<String> = serde_yaml::Deserializer::from_str(&rbac)
+        .map(|doc| {
+            let mut v = serde_yaml::Value::deserialize(doc).expect("YAML");
+            if let Some(rules) = v.get_mut("rules").and_then(|r| r.as_sequence_mut()) {
+                rules.retain(|r| !serde_yaml::to_string(&r["resources"]).unwrap_or_default().contains("daemonsets"));
+            }
+            serde_yaml::to_string(&v).expect("YAML")
+        })
+        .collect();
+    apply_yaml(&client, &without_daemonsets.join("---\n")).await?;
+    let (token_kubeconfig, _user) = layout.bed.service_account_kubeconfig(&layout.agent, "kubeconfig-rotator").await?;
+    let agent = layout.rotator(&config).kubeconfig(&token_kubeconfig).ready_within(WAIT).start().await?;
+
+    let target = testbed::eventually(WAIT, "the first publication", || async { layout.target().await }).await;
+    let hash = annotation(&target, "kcp-keeper.io/content-hash").expect("hash annotation");
+    testbed::eventually(WAIT, "the StatefulSet restarted for the published content", || async {
+        workload_state::<StatefulSet>(&layout, "db").await.filter(|(h, _)| h.as_deref() == Some(hash.as_str()))
+    })
+    .await;
+    let ds_pending = consumer_series(&layout, "consumer_restart_pending", "DaemonSet", "node-agent");
+    wait_for_metric(&agent, &ds_pending, "the refused DaemonSet restart pending", |v| v == 1.0).await;
+    let failed = "kubeconfig_rotator_reconcile_errors_total{reason=\"restart_failed\"}";
+    let first_failures = wait_for_metric(&agent, failed, "the refused restart counted", |v| v >= 1.0).await;
+    wait_for_metric(&agent, failed, "the refused restart retried", |v| v > first_failures).await;
+    testbed::eventually(WAIT, "a RestartFailed Event on the DaemonSet", || async {
+        let notes = layout.events(&layout.dst, "RestartFailed").await;
+        notes.iter().any(|n| n.contains("DaemonSet")).then_some(())
+    })
+    .await;
+    assert_eq!(workload_state::<DaemonSet>(&layout, "node-agent").await.expect("the DaemonSet").0, None);
+    let sts_pending = consumer_series(&layout, "consumer_restart_pending", "StatefulSet", "db");
+    assert_eq!(metric(&metrics(&agent).await, &sts_pending)?, 0.0, "the StatefulSet is not pending");
+
+    // The grant is back: the next retry restarts the DaemonSet, with no write of the target in between.
+    apply_yaml(&client, &rbac).await?;
+    testbed::eventually(WAIT, "the DaemonSet restarted once its restart is allowed", || async {
+        workload_state::<DaemonSet>(&layout, "node-agent").await.filter(|(h, _)| h.as_deref() == Some(hash.as_str()))
+    })
+    .await;
+    wait_for_metric(&agent, &ds_pending, "nothing pending", |v| v == 0.0).await;
+    assert_eq!(workload_state::<StatefulSet>(&layout, "db").await.map(|s| s.1), Some(2), "restarted once");
+    assert_eq!(workload_state::<DaemonSet>(&layout, "node-agent").await.map(|s| s.1), Some(2), "restarted once");
+    let held = layout.target().await.and_then(|t| annotation(&t, "kcp-keeper.io/content-hash"));
+    assert_eq!(held.as_deref(), Some(hash.as_str()), "the target was not rewritten to get there");
+    testbed::assert_no_secret_material(&agent.process.log(), &[&good.key_pem]);
+    Ok(())
+}
+
+/// A Deployment last restarted by the agent for content `hash`, holding a credential valid until `held_not_after`.
+async fn restarted_consumer(layout: &Layout, name: &str, hash: &str, held_not_after: OffsetDateTime) -> Result<()> {
+    let api = Api::<Deployment>::namespaced(layout.bed.client(), &layout.dst);
+    let deployment: Deployment =
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": workload_spec(name)}))?;
+    api.create(&PostParams::default(), &deployment).await?;
+    // The two annotations applied as the agent's field manager, as its own earlier restart would have left them.
+    let restart = kubeconfig_rotator::consumer::restart_patch(
+        kubeconfig_rotator::config::ConsumerKind::Deployment,
+        &layout.dst,
+        name,
+        KUBECONFIG,
+        hash,
+        held_not_after,
+    );
+    api.patch(name, &PatchParams::apply("kcp-keeper"), &Patch::Apply(&restart)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_restart_waits_for_its_window_but_never_past_the_held_credentials_not_after_minus_the_margin() -> Result<()> {
+    let layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    let good = layout.kcp.pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 365)?;
+    // The window opens once a year (on 29 February, at most every four years): it is closed for this test.
+    let config = plain_source(
+        &layout,
+        &good,
+        ", restartDeployments: [patient, due], restartWindow: {cron: \"0 0 29 2 *\", duration: 1h, margin: 1h}",
+    )
+    .await?;
+    // Both were restarted for an older content. `patient` holds a credential valid for 30 more days: it waits for
+    // the window. `due` holds one whose notAfter minus the margin comes in 20 s: it is restarted then, window or not.
+    let now = OffsetDateTime::now_utc();
+    restarted_consumer(&layout, "patient", "0000000000000000", now + time::Duration::days(30)).await?;
+    restarted_consumer(&layout, "due", "0000000000000000", now + time::Duration::seconds(3600 + 20)).await?;
+    let agent = layout.start(&config).await?;
+    let target = testbed::eventually(WAIT, "the first publication", || async { layout.target().await }).await;
+    let hash = annotation(&target, "kcp-keeper.io/content-hash").expect("hash annotation");
+
+    let deferred =
+        consumer_series(&layout, "consumer_restart_deferred_until_timestamp_seconds", "Deployment", "patient");
+    let until = wait_for_metric(&agent, &deferred, "the patient restart deferred", |v| v > 0.0).await;
+    assert!(
+        until <= (now + time::Duration::days(30) - time::Duration::hours(1)).unix_timestamp() as f64,
+        "deferred no later than its deadline"
+    );
+    testbed::eventually(WAIT, "a RestartDeferred Event", || async {
+        let notes = layout.events(&layout.dst, "RestartDeferred").await;
+        (!notes.is_empty()).then_some(())
+    })
+    .await;
+    let deployments = Api::<Deployment>::namespaced(layout.bed.client(), &layout.dst);
+    testbed::eventually(Duration::from_secs(90), "the due consumer restarted at its deadline", || async {
+        let d = deployments.get_opt("due").await.ok()??;
+        (kubeconfig_rotator::consumer::restarted_for(&d, KUBECONFIG)? == hash).then_some(())
+    })
+    .await;
+    let due = deployments.get("due").await?;
+    let recorded = kubeconfig_rotator::consumer::held_not_after(&due, KUBECONFIG).expect("the held notAfter recorded");
+    assert_eq!(recorded.unix_timestamp(), good.not_after.unix_timestamp(), "it now holds the published credential");
+    // The patient one, many passes later, still waits, and nothing is pending.
+    let patient = deployments.get("patient").await?;
+    let patient_for = kubeconfig_rotator::consumer::restarted_for(&patient, KUBECONFIG);
+    assert_eq!(patient_for.as_deref(), Some("0000000000000000"), "not restarted outside its window");
+    assert_eq!(patient.metadata.generation, Some(2), "its pod template untouched since it was set up");
+    let text = metrics(&agent).await;
+    assert_eq!(metric(&text, &consumer_series(&layout, "consumer_restart_pending", "Deployment", "patient"))?, 0.0);
+    assert_eq!(metric(&text, &consumer_series(&layout, "consumer_restart_pending", "Deployment", "due"))?, 0.0);
+    assert_eq!(
+        metric(
+            &text,
+            &consumer_series(&layout, "consumer_restart_deferred_until_timestamp_seconds", "Deployment", "due")
+        )?,
+        0.0
+    );
+    Ok(())
 }

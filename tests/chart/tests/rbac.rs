@@ -108,6 +108,20 @@ fn kubeconfig_rotator_roles_equal_for_every_source_kind_across_namespaces() -> R
 }
 
 #[test]
+fn kubeconfig_rotator_roles_equal_with_statefulset_and_daemonset_consumers_and_a_restart_window() -> Result<()> {
+    let config = json!({"kubeconfigs": [
+        {"name": "plain",
+         "source": {"secret": {"namespace": "kcp-system", "name": "admin-kc", "key": "kubeconfig"}},
+         "expect": {"username": "kcp-admin"},
+         "targets": [{"namespace": "apps", "name": "a-kc", "restartDeployments": ["web"],
+                      "restartStatefulSets": ["db", "cache"], "restartDaemonSets": ["node-agent"],
+                      "restartWindow": {"cron": "0 2 * * *", "timeZone": "Europe/Berlin", "duration": "2h", "margin": "48h"}},
+                     {"namespace": "other", "name": "o-kc", "restartDaemonSets": ["only-ds"]}]}
+    ]});
+    assert_same_rbac("kubeconfigRotator", "kubeconfig-rotator", config)
+}
+
+#[test]
 fn etcd_snapshotter_role_in_the_chart_equals_its_rbac_one_shot_and_the_rendered_file_loads() -> Result<()> {
     assert_same_rbac("etcdSnapshotter", "etcd-snapshotter", example("etcd-snapshotter"))
 }

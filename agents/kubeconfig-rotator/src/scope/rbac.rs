@@ -6,7 +6,7 @@
 //! - source Secrets: get/list/watch; target Secrets: get/list/watch, create/patch;
 //! - kcp-operator `Kubeconfig`s: get/list/watch, patch (the re-render nudge is an annotation);
 //! - cert-manager `Certificate`s: get/list/watch, and patch on `certificates/status` (the forced renewal);
-//! - consumer Deployments: get, patch (the pod-template restart annotation);
+//! - consumer Deployments, StatefulSets, DaemonSets: get, patch (the restart annotations);
 //! - Events: create, in every namespace it acts in; its own Lease in its own namespace.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,7 +15,7 @@ use k8s_openapi::api::rbac::v1::PolicyRule;
 use kcp_keeper_runtime::rbac::{Rbac, Subjects, lease_rules, named_rule, rule};
 
 use super::needs;
-use crate::config::Config;
+use crate::config::{Config, ConsumerKind};
 
 pub const ROLE_NAME: &str = "kcp-keeper-kubeconfig-rotator";
 
@@ -26,7 +26,8 @@ struct Access {
     write_secrets: BTreeSet<String>,
     kubeconfigs: BTreeSet<String>,
     certificates: BTreeSet<String>,
-    deployments: BTreeSet<String>,
+    /// Consumers, by kind (their resource name).
+    consumers: BTreeMap<&'static str, BTreeSet<String>>,
 }
 
 fn at<'a>(namespaces: &'a mut BTreeMap<String, Access>, ns: &str) -> &'a mut Access {
@@ -51,7 +52,10 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
             at(&mut namespaces, ns).write_secrets.insert(name.clone());
         }
         for t in &kc.targets {
-            at(&mut namespaces, &t.namespace).deployments.extend(t.restart_deployments.iter().cloned());
+            let access = at(&mut namespaces, &t.namespace);
+            for c in &t.consumers {
+                access.consumers.entry(c.kind.plural()).or_default().insert(c.name.clone());
+            }
         }
     }
     namespaces.entry(who.namespace.clone()).or_default();
@@ -69,7 +73,11 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
         add("operator.kcp.io", "kubeconfigs", &a.kubeconfigs, &["get", "list", "watch", "patch"]);
         add("cert-manager.io", "certificates", &a.certificates, &read);
         add("cert-manager.io", "certificates/status", &a.certificates, &["patch"]);
-        add("apps", "deployments", &a.deployments, &["get", "patch"]);
+        for kind in ConsumerKind::ALL {
+            if let Some(names) = a.consumers.get(kind.plural()) {
+                add("apps", kind.plural(), names, &["get", "patch"]);
+            }
+        }
         if !rules.is_empty() {
             rules.push(rule("events.k8s.io", &["events"], &[], &["create"]));
         }
