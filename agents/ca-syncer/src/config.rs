@@ -29,7 +29,7 @@ use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-pub use live_check::{LiveCheck, RawLiveCheck};
+pub use live_check::{Endpoint, LiveCheck, RawEndpoint, RawLiveCheck};
 pub use sources::{KeyRef, PublicRoots, RawSource, Source};
 pub use targets::{NamespaceSelector, Placement, RawTarget, RawTargetObject, Target, TargetKind};
 
@@ -94,7 +94,7 @@ pub struct RawBundle {
     /// Drop certificates past their notAfter; default true.
     #[serde(default = "default_true")]
     pub drop_expired: bool,
-    /// Publish only if the bundle verifies this endpoint's certificate chain.
+    /// Publish only if the bundle verifies the certificate chain of every endpoint named here.
     #[serde(default)]
     pub live_check: Option<RawLiveCheck>,
     /// Sources may be empty; the key is then written empty ("use the public roots"), only once the public
@@ -283,10 +283,12 @@ bundles:
         assert_eq!(target.placement, Placement::Namespace("railgrid-system".into()));
         assert!(matches!(&bundle.targets[1].placement, Placement::Selector(s) if !s.is_empty()));
         assert!(bundle.drop_expired);
-        let live = bundle.live_check.as_ref().expect("liveCheck");
-        assert_eq!(live.address, "frontproxy-front-proxy.kcp-system.svc.cluster.local:6443");
-        assert_eq!(live.server_name, ServerName::try_from("kcp.example.com").unwrap());
-        let kubev = config.bundles[1].live_check.as_ref().expect("liveCheck");
+        let live = &bundle.live_check.as_ref().expect("liveCheck").endpoints;
+        let endpoint = |i: usize| (live[i].address.as_str(), live[i].server_name.to_str().into_owned());
+        assert_eq!(endpoint(0), ("frontproxy-front-proxy.kcp-system.svc.cluster.local:6443", "kcp.example.com".into()));
+        assert_eq!(endpoint(1), ("kcp-root.example.com:6443", "kcp-root.example.com".into()));
+        assert_eq!(endpoint(2), ("kcp-alpha.example.com:6443", "kcp-alpha.example.com".into()));
+        let kubev = &config.bundles[1].live_check.as_ref().expect("liveCheck").endpoints[0];
         assert_eq!(
             (kubev.address.as_str(), &kubev.server_name),
             ("kcp.example.com:443", &ServerName::try_from("kcp.example.com").unwrap())
@@ -315,7 +317,7 @@ bundles:
     #[test]
     fn ipv6_live_check_connects_bracketed_and_verifies_the_bare_address() {
         let config = from_yaml(&format!("{MINIMAL}    liveCheck: {{url: \"https://[::1]:8443\"}}\n")).expect("valid");
-        let live = config.bundles[0].live_check.clone().expect("liveCheck");
+        let live = config.bundles[0].live_check.clone().expect("liveCheck").endpoints.remove(0);
         assert_eq!(live.address, "[::1]:8443");
         assert_eq!(live.server_name, ServerName::try_from("::1").unwrap());
     }
@@ -512,6 +514,58 @@ bundles:
             let yaml = format!("{MINIMAL}    liveCheck: {{url: \"{url}\"}}\n");
             let errors = errors_of(&yaml);
             assert!(errors.len() == 1 && errors[0].starts_with("bundles[0].liveCheck.url: "), "{url}: {errors:?}");
+        }
+    }
+
+    #[test]
+    fn live_check_endpoints_each_carry_their_own_server_name_and_the_single_url_form_stays() {
+        let yaml = format!(
+            "{MINIMAL}    liveCheck:\n      endpoints:\n      - {{url: \"https://10.0.0.1:6443\", serverName: kcp-root.example.com}}\n      - {{url: \"https://kcp-alpha.example.com:6443\"}}\n"
+        );
+        let config = from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}"));
+        let endpoints = &config.bundles[0].live_check.as_ref().expect("liveCheck").endpoints;
+        let names: Vec<_> = endpoints.iter().map(|e| (e.url.as_str(), e.server_name.to_str().into_owned())).collect();
+        assert_eq!(
+            names,
+            [
+                ("https://10.0.0.1:6443", "kcp-root.example.com".to_string()),
+                ("https://kcp-alpha.example.com:6443", "kcp-alpha.example.com".to_string())
+            ]
+        );
+        let single =
+            from_yaml(&format!("{MINIMAL}    liveCheck: {{url: \"https://kcp.example.com\"}}\n")).expect("valid");
+        assert_eq!(single.bundles[0].live_check.as_ref().map(|l| l.endpoints.len()), Some(1));
+    }
+
+    #[test]
+    fn live_check_endpoint_mistakes_are_named_by_their_path() {
+        let cases = [
+            ("{}", "bundles[0].liveCheck: must set one of url, endpoints"),
+            ("{endpoints: []}", "bundles[0].liveCheck: must set one of url, endpoints"),
+            (
+                "{url: \"https://a.example.com\", endpoints: [{url: \"https://b.example.com\"}]}",
+                "bundles[0].liveCheck: must set exactly one of url, endpoints; has both",
+            ),
+            (
+                "{serverName: a.example.com, endpoints: [{url: \"https://b.example.com\"}]}",
+                "bundles[0].liveCheck.serverName: goes with url",
+            ),
+            (
+                "{endpoints: [{url: \"https://b.example.com\"}, {url: \"https://b.example.com\"}]}",
+                "bundles[0].liveCheck.endpoints[1].url: duplicate of an earlier endpoint",
+            ),
+            (
+                "{endpoints: [{url: \"https://ok.example.com\"}, {url: \"http://b\"}]}",
+                "bundles[0].liveCheck.endpoints[1].url: must be an https:// URL",
+            ),
+            (
+                "{endpoints: [{url: \"https://b\", serverName: \"not a host\"}]}",
+                "bundles[0].liveCheck.endpoints[0].serverName: must be a DNS hostname or an IP address",
+            ),
+        ];
+        for (live, expected) in cases {
+            let errors = errors_of(&format!("{MINIMAL}    liveCheck: {live}\n"));
+            assert!(errors.len() == 1 && errors[0].starts_with(expected), "{live}: {errors:?}");
         }
     }
 

@@ -4,7 +4,7 @@
 
 use kcp_keeper_runtime::apply::ApplyError;
 
-use crate::live_check::LiveCheckError;
+use crate::live_check::Failures;
 use crate::sources::SourceFailure;
 use crate::state::StateError;
 
@@ -15,8 +15,9 @@ pub enum SyncError {
     /// A source is missing or was rejected: nothing is written, targets keep their last good bundle.
     #[error("sources[{index}] not used: {failure}")]
     SourceUnusable { index: usize, failure: SourceFailure },
+    /// An endpoint did not verify the bundle as it would be published: nothing is written for the bundle.
     #[error("live check failed: {0}")]
-    LiveCheckFailed(LiveCheckError),
+    LiveCheckFailed(Failures),
     #[error("{failed} of {total} targets not written; first: {first}")]
     TargetNotOwned { failed: usize, total: usize, first: ApplyError },
     #[error("{failed} of {total} targets not written; first: {first}")]

@@ -1,5 +1,6 @@
-//! The live check: before a bundle is published, it must verify the chain a configured TLS endpoint presents,
-//! exactly as a consumer trusting only this bundle would (rustls, full verification, the configured name).
+//! The live check: before a bundle is published, it must verify the chain every configured TLS endpoint
+//! presents, exactly as a consumer trusting only this bundle would (rustls, full verification, the configured
+//! name). Failures name the endpoint and the kind of problem, never the bundle's content.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use rustls::pki_types::CertificateDer;
 use tokio::net::TcpStream;
 
 use crate::certs::Certificate;
-use crate::config::LiveCheck;
+use crate::config::Endpoint;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -25,8 +26,29 @@ pub enum LiveCheckError {
     NotVerified { addr: String, server_name: String, reason: String },
 }
 
+/// One endpoint that did not verify, named by its URL as configured.
+#[derive(Debug, thiserror::Error)]
+#[error("{url}: {error}")]
+pub struct EndpointFailure {
+    pub url: String,
+    pub error: LiveCheckError,
+}
+
+/// The endpoints of one bundle that did not verify (at least one), in the configured order.
+#[derive(Debug)]
+pub struct Failures(pub Vec<EndpointFailure>);
+
+impl std::fmt::Display for Failures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        write!(f, "{} endpoint(s) not verified: {}", self.0.len(), names.join("; "))
+    }
+}
+
+impl std::error::Error for Failures {}
+
 /// Connects to the endpoint and completes a TLS handshake trusting only `roots`.
-pub async fn verify(check: &LiveCheck, roots: &[Certificate]) -> Result<(), LiveCheckError> {
+pub async fn verify(check: &Endpoint, roots: &[Certificate]) -> Result<(), LiveCheckError> {
     let mut store = rustls::RootCertStore::empty();
     let (added, _) = store.add_parsable_certificates(roots.iter().map(|c| CertificateDer::from(c.der().to_vec())));
     if added == 0 {

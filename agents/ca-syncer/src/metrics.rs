@@ -40,6 +40,14 @@ pub struct TargetLabels {
     pub name: String,
 }
 
+/// A live-check endpoint of a bundle (its URL as configured) and why it failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub bundle: String,
+    pub endpoint: String,
+    pub reason: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub bundle: String,
@@ -70,7 +78,7 @@ pub struct Metrics {
     pub not_after: Family<CertLabels, GaugeF64>,
     pub target_in_sync: Family<TargetLabels, Gauge>,
     pub source_errors: Family<ReasonLabels, Counter>,
-    pub live_check_failures: Family<ReasonLabels, Counter>,
+    pub live_check_failures: Family<EndpointLabels, Counter>,
     pub writes: Family<BundleLabel, Counter>,
     pub last_sync: Family<BundleLabel, GaugeF64>,
     /// Targets not attempted this cycle, by reason (`terminating`); every reason present from the first cycle.
@@ -126,7 +134,7 @@ impl Metrics {
         registry.register("source_errors", "Sources that could not be used, by reason", m.source_errors.clone());
         registry.register(
             "live_check_failures",
-            "Bundles not published because they did not verify the live endpoint",
+            "Live-check endpoints that did not verify a bundle (which then was not published), by endpoint",
             m.live_check_failures.clone(),
         );
         registry.register(

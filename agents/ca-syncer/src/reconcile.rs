@@ -27,8 +27,8 @@ use crate::bundle::{Bundle as Built, BundleOptions};
 use crate::certs::{Certificate, EmptyPolicy, Fingerprint, parse_certificates};
 use crate::config::{Bundle, Config, LiveCheck, Placement, TargetKind};
 use crate::error::SyncError;
-use crate::live_check::{self, LiveCheckError};
-use crate::metrics::{BundleLabel, Metrics, Published, ReasonLabels, SkipReason, TargetLabels};
+use crate::live_check::{self, EndpointFailure, Failures};
+use crate::metrics::{BundleLabel, EndpointLabels, Metrics, Published, ReasonLabels, SkipReason, TargetLabels};
 use crate::observed::{ObjectKey, Observed, Written};
 use crate::rotation::{self, DropReason, RetentionPlan, RotationState, STATE_ANNOTATION, plan_retention};
 use crate::scope::Scope;
@@ -219,18 +219,20 @@ impl Syncer {
             }
         }
         if let Some(check) = &spec.live_check
-            && let Err(e) = self.live_check(check, &current, &plans).await
+            && let Err(failures) = self.live_check(check, &current, &plans).await
         {
-            self.metrics
-                .live_check_failures
-                .get_or_create(&ReasonLabels { bundle: spec.name.clone(), reason: e.reason().into() })
-                .inc();
+            for EndpointFailure { url, error } in &failures.0 {
+                let labels =
+                    EndpointLabels { bundle: spec.name.clone(), endpoint: url.clone(), reason: error.reason().into() };
+                self.metrics.live_check_failures.get_or_create(&labels).inc();
+                tracing::warn!(bundle = %spec.name, endpoint = %url, reason = error.reason(), error = %error, "live check failed");
+            }
+            let note = format!("bundle {} not published: live check failed: {failures}", spec.name);
             for t in &targets {
-                let note = format!("bundle {} not published: live check failed: {e}", spec.name);
                 self.event(t, EventType::Warning, "LiveCheckFailed", &note);
             }
             self.out_of_sync(spec, &targets);
-            return Err(SyncError::LiveCheckFailed(e));
+            return Err(SyncError::LiveCheckFailed(failures));
         }
         // The record is written before any target, so a target never holds a certificate the record does not
         // know came from the sources (else it would be dropped the cycle after it leaves them).
@@ -276,31 +278,39 @@ impl Syncer {
         }
     }
 
-    /// Verifies the endpoint with each distinct bundle as it will be published (sources plus what each target
+    /// Verifies every endpoint with each distinct bundle as it will be published (sources plus what each target
     /// retains); with no target, the sources alone. An empty bundle means "public roots" to its consumers: then
-    /// the public roots must verify.
+    /// the public roots must verify. The endpoints are checked at once; every one that fails is returned.
     async fn live_check(
         &self,
         check: &LiveCheck,
         current: &[Certificate],
         plans: &[TargetPlan<'_>],
-    ) -> Result<(), LiveCheckError> {
+    ) -> Result<(), Failures> {
+        let mut bundles: BTreeMap<Vec<Fingerprint>, &[Certificate]> = BTreeMap::new();
         if current.is_empty() {
-            return live_check::verify(check, &self.public_roots).await;
-        }
-        let mut bundles: BTreeMap<Vec<Fingerprint>, Vec<Certificate>> = BTreeMap::new();
-        for plan in plans {
-            if let Some((built, _)) = &plan.bundle {
-                bundles.entry(built.fingerprints().collect()).or_insert_with(|| built.certificates().to_vec());
+            bundles.insert(Vec::new(), &self.public_roots);
+        } else {
+            for plan in plans {
+                if let Some((built, _)) = &plan.bundle {
+                    bundles.entry(built.fingerprints().collect()).or_insert_with(|| built.certificates());
+                }
+            }
+            if bundles.is_empty() {
+                bundles.insert(Vec::new(), current);
             }
         }
-        if bundles.is_empty() {
-            bundles.insert(Vec::new(), current.to_vec());
-        }
-        for roots in bundles.values() {
-            live_check::verify(check, roots).await?;
-        }
-        Ok(())
+        let bundles = &bundles;
+        let checks = check.endpoints.iter().map(|endpoint| async move {
+            for roots in bundles.values() {
+                if let Err(error) = live_check::verify(endpoint, roots).await {
+                    return Some(EndpointFailure { url: endpoint.url.clone(), error });
+                }
+            }
+            None
+        });
+        let failures: Vec<EndpointFailure> = futures::future::join_all(checks).await.into_iter().flatten().collect();
+        if failures.is_empty() { Ok(()) } else { Err(Failures(failures)) }
     }
 
     /// Every target of a bundle that cannot be published reads 0.
