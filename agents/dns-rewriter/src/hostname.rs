@@ -88,6 +88,15 @@ impl fmt::Display for Domain {
     }
 }
 
+/// An operator object's spelling of a name, as the rules write it: ASCII lowercase (DNS names are
+/// case-insensitive) and without one trailing dot; `true` when that changed anything. Nothing else is
+/// changed: every other deviation stays an error of [`Hostname::parse`].
+pub fn normalize(text: &str) -> (String, bool) {
+    let name = text.strip_suffix('.').unwrap_or(text).to_ascii_lowercase();
+    let changed = name != text;
+    (name, changed)
+}
+
 /// The rules every name shares; returns the name without its trailing dot.
 fn check(text: &str) -> Result<&str, HostnameError> {
     let name = text.strip_suffix('.').unwrap_or(text);
@@ -163,6 +172,15 @@ mod tests {
         for (name, want) in cases {
             assert_eq!(Hostname::parse(name).unwrap_err(), *want, "{name:?}");
         }
+    }
+
+    #[test]
+    fn normalizing_lowercases_and_drops_one_trailing_dot_and_nothing_else() {
+        assert_eq!(normalize("KCP.Example.COM."), ("kcp.example.com".to_string(), true));
+        assert_eq!(normalize("kcp.example.com."), ("kcp.example.com".to_string(), true));
+        assert_eq!(normalize("kcp.example.com"), ("kcp.example.com".to_string(), false));
+        let (bad, _) = normalize("KCP_Edge.example.com..");
+        assert_eq!(Hostname::parse(&bad).unwrap_err(), HostnameError::InvalidLabel(1), "the rest stays an error");
     }
 
     #[test]

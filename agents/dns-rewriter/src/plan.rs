@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::{RejectedRule, Rule, RuleProblem};
 use crate::discovery::{self, Candidate, OperatorObject, Origin};
-use crate::hostname::{Domain, Hostname, HostnameError};
+use crate::hostname::{self, Domain, Hostname, HostnameError};
 use crate::rules::{RuleSet, ServiceRef, Target};
 use crate::services::{ClusterIp, ServiceFacts};
 
@@ -87,6 +87,26 @@ pub enum RuleWarning {
     OverriddenByConfig { host: Hostname, rule: usize, configured: ServiceRef, origin: Origin, discovered: ServiceRef },
     #[error("{origin}: skipped: {reason}")]
     Skipped { origin: Origin, reason: &'static str },
+    /// An operator object's name in another case or with the trailing dot, written as the rules write it.
+    #[error(
+        "{origin}: written as {host} (DNS names are case-insensitive; a rule's name is lowercase, without the trailing dot)"
+    )]
+    Normalized { origin: Origin, host: Hostname },
+}
+
+impl RuleWarning {
+    /// A warning said once, not logged again every cycle while it lasts.
+    pub fn once(&self) -> bool {
+        matches!(self, RuleWarning::Normalized { .. })
+    }
+
+    /// The Event reason.
+    pub fn event_reason(&self) -> &'static str {
+        match self {
+            RuleWarning::Normalized { .. } => "NameNormalized",
+            _ => "RuleWarning",
+        }
+    }
 }
 
 /// What to write and what to report.
@@ -163,12 +183,19 @@ pub fn plan(
         errors.extend(unreadable.into_iter().map(|u| RuleError::InvalidUrl { origin: u.0 }));
         let mut hosts: Vec<(Hostname, Candidate)> = Vec::new();
         for c in candidates {
-            match Hostname::parse(&c.host) {
+            // An operator's spelling in another case or with the FQDN dot is the same name.
+            let (text, normalized) = hostname::normalize(&c.host);
+            match Hostname::parse(&text) {
                 Ok(host) if host.is_within(domain) && c.from_certificate => {
                     warnings.push(RuleWarning::Skipped { origin: c.origin, reason: "an in-cluster name" })
                 }
                 Ok(host) if host.is_within(domain) => errors.push(RuleError::InClusterDomain { origin: c.origin }),
-                Ok(host) => hosts.push((host, c)),
+                Ok(host) => {
+                    if normalized {
+                        warnings.push(RuleWarning::Normalized { origin: c.origin.clone(), host: host.clone() });
+                    }
+                    hosts.push((host, c))
+                }
                 Err(HostnameError::Wildcard) if c.from_certificate => warnings
                     .push(RuleWarning::Skipped { origin: c.origin, reason: "a wildcard name needs no single rule" }),
                 Err(HostnameError::SingleLabel) if c.from_certificate => {
@@ -461,7 +488,8 @@ mod tests {
         let messages: Vec<String> = p.errors.iter().map(ToString::to_string).collect();
         assert_eq!(messages[0], "rules[1]: b.example.com: Service kcp-system/missing does not exist");
         assert_eq!(
-            messages[3], "Shard kcp-system/beta spec.extraArgs[0]: invalid hostname: must be lowercase",
+            messages[3],
+            "Shard kcp-system/beta spec.extraArgs[0]: invalid hostname: label 1 may hold only a-z, 0-9 and '-', and must not start or end with '-'",
             "names the field, not the value"
         );
         assert!(messages[4].starts_with("Shard kcp-system/gamma: no Service in its namespace is labelled"));

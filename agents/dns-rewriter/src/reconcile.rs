@@ -223,7 +223,7 @@ impl Rewriter {
             .errors
             .iter()
             .map(|e| (EventType::Warning, camel(e.reason()), e.to_string()))
-            .chain(plan.warnings.iter().map(|w| (EventType::Warning, "RuleWarning".to_string(), w.to_string())))
+            .chain(plan.warnings.iter().map(|w| (EventType::Warning, w.event_reason().to_string(), w.to_string())))
             .collect();
         let new: Vec<&(EventType, String, String)> = {
             let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
@@ -234,8 +234,12 @@ impl Rewriter {
         for e in &plan.errors {
             tracing::warn!(reason = e.reason(), "rule left out: {e}");
         }
-        for w in &plan.warnings {
+        for w in plan.warnings.iter().filter(|w| !w.once()) {
             tracing::warn!("{w}");
+        }
+        // A normalised name is said once (log and Event) while it lasts, not every cycle.
+        for (_, _, note) in new.iter().filter(|(_, reason, _)| reason == "NameNormalized") {
+            tracing::warn!("{note}");
         }
         // One rate-limit bucket per note (each names its rule): a sixth rule error of one reason is not lost to
         // the runtime's burst of five per object and reason.

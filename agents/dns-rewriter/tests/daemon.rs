@@ -373,3 +373,41 @@ async fn configured_rules_failing_validation_are_each_an_error_with_its_own_even
     .await;
     Ok(())
 }
+
+/// An operator object's name in uppercase with a trailing dot is the same DNS name: it is written lowercase
+/// without the dot, answers, and is reported once (one `NameNormalized` Event however many cycles run), not
+/// refused as an invalid name.
+#[tokio::test]
+async fn an_uppercase_trailing_dot_name_from_an_operator_object_is_normalised_written_and_reported_once() -> Result<()>
+{
+    use dns_rewriter::discovery::Kind;
+    let (bed, ns, client) = fresh_bed().await?;
+    let labels = [("app.kubernetes.io/component", "front-proxy"), ("app.kubernetes.io/instance", "frontproxy")];
+    let proxy = create_service(&client, &ns, "frontproxy-front-proxy", &labels, false).await?.unwrap();
+    let spec =
+        json!({"rootShard": {"ref": {"name": "root"}}, "external": {"hostname": "KCP.Example.COM.", "port": 6443}});
+    create_operator_object(&client, &ns, Kind::FrontProxy, "frontproxy", spec).await?;
+    let (dns, _kubelet) = k3s_coredns(&bed, K3S_COREFILE).await?;
+    let body = format!("discovery: {{namespace: {ns}, frontProxies: true}}\n");
+    let path = write_config(&bed, &config("mode: k3s\n", &body, dns.port))?;
+    let agent = agent(&bed, &ns, &path).start().await?;
+    agent.wait_for_metric(&verified("kcp.example.com"), WAIT, |v| v == 1.0).await;
+    wait_answer(&dns, "kcp.example.com", proxy, WAIT).await;
+    assert_eq!(agent.metric("dns_rewriter_rule_errors{reason=\"invalid_hostname\"}").await?, 0.0);
+    let mut at = last_cycle(&agent).await;
+    for i in 0..3 {
+        touch(&client, &ns, "frontproxy-front-proxy", i).await?;
+        at = wait_cycles(&agent, at, 1).await;
+    }
+    let events = events_about(&client, K3S_CONFIGMAP).await;
+    let normalised: Vec<&String> = events.iter().filter(|(r, _)| r == "NameNormalized").map(|(_, n)| n).collect();
+    assert_eq!(normalised.len(), 1, "reported once: {events:?}");
+    assert!(
+        normalised[0]
+            .starts_with(&format!("FrontProxy {ns}/frontproxy spec.external.hostname: written as kcp.example.com")),
+        "{normalised:?}"
+    );
+    let log = agent.process.log();
+    assert_eq!(log.matches("written as kcp.example.com").count(), 1, "logged once too");
+    Ok(())
+}
