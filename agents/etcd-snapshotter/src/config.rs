@@ -26,8 +26,8 @@ pub use retry::{RawRetry, Retry};
 pub use shards::{RawShard, Shard, TlsFiles};
 pub use spill::{MIN_PART_SIZE, RawSpill, Spill, parse_size};
 pub use storage::{
-    ChecksumMode, Credentials, Empty, RawCredentials, RawSse, RawStorage, ServerSideEncryption, SseKind, Storage,
-    WebIdentity,
+    ChecksumMode, Credentials, Empty, Integrity, RawCredentials, RawSse, RawStorage, ServerSideEncryption, SseKind,
+    Storage, WebIdentity,
 };
 
 use crate::retention::Policy;

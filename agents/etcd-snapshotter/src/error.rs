@@ -18,7 +18,10 @@ pub enum SnapshotError {
     #[error("snapshot hash mismatch, upload aborted: {0}")]
     HashMismatch(#[from] TrailerError),
     #[error(transparent)]
-    Storage(#[from] StorageError),
+    Storage(StorageError),
+    /// What the store holds is not what was streamed (`storage.integrity`).
+    #[error("the stored object is not what was streamed, nothing was published: {0}")]
+    Integrity(String),
     #[error("spill directory: {0}")]
     Spill(String),
     #[error("compressing or encrypting: {0}")]
@@ -29,6 +32,15 @@ pub enum SnapshotError {
     Interrupted,
     #[error("retention: {0}")]
     Retention(StorageError),
+}
+
+impl From<StorageError> for SnapshotError {
+    fn from(error: StorageError) -> Self {
+        match error {
+            StorageError::Integrity(detail) => SnapshotError::Integrity(detail),
+            other => SnapshotError::Storage(other),
+        }
+    }
 }
 
 /// Why a drill failed; the variant name is the `reason` label of `etcd_snapshotter_drill_failures_total`.

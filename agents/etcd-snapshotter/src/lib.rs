@@ -20,6 +20,7 @@ pub mod config;
 pub mod drill;
 pub mod encode;
 pub mod error;
+pub mod integrity;
 pub mod manifest;
 pub mod member;
 pub mod metrics;

@@ -136,6 +136,7 @@ pub async fn take(
         if stored != streamed.object_size {
             return Err(SnapshotError::SizeMismatch { stored, written: streamed.object_size });
         }
+        store.read_back(&key, &streamed.object_sha256).await?;
         let (key_count, hash_kv, compact_revision) = fingerprint
             .await
             .map_err(|e| SnapshotError::Etcd(format!("fingerprint task: {e}")))?

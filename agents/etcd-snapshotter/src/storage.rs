@@ -22,7 +22,8 @@ use kcp_keeper_runtime::Sensitive;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use crate::config::{ChecksumMode, Credentials, ServerSideEncryption, Storage, WebIdentity};
+use crate::config::{ChecksumMode, Credentials, Integrity, ServerSideEncryption, Storage, WebIdentity};
+use crate::integrity;
 use crate::metrics::RetryLabels;
 use crate::retries::RetryCounter;
 
@@ -34,6 +35,9 @@ pub enum StorageError {
     Credentials(String),
     #[error("reading spilled part {path}: {detail}")]
     SpillRead { path: PathBuf, detail: String },
+    /// The store holds other bytes than those streamed (`storage.integrity`): nothing may be published.
+    #[error("integrity: {0}")]
+    Integrity(String),
 }
 
 impl StorageError {
@@ -73,6 +77,7 @@ pub struct Store {
     checksum: ChecksumMode,
     part_max_attempts: u32,
     retries: RetryCounter,
+    integrity: Integrity,
 }
 
 /// The SDK's standard retry strategy with `attempts` attempts: exponential backoff with jitter, 500 ms to 10 s.
@@ -177,6 +182,7 @@ impl Store {
             checksum: storage.checksum_mode,
             part_max_attempts: storage.part_max_attempts,
             retries,
+            integrity: storage.integrity,
         })
     }
 
@@ -214,7 +220,10 @@ impl Store {
             .key(key)
             .set_server_side_encryption(sse)
             .set_ssekms_key_id(kms);
-        if self.checksum == ChecksumMode::WhenSupported {
+        if self.integrity == Integrity::Checksums {
+            // The parts then carry their SHA-256 and the object gets S3's checksum of them.
+            request = request.checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Sha256);
+        } else if self.checksum == ChecksumMode::WhenSupported {
             request = request.checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32);
         }
         let out = request.send().await.map_err(|e| StorageError::request("CreateMultipartUpload", e))?;
@@ -228,6 +237,16 @@ impl Store {
         number: i32,
         body: Body,
     ) -> Result<CompletedPart, StorageError> {
+        // Ours, from the bytes as they are here: the store refuses a part whose bytes do not match it.
+        let digest = match (&body, self.integrity) {
+            (_, Integrity::ReadBack) => None,
+            (Body::Memory(bytes), Integrity::Checksums) => Some(integrity::sha256_base64(bytes)),
+            (Body::File(path), Integrity::Checksums) => Some(
+                integrity::file_sha256_base64(path)
+                    .await
+                    .map_err(|e| StorageError::SpillRead { path: path.clone(), detail: e.to_string() })?,
+            ),
+        };
         let stream = match body {
             Body::Memory(bytes) => ByteStream::from(bytes),
             Body::File(path) => ByteStream::from_path(&path)
@@ -242,7 +261,9 @@ impl Store {
             .upload_id(upload_id)
             .part_number(number)
             .body(stream);
-        if self.checksum == ChecksumMode::WhenSupported {
+        if let Some(digest) = &digest {
+            request = request.checksum_sha256(digest);
+        } else if self.checksum == ChecksumMode::WhenSupported {
             request = request.checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32);
         }
         let out = request
@@ -251,10 +272,18 @@ impl Store {
             .send()
             .await
             .map_err(|e| StorageError::request("UploadPart", e))?;
+        if let (Some(ours), Some(theirs)) = (&digest, &out.checksum_sha256)
+            && ours != theirs
+        {
+            return Err(StorageError::Integrity(format!(
+                "part {number} is stored with SHA-256 {theirs}, {ours} was sent"
+            )));
+        }
         Ok(CompletedPart::builder()
             .part_number(number)
             .set_e_tag(out.e_tag)
             .set_checksum_crc32(out.checksum_crc32)
+            .set_checksum_sha256(digest)
             .build())
     }
 
@@ -265,6 +294,13 @@ impl Store {
         mut parts: Vec<CompletedPart>,
     ) -> Result<(), StorageError> {
         parts.sort_by_key(|p| p.part_number);
+        let ours = match self.integrity {
+            Integrity::ReadBack => None,
+            Integrity::Checksums => Some(
+                integrity::composite_sha256(parts.iter().map(|p| p.checksum_sha256().unwrap_or_default()))
+                    .ok_or_else(|| StorageError::Integrity("a part has no SHA-256".into()))?,
+            ),
+        };
         self.client
             .complete_multipart_upload()
             .bucket(&self.bucket)
@@ -274,6 +310,50 @@ impl Store {
             .send()
             .await
             .map_err(|e| StorageError::request("CompleteMultipartUpload", e))?;
+        let Some(ours) = ours else { return Ok(()) };
+        let head = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .checksum_mode(aws_sdk_s3::types::ChecksumMode::Enabled)
+            .send()
+            .await
+            .map_err(|e| StorageError::request("HeadObject", e))?;
+        match head.checksum_sha256() {
+            Some(theirs) if integrity::same_object_checksum(&ours, theirs) => Ok(()),
+            Some(theirs) => {
+                Err(StorageError::Integrity(format!("the object is stored with checksum {theirs}, ours is {ours}")))
+            }
+            None => Err(StorageError::Integrity(
+                "the store gave no SHA-256 checksum for the object; with a store that keeps none, set \
+                 storage.integrity: readBack"
+                    .into(),
+            )),
+        }
+    }
+
+    /// With `integrity: readBack`, reads the stored object whole and compares its sha256 with `sha256`, the
+    /// bytes streamed; nothing to do with `checksums` (the parts and the object were proven on the way).
+    pub async fn read_back(&self, key: &str, sha256: &[u8; 32]) -> Result<(), StorageError> {
+        use sha2::Digest;
+        if self.integrity != Integrity::ReadBack {
+            return Ok(());
+        }
+        let mut body = self.get(key).await?;
+        let mut hasher = sha2::Sha256::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
+            hasher.update(&chunk);
+        }
+        let stored: [u8; 32] = hasher.finalize().into();
+        if &stored != sha256 {
+            return Err(StorageError::Integrity(format!(
+                "the object read back has sha256 {}, {} was streamed",
+                hex::encode(stored),
+                hex::encode(sha256)
+            )));
+        }
         Ok(())
     }
 

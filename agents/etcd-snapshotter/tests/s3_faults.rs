@@ -4,7 +4,8 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Output;
 use std::time::Duration;
 
 use common::*;
@@ -106,4 +107,94 @@ async fn a_run_failing_past_its_part_budget_is_run_again_within_its_tick_and_eve
     assert!(uploads(&s3, &bed.s3.bucket).await.is_empty(), "the failed run's upload was aborted");
     let status = agent.terminate(Duration::from_secs(20));
     assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}");
+}
+
+/// Runs the `snapshot` one-shot through `proxy` while, during its stalled CompleteMultipartUpload, one byte of
+/// part 1 is flipped where versitygw keeps it: the store then holds other bytes than those streamed.
+async fn snapshot_with_a_part_corrupted_in_the_store(bed: &Bed, proxy: &FaultProxy, config: &Path) -> Output {
+    proxy.clear();
+    // The first CompleteMultipartUpload gets no answer (the attempt times out and is sent again).
+    proxy.inject("POST", "uploadId=", Fault::Stall(Duration::from_secs(6)), 1);
+    let child = std::process::Command::new(BINARY)
+        .args(["snapshot", "--config", config.to_str().unwrap()])
+        .env(NO_METADATA.0, NO_METADATA.1)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    testbed::eventually(WAIT, "the upload being completed", || async {
+        (proxy.seen("POST", "uploadId=") >= 1).then_some(())
+    })
+    .await;
+    let part = stored_part_of_size(&bed.path("s3-data"), 5 << 20).expect("part 1 in versitygw's data directory");
+    let mut bytes = std::fs::read(&part).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&part, bytes).unwrap();
+    tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap()
+}
+
+/// The one file of `size` bytes under `dir` (versitygw keeps an upload's parts as plain files).
+fn stored_part_of_size(dir: &Path, size: u64) -> Option<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+            let meta = entry.metadata().ok()?;
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else if meta.len() == size {
+                found.push(entry.path());
+            }
+        }
+    }
+    (found.len() == 1).then(|| found.remove(0))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_part_corrupted_in_flight_or_in_the_store_publishes_nothing_and_whole_bytes_publish_and_verify() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 300, 20_000).await.unwrap();
+    let proxy = FaultProxy::start(&bed.s3.endpoint).await.unwrap();
+    let s3 = bed.s3.client();
+    let endpoints = || vec![etcd.members[0].client_url.clone()];
+    let nothing_published = |what: &'static str| {
+        let (s3, bucket) = (s3.clone(), bed.s3.bucket.clone());
+        async move {
+            assert!(manifests(&s3, &bucket).await.is_empty(), "{what}: no manifest");
+            assert!(uploads(&s3, &bucket).await.is_empty(), "{what}: the upload was aborted");
+            assert!(keys(&s3, &bucket).await.is_empty(), "{what}: no object left");
+        }
+    };
+    let checksums = config_through(&bed, Options::new(&bed, "root", endpoints()), &proxy, "");
+    let read_back = config_through(&bed, Options::new(&bed, "root", endpoints()), &proxy, "  integrity: readBack\n");
+
+    // In flight: every attempt of part 1 loses one bit on the way; the store refuses it (its SHA-256).
+    proxy.inject("PUT", PART_ONE, Fault::FlipBody, 100);
+    let out = cli(&["snapshot", "--config", checksums.to_str().unwrap()]);
+    assert!(!out.status.success() && !proxy.injected().is_empty(), "{}", text(&out));
+    nothing_published("corrupted in flight").await;
+
+    // In the store, after the part was accepted: reading the object back finds it.
+    let out = snapshot_with_a_part_corrupted_in_the_store(&bed, &proxy, &read_back).await;
+    let log = text(&out);
+    assert!(!out.status.success(), "a corrupted object must not be published: {log}");
+    assert!(log.contains("integrity") && log.contains("read back"), "the failure says why: {log}");
+    nothing_published("corrupted in the store").await;
+
+    // Bytes that arrive and stay whole are published both ways and verify.
+    proxy.clear();
+    for config in [&checksums, &read_back] {
+        snapshot_ok(config);
+    }
+    let published = manifests(&s3, &bed.s3.bucket).await;
+    assert_eq!(published.len(), 2, "{published:?}");
+    let etcdutl = bed.etcdutl().to_str().unwrap();
+    for manifest in &published {
+        let id = manifest["id"].as_str().unwrap();
+        let out = cli(&["verify", "--config", checksums.to_str().unwrap(), id, "--etcdutl", etcdutl]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
 }

@@ -45,6 +45,12 @@ pub struct RawStorage {
     /// Go-style duration: how long one S3 request attempt may take.
     #[serde(default)]
     pub attempt_timeout: Option<String>,
+    /// How the stored object is proven to be the bytes streamed before its manifest is written: `checksums`
+    /// (the default: every part carries its SHA-256, which the store checks, and the completed object's
+    /// checksum is compared with ours) or `readBack` (the object is downloaded and its sha256 compared with
+    /// ours: for stores without checksums, at the cost of reading every snapshot once).
+    #[serde(default)]
+    pub integrity: Integrity,
 }
 
 fn default_attempts() -> u32 {
@@ -54,6 +60,15 @@ fn default_attempts() -> u32 {
 /// About a minute of backoff (0.5, 1, 2, 4, 8, then 10 s each) before a part gives up.
 fn default_part_attempts() -> u32 {
     10
+}
+
+/// How a stored object is proven before its manifest is written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Integrity {
+    #[default]
+    Checksums,
+    ReadBack,
 }
 
 /// When the SDK computes request checksums. S3-compatible stores often reject the SDK's default
@@ -149,6 +164,7 @@ pub struct Storage {
     pub max_attempts: u32,
     pub part_max_attempts: u32,
     pub attempt_timeout: Duration,
+    pub integrity: Integrity,
 }
 
 pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<Storage> {
@@ -230,5 +246,6 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
         max_attempts: raw.max_attempts,
         part_max_attempts: raw.part_max_attempts,
         attempt_timeout,
+        integrity: raw.integrity,
     })
 }
