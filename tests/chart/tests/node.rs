@@ -1,18 +1,22 @@
 //! The chart on a real node (`testbed::node`): `helm install --wait` of all four agents in a namespace that
 //! enforces the `restricted` Pod Security Standard, every pod Ready from the shipped image (imported into the
 //! node's containerd, never pulled), the peers the agents talk to (etcd, S3) inside the node behind Services that
-//! pods reach by their DNS names. One node per test binary.
+//! pods reach by their DNS names. Then each agent does its job in its pod, proven from outside: ca-syncer into a
+//! consumer pod's projected file, dns-rewriter through CoreDNS running as a pod, etcd-snapshotter's snapshot and
+//! a restore drill inside its pod, kubeconfig-rotator's renewal rolling its consumer. One node and one install
+//! per test binary; the tests run side by side on it.
 
 use std::time::{Duration, Instant};
 
 use age::secrecy::ExposeSecret;
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use chart::{NAMESPACE, helm, run};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testbed::node::{self, NODE_IP, Node};
 
@@ -22,6 +26,13 @@ const ETCD_PORT: u16 = 23790;
 const S3_PORT: u16 = 7070;
 const S3_KEY: &str = "kcpkeepernode";
 const S3_SECRET: &str = "kcp-keeper-node-s3-secret";
+/// The consumer Deployment kubeconfig-rotator restarts.
+const HUB: &str = "railgrid-hub";
+/// The ClusterIP of the CoreDNS Service the dns-rewriter test runs (kube-dns's customary address, in the
+/// range's static band, so no dynamically allocated Service can hold it).
+const COREDNS_IP: &str = "10.96.0.10";
+/// The CoreDNS image the node imports (built here from the peer; the name is ours, never pulled).
+const COREDNS_IMAGE: &str = "kcp-keeper.test/coredns:peer";
 
 fn version() -> Result<String> {
     let chart: Value = serde_yaml::from_str(&std::fs::read_to_string(chart::chart_dir().join("Chart.yaml"))?)?;
@@ -101,7 +112,12 @@ fn values(node: &Node) -> Result<Value> {
                 "name": "hub-admin",
                 "source": {"secret": {"namespace": "kcp-system", "name": "hub-admin-kubeconfig", "key": "kubeconfig"}},
                 "expect": {"username": "hub-admin", "groups": ["hub-admins"]},
-                "targets": [{"namespace": "railgrid-system", "name": "railgrid-kcp", "key": "admin.kubeconfig"}],
+                "targets": [{
+                    "namespace": "railgrid-system",
+                    "name": "railgrid-kcp",
+                    "key": "admin.kubeconfig",
+                    "restartDeployments": [HUB],
+                }],
             }],
         }},
         "etcdSnapshotter": {
@@ -112,7 +128,8 @@ fn values(node: &Node) -> Result<Value> {
                 "shards": [{
                     "name": "root",
                     "endpoints": [format!("http://etcd-root.kcp-system.svc.cluster.local:{ETCD_PORT}")],
-                    "schedule": {"cron": "*/5 * * * *"},
+                    // Every 20 seconds (cron with seconds): the test waits for the agent's own scheduled snapshot.
+                    "schedule": {"cron": "*/20 * * * * *"},
                 }],
                 "storage": {
                     "bucket": "kcp-backups",
@@ -213,13 +230,54 @@ async fn seed(node: &Node, client: &kube::Client) -> Result<Vec<testbed::process
         vec!["--port".into(), format!("{NODE_IP}:{S3_PORT}"), "posix".into(), data.join("s3").display().to_string()],
         &[("ROOT_ACCESS_KEY", S3_KEY), ("ROOT_SECRET_KEY", S3_SECRET)],
     )?;
+    // The consumer of the kubeconfig kubeconfig-rotator publishes (it restarts it on every new content).
+    create::<Deployment>(client, "railgrid-system", pause_deployment(HUB)).await?;
     peer_service(client, "kcp-system", "etcd-root", ETCD_PORT, ETCD_PORT).await?;
     peer_service(client, "kcp-system", "s3", S3_PORT, S3_PORT).await?;
     Ok(vec![etcd, s3])
 }
 
-#[tokio::test]
-async fn helm_install_wait_runs_every_agent_from_its_shipped_image_in_a_restricted_namespace() -> Result<()> {
+/// A pod spec the `restricted` standard admits, running the pause image (never pulled).
+fn restricted_pause_spec(volumes: Value, mounts: Value) -> Value {
+    json!({
+        "securityContext": {"runAsNonRoot": true, "runAsUser": 65535, "seccompProfile": {"type": "RuntimeDefault"}},
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{
+            "name": "consumer",
+            "image": peers::PAUSE_IMAGE,
+            "imagePullPolicy": "Never",
+            "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+            "volumeMounts": mounts,
+        }],
+        "volumes": volumes,
+    })
+}
+
+fn pause_deployment(name: &str) -> Value {
+    json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": restricted_pause_spec(json!([]), json!([]))},
+        },
+    })
+}
+
+/// The chart installed once per binary, on the shared node: images imported, the peers and objects the agents'
+/// configurations name seeded, `helm install --wait` done. The peers live on the thread that seeds them.
+struct Installed {
+    took: Duration,
+    _peers: Vec<testbed::process::Process>,
+}
+
+static INSTALLED: std::sync::OnceLock<Result<Installed, String>> = std::sync::OnceLock::new();
+
+fn installed() -> &'static Installed {
+    testbed::shared_for_binary(&INSTALLED, "chart install", install)
+}
+
+async fn install() -> Result<Installed> {
     let node = node::shared();
     let client = node.client().await?;
     let version = version()?;
@@ -233,7 +291,7 @@ async fn helm_install_wait_runs_every_agent_from_its_shipped_image_in_a_restrict
         ensure!(images.iter().any(|i| i == &tag), "{tag} is not in the node's containerd: {images:?}");
     }
     eprintln!("images imported in {:.1?}", started.elapsed());
-    let _peers = seed(node, &client).await?;
+    let peers = seed(node, &client).await?;
 
     let home = tempfile::tempdir()?;
     let values_file = home.path().join("values.yaml");
@@ -257,28 +315,56 @@ async fn helm_install_wait_runs_every_agent_from_its_shipped_image_in_a_restrict
     let install = Instant::now();
     let out = run(helm(&args, home.path())?)?;
     let took = install.elapsed();
-    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;
-    let summary: Vec<String> = pods
-        .items
-        .iter()
-        .map(|p| {
-            let status = p.status.clone().unwrap_or_default();
-            format!(
-                "{} {:?} {:?}",
-                p.metadata.name.clone().unwrap_or_default(),
-                status.phase,
-                status
-                    .container_statuses
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|c| (c.ready, c.state.clone()))
-                    .collect::<Vec<_>>()
-            )
-        })
-        .collect();
-    ensure!(out.success, "helm install --wait failed after {took:.1?}: {}\npods: {summary:#?}", out.stderr);
+    if !out.success {
+        let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;
+        let summary: Vec<String> = pods
+            .items
+            .iter()
+            .map(|p| {
+                let status = p.status.clone().unwrap_or_default();
+                format!(
+                    "{} {:?} {:?}",
+                    p.metadata.name.clone().unwrap_or_default(),
+                    status.phase,
+                    status
+                        .container_statuses
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|c| (c.ready, c.state.clone()))
+                        .collect::<Vec<_>>()
+                )
+            })
+            .collect();
+        bail!("helm install --wait failed after {took:.1?}: {}\npods: {summary:#?}", out.stderr);
+    }
     eprintln!("helm install --wait of all four agents: {took:.1?}");
+    Ok(Installed { took, _peers: peers })
+}
 
+/// `kubectl exec` of the agent's own binary in its pod (its image, its mounts, its ServiceAccount, the cluster's
+/// DNS): stdout when it exits 0, else why not.
+fn exec_in_agent(node: &Node, agent: &str, command: &[&str]) -> Result<String> {
+    let target = format!("deploy/kcp-keeper-{agent}");
+    let mut args = vec!["exec", "-n", NAMESPACE, &target, "-c", agent, "--"];
+    args.extend_from_slice(command);
+    let out = node.kubectl(&args)?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "kubectl exec {agent} {command:?}: {}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(stdout)
+}
+
+#[tokio::test]
+async fn helm_install_wait_runs_every_agent_from_its_shipped_image_in_a_restricted_namespace() -> Result<()> {
+    let installed = installed();
+    let node = node::shared();
+    let client = node.client().await?;
+    let version = version()?;
+    eprintln!("(helm install --wait took {:.1?})", installed.took);
     // Every Deployment's pods are Ready, each running the shipped image.
     let deployments = Api::<Deployment>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;
     ensure!(deployments.items.len() == 4, "{} Deployments", deployments.items.len());
@@ -287,7 +373,10 @@ async fn helm_install_wait_runs_every_agent_from_its_shipped_image_in_a_restrict
         let wanted = d.spec.replicas.unwrap_or(1);
         ensure!(status.ready_replicas == Some(wanted), "{:?}: {status:?}", d.metadata.name);
     }
-    ensure!(pods.items.len() >= 4, "{summary:#?}");
+    // The agents' pods (other tests add pods of their own to the namespace).
+    let agents = ListParams::default().labels("app.kubernetes.io/part-of=kcp-keeper");
+    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE).list(&agents).await?;
+    ensure!(pods.items.len() >= 4, "{} pods", pods.items.len());
     for pod in &pods.items {
         let status = pod.status.clone().unwrap_or_default();
         for c in status.container_statuses.unwrap_or_default() {
@@ -300,8 +389,7 @@ async fn helm_install_wait_runs_every_agent_from_its_shipped_image_in_a_restrict
     let events = Api::<Event>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;
     let pulling: Vec<_> = events.items.iter().filter(|e| e.reason.as_deref() == Some("Pulling")).collect();
     ensure!(pulling.is_empty(), "kubelet tried to pull: {pulling:?}");
-
-    ca_syncer_reaches_a_consumer_pod(node, &client).await
+    Ok(())
 }
 
 /// Secret `railgrid-system/kcp-ca`'s `ca.crt`.
@@ -314,27 +402,25 @@ async fn target_bundle(client: &kube::Client) -> Option<String> {
 /// ca-syncer, in its pod, copied the source CA into the target Secret in another namespace; a consumer pod mounts
 /// that Secret; after the source CA changes, the target follows and the file the kubelet projected into the
 /// consumer's volume holds the new CA.
-async fn ca_syncer_reaches_a_consumer_pod(node: &Node, client: &kube::Client) -> Result<()> {
+#[tokio::test]
+async fn ca_syncer_in_its_pod_carries_a_source_ca_change_to_a_target_secret_and_a_consumer_pods_mounted_file()
+-> Result<()> {
+    installed();
+    let node = node::shared();
+    let client = node.client().await?;
     let before = CA_BEFORE.get().context("seeded")?.trim().to_string();
     let started = Instant::now();
     testbed::eventually(Duration::from_secs(60), "ca-syncer to write the target Secret", || async {
-        target_bundle(client).await.filter(|b| b.contains(&before))
+        target_bundle(&client).await.filter(|b| b.contains(&before))
     })
     .await;
     eprintln!("ca-syncer (in its pod) wrote railgrid-system/kcp-ca after {:.1?}", started.elapsed());
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "consumer"},
-        "spec": {
-            "securityContext": {"runAsNonRoot": true, "runAsUser": 65535, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "consumer",
-                "image": peers::PAUSE_IMAGE,
-                "imagePullPolicy": "Never",
-                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
-                "volumeMounts": [{"name": "ca", "mountPath": "/etc/kcp-ca", "readOnly": true}],
-            }],
-            "volumes": [{"name": "ca", "secret": {"secretName": "kcp-ca"}}],
-        },
+        "spec": restricted_pause_spec(
+            json!([{"name": "ca", "secret": {"secretName": "kcp-ca"}}]),
+            json!([{"name": "ca", "mountPath": "/etc/kcp-ca", "readOnly": true}]),
+        ),
     }))?;
     let pods = Api::<Pod>::namespaced(client.clone(), "railgrid-system");
     pods.create(&PostParams::default(), &pod).await?;
@@ -351,12 +437,12 @@ async fn ca_syncer_reaches_a_consumer_pod(node: &Node, client: &kube::Client) ->
     let after = testbed::certs::Ca::new("kcp-root-ca-2", Duration::from_secs(365 * 24 * 3600))?.cert_pem();
     let patch = json!({"stringData": {"ca.crt": after}});
     Api::<Secret>::namespaced(client.clone(), "kcp-system")
-        .patch("root-server-ca", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+        .patch("root-server-ca", &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     let changed = Instant::now();
     let after = after.trim().to_string();
     testbed::eventually(Duration::from_secs(60), "the new CA in the target Secret", || async {
-        target_bundle(client).await.filter(|b| b.contains(&after))
+        target_bundle(&client).await.filter(|b| b.contains(&after))
     })
     .await;
     let in_secret = changed.elapsed();
@@ -367,6 +453,348 @@ async fn ca_syncer_reaches_a_consumer_pod(node: &Node, client: &kube::Client) ->
     eprintln!(
         "a source CA change reached the target Secret in {in_secret:.1?} and the consumer pod's mounted file in {:.1?}",
         changed.elapsed()
+    );
+    Ok(())
+}
+
+/// CoreDNS as k3s runs it: a Deployment in kube-system whose Corefile (ConfigMap `coredns`) imports
+/// `/etc/coredns/custom/*.override`, where the kubelet projects the optional ConfigMap `coredns-custom`, and
+/// reloads on a change; its Service at [`COREDNS_IP`]. The image holds the peers' CoreDNS binary alone.
+async fn coredns_as_a_pod(node: &Node, client: &kube::Client) -> Result<()> {
+    let archive = node::image::single_binary_image(
+        &node.dir,
+        COREDNS_IMAGE,
+        node.peers.path("coredns"),
+        "coredns",
+        "65532:65532",
+    )?;
+    node.import_image(&archive)?;
+    let corefile = ".:1053 {\n    errors\n    ready :8181\n    kubernetes cluster.local in-addr.arpa ip6.arpa {\n        pods insecure\n        fallthrough in-addr.arpa ip6.arpa\n    }\n    import /etc/coredns/custom/*.override\n    reload 2s 1s\n}\n";
+    create::<k8s_openapi::api::core::v1::ConfigMap>(
+        client,
+        "kube-system",
+        json!({"metadata": {"name": "coredns"}, "data": {"Corefile": corefile}}),
+    )
+    .await?;
+    create::<k8s_openapi::api::core::v1::ServiceAccount>(
+        client,
+        "kube-system",
+        json!({"metadata": {"name": "coredns"}}),
+    )
+    .await?;
+    // What the kubernetes plugin reads (as k3s's and kubeadm's system:coredns role grants).
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "kcp-keeper-test:coredns"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+        ],
+    }))?;
+    Api::<ClusterRole>::all(client.clone()).create(&PostParams::default(), &role).await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "kcp-keeper-test:coredns"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kcp-keeper-test:coredns"},
+        "subjects": [{"kind": "ServiceAccount", "namespace": "kube-system", "name": "coredns"}],
+    }))?;
+    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await?;
+    create::<Service>(
+        client,
+        "kube-system",
+        json!({
+            "metadata": {"name": "kube-dns"},
+            "spec": {
+                "clusterIP": COREDNS_IP,
+                "selector": {"k8s-app": "kube-dns"},
+                "ports": [
+                    {"name": "dns", "port": 53, "targetPort": 1053, "protocol": "UDP"},
+                    {"name": "dns-tcp", "port": 53, "targetPort": 1053, "protocol": "TCP"},
+                ],
+            },
+        }),
+    )
+    .await?;
+    create::<Deployment>(
+        client,
+        "kube-system",
+        json!({
+            "metadata": {"name": "coredns"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                "template": {
+                    "metadata": {"labels": {"k8s-app": "kube-dns"}},
+                    "spec": {
+                        "serviceAccountName": "coredns",
+                        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": [{
+                            "name": "coredns",
+                            "image": COREDNS_IMAGE,
+                            "imagePullPolicy": "Never",
+                            "args": ["-conf", "/etc/coredns/Corefile"],
+                            "ports": [{"containerPort": 1053, "protocol": "UDP"}, {"containerPort": 1053, "protocol": "TCP"}],
+                            "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181}, "periodSeconds": 2},
+                            "securityContext": {
+                                "allowPrivilegeEscalation": false,
+                                "readOnlyRootFilesystem": true,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                            "volumeMounts": [
+                                {"name": "config", "mountPath": "/etc/coredns", "readOnly": true},
+                                {"name": "custom", "mountPath": "/etc/coredns/custom", "readOnly": true},
+                            ],
+                        }],
+                        "volumes": [
+                            {"name": "config", "configMap": {"name": "coredns", "items": [{"key": "Corefile", "path": "Corefile"}]}},
+                            {"name": "custom", "configMap": {"name": "coredns-custom", "optional": true}},
+                        ],
+                    },
+                },
+            },
+        }),
+    )
+    .await?;
+    let deployments = Api::<Deployment>::namespaced(client.clone(), "kube-system");
+    testbed::eventually(Duration::from_secs(120), "the CoreDNS pod Ready", || async {
+        let status = deployments.get("coredns").await.ok()?.status?;
+        (status.ready_replicas == Some(1)).then_some(())
+    })
+    .await;
+    Ok(())
+}
+
+/// A pod asks the CoreDNS Service for every configured name: the shipped `dns-rewriter check` (its image, the
+/// agent's ConfigMap mounted), run until it passes (`restartPolicy: OnFailure`); its output.
+///
+/// Not `kubectl exec` into the agent's pod: `check` reads each rule's Service with a `get`, which the agent's
+/// Role (list and watch, what the daemon uses) does not grant, so it runs under a ServiceAccount of its own
+/// (get and list on Services where the rules point).
+async fn lookup_from_a_pod(node: &Node, client: &kube::Client) -> Result<String> {
+    create::<k8s_openapi::api::core::v1::ServiceAccount>(client, NAMESPACE, json!({"metadata": {"name": "dns-probe"}}))
+        .await?;
+    create::<Role>(
+        client,
+        "kcp-system",
+        json!({"metadata": {"name": "dns-probe"}, "rules": [
+            {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list"]},
+            // The chart's default configuration discovers names from the operator's objects too.
+            {"apiGroups": ["operator.kcp.io"], "resources": ["rootshards", "shards", "frontproxies"], "verbs": ["list"]},
+        ]}),
+    )
+    .await?;
+    create::<RoleBinding>(
+        client,
+        "kcp-system",
+        json!({
+            "metadata": {"name": "dns-probe"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "dns-probe"},
+            "subjects": [{"kind": "ServiceAccount", "namespace": NAMESPACE, "name": "dns-probe"}],
+        }),
+    )
+    .await?;
+    let image = format!("ghcr.io/kcp-keeper/dns-rewriter:{}", version()?);
+    create::<Pod>(
+        client,
+        NAMESPACE,
+        json!({
+            "metadata": {"name": "dns-probe"},
+            "spec": {
+                "serviceAccountName": "dns-probe",
+                "restartPolicy": "OnFailure",
+                "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "check",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "args": ["check", "--config", "/etc/kcp-keeper/config.yaml", "--resolver", format!("{COREDNS_IP}:53")],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": false,
+                        "readOnlyRootFilesystem": true,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [{"name": "config", "mountPath": "/etc/kcp-keeper", "readOnly": true}],
+                }],
+                "volumes": [{"name": "config", "configMap": {"name": "kcp-keeper-dns-rewriter"}}],
+            },
+        }),
+    )
+    .await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
+    let passed = testbed::eventually(Duration::from_secs(180), "the lookup pod to pass or fail thrice", || async {
+        let status = pods.get("dns-probe").await.ok()?.status?;
+        let restarts = status.container_statuses.as_ref()?.first()?.restart_count;
+        match status.phase.as_deref() {
+            Some("Succeeded") => Some(true),
+            _ if restarts >= 3 => Some(false),
+            _ => None,
+        }
+    })
+    .await;
+    if !passed {
+        let out = node.kubectl(&["logs", "-n", NAMESPACE, "dns-probe", "--previous"])?;
+        bail!("the lookup failed thrice; the last time:\n{}", String::from_utf8_lossy(&out.stdout));
+    }
+    let out = node.kubectl(&["logs", "-n", NAMESPACE, "dns-probe"])?;
+    ensure!(out.status.success(), "kubectl logs: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// dns-rewriter, in its pod, wrote its rule into k3s's `coredns-custom`; CoreDNS, running as the cluster runs it
+/// (a pod with the ConfigMap projected by the kubelet), loads it; a lookup of the public kcp name from inside a
+/// pod (the shipped `dns-rewriter check`, asking the CoreDNS Service) answers the Service's ClusterIP.
+#[tokio::test]
+async fn dns_rewriter_in_its_pod_writes_a_rule_coredns_in_a_pod_loads_so_a_public_kcp_name_answers_the_cluster_ip()
+-> Result<()> {
+    installed();
+    let node = node::shared();
+    let client = node.client().await?;
+    let started = Instant::now();
+    let config_maps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "kube-system");
+    let snippet = testbed::eventually(Duration::from_secs(60), "dns-rewriter to write coredns-custom", || async {
+        let cm = config_maps.get_opt("coredns-custom").await.ok()??;
+        cm.data?.get("kcp-split-horizon.override").filter(|s| s.contains("kcp-root.example.com")).cloned()
+    })
+    .await;
+    ensure!(
+        snippet.contains("rewrite name exact kcp-root.example.com. root-kcp.kcp-system.svc.cluster.local."),
+        "{snippet}"
+    );
+    eprintln!("dns-rewriter (in its pod) wrote coredns-custom after {:.1?}", started.elapsed());
+    coredns_as_a_pod(node, &client).await?;
+    let cluster_ip = Api::<Service>::namespaced(client.clone(), "kcp-system")
+        .get("root-kcp")
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("root-kcp has no ClusterIP")?;
+    let answered = lookup_from_a_pod(node, &client).await?;
+    let line = answered
+        .lines()
+        .find(|l| l.starts_with("kcp-root.example.com "))
+        .with_context(|| format!("no line for the name:\n{answered}"))?;
+    let columns: Vec<&str> = line.split_whitespace().collect();
+    ensure!(columns.get(1) == Some(&cluster_ip.as_str()), "expected {cluster_ip}:\n{answered}");
+    ensure!(columns.get(2) == Some(&cluster_ip.as_str()), "answered other than {cluster_ip}:\n{answered}");
+    eprintln!("{answered}");
+    Ok(())
+}
+
+/// etcd-snapshotter, in its pod, snapshots on its schedule the etcd it reaches by its Service's DNS name into
+/// the S3 it reaches by another Service's DNS name; a restore drill run inside the same pod (the image's etcd
+/// and etcdutl, its spill volume, the age identity from its Secret) passes and is recorded beside the snapshot.
+#[tokio::test]
+async fn etcd_snapshotter_in_its_pod_snapshots_an_etcd_service_to_an_s3_service_and_a_restore_drill_passes_inside_it()
+-> Result<()> {
+    installed();
+    let node = node::shared();
+    let started = Instant::now();
+    let listed = testbed::eventually(Duration::from_secs(180), "a scheduled snapshot of shard root", || async {
+        exec_in_agent(node, "etcd-snapshotter", &["/etcd-snapshotter", "list", "--shard", "root"])
+            .ok()
+            .filter(|out| out.lines().any(|l| l.starts_with("root/")))
+    })
+    .await;
+    eprintln!("the agent's scheduled snapshot was listed from its pod after {:.1?}:\n{listed}", started.elapsed());
+    let id = listed
+        .lines()
+        .find(|l| l.starts_with("root/"))
+        .and_then(|l| l.split_whitespace().next())
+        .context("no id")?
+        .to_string();
+    // The object is in the bucket S3 serves (versitygw's posix backend, on the node's disk).
+    let bucket = node.dir.join("peers/s3/kcp-backups/kcp/etcd");
+    ensure!(bucket.is_dir(), "nothing under {}", bucket.display());
+
+    let drilled = exec_in_agent(node, "etcd-snapshotter", &["/etcd-snapshotter", "drill", &id])?;
+    eprintln!("drill in the pod:\n{drilled}");
+    let after = exec_in_agent(node, "etcd-snapshotter", &["/etcd-snapshotter", "list", "--shard", "root"])?;
+    let row = after
+        .lines()
+        .find(|l| l.starts_with(&format!("{id} ")))
+        .with_context(|| format!("{id} is gone from the list:\n{after}"))?;
+    let verified = row.split_whitespace().last().unwrap_or_default();
+    ensure!(verified != "no" && !row.contains("no ("), "the drill's report does not prove {id}:\n{after}");
+    Ok(())
+}
+
+/// The client certificate a kubeconfig carries (its only user's `client-certificate-data`, decoded).
+fn client_certificate(kubeconfig: &str) -> Result<String> {
+    let doc: Value = serde_yaml::from_str(kubeconfig)?;
+    let data = doc["users"][0]["user"]["client-certificate-data"].as_str().context("no client-certificate-data")?;
+    // ByteString reads base64, as the API's `data` fields are.
+    let pem: k8s_openapi::ByteString = serde_json::from_value(json!(data))?;
+    Ok(String::from_utf8(pem.0)?.trim().to_string())
+}
+
+async fn target_kubeconfig(client: &kube::Client) -> Option<String> {
+    let secret = Api::<Secret>::namespaced(client.clone(), "railgrid-system").get_opt("railgrid-kcp").await.ok()??;
+    String::from_utf8(secret.data?.get("admin.kubeconfig")?.0.clone()).ok()
+}
+
+/// The hub's pods when its rollout has settled: one Ready pod of the current template, no other pod left.
+async fn settled_hub(client: &kube::Client) -> Option<(String, String)> {
+    let deployment = Api::<Deployment>::namespaced(client.clone(), "railgrid-system").get(HUB).await.ok()?;
+    let status = deployment.status.clone()?;
+    let settled = status.observed_generation == deployment.metadata.generation
+        && status.updated_replicas == Some(1)
+        && status.ready_replicas == Some(1)
+        && status.replicas == Some(1);
+    let annotation =
+        deployment.spec.template.metadata?.annotations?.get("kcp-keeper.io/restarted-for-hub-admin").cloned()?;
+    let pods = Api::<Pod>::namespaced(client.clone(), "railgrid-system")
+        .list(&ListParams::default().labels(&format!("app={HUB}")))
+        .await
+        .ok()?;
+    let [pod] = pods.items.as_slice() else { return None };
+    let ready = pod.status.as_ref()?.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+    let uid = pod.metadata.uid.clone()?;
+    (settled && ready && pod.metadata.deletion_timestamp.is_none()).then_some((annotation, uid))
+}
+
+/// kubeconfig-rotator, in its pod: a renewed client certificate in the source is proven (a SelfSubjectReview
+/// from the pod to the apiserver's in-cluster name), published to the target in another namespace, and the
+/// consumer Deployment rolls: a new pod replaces the old one.
+#[tokio::test]
+async fn kubeconfig_rotator_in_its_pod_publishes_a_renewed_certificate_and_the_consumer_deployment_rolls() -> Result<()>
+{
+    installed();
+    let node = node::shared();
+    let client = node.client().await?;
+    let sources = Api::<Secret>::namespaced(client.clone(), "kcp-system");
+    let source = sources.get("hub-admin-kubeconfig").await?;
+    let first = String::from_utf8(source.data.context("no data")?.get("kubeconfig").context("no key")?.0.clone())?;
+    let first = client_certificate(&first)?;
+    testbed::eventually(Duration::from_secs(90), "the first certificate in the target", || async {
+        let published = target_kubeconfig(&client).await?;
+        (client_certificate(&published).ok()? == first).then_some(())
+    })
+    .await;
+    let (hash_before, pod_before) =
+        testbed::eventually(Duration::from_secs(120), "the hub restarted for the first content, settled", || {
+            settled_hub(&client)
+        })
+        .await;
+
+    // The renewal, as the operator re-renders it: a new certificate (and key) for the same identity.
+    let renewed = node.in_cluster_kubeconfig("hub-admin", &["hub-admins"], Duration::from_secs(2 * 365 * 24 * 3600))?;
+    let second = client_certificate(&renewed)?;
+    ensure!(second != first);
+    let patch = json!({"stringData": {"kubeconfig": renewed}});
+    sources.patch("hub-admin-kubeconfig", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    let renewed_at = Instant::now();
+    testbed::eventually(Duration::from_secs(120), "the renewed certificate in the target", || async {
+        let published = target_kubeconfig(&client).await?;
+        (client_certificate(&published).ok()? == second).then_some(())
+    })
+    .await;
+    let published = renewed_at.elapsed();
+    let (hash_after, pod_after) = testbed::eventually(Duration::from_secs(180), "the hub rolled", || async {
+        settled_hub(&client).await.filter(|(hash, _)| hash != &hash_before)
+    })
+    .await;
+    ensure!(pod_after != pod_before, "the hub's pod is still {pod_before} (annotation {hash_after})");
+    eprintln!(
+        "a renewed certificate was published in {published:.1?}; the hub rolled to a new pod in {:.1?}",
+        renewed_at.elapsed()
     );
     Ok(())
 }

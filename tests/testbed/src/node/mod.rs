@@ -10,6 +10,7 @@
 //! kills everything in those cgroups and removes them; the namespaces, their mounts, interfaces and iptables
 //! rules go with their last process. Nothing is left on the host.
 
+pub mod image;
 mod scripts;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -385,6 +386,19 @@ impl Node {
     /// kubelet's `--root-dir` (pods' volumes are under `pods/<uid>/volumes/`).
     pub fn kubelet_root(&self) -> PathBuf {
         self.dir.join("kubelet/root")
+    }
+
+    /// `kubectl --kubeconfig <admin, through the relay> <args>` from the host (e.g. `exec` into a pod: the
+    /// apiserver, inside the node, streams from the kubelet); its output, whether it succeeded or not.
+    pub fn kubectl(&self, args: &[&str]) -> Result<std::process::Output> {
+        Command::new(self.peers.path("kubectl"))
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("starting kubectl {}", args.join(" ")))
     }
 
     /// Starts a peer inside the node (its namespaces and cgroup) for the caller to own: it dies with the caller's
