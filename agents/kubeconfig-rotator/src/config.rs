@@ -49,6 +49,8 @@ pub struct Kubeconfig {
     pub renew_before: Option<Duration>,
     /// Scheme, host and port every cluster's server is rewritten to (the path, e.g. `/clusters/root`, is kept).
     pub server: Option<String>,
+    /// Keep every previous server CA a target holds that is still valid beside the candidate's ([`crate::overlap`]).
+    pub ca_overlap: bool,
     pub targets: Vec<Target>,
 }
 
@@ -225,6 +227,10 @@ struct RawKubeconfig {
     /// /clusters/root are kept); the candidate is proven with it.
     #[serde(default)]
     server: Option<String>,
+    /// When the candidate's server CA differs from the one a target holds, keep the target's previous CAs that are
+    /// still valid in the published CA data beside the new one, until each expires (default true).
+    #[serde(default, rename = "caOverlap")]
+    ca_overlap: Option<bool>,
     /// At least one; a Secret is the target of one kubeconfig only.
     targets: Vec<RawTarget>,
 }
@@ -463,6 +469,7 @@ impl AgentConfig for Config {
                     expect: k.expect,
                     renew_before: k.renew_before.map(|d| d.0),
                     server: k.server.map(|s| s.trim_end_matches('/').to_string()),
+                    ca_overlap: k.ca_overlap.unwrap_or(true),
                     targets,
                 });
             }

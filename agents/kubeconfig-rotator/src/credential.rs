@@ -27,6 +27,9 @@ pub enum CredentialError {
     KeyMismatch,
     #[error("the CA data holds no parsable certificate")]
     CaUnparsable,
+    /// A certificate in the CA data has expired: Go clients (kcp's consumers) reject a chain to it.
+    #[error("a CA certificate in the CA data expired at {0}")]
+    CaExpired(String),
     #[error("the client certificate expired at {0}")]
     Expired(String),
     #[error("the client certificate is not valid before {0}")]
@@ -82,6 +85,13 @@ pub struct Credential {
 }
 
 impl Credential {
+    /// The same credential trusting `ca_pem` instead (the CA overlap), its kubeconfig rendered again.
+    pub fn with_ca(&self, ca_pem: Vec<u8>) -> Credential {
+        let user = if self.cert.username.is_empty() { "kcp-keeper" } else { self.cert.username.as_str() };
+        let kubeconfig = build(&self.server, &ca_pem, &self.cert_pem, self.key_pem.expose(), user);
+        Credential { ca_pem, kubeconfig: Sensitive::new(kubeconfig), ..self.clone() }
+    }
+
     /// A short content hash of the published kubeconfig: annotated on targets, compared to skip no-op writes.
     pub fn hash(&self) -> String {
         content_hash(self.kubeconfig.expose())
@@ -141,6 +151,9 @@ pub fn check(parts: Parts, now: OffsetDateTime) -> Result<Credential, Credential
     key_matches(&parts.cert_pem, &parts.key_pem)?;
     if CertificateDer::pem_slice_iter(&parts.ca_pem).filter_map(Result::ok).next().is_none() {
         return Err(CredentialError::CaUnparsable);
+    }
+    if let Some(at) = crate::overlap::expired(&parts.ca_pem, now) {
+        return Err(CredentialError::CaExpired(rfc3339(at)));
     }
     if cert.not_after <= now {
         return Err(CredentialError::Expired(rfc3339(cert.not_after)));

@@ -10,7 +10,8 @@
 //! - [`reconcile`]: the daemon, the driver's reconciler; [`metrics`]: its series; [`cli`]: `status`, `rotate`;
 //! - domain modules, pure: [`source`] (the candidate a source offers), [`credential`] (parse, check, rewrite,
 //!   build), [`policy`] (the decisions), [`target`] (what a target holds and is written), [`consumer`] (what a
-//!   restart reads and writes), [`window`] (when a restart may happen); with I/O: [`prove`]
+//!   restart reads and writes), [`window`] (when a restart may happen), [`overlap`] (old and new server CAs);
+//!   with I/O: [`prove`]
 //!   (the SelfSubjectReview), [`renew`] (the nudge and the forced renewal), [`objects`] (the foreign kinds).
 #![forbid(unsafe_code)]
 
@@ -28,6 +29,7 @@ pub mod credential;
 pub mod error;
 pub mod metrics;
 pub mod objects;
+pub mod overlap;
 pub mod policy;
 pub mod prove;
 pub mod reconcile;

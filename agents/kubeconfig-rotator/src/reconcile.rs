@@ -22,12 +22,13 @@ use crate::credential::{self, Credential, rfc3339};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
 use crate::objects::{Certificate, RENDER_REQUESTED};
+use crate::overlap;
 use crate::policy::{self, Expected, Live, TargetAction};
 use crate::prove;
 use crate::renew::{self, nudge_due};
 use crate::scope::{Reader, Snapshot, Stores, secret_key};
 use crate::source::{Resolved, candidate, resolve};
-use crate::target::{desired_secret, live_state, split_keys_current};
+use crate::target::{desired_secret, live_state, published_ca, split_keys_current};
 use crate::window::{self, RestartPlan};
 
 /// How soon to look again after a nudge or a forced renewal: the operator or cert-manager answers in seconds.
@@ -239,6 +240,14 @@ impl Rotator {
         };
         let live_secret = snap.secret(&target.namespace, &target.name).or(fetched.as_ref());
         let live = live_state(live_secret, target, now);
+        // What this target is offered: the candidate, with the previous server CAs it holds that are still valid.
+        let overlapped = kc
+            .ca_overlap
+            .then(|| published_ca(live_secret, target))
+            .flatten()
+            .and_then(|held| overlap::overlap(&candidate.ca_pem, &held, now))
+            .map(|ca| candidate.with_ca(ca));
+        let candidate = overlapped.as_ref().unwrap_or(candidate);
         let complete = split_keys_current(live_secret, target, candidate);
         let regarding = reference("v1", "Secret", &target.namespace, &target.name, None);
         // What the target holds after this pass.

@@ -33,6 +33,14 @@ pub fn live_state(secret: Option<&Secret>, target: &Target, now: OffsetDateTime)
     }
 }
 
+/// The CA data of what the target holds, if the agent wrote it (its content-hash annotation matches its content):
+/// only that is carried into the next bundle by the CA overlap, never trust anchors someone else put there.
+pub fn published_ca(secret: Option<&Secret>, target: &Target) -> Option<Vec<u8>> {
+    let bytes = secret_key(secret, &target.key)?;
+    let annotated = secret?.metadata.annotations.as_ref()?.get(HASH_ANNOTATION)?;
+    (*annotated == credential::content_hash(bytes)).then(|| credential::peek_ca(bytes)).flatten()
+}
+
 /// Split keys are wanted and hold exactly the candidate's parts (true when not wanted).
 pub fn split_keys_current(secret: Option<&Secret>, target: &Target, c: &Credential) -> bool {
     let key = |k: &str| secret_key(secret, k);

@@ -874,3 +874,78 @@ async fn a_restart_waits_for_its_window_but_never_past_the_held_credentials_not_
     );
     Ok(())
 }
+
+/// The certificates (DER) in a PEM bundle.
+fn ders(pem: &[u8]) -> Vec<Vec<u8>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::pem_slice_iter(pem).filter_map(Result::ok).map(|c| c.to_vec()).collect()
+}
+
+#[tokio::test]
+async fn after_a_server_ca_change_the_old_ca_still_valid_is_published_beside_the_new_one_and_an_expired_one_is_dropped()
+-> Result<()> {
+    let layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    let pki = &layout.kcp.pki;
+    let good = pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 365)?;
+    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    let source = secret("plain", &[("kubeconfig", kubeconfig_for(&layout, &good, ADMIN_USER).as_bytes())]);
+    sources.create(&PostParams::default(), &source).await?;
+    // Two targets the agent published earlier (their content hash is theirs), each trusting a previous server CA:
+    // one still valid for a month, one already expired.
+    let previous = Ca::new("previous-server-ca", HOUR * 24 * 30)?;
+    let expired = Ca::new("expired-server-ca", Duration::from_secs(2))?;
+    let held = pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 30)?;
+    let server = format!("{}/clusters/root", layout.kcp.front_proxy.url);
+    let targets = Api::<Secret>::namespaced(layout.bed.client(), &layout.dst);
+    for (name, ca) in [(TARGET, &previous), ("expired-kc", &expired)] {
+        let bytes = testbed::apiserver::kubeconfig_yaml(&server, &ca.cert_pem(), &held, ADMIN_USER);
+        let mut s = secret(name, &[(TARGET_KEY, bytes.as_bytes())]);
+        s.metadata.annotations =
+            Some([("kcp-keeper.io/content-hash".to_string(), credential::content_hash(bytes.as_bytes()))].into());
+        targets.create(&PostParams::default(), &s).await?;
+    }
+    testbed::eventually(WAIT, "the expired CA to expire", || async { expired_now(&expired).then_some(()) }).await;
+    let config = layout.write_config(&format!(
+        "resyncInterval: 2s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}, adopt: true, splitKeys: true}}\n  - {{namespace: {dst}, name: expired-kc, key: {TARGET_KEY}, adopt: true}}\n",
+        src = layout.src,
+        dst = layout.dst,
+    ))?;
+    let agent = layout.start(&config).await?;
+    let serial = serial_of(&good);
+    let published = testbed::eventually(WAIT, "the candidate published", || async {
+        key(&layout.target().await?, TARGET_KEY).filter(|k| client_cert(k).serial == serial)
+    })
+    .await;
+    let ca = credential::peek_ca(&published).expect("CA data");
+    let current = ders(pki.server_ca_bundle().as_bytes());
+    let bundle = ders(&ca);
+    assert!(current.iter().all(|c| bundle.contains(c)), "the current server CA is published");
+    assert!(bundle.contains(&ders(previous.cert_pem().as_bytes())[0]), "the previous CA, still valid, stays beside it");
+    assert_eq!(bundle.len(), current.len() + 1, "nothing else");
+    let split = key(&layout.target().await.expect("target"), "ca.crt").expect("split ca.crt");
+    assert_eq!(split, ca, "the split ca.crt carries the same bundle");
+    assert_eq!(self_subject_review(&published).await?, ADMIN_USER, "a client built from it verifies the real kcp");
+
+    let other = testbed::eventually(WAIT, "the second target published", || async {
+        let s = targets.get_opt("expired-kc").await.ok()??;
+        key(&s, TARGET_KEY).filter(|k| client_cert(k).serial == serial)
+    })
+    .await;
+    let other_bundle = ders(&credential::peek_ca(&other).expect("CA data"));
+    assert_eq!(other_bundle, current, "an expired previous CA is not carried over");
+
+    // The overlap is byte-stable: passes with nothing new leave the target alone.
+    let rv = layout.target().await.and_then(|t| t.metadata.resource_version);
+    let synced = format!("kubeconfig_rotator_last_sync_timestamp_seconds{{kubeconfig=\"{KUBECONFIG}\"}}");
+    let first = wait_for_metric(&agent, &synced, "a sync", |v| v > 0.0).await;
+    wait_for_metric(&agent, &synced, "two more synced passes", |v| v >= first + 2.0).await;
+    assert_eq!(layout.target().await.and_then(|t| t.metadata.resource_version), rv, "not rewritten");
+    testbed::assert_no_secret_material(&agent.process.log(), &[&good.key_pem, &held.key_pem]);
+    Ok(())
+}
+
+fn expired_now(ca: &Ca) -> bool {
+    kubeconfig_rotator::overlap::expired(ca.cert_pem().as_bytes(), OffsetDateTime::now_utc()).is_some()
+}
