@@ -39,6 +39,15 @@ pub fn set(corefile: &str, server_key: &str, content: Option<&str>) -> Result<St
     block(server_key)?.set(corefile, content)
 }
 
+/// `corefile` without the rule lines of our grammar found directly in the server block without markers, and
+/// how many: when there is no block of ours (a kubeadm CoreDNS upgrade re-serialises the Corefile through
+/// coredns/corefile-migration, which drops every comment, our markers included, and keeps the lines). They
+/// are adopted: the block written next holds exactly the current rules, so nothing is duplicated and a rule
+/// removed meanwhile is gone. With a block present nothing is adopted.
+pub fn adopt(corefile: &str, server_key: &str, domain: &Domain) -> Result<(String, usize), BlockError> {
+    block(server_key)?.unmarked(corefile, |line| crate::render::is_rule_line(line, domain))
+}
+
 /// The block as it appears in a Corefile, without indentation (what `render` prints in Corefile mode).
 pub fn standalone(content: &str) -> Result<String, BlockError> {
     // Placed in an empty server block, whose default indentation is four spaces.

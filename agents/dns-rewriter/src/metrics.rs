@@ -6,6 +6,8 @@
 //! - `dns_rewriter_rules`: rules in the last planned value;
 //! - `dns_rewriter_rule_errors{reason}`: rules left out by the last plan, by [`RuleError::reason`];
 //! - `dns_rewriter_write_timestamp_seconds`: the last successful write of the target key;
+//! - `dns_rewriter_adopted_lines_total`: rule lines found without our markers (after a kubeadm CoreDNS
+//!   upgrade) and adopted into the block by a write;
 //! - `dns_rewriter_host_verified{host}`: 1 when the last check of `host` answered exactly its Service's
 //!   ClusterIP under its own name, else 0;
 //! - `dns_rewriter_host_check_timestamp_seconds{host}`: when `host` was last checked;
@@ -18,6 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use kcp_keeper_runtime::metrics::{GaugeF64, ReasonLabel, unix_now};
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
@@ -35,6 +38,7 @@ pub struct Metrics {
     rules: Gauge,
     rule_errors: Family<ReasonLabel, Gauge>,
     write_timestamp: GaugeF64,
+    adopted: Counter,
     host_verified: Family<HostLabel, Gauge>,
     host_checked: Family<HostLabel, GaugeF64>,
     /// The hosts with series, so a host that left the rules can be removed.
@@ -48,6 +52,7 @@ impl Metrics {
             rules: Gauge::default(),
             rule_errors: Family::default(),
             write_timestamp: GaugeF64::default(),
+            adopted: Counter::default(),
             host_verified: Family::default(),
             host_checked: Family::default(),
             hosts: Arc::default(),
@@ -62,6 +67,11 @@ impl Metrics {
             "When the target key was last written successfully",
             Unit::Seconds,
             m.write_timestamp.clone(),
+        );
+        registry.register(
+            "adopted_lines",
+            "Rule lines found without kcp-keeper's markers (after a kubeadm CoreDNS upgrade) and adopted into the block",
+            m.adopted.clone(),
         );
         registry.register(
             "host_verified",
@@ -100,6 +110,10 @@ impl Metrics {
 
     pub fn wrote(&self) {
         self.write_timestamp.set(unix_now());
+    }
+
+    pub fn adopted(&self, lines: usize) {
+        self.adopted.inc_by(lines as u64);
     }
 
     /// Records checks: 1 for a match, 0 for anything else, and the time of the check.
@@ -153,6 +167,7 @@ mod tests {
         }
         assert!(text.contains("dns_rewriter_rules 0"), "{text}");
         assert!(text.contains("dns_rewriter_write_timestamp_seconds 0"), "{text}");
+        assert!(text.contains("dns_rewriter_adopted_lines_total 0"), "{text}");
     }
 
     #[test]

@@ -34,7 +34,8 @@ impl OutputError {
 }
 
 /// The full new value of the target key: the snippet in k3s mode; in Corefile mode `current` (the Corefile
-/// as it is now) with our block set. Only returned when it passed the pre-write check.
+/// as it is now) with our block set, our unmarked lines adopted into it ([`block::adopt`]). Only returned
+/// when it passed the pre-write check.
 pub fn desired_value(
     target: &Target,
     domain: &Domain,
@@ -49,8 +50,11 @@ pub fn desired_value(
         }
         Target::Corefile { server_block, .. } => {
             let current = current.ok_or(OutputError::NoCorefile)?;
-            let candidate = block::set(current, server_block, Some(&snippet)).map_err(CandidateError::Block)?;
-            block::check_candidate(current, &candidate, server_block, domain)?;
+            // Our lines without their markers (after a kubeadm migration) are adopted, not duplicated: the
+            // check then holds the candidate against the Corefile without them.
+            let (current, _) = block::adopt(current, server_block, domain).map_err(CandidateError::Block)?;
+            let candidate = block::set(&current, server_block, Some(&snippet)).map_err(CandidateError::Block)?;
+            block::check_candidate(&current, &candidate, server_block, domain)?;
             Ok(candidate)
         }
     }

@@ -34,7 +34,8 @@ use kcp_keeper_runtime::marked_block::configmap::write_key;
 use kube::Api;
 use tokio::time::Instant;
 
-use crate::config::{Config, ConfigMapKey};
+use crate::block;
+use crate::config::{Config, ConfigMapKey, Target};
 use crate::error::{CycleError, WriteError};
 use crate::metrics::Metrics;
 use crate::output::desired_value;
@@ -141,12 +142,24 @@ impl Rewriter {
         let result = match self.scope.configmap() {
             // Not in the store: nothing to ask the apiserver, and nothing to create.
             None => Err(CycleError::ConfigMapMissing(format!("{}/{}", key.namespace, key.name))),
-            Some(live) => self.write_key(key, live, rules).await,
+            Some(live) => {
+                let adopted = self.unmarked_lines(&live);
+                self.write_key(key, live, rules).await.map(|outcome| (outcome, adopted))
+            }
         };
         match result {
-            Ok(Outcome::Unchanged) => Ok(false),
-            Ok(_) => {
+            Ok((Outcome::Unchanged, _)) => Ok(false),
+            Ok((_, adopted)) => {
                 self.metrics.wrote();
+                if adopted > 0 {
+                    self.metrics.adopted(adopted);
+                    let note = format!(
+                        "key {}: {adopted} rule lines of ours had no markers (a kubeadm CoreDNS upgrade drops every comment) and were adopted into the block",
+                        key.key
+                    );
+                    tracing::warn!("{note}");
+                    self.event(EventType::Warning, "UnmarkedRulesAdopted", &note).await;
+                }
                 tracing::info!(configmap = %format!("{}/{}", key.namespace, key.name), key = %key.key, rules = rules.len(), "updated");
                 let note = format!("key {} updated with {} rules", key.key, rules.len());
                 self.event(EventType::Normal, "RulesWritten", &note).await;
@@ -157,6 +170,13 @@ impl Rewriter {
                 Err(error)
             }
         }
+    }
+
+    /// How many of our rule lines the live Corefile holds without markers (0 in k3s mode).
+    fn unmarked_lines(&self, live: &ConfigMap) -> usize {
+        let Target::Corefile { key, server_block } = &self.config.target else { return 0 };
+        let current = live.data.as_ref().and_then(|d| d.get(&key.key));
+        current.and_then(|c| block::adopt(c, server_block, &self.config.cluster_domain).ok()).map_or(0, |(_, n)| n)
     }
 
     async fn write_key(&self, key: &ConfigMapKey, live: ConfigMap, rules: &RuleSet) -> Result<Outcome, CycleError> {

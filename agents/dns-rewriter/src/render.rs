@@ -94,6 +94,12 @@ pub fn check(text: &str, domain: &Domain) -> Result<usize, GrammarError> {
     Ok(rules.len())
 }
 
+/// True when `line` (without indentation or line end) is one rule line of the grammar under `domain`: what
+/// the renderer writes, so one found without our markers is ours ([`crate::block::adopt`]).
+pub fn is_rule_line(line: &str, domain: &Domain) -> bool {
+    !line.contains('\n') && check(&format!("{HEADER}{line}\n"), domain).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +204,22 @@ mod tests {
         for (text, reason) in cases {
             let err = check(&text, &domain()).expect_err(&text);
             assert!(err.reason.contains(reason), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_rule_line_is_recognised_only_in_the_exact_grammar() {
+        let d = domain();
+        assert!(is_rule_line("rewrite name exact kcp.example.com. root-kcp.kcp-system.svc.cluster.local.", &d));
+        for other in [
+            "rewrite name exact kcp.example.com. root-kcp.kcp-system.svc.other.local.",
+            "rewrite name exact kcp.example.com root-kcp.kcp-system.svc.cluster.local.",
+            "rewrite name regex (.*).example.com. root-kcp.kcp-system.svc.cluster.local.",
+            "rewrite  name exact kcp.example.com. root-kcp.kcp-system.svc.cluster.local.",
+            "forward . /etc/resolv.conf",
+            "",
+        ] {
+            assert!(!is_rule_line(other, &d), "{other:?}");
         }
     }
 

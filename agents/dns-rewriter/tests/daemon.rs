@@ -411,3 +411,72 @@ async fn an_uppercase_trailing_dot_name_from_an_operator_object_is_normalised_wr
     assert_eq!(log.matches("written as kcp.example.com").count(), 1, "logged once too");
     Ok(())
 }
+
+/// `kubeadm upgrade` migrates a customised Corefile with coredns/corefile-migration (the real library, run as
+/// the `corefile-migrate` peer: `migration.Migrate(from, to, corefile, false)`), which drops every comment, our
+/// markers included, and keeps the rewrite lines. The agent adopts those unmarked lines into one re-created
+/// block with exactly the configured rules (a rule removed meanwhile is gone), says so (Event, metric), and
+/// the real CoreDNS loads it.
+#[tokio::test]
+async fn after_a_kubeadm_corefile_migration_drops_the_markers_the_agent_adopts_the_lines_into_one_block() -> Result<()>
+{
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let (bed, ns, client) = fresh_bed().await?;
+    let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
+    let alpha = create_service(&client, &ns, "alpha-shard-kcp", &[], false).await?.unwrap();
+    let (dns, _, server, _kubelet) = corefile_coredns(&bed).await?;
+    let mode = format!("mode: corefile\ncorefile: {{serverBlock: '{server}'}}\n");
+    let one = format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp"));
+    let two = format!("{one}{}", rule("alpha.kcp.example.com", &ns, "alpha-shard-kcp"));
+    let path = write_config(&bed, &config(&mode, &two, dns.port))?;
+    let mut first = agent(&bed, &ns, &path).start().await?;
+    wait_answer(&dns, "alpha.kcp.example.com", alpha, WAIT).await;
+    first.wait_for_metric(&verified("alpha.kcp.example.com"), WAIT, |v| v == 1.0).await;
+    first.terminate(WAIT);
+
+    // kubeadm upgrades CoreDNS: the Corefile goes through the migration library and is written back.
+    let (marked, _) = configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await.context("the Corefile")?;
+    let mut migrate = std::process::Command::new(bed.peers.path("corefile-migrate"))
+        .args(["1.12.0", "1.14.7"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    std::io::Write::write_all(&mut migrate.stdin.take().context("stdin")?, marked.as_bytes())?;
+    let out = migrate.wait_with_output()?;
+    assert!(out.status.success(), "corefile-migrate: {:?}", out.status);
+    let migrated = String::from_utf8(out.stdout)?;
+    assert!(!migrated.contains("# kcp-keeper:"), "the migration drops the markers:\n{migrated}");
+    assert_eq!(migrated.matches("rewrite name exact").count(), 2, "and keeps the lines:\n{migrated}");
+    let patch = json!({"data": {"Corefile": migrated}});
+    Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
+        .patch(COREFILE_CONFIGMAP, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+
+    // The agent starts again with one rule fewer.
+    std::fs::write(&path, config(&mode, &one, dns.port))?;
+    let agent = agent(&bed, &ns, &path).start().await?;
+    let adopted = testbed::eventually(WAIT, "the Corefile to be rewritten", || async {
+        configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await.filter(|(v, _)| *v != migrated).map(|(v, _)| v)
+    })
+    .await;
+    assert_eq!(adopted.matches("# kcp-keeper:begin dns-rewriter").count(), 1, "one block:\n{adopted}");
+    assert_eq!(adopted.matches("rewrite name exact").count(), 1, "exactly the configured rule:\n{adopted}");
+    let only_root = rules(&[("kcp-root.example.com", &ns, "root-kcp", root)]);
+    assert_eq!(block::content(&adopted, &server)?, Some(render::render(&only_root, &domain())));
+    let unmarked: String =
+        migrated.lines().filter(|l| !l.contains("rewrite name exact")).map(|l| format!("{l}\n")).collect();
+    assert_eq!(block::set(&adopted, &server, None)?, unmarked, "every other byte is the migrated Corefile's");
+    wait_answer(&dns, "kcp-root.example.com", root, WAIT).await;
+    wait_no_answer(&dns, "alpha.kcp.example.com", WAIT).await;
+    agent.wait_for_metric(&verified("kcp-root.example.com"), WAIT, |v| v == 1.0).await;
+    assert_eq!(agent.metric("dns_rewriter_adopted_lines_total ").await?, 2.0);
+    let events = events_about(&client, COREFILE_CONFIGMAP).await;
+    assert!(events.iter().any(|(r, n)| r == "UnmarkedRulesAdopted" && n.contains("2 rule lines")), "{events:?}");
+    // Steady from here: a cycle adopts nothing more and writes nothing.
+    let (steady, rv) = configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await.context("the Corefile")?;
+    let at = last_cycle(&agent).await;
+    touch(&client, &ns, "root-kcp", 1).await?;
+    wait_cycles(&agent, at, 1).await;
+    assert_eq!(configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await, Some((steady, rv)));
+    Ok(())
+}

@@ -154,6 +154,38 @@ impl MarkedBlock {
         Ok(out)
     }
 
+    /// `text` without the lines directly inside the server block (not in a block nested in it) that `is_ours`
+    /// claims (it gets each line trimmed), and how many there were: the block's own lines after another tool
+    /// dropped its markers (kubeadm migrates a customised Corefile with coredns/corefile-migration, which drops
+    /// every comment and keeps the plugin lines). Only while `text` holds no block: with one, nothing is
+    /// claimed and `text` comes back as it is. Every other byte is kept.
+    pub fn unmarked(&self, text: &str, is_ours: impl Fn(&str) -> bool) -> Result<(String, usize), BlockError> {
+        if self.locate(text)?.is_some() {
+            return Ok((text.to_string(), 0));
+        }
+        let server = server_block(text, &self.server_key)?;
+        let tokens = tokens(text)?;
+        let mut next = tokens.iter().filter(|t| t.start > server.open).peekable();
+        let (mut depth, mut claimed) = (0i64, 0);
+        let mut out = String::with_capacity(text.len());
+        for range in lines(text) {
+            while let Some(t) = next.next_if(|t| t.start < range.start) {
+                match t.kind {
+                    Kind::Open => depth += 1,
+                    Kind::Close => depth -= 1,
+                    Kind::Word => {}
+                }
+            }
+            let inside = range.start > server.open && range.start < server.close_line_start && depth == 0;
+            if inside && is_ours(text[range.clone()].trim()) {
+                claimed += 1;
+            } else {
+                out.push_str(&text[range]);
+            }
+        }
+        Ok((out, claimed))
+    }
+
     /// Finds the block, refusing anything ambiguous, and checks it lies inside the server block.
     fn locate(&self, text: &str) -> Result<Option<Found>, BlockError> {
         let mut begins = Vec::new();
@@ -400,6 +432,18 @@ mod tests {
             "    # kcp-keeper:begin dns-rewriter (managed by kcp-keeper: edits inside this block are overwritten)\n    rewrite name exact kcp-root.example.com. root-kcp.kcp-system.svc.cluster.local.\n    rewrite name exact kcp.example.com. front-proxy.kcp-system.svc.cluster.local.\n    # kcp-keeper:end dns-rewriter\n"
         );
         assert_eq!(block().content(&out).unwrap().as_deref(), Some(RULES));
+    }
+
+    #[test]
+    fn unmarked_lines_directly_in_the_server_block_are_claimed_only_while_there_is_no_block() {
+        let ours = |l: &str| l.starts_with("rewrite name exact ");
+        let nested = ".:53 {\n    errors\n    other {\n        rewrite name exact a. b.\n    }\n    rewrite name exact c. d.\n}\nx:53 {\n    rewrite name exact e. f.\n}\n";
+        let (left, n) = block().unmarked(nested, ours).unwrap();
+        assert_eq!(n, 1, "only the line directly in .:53");
+        assert_eq!(left, nested.replace("    rewrite name exact c. d.\n", ""));
+        let marked = block().set(&left, Some(RULES)).unwrap();
+        assert_eq!(block().unmarked(&marked, ours).unwrap(), (marked.clone(), 0), "a block claims nothing");
+        assert_eq!(block().unmarked(KUBEADM, ours).unwrap(), (KUBEADM.to_string(), 0));
     }
 
     #[test]
