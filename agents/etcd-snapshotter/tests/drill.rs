@@ -271,3 +271,25 @@ async fn an_encrypted_snapshot_drills_with_the_identity_file_and_fails_setup_wit
     assert_eq!(report(&bed, &id).await["passed"], true);
     assert_drills_dir_empty(&bed);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shard_of_values_near_etcds_request_limit_drills_like_any_other_with_every_sample_read() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    // Six values of 1.4 MiB, under etcd's 1.5 MiB request limit: one range over them would be 8.4 MiB, more
+    // than twice the 4 MiB a gRPC client takes in one message.
+    load(&mut client, "/registry/apiextensions.k8s.io/customresourcedefinitions", 6, 1_400 << 10).await.unwrap();
+    load(&mut client, "/registry/things", 20, 1_000).await.unwrap();
+    let options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]).with_drills(&bed);
+    let config = write_config(&bed, &options).unwrap();
+    snapshot_ok(&config);
+    let id = newest_id(&bed).await;
+
+    let out = drill(&config, Some(&id));
+    assert!(out.status.success(), "{}", text(&out));
+    let r = report(&bed, &id).await;
+    assert_eq!(r["passed"], true, "{r}");
+    assert_eq!(r["sampledKeys"], 26, "every key, the large values included: {r}");
+    assert_drills_dir_empty(&bed);
+}

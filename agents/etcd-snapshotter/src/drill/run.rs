@@ -284,16 +284,47 @@ async fn observe(client: &mut etcd_client::Client, manifest: &Manifest) -> Resul
     Ok(Observed { revision: current, key_count, hash_kv })
 }
 
-/// Reads the first `n` keys with their values at the snapshot revision; all must come back.
+/// Key names per keys-only page: a bound on one response whatever `sampleKeys` is.
+const KEY_PAGE: usize = 1000;
+
+/// Reads the first `n` keys with their values at the snapshot revision; all must come back. Names come in
+/// keys-only pages and each value in a read of its own, so no response holds more than one value: one range
+/// over many large values (kcp's CRDs and OpenAPI schemas, up to etcd's 1.5 MiB request limit each) would pass
+/// the 4 MiB a gRPC client takes in one message and fail a good snapshot.
 async fn sample(client: &mut etcd_client::Client, manifest: &Manifest, n: usize) -> Result<u64, DrillError> {
-    let options = GetOptions::new().with_all_keys().with_limit(n as i64).with_revision(manifest.revision as i64);
-    let response = client.get("", Some(options)).await.map_err(|e| DrillError::KeyRead(e.to_string()))?;
+    let at = manifest.revision as i64;
+    let read = |what: &str, e: etcd_client::Error| DrillError::KeyRead(format!("{what}: {e}"));
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    let mut from = vec![0u8];
+    while keys.len() < n {
+        let limit = (n - keys.len()).min(KEY_PAGE) as i64;
+        let options = GetOptions::new().with_from_key().with_keys_only().with_limit(limit).with_revision(at);
+        let page = client.get(from.clone(), Some(options)).await.map_err(|e| read("listing keys", e))?;
+        let Some(last) = page.kvs().last() else { break };
+        from = after(last.key());
+        keys.extend(page.kvs().iter().map(|kv| kv.key().to_vec()));
+        if !page.more() {
+            break;
+        }
+    }
+    let mut got = 0u64;
+    for key in keys {
+        let options = GetOptions::new().with_revision(at);
+        let value = client.get(key, Some(options)).await.map_err(|e| read("reading a value", e))?;
+        got += value.kvs().len().min(1) as u64;
+    }
     let want = (n as u64).min(manifest.key_count);
-    let got = response.kvs().len() as u64;
     if got != want {
         return Err(DrillError::KeyRead(format!("read {got} of the first {want} keys")));
     }
     Ok(got)
+}
+
+/// The first key after `key` in etcd's byte order.
+fn after(key: &[u8]) -> Vec<u8> {
+    let mut next = key.to_vec();
+    next.push(0);
+    next
 }
 
 /// Reads the manifest of `id` as stored (its bytes are what the report's hash covers).
