@@ -26,6 +26,10 @@ pub enum Command {
         /// Only these shards (repeatable).
         #[arg(long)]
         shard: Vec<String>,
+        /// How long to wait while another run (the daemon, another one-shot) holds a shard's lock, as a Go
+        /// duration; `0s` refuses at once.
+        #[arg(long, default_value = "30m", value_parser = parse_wait)]
+        wait: std::time::Duration,
     },
     /// List published snapshots, newest revision first.
     List {
@@ -58,7 +62,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
     let level = std::env::var("KCP_KEEPER_LOG_LEVEL").unwrap_or_else(|_| "warn".into());
     logging::init(&level, LogFormat::Plain)?;
     match command {
-        Command::Snapshot { config, shard } => snapshot(&config, &shard).await,
+        Command::Snapshot { config, shard, wait } => snapshot(&config, &shard, wait).await,
         Command::List { config, shard } => list(&config, shard.as_deref()).await,
         Command::Verify { config, id, identity_file, etcdutl } => {
             verify(&config, &id, identity_file.as_deref(), &etcdutl).await
@@ -67,6 +71,10 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Restore(args) => restore(args).await,
     }?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
+    kcp_keeper_runtime::duration::parse_go_duration(text).map_err(|_| "must be a Go duration like 10m or 0s".into())
 }
 
 fn open(config: &Path) -> anyhow::Result<(Config, Store)> {
@@ -81,9 +89,9 @@ fn progress_line(received: u64, total: u64) {
     eprint!("\r  {:>4}%  {:>8.1} MiB of {:.1} MiB", percent, received as f64 / 1048576.0, total as f64 / 1048576.0);
 }
 
-/// Takes one snapshot of each selected shard now, then applies retention as a scheduled tick does. Fails if
-/// any failed.
-pub async fn snapshot(config: &Path, shards: &[String]) -> anyhow::Result<()> {
+/// Takes one snapshot of each selected shard now, then applies retention as a scheduled tick does, each under
+/// the shard's lock (waiting up to `wait` for a run in progress). Fails if any failed.
+pub async fn snapshot(config: &Path, shards: &[String], wait: std::time::Duration) -> anyhow::Result<()> {
     let (config, store) = open(config)?;
     for name in shards {
         anyhow::ensure!(config.shards.iter().any(|s| &s.name == name), "no shard named {name:?} in the configuration");
@@ -94,8 +102,13 @@ pub async fn snapshot(config: &Path, shards: &[String]) -> anyhow::Result<()> {
     for shard in config.shards.iter().filter(|s| shards.is_empty() || shards.contains(&s.name)) {
         let pending = Pending::default();
         let progress: Option<snapshot::Progress<'_>> = terminal.then_some(&progress_line);
+        let name = shard.name.clone();
+        let waiting = move |holder: &str| {
+            eprintln!("shard {name}: another run holds the shard's lock: {holder}; waiting up to {wait:?}")
+        };
+        let run = snapshot::Run { tick: None, progress, command: "snapshot", lock_wait: wait, waiting: &waiting };
         let result = tokio::select! {
-            result = snapshot::take(&config, shard, &store, &metrics, &pending, None, progress) => result,
+            result = snapshot::take(&config, shard, &store, &metrics, &pending, run) => result,
             _ = tokio::signal::ctrl_c() => {
                 pending.abort(&store).await;
                 anyhow::bail!("interrupted: the upload in flight was aborted");
@@ -105,7 +118,7 @@ pub async fn snapshot(config: &Path, shards: &[String]) -> anyhow::Result<()> {
             eprintln!();
         }
         match result {
-            Ok(m) => {
+            Ok(snapshot::Taken { manifest: m, retention }) => {
                 println!(
                     "{}\trevision {}\t{} keys\t{} bytes ({} in etcd)\t{:.1}s\tspilled {} bytes",
                     m.id,
@@ -116,7 +129,7 @@ pub async fn snapshot(config: &Path, shards: &[String]) -> anyhow::Result<()> {
                     m.total_seconds,
                     m.spilled_bytes
                 );
-                let report = catalog::apply_retention(&store, &shard.name, &config.retention, &m.id).await?;
+                let report = retention?;
                 println!(
                     "retention {}: kept {}, deleted {}, locked {}",
                     shard.name,

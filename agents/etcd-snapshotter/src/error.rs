@@ -32,6 +32,23 @@ pub enum SnapshotError {
     Interrupted,
     #[error("retention: {0}")]
     Retention(StorageError),
+    /// Another run held the shard's lock for as long as this one could wait.
+    #[error("{0}")]
+    Busy(String),
+    /// The shard's lock was taken over mid-run: nothing was published.
+    #[error("{0}")]
+    LockLost(String),
+}
+
+impl From<crate::shard_lock::LockError> for SnapshotError {
+    fn from(error: crate::shard_lock::LockError) -> Self {
+        use crate::shard_lock::LockError;
+        match error {
+            LockError::Storage(e) => SnapshotError::Storage(e),
+            busy @ LockError::Busy { .. } => SnapshotError::Busy(busy.to_string()),
+            lost @ LockError::Lost { .. } => SnapshotError::LockLost(lost.to_string()),
+        }
+    }
 }
 
 impl From<StorageError> for SnapshotError {

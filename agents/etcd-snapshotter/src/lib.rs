@@ -9,8 +9,9 @@
 //!
 //! The domain, pure logic: [`retention`], [`manifest`] (bucket layout and manifest format), [`trailer`]
 //! (etcd's trailing sha256), [`encode`] (zstd, age and parts), [`cadence`] (a schedule's longest gap). The
-//! edges: [`member`] (etcd), [`storage`] (S3), [`snapshot`] (one proven snapshot), [`catalog`] (listing,
-//! retention applied), [`restore`] and [`drill`] (restore drills).
+//! edges: [`member`] (etcd), [`storage`] (S3), [`shard_lock`] (one run per shard at a time, across processes),
+//! [`snapshot`] (one proven snapshot), [`catalog`] (listing, retention applied), [`restore`] and [`drill`]
+//! (restore drills).
 #![forbid(unsafe_code)]
 
 pub mod cadence;
@@ -29,6 +30,7 @@ pub mod retention;
 pub mod retries;
 pub mod schedule;
 pub mod scope;
+pub mod shard_lock;
 pub mod snapshot;
 pub mod storage;
 pub mod trailer;

@@ -2,7 +2,8 @@
 //!
 //! Layout: `<prefix>/<shard>/<UTC time>-r<revision>/` holds the data object (`snapshot.db`, plus `.zst` and
 //! `.age` as configured) and `manifest.json`, written last. A snapshot exists only if its manifest does:
-//! a data object without one is an interrupted run, never listed and cleaned by the next run. The id of a
+//! a data object without one is an interrupted run, never listed, and cleaned by a later run once provably
+//! abandoned and this agent's (`snapshot::clean_interrupted`). The id of a
 //! snapshot is `<shard>/<time>-r<revision>`. Names are for people; order comes from the manifest's revision.
 
 use chrono::{DateTime, Utc};
@@ -59,6 +60,19 @@ pub fn object_name(compression: &str, encrypted: bool) -> String {
         name.push_str(".age");
     }
     name
+}
+
+/// Every name a data object of this agent has (`object_name` of each configuration).
+pub const OBJECT_NAMES: [&str; 4] = ["snapshot.db", "snapshot.db.zst", "snapshot.db.age", "snapshot.db.zst.age"];
+
+/// The location of the snapshot whose data object `key` would be, if `key` has exactly the shape this agent
+/// writes under `shard`: `<prefix>/<shard>/<time>-r<revision>/snapshot.db[.zst][.age]`. Anything else under the
+/// prefix (a hand-placed `etcdctl` snapshot, notes) is not ours, whatever its name resembles.
+pub fn data_object_location(prefix: &str, shard: &str, key: &str) -> Option<Location> {
+    let rest = key.strip_prefix(&shard_dir(prefix, shard))?;
+    let (name, object) = rest.split_once('/')?;
+    let location = Location::from_id(prefix, &format!("{shard}/{name}"))?;
+    OBJECT_NAMES.contains(&object).then_some(location)
 }
 
 fn root(prefix: &str) -> String {
@@ -163,8 +177,14 @@ impl Manifest {
         text
     }
 
+    /// Parses a manifest read from the bucket. `object` must be one of the names this agent writes: retention
+    /// deletes `<dir>/<object>`, and a manifest is an object anyone with write access can edit.
     pub fn from_json(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice(bytes)
+        let manifest: Self = serde_json::from_slice(bytes)?;
+        if !OBJECT_NAMES.contains(&manifest.object.as_str()) {
+            return Err(serde::de::Error::custom("object is not a data object name of this agent"));
+        }
+        Ok(manifest)
     }
 
     /// The retention entry; `verified` is what the drill report proves (see `Listed` in the catalog).
@@ -224,6 +244,18 @@ mod tests {
         assert_eq!(Location::from_id("kcp/etcd", &loc.id), Some(loc.clone()));
         assert_eq!(id_of_manifest_key("kcp/etcd", &loc.manifest_key()), Some(loc.id.as_str()));
         assert_eq!(id_of_manifest_key("kcp/etcd", "kcp/etcd/root/x/snapshot.db"), None);
+        let ours = "kcp/etcd/root/20261130T120005Z-r1000/snapshot.db.zst.age";
+        assert_eq!(data_object_location("kcp/etcd", "root", ours), Some(loc.clone()));
+        for not_ours in [
+            "kcp/etcd/root/etcdctl-snapshot.db",
+            "kcp/etcd/root/20261130T120005Z-r1000/notes.txt",
+            "kcp/etcd/root/20261130T120005Z-r1000/manifest.json",
+            "kcp/etcd/root/20261130T120005Z-r1000/x/snapshot.db",
+            "kcp/etcd/root/backup-r1000/snapshot.db",
+            "kcp/etcd/alpha/20261130T120005Z-r1000/snapshot.db",
+        ] {
+            assert_eq!(data_object_location("kcp/etcd", "root", not_ours), None, "{not_ours}");
+        }
         for bad in ["root", "../x/20261130T120005Z-r1", "root/20261130T120005Z-rX", "root/now-r1"] {
             assert_eq!(Location::from_id("p", bad), None, "{bad}");
         }
@@ -234,6 +266,9 @@ mod tests {
         let m = sample();
         assert_eq!(Manifest::from_json(&m.to_json()).unwrap(), m);
         let text = String::from_utf8(m.to_json()).unwrap().replace("\"revision\"", "\"revison\"");
+        assert!(Manifest::from_json(text.as_bytes()).is_err());
+        // Retention deletes `<dir>/<object>`: an edited manifest cannot point it at anything else.
+        let text = String::from_utf8(m.to_json()).unwrap().replace("snapshot.db.zst", "notes.txt");
         assert!(Manifest::from_json(text.as_bytes()).is_err());
     }
 }

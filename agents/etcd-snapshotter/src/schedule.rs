@@ -29,6 +29,10 @@ use crate::scope::Lease;
 use crate::snapshot::{self, Pending};
 use crate::storage::Store;
 
+/// How long a scheduled snapshot waits while another run (a one-shot, an old leader in its grace) holds the
+/// shard's lock before it fails with reason `busy`.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
 /// The daemon: the schedules of every shard until shutdown, restarted when the configuration changes. Events
 /// are about `lease`, the agent's own.
 pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> anyhow::Result<()> {
@@ -156,10 +160,18 @@ impl Job {
             Err(e) => return self.snapshot_failed(&SnapshotError::Storage(e), started).await,
         };
         let pending = Pending::default();
-        let take = snapshot::take(&self.config, &self.shard, &store, &self.metrics, &pending, Some(tick.at), None);
+        let waiting = |holder: &str| tracing::warn!(shard, holder, "another run holds the shard's lock; waiting");
+        let run = snapshot::Run {
+            tick: Some(tick.at),
+            progress: None,
+            command: "run",
+            lock_wait: LOCK_WAIT,
+            waiting: &waiting,
+        };
+        let take = snapshot::take(&self.config, &self.shard, &store, &self.metrics, &pending, run);
         let end = finish_or_abort(&self.shutdown, Grace::default(), take, || pending.abort(&store)).await;
-        let manifest = match end {
-            JobEnd::Finished(Ok(manifest)) => manifest,
+        let snapshot::Taken { manifest, retention } = match end {
+            JobEnd::Finished(Ok(taken)) => taken,
             JobEnd::Finished(Err(error)) => return self.snapshot_failed(&error, started).await,
             JobEnd::Aborted | JobEnd::AbortTimedOut => {
                 return self.snapshot_failed(&SnapshotError::Interrupted, started).await;
@@ -179,7 +191,7 @@ impl Job {
             manifest.id, manifest.revision, manifest.key_count, manifest.object_size_bytes, manifest.total_seconds
         );
         self.events.publish(&self.regarding, EventType::Normal, "SnapshotTaken", "Snapshot", &note).await;
-        match catalog::apply_retention(&store, shard, &self.config.retention, &manifest.id).await {
+        match retention {
             Ok(report) => {
                 self.metrics.kept.get_or_create(&label).set(report.kept as i64);
                 self.metrics.locked_skipped.get_or_create(&label).inc_by(report.locked.len() as u64);

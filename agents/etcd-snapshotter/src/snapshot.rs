@@ -1,12 +1,15 @@
 //! One snapshot of one shard, proven before it is published:
 //!
-//! 1. clean what an interrupted run left (multipart uploads, data objects without a manifest, spill files);
+//! 1. take the shard's lock ([`shard_lock`]: one run per shard at a time, across processes), then clean what an
+//!    interrupted run left: only what is provably abandoned and ours (see [`clean_interrupted`]);
 //! 2. pick a healthy voting member and bound the revision the stream will hold (`bracket`);
 //! 3. stream `Maintenance.Snapshot` through the trailer check, zstd and age into parts; parts go to a
 //!    multipart upload, a bounded number in memory, the rest through the spill directory when S3 lags;
 //! 4. at the end compare etcd's trailing sha256 with ours; on any failure abort the upload;
-//! 5. complete the upload, check the stored size, then write the manifest, last.
+//! 5. confirm the lock, complete the upload, check the stored size, confirm the lock again, then write the
+//!    manifest, last; apply retention, still under the lock; release it.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,12 +20,14 @@ use chrono::Utc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
+use crate::catalog::{self, RetentionReport};
 use crate::config::{Config, Shard};
 use crate::encode::Encoder;
 use crate::error::SnapshotError;
 use crate::manifest::{self, FORMAT_VERSION, Location, Manifest, Member};
 use crate::member;
 use crate::metrics::Metrics;
+use crate::shard_lock::{self, Held};
 use crate::storage::{Body, StorageError, Store};
 use crate::trailer::TrailerCheck;
 
@@ -30,20 +35,24 @@ fn etcd(context: &str) -> impl Fn(etcd_client::Error) -> SnapshotError + '_ {
     move |e| SnapshotError::Etcd(format!("{context}: {e}"))
 }
 
-/// The multipart upload in progress, for the shutdown hook to abort.
+/// The multipart upload in progress and the shard's lock, for the shutdown hook to abort and release.
 #[derive(Clone, Default)]
-pub struct Pending(Arc<Mutex<Option<(String, String)>>>);
+pub struct Pending {
+    upload: Arc<Mutex<Option<(String, String)>>>,
+    lock: Arc<Mutex<Option<Held>>>,
+}
 
 impl Pending {
     fn set(&self, key: &str, upload_id: &str) {
-        *self.0.lock().expect("pending lock") = Some((key.into(), upload_id.into()));
+        *self.upload.lock().expect("pending lock") = Some((key.into(), upload_id.into()));
     }
     fn clear(&self) {
-        *self.0.lock().expect("pending lock") = None;
+        *self.upload.lock().expect("pending lock") = None;
     }
-    /// Aborts the upload in progress, if any (the shutdown hook of `finish_or_abort`).
+    /// Aborts the upload in progress, if any, and releases the shard's lock (the shutdown hook of
+    /// `finish_or_abort`, and the end of every run).
     pub async fn abort(&self, store: &Store) {
-        let taken = self.0.lock().expect("pending lock").take();
+        let taken = self.upload.lock().expect("pending lock").take();
         if let Some((key, upload_id)) = taken {
             match store.abort_upload(&key, &upload_id).await {
                 Ok(()) => tracing::info!(key, "multipart upload aborted"),
@@ -52,27 +61,67 @@ impl Pending {
                 }
             }
         }
+        let lock = self.lock.lock().expect("pending lock").take();
+        if let Some(lock) = lock {
+            lock.release().await;
+        }
     }
 }
 
 /// Progress for a terminal: bytes received of the total etcd announced.
 pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Send + Sync);
 
-/// Takes, proves and publishes one snapshot of `shard`.
+/// Who runs and how long it may wait for the shard's lock.
+pub struct Run<'a> {
+    /// The schedule tick this snapshot is for (none for a one-shot).
+    pub tick: Option<chrono::DateTime<Utc>>,
+    pub progress: Option<Progress<'a>>,
+    /// `run` or `snapshot`, recorded in the lock for whoever waits on it.
+    pub command: &'a str,
+    /// How long to wait while another run holds the shard (then fail with reason `busy`).
+    pub lock_wait: Duration,
+    /// Told the holder's description once, when the lock is found held.
+    pub waiting: &'a (dyn Fn(&str) + Send + Sync),
+}
+
+/// A published snapshot and how retention went after it.
+pub struct Taken {
+    pub manifest: Manifest,
+    pub retention: Result<RetentionReport, StorageError>,
+}
+
+/// Takes, proves and publishes one snapshot of `shard` under the shard's lock, then applies retention.
 pub async fn take(
     config: &Config,
     shard: &Shard,
     store: &Store,
     metrics: &Metrics,
     pending: &Pending,
-    tick: Option<chrono::DateTime<Utc>>,
-    progress: Option<Progress<'_>>,
-) -> Result<Manifest, SnapshotError> {
-    let started = Instant::now();
-    let started_at = Utc::now();
+    run: Run<'_>,
+) -> Result<Taken, SnapshotError> {
     store.reachable().await?;
     metrics.storage_reachable.set(1);
-    clean_interrupted(store, &shard.name).await?;
+    let lock = shard_lock::acquire(store, &shard.name, run.command, run.lock_wait, run.waiting).await?;
+    // In `pending` from now on: a shutdown that drops this run releases the lock in its abort hook.
+    *pending.lock.lock().expect("pending lock") = Some(lock.clone());
+    let result = locked(config, shard, store, metrics, pending, &run, &lock).await;
+    drop(lock);
+    pending.abort(store).await;
+    result
+}
+
+async fn locked(
+    config: &Config,
+    shard: &Shard,
+    store: &Store,
+    metrics: &Metrics,
+    pending: &Pending,
+    run: &Run<'_>,
+    lock: &Held,
+) -> Result<Taken, SnapshotError> {
+    let started = Instant::now();
+    let started_at = Utc::now();
+    clean_interrupted(store, &shard.name, lock.acquired).await?;
     let spill_root = config.spill.directory.join(&shard.name);
     clean_spill(&spill_root);
 
@@ -111,10 +160,7 @@ pub async fn take(
 
     let upload_id = store.create_upload(&key).await?;
     pending.set(&key, &upload_id);
-    let spill_dir = tempfile::Builder::new()
-        .prefix("run-")
-        .tempdir_in(create_dir(&spill_root)?)
-        .map_err(|e| SnapshotError::Spill(format!("creating a run directory: {}", e.kind())))?;
+    let spill_dir = RunDir::create(&spill_root)?;
     let streamed = stream_parts(
         config,
         store,
@@ -124,12 +170,13 @@ pub async fn take(
         spill_dir.path(),
         stream,
         first,
-        progress,
+        run.progress,
     )
     .await;
     let stream_seconds = started.elapsed().as_secs_f64();
     let result = async {
         let mut streamed = streamed?;
+        lock.confirm().await?;
         store.complete_upload(&key, &upload_id, std::mem::take(&mut streamed.parts)).await?;
         pending.clear();
         let stored = store.size(&key).await?;
@@ -141,14 +188,19 @@ pub async fn take(
             .await
             .map_err(|e| SnapshotError::Etcd(format!("fingerprint task: {e}")))?
             .map_err(|e| SnapshotError::Etcd(format!("{e:#}")))?;
+        lock.confirm().await?;
         Ok((streamed, key_count, hash_kv, compact_revision))
     }
     .await;
     let (streamed, key_count, hash_kv, compact_revision) = match result {
         Ok(done) => done,
         Err(error) => {
-            pending.abort(store).await;
-            // A completed object without a manifest is not a snapshot; remove it now rather than next run.
+            let upload = pending.upload.lock().expect("pending lock").take();
+            if let Some((key, upload_id)) = upload {
+                let _ = store.abort_upload(&key, &upload_id).await;
+            }
+            // A completed object without a manifest is not a snapshot; remove it now rather than next run (it is
+            // this run's own object, at the key it just wrote).
             let _ = store.delete_unless_locked(&key).await;
             return Err(error);
         }
@@ -172,7 +224,7 @@ pub async fn take(
         compression: config.compression.as_str().into(),
         encryption_recipients: config.recipients.iter().map(|r| r.id.clone()).collect(),
         agent_version: kcp_keeper_runtime::VERSION.into(),
-        tick,
+        tick: run.tick,
         started_at,
         finished_at: Utc::now(),
         stream_seconds,
@@ -181,7 +233,8 @@ pub async fn take(
         verified_at: None,
     };
     store.put(&location.manifest_key(), manifest.to_json()).await?;
-    Ok(manifest)
+    let retention = catalog::apply_retention(store, &shard.name, &config.retention, &manifest.id).await;
+    Ok(Taken { manifest, retention })
 }
 
 /// The revisions a snapshot stream holds at least and at most.
@@ -413,34 +466,94 @@ fn create_dir(dir: &Path) -> Result<&Path, SnapshotError> {
     Ok(dir)
 }
 
-/// Removes run directories an interrupted run left in the shard's spill directory.
+/// This run's directory under the shard's spill directory, held with an exclusive `flock` for as long as the
+/// run lives: the kernel drops it when the process dies (SIGKILL included), so a directory whose lock can be
+/// taken is provably no live run's.
+struct RunDir {
+    dir: tempfile::TempDir,
+    _held: File,
+}
+
+impl RunDir {
+    fn create(spill_root: &Path) -> Result<Self, SnapshotError> {
+        let spill = |what: &str, e: std::io::Error| SnapshotError::Spill(format!("{what}: {}", e.kind()));
+        let dir = tempfile::Builder::new()
+            .prefix("run-")
+            .tempdir_in(create_dir(spill_root)?)
+            .map_err(|e| spill("creating a run directory", e))?;
+        let held = File::open(dir.path()).map_err(|e| spill("opening the run directory", e))?;
+        held.try_lock().map_err(|_| SnapshotError::Spill("locking the run directory".into()))?;
+        Ok(Self { dir, _held: held })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// Removes run directories in the shard's spill directory that no live process holds (see [`RunDir`]).
 fn clean_spill(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         let path: PathBuf = entry.path();
-        if entry.file_name().to_string_lossy().starts_with("run-") {
+        if !entry.file_name().to_string_lossy().starts_with("run-") {
+            continue;
+        }
+        // Taken only if no process holds it; held until the directory is gone.
+        let Ok(probe) = File::open(&path) else { continue };
+        if probe.try_lock().is_ok() {
             let _ = std::fs::remove_dir_all(&path);
         }
     }
 }
 
-/// Aborts every multipart upload under the shard's directory and removes data objects whose manifest was
-/// never written: both are what a killed run leaves. One run per shard at a time (the leader), so nothing
-/// here is another run's work in progress.
-pub async fn clean_interrupted(store: &Store, shard: &str) -> Result<CleanReport, StorageError> {
+/// Removes what interrupted runs left, and nothing else. Called under the shard's lock, so no other run of
+/// the shard is in progress; on top of that, only what is provably abandoned and ours goes:
+/// - multipart uploads at a key of this agent's data-object shape ([`manifest::data_object_location`]) that
+///   the store began no later than this run took the lock (`acquired`, the store's clock);
+/// - data objects of that shape whose directory has no manifest, that the store wrote no later than the lock
+///   was taken and that carry this agent's `written-by` metadata (a hand-placed object of that name stays).
+///
+/// Nothing else under the prefix is touched: other files, other shards, drill reports, the lock itself.
+pub async fn clean_interrupted(
+    store: &Store,
+    shard: &str,
+    acquired: aws_smithy_types::DateTime,
+) -> Result<CleanReport, StorageError> {
     let dir = manifest::shard_dir(&store.prefix, shard);
+    // At the store's clock and resolution (often whole seconds): no later than the lock. Whatever a run of the
+    // lock's previous holder began is at most that; what this run writes comes after the clean-up.
+    let before = |t: Option<aws_smithy_types::DateTime>| {
+        t.is_some_and(|t| (t.secs(), t.subsec_nanos()) <= (acquired.secs(), acquired.subsec_nanos()))
+    };
     let mut report = CleanReport::default();
-    for (key, upload_id) in store.list_uploads(&dir).await? {
-        store.abort_upload(&key, &upload_id).await?;
-        tracing::warn!(key, "aborted a multipart upload an interrupted run left");
-        report.aborted_uploads += 1;
+    for upload in store.uploads(&dir).await? {
+        let ours = manifest::data_object_location(&store.prefix, shard, &upload.key).is_some();
+        if ours && before(upload.initiated) {
+            store.abort_upload(&upload.key, &upload.upload_id).await?;
+            tracing::warn!(key = upload.key, "aborted a multipart upload an interrupted run left");
+            report.aborted_uploads += 1;
+        } else {
+            report.left_alone += 1;
+        }
     }
-    let keys = store.list_keys(&dir).await?;
-    for key in &keys {
-        let Some((snapshot_dir, _)) = key.rsplit_once('/') else { continue };
-        let has_manifest = keys.iter().any(|k| k == &format!("{snapshot_dir}/{}", manifest::MANIFEST));
-        if !has_manifest && store.delete_unless_locked(key).await? {
-            tracing::warn!(key, "removed a data object without a manifest (an interrupted run)");
+    let objects = store.list_objects(&dir).await?;
+    for object in &objects {
+        let Some(location) = manifest::data_object_location(&store.prefix, shard, &object.key) else { continue };
+        let manifest_key = location.manifest_key();
+        if objects.iter().any(|o| o.key == manifest_key) {
+            continue;
+        }
+        if !before(object.last_modified) || !store.written_by_us(&object.key).await? {
+            tracing::info!(
+                key = object.key,
+                "a data object without a manifest that this agent did not provably leave; left alone"
+            );
+            report.left_alone += 1;
+            continue;
+        }
+        if store.delete_unless_locked(&object.key).await? {
+            tracing::warn!(key = object.key, "removed a data object without a manifest (an interrupted run)");
             report.removed_orphans += 1;
         }
     }
@@ -451,4 +564,6 @@ pub async fn clean_interrupted(store: &Store, shard: &str) -> Result<CleanReport
 pub struct CleanReport {
     pub aborted_uploads: usize,
     pub removed_orphans: usize,
+    /// Uploads and manifest-less objects not provably an interrupted run of this agent.
+    pub left_alone: usize,
 }

@@ -67,6 +67,42 @@ pub enum Body {
     File(PathBuf),
 }
 
+/// User metadata on every object and upload this agent writes (`x-amz-meta-written-by`): clean-up removes an
+/// object without a manifest only when it carries this, so a hand-placed object in the same key shape stays.
+pub const WRITTEN_BY: (&str, &str) = ("written-by", "etcd-snapshotter");
+
+/// One object as listed: its key and when the store last wrote it (the store's clock).
+#[derive(Debug, Clone)]
+pub struct ListedObject {
+    pub key: String,
+    pub last_modified: Option<aws_smithy_types::DateTime>,
+}
+
+/// A multipart upload in progress: key, id and when the store began it (the store's clock).
+#[derive(Debug, Clone)]
+pub struct Upload {
+    pub key: String,
+    pub upload_id: String,
+    pub initiated: Option<aws_smithy_types::DateTime>,
+}
+
+/// The condition of a conditional PutObject.
+#[derive(Debug, Clone, Copy)]
+pub enum Condition<'a> {
+    /// `If-None-Match: *`: only if no object is at the key.
+    Absent,
+    /// `If-Match: <etag>`: only if the object at the key is this version.
+    Matches(&'a str),
+}
+
+/// An object read with its ETag and modification time.
+#[derive(Debug, Clone)]
+pub struct Versioned {
+    pub etag: String,
+    pub body: Vec<u8>,
+    pub last_modified: Option<aws_smithy_types::DateTime>,
+}
+
 /// One bucket under one prefix.
 #[derive(Clone)]
 pub struct Store {
@@ -78,6 +114,8 @@ pub struct Store {
     part_max_attempts: u32,
     retries: RetryCounter,
     integrity: Integrity,
+    /// Delete versions for good (`storage.deleteVersions`) rather than leave delete markers.
+    delete_versions: bool,
 }
 
 /// The SDK's standard retry strategy with `attempts` attempts: exponential backoff with jitter, 500 ms to 10 s.
@@ -183,6 +221,7 @@ impl Store {
             part_max_attempts: storage.part_max_attempts,
             retries,
             integrity: storage.integrity,
+            delete_versions: storage.delete_versions,
         })
     }
 
@@ -218,6 +257,7 @@ impl Store {
             .create_multipart_upload()
             .bucket(&self.bucket)
             .key(key)
+            .metadata(WRITTEN_BY.0, WRITTEN_BY.1)
             .set_server_side_encryption(sse)
             .set_ssekms_key_id(kms);
         if self.integrity == Integrity::Checksums {
@@ -429,6 +469,7 @@ impl Store {
             .bucket(&self.bucket)
             .key(key)
             .content_type("application/json")
+            .metadata(WRITTEN_BY.0, WRITTEN_BY.1)
             .set_server_side_encryption(sse)
             .set_ssekms_key_id(kms)
             .body(ByteStream::from(body))
@@ -469,6 +510,120 @@ impl Store {
         Ok(out.content_length.unwrap_or(-1).max(0) as u64)
     }
 
+    /// PutObject under `condition`: `Some(etag)` when written, `None` when the store refused the condition
+    /// (412, or 409 for a conditional write that raced another; a missing object for `Matches`).
+    pub async fn put_conditional(
+        &self,
+        key: &str,
+        body: Vec<u8>,
+        condition: Condition<'_>,
+    ) -> Result<Option<String>, StorageError> {
+        let (sse, kms) = self.sse();
+        let mut request = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .content_type("application/json")
+            .metadata(WRITTEN_BY.0, WRITTEN_BY.1)
+            .set_server_side_encryption(sse)
+            .set_ssekms_key_id(kms)
+            .body(ByteStream::from(body));
+        request = match condition {
+            Condition::Absent => request.if_none_match("*"),
+            Condition::Matches(etag) => request.if_match(etag),
+        };
+        match request.send().await {
+            Ok(out) => Ok(Some(out.e_tag.unwrap_or_default())),
+            Err(e) if matches!(e.code(), Some("PreconditionFailed" | "ConditionalRequestConflict" | "NoSuchKey")) => {
+                Ok(None)
+            }
+            Err(e) if e.raw_response().is_some_and(|r| matches!(r.status().as_u16(), 409 | 412)) => Ok(None),
+            Err(e) => Err(StorageError::request("PutObject", e)),
+        }
+    }
+
+    /// The object at `key` with its ETag, or `None` when there is none.
+    pub async fn get_versioned(&self, key: &str) -> Result<Option<Versioned>, StorageError> {
+        let out = match self.client.get_object().bucket(&self.bucket).key(key).send().await {
+            Ok(out) => out,
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
+            Err(e) => return Err(StorageError::request("GetObject", e)),
+        };
+        let (etag, last_modified) = (out.e_tag.clone().unwrap_or_default(), out.last_modified);
+        let body = out
+            .body
+            .collect()
+            .await
+            .map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
+        Ok(Some(Versioned { etag, body: body.to_vec(), last_modified }))
+    }
+
+    /// Every object under `prefix` with its modification time.
+    pub async fn list_objects(&self, prefix: &str) -> Result<Vec<ListedObject>, StorageError> {
+        let mut out = Vec::new();
+        let mut token = None;
+        loop {
+            let page = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|e| StorageError::request("ListObjectsV2", e))?;
+            out.extend(page.contents().iter().filter_map(|o| {
+                Some(ListedObject { key: o.key()?.to_string(), last_modified: o.last_modified().copied() })
+            }));
+            match page.next_continuation_token {
+                Some(next) if page.is_truncated() == Some(true) => token = Some(next),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// Multipart uploads in progress under `prefix`, with when each began.
+    pub async fn uploads(&self, prefix: &str) -> Result<Vec<Upload>, StorageError> {
+        let mut out = Vec::new();
+        let (mut key_marker, mut id_marker) = (None, None);
+        loop {
+            let page = self
+                .client
+                .list_multipart_uploads()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .set_key_marker(key_marker.take())
+                .set_upload_id_marker(id_marker.take())
+                .send()
+                .await
+                .map_err(|e| StorageError::request("ListMultipartUploads", e))?;
+            for upload in page.uploads() {
+                if let (Some(key), Some(id)) = (upload.key(), upload.upload_id()) {
+                    out.push(Upload {
+                        key: key.to_string(),
+                        upload_id: id.to_string(),
+                        initiated: upload.initiated().copied(),
+                    });
+                }
+            }
+            key_marker = page.next_key_marker.filter(|_| page.is_truncated == Some(true));
+            id_marker = page.next_upload_id_marker;
+            if key_marker.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Whether the object at `key` carries [`WRITTEN_BY`] (false when it is gone).
+    pub async fn written_by_us(&self, key: &str) -> Result<bool, StorageError> {
+        match self.client.head_object().bucket(&self.bucket).key(key).send().await {
+            Ok(head) => Ok(head.metadata().and_then(|m| m.get(WRITTEN_BY.0)).is_some_and(|v| v == WRITTEN_BY.1)),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(false),
+            Err(e) => Err(StorageError::request("HeadObject", e)),
+        }
+    }
+
     /// Deletes `key` unless object lock protects it: `Ok(false)` when it is locked (a retention date in the
     /// future or a legal hold), so retention skips it and goes on.
     pub async fn delete_unless_locked(&self, key: &str) -> Result<bool, StorageError> {
@@ -483,8 +638,10 @@ impl Store {
         if retained || held {
             return Ok(false);
         }
-        // With a version id the object really goes, rather than hiding behind a delete marker.
-        match self.client.delete_object().bucket(&self.bucket).key(key).set_version_id(head.version_id).send().await {
+        // With a version id the object really goes; without, a versioned bucket keeps it behind a delete marker
+        // (the default: what goes for good is the configuration's decision, `storage.deleteVersions`).
+        let version = head.version_id.filter(|_| self.delete_versions);
+        match self.client.delete_object().bucket(&self.bucket).key(key).set_version_id(version).send().await {
             Ok(_) => Ok(true),
             Err(e) if e.code() == Some("AccessDenied") => Ok(false),
             Err(e) => Err(StorageError::request("DeleteObject", e)),

@@ -218,6 +218,81 @@ async fn sigterm_during_a_slow_upload_aborts_it_after_the_grace_and_exits_cleanl
     assert!(manifests(&s3, &bed.s3.bucket).await.is_empty(), "nothing published");
 }
 
+/// Messages of a replica's JSON log lines.
+fn log_messages(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["message"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_one_shot_during_the_daemons_slow_upload_waits_for_the_shard_lock_and_both_publish_with_nothing_lost() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/big", 300, 100_000).await.unwrap();
+    let slow = Proxy::start(bed.s3.endpoint.trim_start_matches("http://")).await;
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.compression = "none";
+    // The one-shot talks to S3 directly; the daemon through the proxy that slows its upload.
+    let one_shot_config = write_config(&bed, &options).unwrap();
+    // Every 20 s: a tick's slow run (~8 s) ends well before the next, so the waiting one-shot gets its turn.
+    options.cron = "*/20 * * * * *";
+    options.s3_endpoint = slow.url.clone();
+    let daemon_config = write_config(&bed, &options).unwrap();
+    let mut agent = agent(cluster, &daemon_config, &ns).identity("replica-a").spawn().unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+    // 30 MB at 4 MiB/s: the daemon's upload is under way for several seconds.
+    slow.faults.throttle_bytes_per_second.store(4 * 1024 * 1024, std::sync::atomic::Ordering::SeqCst);
+    let s3 = bed.s3.client();
+    testbed::eventually(WAIT, "the daemon's upload under way", || {
+        let (s3, bucket) = (s3.clone(), bed.s3.bucket.clone());
+        async move { (!uploads(&s3, &bucket).await.is_empty()).then_some(()) }
+    })
+    .await;
+
+    let config = one_shot_config.to_str().unwrap().to_string();
+    let out =
+        tokio::task::spawn_blocking(move || cli(&["snapshot", "--config", &config, "--wait", "5m"])).await.unwrap();
+    assert!(out.status.success(), "{}\n{}", text(&out), agent.process.log_tail());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("shard root: another run holds the shard's lock: run (pid"),
+        "the one-shot waited for the daemon's run and said so: {}",
+        text(&out)
+    );
+    let messages = testbed::eventually(WAIT, "the daemon's snapshot published", || {
+        let messages = log_messages(&agent.process.log());
+        async move { messages.iter().any(|m| m == "snapshot published").then_some(messages) }
+    })
+    .await;
+    slow.faults.throttle_bytes_per_second.store(0, std::sync::atomic::Ordering::SeqCst);
+    let status = agent.terminate(Duration::from_secs(40));
+    assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}\n{}", agent.process.log_tail());
+    let failed: Vec<_> =
+        log_messages(&agent.process.log()).into_iter().filter(|m| m.contains("snapshot failed")).collect();
+    assert!(failed.is_empty(), "the daemon's run was never disturbed: {failed:?}\n{messages:?}");
+
+    // Both published; every manifest has its object and every object its manifest; nothing half done is left.
+    let manifests = manifests(&s3, &bed.s3.bucket).await;
+    assert!(manifests.iter().any(|m| m["tick"].is_string()), "the daemon's snapshot: {manifests:?}");
+    assert!(manifests.iter().any(|m| m["tick"].is_null()), "the one-shot's snapshot: {manifests:?}");
+    let keys = keys(&s3, &bed.s3.bucket).await;
+    let objects: Vec<_> = keys.iter().filter(|k| k.ends_with("/snapshot.db")).collect();
+    assert_eq!(objects.len(), manifests.len(), "{keys:?}");
+    for m in &manifests {
+        let object = format!("{PREFIX}/{}/{}", m["id"].as_str().unwrap(), m["object"].as_str().unwrap());
+        assert!(keys.contains(&object), "{object} is in the bucket: {keys:?}");
+    }
+    assert!(uploads(&s3, &bed.s3.bucket).await.is_empty(), "no multipart upload left");
+    let lock = s3.get_object().bucket(&bed.s3.bucket).key(format!("{PREFIX}/root/run.lock")).send().await.unwrap();
+    let lock: serde_json::Value = serde_json::from_slice(&lock.body.collect().await.unwrap().into_bytes()).unwrap();
+    assert_eq!(lock["released"], true, "the lock is released: {lock}");
+}
+
 /// The ticks of the drills a replica ran, from its JSON log.
 fn drilled_ticks(log: &str) -> Vec<String> {
     log.lines()

@@ -561,3 +561,150 @@ async fn a_corrupt_alarm_on_one_member_of_three_skips_that_member_only() {
     let m = &manifests(&bed.s3.client(), &bed.s3.bucket).await[0];
     assert_ne!(m["member"]["name"], "alpha-0", "{m}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn objects_this_agent_did_not_write_survive_every_run_and_retention_while_its_own_leftover_goes() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 20, 1000).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.keep_last = 1;
+    let config = write_config(&bed, &options).unwrap();
+    let (s3, bucket) = (bed.s3.client(), bed.s3.bucket.clone());
+    let put = |key: String, written_by_us: bool| {
+        let (s3, bucket) = (s3.clone(), bucket.clone());
+        async move {
+            let mut request = s3.put_object().bucket(bucket).key(&key).body(b"by hand".to_vec().into());
+            if written_by_us {
+                request = request.metadata("written-by", "etcd-snapshotter");
+            }
+            request.send().await.unwrap();
+            key
+        }
+    };
+    // An etcdctl snapshot uploaded by hand, one in this agent's own key shape without a manifest, a note at
+    // the prefix and one in another shard's directory.
+    let mut hand_placed = vec![
+        put(format!("{PREFIX}/root/etcdctl-20261130.db"), false).await,
+        put(format!("{PREFIX}/root/20250101T000000Z-r5/snapshot.db"), false).await,
+        put(format!("{PREFIX}/notes.txt"), false).await,
+        put(format!("{PREFIX}/alpha/20250101T000000Z-r5/snapshot.db.zst"), false).await,
+    ];
+    snapshot_ok(&config);
+    let first = manifests(&s3, &bucket).await[0].clone();
+    let first_id = first["id"].as_str().unwrap().to_string();
+    // A note beside a snapshot retention will delete, and a manifest edited to name it as its object.
+    hand_placed.push(put(format!("{PREFIX}/{first_id}/notes.txt"), false).await);
+    let mut forged = first.clone();
+    forged["id"] = "root/20250102T000000Z-r6".into();
+    forged["object"] = "victim.txt".into();
+    hand_placed.push(put(format!("{PREFIX}/root/20250102T000000Z-r6/victim.txt"), false).await);
+    let forged_key = format!("{PREFIX}/root/20250102T000000Z-r6/manifest.json");
+    s3.put_object()
+        .bucket(&bucket)
+        .key(&forged_key)
+        .body(serde_json::to_vec(&forged).unwrap().into())
+        .send()
+        .await
+        .unwrap();
+    hand_placed.push(forged_key);
+    // What an interrupted run of this agent leaves: its own shape, its own metadata, no manifest.
+    let leftover = put(format!("{PREFIX}/root/20250103T000000Z-r7/snapshot.db.zst"), true).await;
+
+    for _ in 0..3 {
+        load(&mut client, "/registry/more", 5, 100).await.unwrap();
+        let out = snapshot_ok(&config);
+        assert!(out.contains("kept 1"), "{out}");
+    }
+    let left = keys(&s3, &bucket).await;
+    for key in &hand_placed {
+        assert!(left.contains(key), "{key} survived every run and retention: {left:?}");
+    }
+    assert!(!left.contains(&leftover), "the agent's own leftover was cleaned: {left:?}");
+    assert!(!left.contains(&format!("{PREFIX}/{first_id}/manifest.json")), "retention ran: {left:?}");
+    let published = manifests(&s3, &bucket).await.into_iter().filter(|m| m["object"] != "victim.txt").count();
+    assert_eq!(published, 1, "keepLast 1: {left:?}");
+}
+
+/// A versitygw of its own with versioning on (the bed's has none), the bed's keys, a versioned bucket.
+async fn versioned_s3(bed: &Bed) -> testbed::S3Server {
+    let port = testbed::process::free_port().unwrap();
+    let (data, versions) = (bed.path("versioned-data"), bed.path("versioned-versions"));
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(&versions).unwrap();
+    let process = testbed::process::Process::start_with_env(
+        "versioned-versitygw",
+        bed.peers.path("versitygw"),
+        vec![
+            "--port".into(),
+            format!("127.0.0.1:{port}"),
+            "--region".into(),
+            testbed::s3::REGION.into(),
+            "--quiet".into(),
+            "posix".into(),
+            "--versioning-dir".into(),
+            versions.display().to_string(),
+            data.display().to_string(),
+        ],
+        &[("ROOT_ACCESS_KEY", bed.s3.access_key.as_str()), ("ROOT_SECRET_KEY", bed.s3.secret_key.as_str())],
+        bed.path("versioned-versitygw.log"),
+    )
+    .unwrap();
+    let server = testbed::S3Server {
+        endpoint: format!("http://127.0.0.1:{port}"),
+        access_key: bed.s3.access_key.clone(),
+        secret_key: bed.s3.secret_key.clone(),
+        bucket: "versioned".into(),
+        process,
+    };
+    let s3 = server.client();
+    testbed::eventually(WAIT, "the versioned versitygw answers", || {
+        let s3 = s3.clone();
+        async move { s3.list_buckets().send().await.ok() }
+    })
+    .await;
+    s3.create_bucket().bucket("versioned").send().await.unwrap();
+    let enabled = aws_sdk_s3::types::VersioningConfiguration::builder()
+        .status(aws_sdk_s3::types::BucketVersioningStatus::Enabled)
+        .build();
+    s3.put_bucket_versioning().bucket("versioned").versioning_configuration(enabled).send().await.unwrap();
+    server
+}
+
+/// Versions of data objects (not delete markers) in the bucket.
+async fn data_versions(s3: &aws_sdk_s3::Client, bucket: &str) -> usize {
+    let out = s3.list_object_versions().bucket(bucket).send().await.unwrap();
+    out.versions().iter().filter(|v| v.key().is_some_and(|k| k.contains("/snapshot.db"))).count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_a_versioned_bucket_retention_leaves_delete_markers_unless_the_configuration_deletes_versions() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    let versioned = versioned_s3(&bed).await;
+    let s3 = versioned.client();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.s3_endpoint = versioned.endpoint.clone();
+    options.bucket = "versioned".into();
+    options.keep_last = 1;
+    let keeping = write_config(&bed, &options).unwrap();
+    for _ in 0..3 {
+        load(&mut client, "/registry/things", 5, 100).await.unwrap();
+        snapshot_ok(&keeping);
+    }
+    assert_eq!(manifests(&s3, "versioned").await.len(), 1, "keepLast 1");
+    assert_eq!(data_versions(&s3, "versioned").await, 3, "the deleted snapshots' data stays as old versions");
+
+    options.extra_storage = "  deleteVersions: true\n";
+    let deleting = write_config(&bed, &options).unwrap();
+    for _ in 0..2 {
+        load(&mut client, "/registry/things", 5, 100).await.unwrap();
+        snapshot_ok(&deleting);
+    }
+    assert_eq!(manifests(&s3, "versioned").await.len(), 1, "keepLast 1");
+    // The two snapshots this configuration deleted went for good: the two old versions from before and the
+    // one kept remain.
+    assert_eq!(data_versions(&s3, "versioned").await, 3, "deleteVersions removes the versions it deletes");
+}

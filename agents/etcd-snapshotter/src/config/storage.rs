@@ -51,6 +51,10 @@ pub struct RawStorage {
     /// ours: for stores without checksums, at the cost of reading every snapshot once).
     #[serde(default)]
     pub integrity: Integrity,
+    /// On a versioned bucket, delete the version itself when retention or clean-up removes an object (it is
+    /// gone for good); false (the default) leaves a delete marker and the bucket's lifecycle decides.
+    #[serde(default)]
+    pub delete_versions: bool,
 }
 
 fn default_attempts() -> u32 {
@@ -165,6 +169,7 @@ pub struct Storage {
     pub part_max_attempts: u32,
     pub attempt_timeout: Duration,
     pub integrity: Integrity,
+    pub delete_versions: bool,
 }
 
 pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<Storage> {
@@ -247,5 +252,6 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
         part_max_attempts: raw.part_max_attempts,
         attempt_timeout,
         integrity: raw.integrity,
+        delete_versions: raw.delete_versions,
     })
 }

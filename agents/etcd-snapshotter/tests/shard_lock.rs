@@ -1,0 +1,114 @@
+//! The shard's lock against a real versitygw: one holder at a time, a waiter that waits and then refuses with
+//! the holder named, a lock left by a process that no longer runs taken over at once, and a holder whose lock
+//! was taken over publishes nothing and never removes its successor's.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use etcd_snapshotter::config::Config;
+use etcd_snapshotter::shard_lock::{self, Holder, LockError};
+use etcd_snapshotter::storage::Store;
+
+async fn store(bed: &Bed) -> Store {
+    let options = Options::new(bed, "root", vec!["http://127.0.0.1:1".into()]);
+    let config: Config = kcp_keeper_runtime::config::load(&write_config(bed, &options).unwrap()).unwrap();
+    Store::new(&config.storage).unwrap()
+}
+
+fn nothing(_: &str) {}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_run_waits_while_the_shard_is_held_refuses_naming_the_holder_and_gets_it_once_released() {
+    let bed = Bed::start().await.unwrap();
+    let store = store(&bed).await;
+    let held = shard_lock::acquire(&store, "root", "run", Duration::ZERO, nothing).await.unwrap();
+    let told = std::sync::Mutex::new(Vec::new());
+    let error = shard_lock::acquire(&store, "root", "snapshot", Duration::from_secs(3), |h: &str| {
+        told.lock().unwrap().push(h.to_string())
+    })
+    .await
+    .err()
+    .expect("held by the first");
+    let message = error.to_string();
+    assert!(matches!(error, LockError::Busy { .. }), "{message}");
+    assert!(message.contains("another run holds the shard's lock: run (pid"), "{message}");
+    assert_eq!(told.lock().unwrap().len(), 1, "told once: {told:?}");
+    // Another shard is not held.
+    let alpha = shard_lock::acquire(&store, "alpha", "snapshot", Duration::ZERO, nothing).await.unwrap();
+    alpha.release().await;
+
+    let waiter = {
+        let store = store.clone();
+        tokio::spawn(
+            async move { shard_lock::acquire(&store, "root", "snapshot", Duration::from_secs(60), nothing).await },
+        )
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!waiter.is_finished(), "it waits while the lock is held");
+    held.release().await;
+    let second = tokio::time::timeout(Duration::from_secs(30), waiter).await.unwrap().unwrap().unwrap();
+    second.confirm().await.unwrap();
+    second.release().await;
+    let key = shard_lock::key(&store.prefix, "root");
+    let s3 = bed.s3.client();
+    let body = s3.get_object().bucket(&bed.s3.bucket).key(&key).send().await.unwrap().body.collect().await.unwrap();
+    let left: Holder = serde_json::from_slice(&body.into_bytes()).unwrap();
+    assert!(left.released, "released: the lock says it is free");
+    assert_eq!(keys(&s3, &bed.s3.bucket).await.len(), 2, "one lock object per shard, nothing else");
+    let third = shard_lock::acquire(&store, "root", "snapshot", Duration::ZERO, nothing).await.unwrap();
+    third.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_left_by_a_process_that_no_longer_runs_is_taken_over_at_once_and_its_holder_publishes_nothing() {
+    let bed = Bed::start().await.unwrap();
+    let store = store(&bed).await;
+    let s3 = bed.s3.client();
+    // A lock as a run of this host that has since exited would have left it.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    let holder = Holder {
+        token: "left-by-a-dead-run".into(),
+        command: "snapshot".into(),
+        host: read("/proc/sys/kernel/hostname").unwrap_or_default(),
+        pid: dead,
+        boot_id: read("/proc/sys/kernel/random/boot_id"),
+        pid_namespace: std::fs::read_link("/proc/self/ns/pid").ok().map(|p| p.display().to_string()),
+        start_ticks: Some(1),
+        acquired_at: chrono::Utc::now(),
+        released: false,
+    };
+    let key = shard_lock::key(&store.prefix, "root");
+    s3.put_object()
+        .bucket(&bed.s3.bucket)
+        .key(&key)
+        .body(serde_json::to_vec(&holder).unwrap().into())
+        .send()
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let taken = shard_lock::acquire(&store, "root", "snapshot", Duration::from_secs(30), nothing).await.unwrap();
+    assert!(started.elapsed() < shard_lock::STALE_AFTER, "taken over without waiting for staleness");
+
+    // A live holder on another host is never judged dead: it is waited for.
+    let elsewhere = Holder { boot_id: Some("another-host".into()), ..holder };
+    s3.put_object()
+        .bucket(&bed.s3.bucket)
+        .key(&key)
+        .body(serde_json::to_vec(&elsewhere).unwrap().into())
+        .send()
+        .await
+        .unwrap();
+    let error = taken.confirm().await.expect_err("the lock is no longer ours");
+    assert!(matches!(error, LockError::Lost { .. }), "{error}");
+    taken.release().await;
+    let body = s3.get_object().bucket(&bed.s3.bucket).key(&key).send().await.unwrap().body.collect().await.unwrap();
+    let left: Holder = serde_json::from_slice(&body.into_bytes()).unwrap();
+    assert_eq!(left.boot_id.as_deref(), Some("another-host"), "the successor's lock is left alone");
+    let refused = shard_lock::acquire(&store, "root", "snapshot", Duration::from_secs(2), nothing).await;
+    assert!(matches!(refused, Err(LockError::Busy { .. })), "another host's fresh lock is waited for");
+}
