@@ -51,7 +51,37 @@ pub struct Kubeconfig {
     pub server: Option<String>,
     /// Keep every previous server CA a target holds that is still valid beside the candidate's ([`crate::overlap`]).
     pub ca_overlap: bool,
+    /// Rights a candidate must hold, each proven with a SelfSubjectAccessReview ([`crate::prove`]).
+    pub rights: Vec<Right>,
     pub targets: Vec<Target>,
+}
+
+/// A right a credential must hold: `verb` on `group`/`resource` in a kcp workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Right {
+    /// The verb (get, list, create, ...).
+    pub verb: String,
+    /// The resource (configmaps, workspaces, ...), optionally with a subresource (deployments/scale).
+    pub resource: String,
+    /// The API group; empty for the core group.
+    #[serde(default)]
+    pub group: String,
+    /// The kcp workspace path (root, root:org:team): asked at <server>/clusters/<workspace>. Absent: at the
+    /// server the kubeconfig names, as it is.
+    #[serde(default)]
+    pub workspace: Option<String>,
+}
+
+impl std::fmt::Display for Right {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let resource =
+            if self.group.is_empty() { self.resource.clone() } else { format!("{}.{}", self.resource, self.group) };
+        match &self.workspace {
+            Some(ws) => write!(f, "{} {resource} in workspace {ws}", self.verb),
+            None => write!(f, "{} {resource} at the kubeconfig's server", self.verb),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -231,6 +261,9 @@ struct RawKubeconfig {
     /// still valid in the published CA data beside the new one, until each expires (default true).
     #[serde(default, rename = "caOverlap")]
     ca_overlap: Option<bool>,
+    /// Proof beyond the identity.
+    #[serde(default)]
+    verify: Option<RawVerify>,
     /// At least one; a Secret is the target of one kubeconfig only.
     targets: Vec<RawTarget>,
 }
@@ -308,6 +341,16 @@ struct RawTarget {
     /// the credential they hold minus the margin.
     #[serde(default)]
     restart_window: Option<RawRestartWindow>,
+}
+
+/// What a candidate must prove besides who it is.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawVerify {
+    /// Rights the candidate must hold, each asked with a SelfSubjectAccessReview sent with the candidate at the
+    /// URL it will be published with; a candidate missing one is refused (missing_right), naming it.
+    #[serde(default)]
+    rights: Vec<Right>,
 }
 
 /// A cron-style restart window, like cert-manager's renewal windows.
@@ -399,6 +442,23 @@ impl AgentConfig for Config {
             {
                 err("server", e);
             }
+            let rights = k.verify.map(|v| v.rights).unwrap_or_default();
+            for (r, right) in rights.iter().enumerate() {
+                let field = |f: &str| format!("verify.rights[{r}].{f}");
+                for (name, value) in [("verb", &right.verb), ("resource", &right.resource)] {
+                    if value.is_empty() || !value.chars().all(|c| c.is_ascii_alphanumeric() || "-_./*".contains(c)) {
+                        err(&field(name), "must be a non-empty Kubernetes name".into());
+                    }
+                }
+                if !right.group.chars().all(|c| c.is_ascii_alphanumeric() || "-.*".contains(c)) {
+                    err(&field("group"), "must be an API group name".into());
+                }
+                if let Some(ws) = &right.workspace
+                    && (ws.is_empty() || !ws.split(':').all(|p| names::check_dns_label(p).is_ok()))
+                {
+                    err(&field("workspace"), "must be a workspace path such as root or root:org".into());
+                }
+            }
             if k.targets.is_empty() {
                 err("targets", "at least one target is needed".into());
             }
@@ -470,6 +530,7 @@ impl AgentConfig for Config {
                     renew_before: k.renew_before.map(|d| d.0),
                     server: k.server.map(|s| s.trim_end_matches('/').to_string()),
                     ca_overlap: k.ca_overlap.unwrap_or(true),
+                    rights,
                     targets,
                 });
             }

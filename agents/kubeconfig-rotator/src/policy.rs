@@ -69,6 +69,8 @@ pub struct Expected {
     pub username: String,
     /// A subset of what the server reports (kcp adds `system:authenticated`).
     pub groups: Vec<String>,
+    /// Rights it must hold besides (SelfSubjectAccessReviews).
+    pub rights: Vec<crate::config::Right>,
 }
 
 /// What the kcp-operator puts into a Kubeconfig's certificate: CN = username, O = groups + `kubeconfig:<name>`.
@@ -77,7 +79,7 @@ pub fn operator_identity(kubeconfig_name: &str, username: &str, groups: &[String
     groups.push(format!("kubeconfig:{kubeconfig_name}"));
     groups.sort();
     groups.dedup();
-    Expected { username: username.into(), groups }
+    Expected { username: username.into(), groups, rights: Vec::new() }
 }
 
 /// Whether a review's answer proves `expected`; `Err` says which part did not, by name only.

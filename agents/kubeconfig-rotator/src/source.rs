@@ -38,7 +38,7 @@ pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> 
                 return Err(SyncError::SecretRefMismatch(object));
             }
             let expected = match &kc.expect {
-                Some(e) => Expected { username: e.username.clone(), groups: e.groups.clone() },
+                Some(e) => Expected { username: e.username.clone(), groups: e.groups.clone(), rights: Vec::new() },
                 None => {
                     policy::operator_identity(name, kubeconfig.username().unwrap_or_default(), &kubeconfig.groups())
                 }
@@ -51,6 +51,7 @@ pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> 
             let bytes = bytes.unwrap_or_default();
             let regarding =
                 reference("operator.kcp.io/v1alpha1", "Kubeconfig", namespace, name, kubeconfig.metadata.uid.clone());
+            let expected = Expected { rights: kc.rights.clone(), ..expected };
             Ok(Resolved { bytes, expected, regarding, issued, certificate: snap.certificate.clone(), missing })
         }
         Source::Secret(r) => {
@@ -93,7 +94,7 @@ pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> 
 fn expected_of(kc: &Kubeconfig) -> Expected {
     // Validation guarantees `expect` for every source but the operator's.
     let e = kc.expect.clone().unwrap_or(Identity { username: String::new(), groups: vec![] });
-    Expected { username: e.username, groups: e.groups }
+    Expected { username: e.username, groups: e.groups, rights: kc.rights.clone() }
 }
 
 /// The candidate as it will be published: the source's kubeconfig sanitised into its parts (anything more is

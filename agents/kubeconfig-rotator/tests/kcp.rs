@@ -949,3 +949,73 @@ async fn after_a_server_ca_change_the_old_ca_still_valid_is_published_beside_the
 fn expired_now(ca: &Ca) -> bool {
     kubeconfig_rotator::overlap::expired(ca.cert_pem().as_bytes(), OffsetDateTime::now_utc()).is_some()
 }
+
+#[tokio::test]
+async fn a_candidate_whose_group_lost_a_binding_is_refused_naming_the_missing_right_and_its_workspace() -> Result<()> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    // kcp is shared by this binary's tests: the user, group and RBAC objects are named after this test's namespace.
+    let who = format!("rights-{}", layout.src);
+    let kcp = layout.kcp.admin_client("root").await?;
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": who},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}],
+    }))?;
+    Api::<ClusterRole>::all(kcp.clone()).create(&PostParams::default(), &role).await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": who},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": who},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": who}],
+    }))?;
+    let bindings = Api::<ClusterRoleBinding>::all(kcp.clone());
+    bindings.create(&PostParams::default(), &binding).await?;
+
+    let client_ca = &layout.kcp.pki.client_ca;
+    let first = client_ca.issue_client(&who, &[&who], HOUR * 24 * 365)?;
+    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    sources
+        .create(
+            &PostParams::default(),
+            &secret("plain", &[("kubeconfig", kubeconfig_for(&layout, &first, &who).as_bytes())]),
+        )
+        .await?;
+    let config = layout.write_config(&format!(
+        "resyncInterval: 2s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {who}, groups: [{who}]}}\n  verify:\n    rights:\n    - {{verb: get, resource: configmaps, workspace: root}}\n    - {{verb: list, resource: configmaps, workspace: root}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}}}\n",
+        src = layout.src,
+        dst = layout.dst,
+    ))?;
+    let agent = layout.start(&config).await?;
+    let series = format!(
+        "kubeconfig_rotator_verification_failures_total{{kubeconfig=\"{KUBECONFIG}\",reason=\"missing_right\"}}"
+    );
+    let published = testbed::eventually(WAIT, "the candidate holding its rights published", || async {
+        key(&layout.target().await?, TARGET_KEY).filter(|k| client_cert(k).serial == serial_of(&first))
+    })
+    .await;
+    assert_eq!(metric(&metrics(&agent).await, &series)?, 0.0, "the reason is exported at 0 from the start");
+
+    // The group loses its binding; a new, longer-lived certificate for the same user and group is offered.
+    bindings.delete(&who, &Default::default()).await?;
+    let second = client_ca.issue_client(&who, &[&who], HOUR * 24 * 700)?;
+    let patch = json!({"data": {"kubeconfig": base64_encode(kubeconfig_for(&layout, &second, &who).as_bytes())}});
+    sources.patch("plain", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    wait_for_metric(&agent, &series, "the candidate refused for a missing right", |v| v >= 1.0).await;
+    testbed::eventually(WAIT, "an Event naming the missing right and its workspace", || async {
+        let notes = layout.events(&layout.src, "CandidateRejected").await;
+        notes.iter().any(|n| n.contains("get configmaps in workspace root")).then_some(())
+    })
+    .await;
+    let held = key(&layout.target().await.expect("target"), TARGET_KEY);
+    assert_eq!(held.as_deref(), Some(&published[..]), "the target keeps what it holds");
+    let text = metrics(&agent).await;
+    for reason in ["refused", "wrong_identity", "unreachable"] {
+        let other = format!(
+            "kubeconfig_rotator_verification_failures_total{{kubeconfig=\"{KUBECONFIG}\",reason=\"{reason}\"}}"
+        );
+        assert_eq!(metric(&text, &other)?, 0.0, "{reason}: the identity itself still proves");
+    }
+    Api::<ClusterRole>::all(kcp).delete(&who, &Default::default()).await?;
+    testbed::assert_no_secret_material(&agent.process.log(), &[&first.key_pem, &second.key_pem]);
+    Ok(())
+}
