@@ -31,7 +31,10 @@ use serde::Deserialize;
 
 pub use live_check::{Endpoint, LiveCheck, RawEndpoint, RawLiveCheck};
 pub use sources::{KeyRef, PublicRoots, RawSource, Source};
-pub use targets::{NamespaceSelector, Placement, RawTarget, RawTargetObject, Target, TargetKind};
+pub use targets::{
+    NamespaceSelector, Operator, Placement, RawRequirement, RawTarget, RawTargetMetadata, RawTargetObject, Requirement,
+    Selector, Target, TargetKind, TargetMetadata,
+};
 
 use live_check::live_check_from_raw;
 use sources::source_from_raw;
@@ -281,7 +284,7 @@ bundles:
         assert_eq!(target.kind, TargetKind::Secret);
         assert_eq!((target.name.as_str(), target.key.as_str()), ("kcp-ca", "ca.crt"));
         assert_eq!(target.placement, Placement::Namespace("railgrid-system".into()));
-        assert!(matches!(&bundle.targets[1].placement, Placement::Selector(s) if !s.is_empty()));
+        assert!(matches!(&bundle.targets[1].placement, Placement::Selector(s) if !s.labels.is_empty()));
         assert!(bundle.drop_expired);
         let live = &bundle.live_check.as_ref().expect("liveCheck").endpoints;
         let endpoint = |i: usize| (live[i].address.as_str(), live[i].server_name.to_str().into_owned());
@@ -433,6 +436,66 @@ bundles:
             assert!(errors.iter().any(|e| e.starts_with(prefix)), "missing {prefix:?} in\n{}", errors.join("\n"));
         }
         assert_eq!(errors.len(), expected.len(), "{}", errors.join("\n"));
+    }
+
+    #[test]
+    fn match_expressions_render_as_a_label_selector_and_need_a_requirement_that_selects() {
+        let target = |selector: &str| {
+            format!("{MINIMAL}      - secret: {{name: t, key: ca.crt, namespaceSelector: {selector}}}\n")
+        };
+        let config = from_yaml(&target(
+            "{matchLabels: {team: a}, matchExpressions: [{key: tier, operator: In, values: [staging, prod]}, {key: opt-out, operator: DoesNotExist}, {key: env, operator: NotIn, values: [dev]}, {key: kcp, operator: Exists}]}",
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Placement::Selector(selector) = &config.bundles[0].targets[1].placement else { panic!("a selector") };
+        assert_eq!(selector.label_selector(), "team=a,tier in (prod,staging),!opt-out,env notin (dev),kcp");
+        let only = from_yaml(&target("{matchExpressions: [{key: tier, operator: In, values: [prod]}]}"));
+        assert!(only.is_ok(), "In alone selects");
+        let cases = [
+            (
+                "{matchExpressions: [{key: tier, operator: NotIn, values: [dev]}]}",
+                "matchLabels: must name at least one label",
+            ),
+            ("{matchExpressions: [{key: tier, operator: In}]}", "matchExpressions[0].values: In and NotIn need"),
+            (
+                "{matchExpressions: [{key: tier, operator: Exists, values: [x]}, {key: a, operator: Exists}]}",
+                "matchExpressions[0].values: Exists and DoesNotExist take no values",
+            ),
+            ("{matchExpressions: [{key: -bad, operator: Exists}]}", "matchExpressions[0].key"),
+            ("{matchExpressions: [{key: t, operator: In, values: [\"a b\"]}]}", "matchExpressions[0].values[0]"),
+        ];
+        for (selector, expected) in cases {
+            let errors = errors_of(&target(selector));
+            let expected = format!("bundles[0].targets[1].secret.namespaceSelector.{expected}");
+            assert!(errors.len() == 1 && errors[0].starts_with(&expected), "{selector}: {errors:?}");
+        }
+        let err = from_yaml(&target("{matchExpressions: [{key: t, operator: Equals, values: [a]}]}")).unwrap_err();
+        assert!(matches!(err, ConfigError::Parse { .. }), "an unknown operator is refused: {err}");
+    }
+
+    #[test]
+    fn target_metadata_keys_are_checked_and_kcp_keepers_own_are_refused() {
+        let yaml = MINIMAL.replace(
+            "name: kcp-ca, key: ca.crt}\n",
+            "name: kcp-ca, key: ca.crt, metadata: {labels: {team: platform, \"bad key!\": x, app.kubernetes.io/managed-by: me}, annotations: {ca-syncer.kcp-keeper.io/rotation-state: x, note: \"any text at all\"}}}\n",
+        );
+        let errors = errors_of(&yaml);
+        let prefix = "bundles[0].targets[0].secret.metadata.";
+        let expected = [
+            "labels[\"app.kubernetes.io/managed-by\"]: is written by kcp-keeper itself",
+            "labels[\"bad key!\"]: key",
+            "annotations[\"ca-syncer.kcp-keeper.io/rotation-state\"]: is written by kcp-keeper itself",
+        ];
+        for e in expected {
+            assert!(errors.iter().any(|got| got.starts_with(&format!("{prefix}{e}"))), "{e} in {errors:?}");
+        }
+        assert_eq!(errors.len(), expected.len(), "{errors:?}");
+        let fine = MINIMAL.replace(
+            "name: kcp-ca, key: ca.crt}\n",
+            "name: kcp-ca, key: ca.crt, metadata: {labels: {team: platform}}}\n",
+        );
+        let config = from_yaml(&fine).expect("valid");
+        assert_eq!(config.bundles[0].targets[0].metadata.labels["team"], "platform");
     }
 
     #[test]

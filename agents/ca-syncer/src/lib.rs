@@ -30,6 +30,7 @@ pub mod scope;
 pub mod sidecar;
 pub mod sources;
 pub mod state;
+pub mod target_metadata;
 
 #[cfg(test)]
 mod testcerts;

@@ -45,6 +45,13 @@ impl Observed {
         }
     }
 
+    pub fn meta(&self) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta> {
+        match self {
+            Observed::Secret(s) => s.as_ref().map(|s| &s.metadata),
+            Observed::ConfigMap(c) => c.as_ref().map(|c| &c.metadata),
+        }
+    }
+
     pub fn resource_version(&self) -> Option<&str> {
         match self {
             Observed::Secret(s) => s.as_ref().and_then(|s| s.metadata.resource_version.as_deref()),

@@ -25,7 +25,7 @@ use time::OffsetDateTime;
 
 use crate::bundle::{Bundle as Built, BundleOptions};
 use crate::certs::{Certificate, EmptyPolicy, Fingerprint, parse_certificates};
-use crate::config::{Bundle, Config, LiveCheck, Placement, TargetKind};
+use crate::config::{Bundle, Config, LiveCheck, Placement, TargetKind, TargetMetadata};
 use crate::error::SyncError;
 use crate::live_check::{self, EndpointFailure, Failures};
 use crate::metrics::{BundleLabel, EndpointLabels, Metrics, Published, ReasonLabels, SkipReason, TargetLabels};
@@ -34,6 +34,7 @@ use crate::rotation::{self, DropReason, RetentionPlan, RotationState, STATE_ANNO
 use crate::scope::Scope;
 use crate::sources::{self, Reader, SourceFailure};
 use crate::state::StateStore;
+use crate::target_metadata::{self, Decided};
 
 /// `ca-syncer run`'s own flag.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -131,6 +132,7 @@ struct Resolved {
     name: String,
     key: String,
     adopt: bool,
+    metadata: TargetMetadata,
 }
 
 impl Resolved {
@@ -326,7 +328,7 @@ impl Syncer {
             let (namespaces, terminating) = match &target.placement {
                 Placement::Namespace(ns) if self.terminating.is_skipped(ns) => (vec![], vec![ns.clone()]),
                 Placement::Namespace(ns) => (vec![ns.clone()], vec![]),
-                Placement::Selector(labels) => self.scope.namespaces(labels),
+                Placement::Selector(selector) => self.scope.namespaces(selector),
             };
             let resolved = |namespace: String| Resolved {
                 kind: target.kind,
@@ -334,6 +336,7 @@ impl Syncer {
                 name: target.name.clone(),
                 key: target.key.clone(),
                 adopt: target.adopt,
+                metadata: target.metadata.clone(),
             };
             out.extend(namespaces.into_iter().map(resolved));
             skipped.extend(terminating.into_iter().map(|ns| (resolved(ns), SkipReason::Terminating)));
@@ -399,7 +402,14 @@ impl Syncer {
         // A new series starts at 0; an existing one keeps its value until this pass knows better, so a target
         // that stays in sync never reads 0 mid-pass (an alert or a reader would see a flap).
         let in_sync = self.metrics.target_in_sync.get_or_create(&labels).clone();
-        let desired = desired_object(target, &plan.pem, &plan.cache, !plan.observed.exists());
+        let metadata = target_metadata::decide(&target.metadata, plan.observed.meta());
+        if !metadata.foreign.is_empty() {
+            let keys = metadata.foreign.join(", ");
+            tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, keys = %keys, "metadata keys held by another manager left alone");
+            let note = format!("bundle {}: {keys} set by someone else to another value; left as it is", spec.name);
+            self.event(target, EventType::Warning, "MetadataNotOwned", &note);
+        }
+        let desired = desired_object(target, &plan.pem, &plan.cache, !plan.observed.exists(), &metadata);
         let ownership = Ownership::Owned { adopt: target.adopt };
         let written = match &plan.observed {
             Observed::Secret(live) => {
@@ -551,12 +561,18 @@ impl TargetPlan<'_> {
     }
 }
 
-/// The fields ca-syncer owns in a target: the key and the cache annotation of what it holds. The Secret type is set only on
-/// creation: it is immutable, and an adopted Secret keeps its own.
-fn desired_object(target: &Resolved, pem: &str, state: &str, creating: bool) -> serde_json::Value {
-    let annotations: BTreeMap<&str, &str> =
-        if state.is_empty() { BTreeMap::new() } else { BTreeMap::from([(STATE_ANNOTATION, state)]) };
-    let metadata = json!({"name": target.name, "namespace": target.namespace, "annotations": annotations});
+/// The fields ca-syncer owns in a target: the key, the cache annotation of what it holds, and the configured
+/// labels and annotations it may set ([`target_metadata`]). The Secret type is set only on creation: it is
+/// immutable, and an adopted Secret keeps its own.
+fn desired_object(target: &Resolved, pem: &str, state: &str, creating: bool, extra: &Decided<'_>) -> serde_json::Value {
+    let mut annotations = extra.annotations.clone();
+    if !state.is_empty() {
+        annotations.insert(STATE_ANNOTATION, state);
+    }
+    let mut metadata = json!({"name": target.name, "namespace": target.namespace, "annotations": annotations});
+    if !extra.labels.is_empty() {
+        metadata["labels"] = json!(extra.labels);
+    }
     match target.kind {
         TargetKind::Secret => {
             let mut secret = json!({

@@ -20,7 +20,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use crate::config::{Config, Placement, Source, TargetKind};
+use crate::config::{Config, Placement, Selector, Source, TargetKind};
 
 /// One object the configuration names: its kind, namespace (`None`: every namespace) and name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -63,9 +63,9 @@ impl Plan {
                             name: target.name.clone(),
                         });
                     }
-                    Placement::Selector(labels) => {
+                    Placement::Selector(selector) => {
                         plan.cluster_wide.insert((target.kind, target.name.clone()));
-                        plan.namespace_selectors.insert(Placement::label_selector(labels));
+                        plan.namespace_selectors.insert(selector.label_selector());
                     }
                 }
             }
@@ -130,8 +130,8 @@ impl Scope {
 
     /// The namespaces `labels` selects, sorted: those that take new objects, and those being deleted (they
     /// refuse new objects, so their targets are skipped and counted as such).
-    pub fn namespaces(&self, labels: &BTreeMap<String, String>) -> (Vec<String>, Vec<String>) {
-        let Some(store) = self.namespaces.get(&Placement::label_selector(labels)) else { return Default::default() };
+    pub fn namespaces(&self, selector: &Selector) -> (Vec<String>, Vec<String>) {
+        let Some(store) = self.namespaces.get(&selector.label_selector()) else { return Default::default() };
         let (mut active, mut terminating) = (Vec::new(), Vec::new());
         for ns in store.state() {
             let Some(name) = ns.metadata.name.clone() else { continue };
