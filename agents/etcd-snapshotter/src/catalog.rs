@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use chrono::{DateTime, Utc};
 
 use crate::drill::report::{self, Report};
+use crate::generation::{self, Own};
 use crate::manifest::{self, Location, Manifest};
 use crate::retention::{self, Policy, Trigger};
 use crate::storage::{StorageError, Store};
@@ -70,11 +71,20 @@ pub async fn list_with_drills(store: &Store, shard: Option<&str>) -> Result<Vec<
     Ok(out)
 }
 
-/// The snapshot with `id`, or the newest of `shard` when `id` is `latest`.
-pub async fn find(store: &Store, shard: Option<&str>, id: &str) -> anyhow::Result<Manifest> {
+/// The snapshot with `id`, or the newest of `shard`'s own cluster when `id` is `latest` (see [`generation`]):
+/// `own` as the shard's etcd serves it now, or, when it does not answer, the one cluster all its snapshots come
+/// from (several: an error naming them).
+pub async fn find(store: &Store, shard: Option<&str>, id: &str, own: Option<&Own>) -> anyhow::Result<Manifest> {
     if id == "latest" {
         let all = list(store, shard).await?;
-        return all.into_iter().next().ok_or_else(|| anyhow::anyhow!("no published snapshot found"));
+        let newest = match own {
+            Some(own) => all.into_iter().find(|m| own.owns(m)),
+            None => {
+                let only = generation::only_cluster(&all).map_err(|e| anyhow::anyhow!(e))?;
+                all.into_iter().find(|m| Some(generation::cluster_of(m)) == only.as_deref())
+            }
+        };
+        return newest.ok_or_else(|| anyhow::anyhow!("no published snapshot of the shard's etcd cluster found"));
     }
     let location = Location::from_id(&store.prefix, id)
         .ok_or_else(|| anyhow::anyhow!("{id:?} is not a snapshot id (<shard>/<time>-r<revision>)"))?;
@@ -90,21 +100,25 @@ pub struct RetentionReport {
     pub deleted: Vec<String>,
     /// Snapshots retention would delete but object lock protects.
     pub locked: Vec<String>,
+    /// Snapshots of other etcd clusters under the shard's directory: neither counted nor deleted.
+    pub other_clusters: usize,
 }
 
-/// Applies the policy after `just_published` was published (see [`Trigger`]): data object first (so a
-/// locked one keeps its manifest and stays listed), then the manifest.
+/// Applies the policy to the snapshots of the shard's own cluster (`own`) after `just_published` was
+/// published (see [`Trigger`]): data object first (so a locked one keeps its manifest and stays listed), then
+/// the manifest. Other clusters' snapshots are counted, never deleted.
 pub async fn apply_retention(
     store: &Store,
     shard: &str,
     policy: &Policy,
     just_published: &str,
+    own: &Own,
 ) -> Result<RetentionReport, StorageError> {
-    let listed = list_with_drills(store, Some(shard)).await?;
+    let (listed, others) = generation::split(list_with_drills(store, Some(shard)).await?, own, |l| &l.manifest);
     let entries: Vec<_> = listed.iter().map(|l| l.manifest.entry(l.verified_at.is_some())).collect();
     let manifests: Vec<Manifest> = listed.into_iter().map(|l| l.manifest).collect();
     let decision = retention::plan(&entries, policy, &Trigger::AfterSuccess(just_published.into()));
-    let mut report = RetentionReport { kept: decision.keep.len(), ..Default::default() };
+    let mut report = RetentionReport { kept: decision.keep.len(), other_clusters: others.len(), ..Default::default() };
     for id in decision.delete {
         let manifest = manifests.iter().find(|m| m.id == id).expect("planned from this list");
         let location = Location::from_id(&store.prefix, &id).expect("listed ids are valid");

@@ -12,6 +12,7 @@ use kcp_keeper_runtime::logging::{self, LogFormat};
 use crate::catalog;
 use crate::config::{Config, KcpExpect};
 use crate::drill::run::{drill_and_record, summary};
+use crate::generation;
 use crate::metrics::Metrics;
 use crate::restore::{self, MemberFlags};
 use crate::snapshot::{self, Pending};
@@ -131,12 +132,21 @@ pub async fn snapshot(config: &Path, shards: &[String], wait: std::time::Duratio
                 );
                 let report = retention?;
                 println!(
-                    "retention {}: kept {}, deleted {}, locked {}",
+                    "retention {}: kept {}, deleted {}, locked {}, other clusters {}",
                     shard.name,
                     report.kept,
                     report.deleted.len(),
-                    report.locked.len()
+                    report.locked.len(),
+                    report.other_clusters
                 );
+                if report.other_clusters > 0 {
+                    eprintln!(
+                        "warning: shard {}: {} snapshot(s) of other etcd clusters under its directory (another \
+                         installation, or this etcd before it was re-created): not used by latest, drills or \
+                         retention, never deleted; `list` shows them",
+                        shard.name, report.other_clusters
+                    );
+                }
             }
             Err(error) => {
                 let reason: &'static str = (&error).into();
@@ -149,11 +159,21 @@ pub async fn snapshot(config: &Path, shards: &[String], wait: std::time::Duratio
     Ok(())
 }
 
-/// Prints every published snapshot, newest revision first.
+/// Prints every published snapshot, newest revision first, with the etcd cluster it was taken of: a snapshot of
+/// another cluster than the one its shard's endpoints serve now is marked `(other)`.
 pub async fn list(config: &Path, shard: Option<&str>) -> anyhow::Result<()> {
-    let (_, store) = open(config)?;
+    let (config, store) = open(config)?;
     let listed = catalog::list_with_drills(&store, shard).await?;
-    println!("{:<40} {:<10} {:<20} {:>12} {:>8} {:>12} VERIFIED", "ID", "SHARD", "TIME", "REVISION", "KEYS", "SIZE");
+    let mut own = std::collections::HashMap::new();
+    for configured in config.shards.iter().filter(|s| shard.is_none_or(|name| name == s.name)) {
+        if let Some(live) = generation::live(configured).await {
+            own.insert(configured.name.clone(), live);
+        }
+    }
+    println!(
+        "{:<40} {:<10} {:<20} {:>12} {:>8} {:>12} {:<24} VERIFIED",
+        "ID", "SHARD", "TIME", "REVISION", "KEYS", "SIZE", "CLUSTER"
+    );
     for catalog::Listed { manifest: m, report, verified_at } in listed {
         // Verified only by a passing report that proves this manifest and object; a failed drill says why.
         let verified = match (verified_at, report) {
@@ -164,18 +184,29 @@ pub async fn list(config: &Path, shard: Option<&str>) -> anyhow::Result<()> {
             (None, Some(_)) => "no (report does not match the manifest)".into(),
             (None, None) => "no".into(),
         };
+        let cluster = match own.get(&m.shard) {
+            Some(own) if !own.owns(&m) => format!("{} (other)", generation::cluster_of(&m)),
+            _ => generation::cluster_of(&m).to_string(),
+        };
         println!(
-            "{:<40} {:<10} {:<20} {:>12} {:>8} {:>12} {}",
+            "{:<40} {:<10} {:<20} {:>12} {:>8} {:>12} {:<24} {}",
             m.id,
             m.shard,
             m.started_at.format("%Y-%m-%dT%H:%M:%SZ"),
             m.revision_bounds(),
             m.key_count,
             m.object_size_bytes,
+            cluster,
             verified
         );
     }
     Ok(())
+}
+
+/// The cluster the configured shard `name` serves now (`None`: not configured, or its etcd does not answer).
+async fn live_cluster(config: &Config, name: Option<&str>) -> Option<generation::Own> {
+    let shard = config.shards.iter().find(|s| Some(s.name.as_str()) == name)?;
+    generation::live(shard).await
 }
 
 fn identities(path: Option<&Path>) -> anyhow::Result<Option<Vec<crate::encode::Identity>>> {
@@ -192,7 +223,7 @@ fn scratch(config: &Config) -> anyhow::Result<tempfile::TempDir> {
 /// database at the manifest's revision.
 pub async fn verify(config: &Path, id: &str, identity_file: Option<&Path>, etcdutl: &Path) -> anyhow::Result<()> {
     let (config, store) = open(config)?;
-    let manifest = catalog::find(&store, None, id).await?;
+    let manifest = catalog::find(&store, None, id, None).await?;
     let dir = scratch(&config)?;
     let fetched = restore::fetch(&store, manifest, identities(identity_file)?, dir.path()).await?;
     let status = restore::check_structure(etcdutl, &fetched)?;
@@ -226,7 +257,9 @@ pub struct RestoreArgs {
 pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     let (config, store) = open(&args.config)?;
     anyhow::ensure!(args.id != "latest" || args.shard.is_some(), "--id latest needs --shard");
-    let manifest = catalog::find(&store, args.shard.as_deref(), &args.id).await?;
+    // `latest` of the shard's own cluster (as its etcd serves it now, if it answers).
+    let own = live_cluster(&config, args.shard.as_deref()).await;
+    let manifest = catalog::find(&store, args.shard.as_deref(), &args.id, own.as_ref()).await?;
     let dir = scratch(&config)?;
     let fetched = restore::fetch(&store, manifest, identities(args.identity_file.as_deref())?, dir.path()).await?;
     restore::check_structure(&args.etcdutl, &fetched)?;
@@ -280,7 +313,16 @@ pub async fn drill(args: DrillArgs) -> anyhow::Result<()> {
         None => {
             let mut ids = Vec::new();
             for shard in config.shards.iter().filter(|s| args.shard.as_ref().is_none_or(|n| n == &s.name)) {
-                match catalog::list(&store, Some(&shard.name)).await?.first() {
+                let all = catalog::list(&store, Some(&shard.name)).await?;
+                // The newest of the shard's own cluster (as its etcd serves it now, else the only one).
+                let own: Vec<_> = match generation::live(shard).await {
+                    Some(own) => all.into_iter().filter(|m| own.owns(m)).collect(),
+                    None => {
+                        generation::only_cluster(&all).map_err(|e| anyhow::anyhow!("shard {}: {e}", shard.name))?;
+                        all
+                    }
+                };
+                match own.first() {
                     Some(newest) => ids.push(newest.id.clone()),
                     None => eprintln!("shard {}: no published snapshot to drill", shard.name),
                 }

@@ -10,8 +10,8 @@
 //! The domain, pure logic: [`retention`], [`manifest`] (bucket layout and manifest format), [`trailer`]
 //! (etcd's trailing sha256), [`encode`] (zstd, age and parts), [`cadence`] (a schedule's longest gap). The
 //! edges: [`member`] (etcd), [`storage`] (S3), [`shard_lock`] (one run per shard at a time, across processes),
-//! [`snapshot`] (one proven snapshot), [`catalog`] (listing, retention applied), [`restore`] and [`drill`]
-//! (restore drills).
+//! [`snapshot`] (one proven snapshot), [`catalog`] (listing, retention applied), [`generation`] (the etcd cluster
+//! a snapshot belongs to), [`restore`] and [`drill`] (restore drills).
 #![forbid(unsafe_code)]
 
 pub mod cadence;
@@ -21,6 +21,7 @@ pub mod config;
 pub mod drill;
 pub mod encode;
 pub mod error;
+pub mod generation;
 pub mod integrity;
 pub mod manifest;
 pub mod member;

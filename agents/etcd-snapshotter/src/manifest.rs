@@ -99,6 +99,10 @@ pub struct Manifest {
     pub format_version: u32,
     pub id: String,
     pub shard: String,
+    /// etcd's cluster id (hex), as the member's status reported it: snapshots are ordered, kept and picked
+    /// among those of one cluster (`generation`). Absent in manifests written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
     pub member: Member,
     pub etcd_version: String,
     /// A store revision the snapshot provably holds, a lower bound: the member's revision read before the
@@ -200,6 +204,7 @@ pub(crate) fn sample() -> Manifest {
         format_version: FORMAT_VERSION,
         id: "root/20261130T120000Z-r1000".into(),
         shard: "root".into(),
+        cluster_id: Some("cdf818194e3a8c32".into()),
         member: Member {
             name: "root-0".into(),
             id: "8e9e05c52164694d".into(),

@@ -62,6 +62,9 @@ pub struct Metrics {
     pub schedule_interval: Family<ShardLabel, GaugeF64>,
     /// Members of the shard's etcd cluster with the alarm active, as the last run's member probe read them.
     pub alarms: Family<AlarmLabels, Gauge>,
+    /// Snapshots of other etcd clusters under the shard's directory (another installation, or the shard's etcd
+    /// before it was re-created), as the last retention pass found them: never used or deleted.
+    pub other_clusters: Family<ShardLabel, Gauge>,
     /// Retries of S3 requests and of whole runs, every label pair exported at 0 from the start.
     pub retries: Family<RetryLabels, Counter>,
     pub drill: DrillMetrics,
@@ -147,6 +150,11 @@ impl Metrics {
             m.alarms.clone(),
         );
         registry.register(
+            "other_cluster_snapshots",
+            "Snapshots of other etcd clusters under the shard's directory, found by the last retention pass",
+            m.other_clusters.clone(),
+        );
+        registry.register(
             "retries",
             "Retries of S3 requests and of snapshot runs, by op and reason",
             m.retries.clone(),
@@ -227,6 +235,7 @@ impl Metrics {
         for alarm in ALARMS {
             let _ = self.alarms.get_or_create(&AlarmLabels { shard: shard.into(), alarm: alarm.into() });
         }
+        let _ = self.other_clusters.get_or_create(&label);
     }
 
     /// Sets the shard's alarm gauges from what a member listed: `(member id, alarm)` pairs.

@@ -24,6 +24,7 @@ use crate::drill::older_choice;
 use crate::drill::run::{self as drill_run, Outcome};
 use crate::drill::scratch;
 use crate::error::{DrillError, SnapshotError};
+use crate::generation;
 use crate::metrics::{FailureLabels, Metrics, RetryLabels};
 use crate::scope::Lease;
 use crate::snapshot::{self, Pending};
@@ -195,6 +196,17 @@ impl Job {
             Ok(report) => {
                 self.metrics.kept.get_or_create(&label).set(report.kept as i64);
                 self.metrics.locked_skipped.get_or_create(&label).inc_by(report.locked.len() as u64);
+                if report.other_clusters > 0 {
+                    let note = format!(
+                        "{} snapshot(s) of other etcd clusters under shard {shard}'s directory (another \
+                         installation on the prefix, or the shard's etcd before it was re-created): not used by \
+                         latest, drills or retention, and never deleted; `list` shows them",
+                        report.other_clusters
+                    );
+                    self.events
+                        .publish(&self.regarding, EventType::Warning, "OtherClusterSnapshots", "Retention", &note)
+                        .await;
+                }
             }
             Err(error) => {
                 let error = SnapshotError::Retention(error);
@@ -262,6 +274,14 @@ impl Job {
         let listed = match catalog::list(&store, Some(shard)).await {
             Ok(listed) => listed,
             Err(e) => return self.drill_failed(&tick, shard, &DrillError::Storage(e.to_string()), 0.0).await,
+        };
+        // Only the shard's own cluster's snapshots: another installation's newest is not this shard's.
+        let listed: Vec<_> = match generation::live(&self.shard).await {
+            Some(own) => listed.into_iter().filter(|m| own.owns(m)).collect(),
+            None => match generation::only_cluster(&listed) {
+                Ok(_) => listed,
+                Err(e) => return self.drill_failed(&tick, shard, &DrillError::NoSnapshot(e), 0.0).await,
+            },
         };
         let Some(newest) = listed.first() else {
             let error = DrillError::NoSnapshot(format!("shard {shard} has no published snapshot"));

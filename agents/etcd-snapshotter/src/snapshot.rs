@@ -24,6 +24,7 @@ use crate::catalog::{self, RetentionReport};
 use crate::config::{Config, Shard};
 use crate::encode::Encoder;
 use crate::error::SnapshotError;
+use crate::generation;
 use crate::manifest::{self, FORMAT_VERSION, Location, Manifest, Member};
 use crate::member;
 use crate::metrics::Metrics;
@@ -120,7 +121,7 @@ async fn locked(
     lock: &Held,
 ) -> Result<Taken, SnapshotError> {
     let started = Instant::now();
-    let started_at = Utc::now();
+    let mut started_at = Utc::now();
     clean_interrupted(store, &shard.name, lock.acquired).await?;
     let spill_root = config.spill.directory.join(&shard.name);
     clean_spill(&spill_root);
@@ -139,6 +140,9 @@ async fn locked(
     }
     let mut chosen = chosen?;
     tracing::info!(shard = shard.name, member = chosen.name, endpoint = chosen.endpoint, "streaming from member");
+    let own = generation::of_member(&mut chosen.client)
+        .await
+        .map_err(|e| SnapshotError::Etcd(format!("reading the cluster id: {e:#}")))?;
     let (stream, first, Bracket { revision, upper }) = bracket(&mut chosen.client).await?;
     if upper != revision {
         tracing::info!(
@@ -148,7 +152,15 @@ async fn locked(
             "the shard was written to as the stream opened; revision is a lower bound"
         );
     }
-    let location = Location::new(&store.prefix, &shard.name, started_at, revision as u64);
+    let mut location = Location::new(&store.prefix, &shard.name, started_at, revision as u64);
+    // Two runs of an idle shard within one second would name the same directory (time and revision): the later
+    // one takes the next second rather than write over a published snapshot.
+    while store.get_versioned(&location.manifest_key()).await?.is_some() {
+        let rest = 1000 - u64::from(Utc::now().timestamp_subsec_millis()).min(999);
+        tokio::time::sleep(Duration::from_millis(rest)).await;
+        started_at = Utc::now();
+        location = Location::new(&store.prefix, &shard.name, started_at, revision as u64);
+    }
     let encrypted = !config.recipients.is_empty();
     let object = manifest::object_name(config.compression.as_str(), encrypted);
     let key = location.object_key(config.compression.as_str(), encrypted);
@@ -209,6 +221,7 @@ async fn locked(
         format_version: FORMAT_VERSION,
         id: location.id.clone(),
         shard: shard.name.clone(),
+        cluster_id: Some(own.cluster_id.clone()),
         member: Member { name: chosen.name.clone(), id: format!("{:x}", chosen.id), endpoint: chosen.endpoint.clone() },
         etcd_version: chosen.version.clone(),
         revision: revision as u64,
@@ -233,7 +246,18 @@ async fn locked(
         verified_at: None,
     };
     store.put(&location.manifest_key(), manifest.to_json()).await?;
-    let retention = catalog::apply_retention(store, &shard.name, &config.retention, &manifest.id).await;
+    let retention = catalog::apply_retention(store, &shard.name, &config.retention, &manifest.id, &own).await;
+    if let Ok(report) = &retention {
+        metrics.other_clusters.get_or_create(&metrics.shard(&shard.name)).set(report.other_clusters as i64);
+        if report.other_clusters > 0 {
+            tracing::warn!(
+                shard = shard.name,
+                cluster = own.cluster_id,
+                others = report.other_clusters,
+                "snapshots of other etcd clusters under the shard's directory: not used, not deleted"
+            );
+        }
+    }
     Ok(Taken { manifest, retention })
 }
 

@@ -708,3 +708,94 @@ async fn on_a_versioned_bucket_retention_leaves_delete_markers_unless_the_config
     // one kept remain.
     assert_eq!(data_versions(&s3, "versioned").await, 3, "deleteVersions removes the versions it deletes");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_re_created_etcd_is_a_new_generation_with_its_own_latest_and_retention_and_other_clusters_are_kept() {
+    let bed = Bed::start().await.unwrap();
+    let s3 = bed.s3.client();
+    // The shard's first etcd, written to well past the revisions its successor will reach.
+    let first = bed.etcd("root-first", 1).await.unwrap();
+    let mut client = first.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 1000, 100).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![first.members[0].client_url.clone()]).with_drills(&bed);
+    options.keep_last = 1;
+    let config = write_config(&bed, &options).unwrap();
+    snapshot_ok(&config);
+    snapshot_ok(&config);
+    let old: Vec<_> = manifests(&s3, &bed.s3.bucket).await;
+    assert_eq!(old.len(), 1, "keepLast 1 within the first cluster");
+    let old_cluster = old[0]["clusterId"].as_str().expect("the manifest records the cluster id").to_string();
+    let old_id = old[0]["id"].as_str().unwrap().to_string();
+    drop(client);
+    drop(first);
+
+    // Re-created from scratch: a new cluster id, revisions starting low again.
+    let again = bed.etcd("root-again", 1).await.unwrap();
+    let mut client = again.member_client(0).await.unwrap();
+    load(&mut client, "/registry/fresh", 5, 100).await.unwrap();
+    options.shards = vec![("root", vec![again.members[0].client_url.clone()])];
+    let config = write_config(&bed, &options).unwrap();
+    // A stray manifest of a third cluster with a huge revision under the same shard.
+    let mut stray = old[0].clone();
+    stray["clusterId"] = "00000000000bad00".into();
+    stray["id"] = "root/20250101T000000Z-r999999999999".into();
+    stray["revision"] = 999_999_999_999u64.into();
+    stray["revisionUpperBound"] = 999_999_999_999u64.into();
+    let stray_key = format!("{PREFIX}/root/20250101T000000Z-r999999999999/manifest.json");
+    s3.put_object()
+        .bucket(&bed.s3.bucket)
+        .key(&stray_key)
+        .body(serde_json::to_vec(&stray).unwrap().into())
+        .send()
+        .await
+        .unwrap();
+
+    let mut published = Vec::new();
+    for _ in 0..2 {
+        let out = cli(&["snapshot", "--config", config.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", text(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("kept 1, deleted") && stdout.contains("other clusters 2"), "{}", text(&out));
+        assert!(text(&out).contains("snapshot(s) of other etcd clusters"), "reported: {}", text(&out));
+        published.push(stdout.split('\t').next().unwrap().to_string());
+    }
+    let all = manifests(&s3, &bed.s3.bucket).await;
+    let new_cluster = all.iter().find(|m| m["id"] == published[1].as_str()).unwrap()["clusterId"].clone();
+    assert_ne!(new_cluster, old_cluster.as_str(), "a re-created etcd is another cluster");
+    let ids: Vec<&str> = all.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert!(ids.contains(&old_id.as_str()), "the first cluster's snapshot is kept: {ids:?}");
+    assert!(ids.contains(&"root/20250101T000000Z-r999999999999"), "the stray one is kept: {ids:?}");
+    assert!(!ids.contains(&published[0].as_str()), "the new generation keeps its own keepLast 1: {ids:?}");
+    assert_eq!(all.len(), 3, "{ids:?}");
+
+    // `latest`, as a drill of the shard picks it, is the new generation's newest.
+    let out = cli(&["drill", "--config", config.to_str().unwrap(), "--shard", "root"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("ok {}:", published[1])), "{}", text(&out));
+    let listing = String::from_utf8_lossy(&cli(&["list", "--config", config.to_str().unwrap()]).stdout).into_owned();
+    assert!(listing.contains(&format!("{old_cluster} (other)")), "list marks other clusters: {listing}");
+
+    // With the shard's etcd down, `latest` cannot tell its cluster among three and says so.
+    drop(client);
+    drop(again);
+    let restore = cli(&[
+        "restore",
+        "--config",
+        config.to_str().unwrap(),
+        "--shard",
+        "root",
+        "--etcdutl",
+        bed.etcdutl().to_str().unwrap(),
+        "--name",
+        "x",
+        "--initial-cluster",
+        "x=http://127.0.0.1:1",
+        "--initial-advertise-peer-urls",
+        "http://127.0.0.1:1",
+        "--data-dir",
+        bed.path("never").to_str().unwrap(),
+    ]);
+    assert!(!restore.status.success(), "{}", text(&restore));
+    assert!(text(&restore).contains("come from 3 etcd clusters"), "{}", text(&restore));
+    assert!(!bed.path("never").exists(), "nothing restored");
+}
