@@ -44,6 +44,8 @@ pub async fn render(config_path: &std::path::Path, kube: &KubeArgs) -> anyhow::R
     let reader = Reader::Client(client.as_ref());
     let now = OffsetDateTime::now_utc();
     let mut failed = false;
+    // Which public roots a `publicRoots` source would add, so a reader can tell one release from another.
+    println!("# public roots: {} (compiled in)", sources::public_roots_summary());
     for bundle in &config.bundles {
         match sources::read_bundle(&reader, bundle).await {
             Ok(certs) => {

@@ -15,9 +15,18 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::certs::Certificate;
+
+/// Which public roots are compiled in: `ca_syncer_public_roots_info{package,version,certificates}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PublicRootsLabels {
+    pub package: String,
+    pub version: String,
+    pub certificates: String,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BundleLabel {
@@ -115,6 +124,15 @@ impl Metrics {
             skipped_targets: Family::default(),
             published: Arc::default(),
         };
+        registry.register(
+            "public_roots",
+            "The public roots compiled in (publicRoots sources): package, release and certificates",
+            Info::new(PublicRootsLabels {
+                package: crate::sources::PUBLIC_ROOTS_PACKAGE.into(),
+                version: crate::sources::PUBLIC_ROOTS_VERSION.into(),
+                certificates: crate::sources::public_roots().len().to_string(),
+            }),
+        );
         registry.register(
             "bundle_certificates",
             "Certificates in each bundle as last built (sources plus retained)",

@@ -146,6 +146,15 @@ fn key_missing(kind: &'static str, r: &KeyRef) -> SourceFailure {
 
 /// The public web roots (Mozilla's list, compiled in), as certificates. Compiled in so the image needs no
 /// system trust store and the set only changes with a release.
+/// The crate the compiled-in public roots come from, and its release (from Cargo.lock at build time).
+pub const PUBLIC_ROOTS_PACKAGE: &str = "webpki-root-certs";
+pub const PUBLIC_ROOTS_VERSION: &str = env!("CA_SYNCER_PUBLIC_ROOTS_VERSION");
+
+/// One line naming the compiled-in public roots: package, release and how many certificates it holds.
+pub fn public_roots_summary() -> String {
+    format!("{PUBLIC_ROOTS_PACKAGE} {PUBLIC_ROOTS_VERSION}, {} certificates", public_roots().len())
+}
+
 pub fn public_roots() -> Vec<Certificate> {
     webpki_root_certs::TLS_SERVER_ROOT_CERTS.iter().filter_map(|der| Certificate::from_der(der).ok()).collect()
 }
@@ -153,6 +162,14 @@ pub fn public_roots() -> Vec<Certificate> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_public_roots_release_is_the_one_in_cargo_lock() {
+        let lock = include_str!("../../../Cargo.lock");
+        let entry = format!("name = \"{PUBLIC_ROOTS_PACKAGE}\"\nversion = \"{PUBLIC_ROOTS_VERSION}\"");
+        assert!(lock.contains(&entry), "{entry}");
+        assert!(public_roots_summary().ends_with(&format!("{} certificates", public_roots().len())));
+    }
 
     #[test]
     fn public_roots_are_many_ca_certificates() {

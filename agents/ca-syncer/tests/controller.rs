@@ -361,6 +361,13 @@ async fn metrics_report_certificates_not_after_sync_state_and_freshness() -> Res
     );
     assert!(metric(&text, "ca_syncer_last_sync_timestamp_seconds{bundle=\"observed\"}")? > 1.7e9);
     assert!(text.contains("ca_syncer_build_info"));
+    // Which public roots the binary carries, readable without the binary: the release and its size.
+    let roots = format!(
+        "ca_syncer_public_roots_info{{package=\"webpki-root-certs\",version=\"{}\",certificates=\"{}\"}}",
+        ca_syncer::sources::PUBLIC_ROOTS_VERSION,
+        ca_syncer::sources::public_roots().len()
+    );
+    assert_eq!(metric(&text, &roots)?, 1.0, "{text}");
     Ok(())
 }
 
@@ -389,6 +396,11 @@ fn render_prints_each_bundle_with_subject_issuer_and_not_after_without_a_cluster
     )?;
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("# bundle rendered: 2 certificates"), "{stdout}");
+    let roots = format!("# public roots: webpki-root-certs {}, ", ca_syncer::sources::PUBLIC_ROOTS_VERSION);
+    assert!(
+        stdout.lines().next().is_some_and(|l| l.starts_with(&roots) && l.ends_with("certificates (compiled in)")),
+        "{stdout}"
+    );
     assert!(stdout.contains("subject=\"CN=inline-ca\" issuer=\"CN=inline-ca\" notAfter="), "{stdout}");
     assert!(stdout.contains(&body(&file.cert_pem())) && stdout.contains(&body(&inline.cert_pem())));
     Ok(())
