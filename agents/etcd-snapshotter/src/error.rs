@@ -38,6 +38,9 @@ pub enum SnapshotError {
     /// The shard's lock was taken over mid-run: nothing was published.
     #[error("{0}")]
     LockLost(String),
+    /// The database needs more parts than S3 takes (10,000) and the memory budget cannot hold larger ones.
+    #[error("{0}")]
+    PartLimit(String),
 }
 
 impl From<crate::shard_lock::LockError> for SnapshotError {

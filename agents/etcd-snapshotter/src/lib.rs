@@ -7,7 +7,8 @@
 //! - [`schedule`]: the daemon, every shard's snapshot and drill schedules;
 //! - [`metrics`]; [`cli`]: the one-shots (`snapshot`, `list`, `verify`, `drill`, `restore`).
 //!
-//! The domain, pure logic: [`retention`], [`manifest`] (bucket layout and manifest format), [`trailer`]
+//! The domain, pure logic: [`retention`], [`manifest`] (bucket layout and manifest format), [`parts`] (part
+//! sizes within S3's 10,000 parts), [`trailer`]
 //! (etcd's trailing sha256), [`encode`] (zstd, age and parts), [`cadence`] (a schedule's longest gap). The
 //! edges: [`member`] (etcd), [`storage`] (S3), [`shard_lock`] (one run per shard at a time, across processes),
 //! [`snapshot`] (one proven snapshot), [`catalog`] (listing, retention applied), [`generation`] (the etcd cluster
@@ -26,6 +27,7 @@ pub mod integrity;
 pub mod manifest;
 pub mod member;
 pub mod metrics;
+pub mod parts;
 pub mod restore;
 pub mod retention;
 pub mod retries;

@@ -11,6 +11,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -301,7 +302,8 @@ struct Streamed {
 
 /// Hands finished parts to the uploader: in memory while the budget has room (waiting at most
 /// `spill_after` for room), else through a file in the spill directory, so etcd's stream never waits on S3
-/// for longer than that.
+/// for longer than that; unless the spill directory already holds `max_bytes` of parts, then the part waits
+/// for memory however long it takes (holding etcd's stream back beats the kubelet evicting the pod).
 struct Dispatcher<'a> {
     memory: Arc<Semaphore>,
     spill_after: Duration,
@@ -309,15 +311,33 @@ struct Dispatcher<'a> {
     tx: mpsc::UnboundedSender<(i32, Body, Option<OwnedSemaphorePermit>)>,
     next: i32,
     spilled: u64,
+    /// Bytes of parts in the spill directory now (the uploader subtracts what it removed).
+    on_disk: Arc<AtomicU64>,
+    max_bytes: Option<u64>,
 }
 
 impl Dispatcher<'_> {
     async fn submit(&mut self, part: Bytes) -> Result<(), SnapshotError> {
         self.next += 1;
+        if self.next as u64 > crate::parts::MAX_PARTS {
+            return Err(SnapshotError::PartLimit(format!(
+                "the object needs more than {} parts (S3's limit); raise spill.partSize",
+                crate::parts::MAX_PARTS
+            )));
+        }
         let waited = tokio::time::timeout(self.spill_after, self.memory.clone().acquire_owned()).await;
+        let full = |len: u64| self.max_bytes.is_some_and(|max| self.on_disk.load(Ordering::SeqCst) + len > max);
+        let waited = match waited {
+            Err(_) if full(part.len() as u64) => {
+                tracing::info!(part = self.next, "the spill directory is at spill.maxBytes; the part waits for memory");
+                Ok(self.memory.clone().acquire_owned().await)
+            }
+            other => other,
+        };
         let message = match waited {
             Ok(permit) => (self.next, Body::Memory(part), Some(permit.expect("the semaphore is never closed"))),
             Err(_) => {
+                self.on_disk.fetch_add(part.len() as u64, Ordering::SeqCst);
                 let path = self.dir.join(format!("part-{:05}", self.next));
                 tokio::fs::write(&path, &part)
                     .await
@@ -344,8 +364,20 @@ async fn stream_parts(
     first: etcd_client::SnapshotResponse,
     progress: Option<Progress<'_>>,
 ) -> Result<Streamed, SnapshotError> {
+    // The database's size, as etcd announced it with its first message, decides the part size.
+    let total_hint = first.remaining_bytes() + first.blob().len() as u64;
+    let planned = crate::parts::plan(total_hint, &config.spill).map_err(SnapshotError::PartLimit)?;
+    if planned.part_size != config.spill.part_size {
+        tracing::warn!(
+            shard,
+            database = total_hint,
+            part_size = planned.part_size,
+            "spill.partSize would need more than 10,000 parts: larger parts for this run"
+        );
+    }
     let (mut chunks, _reader) = read_ahead(stream);
     let (tx, rx) = mpsc::unbounded_channel();
+    let on_disk = Arc::new(AtomicU64::new(0));
     let uploader = upload_parts(
         store.clone(),
         key.to_string(),
@@ -353,21 +385,23 @@ async fn stream_parts(
         rx,
         config.spill.parts_in_flight,
         metrics.clone(),
+        on_disk.clone(),
     );
     let producer = async move {
         let encode_err = |e: std::io::Error| SnapshotError::Encode(e.to_string());
-        let mut encoder = Encoder::new(config.compression, &config.recipients, config.spill.part_size as usize)
-            .map_err(encode_err)?;
+        let mut encoder =
+            Encoder::new(config.compression, &config.recipients, planned.part_size as usize).map_err(encode_err)?;
         let mut trailer = TrailerCheck::default();
         let mut dispatcher = Dispatcher {
-            memory: Arc::new(Semaphore::new(config.spill.memory_parts)),
+            memory: Arc::new(Semaphore::new(planned.memory_parts)),
             spill_after: config.spill.spill_after,
             dir: spill_dir,
             tx,
             next: 0,
             spilled: 0,
+            on_disk,
+            max_bytes: config.spill.max_bytes,
         };
-        let total_hint = first.remaining_bytes() + first.blob().len() as u64;
         let mut message = Some(first);
         while let Some(response) = message {
             trailer.update(response.blob());
@@ -446,6 +480,7 @@ async fn upload_parts(
     mut rx: mpsc::UnboundedReceiver<(i32, Body, Option<OwnedSemaphorePermit>)>,
     in_flight: usize,
     metrics: Metrics,
+    on_disk: Arc<AtomicU64>,
 ) -> Result<Vec<CompletedPart>, SnapshotError> {
     let mut running: JoinSet<Result<CompletedPart, StorageError>> = JoinSet::new();
     let mut done = Vec::new();
@@ -461,13 +496,16 @@ async fn upload_parts(
             message = rx.recv() => match message {
                 Some((number, body, permit)) => {
                     let (store, key, upload_id, metrics) = (store.clone(), key.clone(), upload_id.clone(), metrics.clone());
+                    let on_disk = on_disk.clone();
                     running.spawn(async move {
                         metrics.parts_in_flight.inc();
                         let file = match &body { Body::File(path) => Some(path.clone()), Body::Memory(_) => None };
                         let result = store.upload_part(&key, &upload_id, number, body).await;
                         metrics.parts_in_flight.dec();
                         if let Some(path) = file {
+                            let len = tokio::fs::metadata(&path).await.map(|m| m.len()).unwrap_or(0);
                             let _ = tokio::fs::remove_file(path).await;
+                            on_disk.fetch_sub(len, Ordering::SeqCst);
                         }
                         drop(permit);
                         result

@@ -799,3 +799,60 @@ async fn a_re_created_etcd_is_a_new_generation_with_its_own_latest_and_retention
     assert!(text(&restore).contains("come from 3 etcd clusters"), "{}", text(&restore));
     assert!(!bed.path("never").exists(), "nothing restored");
 }
+
+/// Bytes of files under `dir` (and its subdirectories) now.
+fn bytes_under(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => bytes_under(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spill_cap_keeps_the_spill_directory_under_max_bytes_by_holding_etcd_back_and_the_snapshot_is_whole() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/big", 300, 100_000).await.unwrap();
+    let slow = Proxy::start(host_port(&bed.s3.endpoint)).await;
+    slow.faults.throttle_bytes_per_second.store(4 * 1024 * 1024, Ordering::SeqCst);
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.s3_endpoint = slow.url.clone();
+    options.compression = "none";
+    // As the spill test, but at most one part (5 MiB) in the spill directory at once.
+    options.spill = "memoryBudget: 15Mi\n  partSize: 5Mi\n  partsInFlight: 1\n  spillAfter: 200ms\n  maxBytes: 5Mi";
+    let config = write_config(&bed, &options).unwrap();
+
+    let spill = bed.path("spill");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (spill, done) = (spill.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut most = 0;
+            while !done.load(Ordering::SeqCst) {
+                most = most.max(bytes_under(&spill));
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            most
+        })
+    };
+    let path = config.clone();
+    let out =
+        tokio::task::spawn_blocking(move || cli(&["snapshot", "--config", path.to_str().unwrap()])).await.unwrap();
+    done.store(true, Ordering::SeqCst);
+    let most = sampler.await.unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let manifests = manifests(&bed.s3.client(), &bed.s3.bucket).await;
+    let spilled = manifests[0]["spilledBytes"].as_u64().unwrap();
+    assert!(spilled >= 5 * 1024 * 1024, "S3 lagged and parts spilled: {spilled}");
+    assert!(most <= 5 * 1024 * 1024, "the spill directory held {most} bytes at most, the cap is 5 MiB");
+    assert!(most > 0, "the sampler saw the spill directory in use");
+    let id = manifests[0]["id"].as_str().unwrap();
+    let out = cli(&["verify", "--config", config.to_str().unwrap(), id, "--etcdutl", bed.etcdutl().to_str().unwrap()]);
+    assert!(out.status.success(), "the object is whole: {}", text(&out));
+}

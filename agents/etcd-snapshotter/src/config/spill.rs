@@ -30,6 +30,11 @@ pub struct RawSpill {
     /// Go-style duration: how long a finished part may wait for memory before it goes to disk instead.
     #[serde(default)]
     pub spill_after: Option<String>,
+    /// Bytes of parts a run may hold in the spill directory at once (`2Gi`; at least one part); set it below
+    /// the volume's size (an emptyDir's `sizeLimit`). At the cap a finished part waits for memory instead, which
+    /// holds etcd's stream back rather than letting the kubelet evict the pod. Unbounded when absent.
+    #[serde(default)]
+    pub max_bytes: Option<String>,
 }
 
 fn default_in_flight() -> usize {
@@ -49,6 +54,8 @@ pub struct Spill {
     pub parts_in_flight: usize,
     pub memory_parts: usize,
     pub spill_after: Duration,
+    /// At most this many bytes of parts on disk at once (`None`: unbounded).
+    pub max_bytes: Option<u64>,
 }
 
 pub(super) fn spill(raw: RawSpill, errors: &mut Vec<FieldError>) -> Option<Spill> {
@@ -63,6 +70,7 @@ pub(super) fn spill(raw: RawSpill, errors: &mut Vec<FieldError>) -> Option<Spill
     };
     let memory_budget = size("memoryBudget", Some(&raw.memory_budget), 0);
     let part_size = size("partSize", raw.part_size.as_deref(), 8 * 1024 * 1024);
+    let max_bytes = raw.max_bytes.as_deref().map(|text| size("maxBytes", Some(text), 0));
     if !raw.directory.is_absolute() {
         errors.push(FieldError::new("spill.directory", "must be an absolute path"));
     }
@@ -83,6 +91,12 @@ pub(super) fn spill(raw: RawSpill, errors: &mut Vec<FieldError>) -> Option<Spill
             Duration::ZERO
         }
     };
+    if let Some(max) = max_bytes
+        && max != 0
+        && max < part_size
+    {
+        errors.push(FieldError::new("spill.maxBytes", "must hold at least one part (maxBytes >= partSize)"));
+    }
     // One part is always being filled; the rest of the budget holds finished parts.
     let memory_parts = memory_budget.checked_div(part_size).unwrap_or(0).saturating_sub(1) as usize;
     if errors.len() == before && memory_parts < raw.parts_in_flight {
@@ -98,6 +112,7 @@ pub(super) fn spill(raw: RawSpill, errors: &mut Vec<FieldError>) -> Option<Spill
         parts_in_flight: raw.parts_in_flight,
         memory_parts,
         spill_after,
+        max_bytes,
     })
 }
 
