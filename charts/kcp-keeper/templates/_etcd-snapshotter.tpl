@@ -1,19 +1,29 @@
 {{- /*
 etcd-snapshotter's pod needs more than the other agents: the S3 keys from a Secret the values only name (never
 the keys themselves), optionally the etcd client certificates and an age identity (for drills and restores of
-encrypted snapshots), and a disk for parts S3 is slow to take (the spill directory).
+encrypted snapshots), a disk for parts S3 is slow to take (the spill directory), and a disk of its own for
+restore drills (each downloads and restores a whole database), so a drill can never fill the snapshot's volume.
 */}}
 
 {{/* Where the chart mounts the S3 credentials Secret; the configuration's secretDirectory must say this. */}}
 {{- define "kcp-keeper.snapshotter.s3Dir" -}}/var/run/secrets/etcd-snapshotter/s3{{- end }}
 {{- define "kcp-keeper.snapshotter.ageDir" -}}/var/run/secrets/etcd-snapshotter/age{{- end }}
 {{- define "kcp-keeper.snapshotter.tlsDir" -}}/etc/etcd-tls{{- end }}
+{{/* Where drills run: config.drills.directory, or the agent's default <spill.directory>/drills (then the drills
+volume is mounted inside the spill volume's path, still a volume of its own). */}}
+{{- define "kcp-keeper.snapshotter.drillsDir" -}}
+{{- $v := .Values.etcdSnapshotter -}}
+{{- dig "drills" "directory" (printf "%s/drills" (dig "spill" "directory" "" $v.config)) $v.config -}}
+{{- end }}
 
 {{/* Fails the render on values that would give the agent credentials it cannot read. */}}
 {{- define "kcp-keeper.snapshotter.check" -}}
 {{- $v := .Values.etcdSnapshotter -}}
 {{- if not (dig "spill" "directory" "" $v.config) }}
 {{- fail "etcdSnapshotter.config.spill.directory: required (the chart mounts an emptyDir there)" }}
+{{- end }}
+{{- if eq (include "kcp-keeper.snapshotter.drillsDir" .) $v.config.spill.directory }}
+{{- fail "etcdSnapshotter.config.drills.directory: must not be spill.directory (drills get a volume of their own, drillsSizeLimit)" }}
 {{- end }}
 {{- $creds := dig "storage" "credentials" dict $v.config }}
 {{- $secret := $v.s3Credentials.existingSecret }}
@@ -59,6 +69,8 @@ encrypted snapshots), and a disk for parts S3 is slow to take (the spill directo
 {{- $v := .Values.etcdSnapshotter -}}
 - name: spill
   mountPath: {{ $v.config.spill.directory }}
+- name: drills
+  mountPath: {{ include "kcp-keeper.snapshotter.drillsDir" . }}
 {{- if hasKey (dig "storage" "credentials" dict $v.config) "secretDirectory" }}
 - name: s3-credentials
   mountPath: {{ include "kcp-keeper.snapshotter.s3Dir" . }}
@@ -82,6 +94,11 @@ encrypted snapshots), and a disk for parts S3 is slow to take (the spill directo
 - name: spill
   emptyDir:
     sizeLimit: {{ $v.spillSizeLimit }}
+# Restore drills download, decode and restore a whole database here: apart from the spill volume, so a drill
+# never takes the room a snapshot in flight needs (nor gets the pod evicted mid-snapshot).
+- name: drills
+  emptyDir:
+    sizeLimit: {{ $v.drillsSizeLimit }}
 {{- if hasKey (dig "storage" "credentials" dict $v.config) "secretDirectory" }}
 - name: s3-credentials
   secret:

@@ -223,7 +223,13 @@ fn the_snapshotter_mounts_the_named_s3_secret_and_the_age_identity_only_when_con
     web["etcdSnapshotter"]["extraVolumes"] = json!([{"name": "sts", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "audience": "backup-sts"}}]}}]);
     web["etcdSnapshotter"]["extraVolumeMounts"] = json!([{"name": "sts", "mountPath": "/var/run/secrets/sts"}]);
     let pod = snapshotter_pod(&web)?;
-    assert_eq!(names(&pod["volumes"]), ["config", "tmp", "spill", "sts"]);
+    assert_eq!(names(&pod["volumes"]), ["config", "tmp", "spill", "drills", "sts"]);
+    // Drills get an emptyDir of their own (drillsSizeLimit), at the drills directory, apart from the spill volume.
+    let drills = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "drills").unwrap();
+    assert_eq!(drills["emptyDir"]["sizeLimit"], "4Gi", "{drills}");
+    let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+    let at = |name: &str| mounts.iter().find(|m| m["name"] == name).map(|m| m["mountPath"].clone()).unwrap();
+    assert_ne!(at("drills"), at("spill"), "{mounts:?}");
     assert!(!names(&pod["containers"][0]["env"]).contains(&"AWS_ACCESS_KEY_ID".to_string()));
     Ok(())
 }
