@@ -642,4 +642,32 @@ mod tests {
         );
         assert!(err.contains("kubeconfigs[0].server: must be scheme, host and port only"), "{err}");
     }
+
+    #[test]
+    fn consumers_restart_windows_and_rights_are_checked_with_their_paths() {
+        let c = parse_ok(
+            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  verify: {rights: [{verb: get, resource: configmaps, workspace: \"root:org\"}]}\n  targets:\n  - {namespace: a, name: t, restartDeployments: [web], restartStatefulSets: [db], restartDaemonSets: [agent], restartWindow: {cron: \"0 2 * * *\", duration: 2h}}\n",
+        );
+        let k = &c.kubeconfigs[0];
+        assert!(k.ca_overlap, "CA overlap is on by default");
+        assert_eq!(k.rights[0].to_string(), "get configmaps in workspace root:org");
+        let kinds: Vec<ConsumerKind> = k.targets[0].consumers.iter().map(|c| c.kind).collect();
+        assert_eq!(kinds, ConsumerKind::ALL);
+        let window = k.targets[0].restart_window.as_ref().expect("a window");
+        assert_eq!((window.duration, window.margin), (Duration::from_secs(7200), DEFAULT_RESTART_MARGIN));
+
+        let err = parse_err(
+            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  caOverlap: false\n  verify: {rights: [{verb: \"\", resource: configmaps, workspace: \"Root:\"}]}\n  targets:\n  - {namespace: a, name: t, restartStatefulSets: [Bad_Name], restartWindow: {cron: \"not cron\", duration: 0s}}\n  - {namespace: a, name: u, restartWindow: {cron: \"0 2 * * *\", timeZone: Mars/Olympus, duration: 1h}}\n",
+        );
+        for expected in [
+            "kubeconfigs[0].verify.rights[0].verb: must be a non-empty Kubernetes name",
+            "kubeconfigs[0].verify.rights[0].workspace: must be a workspace path",
+            "kubeconfigs[0].targets[0].restartStatefulSets[0]:",
+            "kubeconfigs[0].targets[0].restartWindow.duration: must be more than 0",
+            "kubeconfigs[0].targets[0].restartWindow: cron:",
+            "kubeconfigs[0].targets[1].restartWindow: timeZone: unknown zone",
+        ] {
+            assert!(err.contains(expected), "missing {expected:?} in {err}");
+        }
+    }
 }
