@@ -31,7 +31,7 @@
 //!   shards: true
 //!   frontProxies: true
 //! verify:                        # optional
-//!   resolver: 10.43.0.10:53      # port defaults to 53
+//!   resolver: 10.43.0.10:53      # port defaults to 53; default: kube-system/kube-dns's ClusterIP
 //!   timeout: 2s                  # default
 //!   settle: 2m                   # default: after a write, how long until every name must answer
 //! resyncInterval: 5m             # default
@@ -62,6 +62,8 @@ pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The default of `verify.settle`: 60s of projection delay plus 30s of reload interval, rounded up.
 pub const DEFAULT_SETTLE: Duration = Duration::from_secs(120);
+/// The cluster DNS Service asked when `verify.resolver` is not set (namespace, name).
+pub const CLUSTER_DNS_SERVICE: (&str, &str) = ("kube-system", "kube-dns");
 /// The default of `resyncInterval`.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
 /// The shortest `resyncInterval` allowed.
@@ -173,8 +175,9 @@ pub struct RawDiscovery {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawVerify {
-    /// The cluster DNS to ask: an IP address with an optional port (default 53); without it nothing is asked
-    /// and every host reads not verified.
+    /// The cluster DNS to ask: an IP address with an optional port (default 53). Without it the agent asks
+    /// the cluster DNS Service, `kube-system/kube-dns`'s ClusterIP on port 53 (what kubeadm, k3s and most
+    /// distributions name it).
     pub resolver: Option<String>,
     /// How long one query may take (a Go duration, default `2s`).
     pub timeout: Option<String>,

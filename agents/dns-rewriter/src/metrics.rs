@@ -11,6 +11,8 @@
 //! - `dns_rewriter_host_verified{host}`: 1 when the last check of `host` answered exactly its Service's
 //!   ClusterIP under its own name, else 0;
 //! - `dns_rewriter_host_check_timestamp_seconds{host}`: when `host` was last checked;
+//! - `dns_rewriter_verify_timestamp_seconds`: when verification last ran (a resolver known and answering);
+//!   0 until then, so `time() - x` alerts when it never ran;
 //! - the runtime's `dns_rewriter_reconcile_duration_seconds`, `dns_rewriter_reconcile_errors_total{reason}`
 //!   (reasons: [`crate::error::CycleError`], registered by the runtime from that enum),
 //!   `dns_rewriter_reconcile_pass_timestamp_seconds` (when the last cycle finished) and `dns_rewriter_leader`.
@@ -39,6 +41,7 @@ pub struct Metrics {
     rule_errors: Family<ReasonLabel, Gauge>,
     write_timestamp: GaugeF64,
     adopted: Counter,
+    verified: GaugeF64,
     host_verified: Family<HostLabel, Gauge>,
     host_checked: Family<HostLabel, GaugeF64>,
     /// The hosts with series, so a host that left the rules can be removed.
@@ -53,6 +56,7 @@ impl Metrics {
             rule_errors: Family::default(),
             write_timestamp: GaugeF64::default(),
             adopted: Counter::default(),
+            verified: GaugeF64::default(),
             host_verified: Family::default(),
             host_checked: Family::default(),
             hosts: Arc::default(),
@@ -72,6 +76,12 @@ impl Metrics {
             "adopted_lines",
             "Rule lines found without kcp-keeper's markers (after a kubeadm CoreDNS upgrade) and adopted into the block",
             m.adopted.clone(),
+        );
+        registry.register_with_unit(
+            "verify_timestamp",
+            "When verification through the cluster DNS last ran (a resolver known and answering)",
+            Unit::Seconds,
+            m.verified.clone(),
         );
         registry.register(
             "host_verified",
@@ -110,6 +120,10 @@ impl Metrics {
 
     pub fn wrote(&self) {
         self.write_timestamp.set(unix_now());
+    }
+
+    pub fn verification_ran(&self) {
+        self.verified.set(unix_now());
     }
 
     pub fn adopted(&self, lines: usize) {
@@ -168,6 +182,7 @@ mod tests {
         assert!(text.contains("dns_rewriter_rules 0"), "{text}");
         assert!(text.contains("dns_rewriter_write_timestamp_seconds 0"), "{text}");
         assert!(text.contains("dns_rewriter_adopted_lines_total 0"), "{text}");
+        assert!(text.contains("dns_rewriter_verify_timestamp_seconds 0"), "{text}");
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub enum RuleError {
     ServiceNoClusterIp { origin: Origin, host: Hostname, service: ServiceRef },
     #[error("{origin}: no Service in its namespace is labelled {component_label}={component}, {instance_label}={instance}", component_label = discovery::COMPONENT_LABEL, instance_label = discovery::INSTANCE_LABEL)]
     ServiceNotFound { origin: Origin, component: &'static str, instance: String },
+    /// The rule's target name does not resolve through the cluster DNS (a wrong `clusterDomain`, a namespace
+    /// the `kubernetes` plugin does not serve): written, the public name would answer NXDOMAIN in-cluster.
+    #[error("{host}: the target {target} does not resolve through the cluster DNS; the rule is not written")]
+    TargetUnresolved { host: Hostname, target: String },
     #[error("{origin}: {count} Services carry the operator's labels for it; expected one")]
     ServiceAmbiguous { origin: Origin, count: usize },
     #[error(
@@ -54,6 +58,7 @@ impl RuleError {
         "service_no_cluster_ip",
         "service_not_found",
         "service_ambiguous",
+        "target_unresolved",
         "conflict",
     ];
 
@@ -69,6 +74,7 @@ impl RuleError {
             Self::ServiceNoClusterIp { .. } => "service_no_cluster_ip",
             Self::ServiceNotFound { .. } => "service_not_found",
             Self::ServiceAmbiguous { .. } => "service_ambiguous",
+            Self::TargetUnresolved { .. } => "target_unresolved",
             Self::Conflict { .. } => "conflict",
         }
     }
@@ -552,6 +558,7 @@ mod tests {
             RuleError::ServiceNoClusterIp { origin: origin.clone(), host: host.clone(), service: service.clone() },
             RuleError::ServiceNotFound { origin: origin.clone(), component: "shard", instance: "x".into() },
             RuleError::ServiceAmbiguous { origin: origin.clone(), count: 2 },
+            RuleError::TargetUnresolved { host: host.clone(), target: "t".into() },
             RuleError::Conflict {
                 host,
                 first: service.clone(),

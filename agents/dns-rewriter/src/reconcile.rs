@@ -24,7 +24,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use std::net::{IpAddr, SocketAddr};
+
+use hickory_resolver::TokioResolver;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kcp_keeper_runtime::admin::Health;
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::Outcome;
@@ -35,11 +38,12 @@ use kube::Api;
 use tokio::time::Instant;
 
 use crate::block;
-use crate::config::{Config, ConfigMapKey, Target};
+use crate::config::{CLUSTER_DNS_SERVICE, Config, ConfigMapKey, Target};
 use crate::error::{CycleError, WriteError};
+use crate::hostname::Hostname;
 use crate::metrics::Metrics;
 use crate::output::desired_value;
-use crate::plan::Plan;
+use crate::plan::{Plan, RuleError};
 use crate::rules::RuleSet;
 use crate::scope::Scope;
 use crate::verify::{self, HostCheck, Outcome as Answer};
@@ -108,12 +112,21 @@ impl Reconciler for Rewriter {
     }
 
     async fn reconcile(&self, _: &ManagedKey) -> Result<Option<Duration>, CycleError> {
-        let plan = crate::cluster::plan_with(&self.config, &self.scope.view());
+        let mut plan = crate::cluster::plan_with(&self.config, &self.scope.view());
+        let resolver = self.resolver().await;
+        if let Some(resolver) = &resolver {
+            // Each rule's target is resolved before it is written: one that does not exist (a wrong
+            // clusterDomain) is an error for that rule alone.
+            for (host, target) in verify::unresolved_targets(resolver, &plan.rules, &self.config.cluster_domain).await {
+                plan.rules.remove(&host);
+                plan.errors.push(RuleError::TargetUnresolved { host, target });
+            }
+        }
         self.metrics.observe_plan(&plan);
         self.report(&plan).await;
         let written = self.write(&plan.rules).await;
         // Verification runs even when the write failed: the metrics then say what the cluster answers now.
-        let checks = self.verify(&plan.rules, matches!(written, Ok(true))).await;
+        let checks = self.verify(resolver.as_ref(), &plan.rules, matches!(written, Ok(true))).await;
         written?;
         self.health.mark_succeeded();
         let failed: Vec<&HostCheck> = checks.iter().filter(|c| c.outcome != Answer::Match).collect();
@@ -212,21 +225,68 @@ impl Rewriter {
         }
     }
 
-    /// Asks the resolver for every name; after a write, again until all match or `verify.settle` has passed.
-    /// Without `verify.resolver` nothing is asked, and every host reads "not verified".
-    async fn verify(&self, rules: &RuleSet, after_write: bool) -> Vec<HostCheck> {
-        let Some(addr) = self.config.verify.resolver else { return Vec::new() };
+    /// The resolver to verify through: `verify.resolver`, else the cluster DNS Service's ClusterIP on port 53
+    /// (`kube-system/kube-dns`, read each cycle: a recreated Service gets a new address). `None`, logged, when
+    /// neither is there: nothing is verified, and `verify_timestamp_seconds` says so.
+    async fn resolver(&self) -> Option<TokioResolver> {
+        let addr = match self.config.verify.resolver {
+            Some(addr) => addr,
+            None => {
+                let (ns, name) = CLUSTER_DNS_SERVICE;
+                let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
+                let ip = match api.get_opt(name).await {
+                    Ok(found) => found.and_then(|s| s.spec?.cluster_ip).and_then(|ip| ip.parse::<IpAddr>().ok()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the cluster DNS Service {ns}/{name}; not verified");
+                        return None;
+                    }
+                };
+                let Some(ip) = ip else {
+                    tracing::warn!(
+                        "no verify.resolver and no ClusterIP on the cluster DNS Service {ns}/{name}; not verified"
+                    );
+                    return None;
+                };
+                SocketAddr::new(ip, 53)
+            }
+        };
         let resolver = match verify::resolver(addr, self.config.verify.timeout) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot build a resolver; not verified");
-                return Vec::new();
+                tracing::warn!(error = %e, resolver = %addr, "cannot build a resolver; not verified");
+                return None;
             }
         };
+        // Only the cluster DNS under the right domain may say a target does not exist: anything else (a
+        // resolver that answers NXDOMAIN for every name, a wrong clusterDomain) would drop every rule. Every
+        // cluster has the apiserver's `kubernetes.default` Service, so that name is the proof.
+        let probe = format!("kubernetes.default.svc.{}", self.config.cluster_domain);
+        let answered = match Hostname::parse(&probe) {
+            Ok(name) => !verify::check_one(&resolver, &name, None).await.answered.is_empty(),
+            Err(_) => false,
+        };
+        if !answered {
+            tracing::warn!(
+                resolver = %addr,
+                "the resolver does not answer {probe}: it is not the cluster DNS, or clusterDomain is wrong; not verified, no target checked"
+            );
+            return None;
+        }
+        Some(resolver)
+    }
+
+    /// Asks the resolver for every name; after a write, again until all match or `verify.settle` has passed.
+    /// Without a resolver nothing is asked, and every host reads "not verified". Verification has run (the
+    /// timestamp) when the resolver answered at least one question, or there was none to ask.
+    async fn verify(&self, resolver: Option<&TokioResolver>, rules: &RuleSet, after_write: bool) -> Vec<HostCheck> {
+        let Some(resolver) = resolver else { return Vec::new() };
         let deadline = Instant::now() + if after_write { self.config.verify.settle } else { Duration::ZERO };
         loop {
-            let checks = verify::check_all(&resolver, rules).await;
+            let checks = verify::check_all(resolver, rules).await;
             self.metrics.observe_checks(&checks);
+            if checks.is_empty() || checks.iter().any(|c| c.outcome != Answer::Error) {
+                self.metrics.verification_ran();
+            }
             if checks.iter().all(|c| c.outcome == Answer::Match) || Instant::now() + VERIFY_POLL > deadline {
                 for c in checks.iter().filter(|c| c.outcome != Answer::Match) {
                     tracing::warn!(host = c.host.as_str(), expected = ?c.expected, answered = ?c.answered, outcome = %c.outcome, "not verified");

@@ -11,7 +11,7 @@ use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolveHosts,
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::proto::rr::{RData, RecordType};
 
-use crate::hostname::Hostname;
+use crate::hostname::{Domain, Hostname};
 use crate::rules::RuleSet;
 
 /// What one name answered.
@@ -73,6 +73,21 @@ pub fn resolver(server: SocketAddr, timeout: Duration) -> anyhow::Result<TokioRe
     options.ndots = 0;
     options.use_hosts_file = ResolveHosts::Never;
     Ok(builder.build()?)
+}
+
+/// The rules whose target name (`<service>.<namespace>.svc.<cluster domain>`) the resolver says does not exist
+/// (or has no address): written, their public names would answer nothing in-cluster. A resolver that does not
+/// answer proves nothing either way, so those rules are kept.
+pub async fn unresolved_targets(resolver: &TokioResolver, rules: &RuleSet, domain: &Domain) -> Vec<(Hostname, String)> {
+    let mut out = Vec::new();
+    for (host, target) in rules.iter() {
+        let name = target.service.cluster_name(domain);
+        let Ok(target_host) = Hostname::parse(&name) else { continue };
+        if check_one(resolver, &target_host, target.cluster_ip).await.outcome == Outcome::NoAnswer {
+            out.push((host.clone(), name));
+        }
+    }
+    out
 }
 
 /// Asks for every rule's name, one after another, in the rules' order.

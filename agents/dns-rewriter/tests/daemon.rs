@@ -480,3 +480,73 @@ async fn after_a_kubeadm_corefile_migration_drops_the_markers_the_agent_adopts_t
     assert_eq!(configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await, Some((steady, rv)));
     Ok(())
 }
+
+/// Each rule's target is resolved through the cluster DNS before it is written. Here the real CoreDNS's
+/// `kubernetes` plugin serves one namespace only (`namespaces`), so a rule whose Service lives in another one
+/// has a target that does not exist: that rule alone is an error (`target_unresolved`, an Event), the other is
+/// written and answers.
+#[tokio::test]
+async fn a_rule_whose_target_does_not_resolve_through_the_cluster_dns_is_an_error_for_that_rule_alone() -> Result<()> {
+    let (bed, ns, client) = fresh_bed().await?;
+    let other = bed.namespace().await?;
+    let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
+    create_service(&client, &other, "alpha-shard-kcp", &[], false).await?;
+    let served = K3S_COREFILE
+        .replace("        pods insecure", &format!("        namespaces {ns} default\n        pods insecure"));
+    let (dns, _kubelet) = k3s_coredns(&bed, &served).await?;
+    let body = format!(
+        "rules:\n{}{}",
+        rule("kcp-root.example.com", &ns, "root-kcp"),
+        rule("alpha.kcp.example.com", &other, "alpha-shard-kcp")
+    );
+    let path = write_config(&bed, &config("mode: k3s\n", &body, dns.port))?;
+    let agent = agent(&bed, &ns, &path).start().await?;
+    agent.wait_for_metric(&verified("kcp-root.example.com"), WAIT, |v| v == 1.0).await;
+    agent.wait_for_metric("dns_rewriter_rule_errors{reason=\"target_unresolved\"}", WAIT, |v| v == 1.0).await;
+    let (value, _) = configmap_key(&client, K3S_CONFIGMAP, OVERRIDE_KEY).await.context("the key")?;
+    assert_eq!(value, render::render(&rules(&[("kcp-root.example.com", &ns, "root-kcp", root)]), &domain()));
+    assert!(agent.metric("dns_rewriter_verify_timestamp_seconds ").await? > 0.0, "verification ran");
+    let events = events_about(&client, K3S_CONFIGMAP).await;
+    let target = format!("alpha-shard-kcp.{other}.svc.cluster.local");
+    assert!(
+        events
+            .iter()
+            .any(|(r, n)| r == "TargetUnresolved" && n.contains("alpha.kcp.example.com") && n.contains(&target)),
+        "{events:?}"
+    );
+    Ok(())
+}
+
+/// Without `verify.resolver` the agent verifies through the cluster DNS Service, `kube-system/kube-dns`: while
+/// there is none it says so and `verify_timestamp_seconds` stays 0 (the alert's input) though the rules are
+/// written; once the Service exists its ClusterIP is asked, and since what answers there does not know
+/// `kubernetes.default` it is not taken as the cluster DNS: no rule dropped, verification still not run.
+#[tokio::test]
+async fn without_a_configured_resolver_the_agent_asks_the_kube_dns_service_and_says_when_verification_has_not_run()
+-> Result<()> {
+    let (bed, ns, client) = fresh_bed().await?;
+    create_service(&client, &ns, "root-kcp", &[], false).await?;
+    let (_dns, _kubelet) = k3s_coredns(&bed, K3S_COREFILE).await?;
+    let body = format!("mode: k3s\nrules:\n{}resyncInterval: 10s\n", rule("kcp-root.example.com", &ns, "root-kcp"));
+    let path = write_config(&bed, &body)?;
+    let agent = agent(&bed, &ns, &path).start().await?;
+    agent.wait_for_metric("dns_rewriter_write_timestamp_seconds ", WAIT, |v| v > 0.0).await;
+    testbed::eventually(WAIT, "the log to say verification has no resolver", || async {
+        agent.process.log().contains("no ClusterIP on the cluster DNS Service kube-system/kube-dns").then_some(())
+    })
+    .await;
+    assert_eq!(agent.metric("dns_rewriter_verify_timestamp_seconds ").await?, 0.0);
+
+    create_service(&client, "kube-system", "kube-dns", &[], false).await?;
+    // What answers there (this machine answers NXDOMAIN for every name, as a resolver that is not the cluster
+    // DNS would) is not taken as the cluster DNS: it does not know kubernetes.default, so no rule is dropped.
+    testbed::eventually(WAIT, "the log to say the resolver is not the cluster DNS", || async {
+        agent.process.log().contains("does not answer kubernetes.default.svc.cluster.local").then_some(())
+    })
+    .await;
+    assert_eq!(agent.metric("dns_rewriter_rules ").await?, 1.0, "the rule stays");
+    assert_eq!(agent.metric("dns_rewriter_rule_errors{reason=\"target_unresolved\"}").await?, 0.0);
+    assert_eq!(agent.metric(&verified("kcp-root.example.com")).await?, 0.0);
+    assert_eq!(agent.metric("dns_rewriter_verify_timestamp_seconds ").await?, 0.0, "not run");
+    Ok(())
+}

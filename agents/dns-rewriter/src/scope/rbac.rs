@@ -7,6 +7,7 @@
 //!   watch are narrowed by the `metadata.name` field selector; it is never created, so no `create`), and
 //!   create on Events (they are about that ConfigMap);
 //! - each namespace whose Services the rules or discovery read: list/watch on Services;
+//! - without `verify.resolver`: get on the cluster DNS Service, `kube-system/kube-dns` (by name);
 //! - the discovery namespace: list/watch on the operator kinds switched on;
 //! - the agent's own namespace: its Lease (create cannot be limited by name: the name is not in the URL).
 
@@ -29,6 +30,11 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
     add(&key.namespace, rule("events.k8s.io", &["events"], &[], &["create"]));
     for ns in service_scopes(config).keys() {
         add(ns, rule("", &["services"], &[], &["list", "watch"]));
+    }
+    if config.verify.resolver.is_none() {
+        // Verification defaults to the cluster DNS Service's ClusterIP: get on that one Service.
+        let (ns, name) = crate::config::CLUSTER_DNS_SERVICE;
+        add(ns, rule("", &["services"], &[name], &["get"]));
     }
     if let Some(d) = &config.discovery {
         let plurals: Vec<&str> = d.kinds.iter().map(|k| k.plural()).collect();
