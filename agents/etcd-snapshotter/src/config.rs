@@ -126,7 +126,7 @@ impl AgentConfig for Config {
         let shards = shards::shards(raw.shards, kcp_binary, &mut errors);
         let storage = storage::storage(raw.storage, &mut errors);
         let recipients = recipients(raw.encryption, &mut errors);
-        let retention = retention::retention(&raw.retention, &mut errors);
+        let retention = retention::retention(&raw.retention, shards.iter().any(|s| s.drill.is_some()), &mut errors);
         let spill = spill::spill(raw.spill, &mut errors);
         let scheduled = shards.iter().any(|s| s.drill.is_some());
         let drills = drills::drills(raw.drills, spill.as_ref(), scheduled, !recipients.is_empty(), &mut errors);
@@ -278,6 +278,20 @@ mod tests {
         assert!(err.contains("drills.identityFile: snapshots are encrypted"), "{err}");
         let err = load(&EXAMPLE.replace("olderRate:", "olderRatio:")).unwrap_err();
         assert!(err.contains("olderRatio"), "{err}");
+    }
+
+    #[test]
+    fn min_verified_defaults_to_1_with_drills_scheduled_and_0_there_is_refused() {
+        assert!(EXAMPLE.contains("minVerified: 1") && EXAMPLE.contains("drill:"), "the example drills root");
+        let unset = EXAMPLE.replace("  minVerified: 1\n", "");
+        assert_eq!(load(&unset).unwrap().retention.min_verified, 1);
+        let err = load(&EXAMPLE.replace("minVerified: 1", "minVerified: 0")).unwrap_err();
+        assert!(err.contains("retention.minVerified: must be at least 1 when drills are scheduled"), "{err}");
+        // Without a drill schedule nothing is ever verified: 0 is the only sensible default.
+        let start = unset.find("    drill:").unwrap();
+        let end = start + unset[start..].find("  - name: alpha").unwrap();
+        let undrilled = format!("{}{}", &unset[..start], &unset[end..]);
+        assert_eq!(load(&undrilled).unwrap().retention.min_verified, 0);
     }
 
     #[test]

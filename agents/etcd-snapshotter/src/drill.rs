@@ -17,6 +17,8 @@ pub struct Observed {
     pub key_count: u64,
     /// `HashKV(revision)` of the restored member.
     pub hash_kv: u32,
+    /// The compact revision that HashKV began at: its hash covers the history after it.
+    pub compact_revision: i64,
 }
 
 /// How HashKV compared.
@@ -24,7 +26,9 @@ pub struct Observed {
 #[serde(rename_all = "camelCase")]
 pub enum HashKvResult {
     Match,
-    /// The manifest holds no live HashKV (it could not be read when the snapshot was taken).
+    /// The manifest holds no live HashKV (it could not be read when the snapshot was taken), or the live one
+    /// began at another compact revision than the snapshot's (a compaction came between the snapshot and its
+    /// HashKV read): the two hashes cover different histories, and a difference says nothing.
     NotComparable,
 }
 
@@ -46,12 +50,28 @@ pub fn compare(manifest: &Manifest, observed: &Observed) -> Result<HashKvResult,
     }
     match manifest.hash_kv {
         None => Ok(HashKvResult::NotComparable),
+        Some(_) if manifest.compact_revision != observed.compact_revision => Ok(HashKvResult::NotComparable),
         Some(live) if live == observed.hash_kv => Ok(HashKvResult::Match),
         Some(live) => Err(DrillError::HashKvMismatch(format!(
             "HashKV({}) of the restored etcd is {}, the manifest's hashKv is {live}",
             manifest.revision, observed.hash_kv
         ))),
     }
+}
+
+/// Whether a failed drill says the snapshot is bad (its object, its database or what it holds is not what the
+/// manifest says), rather than that the drill could not run (storage, setup, the throwaway etcd, a timeout,
+/// reading keys, the kcp level): only the first takes a verification back.
+pub fn caused_by_snapshot(error: &DrillError) -> bool {
+    matches!(
+        error,
+        DrillError::ObjectHashMismatch(_)
+            | DrillError::Decode(_)
+            | DrillError::EtcdHashMismatch(_)
+            | DrillError::RevisionMismatch(_)
+            | DrillError::KeyCountMismatch(_)
+            | DrillError::HashKvMismatch(_)
+    )
 }
 
 /// The snapshot a scheduled drill takes besides the newest: a random older retained one, with probability
@@ -71,7 +91,12 @@ mod tests {
     use crate::manifest::sample;
 
     fn observed(m: &Manifest) -> Observed {
-        Observed { revision: m.revision, key_count: m.key_count, hash_kv: m.hash_kv.unwrap() }
+        Observed {
+            revision: m.revision,
+            key_count: m.key_count,
+            hash_kv: m.hash_kv.unwrap(),
+            compact_revision: m.compact_revision,
+        }
     }
 
     #[test]
@@ -80,6 +105,40 @@ mod tests {
         assert_eq!(compare(&m, &observed(&m)).unwrap(), HashKvResult::Match);
         let without = Manifest { hash_kv: None, ..m.clone() };
         assert_eq!(compare(&without, &observed(&m)).unwrap(), HashKvResult::NotComparable);
+    }
+
+    #[test]
+    fn a_hash_kv_over_another_compact_revision_is_not_comparable_and_over_the_same_one_it_must_match() {
+        let m = sample();
+        let compacted_later = Observed { hash_kv: 1, compact_revision: m.compact_revision - 5, ..observed(&m) };
+        assert_eq!(compare(&m, &compacted_later).unwrap(), HashKvResult::NotComparable);
+        let same_history = Observed { hash_kv: 1, ..observed(&m) };
+        assert!(compare(&m, &same_history).is_err());
+    }
+
+    #[test]
+    fn only_a_failure_of_the_snapshot_itself_takes_a_verification_back() {
+        let its_own = [
+            DrillError::ObjectHashMismatch(String::new()),
+            DrillError::Decode(String::new()),
+            DrillError::EtcdHashMismatch(String::new()),
+            DrillError::RevisionMismatch(String::new()),
+            DrillError::KeyCountMismatch(String::new()),
+            DrillError::HashKvMismatch(String::new()),
+        ];
+        assert!(its_own.iter().all(caused_by_snapshot));
+        let environment = [
+            DrillError::Storage(String::new()),
+            DrillError::Setup(String::new()),
+            DrillError::EtcdStart(String::new()),
+            DrillError::Restore(String::new()),
+            DrillError::Timeout(String::new()),
+            DrillError::KeyRead(String::new()),
+            DrillError::Kcp(String::new()),
+            DrillError::Interrupted,
+            DrillError::NoSnapshot(String::new()),
+        ];
+        assert!(!environment.iter().any(caused_by_snapshot));
     }
 
     #[test]

@@ -293,3 +293,71 @@ async fn a_shard_of_values_near_etcds_request_limit_drills_like_any_other_with_e
     assert_eq!(r["sampledKeys"], 26, "every key, the large values included: {r}");
     assert_drills_dir_empty(&bed);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_verified_snapshot_stays_verified_through_a_drill_its_environment_failed_and_only_its_own_fault_unverifies_it()
+ {
+    let d = bed_with_snapshot("", 10).await;
+    let id = newest_id(&d.bed).await;
+    let out = drill(&d.config, Some(&id));
+    assert!(out.status.success(), "{}", text(&out));
+    let verified = listed_line(&list(&d.config), &id).to_string();
+    assert!(!verified.ends_with(" no"), "verified: {verified}");
+
+    // The environment fails the next drill (no etcd to start): nothing about the snapshot changed.
+    let text_of = std::fs::read_to_string(&d.config).unwrap();
+    let etcd_line = text_of.lines().find(|l| l.trim_start().starts_with("etcd: ")).unwrap().to_string();
+    let broken = d.bed.path("config-no-etcd.yaml");
+    std::fs::write(&broken, text_of.replace(&etcd_line, "  etcd: /nonexistent/etcd")).unwrap();
+    let out = drill(&broken, Some(&id));
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("(etcd_start)") || text(&out).contains("(setup)"), "{}", text(&out));
+    assert_eq!(listed_line(&list(&d.config), &id), verified, "still verified, from the same passing drill");
+    let r = report(&d.bed, &id).await;
+    assert_eq!(r["passed"], true, "{r}");
+    let reason = r["lastFailedAttempt"]["reason"].as_str().unwrap_or_default();
+    assert!(reason == "etcd_start" || reason == "setup", "the failed attempt is recorded: {r}");
+    assert_drills_dir_empty(&d.bed);
+
+    // The snapshot's own fault takes it back: its object is no longer what was published.
+    let file = d.bed.s3_file(&format!("{PREFIX}/{id}/snapshot.db.zst"));
+    let mut bytes = std::fs::read(&file).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&file, bytes).unwrap();
+    let out = drill(&d.config, Some(&id));
+    assert!(!out.status.success() && text(&out).contains("object_hash_mismatch"), "{}", text(&out));
+    let line = listed_line(&list(&d.config), &id).to_string();
+    assert!(line.ends_with("no (drill failed: object_hash_mismatch)"), "unverified by its own fault: {line}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compaction_between_the_snapshot_and_its_hash_kv_reads_not_comparable_and_the_drill_passes() {
+    let mut d = bed_with_snapshot("", 10).await;
+    // History to compact away: every key written again.
+    load(&mut d.client, "/registry/things", 300, 2_000).await.unwrap();
+    snapshot_ok(&d.config);
+    let id = newest_id(&d.bed).await;
+    let key = format!("{PREFIX}/{id}/manifest.json");
+    let s3 = d.bed.s3.client();
+    let body = s3.get_object().bucket(&d.bed.s3.bucket).key(&key).send().await.unwrap().body.collect().await.unwrap();
+    let mut manifest: serde_json::Value = serde_json::from_slice(&body.into_bytes()).unwrap();
+    let revision = manifest["revision"].as_i64().unwrap();
+
+    // What the snapshot records when a compaction lands between its stream and its HashKV read: the live
+    // member's HashKV after a compaction below the snapshot's revision, over another compact revision.
+    d.client.compact(revision - 1, None).await.unwrap();
+    let live = d.client.hash_kv(revision).await.unwrap();
+    assert_ne!(Some(live.hash()), manifest["hashKv"].as_u64().map(|h| h as u32), "the compaction changed HashKV");
+    assert_ne!(live.compact_version(), manifest["compactRevision"].as_i64().unwrap());
+    manifest["hashKv"] = live.hash().into();
+    manifest["compactRevision"] = live.compact_version().into();
+    let edited = serde_json::to_vec_pretty(&manifest).unwrap();
+    s3.put_object().bucket(&d.bed.s3.bucket).key(&key).body(edited.into()).send().await.unwrap();
+
+    let out = drill(&d.config, Some(&id));
+    assert!(out.status.success(), "a good snapshot is not failed by a compaction: {}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not comparable"), "{}", text(&out));
+    let r = report(&d.bed, &id).await;
+    assert_eq!((r["passed"].clone(), r["hashKv"].clone()), (true.into(), "notComparable".into()), "{r}");
+}

@@ -1,8 +1,10 @@
 //! The drill report: `drill.json` beside the snapshot's manifest, written after every drill of that snapshot
-//! (the latest outcome replaces the one before). A snapshot counts as verified only when its report passed and
-//! the hashes the report recorded are the manifest's bytes and the manifest's object and etcd hashes: the
-//! manifest is an ordinary object anyone with write access can edit, so its own word (`verifiedAt`) is never
-//! taken, and a manifest changed after the drill is no longer verified.
+//! (the latest outcome replaces the one before, except that a failure of the drill's environment leaves a
+//! passing report that still proves the snapshot in place, with the attempt in `last_failed_attempt`). A
+//! snapshot counts as verified only when its report passed and the hashes the report recorded are the
+//! manifest's bytes and the manifest's object and etcd hashes: the manifest is an ordinary object anyone with
+//! write access can edit, so its own word (`verifiedAt`) is never taken, and a manifest changed after the drill
+//! is no longer verified.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -49,6 +51,18 @@ pub struct Report {
     pub finished_at: DateTime<Utc>,
     pub duration_seconds: f64,
     pub agent_version: String,
+    /// The last drill that failed for a reason of its environment while this passing report still proved the
+    /// snapshot (the report then stays, and so does the verification).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failed_attempt: Option<FailedAttempt>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FailedAttempt {
+    pub reason: String,
+    pub message: String,
+    pub finished_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -119,6 +133,7 @@ mod tests {
             finished_at: at,
             duration_seconds: 1.0,
             agent_version: "0.1.0".into(),
+            last_failed_attempt: None,
         }
     }
 

@@ -92,6 +92,7 @@ pub async fn drill(
         finished_at: Utc::now(),
         duration_seconds: started.elapsed().as_secs_f64(),
         agent_version: kcp_keeper_runtime::VERSION.into(),
+        last_failed_attempt: None,
     };
     Outcome { result, report }
 }
@@ -276,12 +277,13 @@ async fn observe(client: &mut etcd_client::Client, manifest: &Manifest) -> Resul
     let (key_count, hash_kv) = if manifest.holds_revision(current) {
         let options = GetOptions::new().with_all_keys().with_count_only().with_revision(at);
         let count = client.get("", Some(options)).await.map_err(|e| etcd("counting keys", e))?.count();
-        let hash = client.hash_kv(at).await.map_err(|e| etcd("HashKV", e))?.hash();
-        (count.max(0) as u64, hash)
+        let hash = client.hash_kv(at).await.map_err(|e| etcd("HashKV", e))?;
+        (count.max(0) as u64, (hash.hash(), hash.compact_version()))
     } else {
-        (0, 0)
+        (0, (0, -1))
     };
-    Ok(Observed { revision: current, key_count, hash_kv })
+    let (hash_kv, compact_revision) = hash_kv;
+    Ok(Observed { revision: current, key_count, hash_kv, compact_revision })
 }
 
 /// Key names per keys-only page: a bound on one response whatever `sampleKeys` is.
@@ -349,8 +351,11 @@ pub fn identities(path: Option<&Path>) -> Result<Option<Vec<Identity>>, DrillErr
         .transpose()
 }
 
-/// Drills `id` and writes its report beside the manifest. The report is written whatever the outcome, so a
-/// failed drill un-verifies the snapshot; a report that cannot be written fails the drill (nothing proves it).
+/// Drills `id` and writes its report beside the manifest; a report that cannot be written fails the drill
+/// (nothing proves it). A failure the snapshot caused ([`super::caused_by_snapshot`]) replaces the report and
+/// un-verifies it; a failure of the drill's environment (storage, setup, etcd start, a timeout...) leaves a
+/// passing report that still proves this manifest and object in place, with the failed attempt recorded
+/// beside it, so a verified snapshot stays verified while its object is unchanged.
 pub async fn drill_and_record(drills: &Drills, kcp: Option<&KcpExpect>, store: &Store, id: &str) -> Outcome {
     let target = match read_target(store, id).await {
         Ok(target) => target,
@@ -361,12 +366,32 @@ pub async fn drill_and_record(drills: &Drills, kcp: Option<&KcpExpect>, store: &
         Err(error) => return Outcome { report: failed_before_start(id, &error), result: Err(error) },
     };
     let mut outcome = drill(drills, kcp, store, &target, identities).await;
-    if let Err(error) = write_report(store, &outcome.report).await
+    let kept = match &outcome.result {
+        Err(error) if !super::caused_by_snapshot(error) => still_proving(store, &target).await.map(|previous| Report {
+            last_failed_attempt: Some(super::report::FailedAttempt {
+                reason: <&'static str>::from(error).into(),
+                message: error.to_string(),
+                finished_at: outcome.report.finished_at,
+            }),
+            ..previous
+        }),
+        _ => None,
+    };
+    if let Err(error) = write_report(store, kept.as_ref().unwrap_or(&outcome.report)).await
         && outcome.result.is_ok()
     {
         outcome.result = Err(error);
     }
     outcome
+}
+
+/// The report beside `target` if it passed and still proves this manifest and its object.
+async fn still_proving(store: &Store, target: &Target) -> Option<Report> {
+    let location = Location::from_id(&store.prefix, &target.manifest.id)?;
+    let bytes = store.get_bytes(&format!("{}{}", location.dir(), super::report::REPORT)).await.ok()?;
+    let report = Report::from_json(&bytes).ok()?;
+    super::report::verified_at(&report, &target.manifest, &target.manifest_bytes)?;
+    Some(report)
 }
 
 /// A report for a drill that never reached its snapshot (not written: there is no manifest to stand beside).
@@ -391,6 +416,7 @@ fn failed_before_start(id: &str, error: &DrillError) -> Report {
         finished_at: now,
         duration_seconds: 0.0,
         agent_version: kcp_keeper_runtime::VERSION.into(),
+        last_failed_attempt: None,
     }
 }
 
@@ -401,7 +427,9 @@ pub fn summary(outcome: &Outcome) -> String {
         Ok(()) => {
             let hash_kv = match r.hash_kv {
                 Some(HashKvResult::Match) => "HashKV matches",
-                _ => "HashKV not comparable (the manifest has none)",
+                _ => {
+                    "HashKV not comparable (the manifest has none, or a compaction came between the snapshot and its HashKV)"
+                }
             };
             let mut line = format!(
                 "ok {}: object and etcd sha256 match the manifest; restored revision {}, {} keys, {hash_kv}; read {} keys; restore {:.1}s",
