@@ -462,3 +462,59 @@ fn stop_with_nothing_refused<const N: usize>(bed: &Bed, user: &str, agents: [&mu
         testbed::assert_no_secret_material(&agent.process.log(), &[&bed.s3.secret_key, &bed.s3.access_key]);
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_of_another_etcd_cluster_under_the_shard_are_reported_by_metric_and_event_and_never_deleted() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 20, 1000).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.keep_last = 1;
+    let config = write_config(&bed, &options).unwrap();
+    snapshot_ok(&config);
+    // Another installation's snapshot under the same shard, with a revision far above this cluster's.
+    let s3 = bed.s3.client();
+    let mut foreign = manifests(&s3, &bed.s3.bucket).await[0].clone();
+    foreign["clusterId"] = "00000000000bad00".into();
+    foreign["id"] = "root/20250101T000000Z-r999999999".into();
+    foreign["revision"] = 999_999_999u64.into();
+    foreign["revisionUpperBound"] = 999_999_999u64.into();
+    let foreign_key = format!("{PREFIX}/root/20250101T000000Z-r999999999/manifest.json");
+    s3.put_object()
+        .bucket(&bed.s3.bucket)
+        .key(&foreign_key)
+        .body(serde_json::to_vec(&foreign).unwrap().into())
+        .send()
+        .await
+        .unwrap();
+
+    options.cron = EVERY_FIVE_SECONDS;
+    let config = write_config(&bed, &options).unwrap();
+    let mut agent = agent(cluster, &config, &ns).identity("replica-a").spawn().unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+    let series = "etcd_snapshotter_other_cluster_snapshots{shard=\"root\"}";
+    assert!(agent.metric(series).await.is_ok(), "exported from the start");
+    agent.wait_for_metric(series, WAIT, |v| v == 1.0).await;
+    let found = testbed::eventually(WAIT, "an OtherClusterSnapshots Event", || async {
+        let found = events(&cluster.client(), &ns, "OtherClusterSnapshots").await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    let note = found[0].note.clone().unwrap_or_default();
+    assert!(note.contains("1 snapshot(s) of other etcd clusters under shard root"), "{note}");
+    // This cluster's own keepLast 1 ran (the revision far above it did not stop retention), the foreign one stays.
+    testbed::eventually(WAIT, "retention kept this cluster's newest only", || async {
+        let text = scrape(&agent.admin_url).await;
+        (value(&text, "etcd_snapshotter_snapshots_kept{shard=\"root\"}").ok()? == 1.0).then_some(())
+    })
+    .await;
+    let status = agent.terminate(Duration::from_secs(20));
+    assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}");
+    let left: Vec<String> =
+        manifests(&s3, &bed.s3.bucket).await.iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
+    assert!(left.contains(&"root/20250101T000000Z-r999999999".to_string()), "never deleted: {left:?}");
+    assert_eq!(left.len(), 2, "one of this cluster's, one foreign: {left:?}");
+}
