@@ -858,11 +858,13 @@ authentication:
     clientCAFile: {client_ca}
 authorization:
   mode: Webhook
+# Absolute, not percentages: the disk is shared, and 1% of a large, busy one is gigabytes (a DiskPressure taint
+# left every pod Pending with 2 GiB of 252 free).
 evictionHard:
   memory.available: "1Mi"
-  nodefs.available: "1%"
+  nodefs.available: "100Mi"
   nodefs.inodesFree: "1%"
-  imagefs.available: "1%"
+  imagefs.available: "100Mi"
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 syncFrequency: 10s
