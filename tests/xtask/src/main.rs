@@ -1,7 +1,7 @@
 //! `cargo xtask ...`: the commands a developer and CI type. Each installs what it needs first and says so.
 #![deny(unsafe_code)] // one exception: the parent-death signal in child.rs
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -68,7 +68,7 @@ fn main() -> Result<()> {
                 "build the agents and the bench (release)",
                 cargo(&["build", "--quiet", "--locked", "--release", "--workspace", "--bins"]),
             )?;
-            let mut bench = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/bench"));
+            let mut bench = Command::new(target_dir().join("release/bench"));
             bench.args(name.as_deref());
             if quick {
                 bench.arg("--quick");
@@ -121,6 +121,14 @@ fn ensure_peers() -> Result<peers::Peers> {
     prereqs::ensure_peer_c_builds()?;
     eprintln!("xtask: checking peers in {}", peers::cache_root().join("peers").display());
     peers::ensure_all().context("building the peers")
+}
+
+/// Where cargo puts what it builds: `CARGO_TARGET_DIR` when set (a relative one is relative to the current
+/// directory, for cargo and for us alike), else the workspace's `target`.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
 }
 
 pub(crate) fn cargo(args: &[&str]) -> Command {
