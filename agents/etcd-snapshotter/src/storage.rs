@@ -409,57 +409,9 @@ impl Store {
         Ok(())
     }
 
-    /// Multipart uploads in progress under `prefix`: (key, upload id).
-    pub async fn list_uploads(&self, prefix: &str) -> Result<Vec<(String, String)>, StorageError> {
-        let mut out = Vec::new();
-        let (mut key_marker, mut id_marker) = (None, None);
-        loop {
-            let page = self
-                .client
-                .list_multipart_uploads()
-                .bucket(&self.bucket)
-                .prefix(prefix)
-                .set_key_marker(key_marker.take())
-                .set_upload_id_marker(id_marker.take())
-                .send()
-                .await
-                .map_err(|e| StorageError::request("ListMultipartUploads", e))?;
-            for upload in page.uploads() {
-                if let (Some(key), Some(id)) = (upload.key(), upload.upload_id()) {
-                    out.push((key.to_string(), id.to_string()));
-                }
-            }
-            if page.is_truncated() != Some(true) {
-                return Ok(out);
-            }
-            key_marker = page.next_key_marker;
-            id_marker = page.next_upload_id_marker;
-            if key_marker.is_none() {
-                return Ok(out);
-            }
-        }
-    }
-
     /// Every key under `prefix`.
     pub async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
-        let mut out = Vec::new();
-        let mut token = None;
-        loop {
-            let page = self
-                .client
-                .list_objects_v2()
-                .bucket(&self.bucket)
-                .prefix(prefix)
-                .set_continuation_token(token.take())
-                .send()
-                .await
-                .map_err(|e| StorageError::request("ListObjectsV2", e))?;
-            out.extend(page.contents().iter().filter_map(|o| o.key().map(str::to_string)));
-            match page.next_continuation_token {
-                Some(next) if page.is_truncated() == Some(true) => token = Some(next),
-                _ => return Ok(out),
-            }
-        }
+        Ok(self.list_objects(prefix).await?.into_iter().map(|o| o.key).collect())
     }
 
     pub async fn put(&self, key: &str, body: Vec<u8>) -> Result<(), StorageError> {
