@@ -22,6 +22,8 @@ pub enum Command {
     Render(RenderArgs),
     /// Ask the resolver for every public name and print expected against answered.
     Check(CheckArgs),
+    /// Remove the agent's rules (the Corefile block, or the k3s key), every other byte kept: for uninstalling.
+    Cleanup(CleanupArgs),
 }
 
 /// Runs one; exit code 1 when a rule has an error or (`check`) a name does not answer as expected.
@@ -29,6 +31,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
     let passed = match command {
         Command::Render(args) => render(&args).await?,
         Command::Check(args) => check(&args).await?,
+        Command::Cleanup(args) => cleanup(&args).await?,
     };
     Ok(if passed { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
@@ -61,6 +64,30 @@ pub struct CheckArgs {
 
     #[command(flatten)]
     pub kube: KubeArgs,
+}
+
+/// `dns-rewriter cleanup`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CleanupArgs {
+    /// The agent's YAML configuration file.
+    #[arg(long, env = "KCP_KEEPER_CONFIG")]
+    pub config: PathBuf,
+
+    #[command(flatten)]
+    pub kube: KubeArgs,
+}
+
+/// Removes the block or key; says which on stderr. Exits 0 when it is gone (or was never there).
+pub async fn cleanup(args: &CleanupArgs) -> anyhow::Result<bool> {
+    let config: Config = load(&args.config)?;
+    let client = args.kube.client().await.context("creating the Kubernetes client")?;
+    let key = config.target.configmap();
+    let what = format!("{}/{} key {}", key.namespace, key.name, key.key);
+    match crate::cleanup::cleanup(&client, &config).await? {
+        crate::cleanup::Cleaned::Removed => eprintln!("removed dns-rewriter's rules from {what}"),
+        crate::cleanup::Cleaned::Nothing => eprintln!("nothing of dns-rewriter's in {what}"),
+    }
+    Ok(true)
 }
 
 /// Prints the snippet (k3s mode) or the marked block (Corefile mode) the agent would write. Exits 1 when a

@@ -9,7 +9,8 @@
 //!   for exactly that;
 //! - [`reconcile`]: the daemon's one item and its cycle: plan, write, verify;
 //! - [`metrics`]: the agent's own series;
-//! - [`cli`]: the one-shots `render` and `check`.
+//! - [`cli`]: the one-shots `render`, `check` and `cleanup` ([`cleanup`]: the block or key removed, for
+//!   uninstalling).
 //!
 //! The domain, pure and tested without a cluster: [`hostname`] (what a name in a rule may be), [`rules`] (the
 //! rule set), [`render`] (the closed grammar and its pre-write check), [`block`] (the marked block in a foreign
@@ -25,6 +26,7 @@ use kcp_keeper_runtime::rbac::{Rbac, Subjects, needs_config};
 use prometheus_client::registry::Registry;
 
 pub mod block;
+pub mod cleanup;
 pub mod cli;
 pub mod cluster;
 pub mod config;

@@ -69,3 +69,85 @@ async fn installed_by_the_chart_it_writes_its_configmap_with_the_chart_roles_and
     assert!(agent.terminate(std::time::Duration::from_secs(10)).is_some_and(|st| st.success()));
     Ok(())
 }
+
+/// The chart's pre-delete hook: rendered with the release's values, the Job is accepted by the real apiserver
+/// (the bed has no kubelet, so it never runs here; the real node's tests can run it), and what it runs,
+/// `dns-rewriter cleanup` with the chart's ServiceAccount and rendered configuration, removes the agent's key
+/// from `coredns-custom` with the chart's Roles alone (no request refused), leaving the ConfigMap.
+#[tokio::test]
+async fn the_charts_cleanup_hook_is_accepted_and_cleanup_with_the_charts_account_removes_the_key() -> Result<()> {
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let release_ns = bed.namespace().await?;
+    let client = bed.client();
+    create_service(&client, &ns, "root-kcp", &[], false).await?;
+    create_coredns_custom(client.clone()).await?;
+    let values = format!(
+        "replicas: 1\ndnsRewriter:\n  enabled: true\n  config:\n    mode: k3s\n    rules:\n    - {{host: kcp-root.example.com, service: {{namespace: {ns}, name: root-kcp}}}}\n    discovery: null\n    verify: {{resolver: '127.0.0.1:9'}}\n"
+    );
+    testbed::helm::install(&bed, &release_ns, &values)?;
+    let values_file = bed.subdir("hook")?.join("values.yaml");
+    std::fs::write(&values_file, &values)?;
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/kcp-keeper");
+    let rendered = std::process::Command::new(bed.peers.path("helm"))
+        .args(["template", "kcp-keeper"])
+        .arg(&chart)
+        .args(["--namespace", &release_ns, "--kube-version", "1.37.2", "--show-only"])
+        .arg("templates/dns-rewriter-cleanup.yaml")
+        .arg("--values")
+        .arg(&values_file)
+        .output()?;
+    assert!(rendered.status.success(), "{}", String::from_utf8_lossy(&rendered.stderr));
+    let job = String::from_utf8(rendered.stdout)?;
+    assert!(job.contains("\"helm.sh/hook\": pre-delete") && job.contains("args: [cleanup]"), "{job}");
+    let mut create = std::process::Command::new(bed.peers.path("kubectl"))
+        .args(["create", "-f", "-", "--kubeconfig"])
+        .arg(&bed.apiserver.admin_kubeconfig)
+        .stdin(std::process::Stdio::piped())
+        .output_with(job.as_bytes())?;
+    assert!(create.status.success(), "the apiserver refused the hook Job: {}", String::from_utf8_lossy(&create.stderr));
+    create.stdout.clear();
+
+    // The agent's key, as the agent writes it, then cleanup with the chart's account.
+    let rendered = Api::<ConfigMap>::namespaced(client.clone(), &release_ns).get(ACCOUNT).await?;
+    let config = write_config(&bed, &rendered.data.context("ConfigMap data")?["config.yaml"])?;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
+        ..Default::default()
+    };
+    let minted = Api::<ServiceAccount>::namespaced(client.clone(), &release_ns)
+        .create_token_request(ACCOUNT, &PostParams::default(), &request)
+        .await?;
+    let token = minted.status.and_then(|s| s.token).context("no token")?;
+    let user = format!("system:serviceaccount:{release_ns}:{ACCOUNT}");
+    let kubeconfig = bed.apiserver.token_kubeconfig(&user, &token)?;
+    let patch = serde_json::json!({"data": {"kcp-split-horizon.override": "# Managed by kcp-keeper\n"}});
+    Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
+        .patch(K3S_CONFIGMAP, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+        .await?;
+    let (code, _, stderr) = testbed::agent_process::run_to_completion(
+        std::path::Path::new(BINARY),
+        &["cleanup", "--kubeconfig", &kubeconfig.display().to_string(), "--config", &config.display().to_string()],
+    )?;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(configmap_key(&client, K3S_CONFIGMAP, "kcp-split-horizon.override").await.is_none(), "the key is gone");
+    let kept = Api::<ConfigMap>::namespaced(client.clone(), "kube-system").get_opt(K3S_CONFIGMAP).await?;
+    assert!(kept.is_some(), "the ConfigMap stays");
+    let requests = testbed::audit::by_user(&bed.apiserver.audit_log, &user)?;
+    assert!(requests.iter().any(|r| r.resource == "configmaps" && r.verb == "patch"), "its write is logged");
+    assert!(!requests.iter().any(|r| r.code == Some(403)), "the chart's Roles refused cleanup: {requests:?}");
+    Ok(())
+}
+
+trait OutputWith {
+    fn output_with(&mut self, stdin: &[u8]) -> std::io::Result<std::process::Output>;
+}
+
+impl OutputWith for std::process::Command {
+    /// Runs to completion with `stdin` as its standard input.
+    fn output_with(&mut self, stdin: &[u8]) -> std::io::Result<std::process::Output> {
+        let mut child = self.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn()?;
+        std::io::Write::write_all(&mut child.stdin.take().expect("piped"), stdin)?;
+        child.wait_with_output()
+    }
+}

@@ -217,3 +217,53 @@ async fn check_prints_expected_and_answered_per_host_and_fails_when_one_does_not
     assert!(stdout.starts_with("HOST"), "{stdout}");
     Ok(())
 }
+
+/// `cleanup` against the real apiserver: in Corefile mode the block goes and the Corefile is byte for byte what
+/// it was before the block was written; in k3s mode only our key goes from `coredns-custom`; a second run finds
+/// nothing and writes nothing.
+#[tokio::test]
+async fn cleanup_removes_the_block_restoring_the_corefile_bytes_and_the_k3s_key_alone_and_is_idempotent() -> Result<()>
+{
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, ObjectMeta, PostParams};
+    let bed = ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let client = bed.client();
+    let original =
+        testbed::coredns::KUBEADM_DEFAULT_COREFILE.replace("    loop\n", "    # our own comment\n    loop\n");
+    let snippet = "# Managed by kcp-keeper (dns-rewriter); edits here are overwritten.\n# Split horizon: each kcp public name below answers with its in-cluster Service.\nrewrite name exact kcp-root.example.com. root-kcp.kcp-system.svc.cluster.local.\n";
+    let written = dns_rewriter::block::set(&original, ".:53", Some(snippet))?;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), "kube-system");
+    let cm = |name: &str, data: &[(&str, &str)]| ConfigMap {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        data: Some(data.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+        ..Default::default()
+    };
+    api.create(&PostParams::default(), &cm("coredns", &[("Corefile", &written)])).await?;
+    api.create(
+        &PostParams::default(),
+        &cm("coredns-custom", &[("kcp-split-horizon.override", snippet), ("mine.override", "log\n")]),
+    )
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = bed.apiserver.admin_kubeconfig.display().to_string();
+    let rule = format!("rules:\n- {{host: kcp-root.example.com, service: {{namespace: {ns}, name: root-kcp}}}}\n");
+    let corefile = write_config(dir.path(), "corefile.yaml", &format!("mode: corefile\ncorefile: {{}}\n{rule}"));
+    let k3s = write_config(dir.path(), "k3s.yaml", &format!("mode: k3s\n{rule}"));
+
+    let (code, _, stderr) = run(&["cleanup", "--kubeconfig", &kubeconfig, "--config", corefile.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("removed dns-rewriter's rules from kube-system/coredns key Corefile"), "{stderr}");
+    let after = api.get("coredns").await?;
+    assert_eq!(after.data.as_ref().and_then(|d| d.get("Corefile")), Some(&original), "the bytes before the block");
+    let (code, _, stderr) = run(&["cleanup", "--kubeconfig", &kubeconfig, "--config", corefile.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("nothing of dns-rewriter's"), "{stderr}");
+    assert_eq!(api.get("coredns").await?.metadata.resource_version, after.metadata.resource_version, "no write");
+
+    let (code, _, stderr) = run(&["cleanup", "--kubeconfig", &kubeconfig, "--config", k3s.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let custom = api.get("coredns-custom").await?.data.unwrap_or_default();
+    assert_eq!(custom.into_iter().collect::<Vec<_>>(), vec![("mine.override".to_string(), "log\n".to_string())]);
+    Ok(())
+}

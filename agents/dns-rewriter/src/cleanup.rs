@@ -1,0 +1,62 @@
+//! `dns-rewriter cleanup`: takes the agent's rules out of the cluster DNS configuration, for uninstalling (the
+//! chart runs it as a pre-delete hook): in Corefile mode the marked block is removed, every other byte kept
+//! (the Corefile is as it was before the agent's first write); in k3s mode the agent's own key is removed from
+//! `coredns-custom`, every other key kept. Conditional on the resourceVersion read, like every write of the
+//! agent; a ConfigMap, key or block that is not there is nothing to do. The ConfigMap itself is never deleted.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kcp_keeper_runtime::marked_block::configmap::write_key;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use crate::block;
+use crate::config::{Config, Target};
+
+/// What cleanup did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cleaned {
+    /// The block or key was removed.
+    Removed,
+    /// There was nothing of ours (no ConfigMap, no key, no block).
+    Nothing,
+}
+
+pub async fn cleanup(client: &kube::Client, config: &Config) -> anyhow::Result<Cleaned> {
+    let key = config.target.configmap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &key.namespace);
+    let object = format!("{}/{}", key.namespace, key.name);
+    let Some(live) = api.get_opt(&key.name).await? else { return Ok(Cleaned::Nothing) };
+    let current = live.data.as_ref().and_then(|d| d.get(&key.key)).cloned();
+    match &config.target {
+        Target::Corefile { server_block, .. } => {
+            let Some(current) = current else { return Ok(Cleaned::Nothing) };
+            if block::content(&current, server_block)?.is_none() {
+                return Ok(Cleaned::Nothing);
+            }
+            let compute = |text: Option<&str>| match text {
+                Some(text) => block::set(text, server_block, None).map_err(|e| e.to_string()),
+                None => Err("the Corefile key is gone".to_string()),
+            };
+            write_key(&api, &key.name, &key.key, Some(live), compute)
+                .await
+                .map_err(|e| anyhow::anyhow!("removing the block from {object} key {}: {e}", key.key))?;
+            Ok(Cleaned::Removed)
+        }
+        Target::K3s(_) => {
+            if current.is_none() {
+                return Ok(Cleaned::Nothing);
+            }
+            // A merge patch with null removes the one key; the resourceVersion makes it conditional.
+            let patch = json!({
+                "metadata": {"resourceVersion": live.metadata.resource_version},
+                "data": {key.key.as_str(): null},
+            });
+            let params =
+                PatchParams { field_manager: Some(kcp_keeper_runtime::FIELD_MANAGER.into()), ..Default::default() };
+            api.patch(&key.name, &params, &Patch::Merge(&patch))
+                .await
+                .map_err(|e| anyhow::anyhow!("removing key {} from {object}: {e}", key.key))?;
+            Ok(Cleaned::Removed)
+        }
+    }
+}
