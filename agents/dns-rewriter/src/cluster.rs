@@ -39,10 +39,12 @@ pub async fn read(client: &kube::Client, config: &Config) -> anyhow::Result<Clus
             continue;
         }
         let api: Api<Service> = Api::namespaced(client.clone(), rule.service.namespace());
-        let found =
-            api.get_opt(rule.service.name()).await.with_context(|| format!("reading Service {}", rule.service))?;
-        if let Some(svc) = found {
-            services.insert(key, ServiceFacts::from_service(&svc));
+        // A list by name rather than a get: the one-shots run in the agent's pod with the daemon's rights, which
+        // are list and watch on Services (the daemon watches them), not get.
+        let by_name = ListParams::default().fields(&format!("metadata.name={}", rule.service.name()));
+        let found = api.list(&by_name).await.with_context(|| format!("reading Service {}", rule.service))?;
+        if let Some(svc) = found.items.first() {
+            services.insert(key, ServiceFacts::from_service(svc));
         }
     }
     let mut objects = Vec::new();

@@ -75,7 +75,8 @@ async fn installed_by_the_chart_it_writes_its_configmap_with_the_chart_roles_and
 /// `dns-rewriter cleanup` with the chart's ServiceAccount and rendered configuration, removes the agent's key
 /// from `coredns-custom` with the chart's Roles alone (no request refused), leaving the ConfigMap.
 #[tokio::test]
-async fn the_charts_cleanup_hook_is_accepted_and_cleanup_with_the_charts_account_removes_the_key() -> Result<()> {
+async fn the_charts_cleanup_hook_is_accepted_and_cleanup_and_render_with_the_charts_account_need_no_more_rights()
+-> Result<()> {
     let bed = ControlPlane::start().await?;
     let ns = bed.namespace().await?;
     let release_ns = bed.namespace().await?;
@@ -133,9 +134,17 @@ async fn the_charts_cleanup_hook_is_accepted_and_cleanup_with_the_charts_account
     assert!(configmap_key(&client, K3S_CONFIGMAP, "kcp-split-horizon.override").await.is_none(), "the key is gone");
     let kept = Api::<ConfigMap>::namespaced(client.clone(), "kube-system").get_opt(K3S_CONFIGMAP).await?;
     assert!(kept.is_some(), "the ConfigMap stays");
+    // The one-shots an operator runs in the agent's pod (`kubectl exec ... render`) read the rules' Services
+    // with the daemon's rights: list, never get.
+    let (code, stdout, stderr) = testbed::agent_process::run_to_completion(
+        std::path::Path::new(BINARY),
+        &["render", "--kubeconfig", &kubeconfig.display().to_string(), "--config", &config.display().to_string()],
+    )?;
+    assert_eq!(code, Some(0), "render with the chart's account: {stderr}");
+    assert!(stdout.contains("kcp-root.example.com"), "{stdout}");
     let requests = testbed::audit::by_user(&bed.apiserver.audit_log, &user)?;
     assert!(requests.iter().any(|r| r.resource == "configmaps" && r.verb == "patch"), "its write is logged");
-    assert!(!requests.iter().any(|r| r.code == Some(403)), "the chart's Roles refused cleanup: {requests:?}");
+    assert!(!requests.iter().any(|r| r.code == Some(403)), "the chart's Roles refused cleanup or render: {requests:?}");
     Ok(())
 }
 
