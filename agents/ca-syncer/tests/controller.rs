@@ -312,10 +312,11 @@ async fn a_bundle_that_does_not_verify_the_live_endpoint_is_not_published_and_on
     );
     wait_for_metric(&agent, &in_sync, "the unverified target reads 0", |v| v == 0.0).await;
     let text = metrics(&agent).await;
-    assert!(
-        metric(&text, "ca_syncer_live_check_failures_total{bundle=\"wrong\",reason=\"not_verified\"}")? >= 1.0,
-        "{text}"
+    let failures = format!(
+        "ca_syncer_live_check_failures_total{{bundle=\"wrong\",endpoint=\"{}\",reason=\"not_verified\"}}",
+        server.url()
     );
+    assert!(metric(&text, &failures)? >= 1.0, "{text}");
     Ok(())
 }
 
