@@ -4,8 +4,8 @@
 //! multipart upload rather than leaving it half done. Retention runs only after a published snapshot.
 //!
 //! Restore drills run on each shard's own drill schedule the same way (leader only, the tick recorded on the
-//! Lease as `drill-<shard>`), one drill at a time (a drill restores a whole database to local disk), apart
-//! from snapshots. A shutdown drops the drill in flight: its scratch kills its processes and removes its
+//! Lease as `drill-<shard>`), one drill at a time (a drill restores a whole database to local disk), and not
+//! while a snapshot runs unless `drills.alongsideSnapshots` says the pod holds both. A shutdown drops the drill in flight: its scratch kills its processes and removes its
 //! directory before the process exits.
 
 use std::sync::Arc;
@@ -76,7 +76,10 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
                 async move { job.snapshot_within_tick(tick).await }
             });
             let Some(drill) = shard.drill.clone() else { continue };
-            let drills = job(&one_drill_at_a_time);
+            // By default a drill takes the snapshots' turn: a drill restores a whole database beside the
+            // snapshot's memory budget and spill, and a pod sized for one of them would be OOM-killed or evicted
+            // mid-snapshot by both at once.
+            let drills = job(if config.drills.alongside_snapshots { &one_drill_at_a_time } else { &one_at_a_time });
             spawn_schedule(&mut tasks, &ctx, &schedules, drill.schedule, move |tick| {
                 let job = drills.clone();
                 async move { job.drill(tick).await }

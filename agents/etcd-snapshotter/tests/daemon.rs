@@ -520,3 +520,64 @@ async fn snapshots_of_another_etcd_cluster_under_the_shard_are_reported_by_metri
     assert!(left.contains(&"root/20250101T000000Z-r999999999".to_string()), "never deleted: {left:?}");
     assert_eq!(left.len(), 2, "one of this cluster's, one foreign: {left:?}");
 }
+
+/// By default a drill never runs beside a snapshot in the same process (the pod's memory and disk are sized for
+/// one of them): drills due every 5 s while the daemon's upload is slowed to several seconds wait for it, and
+/// run once it is published.
+#[tokio::test(flavor = "multi_thread")]
+async fn drills_due_during_the_daemons_slow_upload_wait_until_the_snapshot_is_published_and_then_run() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/big", 300, 100_000).await.unwrap();
+    let slow = Proxy::start(bed.s3.endpoint.trim_start_matches("http://")).await;
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]).with_drills(&bed);
+    options.compression = "none";
+    options.shard_extra = format!("drill:\n  schedule:\n    cron: \"{EVERY_FIVE_SECONDS}\"\n");
+    // A snapshot for the drills to restore, taken directly.
+    snapshot_ok(&write_config(&bed, &options).unwrap());
+    // The daemon uploads through the proxy; drills download unthrottled (the proxy slows client-to-server only).
+    options.cron = "*/20 * * * * *";
+    options.s3_endpoint = slow.url.clone();
+    let config = write_config(&bed, &options).unwrap();
+    let mut agent = agent(cluster, &config, &ns).identity("replica-a").spawn().unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+    // 30 MB at 4 MiB/s: each of the daemon's uploads takes several seconds, and drills fall due meanwhile.
+    slow.faults.throttle_bytes_per_second.store(4 * 1024 * 1024, std::sync::atomic::Ordering::SeqCst);
+    let s3 = bed.s3.client();
+    testbed::eventually(WAIT, "a slowed upload under way", || {
+        let (s3, bucket) = (s3.clone(), bed.s3.bucket.clone());
+        async move { (!uploads(&s3, &bucket).await.is_empty()).then_some(()) }
+    })
+    .await;
+    let drilled_after_a_publish = |messages: &[String]| {
+        let published = messages.iter().rposition(|m| m == "snapshot published")?;
+        messages[published..].iter().any(|m| m == "drill passed").then_some(())
+    };
+    testbed::eventually(Duration::from_secs(120), "a drill after a slowed snapshot was published", || {
+        let messages = log_messages(&agent.process.log());
+        async move { drilled_after_a_publish(&messages) }
+    })
+    .await;
+    slow.faults.throttle_bytes_per_second.store(0, std::sync::atomic::Ordering::SeqCst);
+    let status = agent.terminate(Duration::from_secs(40));
+    assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}\n{}", agent.process.log_tail());
+
+    // Between a snapshot's start and its end no drill finished (nor started: none ran beside it).
+    let messages = log_messages(&agent.process.log());
+    let mut in_snapshot = false;
+    let mut snapshots = 0;
+    for m in &messages {
+        if m == "streaming from member" {
+            in_snapshot = true;
+        } else if m == "snapshot published" || m.starts_with("snapshot failed") {
+            in_snapshot = false;
+            snapshots += 1;
+        } else if m == "drill passed" || m == "restore drill failed" {
+            assert!(!in_snapshot, "a drill ran beside a snapshot: {messages:?}");
+        }
+    }
+    assert!(snapshots >= 1, "{messages:?}");
+}

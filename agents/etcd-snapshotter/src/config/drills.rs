@@ -39,6 +39,12 @@ pub struct RawDrills {
     /// The kcp binary for the kcp level; without it no shard can ask for the kcp level.
     #[serde(default)]
     pub kcp: Option<PathBuf>,
+    /// Whether a drill may run while a snapshot runs in the same pod. Off by default: a drill then waits for
+    /// the snapshot in flight (and a snapshot for the drill), so the pod's memory and disk need to hold one of
+    /// them at a time. On only when the pod's limits hold both (an etcd of the database's size beside a
+    /// snapshot's memory budget and spill).
+    #[serde(default)]
+    pub alongside_snapshots: bool,
 }
 
 fn default_etcd() -> PathBuf {
@@ -100,6 +106,7 @@ pub struct Drills {
     pub sample_keys: usize,
     pub timeout: Duration,
     pub kcp: Option<PathBuf>,
+    pub alongside_snapshots: bool,
 }
 
 /// A shard's drill schedule and level.
@@ -186,6 +193,7 @@ pub(super) fn drills(
         sample_keys: default_sample_keys(),
         timeout: None,
         kcp: None,
+        alongside_snapshots: false,
     });
     let directory = match (raw.directory, spill) {
         (Some(dir), _) if dir.is_absolute() => dir,
@@ -224,5 +232,6 @@ pub(super) fn drills(
         sample_keys: raw.sample_keys,
         timeout,
         kcp: raw.kcp,
+        alongside_snapshots: raw.alongside_snapshots,
     }
 }
