@@ -414,7 +414,13 @@ impl Store {
         Ok(self.list_objects(prefix).await?.into_iter().map(|o| o.key).collect())
     }
 
-    pub async fn put(&self, key: &str, body: Vec<u8>) -> Result<(), StorageError> {
+    /// A PutObject of one of our small JSON objects (manifest, report, lock): marked as ours, encrypted as
+    /// configured.
+    fn put_json(
+        &self,
+        key: &str,
+        body: Vec<u8>,
+    ) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
         let (sse, kms) = self.sse();
         self.client
             .put_object()
@@ -425,9 +431,10 @@ impl Store {
             .set_server_side_encryption(sse)
             .set_ssekms_key_id(kms)
             .body(ByteStream::from(body))
-            .send()
-            .await
-            .map_err(|e| StorageError::request("PutObject", e))?;
+    }
+
+    pub async fn put(&self, key: &str, body: Vec<u8>) -> Result<(), StorageError> {
+        self.put_json(key, body).send().await.map_err(|e| StorageError::request("PutObject", e))?;
         Ok(())
     }
 
@@ -470,18 +477,8 @@ impl Store {
         body: Vec<u8>,
         condition: Condition<'_>,
     ) -> Result<Option<String>, StorageError> {
-        let (sse, kms) = self.sse();
-        let mut request = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .content_type("application/json")
-            .metadata(WRITTEN_BY.0, WRITTEN_BY.1)
-            .set_server_side_encryption(sse)
-            .set_ssekms_key_id(kms)
-            .body(ByteStream::from(body));
-        request = match condition {
+        let request = self.put_json(key, body);
+        let request = match condition {
             Condition::Absent => request.if_none_match("*"),
             Condition::Matches(etag) => request.if_match(etag),
         };

@@ -228,6 +228,24 @@ fn log_messages(log: &str) -> Vec<String> {
         .collect()
 }
 
+/// Starts the daemon with `options`, uploading through `slow` every 20 s (a slowed run, ~8 s, ends well before
+/// the next tick), slows its uploads to 4 MiB/s and returns once one is under way (30 MB: several seconds).
+async fn daemon_with_a_slowed_upload(bed: &Bed, ns: &str, mut options: Options<'_>, slow: &Proxy) -> AgentProcess {
+    options.cron = "*/20 * * * * *";
+    options.s3_endpoint = slow.url.clone();
+    let config = write_config(bed, &options).unwrap();
+    let mut agent = agent(bed.cluster(), &config, ns).identity("replica-a").spawn().unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+    slow.faults.throttle_bytes_per_second.store(4 * 1024 * 1024, std::sync::atomic::Ordering::SeqCst);
+    let s3 = bed.s3.client();
+    testbed::eventually(WAIT, "the daemon's slowed upload under way", || {
+        let (s3, bucket) = (s3.clone(), bed.s3.bucket.clone());
+        async move { (!uploads(&s3, &bucket).await.is_empty()).then_some(()) }
+    })
+    .await;
+    agent
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_one_shot_during_the_daemons_slow_upload_waits_for_the_shard_lock_and_both_publish_with_nothing_lost() {
     let bed = Bed::with_cluster().await.unwrap();
@@ -241,20 +259,8 @@ async fn a_one_shot_during_the_daemons_slow_upload_waits_for_the_shard_lock_and_
     options.compression = "none";
     // The one-shot talks to S3 directly; the daemon through the proxy that slows its upload.
     let one_shot_config = write_config(&bed, &options).unwrap();
-    // Every 20 s: a tick's slow run (~8 s) ends well before the next, so the waiting one-shot gets its turn.
-    options.cron = "*/20 * * * * *";
-    options.s3_endpoint = slow.url.clone();
-    let daemon_config = write_config(&bed, &options).unwrap();
-    let mut agent = agent(cluster, &daemon_config, &ns).identity("replica-a").spawn().unwrap();
-    agent.wait_ready(WAIT).await.unwrap();
-    // 30 MB at 4 MiB/s: the daemon's upload is under way for several seconds.
-    slow.faults.throttle_bytes_per_second.store(4 * 1024 * 1024, std::sync::atomic::Ordering::SeqCst);
+    let mut agent = daemon_with_a_slowed_upload(&bed, &ns, options, &slow).await;
     let s3 = bed.s3.client();
-    testbed::eventually(WAIT, "the daemon's upload under way", || {
-        let (s3, bucket) = (s3.clone(), bed.s3.bucket.clone());
-        async move { (!uploads(&s3, &bucket).await.is_empty()).then_some(()) }
-    })
-    .await;
 
     let config = one_shot_config.to_str().unwrap().to_string();
     let out =
@@ -538,20 +544,8 @@ async fn drills_due_during_the_daemons_slow_upload_wait_until_the_snapshot_is_pu
     options.shard_extra = format!("drill:\n  schedule:\n    cron: \"{EVERY_FIVE_SECONDS}\"\n");
     // A snapshot for the drills to restore, taken directly.
     snapshot_ok(&write_config(&bed, &options).unwrap());
-    // The daemon uploads through the proxy; drills download unthrottled (the proxy slows client-to-server only).
-    options.cron = "*/20 * * * * *";
-    options.s3_endpoint = slow.url.clone();
-    let config = write_config(&bed, &options).unwrap();
-    let mut agent = agent(cluster, &config, &ns).identity("replica-a").spawn().unwrap();
-    agent.wait_ready(WAIT).await.unwrap();
-    // 30 MB at 4 MiB/s: each of the daemon's uploads takes several seconds, and drills fall due meanwhile.
-    slow.faults.throttle_bytes_per_second.store(4 * 1024 * 1024, std::sync::atomic::Ordering::SeqCst);
-    let s3 = bed.s3.client();
-    testbed::eventually(WAIT, "a slowed upload under way", || {
-        let (s3, bucket) = (s3.clone(), bed.s3.bucket.clone());
-        async move { (!uploads(&s3, &bucket).await.is_empty()).then_some(()) }
-    })
-    .await;
+    // Drills download unthrottled (the proxy slows client-to-server only), and fall due during each upload.
+    let mut agent = daemon_with_a_slowed_upload(&bed, &ns, options, &slow).await;
     let drilled_after_a_publish = |messages: &[String]| {
         let published = messages.iter().rposition(|m| m == "snapshot published")?;
         messages[published..].iter().any(|m| m == "drill passed").then_some(())

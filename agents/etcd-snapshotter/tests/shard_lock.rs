@@ -39,13 +39,15 @@ async fn a_second_run_waits_while_the_shard_is_held_refuses_naming_the_holder_an
     let alpha = shard_lock::acquire(&store, "alpha", "snapshot", Duration::ZERO, nothing).await.unwrap();
     alpha.release().await;
 
+    let told_to_wait = std::sync::Arc::new(tokio::sync::Notify::new());
     let waiter = {
-        let store = store.clone();
-        tokio::spawn(
-            async move { shard_lock::acquire(&store, "root", "snapshot", Duration::from_secs(60), nothing).await },
-        )
+        let (store, told_to_wait) = (store.clone(), told_to_wait.clone());
+        tokio::spawn(async move {
+            let waiting = move |_: &str| told_to_wait.notify_one();
+            shard_lock::acquire(&store, "root", "snapshot", Duration::from_secs(60), waiting).await
+        })
     };
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::timeout(Duration::from_secs(30), told_to_wait.notified()).await.expect("the waiter finds it held");
     assert!(!waiter.is_finished(), "it waits while the lock is held");
     held.release().await;
     let second = tokio::time::timeout(Duration::from_secs(30), waiter).await.unwrap().unwrap().unwrap();
