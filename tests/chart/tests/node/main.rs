@@ -20,6 +20,10 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testbed::node::{self, NODE_IP, Node};
 
+// Each agent's further node tests live in a module of their own (same node, same install, same binary).
+mod ca_syncer;
+mod dns_rewriter;
+
 const AGENTS: [&str; 4] = ["ca-syncer", "dns-rewriter", "kubeconfig-rotator", "etcd-snapshotter"];
 /// Ports of the peers inside the node (its own network, so fixed).
 const ETCD_PORT: u16 = 23790;
