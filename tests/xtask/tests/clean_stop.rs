@@ -51,9 +51,11 @@ fn start_demo() -> RunningDemo {
     let deadline = Instant::now() + START_TIMEOUT;
     let mut work_dir = None;
     loop {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("the demo did not report it was running in time");
+        let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
+            // Stop it the way a user would, so a late start does not run on into the next test's demo.
+            stop(&mut xtask);
+            panic!("the demo did not report it was running within {START_TIMEOUT:?}");
+        };
         if let Some(dir) = line.trim().strip_prefix("data and logs: ") {
             work_dir = Some(PathBuf::from(dir));
         }
@@ -71,6 +73,21 @@ fn start_demo() -> RunningDemo {
         assert!(names.contains(expected), "no {expected} process below the xtask; found {names:?}");
     }
     RunningDemo { xtask, work_dir, tree }
+}
+
+/// SIGTERM to a still running xtask (it stops the demo and the peers), then waits for it.
+fn stop(xtask: &mut Child) {
+    if matches!(xtask.try_wait(), Ok(None)) {
+        let _ = kill(Pid::from_raw(xtask.id() as i32), Signal::SIGTERM);
+        let _ = wait_exit(xtask, STOP_TIMEOUT);
+    }
+}
+
+/// A failed assertion must not leave a demo running beside the next test's.
+impl Drop for RunningDemo {
+    fn drop(&mut self) {
+        stop(&mut self.xtask);
+    }
 }
 
 /// Every process below `root` (children, grandchildren, ...), read from /proc.
