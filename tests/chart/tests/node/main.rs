@@ -946,30 +946,80 @@ async fn lease_holder(client: &kube::Client, name: &str) -> Option<String> {
     lease.spec?.holder_identity.filter(|h| !h.is_empty())
 }
 
-/// `kubectl delete pod` of ca-syncer's leader (the default grace: SIGTERM, the agent releases its Lease): the
-/// other replica, already running, takes the Lease, and does the work: a source CA change reaches the target.
+/// ca-syncer's Lease.
+const CA_SYNCER_LEASE: &str = "kcp-keeper-ca-syncer";
+
+/// `kubectl delete pod` of ca-syncer's leader (the default grace: SIGTERM): the leaving leader releases its Lease
+/// (a write naming no holder, seen on a watch of the Lease), so another replica takes it at its next attempt
+/// rather than after the lease expired, and that replica does the work: a source CA change reaches the target.
+///
+/// Which replica takes it is left open on purpose: the Deployment creates the deleted pod's replacement at once,
+/// and a released Lease goes to whichever replica asks first, the follower (every retry period, 2 s) or the
+/// replacement (at its start). Expecting the follower alone failed whenever the replacement asked first (CI, a
+/// loaded machine: the replacement held the Lease, the follower stayed a follower).
 #[tokio::test]
-async fn deleting_the_leader_pod_hands_the_lease_to_the_follower_which_takes_over_the_work() -> Result<()> {
+async fn deleting_the_leader_pod_releases_the_lease_and_another_replica_takes_it_and_the_work() -> Result<()> {
     installed();
     let _exclusive = RELEASE.write().await;
     let node = node::shared();
     let client = node.client().await?;
-    let pods = agent_pods(&client, "ca-syncer").await?;
-    ensure!(pods.len() == 2, "{pods:?}");
-    let leader = testbed::eventually(Duration::from_secs(60), "a ca-syncer leader", || {
-        lease_holder(&client, "kcp-keeper-ca-syncer")
+    // Right after the install the second replica may still be starting: wait until both are Ready and one leads.
+    let (leader, pods) =
+        testbed::eventually(Duration::from_secs(120), "two Ready ca-syncer pods, one holding the Lease", || async {
+            let pods = agent_pods(&client, "ca-syncer").await.ok()?;
+            let holder = lease_holder(&client, CA_SYNCER_LEASE).await?;
+            (pods.len() == 2 && pods.iter().all(|p| p.3) && pods.iter().any(|p| p.0 == holder))
+                .then_some((holder, pods))
+        })
+        .await;
+
+    // Every write to the Lease from here on, in order: the leader's release, then the next holder's acquire.
+    let released = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let taken = {
+        let (leases, leader) = (Api::namespaced(client.clone(), NAMESPACE), leader.clone());
+        let (released, watching) = (released.clone(), watching.clone());
+        tokio::spawn(kube::runtime::wait::await_condition(
+            leases,
+            CA_SYNCER_LEASE,
+            move |lease: Option<&k8s_openapi::api::coordination::v1::Lease>| {
+                watching.store(true, std::sync::atomic::Ordering::SeqCst);
+                let holder = lease.and_then(|l| l.spec.as_ref()?.holder_identity.clone()).filter(|h| !h.is_empty());
+                match holder {
+                    None => {
+                        released.store(true, std::sync::atomic::Ordering::SeqCst);
+                        false
+                    }
+                    Some(holder) => holder != leader,
+                }
+            },
+        ))
+    };
+    testbed::eventually(Duration::from_secs(30), "the watch of the Lease to start", || async {
+        watching.load(std::sync::atomic::Ordering::SeqCst).then_some(())
     })
     .await;
-    let follower = pods.iter().map(|p| p.0.clone()).find(|p| p != &leader).context("no follower")?;
-    ensure!(pods.iter().any(|p| p.0 == leader), "the Lease names {leader}, not one of {pods:?}");
+    ensure!(!released.load(std::sync::atomic::Ordering::SeqCst), "the Lease named no holder before the delete");
+
     let deleted = Instant::now();
     let out = node.kubectl(&["delete", "pod", "-n", NAMESPACE, &leader, "--wait=false"])?;
     ensure!(out.status.success(), "kubectl delete pod: {}", String::from_utf8_lossy(&out.stderr));
-    testbed::eventually(Duration::from_secs(90), "the follower to take the Lease", || async {
-        lease_holder(&client, "kcp-keeper-ca-syncer").await.filter(|h| h == &follower)
-    })
-    .await;
-    eprintln!("the follower {follower} took the Lease {:.1?} after the leader's pod was deleted", deleted.elapsed());
+    let lease = tokio::time::timeout(Duration::from_secs(120), taken)
+        .await
+        .context("no other replica took the Lease within 120s of the leader's deletion")???
+        .context("the Lease is gone")?;
+    let holder = lease.spec.and_then(|s| s.holder_identity).context("no holder")?;
+    ensure!(
+        released.load(std::sync::atomic::Ordering::SeqCst),
+        "{holder} took the Lease but the leaving leader {leader} never released it (taken over only once expired)"
+    );
+    let now = agent_pods(&client, "ca-syncer").await?;
+    ensure!(now.iter().any(|p| p.0 == holder), "the Lease names {holder}, not one of ca-syncer's pods {now:?}");
+    let which = if pods.iter().any(|p| p.0 == holder) { "the follower" } else { "the replacement" };
+    eprintln!(
+        "{leader} released the Lease; {which} {holder} took it {:.1?} after the leader's pod was deleted",
+        deleted.elapsed()
+    );
 
     let ca = testbed::certs::Ca::new("kcp-root-ca-after-handover", Duration::from_secs(365 * 24 * 3600))?.cert_pem();
     let patch = json!({"stringData": {"ca.crt": ca}});
@@ -977,11 +1027,15 @@ async fn deleting_the_leader_pod_hands_the_lease_to_the_follower_which_takes_ove
         .patch("root-server-ca", &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     let ca = ca.trim().to_string();
-    testbed::eventually(Duration::from_secs(60), "the new leader to carry a CA change", || async {
+    testbed::eventually(Duration::from_secs(90), "the new leader to carry a CA change", || async {
         target_bundle(&client).await.filter(|b| b.contains(&ca))
     })
     .await;
-    // The Deployment replaces the deleted pod before the others run.
+    ensure!(
+        lease_holder(&client, CA_SYNCER_LEASE).await.as_deref() == Some(holder.as_str()),
+        "the Lease moved on from {holder} while the change was carried"
+    );
+    // The Deployment has replaced the deleted pod before the other tests run.
     testbed::eventually(Duration::from_secs(120), "ca-syncer back to two Ready pods", || async {
         let pods = agent_pods(&client, "ca-syncer").await.ok()?;
         (pods.len() == 2 && pods.iter().all(|p| p.3)).then_some(())
