@@ -21,7 +21,6 @@ use std::time::Duration;
 use kcp_keeper_runtime::config::{AgentConfig, FieldError};
 use kcp_keeper_runtime::duration::ConfigDuration;
 use kcp_keeper_runtime::names;
-use kcp_keeper_runtime::schedule::{Schedule, ScheduleSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -153,62 +152,10 @@ pub struct Target {
     pub restart_window: Option<RestartWindow>,
 }
 
-/// The workload kinds a consumer can be: each rolls its pods when its pod template changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ConsumerKind {
-    Deployment,
-    StatefulSet,
-    DaemonSet,
-}
-
-impl ConsumerKind {
-    pub const ALL: [ConsumerKind; 3] = [ConsumerKind::Deployment, ConsumerKind::StatefulSet, ConsumerKind::DaemonSet];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConsumerKind::Deployment => "Deployment",
-            ConsumerKind::StatefulSet => "StatefulSet",
-            ConsumerKind::DaemonSet => "DaemonSet",
-        }
-    }
-
-    /// The resource name, as RBAC grants it.
-    pub fn plural(self) -> &'static str {
-        match self {
-            ConsumerKind::Deployment => "deployments",
-            ConsumerKind::StatefulSet => "statefulsets",
-            ConsumerKind::DaemonSet => "daemonsets",
-        }
-    }
-}
-
-/// A read-once consumer of a target, in the target's namespace.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Consumer {
-    pub kind: ConsumerKind,
-    pub name: String,
-}
-
-/// When restarts may happen: from each tick of `schedule` for `duration`, but never later than the notAfter of
-/// the credential a consumer was last restarted for minus `margin` (it must not run on an expired one).
-#[derive(Debug, Clone)]
-pub struct RestartWindow {
-    pub spec: ScheduleSpec,
-    pub schedule: Schedule,
-    pub duration: Duration,
-    pub margin: Duration,
-}
-
-impl PartialEq for RestartWindow {
-    fn eq(&self, other: &Self) -> bool {
-        (&self.spec, self.duration, self.margin) == (&other.spec, other.duration, other.margin)
-    }
-}
-
-impl Eq for RestartWindow {}
-
-/// The default `restartWindow.margin`.
-pub const DEFAULT_RESTART_MARGIN: Duration = Duration::from_secs(24 * 3600);
+// Consumers and restart windows are the runtime's, shared with ca-syncer.
+pub use kcp_keeper_runtime::consumer_restart::{
+    Consumer, DEFAULT_MARGIN as DEFAULT_RESTART_MARGIN, Kind as ConsumerKind, RawRestartWindow, RestartWindow,
+};
 
 /// The Certificate and certificate Secret the kcp-operator creates for a Kubeconfig.
 pub fn certificate_name(kubeconfig: &str) -> String {
@@ -353,25 +300,6 @@ struct RawVerify {
     rights: Vec<Right>,
 }
 
-/// A cron-style restart window, like cert-manager's renewal windows.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RawRestartWindow {
-    /// When the window opens: 5-field cron (0 2 * * 1-5), 6 or 7 fields with seconds and years, or @daily.
-    cron: String,
-    /// IANA zone the cron is read in (Europe/Berlin); UTC when absent.
-    #[serde(default)]
-    time_zone: Option<String>,
-    /// How long the window stays open after each tick (a duration such as 2h; more than 0).
-    #[schemars(with = "String")]
-    duration: ConfigDuration,
-    /// A consumer is restarted outside the window once the credential it holds (the one it was last restarted
-    /// for) has less than this left (default 24h).
-    #[serde(default)]
-    #[schemars(with = "Option<String>")]
-    margin: Option<ConfigDuration>,
-}
-
 impl AgentConfig for Config {
     type Raw = RawConfig;
 
@@ -488,30 +416,12 @@ impl AgentConfig for Config {
                         consumers.push(Consumer { kind, name });
                     }
                 }
-                let restart_window = t.restart_window.and_then(|w| {
-                    let spec = ScheduleSpec {
-                        cron: w.cron,
-                        time_zone: w.time_zone,
-                        jitter: None,
-                        missed: Default::default(),
-                        starting_deadline: None,
-                    };
-                    if w.duration.0.is_zero() {
-                        err(&format!("{tat}.restartWindow.duration"), "must be more than 0".into());
-                    }
-                    match Schedule::new("restart-window", &spec) {
-                        Ok(schedule) => Some(RestartWindow {
-                            spec,
-                            schedule,
-                            duration: w.duration.0,
-                            margin: w.margin.map_or(DEFAULT_RESTART_MARGIN, |m| m.0),
-                        }),
-                        Err(e) => {
-                            err(&format!("{tat}.restartWindow"), e.to_string());
-                            None
-                        }
-                    }
-                });
+                let mut window_errors = Vec::new();
+                let restart_window =
+                    t.restart_window.and_then(|w| w.validate(&format!("{tat}.restartWindow"), &mut window_errors));
+                for e in window_errors {
+                    err(&e.path, e.reason);
+                }
                 targets.push(Target {
                     namespace: t.namespace,
                     name: t.name,

@@ -31,8 +31,8 @@ pub enum SyncError {
     TargetWriteFailed { failed: usize, total: usize, first: Box<ApplyError> },
     #[error("restarting a consumer: {0}")]
     RestartFailed(Box<ApplyError>),
-    /// A configured consumer Deployment does not exist: its restart stays pending and is retried.
-    #[error("consumer Deployment {0} not found; its restart is pending")]
+    /// A configured consumer (Deployment, StatefulSet, DaemonSet) does not exist: its restart stays pending and is retried.
+    #[error("consumer {0} not found; its restart is pending")]
     ConsumerMissing(String),
     #[error("reading the source: {0}")]
     ReadFailed(kube::Error),

@@ -9,10 +9,11 @@
 //! - [`scope`]: the objects the configuration names, watched by name; [`scope::rbac`]: the Roles for them;
 //! - [`reconcile`]: the daemon, the driver's reconciler; [`metrics`]: its series; [`cli`]: `status`, `rotate`;
 //! - domain modules, pure: [`source`] (the candidate a source offers), [`credential`] (parse, check, rewrite,
-//!   build), [`policy`] (the decisions), [`target`] (what a target holds and is written), [`consumer`] (what a
-//!   restart reads and writes), [`window`] (when a restart may happen), [`overlap`] (old and new server CAs);
-//!   with I/O: [`prove`]
-//!   (the SelfSubjectReview), [`renew`] (the nudge and the forced renewal), [`objects`] (the foreign kinds).
+//!   build), [`policy`] (the decisions), [`target`] (what a target holds and is written), [`overlap`] (old and
+//!   new server CAs); with I/O: [`prove`] (the SelfSubjectReview), [`renew`] (the nudge and the forced renewal),
+//!   [`objects`] (the foreign kinds);
+//! - consumer restarts (hash annotation, retries, restart windows) are the runtime's
+//!   [`kcp_keeper_runtime::consumer_restart`], shared with ca-syncer.
 #![forbid(unsafe_code)]
 
 use std::future::Future;
@@ -24,7 +25,6 @@ use prometheus_client::registry::Registry;
 
 pub mod cli;
 pub mod config;
-pub mod consumer;
 pub mod credential;
 pub mod error;
 pub mod metrics;
@@ -37,7 +37,6 @@ pub mod renew;
 pub mod scope;
 pub mod source;
 pub mod target;
-pub mod window;
 
 /// The agent, for the runtime: `kubeconfig-rotator run` reconciles every configured kubeconfig on the driver.
 pub struct KubeconfigRotator;

@@ -13,7 +13,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use time::OffsetDateTime;
 
-use crate::config::{Consumer, Kubeconfig, Target};
+use kcp_keeper_runtime::consumer_restart::ConsumerMetrics;
+
+use crate::config::{Kubeconfig, Target};
 use crate::error::verification_reasons;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -25,15 +27,6 @@ pub struct KubeconfigLabel {
 pub struct TargetLabels {
     pub kubeconfig: String,
     pub namespace: String,
-    pub name: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ConsumerLabels {
-    pub kubeconfig: String,
-    pub namespace: String,
-    /// Deployment, StatefulSet or DaemonSet.
-    pub kind: String,
     pub name: String,
 }
 
@@ -54,8 +47,8 @@ pub struct Metrics {
     pub verification_failures: Family<ReasonLabels, Counter>,
     pub nudges: Family<KubeconfigLabel, Counter>,
     pub forced_renewals: Family<KubeconfigLabel, Counter>,
-    pub consumer_restart_pending: Family<ConsumerLabels, Gauge>,
-    pub consumer_restart_deferred_until: Family<ConsumerLabels, GaugeF64>,
+    /// `consumer_restart_pending`, `consumer_restart_deferred_until_timestamp_seconds`, label `kubeconfig`.
+    pub consumers: ConsumerMetrics,
 }
 
 impl Metrics {
@@ -70,8 +63,7 @@ impl Metrics {
             verification_failures: Family::default(),
             nudges: Family::default(),
             forced_renewals: Family::default(),
-            consumer_restart_pending: Family::default(),
-            consumer_restart_deferred_until: Family::default(),
+            consumers: ConsumerMetrics::register(registry, "kubeconfig"),
         };
         registry.register_with_unit(
             "certificate_not_after_timestamp",
@@ -110,17 +102,6 @@ impl Metrics {
             "Renewals forced through the Certificate's Issuing condition",
             m.forced_renewals.clone(),
         );
-        registry.register(
-            "consumer_restart_pending",
-            "1 while a consumer has not been restarted for the content its target holds (missing, or the restart failed)",
-            m.consumer_restart_pending.clone(),
-        );
-        registry.register_with_unit(
-            "consumer_restart_deferred_until_timestamp",
-            "While a consumer's restart waits for its restart window: when it happens at the latest (0 otherwise)",
-            Unit::Seconds,
-            m.consumer_restart_deferred_until.clone(),
-        );
         m
     }
 
@@ -134,9 +115,7 @@ impl Metrics {
             let _ = self.target_in_sync.get_or_create(&labels);
             let _ = self.target_not_after.get_or_create(&labels);
             for c in &t.consumers {
-                let labels = consumer(kubeconfig, &t.namespace, c);
-                let _ = self.consumer_restart_pending.get_or_create(&labels);
-                let _ = self.consumer_restart_deferred_until.get_or_create(&labels);
+                self.consumers.touch(kubeconfig, &t.namespace, c);
             }
         }
         let label = KubeconfigLabel { kubeconfig: kubeconfig.into() };
@@ -186,21 +165,6 @@ impl Metrics {
         self.forced_renewals.get_or_create(&label(kubeconfig)).inc();
     }
 
-    /// Whether `consumer`'s restart is pending (missing, or it failed), or deferred to its window until when.
-    pub fn consumer_state(
-        &self,
-        kubeconfig: &str,
-        namespace: &str,
-        consumer_: &Consumer,
-        pending: bool,
-        deferred: Option<OffsetDateTime>,
-    ) {
-        let labels = consumer(kubeconfig, namespace, consumer_);
-        self.consumer_restart_pending.get_or_create(&labels).set(i64::from(pending));
-        let until = deferred.map_or(0.0, |t| t.unix_timestamp() as f64);
-        self.consumer_restart_deferred_until.get_or_create(&labels).set(until);
-    }
-
     /// The series of one target of `kc`, created if they were not.
     pub fn target(&self, kc: &Kubeconfig, target: &Target) -> TargetSeries {
         let labels = TargetLabels {
@@ -212,15 +176,6 @@ impl Metrics {
             in_sync: self.target_in_sync.get_or_create(&labels).clone(),
             not_after: self.target_not_after.get_or_create(&labels).clone(),
         }
-    }
-}
-
-fn consumer(kubeconfig: &str, namespace: &str, c: &Consumer) -> ConsumerLabels {
-    ConsumerLabels {
-        kubeconfig: kubeconfig.into(),
-        namespace: namespace.into(),
-        kind: c.kind.as_str().into(),
-        name: c.name.clone(),
     }
 }
 

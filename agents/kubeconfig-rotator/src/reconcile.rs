@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::{self, ApplyError, Outcome, Ownership};
@@ -16,8 +15,9 @@ use kcp_keeper_runtime::events::{EventType, Recorder, reference};
 use kube::api::Api;
 use time::OffsetDateTime;
 
-use crate::config::{Config, Consumer, ConsumerKind, Kubeconfig, Source, Target};
-use crate::consumer::{self, Workload};
+use kcp_keeper_runtime::consumer_restart::{Done, RestartError, Restarter, Wanted};
+
+use crate::config::{Config, Kubeconfig, Source, Target};
 use crate::credential::{self, Credential, rfc3339};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
@@ -28,8 +28,7 @@ use crate::prove;
 use crate::renew::{self, nudge_due};
 use crate::scope::{Reader, Snapshot, Stores, secret_key};
 use crate::source::{Resolved, candidate, resolve};
-use crate::target::{desired_secret, live_state, published_ca, split_keys_current};
-use crate::window::{self, RestartPlan};
+use crate::target::{desired_secret, live_state, published_ca, restart_keys, split_keys_current};
 
 /// How soon to look again after a nudge or a forced renewal: the operator or cert-manager answers in seconds.
 const FOLLOW_UP: Duration = Duration::from_secs(2);
@@ -120,8 +119,8 @@ impl Rotator {
         let (total, failed) = (kc.targets.len(), failures.len());
         if let Some(first) = failures.into_iter().next() {
             return Err(match first {
-                TargetFailure::Restart(e) => SyncError::RestartFailed(Box::new(e)),
-                TargetFailure::ConsumerMissing(object) => SyncError::ConsumerMissing(object),
+                TargetFailure::Restart(RestartError::Failed(e)) => SyncError::RestartFailed(Box::new(e)),
+                TargetFailure::Restart(RestartError::Missing(object)) => SyncError::ConsumerMissing(object),
                 TargetFailure::Write(first @ (ApplyError::Foreign { .. } | ApplyError::ForeignKey { .. })) => {
                     SyncError::TargetNotOwned { failed, total, first: Box::new(first) }
                 }
@@ -299,20 +298,24 @@ impl Rotator {
                 (candidate.hash(), candidate.cert.not_after)
             }
         };
-        let held = (held_hash.as_str(), held_not_after);
         // Every pass, whether it wrote or not: a consumer not yet restarted for what the target holds (created
         // later, or its restart failed) is restarted now; until then it is pending, and the error retries it.
+        let keys = restart_keys(&kc.name);
+        let owner = format!("kubeconfig {}", kc.name);
+        let restarter = Restarter { client: &self.client, events: &self.events, keys: &keys, owner: &owner };
+        // The deadline of a deferred restart is the notAfter of the credential the consumer was restarted for.
+        let wanted = Wanted { hash: &held_hash, held_until: held_not_after, deadline: None };
         let (mut first, mut wake) = (None, None);
         for consumer in &target.consumers {
-            let result = self.restart(kc, &target.namespace, consumer, held, target, &regarding, now).await;
-            let deferred = result.as_ref().ok().copied().flatten();
-            self.metrics.consumer_state(&kc.name, &target.namespace, consumer, result.is_err(), deferred);
+            let window = target.restart_window.as_ref();
+            let result = restarter.converge(&target.namespace, consumer, &wanted, window, &regarding, now).await;
+            self.metrics.consumers.record(&kc.name, &target.namespace, consumer, &result);
             match result {
                 Err(e) => {
-                    first.get_or_insert(e);
+                    first.get_or_insert(TargetFailure::Restart(e));
                 }
-                Ok(Some(until)) => wake = Some(wake.map_or(until, |w: OffsetDateTime| w.min(until))),
-                Ok(None) => {}
+                Ok(Done::Deferred { until }) => wake = Some(wake.map_or(until, |w: OffsetDateTime| w.min(until))),
+                Ok(Done::UpToDate | Done::Restarted) => {}
             }
         }
         first.map_or(Ok(wake), Err)
@@ -376,97 +379,9 @@ impl Rotator {
         tracing::info!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, serial = %candidate.cert.serial, not_after = %rfc3339(candidate.cert.not_after), "{}", reason.to_lowercase());
         self.events.publish(regarding, EventType::Normal, reason, "Publish", &note).await;
     }
-
-    /// Restarts a read-once consumer for content `hash` (valid until `not_after`), the one its target holds,
-    /// unless its annotation already says it was restarted for it: decided on every pass from the two, never from
-    /// whether this pass wrote. A restart window may defer it: `Ok(Some(t))` says when to look again.
-    #[allow(clippy::too_many_arguments)]
-    async fn restart(
-        &self,
-        kc: &Kubeconfig,
-        namespace: &str,
-        consumer: &Consumer,
-        held: (&str, OffsetDateTime),
-        target: &Target,
-        regarding: &ObjectReference,
-        now: OffsetDateTime,
-    ) -> Result<Option<OffsetDateTime>, TargetFailure> {
-        match consumer.kind {
-            ConsumerKind::Deployment => {
-                self.restart_workload::<Deployment>(kc, namespace, consumer, held, target, regarding, now).await
-            }
-            ConsumerKind::StatefulSet => {
-                self.restart_workload::<StatefulSet>(kc, namespace, consumer, held, target, regarding, now).await
-            }
-            ConsumerKind::DaemonSet => {
-                self.restart_workload::<DaemonSet>(kc, namespace, consumer, held, target, regarding, now).await
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn restart_workload<K: Workload>(
-        &self,
-        kc: &Kubeconfig,
-        namespace: &str,
-        consumer: &Consumer,
-        (hash, not_after): (&str, OffsetDateTime),
-        target: &Target,
-        regarding: &ObjectReference,
-        now: OffsetDateTime,
-    ) -> Result<Option<OffsetDateTime>, TargetFailure> {
-        let (kind, name) = (consumer.kind.as_str(), consumer.name.as_str());
-        let api = Api::<K>::namespaced(self.client.clone(), namespace);
-        let consumer_ref = reference("apps/v1", kind, namespace, name, None);
-        let kube_err = |source| ApplyError::Kube { kind: kind.into(), object: format!("{namespace}/{name}"), source };
-        let live = match api.get_opt(name).await {
-            Ok(live) => live,
-            Err(e) => return Err(self.restart_failed(kc, &consumer_ref, kube_err(e)).await),
-        };
-        let Some(live) = live else {
-            let note = format!(
-                "kubeconfig {}: consumer {kind} {namespace}/{name} not found; it is restarted for content {hash} once it exists",
-                kc.name
-            );
-            tracing::warn!(kubeconfig = %kc.name, namespace, kind, consumer = name, "consumer missing; restart pending");
-            self.events.publish(regarding, EventType::Warning, "ConsumerMissing", "Restart", &note).await;
-            return Err(TargetFailure::ConsumerMissing(format!("{kind} {namespace}/{name}")));
-        };
-        if consumer::restarted_for(&live, &kc.name).as_deref() == Some(hash) {
-            return Ok(None);
-        }
-        let held_not_after = consumer::held_not_after(&live, &kc.name);
-        if let RestartPlan::Wait { until } = window::plan(target.restart_window.as_ref(), now, held_not_after) {
-            let note = format!(
-                "kubeconfig {}: restart for content {hash} waits for the restart window, until {} at the latest",
-                kc.name,
-                rfc3339(until)
-            );
-            tracing::info!(kubeconfig = %kc.name, namespace, kind, consumer = name, until = %rfc3339(until), "restart deferred to its window");
-            self.events.publish(&consumer_ref, EventType::Normal, "RestartDeferred", "Restart", &note).await;
-            return Ok(Some(until));
-        }
-        let desired = consumer::restart_patch(consumer.kind, namespace, name, &kc.name, hash, not_after);
-        if let Err(e) = apply::apply_over(&api, desired, Ownership::Fields, Some(&live)).await {
-            return Err(self.restart_failed(kc, &consumer_ref, e).await);
-        }
-        let note = format!("kubeconfig {}: restarted to pick up content {hash}", kc.name);
-        tracing::info!(kubeconfig = %kc.name, namespace, kind, consumer = name, "restarted a consumer");
-        self.events.publish(&consumer_ref, EventType::Normal, "Restarted", "Restart", &note).await;
-        Ok(None)
-    }
-
-    /// A restart that could not be made: logged, an Event on the consumer; retried with the reconcile's backoff.
-    async fn restart_failed(&self, kc: &Kubeconfig, regarding: &ObjectReference, e: ApplyError) -> TargetFailure {
-        tracing::warn!(kubeconfig = %kc.name, error = %e, "consumer not restarted; restart pending");
-        let note = format!("kubeconfig {}: restart pending, retried: {e}", kc.name);
-        self.events.publish(regarding, EventType::Warning, "RestartFailed", "Restart", &note).await;
-        TargetFailure::Restart(e)
-    }
 }
 
 enum TargetFailure {
     Write(ApplyError),
-    Restart(ApplyError),
-    ConsumerMissing(String),
+    Restart(RestartError),
 }

@@ -4,6 +4,7 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use k8s_openapi::api::core::v1::Secret;
+use kcp_keeper_runtime::consumer_restart::Keys;
 use serde_json::json;
 use time::OffsetDateTime;
 
@@ -16,9 +17,14 @@ use crate::scope::secret_key;
 pub const SERIAL_ANNOTATION: &str = "kcp-keeper.io/serial";
 pub const NOT_AFTER_ANNOTATION: &str = "kcp-keeper.io/not-after";
 pub const HASH_ANNOTATION: &str = "kcp-keeper.io/content-hash";
-/// Pod-template annotation on a read-once consumer, `<prefix><kubeconfig>` = the content hash it was restarted
-/// for: a new value rolls the Deployment, as `kubectl rollout restart` does; the same value is a no-op.
-pub const RESTART_ANNOTATION_PREFIX: &str = "kcp-keeper.io/restarted-for-";
+
+/// The annotations kubeconfig `kubeconfig` writes on its read-once consumers
+/// ([`kcp_keeper_runtime::consumer_restart`]):
+/// `kcp-keeper.io/restarted-for-<kubeconfig>` (pod template: the content hash it was restarted for) and
+/// `kcp-keeper.io/restarted-not-after-<kubeconfig>` (metadata: that credential's notAfter, the window's deadline).
+pub fn restart_keys(kubeconfig: &str) -> Keys {
+    Keys::for_owner("kcp-keeper.io/", kubeconfig)
+}
 
 /// What the target's key holds now.
 pub fn live_state(secret: Option<&Secret>, target: &Target, now: OffsetDateTime) -> Live {

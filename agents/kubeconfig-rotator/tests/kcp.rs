@@ -15,6 +15,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kubeconfig_rotator::credential;
+use kubeconfig_rotator::target::restart_keys;
 use serde::Deserialize;
 use serde_json::json;
 use testbed::agent_process::run_to_completion;
@@ -709,11 +710,11 @@ fn workload_spec(name: &str) -> serde_json::Value {
 /// so the generation counts pod-template changes: the restarts).
 async fn workload_state<K>(layout: &Layout, name: &str) -> Option<(Option<String>, i64)>
 where
-    K: kubeconfig_rotator::consumer::Workload,
+    K: kcp_keeper_runtime::consumer_restart::Workload,
 {
     let live = Api::<K>::namespaced(layout.bed.client(), &layout.dst).get_opt(name).await.ok()??;
     let generation = live.meta().generation.unwrap_or_default();
-    Some((kubeconfig_rotator::consumer::restarted_for(&live, KUBECONFIG), generation))
+    Some((kcp_keeper_runtime::consumer_restart::restarted_for(&live, &restart_keys(KUBECONFIG)), generation))
 }
 
 fn consumer_series(layout: &Layout, series: &str, kind: &str, name: &str) -> String {
@@ -803,11 +804,11 @@ async fn restarted_consumer(layout: &Layout, name: &str, hash: &str, held_not_af
         serde_json::from_value(json!({"metadata": {"name": name}, "spec": workload_spec(name)}))?;
     api.create(&PostParams::default(), &deployment).await?;
     // The two annotations applied as the agent's field manager, as its own earlier restart would have left them.
-    let restart = kubeconfig_rotator::consumer::restart_patch(
+    let restart = kcp_keeper_runtime::consumer_restart::restart_patch(
         kubeconfig_rotator::config::ConsumerKind::Deployment,
         &layout.dst,
         name,
-        KUBECONFIG,
+        &restart_keys(KUBECONFIG),
         hash,
         held_not_after,
     );
@@ -851,15 +852,16 @@ async fn a_restart_waits_for_its_window_but_never_past_the_held_credentials_not_
     let deployments = Api::<Deployment>::namespaced(layout.bed.client(), &layout.dst);
     testbed::eventually(Duration::from_secs(90), "the due consumer restarted at its deadline", || async {
         let d = deployments.get_opt("due").await.ok()??;
-        (kubeconfig_rotator::consumer::restarted_for(&d, KUBECONFIG)? == hash).then_some(())
+        (kcp_keeper_runtime::consumer_restart::restarted_for(&d, &restart_keys(KUBECONFIG))? == hash).then_some(())
     })
     .await;
     let due = deployments.get("due").await?;
-    let recorded = kubeconfig_rotator::consumer::held_not_after(&due, KUBECONFIG).expect("the held notAfter recorded");
+    let recorded = kcp_keeper_runtime::consumer_restart::held_until(&due, &restart_keys(KUBECONFIG))
+        .expect("the held notAfter recorded");
     assert_eq!(recorded.unix_timestamp(), good.not_after.unix_timestamp(), "it now holds the published credential");
     // The patient one, many passes later, still waits, and nothing is pending.
     let patient = deployments.get("patient").await?;
-    let patient_for = kubeconfig_rotator::consumer::restarted_for(&patient, KUBECONFIG);
+    let patient_for = kcp_keeper_runtime::consumer_restart::restarted_for(&patient, &restart_keys(KUBECONFIG));
     assert_eq!(patient_for.as_deref(), Some("0000000000000000"), "not restarted outside its window");
     assert_eq!(patient.metadata.generation, Some(2), "its pod template untouched since it was set up");
     let text = metrics(&agent).await;

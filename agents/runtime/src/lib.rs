@@ -10,6 +10,7 @@ pub mod apply;
 pub mod args;
 pub mod cli;
 pub mod config;
+pub mod consumer_restart;
 pub mod context;
 pub mod dirwatch;
 pub mod driver;
