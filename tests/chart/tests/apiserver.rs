@@ -36,6 +36,26 @@ fn all_agents() -> Value {
     })
 }
 
+/// `networkPolicy` values turning every agent's policy on, with a scraper, the apiserver's address, and a peer of
+/// each kind for the agents that have peers.
+fn network_policies() -> Value {
+    json!({
+        "enabled": true,
+        "metrics": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "In", "values": ["prometheus"]}]},
+        },
+        "apiServer": {"to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}]},
+        "caSyncer": {"kcp": {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kcp-system"}}}]}},
+        "kubeconfigRotator": {"kcp": {"to": [{"podSelector": {"matchLabels": {"app": "front-proxy"}}, "namespaceSelector": {}}], "ports": [8443]}},
+        "etcdSnapshotter": {
+            "etcd": {"to": [{"ipBlock": {"cidr": "10.20.0.0/16", "except": ["10.20.9.0/24"]}}]},
+            "s3": {"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}]},
+        },
+        "extraEgress": [{"to": [{"ipBlock": {"cidr": "198.51.100.7/32"}}], "ports": [{"port": 4317, "protocol": "TCP"}]}],
+    })
+}
+
 /// `kind namespace/name` -> resourceVersion of every object of the release (all kinds the chart renders).
 async fn versions(bed: &testbed::ControlPlane) -> Result<BTreeMap<String, String>> {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -93,7 +113,8 @@ async fn monitoring_crds(bed: &testbed::ControlPlane) -> Result<()> {
 }
 
 #[tokio::test]
-async fn the_rendered_chart_with_monitoring_passes_server_side_dry_run_on_a_real_apiserver() -> Result<()> {
+async fn the_rendered_chart_with_monitoring_and_network_policies_passes_server_side_dry_run_on_a_real_apiserver()
+-> Result<()> {
     let bed = testbed::ControlPlane::start().await?;
     namespaces(&bed).await?;
     monitoring_crds(&bed).await?;
@@ -101,6 +122,8 @@ async fn the_rendered_chart_with_monitoring_passes_server_side_dry_run_on_a_real
     values["monitoring"] =
         json!({"serviceMonitor": {"enabled": true, "force": true}, "prometheusRule": {"enabled": true, "force": true}});
     values["grafana"] = json!({"dashboard": {"enabled": true}});
+    // Every agent's NetworkPolicy, with each kind of peer a user gives (selectors, ipBlocks) and extra rules.
+    values["networkPolicy"] = network_policies();
     let rendered = template(&values, &[])?;
     let objects = documents(&rendered)?;
     let dir = tempfile::tempdir()?;
@@ -115,6 +138,10 @@ async fn the_rendered_chart_with_monitoring_passes_server_side_dry_run_on_a_real
     assert!(out.stdout.contains("prometheusrule.monitoring.coreos.com/kcp-keeper created (server dry run)"));
     assert!(out.stdout.contains("servicemonitor.monitoring.coreos.com/kcp-keeper created (server dry run)"));
     assert!(out.stdout.contains("configmap/kcp-keeper-dashboard created (server dry run)"));
+    for agent in ["ca-syncer", "dns-rewriter", "kubeconfig-rotator", "etcd-snapshotter"] {
+        let line = format!("networkpolicy.networking.k8s.io/kcp-keeper-{agent} created (server dry run)");
+        assert!(out.stdout.contains(&line), "{line} missing:\n{}", out.stdout);
+    }
 
     // The negative control: an object the apiserver refuses fails the same command.
     let bad = rendered.replace("minAvailable: 1", "minAvailable: -1");
@@ -123,6 +150,19 @@ async fn the_rendered_chart_with_monitoring_passes_server_side_dry_run_on_a_real
     kubectl.args(["--kubeconfig", &kubeconfig(&bed), "apply", "--dry-run=server", "-f"]).arg(&file);
     let out = run(kubectl)?;
     assert!(!out.success && out.stderr.contains("PodDisruptionBudget"), "{}{}", out.stdout, out.stderr);
+    // The apiserver validates the policies too: a peer the schema lets through (it is the user's, verbatim) but
+    // Kubernetes refuses fails the same command, naming the NetworkPolicy.
+    values["networkPolicy"]["etcdSnapshotter"]["s3"]["to"] = json!([{"ipBlock": {"cidr": "192.0.2.0/33"}}]);
+    std::fs::write(&file, template(&values, &[])?)?;
+    let mut kubectl = std::process::Command::new(peer("kubectl")?);
+    kubectl.args(["--kubeconfig", &kubeconfig(&bed), "apply", "--dry-run=server", "-f"]).arg(&file);
+    let out = run(kubectl)?;
+    assert!(
+        !out.success && out.stderr.contains("NetworkPolicy") && out.stderr.contains("kcp-keeper-etcd-snapshotter"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
 
     // Not forced, the monitoring objects render because this apiserver now serves monitoring.coreos.com/v1.
     let home = tempfile::tempdir()?;

@@ -374,3 +374,156 @@ fn k3s_mode_creates_the_empty_coredns_custom_configmap_dns_rewriter_may_not_crea
     );
     Ok(())
 }
+
+fn policies(objects: &[Value]) -> Vec<&Value> {
+    objects.iter().filter(|o| o["kind"] == "NetworkPolicy").collect()
+}
+
+/// An egress rule as `(ports as "port/protocol", to)`, so a test compares what a rule allows, not its layout.
+fn egress(policy: &Value) -> Vec<(Vec<String>, Value)> {
+    let rules = policy["spec"]["egress"].as_array().expect("egress rules");
+    rules
+        .iter()
+        .map(|r| {
+            let ports = r["ports"].as_array().expect("every rule names its ports");
+            let ports = ports.iter().map(|p| format!("{}/{}", p["port"], p["protocol"].as_str().unwrap())).collect();
+            (ports, r.get("to").cloned().unwrap_or(Value::Null))
+        })
+        .collect()
+}
+
+fn tcp(ports: &[u16]) -> Vec<String> {
+    ports.iter().map(|p| format!("{p}/TCP")).collect()
+}
+
+/// The default cluster DNS peer (kube-dns's pods in kube-system) and its ports.
+fn dns_rule() -> (Vec<String>, Value) {
+    (
+        vec!["53/UDP".into(), "53/TCP".into()],
+        json!([{
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }]),
+    )
+}
+
+#[test]
+fn network_policies_are_off_by_default_one_per_enabled_agent_when_on_and_switchable_per_agent() -> Result<()> {
+    assert!(policies(&documents(&template(&all_agents(), &[])?)?).is_empty(), "off by default");
+    let mut values = all_agents();
+    values["networkPolicy"] = json!({"enabled": true});
+    let objects = documents(&template(&values, &[])?)?;
+    let names: Vec<_> = policies(&objects).iter().map(|p| p["metadata"]["name"].as_str().unwrap()).collect();
+    let mut expected: Vec<String> = AGENTS.iter().map(|a| format!("kcp-keeper-{a}")).collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    // Each selects exactly its agent's pods (the Deployment's own selector), and both directions are governed.
+    for policy in policies(&objects) {
+        let name = policy["metadata"]["name"].as_str().unwrap();
+        let deployment = find(&objects, "Deployment", name).unwrap();
+        assert_eq!(policy["spec"]["podSelector"], deployment["spec"]["selector"], "{name}");
+        assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]), "{name}");
+    }
+    // An agent's own switch wins both ways; a disabled agent gets none.
+    values["networkPolicy"]["etcdSnapshotter"] = json!({"enabled": false});
+    values["caSyncer"]["enabled"] = json!(false);
+    let objects = documents(&template(&values, &[])?)?;
+    let names: Vec<_> = policies(&objects).iter().map(|p| p["metadata"]["name"].clone()).collect();
+    assert_eq!(names, [json!("kcp-keeper-dns-rewriter"), json!("kcp-keeper-kubeconfig-rotator")]);
+    let only = json!({"networkPolicy": {"kubeconfigRotator": {"enabled": true}}, "kubeconfigRotator": values["kubeconfigRotator"]});
+    let objects = documents(&template(&only, &[])?)?;
+    let names: Vec<_> = policies(&objects).iter().map(|p| p["metadata"]["name"].clone()).collect();
+    assert_eq!(names, [json!("kcp-keeper-kubeconfig-rotator")]);
+    Ok(())
+}
+
+#[test]
+fn a_network_policy_admits_only_the_configured_scrapers_to_the_admin_port_and_nothing_when_none_is_configured()
+-> Result<()> {
+    let mut values = all_agents();
+    values["networkPolicy"] = json!({"enabled": true});
+    let objects = documents(&template(&values, &[])?)?;
+    for policy in policies(&objects) {
+        assert_eq!(policy["spec"]["ingress"], json!([]), "no scraper configured: no ingress at all");
+    }
+    let monitoring = json!({"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}});
+    let prometheus = json!({"matchLabels": {"app.kubernetes.io/name": "prometheus"}});
+    values["adminPort"] = json!(9102);
+    for (metrics, from) in [
+        // Both: those pods in those namespaces (one peer, so both must match).
+        (
+            json!({"namespaceSelector": monitoring, "podSelector": prometheus}),
+            json!([{"namespaceSelector": monitoring, "podSelector": prometheus}]),
+        ),
+        // Namespaces alone: any pod there.
+        (json!({"namespaceSelector": monitoring}), json!([{"namespaceSelector": monitoring}])),
+        // Pods alone: in the release namespace.
+        (json!({"podSelector": prometheus}), json!([{"podSelector": prometheus}])),
+    ] {
+        values["networkPolicy"]["metrics"] = metrics.clone();
+        let objects = documents(&template(&values, &[])?)?;
+        for policy in policies(&objects) {
+            let expected = json!([{"ports": [{"port": 9102, "protocol": "TCP"}], "from": from}]);
+            assert_eq!(policy["spec"]["ingress"], expected, "{metrics}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn network_policy_egress_is_the_apiserver_dns_and_the_peers_on_the_ports_each_agents_configuration_names() -> Result<()>
+{
+    let etcd_pods = json!([{"podSelector": {"matchLabels": {"app": "etcd"}}}]);
+    let s3_block = json!([{"ipBlock": {"cidr": "192.0.2.0/24"}}]);
+    let kcp_pods = json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kcp-system"}}}]);
+    let apiserver = json!([{"ipBlock": {"cidr": "10.0.0.10/32"}}]);
+    let mut values = all_agents();
+    values["networkPolicy"] = json!({
+        "enabled": true,
+        "apiServer": {"to": apiserver, "ports": [6443]},
+        "caSyncer": {"kcp": {"to": kcp_pods}},
+        "kubeconfigRotator": {"kcp": {"ports": [8443, 6443]}},
+        "etcdSnapshotter": {"etcd": {"to": etcd_pods, "ports": [2379]}, "s3": {"to": s3_block}},
+    });
+    let objects = documents(&template(&values, &[])?)?;
+    let policy = |agent: &str| egress(find(&objects, "NetworkPolicy", &format!("kcp-keeper-{agent}")).unwrap());
+    let api = (tcp(&[6443]), apiserver.clone());
+
+    // ca-syncer: its liveCheck endpoints' ports (6443 written, 443 for https:// without one).
+    assert_eq!(policy("ca-syncer"), [api.clone(), dns_rule(), (tcp(&[6443, 443]), kcp_pods.clone())]);
+    // dns-rewriter: apiserver and DNS, and its verify.resolver's own address and port.
+    let resolver = (vec!["53/UDP".into(), "53/TCP".into()], json!([{"ipBlock": {"cidr": "10.43.0.10/32"}}]));
+    assert_eq!(policy("dns-rewriter"), [api.clone(), dns_rule(), resolver]);
+    // kubeconfig-rotator: its server's port, and the extra ones (6443 once), to any address (no `to` given).
+    assert_eq!(policy("kubeconfig-rotator"), [api.clone(), dns_rule(), (tcp(&[6443, 8443]), Value::Null)]);
+    // etcd-snapshotter: every shard's endpoint ports (2379 once) to the etcd pods; S3's endpoint port to S3.
+    assert_eq!(
+        policy("etcd-snapshotter"),
+        [api.clone(), dns_rule(), (tcp(&[2379, 22379, 32379, 42379]), etcd_pods), (tcp(&[7070]), s3_block.clone())]
+    );
+
+    // AWS (no endpoint) is 443, and webIdentity's STS is 443 too; an IPv6 resolver with its port is one /128.
+    values["etcdSnapshotter"]["config"]["storage"].as_object_mut().unwrap().remove("endpoint");
+    values["dnsRewriter"]["config"]["verify"]["resolver"] = json!("[fd00::10]:5353");
+    values["networkPolicy"]["extraEgress"] = json!([{"ports": [{"port": 4317, "protocol": "TCP"}]}]);
+    let objects = documents(&template(&values, &[])?)?;
+    let policy = |agent: &str| egress(find(&objects, "NetworkPolicy", &format!("kcp-keeper-{agent}")).unwrap());
+    let extra = (tcp(&[4317]), Value::Null);
+    let s3 = policy("etcd-snapshotter");
+    assert_eq!(s3[3], (tcp(&[443]), s3_block), "{s3:?}");
+    assert_eq!(s3[4], extra, "extraEgress goes to every agent");
+    let dns = policy("dns-rewriter");
+    assert_eq!(dns[2], (vec!["5353/UDP".into(), "5353/TCP".into()], json!([{"ipBlock": {"cidr": "fd00::10/128"}}])));
+    assert_eq!(dns[3], extra);
+    // A bare IPv4 resolver is port 53.
+    values["dnsRewriter"]["config"]["verify"]["resolver"] = json!("10.43.0.10");
+    let objects = documents(&template(&values, &[])?)?;
+    let dns = egress(find(&objects, "NetworkPolicy", "kcp-keeper-dns-rewriter").unwrap());
+    assert_eq!(dns[2], (vec!["53/UDP".into(), "53/TCP".into()], json!([{"ipBlock": {"cidr": "10.43.0.10/32"}}])));
+    // Without a resolver, dns-rewriter asks the cluster DNS, which the DNS rule already allows.
+    values["dnsRewriter"]["config"]["verify"].as_object_mut().unwrap().remove("resolver");
+    let objects = documents(&template(&values, &[])?)?;
+    let dns = egress(find(&objects, "NetworkPolicy", "kcp-keeper-dns-rewriter").unwrap());
+    assert_eq!(dns, [api, dns_rule(), extra]);
+    Ok(())
+}
