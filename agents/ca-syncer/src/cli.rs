@@ -37,8 +37,11 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
 /// `ca-syncer render`: each bundle as it would be written now (sources only; retention needs the live target).
 pub async fn render(config_path: &std::path::Path, kube: &KubeArgs) -> anyhow::Result<()> {
     let config: Config = kcp_keeper_runtime::config::load(config_path)?;
-    let needs_client =
-        config.bundles.iter().flat_map(|b| &b.sources).any(|s| matches!(s, Source::Secret(_) | Source::ConfigMap(_)));
+    let needs_client = config
+        .bundles
+        .iter()
+        .flat_map(|b| &b.sources)
+        .any(|s| matches!(s, Source::Secret(_) | Source::ConfigMap(_) | Source::Selected(_)));
     // Only a source in the cluster needs a client: rendering file and inline sources works anywhere.
     let client = if needs_client { Some(kube.client().await?) } else { None };
     let reader = Reader::Client(client.as_ref());

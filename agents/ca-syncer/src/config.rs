@@ -30,7 +30,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 pub use live_check::{Endpoint, LiveCheck, RawEndpoint, RawLiveCheck};
-pub use sources::{KeyRef, PublicRoots, RawSource, Source};
+pub use sources::{KeyRef, Keys, Pick, PublicRoots, RawObjectSource, RawSource, Selection, Source};
 pub use targets::{
     NamespaceSelector, Operator, Placement, RawRequirement, RawTarget, RawTargetMetadata, RawTargetObject, Requirement,
     Selector, Target, TargetKind, TargetMetadata,
@@ -496,6 +496,67 @@ bundles:
         );
         let config = from_yaml(&fine).expect("valid");
         assert_eq!(config.bundles[0].targets[0].metadata.labels["team"], "platform");
+    }
+
+    #[test]
+    fn object_sources_by_selector_or_name_take_one_key_or_all_and_every_mistake_is_named() {
+        let with = |source: &str| {
+            MINIMAL.replace("secret: {namespace: kcp-system, name: root-server-ca, key: ca.crt}", source)
+        };
+        let config = from_yaml(&with(
+            "configMap: {namespace: trust, selector: {matchLabels: {ca: 'yes'}}, includeAllKeys: true}",
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Source::Selected(selection) = &config.bundles[0].sources[0] else { panic!("a selection") };
+        assert_eq!(
+            (selection.kind, selection.namespace.as_str(), &selection.keys),
+            (TargetKind::ConfigMap, "trust", &Keys::All)
+        );
+        assert!(matches!(&selection.pick, Pick::Labels(s) if s.label_selector() == "ca=yes"));
+        let named_all =
+            from_yaml(&with("secret: {namespace: trust, name: roots, includeAllKeys: true}")).expect("valid");
+        assert!(
+            matches!(&named_all.bundles[0].sources[0], Source::Selected(Selection { pick: Pick::Name(n), keys: Keys::All, .. }) if n == "roots")
+        );
+        let by_key = from_yaml(&with("secret: {namespace: trust, selector: {matchLabels: {ca: 'yes'}}, key: ca.crt}"))
+            .expect("valid");
+        assert!(
+            matches!(&by_key.bundles[0].sources[0], Source::Selected(Selection { keys: Keys::One(k), .. }) if k == "ca.crt")
+        );
+        let cases = [
+            (
+                "secret: {namespace: trust, key: ca.crt}",
+                "bundles[0].sources[0].secret: must set exactly one of name, selector",
+            ),
+            (
+                "secret: {namespace: trust, name: a, selector: {matchLabels: {a: b}}, key: ca.crt}",
+                "bundles[0].sources[0].secret: must set exactly one of name, selector; has both",
+            ),
+            (
+                "secret: {namespace: trust, name: a}",
+                "bundles[0].sources[0].secret: must set exactly one of key, includeAllKeys",
+            ),
+            (
+                "configMap: {namespace: trust, name: a, key: ca.crt, includeAllKeys: true}",
+                "bundles[0].sources[0].configMap: must set exactly one of key, includeAllKeys; has both",
+            ),
+            (
+                "secret: {namespace: trust, selector: {matchLabels: {a: b}}, key: tls.key}",
+                "bundles[0].sources[0].secret.key: names a private key",
+            ),
+            (
+                "secret: {namespace: trust, selector: {matchExpressions: [{key: a, operator: DoesNotExist}]}, key: ca.crt}",
+                "bundles[0].sources[0].secret.selector.matchLabels: must name at least one label",
+            ),
+            (
+                "secret: {namespace: Trust, selector: {matchLabels: {a: b}}, key: ca.crt}",
+                "bundles[0].sources[0].secret.namespace",
+            ),
+        ];
+        for (source, expected) in cases {
+            let errors = errors_of(&with(source));
+            assert!(errors.len() == 1 && errors[0].starts_with(expected), "{source}: {errors:?}");
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::metrics::{BundleLabel, EndpointLabels, Metrics, Published, ReasonLabe
 use crate::observed::{ObjectKey, Observed, Written};
 use crate::rotation::{self, DropReason, RetentionPlan, RotationState, STATE_ANNOTATION, plan_retention};
 use crate::scope::Scope;
-use crate::sources::{self, Reader, SourceFailure};
+use crate::sources::{self, Reader};
 use crate::state::StateStore;
 use crate::target_metadata::{self, Decided};
 
@@ -184,8 +184,8 @@ impl Syncer {
                 // The driver's own line names neither the bundle nor the source in JSON logs (no spans there).
                 tracing::warn!(bundle = %spec.name, source = index, reason = failure.metric_label(), error = %failure, "source rejected");
                 let note = format!("bundle {}: sources[{index}] not used: {failure}", spec.name);
-                let regarding = match SourceFailure::object(&spec.sources[index]) {
-                    Some((object_kind, r)) => reference("v1", object_kind, &r.namespace, &r.name, None),
+                let regarding = match failure.regarding(&spec.sources[index]) {
+                    Some((object_kind, namespace, name)) => reference("v1", object_kind, &namespace, &name, None),
                     // A file (or inline) source has no object of its own: the Event goes on the agent's Lease.
                     None => self.own_object.clone(),
                 };

@@ -3,6 +3,8 @@
 //! Every watch names what the configuration names, so RBAC can be limited by `resourceNames` and a change
 //! elsewhere in the cluster wakes nothing:
 //! - each source Secret or ConfigMap: a watch in its namespace with a `metadata.name` field selector;
+//! - each selector source: a watch in its namespace with its label selector (RBAC cannot narrow a list by
+//!   label, so that namespace's Role grants list/watch on that kind without names; no `get`);
 //! - each target in a named namespace: the same;
 //! - each target by namespace selector: a cluster-wide watch of that object name (`metadata.name` field
 //!   selector; a ClusterRole with `resourceNames` allows exactly that, as trust-manager does), and a watch of
@@ -20,7 +22,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use crate::config::{Config, Placement, Selector, Source, TargetKind};
+use crate::config::{Config, Pick, Placement, Selection, Selector, Source, TargetKind};
 
 /// One object the configuration names: its kind, namespace (`None`: every namespace) and name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -39,6 +41,8 @@ pub struct Plan {
     pub cluster_wide: BTreeSet<(TargetKind, String)>,
     /// The label selectors of namespace-selector targets (`a=b,c=d`).
     pub namespace_selectors: BTreeSet<String>,
+    /// Selector sources: kind, namespace and label selector.
+    pub selected: BTreeSet<(TargetKind, String, String)>,
 }
 
 impl Plan {
@@ -47,12 +51,19 @@ impl Plan {
         let mut plan = Plan::default();
         for bundle in &config.bundles {
             for source in &bundle.sources {
-                let (kind, r) = match source {
-                    Source::Secret(r) => (TargetKind::Secret, r),
-                    Source::ConfigMap(r) => (TargetKind::ConfigMap, r),
+                let (kind, namespace, name) = match source {
+                    Source::Secret(r) => (TargetKind::Secret, &r.namespace, &r.name),
+                    Source::ConfigMap(r) => (TargetKind::ConfigMap, &r.namespace, &r.name),
+                    Source::Selected(Selection { kind, namespace, pick: Pick::Name(name), .. }) => {
+                        (*kind, namespace, name)
+                    }
+                    Source::Selected(Selection { kind, namespace, pick: Pick::Labels(selector), .. }) => {
+                        plan.selected.insert((*kind, namespace.clone(), selector.label_selector()));
+                        continue;
+                    }
                     Source::Inline(_) | Source::File(_) | Source::PublicRoots => continue,
                 };
-                plan.named.insert(Named { kind, namespace: Some(r.namespace.clone()), name: r.name.clone() });
+                plan.named.insert(Named { kind, namespace: Some(namespace.clone()), name: name.clone() });
             }
             for target in &bundle.targets {
                 match &target.placement {
@@ -79,6 +90,9 @@ pub struct Scope {
     secrets: BTreeMap<(Option<String>, String), Store<Secret>>,
     config_maps: BTreeMap<(Option<String>, String), Store<ConfigMap>>,
     namespaces: BTreeMap<String, Store<Namespace>>,
+    /// Selector sources' stores, by namespace and label selector.
+    selected_secrets: BTreeMap<(String, String), Store<Secret>>,
+    selected_config_maps: BTreeMap<(String, String), Store<ConfigMap>>,
 }
 
 impl Scope {
@@ -86,7 +100,13 @@ impl Scope {
     pub fn build(client: &kube::Client, config: &Config) -> (Self, Watches) {
         let plan = Plan::of(config);
         let mut watches = Watches::new();
-        let mut scope = Scope { secrets: BTreeMap::new(), config_maps: BTreeMap::new(), namespaces: BTreeMap::new() };
+        let mut scope = Scope {
+            secrets: BTreeMap::new(),
+            config_maps: BTreeMap::new(),
+            namespaces: BTreeMap::new(),
+            selected_secrets: BTreeMap::new(),
+            selected_config_maps: BTreeMap::new(),
+        };
         let objects = plan
             .named
             .iter()
@@ -111,6 +131,20 @@ impl Scope {
                 }
             }
         }
+        for (kind, namespace, selector) in plan.selected {
+            let what = format!("{}s {namespace} {selector}", kind.as_str());
+            let by_labels = watcher::Config::default().labels(&selector);
+            match kind {
+                TargetKind::Secret => {
+                    let api = Api::<Secret>::namespaced(client.clone(), &namespace);
+                    scope.selected_secrets.insert((namespace, selector), watches.add(what, api, by_labels));
+                }
+                TargetKind::ConfigMap => {
+                    let api = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
+                    scope.selected_config_maps.insert((namespace, selector), watches.add(what, api, by_labels));
+                }
+            }
+        }
         for selector in plan.namespace_selectors {
             let api = Api::<Namespace>::all(client.clone());
             let store =
@@ -128,6 +162,22 @@ impl Scope {
         lookup(&self.config_maps, namespace, name)
     }
 
+    /// The Secrets a selection reads (by name or by label), from its watch.
+    pub fn selected_secrets(&self, selection: &Selection) -> Vec<std::sync::Arc<Secret>> {
+        match &selection.pick {
+            Pick::Name(name) => self.secret(&selection.namespace, name).into_iter().collect(),
+            Pick::Labels(selector) => selected(&self.selected_secrets, &selection.namespace, selector),
+        }
+    }
+
+    /// The ConfigMaps a selection reads (by name or by label), from its watch.
+    pub fn selected_config_maps(&self, selection: &Selection) -> Vec<std::sync::Arc<ConfigMap>> {
+        match &selection.pick {
+            Pick::Name(name) => self.config_map(&selection.namespace, name).into_iter().collect(),
+            Pick::Labels(selector) => selected(&self.selected_config_maps, &selection.namespace, selector),
+        }
+    }
+
     /// The namespaces `labels` selects, sorted: those that take new objects, and those being deleted (they
     /// refuse new objects, so their targets are skipped and counted as such).
     pub fn namespaces(&self, selector: &Selector) -> (Vec<String>, Vec<String>) {
@@ -143,6 +193,18 @@ impl Scope {
         terminating.sort();
         (active, terminating)
     }
+}
+
+/// Everything a label-selector watch holds.
+fn selected<K>(
+    stores: &BTreeMap<(String, String), Store<K>>,
+    namespace: &str,
+    selector: &Selector,
+) -> Vec<std::sync::Arc<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    stores.get(&(namespace.to_string(), selector.label_selector())).map(Store::state).unwrap_or_default()
 }
 
 /// The object from its namespaced store, or from the cluster-wide store of that name.

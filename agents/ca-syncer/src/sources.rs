@@ -1,11 +1,14 @@
 //! Reading a bundle's sources: the I/O edge in front of the strict parser. The agent reads through its
-//! reflector stores ([`crate::scope::Scope`]); `render`, a one-shot, reads with GETs.
+//! reflector stores ([`crate::scope::Scope`]); `render`, a one-shot, reads with GETs (and a LIST by label for
+//! a selector source).
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 
 use crate::certs::{Certificate, EmptyPolicy, MAX_SOURCE_BYTES, SourceError, parse_certificates};
-use crate::config::{Bundle, KeyRef, Source};
+use crate::config::{Bundle, KeyRef, Keys, Pick, Placement, Selection, Source, Target, TargetKind};
 use crate::scope::Scope;
 
 /// Why a source could not be used. Never carries the source's content.
@@ -23,26 +26,59 @@ pub enum SourceFailure {
     NoClient,
     #[error("rejected: {0}")]
     Rejected(#[from] SourceError),
+    /// A selected object's key holds something other than certificates (a private key, say).
+    #[error("rejected: {kind} {namespace}/{name} key {key:?}: {error}")]
+    RejectedIn { kind: &'static str, namespace: String, name: String, key: String, error: SourceError },
+    /// Every selector source matches nothing and no other source adds a certificate: the bundle would be
+    /// empty; its targets keep what they hold.
+    #[error("no {kind} in namespace {namespace} matches the selector {selector}")]
+    NothingSelected { kind: &'static str, namespace: String, selector: String },
 }
 
 impl SourceFailure {
     /// The reason label of `<prefix>_source_errors_total`.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            SourceFailure::ObjectMissing { .. } | SourceFailure::KeyMissing { .. } => "missing",
+            SourceFailure::ObjectMissing { .. }
+            | SourceFailure::KeyMissing { .. }
+            | SourceFailure::NothingSelected { .. } => "missing",
             SourceFailure::Api { .. } | SourceFailure::NoClient => "apiserver",
             SourceFailure::File { .. } => "file",
-            SourceFailure::Rejected(e) => e.metric_label(),
+            SourceFailure::Rejected(e) | SourceFailure::RejectedIn { error: e, .. } => e.metric_label(),
         }
     }
 
-    /// The object to put an Event on: the source Secret or ConfigMap, when there is one.
-    pub fn object(source: &Source) -> Option<(&'static str, &KeyRef)> {
-        match source {
-            Source::Secret(r) => Some(("Secret", r)),
-            Source::ConfigMap(r) => Some(("ConfigMap", r)),
+    /// The object to put an Event on (kind, namespace, name): the source Secret or ConfigMap, or the selected
+    /// object at fault, when there is one.
+    pub fn regarding(&self, source: &Source) -> Option<(&'static str, String, String)> {
+        match (self, source) {
+            (SourceFailure::RejectedIn { kind, namespace, name, .. }, _)
+            | (SourceFailure::KeyMissing { kind, namespace, name, .. }, Source::Selected(_)) => {
+                Some((kind, namespace.clone(), name.clone()))
+            }
+            (_, Source::Secret(r)) => Some(("Secret", r.namespace.clone(), r.name.clone())),
+            (_, Source::ConfigMap(r)) => Some(("ConfigMap", r.namespace.clone(), r.name.clone())),
             _ => None,
         }
+    }
+}
+
+/// One object a selection read: its name and its keys' bytes (`data`, and a ConfigMap's `binaryData`).
+pub struct Entries {
+    pub name: String,
+    pub keys: BTreeMap<String, Vec<u8>>,
+}
+
+impl Entries {
+    fn of_secret(secret: &Secret) -> Self {
+        let keys = secret.data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())).collect();
+        Entries { name: secret.metadata.name.clone().unwrap_or_default(), keys }
+    }
+
+    fn of_config_map(cm: &ConfigMap) -> Self {
+        let text = cm.data.iter().flatten().map(|(k, v)| (k.clone(), v.clone().into_bytes()));
+        let binary = cm.binary_data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone()));
+        Entries { name: cm.metadata.name.clone().unwrap_or_default(), keys: binary.chain(text).collect() }
     }
 }
 
@@ -68,11 +104,37 @@ impl Reader<'_> {
             Reader::Client(client) => get(*client, "ConfigMap", r).await,
         }
     }
+
+    /// The objects a selection reads, sorted by name.
+    async fn selected(&self, selection: &Selection) -> Result<Vec<Entries>, SourceFailure> {
+        let mut entries = match (self, selection.kind) {
+            (Reader::Stores(scope), TargetKind::Secret) => {
+                scope.selected_secrets(selection).iter().map(|s| Entries::of_secret(s)).collect()
+            }
+            (Reader::Stores(scope), TargetKind::ConfigMap) => {
+                scope.selected_config_maps(selection).iter().map(|c| Entries::of_config_map(c)).collect()
+            }
+            (Reader::Client(client), TargetKind::Secret) => {
+                list::<Secret>(*client, selection).await?.iter().map(Entries::of_secret).collect()
+            }
+            (Reader::Client(client), TargetKind::ConfigMap) => {
+                list::<ConfigMap>(*client, selection).await?.iter().map(Entries::of_config_map).collect::<Vec<_>>()
+            }
+        };
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
+    }
 }
 
 /// Reads and strictly parses one source. `empty` allows a source with no certificate (the empty-means-public
-/// mode); otherwise an empty source is an error.
-pub async fn read(reader: &Reader<'_>, source: &Source, empty: EmptyPolicy) -> Result<Vec<Certificate>, SourceFailure> {
+/// mode); otherwise an empty source is an error. A selection never reads a key one of `targets` writes (the
+/// bundle would feed on itself).
+pub async fn read(
+    reader: &Reader<'_>,
+    source: &Source,
+    empty: EmptyPolicy,
+    targets: &[Target],
+) -> Result<Vec<Certificate>, SourceFailure> {
     let missing =
         |kind, r: &KeyRef| SourceFailure::ObjectMissing { kind, namespace: r.namespace.clone(), name: r.name.clone() };
     let bytes = match source {
@@ -93,17 +155,97 @@ pub async fn read(reader: &Reader<'_>, source: &Source, empty: EmptyPolicy) -> R
         Source::Inline(certs) => return Ok(certs.clone()),
         Source::File(path) => read_bounded(path).await?,
         Source::PublicRoots => return Ok(public_roots()),
+        Source::Selected(selection) => return read_selected(reader, selection, empty, targets).await,
     };
     Ok(parse_certificates(&bytes, empty)?)
 }
 
+/// Every chosen key of every selected object, in name then key order, each parsed strictly on its own so a
+/// failure names the object and key (never the content).
+async fn read_selected(
+    reader: &Reader<'_>,
+    selection: &Selection,
+    empty: EmptyPolicy,
+    targets: &[Target],
+) -> Result<Vec<Certificate>, SourceFailure> {
+    let kind = selection.kind.as_str();
+    let namespace = &selection.namespace;
+    let objects = reader.selected(selection).await?;
+    match &selection.pick {
+        Pick::Name(name) if objects.is_empty() => {
+            return Err(SourceFailure::ObjectMissing { kind, namespace: namespace.clone(), name: name.clone() });
+        }
+        // A selector matching nothing adds nothing; [`read_bundle`] refuses a bundle left empty by it.
+        _ => {}
+    }
+    let mut certs = Vec::new();
+    for object in objects {
+        let chosen: Vec<(&String, &Vec<u8>)> = match &selection.keys {
+            Keys::One(key) => match object.keys.get_key_value(key) {
+                Some(entry) => vec![entry],
+                None => {
+                    let (namespace, name, key) = (namespace.clone(), object.name.clone(), key.clone());
+                    return Err(SourceFailure::KeyMissing { kind, namespace, name, key });
+                }
+            },
+            Keys::All => object.keys.iter().collect(),
+        };
+        for (key, bytes) in chosen {
+            if writes(targets, selection.kind, namespace, &object.name, key) {
+                continue;
+            }
+            let parsed = parse_certificates(bytes, empty).map_err(|error| SourceFailure::RejectedIn {
+                kind,
+                namespace: namespace.clone(),
+                name: object.name.clone(),
+                key: key.clone(),
+                error,
+            })?;
+            certs.extend(parsed);
+        }
+    }
+    Ok(certs)
+}
+
+/// Whether one of `targets` writes this key of this object (in that namespace, or by a selector that may).
+fn writes(targets: &[Target], kind: TargetKind, namespace: &str, name: &str, key: &str) -> bool {
+    targets.iter().any(|t| {
+        t.kind == kind
+            && t.name == name
+            && t.key == key
+            && match &t.placement {
+                Placement::Namespace(ns) => ns == namespace,
+                Placement::Selector(_) => true,
+            }
+    })
+}
+
 /// Reads every source of a bundle, as its `emptyMeansPublicRoots` allows; the first failure (with its index)
-/// stops it.
+/// stops it. A selector source matching no object adds nothing, as long as the bundle holds a certificate.
 pub async fn read_bundle(reader: &Reader<'_>, bundle: &Bundle) -> Result<Vec<Certificate>, (usize, SourceFailure)> {
     let empty = if bundle.empty_means_public_roots { EmptyPolicy::Allow } else { EmptyPolicy::Reject };
     let mut certs = Vec::new();
+    let mut unmatched = None;
     for (i, source) in bundle.sources.iter().enumerate() {
-        certs.extend(read(reader, source, empty).await.map_err(|e| (i, e))?);
+        let read = read(reader, source, empty, &bundle.targets).await.map_err(|e| (i, e))?;
+        if let Source::Selected(selection) = source
+            && let Pick::Labels(selector) = &selection.pick
+            && read.is_empty()
+        {
+            unmatched = unmatched.or(Some((i, selection, selector)));
+        }
+        certs.extend(read);
+    }
+    // Only selector sources can be empty without an error: with all of them matching nothing, the bundle
+    // would be written empty (which means "public roots" to its consumers), so it is refused instead, unless
+    // that is what the bundle asks for.
+    if let Some((i, selection, selector)) = unmatched.filter(|_| certs.is_empty() && empty == EmptyPolicy::Reject) {
+        let failure = SourceFailure::NothingSelected {
+            kind: selection.kind.as_str(),
+            namespace: selection.namespace.clone(),
+            selector: selector.label_selector(),
+        };
+        return Err((i, failure));
     }
     Ok(certs)
 }
@@ -124,6 +266,34 @@ where
         name: r.name.clone(),
         source,
     })
+}
+
+/// The objects of a selection, listed (by label selector, or by a `metadata.name` field selector).
+async fn list<K>(client: Option<&kube::Client>, selection: &Selection) -> Result<Vec<K>, SourceFailure>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let client = client.ok_or(SourceFailure::NoClient)?;
+    let api: Api<K> = Api::namespaced(client.clone(), &selection.namespace);
+    let (params, name) = match &selection.pick {
+        Pick::Name(name) => (ListParams::default().fields(&format!("metadata.name={name}")), name.clone()),
+        Pick::Labels(selector) => {
+            let selector = selector.label_selector();
+            (ListParams::default().labels(&selector), selector)
+        }
+    };
+    let kind = selection.kind.as_str();
+    let listed = api.list(&params).await.map_err(|source| SourceFailure::Api {
+        kind,
+        namespace: selection.namespace.clone(),
+        name,
+        source,
+    })?;
+    Ok(listed.items)
 }
 
 /// Reads at most one byte more than a source may hold, so a huge (or endless) file is refused without being
@@ -182,7 +352,7 @@ mod tests {
     async fn a_file_source_is_read_no_further_than_its_limit() {
         // /dev/zero never ends: only a bounded read returns at all.
         let source = Source::File("/dev/zero".into());
-        let err = read(&Reader::Client(None), &source, EmptyPolicy::Reject).await.unwrap_err();
+        let err = read(&Reader::Client(None), &source, EmptyPolicy::Reject, &[]).await.unwrap_err();
         assert_eq!(err.metric_label(), "too_large", "{err}");
     }
 }

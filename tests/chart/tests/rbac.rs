@@ -57,6 +57,22 @@ fn ca_syncer_roles_equal_for_configmap_sources_and_targets_and_no_selector() -> 
 }
 
 #[test]
+fn ca_syncer_roles_equal_for_selector_sources_beside_named_ones_in_one_namespace() -> Result<()> {
+    // Secrets and ConfigMaps by label (one key, every key) in a namespace that also holds a named source and a
+    // target, a selector source in a namespace of its own, and a named source read with includeAllKeys.
+    let config = json!({"bundles": [
+        {"name": "one",
+         "sources": [{"secret": {"namespace": "trust", "selector": {"matchLabels": {"ca": "trusted"}}, "key": "ca.crt"}},
+                     {"configMap": {"namespace": "trust", "selector": {"matchExpressions": [{"key": "ca", "operator": "Exists"}]}, "includeAllKeys": true}},
+                     {"secret": {"namespace": "trust", "name": "root-ca", "key": "ca.crt"}},
+                     {"configMap": {"namespace": "roots", "selector": {"matchLabels": {"ca": "trusted"}}, "key": "ca.crt"}},
+                     {"configMap": {"namespace": "kcp-system", "name": "all-roots", "includeAllKeys": true}}],
+         "targets": [{"configMap": {"namespace": "trust", "name": "kcp-ca", "key": "ca.crt"}}]}
+    ]});
+    assert_same_rbac("caSyncer", "ca-syncer", config)
+}
+
+#[test]
 fn dns_rewriter_roles_in_the_chart_equal_its_rbac_one_shot_for_its_example() -> Result<()> {
     assert_same_rbac("dnsRewriter", "dns-rewriter", example("dns-rewriter"))
 }

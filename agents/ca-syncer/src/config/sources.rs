@@ -1,5 +1,6 @@
 //! Where a bundle's certificates come from: `sources[]`, each "exactly one of" `secret`, `configMap`,
-//! `inline`, `file`, `publicRoots`.
+//! `inline`, `file`, `publicRoots`. A `secret` or `configMap` names one object (`name`) or selects objects by
+//! their labels in one namespace (`selector`), and reads one `key` or every key (`includeAllKeys`).
 
 use std::path::PathBuf;
 
@@ -8,7 +9,7 @@ use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer};
 
-use super::targets::{Destination, TargetKind, check};
+use super::targets::{Destination, NamespaceSelector, Selector, TargetKind, check, selector_from_raw};
 use crate::certs::{self, Certificate, EmptyPolicy};
 
 /// Where certificates come from.
@@ -16,6 +17,8 @@ use crate::certs::{self, Certificate, EmptyPolicy};
 pub enum Source {
     Secret(KeyRef),
     ConfigMap(KeyRef),
+    /// Secrets or ConfigMaps by label selector, or one key of each (or every key of one object by name).
+    Selected(Selection),
     /// Parsed at load, with the same strict parser as every other source.
     Inline(Vec<Certificate>),
     /// An absolute path, re-read every cycle.
@@ -35,17 +38,69 @@ pub struct KeyRef {
     pub key: String,
 }
 
+/// Objects of one kind in one namespace, by name or by label selector, and which of their keys to read.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Selection {
+    pub kind: TargetKind,
+    pub namespace: String,
+    pub pick: Pick,
+    pub keys: Keys,
+}
+
+/// Which objects a [`Selection`] reads.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Pick {
+    /// One object by name (with `includeAllKeys`).
+    Name(String),
+    /// Every object whose labels the selector matches.
+    Labels(Selector),
+}
+
+/// Which keys of each object a [`Selection`] reads.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Keys {
+    One(String),
+    /// Every key, in key order; a key holding anything but certificates rejects the source whole.
+    All,
+}
+
+/// A Secret or ConfigMap source as written: `namespace`, exactly one of `name` and `selector`, exactly one of
+/// `key` and `includeAllKeys`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawObjectSource {
+    /// The objects' namespace (a DNS label).
+    pub namespace: String,
+    /// One object, by name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Every object in the namespace whose labels this selector matches (`matchLabels`, `matchExpressions`); an
+    /// object gaining or losing a label joins or leaves the bundle. Needs at least one entry that selects by
+    /// presence.
+    #[serde(default)]
+    pub selector: Option<NamespaceSelector>,
+    /// The data key holding PEM certificates; a key ending in `.key` (a private key) is refused.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Read every key of each object (`data`, and a ConfigMap's `binaryData`): each must hold only
+    /// certificates, so an object with a private key (a `kubernetes.io/tls` Secret's `tls.key`) rejects the
+    /// source.
+    #[serde(default)]
+    pub include_all_keys: bool,
+}
+
 /// One source of certificates: exactly one of its keys is set. Every source is parsed strictly: only
 /// CERTIFICATE blocks, and a source holding anything else is rejected whole.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawSource {
-    /// A key of a Secret.
+    /// A key (or every key) of a Secret, or of every Secret a label selector matches in one namespace.
     #[serde(default)]
-    pub secret: Option<KeyRef>,
-    /// A key of a ConfigMap (`data` or `binaryData`).
+    pub secret: Option<RawObjectSource>,
+    /// A key (or every key) of a ConfigMap (`data` or `binaryData`), or of every ConfigMap a label selector
+    /// matches in one namespace.
     #[serde(default)]
-    pub config_map: Option<KeyRef>,
+    pub config_map: Option<RawObjectSource>,
     /// PEM certificates written into the configuration, checked at load time.
     #[serde(default)]
     pub inline: Option<String>,
@@ -92,29 +147,10 @@ pub(super) fn source_from_raw<'a>(
         errors.push(FieldError::new(path, reason));
         return None;
     }
-    let key_ref = |key_ref: &'a KeyRef, kind: TargetKind, errors: &mut Vec<FieldError>| {
-        let path = format!("{path}.{}", kind.field());
-        let before = errors.len();
-        check(errors, format!("{path}.namespace"), names::check_dns_label(&key_ref.namespace));
-        check(errors, format!("{path}.name"), names::check_dns_subdomain(&key_ref.name));
-        check(errors, format!("{path}.key"), names::check_data_key(&key_ref.key));
-        if key_ref.key.ends_with(".key") {
-            errors.push(FieldError::new(
-                format!("{path}.key"),
-                "names a private key (like tls.key); ca-syncer copies certificates only, use tls.crt or ca.crt",
-            ));
+    for (kind, object) in [(TargetKind::Secret, &source.secret), (TargetKind::ConfigMap, &source.config_map)] {
+        if let Some(object) = object {
+            return object_source(object, kind, &format!("{path}.{}", kind.field()), errors);
         }
-        let destination =
-            Destination { kind, namespace: Some(&key_ref.namespace), name: &key_ref.name, key: &key_ref.key };
-        (errors.len() == before).then_some(destination)
-    };
-    if let Some(r) = &source.secret {
-        let destination = key_ref(r, TargetKind::Secret, errors)?;
-        return Some((Source::Secret(r.clone()), Some(destination)));
-    }
-    if let Some(r) = &source.config_map {
-        let destination = key_ref(r, TargetKind::ConfigMap, errors)?;
-        return Some((Source::ConfigMap(r.clone()), Some(destination)));
     }
     if let Some(text) = &source.inline {
         // The same strict parser as at run time: a key pasted into the configuration fails at start. The
@@ -135,4 +171,59 @@ pub(super) fn source_from_raw<'a>(
         return Some((Source::File(file.clone()), None));
     }
     Some((Source::PublicRoots, None))
+}
+
+/// A `secret` or `configMap` source: by name and key stays a [`KeyRef`] (and reads the object key a target
+/// must not write); anything else is a [`Selection`].
+fn object_source<'a>(
+    object: &'a RawObjectSource,
+    kind: TargetKind,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) -> Option<(Source, Option<Destination<'a>>)> {
+    let before = errors.len();
+    check(errors, format!("{path}.namespace"), names::check_dns_label(&object.namespace));
+    let pick = match (&object.name, &object.selector) {
+        (Some(name), None) => {
+            check(errors, format!("{path}.name"), names::check_dns_subdomain(name));
+            Pick::Name(name.clone())
+        }
+        (None, Some(selector)) => Pick::Labels(selector_from_raw(selector, &format!("{path}.selector"), errors)),
+        (name, _) => {
+            let has = if name.is_some() { "; has both" } else { "" };
+            errors.push(FieldError::new(path, format!("must set exactly one of name, selector{has}")));
+            return None;
+        }
+    };
+    let keys = match (&object.key, object.include_all_keys) {
+        (Some(key), false) => {
+            check(errors, format!("{path}.key"), names::check_data_key(key));
+            if key.ends_with(".key") {
+                errors.push(FieldError::new(
+                    format!("{path}.key"),
+                    "names a private key (like tls.key); ca-syncer copies certificates only, use tls.crt or ca.crt",
+                ));
+            }
+            Keys::One(key.clone())
+        }
+        (None, true) => Keys::All,
+        (key, _) => {
+            let has = if key.is_some() { "; has both" } else { "" };
+            errors.push(FieldError::new(path, format!("must set exactly one of key, includeAllKeys{has}")));
+            return None;
+        }
+    };
+    if errors.len() != before {
+        return None;
+    }
+    let namespace = object.namespace.clone();
+    match (pick, keys, &object.name, &object.key) {
+        (Pick::Name(name), Keys::One(key), Some(raw_name), Some(raw_key)) => {
+            let destination = Destination { kind, namespace: Some(&object.namespace), name: raw_name, key: raw_key };
+            let r = KeyRef { namespace, name, key };
+            let source = if kind == TargetKind::Secret { Source::Secret(r) } else { Source::ConfigMap(r) };
+            Some((source, Some(destination)))
+        }
+        (pick, keys, _, _) => Some((Source::Selected(Selection { kind, namespace, pick, keys }), None)),
+    }
 }

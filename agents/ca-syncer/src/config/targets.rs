@@ -277,7 +277,7 @@ fn metadata_from_raw(raw: Option<&RawTargetMetadata>, path: &str, errors: &mut V
     TargetMetadata { labels: raw.labels.clone(), annotations: raw.annotations.clone() }
 }
 
-fn selector_from_raw(selector: &NamespaceSelector, path: &str, errors: &mut Vec<FieldError>) -> Selector {
+pub(super) fn selector_from_raw(selector: &NamespaceSelector, path: &str, errors: &mut Vec<FieldError>) -> Selector {
     for (key, value) in &selector.match_labels {
         check(
             errors,
@@ -317,7 +317,7 @@ fn selector_from_raw(selector: &NamespaceSelector, path: &str, errors: &mut Vec<
     if !selects {
         errors.push(FieldError::new(
             format!("{path}.matchLabels"),
-            "must name at least one label (or a matchExpressions entry with In or Exists); an empty selector, or one of only NotIn and DoesNotExist, would select every namespace, kube-system included",
+            "must name at least one label (or a matchExpressions entry with In or Exists); an empty selector, or one of only NotIn and DoesNotExist, would select nearly everything (every namespace, kube-system included)",
         ));
     }
     Selector { labels: selector.match_labels.clone(), expressions }

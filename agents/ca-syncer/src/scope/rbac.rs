@@ -11,6 +11,8 @@
 //! - in each namespace the configuration names: get/list/watch on exactly the Secrets and ConfigMaps named
 //!   there (list and watch are limited by `resourceNames` through the `metadata.name` field selector every
 //!   watch uses), create/patch on the targets among them, create on Events;
+//! - in a namespace a selector source reads from: list/watch on that kind without names (RBAC has no label
+//!   narrowing; the watch carries the label selector, and there is no `get`, so no object is read by name);
 //! - for namespace-selector targets: a ClusterRole with the same verbs on that object name only, list/watch on
 //!   Namespaces (their labels are not secret), create on Events;
 //! - in the agent's own namespace: each bundle's rotation record ([`crate::state`]: get/update by name, and
@@ -35,6 +37,8 @@ const APP: &str = "ca-syncer";
 #[derive(Default)]
 struct Access {
     read: BTreeMap<TargetKind, BTreeSet<String>>,
+    /// Kinds listed and watched by label selector.
+    by_label: BTreeSet<TargetKind>,
     write: BTreeMap<TargetKind, BTreeSet<String>>,
 }
 
@@ -47,6 +51,9 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
         if let Some(ns) = &named.namespace {
             namespaces.entry(ns.clone()).or_default().read.entry(named.kind).or_default().insert(named.name.clone());
         }
+    }
+    for (kind, ns, _) in &plan.selected {
+        namespaces.entry(ns.clone()).or_default().by_label.insert(*kind);
     }
     for bundle in &config.bundles {
         for target in &bundle.targets {
@@ -69,6 +76,9 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
         for kind in [TargetKind::Secret, TargetKind::ConfigMap] {
             if let Some(names) = access.read.get(&kind) {
                 rules.push(rule("", resource(kind), names, &["get", "list", "watch"]));
+            }
+            if access.by_label.contains(&kind) {
+                rules.push(rule("", resource(kind), &BTreeSet::new(), &["list", "watch"]));
             }
             if let Some(names) = access.write.get(&kind) {
                 rules.push(rule("", resource(kind), names, &["create", "patch"]));
@@ -124,6 +134,30 @@ mod tests {
     fn example() -> Config {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("example.yaml");
         kcp_keeper_runtime::config::load(&path).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_selector_source_lists_and_watches_its_kind_in_its_namespace_only_and_gets_nothing() {
+        let config: Config = kcp_keeper_runtime::config::parse(
+            Path::new("c.yaml"),
+            "bundles:\n- name: a\n  sources:\n  - secret: {namespace: trust, selector: {matchLabels: {ca: 'yes'}}, key: ca.crt}\n  - configMap: {namespace: roots, selector: {matchExpressions: [{key: ca, operator: Exists}]}, includeAllKeys: true}\n  targets:\n  - secret: {namespace: apps, name: kcp-ca, key: ca.crt}\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let rbac = render(&config, &who());
+        let unnamed = |ns: &str| -> Vec<(Vec<String>, Vec<String>)> {
+            let role = rbac.roles.iter().find(|r| r.metadata.namespace.as_deref() == Some(ns)).expect("a Role");
+            role.rules
+                .iter()
+                .flatten()
+                .filter(|r| r.resource_names.is_none() && r.api_groups.as_deref() == Some(&[String::new()]))
+                .map(|r| (r.resources.clone().unwrap_or_default(), r.verbs.clone()))
+                .collect()
+        };
+        let list_watch = vec!["list".to_string(), "watch".to_string()];
+        assert_eq!(unnamed("trust"), [(vec!["secrets".to_string()], list_watch.clone())]);
+        assert_eq!(unnamed("roots"), [(vec!["configmaps".to_string()], list_watch)]);
+        assert!(unnamed("apps").is_empty(), "a target namespace lists nothing");
+        assert!(rbac.cluster_roles.is_empty(), "nothing cluster-wide");
     }
 
     #[test]
