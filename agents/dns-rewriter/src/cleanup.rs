@@ -3,6 +3,7 @@
 //! (the Corefile is as it was before the agent's first write); in k3s mode the agent's own key is removed from
 //! `coredns-custom`, every other key kept. Conditional on the resourceVersion read, like every write of the
 //! agent; a ConfigMap, key or block that is not there is nothing to do. The ConfigMap itself is never deleted.
+//! With `nodeLocalDns` on, the agent's server block in node-local-dns's Corefile goes the same way.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kcp_keeper_runtime::marked_block::configmap::write_key;
@@ -22,6 +23,29 @@ pub enum Cleaned {
 }
 
 pub async fn cleanup(client: &kube::Client, config: &Config) -> anyhow::Result<Cleaned> {
+    let target = cleanup_target(client, config).await?;
+    let node_local = cleanup_node_local(client, config).await?;
+    Ok(if target == Cleaned::Removed || node_local == Cleaned::Removed { Cleaned::Removed } else { Cleaned::Nothing })
+}
+
+/// Our block in node-local-dns's Corefile removed, every other byte kept.
+async fn cleanup_node_local(client: &kube::Client, config: &Config) -> anyhow::Result<Cleaned> {
+    let Some(key) = &config.node_local_dns else { return Ok(Cleaned::Nothing) };
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &key.namespace);
+    let Some(live) = api.get_opt(&key.name).await? else { return Ok(Cleaned::Nothing) };
+    let Some(current) = live.data.as_ref().and_then(|d| d.get(&key.key)) else { return Ok(Cleaned::Nothing) };
+    if crate::node_local::removed(current)? == *current {
+        return Ok(Cleaned::Nothing);
+    }
+    let compute =
+        |text: Option<&str>| crate::node_local::removed(text.ok_or(crate::node_local::NodeLocalError::NoCorefile)?);
+    write_key(&api, &key.name, &key.key, Some(live), compute)
+        .await
+        .map_err(|e| anyhow::anyhow!("removing the block from {}/{} key {}: {e}", key.namespace, key.name, key.key))?;
+    Ok(Cleaned::Removed)
+}
+
+async fn cleanup_target(client: &kube::Client, config: &Config) -> anyhow::Result<Cleaned> {
     let key = config.target.configmap();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &key.namespace);
     let object = format!("{}/{}", key.namespace, key.name);

@@ -34,6 +34,11 @@
 //!   resolver: 10.43.0.10:53      # port defaults to 53; default: kube-system/kube-dns's ClusterIP
 //!   timeout: 2s                  # default
 //!   settle: 2m                   # default: after a write, how long until every name must answer
+//! nodeLocalDns:                  # optional; these are the defaults
+//!   enabled: true                # manage node-local-dns's Corefile when its ConfigMap exists
+//!   namespace: kube-system
+//!   name: node-local-dns
+//!   key: Corefile
 //! resyncInterval: 5m             # default
 //! ```
 
@@ -58,6 +63,8 @@ pub const DEFAULT_COREFILE_NAME: &str = "coredns";
 pub const DEFAULT_COREFILE_KEY: &str = "Corefile";
 pub const DEFAULT_SERVER_BLOCK: &str = ".:53";
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+/// NodeLocal DNSCache's ConfigMap as kubernetes/dns's `nodelocaldns.yaml` (and kubeadm's docs) name it.
+pub const DEFAULT_NODE_LOCAL_NAME: &str = "node-local-dns";
 /// The default of `verify.timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The default of `verify.settle`: 60s of projection delay plus 30s of reload interval, rounded up.
@@ -98,9 +105,27 @@ pub struct RawConfig {
     /// Proof through DNS: the resolver asked for every name in each cycle.
     #[serde(default)]
     pub verify: Option<RawVerify>,
+    /// NodeLocal DNSCache: when its ConfigMap exists, a marked server block in its Corefile forwards the rules'
+    /// public names to the cluster DNS, so pods behind it get the rewritten answers too (on by default).
+    #[serde(default)]
+    pub node_local_dns: Option<RawNodeLocalDns>,
     /// How often a cycle runs without a change to wake it (a Go duration, default `5m`, at least `10s`).
     #[serde(default)]
     pub resync_interval: Option<String>,
+}
+
+/// node-local-dns's Corefile, managed when its ConfigMap exists.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawNodeLocalDns {
+    /// Manage node-local-dns's Corefile when its ConfigMap exists (default `true`); `false` never reads it.
+    pub enabled: Option<bool>,
+    /// The ConfigMap's namespace (default `kube-system`).
+    pub namespace: Option<String>,
+    /// The ConfigMap (default `node-local-dns`); never created.
+    pub name: Option<String>,
+    /// The key holding its Corefile (default `Corefile`).
+    pub key: Option<String>,
 }
 
 /// One key of k3s's `coredns-custom`, written whole.
@@ -198,6 +223,8 @@ pub struct Config {
     pub rejected: Vec<RejectedRule>,
     pub discovery: Option<Discovery>,
     pub verify: Verify,
+    /// node-local-dns's Corefile key, when managed (`nodeLocalDns.enabled`, the default).
+    pub node_local_dns: Option<ConfigMapKey>,
     pub resync_interval: Duration,
 }
 
@@ -285,11 +312,19 @@ impl Config {
         let (rules, rejected) = rules(raw.rules, cluster_domain.as_ref());
         let discovery = raw.discovery.map(|d| discovery(&mut errors, d));
         let verify = verify(&mut errors, raw.verify.unwrap_or_default());
+        let node_local_dns = node_local_dns(&mut errors, raw.node_local_dns.unwrap_or_default());
         let resync_interval = resync_interval(&mut errors, raw.resync_interval.as_deref());
         match (target, cluster_domain) {
-            (Some(target), Some(cluster_domain)) if errors.is_empty() => {
-                Ok(Config { target, cluster_domain, rules, rejected, discovery, verify, resync_interval })
-            }
+            (Some(target), Some(cluster_domain)) if errors.is_empty() => Ok(Config {
+                target,
+                cluster_domain,
+                rules,
+                rejected,
+                discovery,
+                verify,
+                node_local_dns,
+                resync_interval,
+            }),
             _ => Err(errors),
         }
     }
@@ -470,6 +505,12 @@ fn verify(errors: &mut Vec<FieldError>, raw: RawVerify) -> Verify {
     Verify { resolver, timeout, settle }
 }
 
+fn node_local_dns(errors: &mut Vec<FieldError>, raw: RawNodeLocalDns) -> Option<ConfigMapKey> {
+    let defaults = (DEFAULT_K3S_NAMESPACE, DEFAULT_NODE_LOCAL_NAME, DEFAULT_COREFILE_KEY);
+    let key = configmap_key(errors, "nodeLocalDns", raw.namespace, raw.name, raw.key, defaults);
+    raw.enabled.unwrap_or(true).then_some(key)
+}
+
 fn resync_interval(errors: &mut Vec<FieldError>, text: Option<&str>) -> Duration {
     let interval = duration(errors, "resyncInterval", text, DEFAULT_RESYNC);
     if interval < MIN_RESYNC {
@@ -540,6 +581,19 @@ mod tests {
         assert_eq!(config.cluster_domain.as_str(), "cluster.local");
         assert_eq!(config.resync_interval, Duration::from_secs(300));
         assert_eq!(config.verify, Verify { resolver: None, timeout: Duration::from_secs(2), settle: DEFAULT_SETTLE });
+        let node_local =
+            ConfigMapKey { namespace: "kube-system".into(), name: "node-local-dns".into(), key: "Corefile".into() };
+        assert_eq!(config.node_local_dns, Some(node_local), "NodeLocal DNSCache is looked for by default");
+    }
+
+    #[test]
+    fn node_local_dns_can_be_renamed_or_switched_off_and_a_bad_name_is_a_field_error() {
+        let off = parse_text("mode: k3s\nnodeLocalDns: {enabled: false}\n").unwrap();
+        assert_eq!(off.node_local_dns, None);
+        let renamed = parse_text("mode: k3s\nnodeLocalDns: {namespace: dns, name: nodelocal}\n").unwrap();
+        let key = renamed.node_local_dns.unwrap();
+        assert_eq!((key.namespace.as_str(), key.name.as_str(), key.key.as_str()), ("dns", "nodelocal", "Corefile"));
+        assert!(err("mode: k3s\nnodeLocalDns: {name: Not_A_Name}\n").contains("nodeLocalDns.name"));
     }
 
     #[test]

@@ -21,6 +21,10 @@ pub enum CycleError {
     Refused(OutputError),
     #[error("write failed: {0}")]
     WriteFailed(WriteError),
+    /// node-local-dns's Corefile could not be written: its cluster domain block is not one we can read, our
+    /// own check refused the value, or the write failed. The cluster DNS's rules are written regardless.
+    #[error("node-local-dns: {0}")]
+    NodeLocalDns(String),
     /// Some names did not answer exactly their Service's ClusterIP.
     #[error("{failed} of {total} names do not answer their Service's ClusterIP: {detail}")]
     NotVerified { failed: usize, total: usize, detail: String },
@@ -56,6 +60,9 @@ mod tests {
     #[test]
     fn cycle_error_reasons_are_its_variant_names() {
         use kcp_keeper_runtime::driver::ErrorReason;
-        assert_eq!(CycleError::reasons(), ["config_map_missing", "refused", "write_failed", "not_verified"]);
+        assert_eq!(
+            CycleError::reasons(),
+            ["config_map_missing", "refused", "write_failed", "node_local_dns", "not_verified"]
+        );
     }
 }

@@ -14,7 +14,7 @@
 //!
 //! The domain, pure and tested without a cluster: [`hostname`] (what a name in a rule may be), [`rules`] (the
 //! rule set), [`render`] (the closed grammar and its pre-write check), [`block`] (the marked block in a foreign
-//! Corefile), [`discovery`] (names and Services from the kcp-operator's objects), [`services`] (what a Service
+//! Corefile), [`node_local`] (the server block in NodeLocal DNSCache's Corefile), [`discovery`] (names and Services from the kcp-operator's objects), [`services`] (what a Service
 //! says), [`plan`] (rules, per-rule errors and warnings), [`output`] (the value to write, checked). The edges:
 //! [`cluster`] (reads for the one-shots), [`operator`] (the operator's kinds as typed resources), [`verify`]
 //! (DNS queries).
@@ -34,6 +34,7 @@ pub mod discovery;
 pub mod error;
 pub mod hostname;
 pub mod metrics;
+pub mod node_local;
 pub mod operator;
 pub mod output;
 pub mod plan;

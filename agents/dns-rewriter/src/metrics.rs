@@ -8,8 +8,13 @@
 //! - `dns_rewriter_write_timestamp_seconds`: the last successful write of the target key;
 //! - `dns_rewriter_adopted_lines_total`: rule lines found without our markers (after a kubeadm CoreDNS
 //!   upgrade) and adopted into the block by a write;
+//! - `dns_rewriter_node_local_dns_detected`: 1 when node-local-dns's ConfigMap exists (NodeLocal DNSCache is
+//!   in the cluster and its Corefile is managed), else 0;
+//! - `dns_rewriter_node_local_dns_write_timestamp_seconds`: the last successful write of node-local-dns's
+//!   Corefile;
 //! - `dns_rewriter_host_verified{host}`: 1 when the last check of `host` answered exactly its Service's
-//!   ClusterIP under its own name, else 0;
+//!   ClusterIP under its own name through every resolver a pod can be given (the cluster DNS Service and
+//!   node-local-dns's listen addresses), else 0;
 //! - `dns_rewriter_host_check_timestamp_seconds{host}`: when `host` was last checked;
 //! - `dns_rewriter_verify_timestamp_seconds`: when verification last ran (a resolver known and answering);
 //!   0 until then, so `time() - x` alerts when it never ran;
@@ -41,6 +46,8 @@ pub struct Metrics {
     rule_errors: Family<ReasonLabel, Gauge>,
     write_timestamp: GaugeF64,
     adopted: Counter,
+    node_local_detected: Gauge,
+    node_local_written: GaugeF64,
     verified: GaugeF64,
     host_verified: Family<HostLabel, Gauge>,
     host_checked: Family<HostLabel, GaugeF64>,
@@ -56,6 +63,8 @@ impl Metrics {
             rule_errors: Family::default(),
             write_timestamp: GaugeF64::default(),
             adopted: Counter::default(),
+            node_local_detected: Gauge::default(),
+            node_local_written: GaugeF64::default(),
             verified: GaugeF64::default(),
             host_verified: Family::default(),
             host_checked: Family::default(),
@@ -76,6 +85,17 @@ impl Metrics {
             "adopted_lines",
             "Rule lines found without kcp-keeper's markers (after a kubeadm CoreDNS upgrade) and adopted into the block",
             m.adopted.clone(),
+        );
+        registry.register(
+            "node_local_dns_detected",
+            "1 when node-local-dns's ConfigMap exists and its Corefile is managed",
+            m.node_local_detected.clone(),
+        );
+        registry.register_with_unit(
+            "node_local_dns_write_timestamp",
+            "When node-local-dns's Corefile was last written successfully",
+            Unit::Seconds,
+            m.node_local_written.clone(),
         );
         registry.register_with_unit(
             "verify_timestamp",
@@ -120,6 +140,14 @@ impl Metrics {
 
     pub fn wrote(&self) {
         self.write_timestamp.set(unix_now());
+    }
+
+    pub fn node_local_detected(&self, detected: bool) {
+        self.node_local_detected.set(i64::from(detected));
+    }
+
+    pub fn node_local_wrote(&self) {
+        self.node_local_written.set(unix_now());
     }
 
     pub fn verification_ran(&self) {
@@ -169,6 +197,7 @@ mod tests {
             answered: vec![],
             other_names: vec![],
             outcome,
+            resolver: None,
         }
     }
 
@@ -183,6 +212,8 @@ mod tests {
         assert!(text.contains("dns_rewriter_write_timestamp_seconds 0"), "{text}");
         assert!(text.contains("dns_rewriter_adopted_lines_total 0"), "{text}");
         assert!(text.contains("dns_rewriter_verify_timestamp_seconds 0"), "{text}");
+        assert!(text.contains("dns_rewriter_node_local_dns_detected 0"), "{text}");
+        assert!(text.contains("dns_rewriter_node_local_dns_write_timestamp_seconds 0"), "{text}");
     }
 
     #[test]

@@ -9,8 +9,12 @@
 //!    [`kcp_keeper_runtime::marked_block::configmap::write_key`]: a merge patch of the one key; on a 409 it
 //!    re-reads, and the value is computed and checked again, so a change someone made meanwhile is kept); a
 //!    cycle with nothing to do sends no write; the ConfigMap is never created;
-//! 4. verify through the resolver: after a write, ask until every name answers its Service's ClusterIP or
-//!    `verify.settle` (projection delay plus reload interval) has passed; otherwise ask once. Each host's result
+//! 4. when NodeLocal DNSCache is there (node-local-dns's ConfigMap exists; `nodeLocalDns`), the same for its
+//!    Corefile: a marked server block forwarding the rules' names to the cluster DNS ([`crate::node_local`]),
+//!    so pods behind it see the rules too; a failure there is its own error and does not stop step 3;
+//! 5. verify through every resolver a pod can be given (the cluster DNS Service and node-local-dns's listen
+//!    addresses; a name counts as verified only when all answer it right): after a write, ask until every
+//!    name answers its Service's ClusterIP or `verify.settle` (projection delay plus reload interval) has passed; otherwise ask once. Each host's result
 //!    is exported, so a host that answers anything else (a cache holding a recreated Service's old address,
 //!    rules that never loaded) shows as `host_verified 0`.
 //!
@@ -42,6 +46,7 @@ use crate::config::{CLUSTER_DNS_SERVICE, Config, ConfigMapKey, Target};
 use crate::error::{CycleError, WriteError};
 use crate::hostname::Hostname;
 use crate::metrics::Metrics;
+use crate::node_local::{self, NodeLocalError};
 use crate::output::desired_value;
 use crate::plan::{Plan, RuleError};
 use crate::rules::RuleSet;
@@ -114,7 +119,7 @@ impl Reconciler for Rewriter {
     async fn reconcile(&self, _: &ManagedKey) -> Result<Option<Duration>, CycleError> {
         let mut plan = crate::cluster::plan_with(&self.config, &self.scope.view());
         let resolver = self.resolver().await;
-        if let Some(resolver) = &resolver {
+        if let Some((_, resolver)) = &resolver {
             // Each rule's target is resolved before it is written: one that does not exist (a wrong
             // clusterDomain) is an error for that rule alone.
             for (host, target) in verify::unresolved_targets(resolver, &plan.rules, &self.config.cluster_domain).await {
@@ -125,13 +130,25 @@ impl Reconciler for Rewriter {
         self.metrics.observe_plan(&plan);
         self.report(&plan).await;
         let written = self.write(&plan.rules).await;
+        let node_local = self.write_node_local(&plan.rules).await;
+        // Every resolver a pod can be given: the cluster DNS, and node-local-dns's listen addresses.
+        let listen = node_local.as_ref().map(|(_, listen)| listen.clone()).unwrap_or_default();
+        let resolvers = self.resolvers(resolver, &listen);
+        let after_write = matches!(written, Ok(true)) || matches!(node_local, Ok((true, _)));
         // Verification runs even when the write failed: the metrics then say what the cluster answers now.
-        let checks = self.verify(resolver.as_ref(), &plan.rules, matches!(written, Ok(true))).await;
+        let checks = self.verify(&resolvers, &plan.rules, after_write).await;
         written?;
         self.health.mark_succeeded();
+        node_local?;
         let failed: Vec<&HostCheck> = checks.iter().filter(|c| c.outcome != Answer::Match).collect();
         if !failed.is_empty() {
-            let detail = failed.iter().map(|c| format!("{} {}", c.host.as_str(), c.outcome)).collect::<Vec<_>>();
+            let detail = failed
+                .iter()
+                .map(|c| match c.resolver {
+                    Some(r) => format!("{} {} (through {r})", c.host.as_str(), c.outcome),
+                    None => format!("{} {}", c.host.as_str(), c.outcome),
+                })
+                .collect::<Vec<_>>();
             return Err(CycleError::NotVerified {
                 failed: failed.len(),
                 total: checks.len(),
@@ -185,6 +202,85 @@ impl Rewriter {
         }
     }
 
+    /// Writes our server block into node-local-dns's Corefile when NodeLocal DNSCache is there; `Ok((true, _))`
+    /// when it wrote, with node-local-dns's listen addresses (from its cluster domain block) to verify through.
+    async fn write_node_local(&self, rules: &RuleSet) -> Result<(bool, Vec<SocketAddr>), CycleError> {
+        let Some(key) = &self.config.node_local_dns else { return Ok((false, Vec::new())) };
+        let Some(live) = self.scope.node_local() else {
+            self.metrics.node_local_detected(false);
+            return Ok((false, Vec::new()));
+        };
+        self.metrics.node_local_detected(true);
+        let domain = &self.config.cluster_domain;
+        let object = format!("{}/{}", key.namespace, key.name);
+        let current = live.data.as_ref().and_then(|d| d.get(&key.key));
+        let parsed = current.ok_or(NodeLocalError::NoCorefile).and_then(|c| {
+            let cluster = node_local::cluster_block(c, domain)?;
+            Ok((node_local::zones(c, &cluster, rules)?, cluster))
+        });
+        let ((_, taken), cluster) = match parsed {
+            Ok(parsed) => parsed,
+            Err(e) => return Err(self.node_local_failed(key, &object, &e.to_string()).await),
+        };
+        for host in &taken {
+            tracing::warn!(host = host.as_str(), configmap = %object, "another server block of node-local-dns's Corefile serves this name; left out of ours");
+        }
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
+        let compute = |current: Option<&str>| {
+            let current = current.ok_or(NodeLocalError::NoCorefile)?;
+            let cluster = node_local::cluster_block(current, domain)?;
+            let (hosts, _) = node_local::zones(current, &cluster, rules)?;
+            node_local::desired_value(current, &cluster, &hosts, domain)
+        };
+        match write_key(&api, &key.name, &key.key, Some(live), compute).await {
+            Ok(written) if written.outcome == Outcome::Unchanged => Ok((false, cluster.listen_addresses())),
+            Ok(_) => {
+                self.metrics.node_local_wrote();
+                tracing::info!(configmap = %object, key = %key.key, rules = rules.len() - taken.len(), "node-local-dns updated");
+                let note = format!(
+                    "key {}: the public names of {} rules forwarded to the cluster DNS",
+                    key.key,
+                    rules.len() - taken.len()
+                );
+                self.event_on(key, EventType::Normal, "NodeLocalDnsWritten", &note).await;
+                Ok((true, cluster.listen_addresses()))
+            }
+            Err(e) => Err(self.node_local_failed(key, &object, &e.to_string()).await),
+        }
+    }
+
+    async fn node_local_failed(&self, key: &ConfigMapKey, object: &str, error: &str) -> CycleError {
+        tracing::warn!(configmap = %object, %error, "node-local-dns not written");
+        self.event_on(
+            key,
+            EventType::Warning,
+            "NodeLocalDnsNotWritten",
+            &format!("key {}: nothing written: {error}", key.key),
+        )
+        .await;
+        CycleError::NodeLocalDns(format!("ConfigMap {object}: {error}"))
+    }
+
+    /// The cluster DNS resolver, then one for each node-local-dns listen address that is not the same address.
+    fn resolvers(
+        &self,
+        cluster: Option<(SocketAddr, TokioResolver)>,
+        listen: &[SocketAddr],
+    ) -> Vec<(SocketAddr, TokioResolver)> {
+        let Some(cluster) = cluster else { return Vec::new() };
+        let mut out = vec![cluster];
+        for addr in listen {
+            if out.iter().any(|(a, _)| a == addr) {
+                continue;
+            }
+            match verify::resolver(*addr, self.config.verify.timeout) {
+                Ok(r) => out.push((*addr, r)),
+                Err(e) => tracing::warn!(error = %e, resolver = %addr, "cannot build a resolver for node-local-dns"),
+            }
+        }
+        out
+    }
+
     /// How many of our rule lines the live Corefile holds without markers (0 in k3s mode).
     fn unmarked_lines(&self, live: &ConfigMap) -> usize {
         let Target::Corefile { key, server_block } = &self.config.target else { return 0 };
@@ -221,14 +317,14 @@ impl Rewriter {
                     self.event(EventType::Warning, "WriteFailed", &format!("key {}: {e}", key.key)).await;
                 }
             }
-            CycleError::NotVerified { .. } => {}
+            CycleError::NotVerified { .. } | CycleError::NodeLocalDns(_) => {}
         }
     }
 
     /// The resolver to verify through: `verify.resolver`, else the cluster DNS Service's ClusterIP on port 53
     /// (`kube-system/kube-dns`, read each cycle: a recreated Service gets a new address). `None`, logged, when
     /// neither is there: nothing is verified, and `verify_timestamp_seconds` says so.
-    async fn resolver(&self) -> Option<TokioResolver> {
+    async fn resolver(&self) -> Option<(SocketAddr, TokioResolver)> {
         let addr = match self.config.verify.resolver {
             Some(addr) => addr,
             None => {
@@ -272,24 +368,31 @@ impl Rewriter {
             );
             return None;
         }
-        Some(resolver)
+        Some((addr, resolver))
     }
 
     /// Asks the resolver for every name; after a write, again until all match or `verify.settle` has passed.
     /// Without a resolver nothing is asked, and every host reads "not verified". Verification has run (the
     /// timestamp) when the resolver answered at least one question, or there was none to ask.
-    async fn verify(&self, resolver: Option<&TokioResolver>, rules: &RuleSet, after_write: bool) -> Vec<HostCheck> {
-        let Some(resolver) = resolver else { return Vec::new() };
+    async fn verify(
+        &self,
+        resolvers: &[(SocketAddr, TokioResolver)],
+        rules: &RuleSet,
+        after_write: bool,
+    ) -> Vec<HostCheck> {
+        if resolvers.is_empty() {
+            return Vec::new();
+        }
         let deadline = Instant::now() + if after_write { self.config.verify.settle } else { Duration::ZERO };
         loop {
-            let checks = verify::check_all(resolver, rules).await;
+            let checks = verify::check_everywhere(resolvers, rules).await;
             self.metrics.observe_checks(&checks);
             if checks.is_empty() || checks.iter().any(|c| c.outcome != Answer::Error) {
                 self.metrics.verification_ran();
             }
             if checks.iter().all(|c| c.outcome == Answer::Match) || Instant::now() + VERIFY_POLL > deadline {
                 for c in checks.iter().filter(|c| c.outcome != Answer::Match) {
-                    tracing::warn!(host = c.host.as_str(), expected = ?c.expected, answered = ?c.answered, outcome = %c.outcome, "not verified");
+                    tracing::warn!(host = c.host.as_str(), resolver = ?c.resolver, expected = ?c.expected, answered = ?c.answered, outcome = %c.outcome, "not verified");
                 }
                 return checks;
             }
@@ -326,6 +429,12 @@ impl Rewriter {
         for (kind, reason, note) in new {
             self.event_about(note, *kind, reason, note).await;
         }
+    }
+
+    /// An Event about another ConfigMap than the managed one (node-local-dns's).
+    async fn event_on(&self, key: &ConfigMapKey, kind: EventType, reason: &str, note: &str) {
+        let regarding = reference("v1", "ConfigMap", &key.namespace, &key.name, None);
+        self.events.publish_about(&regarding, "", kind, reason, "Rewrite", note).await;
     }
 
     async fn event(&self, kind: EventType, reason: &str, note: &str) {

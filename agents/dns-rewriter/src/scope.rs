@@ -1,5 +1,6 @@
 //! What the daemon watches, exactly as the configuration names it, and the plain data read from those watches:
-//! - the one ConfigMap it writes (by `metadata.name`, so RBAC can name it with `resourceNames`);
+//! - the one ConfigMap it writes (by `metadata.name`, so RBAC can name it with `resourceNames`), and
+//!   node-local-dns's ConfigMap the same way when `nodeLocalDns` is on (its existence is the detection);
 //! - Services in each namespace a configured rule names, and in the discovery namespace those carrying the
 //!   operator's component labels for the kinds switched on;
 //! - the operator's RootShards, Shards and FrontProxies in the discovery namespace, only the kinds switched on.
@@ -61,6 +62,7 @@ pub fn service_scopes(config: &Config) -> BTreeMap<String, ServiceScope> {
 /// The stores behind the watches.
 pub struct Scope {
     configmap: Store<ConfigMap>,
+    node_local: Option<Store<ConfigMap>>,
     services: Vec<Store<Service>>,
     root_shards: Option<Store<RootShard>>,
     shards: Option<Store<Shard>>,
@@ -76,6 +78,13 @@ impl Scope {
             Api::<ConfigMap>::namespaced(client.clone(), &key.namespace),
             by_name(&key.name),
         );
+        let node_local = config.node_local_dns.as_ref().map(|key| {
+            watches.add(
+                format!("configmap {}/{} (node-local-dns)", key.namespace, key.name),
+                Api::<ConfigMap>::namespaced(client.clone(), &key.namespace),
+                by_name(&key.name),
+            )
+        });
         let services = service_scopes(config)
             .into_iter()
             .map(|(ns, scope)| {
@@ -83,7 +92,7 @@ impl Scope {
                 watches.add(format!("services in {ns}"), api, scope.watcher_config())
             })
             .collect();
-        let mut scope = Self { configmap, services, root_shards: None, shards: None, front_proxies: None };
+        let mut scope = Self { configmap, node_local, services, root_shards: None, shards: None, front_proxies: None };
         if let Some(d) = &config.discovery {
             for kind in &d.kinds {
                 let name = format!("{} in {}", kind.plural(), d.namespace);
@@ -109,6 +118,12 @@ impl Scope {
     /// The managed ConfigMap as last seen, if it exists.
     pub fn configmap(&self) -> Option<ConfigMap> {
         self.configmap.state().first().map(|cm| (**cm).clone())
+    }
+
+    /// node-local-dns's ConfigMap as last seen: `None` when it is not managed or does not exist (no
+    /// NodeLocal DNSCache in the cluster).
+    pub fn node_local(&self) -> Option<ConfigMap> {
+        self.node_local.as_ref()?.state().first().map(|cm| (**cm).clone())
     }
 
     /// Services and operator objects, as the planner reads them.

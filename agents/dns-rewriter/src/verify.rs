@@ -55,6 +55,8 @@ pub struct HostCheck {
     /// The owner names of the answer records that were not the public name.
     pub other_names: Vec<String>,
     pub outcome: Outcome,
+    /// Which resolver answered this, when several were asked ([`check_everywhere`]).
+    pub resolver: Option<SocketAddr>,
 }
 
 /// A resolver that asks only `server`, without cache or search domains, one attempt of `timeout`.
@@ -99,6 +101,26 @@ pub async fn check_all(resolver: &TokioResolver, rules: &RuleSet) -> Vec<HostChe
     out
 }
 
+/// Asks every resolver (`(address, resolver)`) for every rule's name; per name, the first answer that is not a
+/// match, or the first resolver's match: a name is verified only when every resolver a pod can be given answers
+/// it right.
+pub async fn check_everywhere(resolvers: &[(SocketAddr, TokioResolver)], rules: &RuleSet) -> Vec<HostCheck> {
+    let mut out: Vec<HostCheck> = Vec::with_capacity(rules.len());
+    for (addr, resolver) in resolvers {
+        let checks = check_all(resolver, rules).await.into_iter().map(|c| HostCheck { resolver: Some(*addr), ..c });
+        if out.is_empty() {
+            out = checks.collect();
+            continue;
+        }
+        for (kept, check) in out.iter_mut().zip(checks) {
+            if kept.outcome == Outcome::Match && check.outcome != Outcome::Match {
+                *kept = check;
+            }
+        }
+    }
+    out
+}
+
 pub async fn check_one(resolver: &TokioResolver, host: &Hostname, expected: Option<IpAddr>) -> HostCheck {
     let record_type = match expected {
         Some(IpAddr::V6(_)) => RecordType::AAAA,
@@ -110,6 +132,7 @@ pub async fn check_one(resolver: &TokioResolver, host: &Hostname, expected: Opti
         answered: Vec::new(),
         other_names: Vec::new(),
         outcome: Outcome::Error,
+        resolver: None,
     };
     match resolver.lookup(host.fqdn().as_str(), record_type).await {
         Ok(lookup) => {

@@ -13,6 +13,10 @@
 //!   its line, or content that would itself look like a marker or unbalance the braces. A refusal writes
 //!   nothing; a person has to look.
 //!
+//! A block may also sit at the file's top level ([`MarkedBlock::top_level`]): it then holds whole server blocks
+//! of its own (dns-rewriter's in node-local-dns's Corefile), is inserted at the end of the file, and must lie
+//! outside every server block.
+//!
 //! Only the structure is parsed (Caddyfile tokens: whitespace-separated, `#` comments, `"` quotes, `{`/`}` as
 //! their own tokens, `{$ENV}` substitutions as words); what the block says is the renderer's business.
 //! The write path, against a ConfigMap key, is [`configmap`].
@@ -54,6 +58,10 @@ pub enum BlockError {
     ContentHasMarker,
     #[error("the block's content has unbalanced braces")]
     ContentUnbalanced,
+    #[error("block {0:?} lies inside a server block; it belongs at the top level")]
+    InsideServerBlock(String),
+    #[error("the text does not end with a line end, so a block cannot be added after it byte for byte")]
+    NoFinalNewline,
 }
 
 impl BlockError {
@@ -67,11 +75,12 @@ impl BlockError {
     }
 }
 
-/// One marked block (`id`) inside one Corefile server block (`server_key`, e.g. `.:53`).
+/// One marked block (`id`) inside one Corefile server block (`server_key`, e.g. `.:53`), or at the top level
+/// (`server_key` `None`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MarkedBlock {
     id: String,
-    server_key: String,
+    server_key: Option<String>,
 }
 
 /// Where an existing block sits: the byte range of its lines (marker lines included, with their line ends).
@@ -84,10 +93,16 @@ struct Found {
 impl MarkedBlock {
     /// `id` names the owner (e.g. `dns-rewriter`); `server_key` the server block (`.:53`).
     pub fn new(id: &str, server_key: &str) -> Result<Self, BlockError> {
+        Ok(Self { server_key: Some(server_key.into()), ..Self::top_level(id)? })
+    }
+
+    /// A block at the file's top level, outside every server block: its content is whole server blocks.
+    /// When absent it is added at the end of the file.
+    pub fn top_level(id: &str) -> Result<Self, BlockError> {
         if id.is_empty() || !id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
             return Err(BlockError::InvalidId(id.into()));
         }
-        Ok(Self { id: id.into(), server_key: server_key.into() })
+        Ok(Self { id: id.into(), server_key: None })
     }
 
     fn begin_line(&self) -> String {
@@ -116,7 +131,22 @@ impl MarkedBlock {
     /// `None`. Every byte outside the block is kept.
     pub fn set(&self, text: &str, content: Option<&str>) -> Result<String, BlockError> {
         let found = self.locate(text)?;
-        let server = server_block(text, &self.server_key)?;
+        // Where a new block goes, and its indentation: before the server block's closing brace, or at the end.
+        let (insert_at, indent) = match &self.server_key {
+            Some(key) => {
+                let server = server_block(text, key)?;
+                (server.close_line_start, server.indent)
+            }
+            None => {
+                if depth_at(text, text.len())? != 0 {
+                    return Err(BlockError::Unbalanced(line_of(text, text.len())));
+                }
+                if !text.is_empty() && !text.ends_with('\n') {
+                    return Err(BlockError::NoFinalNewline);
+                }
+                (text.len(), String::new())
+            }
+        };
         let newline = if text.contains("\r\n") { "\r\n" } else { "\n" };
         let rendered = |indent: &str, content: &str| -> Result<String, BlockError> {
             check_content(content)?;
@@ -144,10 +174,9 @@ impl MarkedBlock {
                 out.push_str(&text[found.lines.end..]);
             }
             (None, Some(content)) => {
-                let at = server.close_line_start;
-                out.push_str(&text[..at]);
-                out.push_str(&rendered(&server.indent, content)?);
-                out.push_str(&text[at..]);
+                out.push_str(&text[..insert_at]);
+                out.push_str(&rendered(&indent, content)?);
+                out.push_str(&text[insert_at..]);
             }
             (None, None) => out.push_str(text),
         }
@@ -160,10 +189,11 @@ impl MarkedBlock {
     /// every comment and keeps the plugin lines). Only while `text` holds no block: with one, nothing is
     /// claimed and `text` comes back as it is. Every other byte is kept.
     pub fn unmarked(&self, text: &str, is_ours: impl Fn(&str) -> bool) -> Result<(String, usize), BlockError> {
+        let Some(key) = &self.server_key else { return Ok((text.to_string(), 0)) };
         if self.locate(text)?.is_some() {
             return Ok((text.to_string(), 0));
         }
-        let server = server_block(text, &self.server_key)?;
+        let server = server_block(text, key)?;
         let tokens = tokens(text)?;
         let mut next = tokens.iter().filter(|t| t.start > server.open).peekable();
         let (mut depth, mut claimed) = (0i64, 0);
@@ -209,9 +239,18 @@ impl MarkedBlock {
                 if end.start < begin.start {
                     return Err(BlockError::EndWithoutBegin(id(), *line));
                 }
-                let server = server_block(text, &self.server_key)?;
-                if begin.start <= server.open || end.end > server.close_line_start {
-                    return Err(BlockError::OutsideServerBlock(id(), self.server_key.clone()));
+                match &self.server_key {
+                    Some(key) => {
+                        let server = server_block(text, key)?;
+                        if begin.start <= server.open || end.end > server.close_line_start {
+                            return Err(BlockError::OutsideServerBlock(id(), key.clone()));
+                        }
+                    }
+                    None => {
+                        if depth_at(text, begin.start)? != 0 || depth_at(text, end.start)? != 0 {
+                            return Err(BlockError::InsideServerBlock(id()));
+                        }
+                    }
                 }
                 let line = &text[begin.clone()];
                 let indent = line[..line.len() - line.trim_start().len()].to_string();
@@ -266,6 +305,19 @@ fn check_content(content: &str) -> Result<(), BlockError> {
         return Err(BlockError::ContentUnbalanced);
     }
     Ok(())
+}
+
+/// How many blocks are open at byte `offset` of `text`.
+fn depth_at(text: &str, offset: usize) -> Result<i64, BlockError> {
+    let mut depth = 0i64;
+    for token in tokens(text)?.iter().take_while(|t| t.start < offset) {
+        match token.kind {
+            Kind::Open => depth += 1,
+            Kind::Close => depth -= 1,
+            Kind::Word => {}
+        }
+    }
+    Ok(depth)
 }
 
 /// The server block's opening brace, the start of the line of its closing brace, and the indentation of its
@@ -511,6 +563,34 @@ mod tests {
         assert_eq!(block().set(KUBEADM, Some("hosts {")).unwrap_err(), BlockError::ContentUnbalanced);
         assert_eq!(block().set(KUBEADM, Some("}")).unwrap_err(), BlockError::ContentUnbalanced);
         assert!(MarkedBlock::new("DNS rewriter", ".:53").is_err());
+    }
+
+    const SERVERS: &str = "kcp.example.com:53 {\n    forward . 10.96.0.10\n}";
+
+    #[test]
+    fn a_top_level_block_goes_at_the_end_outside_every_server_block_and_removal_restores_the_bytes() {
+        let top = MarkedBlock::top_level("dns-rewriter").unwrap();
+        let out = top.set(KUBEADM, Some(SERVERS)).unwrap();
+        assert_eq!(
+            &out[KUBEADM.len()..],
+            "# kcp-keeper:begin dns-rewriter (managed by kcp-keeper: edits inside this block are overwritten)\nkcp.example.com:53 {\n    forward . 10.96.0.10\n}\n# kcp-keeper:end dns-rewriter\n"
+        );
+        assert_eq!(top.content(&out).unwrap().as_deref(), Some(SERVERS));
+        assert_eq!(top.set(&out, Some(SERVERS)).unwrap(), out, "idempotent");
+        let more = format!("{out}example.org:53 {{\n    whoami\n}}\n");
+        let replaced = top.set(&more, Some("a.example.com:53 {\n    forward . 10.96.0.10\n}")).unwrap();
+        assert_eq!(top.set(&replaced, None).unwrap(), format!("{KUBEADM}example.org:53 {{\n    whoami\n}}\n"));
+        assert_eq!(top.unmarked(&out, |_| true).unwrap(), (out.clone(), 0), "nothing is claimed at the top level");
+    }
+
+    #[test]
+    fn a_top_level_block_inside_a_server_block_or_after_an_unterminated_line_is_refused() {
+        let top = MarkedBlock::top_level("dns-rewriter").unwrap();
+        let inside = block().set(KUBEADM, Some("whoami")).unwrap();
+        assert_eq!(top.set(&inside, Some(SERVERS)).unwrap_err(), BlockError::InsideServerBlock("dns-rewriter".into()));
+        assert_eq!(top.set(KUBEADM.trim_end(), Some(SERVERS)).unwrap_err(), BlockError::NoFinalNewline);
+        assert!(matches!(top.set(".:53 {\n", Some(SERVERS)).unwrap_err(), BlockError::Unbalanced(_)));
+        assert_eq!(top.set("", Some(SERVERS)).unwrap().lines().count(), 5, "an empty text takes the block");
     }
 
     #[test]

@@ -89,8 +89,12 @@ fn dns_rewriter_roles_equal_in_corefile_mode_with_rules_in_other_namespaces_and_
         "discovery": {"namespace": "kcp", "shards": true},
     });
     assert_same_rbac("dnsRewriter", "dns-rewriter", config)?;
-    // k3s mode with everything defaulted and no discovery: one ConfigMap, the Lease.
-    assert_same_rbac("dnsRewriter", "dns-rewriter", json!({"mode": "k3s"}))
+    // k3s mode with everything defaulted and no discovery: its ConfigMap, node-local-dns's, the Lease.
+    assert_same_rbac("dnsRewriter", "dns-rewriter", json!({"mode": "k3s"}))?;
+    // node-local-dns elsewhere (its own Events rule there), or switched off (no grant for it at all).
+    let elsewhere = json!({"mode": "k3s", "nodeLocalDns": {"namespace": "dns", "name": "nodelocal"}});
+    assert_same_rbac("dnsRewriter", "dns-rewriter", elsewhere)?;
+    assert_same_rbac("dnsRewriter", "dns-rewriter", json!({"mode": "k3s", "nodeLocalDns": {"enabled": false}}))
 }
 
 #[test]

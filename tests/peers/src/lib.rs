@@ -243,6 +243,10 @@ fn build(peer: &Peer) -> Result<()> {
             for (binary, package) in *builds {
                 eprintln!("peers: go build {package}");
                 let mut cmd = go(&tree);
+                if source.vendored {
+                    // Everything from the tree's vendor/; no module proxy is asked.
+                    cmd.env("GOFLAGS", "-mod=vendor -buildvcs=false").env("GOPROXY", "off");
+                }
                 cmd.args(["build", "-trimpath", "-ldflags", &ldflags, "-o"]).arg(out.join(binary)).arg(package);
                 run(cmd)?;
             }
@@ -489,6 +493,7 @@ mod tests {
             tag: "v1",
             commit: "0000000000000000000000000000000000000000",
             ldflags: |_, _| String::new(),
+            vendored: false,
         }
     }
 

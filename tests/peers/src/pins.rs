@@ -26,6 +26,9 @@ pub const PAUSE: &str = "3.10.2";
 /// The library kubeadm migrates a customised Corefile with when it upgrades CoreDNS (dns-rewriter's tests run
 /// it on a Corefile holding the agent's block).
 pub const COREFILE_MIGRATION: &str = "v1.0.36";
+/// NodeLocal DNSCache's `node-cache` (kubernetes/dns), which dns-rewriter's NodeLocal DNSCache test runs as a
+/// host process in front of a real CoreDNS.
+pub const NODE_CACHE: &str = "1.26.7";
 
 /// How a peer is built.
 pub enum Recipe {
@@ -68,6 +71,8 @@ pub struct SourceArchive {
     pub commit: &'static str,
     /// Version ldflags from the pin, the commit and the tree's go.mod.
     pub ldflags: fn(&SourceArchive, &str) -> String,
+    /// The tree carries every dependency in `vendor/`: built with `-mod=vendor` and no module proxy at all.
+    pub vendored: bool,
 }
 
 pub struct Peer {
@@ -219,6 +224,13 @@ pub static PEERS: &[Peer] = &[
         outputs: &["kcp", "kcp-front-proxy"],
         expected_time: "about 10 minutes on 2 cores",
     },
+    Peer {
+        name: "node-cache",
+        version: NODE_CACHE,
+        recipe: Recipe::Source { source: &NODE_CACHE_SOURCE, builds: &[("node-cache", "./cmd/node-cache")] },
+        outputs: &["node-cache"],
+        expected_time: "about 2 minutes",
+    },
 ];
 
 /// The reference the pause image is imported under and the node's containerd pins as its sandbox image.
@@ -234,7 +246,26 @@ pub static KCP_SOURCE: SourceArchive = SourceArchive {
     tag: KCP,
     commit: "08be0a1c8de29f5ec6fc27d3563288be970bd3b4",
     ldflags: kcp_ldflags,
+    vendored: false,
 };
+
+/// The Go module proxy refuses `k8s.io/dns` (403), so node-cache is built from the unmodified source archive of
+/// the tag, whose `vendor/` holds every dependency: the build needs no network.
+pub static NODE_CACHE_SOURCE: SourceArchive = SourceArchive {
+    archive: "kubernetes-dns-1.26.7/kubernetes-dns-1.26.7-src.tar.gz",
+    sha256: "4f2816553e77e7d082d0a6e2a85378f3bb9c65d4492d4992edb4c854327381b4",
+    prefix: "dns-1.26.7",
+    git_url: "https://github.com/kubernetes/dns.git",
+    tag: NODE_CACHE,
+    commit: "1d8f1a620b92e5a61242e9efa499b3bf3d274975",
+    ldflags: node_cache_ldflags,
+    vendored: true,
+};
+
+/// What kubernetes/dns's `build/build.sh` stamps: `-X k8s.io/dns/pkg/version.VERSION=<tag>`.
+fn node_cache_ldflags(source: &SourceArchive, _go_mod: &str) -> String {
+    format!("-X k8s.io/dns/pkg/version.VERSION={}", source.tag)
+}
 
 /// The version kcp's own Makefile stamps: `<required k8s.io/kubernetes version>+kcp-<tag>`, with the
 /// Kubernetes major and minor, so `/version` names both the Kubernetes base and the kcp pin.

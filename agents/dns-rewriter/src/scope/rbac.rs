@@ -6,6 +6,7 @@
 //! - the managed ConfigMap's namespace: get/list/watch/patch on that one ConfigMap (`resourceNames`; list and
 //!   watch are narrowed by the `metadata.name` field selector; it is never created, so no `create`), and
 //!   create on Events (they are about that ConfigMap);
+//! - with `nodeLocalDns` on (the default): get/list/watch/patch on node-local-dns's one ConfigMap, by name;
 //! - each namespace whose Services the rules or discovery read: list/watch on Services;
 //! - without `verify.resolver`: get on the cluster DNS Service, `kube-system/kube-dns` (by name);
 //! - the discovery namespace: list/watch on the operator kinds switched on;
@@ -28,6 +29,12 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
     let key = config.target.configmap();
     add(&key.namespace, rule("", &["configmaps"], &[&key.name], &["get", "list", "watch", "patch"]));
     add(&key.namespace, rule("events.k8s.io", &["events"], &[], &["create"]));
+    if let Some(node_local) = &config.node_local_dns {
+        add(&node_local.namespace, rule("", &["configmaps"], &[&node_local.name], &["get", "list", "watch", "patch"]));
+        if node_local.namespace != key.namespace {
+            add(&node_local.namespace, rule("events.k8s.io", &["events"], &[], &["create"]));
+        }
+    }
     for ns in service_scopes(config).keys() {
         add(ns, rule("", &["services"], &[], &["list", "watch"]));
     }
@@ -70,8 +77,9 @@ mod tests {
         let rules: Vec<&PolicyRule> = roles.roles.iter().flat_map(|r| r.rules.iter().flatten()).collect();
         let configmaps: Vec<&&PolicyRule> =
             rules.iter().filter(|r| r.resources.iter().flatten().any(|res| res == "configmaps")).collect();
-        assert_eq!(configmaps.len(), 1);
+        assert_eq!(configmaps.len(), 2);
         assert_eq!(configmaps[0].resource_names.as_deref(), Some(&["coredns-custom".to_string()][..]));
+        assert_eq!(configmaps[1].resource_names.as_deref(), Some(&["node-local-dns".to_string()][..]));
         assert!(
             rules.iter().all(|r| !r.verbs.iter().any(|v| v == "delete" || v == "update" && r.resource_names.is_none()))
         );
