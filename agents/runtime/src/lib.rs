@@ -17,6 +17,7 @@ pub mod driver;
 pub mod duration;
 pub mod events;
 pub mod foreign;
+pub mod label_selector;
 pub mod lease;
 pub mod logging;
 pub mod marked_block;
