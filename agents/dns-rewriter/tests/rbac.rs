@@ -62,7 +62,10 @@ async fn with_exactly_the_documented_rbac_the_agent_writes_its_one_configmap_and
     let refused: Vec<&Request> = requests.iter().filter(|r| r.code == Some(403)).collect();
     assert!(refused.is_empty(), "refused: {refused:?}");
     for r in requests.iter().filter(|r| r.resource == "configmaps") {
-        let by_name = r.name.as_deref() == Some(K3S_CONFIGMAP) || r.uri.contains("metadata.name%3Dcoredns-custom");
+        // Its own ConfigMap, and node-local-dns's (looked for by default, by name; absent here).
+        let by_name = [K3S_CONFIGMAP, "node-local-dns"]
+            .iter()
+            .any(|name| r.name.as_deref() == Some(*name) || r.uri.contains(&format!("metadata.name%3D{name}")));
         assert!(by_name, "the ConfigMap is only addressed by name: {r:?}");
     }
     assert!(!requests.iter().any(|r| r.resource == "secrets"), "no Secret is ever read");
