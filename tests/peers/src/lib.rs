@@ -14,8 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+mod bench_peers;
 mod pins;
 
+pub use bench_peers::{BENCH_PEERS, ETCD_BACKUP_RESTORE, TRUST_MANAGER, ensure_bench};
 pub use pins::{PAUSE_IMAGE, PEERS, Peer, Recipe, SourceArchive};
 
 /// Errors while building or locating peers. Messages say what to run next.
