@@ -13,6 +13,8 @@ mod common;
 mod dns;
 #[path = "bench/drill.rs"]
 mod drill;
+#[path = "bench/etcdbr.rs"]
+mod etcdbr;
 #[path = "bench/idle.rs"]
 mod idle;
 #[path = "bench/micro.rs"]
@@ -21,6 +23,8 @@ mod micro;
 mod rotate;
 #[path = "bench/snapshot.rs"]
 mod snapshot;
+#[path = "bench/trust_manager.rs"]
+mod trust_manager;
 
 use anyhow::Result;
 use clap::Parser;
@@ -35,6 +39,10 @@ struct Args {
     /// Rounds of each process-level benchmark (snapshot, ca-sync, drill, rotate, dns).
     #[arg(long, env = "KCP_KEEPER_BENCH_ROUNDS", default_value_t = 3)]
     process_rounds: usize,
+    /// Tenant namespaces of the ca-sync benchmark (each gets a target from ca-syncer, the raw apply loop and
+    /// trust-manager).
+    #[arg(long, env = "KCP_KEEPER_BENCH_CA_NAMESPACES", default_value_t = ca_sync::NAMESPACES)]
+    ca_namespaces: usize,
     /// Quick try: the snapshot and drill benchmarks use only the 256 MiB database (the documented run uses both).
     #[arg(long, env = "KCP_KEEPER_BENCH_QUICK")]
     quick: bool,
@@ -65,7 +73,7 @@ async fn main() -> Result<()> {
             "ca-bundle-public-roots" => Ok(micro::run(args.rounds)),
             "idle" => idle::run().await,
             "snapshot" => snapshot::run(args.process_rounds, args.quick).await,
-            "ca-sync" => ca_sync::run(args.process_rounds).await,
+            "ca-sync" => ca_sync::run(args.process_rounds, args.ca_namespaces).await,
             "drill" => drill::run(args.process_rounds, args.quick).await,
             "rotate" => rotate::run(args.process_rounds).await,
             "dns" => dns::run(args.process_rounds).await,

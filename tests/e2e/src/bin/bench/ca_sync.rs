@@ -1,10 +1,12 @@
-//! `ca-sync`: one change to a source CA propagated by ca-syncer to the target Secret in each of 200 namespaces
-//! picked by a namespace selector: time until the last target holds the new certificate, the requests the agent
-//! sent (audit log, by its own user) and its peak memory. Baseline, in alternate rounds of the same run: the
-//! apiserver's own limit, the same 200 Secrets, prepared in advance, server-side-applied by a minimal kube-rs
-//! client at the same concurrency (ca-syncer writes a bundle's targets one after another, so one in flight).
-//! Both are timed the same way: from the change until a watch has seen the last of the 200 updated. Every
-//! target namespace also holds an unrelated Secret and ConfigMap; the agent must never read them.
+//! `ca-sync`: one change to a source CA propagated by ca-syncer to the target of each of 200 namespaces (or
+//! `--ca-namespaces`) picked by a namespace selector, once into a ConfigMap and once into a Secret: time until the
+//! last target holds the new certificate, the requests the agent sent (audit log, by its own user) and its peak
+//! memory. In alternate rounds of the same run, for each target kind: the floor, the same objects, prepared in
+//! advance, server-side-applied by a minimal kube-rs client at the same concurrency (ca-syncer writes a bundle's
+//! targets one after another, so one in flight), and the anchor, trust-manager (what a user would install instead;
+//! see `trust_manager.rs`) with a `Bundle` of the same two sources and the same namespace selector. All are timed
+//! the same way: from the change until a watch has seen the last target updated. Every target namespace also holds
+//! an unrelated Secret and ConfigMap; the agent must never read them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -20,26 +22,77 @@ use serde_json::json;
 use testbed::agent_process::AgentUnderTest;
 use testbed::certs::Ca;
 
-use crate::common::{self, MIB, Report, Row};
+use crate::common::{self, Report, Row};
+use crate::trust_manager;
 
-const NAMESPACES: usize = 200;
+/// Tenant namespaces unless `--ca-namespaces` says otherwise (the targets are stated at 200 and at 1000).
+pub const NAMESPACES: usize = 200;
 const LABEL: (&str, &str) = ("bench.kcp-keeper.io/trust", "kcp");
 const SOURCE_NS: &str = "ca-source";
-const AGENT_NS: &str = "ca-syncer";
 const TARGET: &str = "kcp-ca";
 const RAW: &str = "kcp-ca-raw";
+/// trust-manager's Bundle, and so its targets' name.
+const ANCHOR: &str = "kcp-ca-trust-manager";
 const USER: &str = "bench-ca-syncer";
 
-/// When each (namespace, name) Secret was last seen, by a watch, holding which `ca.crt`.
-type Seen = Arc<Mutex<HashMap<(String, String), (String, Instant)>>>;
+/// When each (kind, namespace, name) target was last seen, by a watch, holding which `ca.crt`.
+type Seen = Arc<Mutex<HashMap<(Kind, String, String), (String, Instant)>>>;
 
-pub async fn run(rounds: usize) -> Result<Report> {
-    eprintln!("ca-sync: starting etcd and kube-apiserver; creating {NAMESPACES} namespaces");
+/// The agent's namespace (its Lease and state) for one target kind: a fresh one per kind, so the second agent
+/// does not wait for the first one's Lease.
+fn agent_ns(kind: Kind) -> String {
+    format!("ca-syncer-{}", kind.key())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Kind {
+    ConfigMap,
+    Secret,
+}
+
+impl Kind {
+    fn key(self) -> &'static str {
+        match self {
+            Kind::ConfigMap => "configmap",
+            Kind::Secret => "secret",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::ConfigMap => "ConfigMap",
+            Kind::Secret => "Secret",
+        }
+    }
+}
+
+/// Every figure of one target kind.
+struct Measured {
+    kind: Kind,
+    ours: Vec<f64>,
+    raw: Vec<f64>,
+    anchor: Vec<f64>,
+    requests: Vec<f64>,
+    anchor_requests: Vec<f64>,
+    breakdown: BTreeMap<(String, String), f64>,
+    hwm: u64,
+    anchor_hwm: u64,
+    rss_after_first_sync: u64,
+    anchor_first_sync: f64,
+}
+
+pub async fn run(rounds: usize, count: usize) -> Result<Report> {
+    let tm = peers::ensure_bench(&["trust-manager", "trust-manager-crds"])?;
+    eprintln!("ca-sync: starting etcd and kube-apiserver; creating {count} namespaces");
     let bed = testbed::ControlPlane::start().await?;
     let client = bed.client();
     bed.create_namespace(SOURCE_NS).await?;
-    bed.create_namespace(AGENT_NS).await?;
-    let namespaces: Vec<String> = (0..NAMESPACES).map(|i| format!("tenant-{i:03}")).collect();
+    bed.create_namespace(trust_manager::TRUST_NAMESPACE).await?;
+    for kind in [Kind::ConfigMap, Kind::Secret] {
+        bed.create_namespace(&agent_ns(kind)).await?;
+    }
+    trust_manager::install_crd(&client, tm.path("trust-manager-crds")).await?;
+    let namespaces: Vec<String> = (0..count).map(|i| format!("tenant-{i:04}")).collect();
     for ns in &namespaces {
         let namespace = Namespace {
             metadata: ObjectMeta {
@@ -65,106 +118,211 @@ pub async fn run(rounds: usize) -> Result<Report> {
         Api::<ConfigMap>::namespaced(client.clone(), ns).create(&PostParams::default(), &config).await?;
     }
     let root = Ca::new("bench root CA", Duration::from_secs(30 * 24 * 3600))?;
+    let week = Duration::from_secs(7 * 24 * 3600);
+    // ca-syncer's source and trust-manager's (in its trust namespace): the same cert-manager-shaped Secret.
     let sources = Api::<Secret>::namespaced(client.clone(), SOURCE_NS);
-    let first = root.intermediate("bench serving CA 0", Duration::from_secs(7 * 24 * 3600))?;
+    let anchor_sources = Api::<Secret>::namespaced(client.clone(), trust_manager::TRUST_NAMESPACE);
+    let mut serial = 0;
+    let mut next_ca = |what: &str| {
+        serial += 1;
+        root.intermediate(&format!("bench serving CA {serial} ({what})"), week)
+    };
+    let first = next_ca("ca-syncer")?;
     sources.create(&PostParams::default(), &source(&root, &first)).await?;
+    let mut anchor_ca = next_ca("trust-manager")?;
+    anchor_sources.create(&PostParams::default(), &source(&root, &anchor_ca)).await?;
 
     let seen: Seen = Arc::default();
-    let watch = tokio::spawn(watch_secrets(client.clone(), seen.clone()));
-
-    let config = bed.subdir("ca-syncer")?.join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "bundles:\n- name: kcp\n  sources:\n  - secret: {{namespace: {SOURCE_NS}, name: root-ca, key: tls.crt}}\n  \
-             - secret: {{namespace: {SOURCE_NS}, name: root-ca, key: ca.crt}}\n  targets:\n  - secret: {{name: {TARGET}, \
-             key: ca.crt, namespaceSelector: {{matchLabels: {{{}: {}}}}}}}\n",
-            LABEL.0, LABEL.1
-        ),
-    )?;
+    let watches = [
+        tokio::spawn(watch_targets::<Secret>(client.clone(), seen.clone())),
+        tokio::spawn(watch_targets::<ConfigMap>(client.clone(), seen.clone())),
+    ];
     let kubeconfig = bed.apiserver.user_kubeconfig(USER, &["system:masters"], Duration::from_secs(24 * 3600))?;
     let binary = common::agent_binary("ca-syncer")?;
-    let env = [("KCP_KEEPER_LOG_FORMAT", "plain")];
-    let agent = AgentUnderTest::new(&bed, &binary, &config).kubeconfig(&kubeconfig).namespace(AGENT_NS);
-    let mut agent = agent.identity("ca-syncer").envs(&env).ready_within(Duration::from_secs(60)).start().await?;
-    let pid = agent.process.pid().context("ca-syncer exited")?;
-    let started = Instant::now();
-    wait_all(&seen, &namespaces, TARGET, &marker(&first), started).await.context("the first sync")?;
-    let rss_after_first_sync = common::status_bytes(pid, "VmRSS").unwrap_or_default();
+    let mut measured = Vec::new();
+    let mut current = first;
+    for kind in [Kind::ConfigMap, Kind::Secret] {
+        let target_kind = if kind == Kind::Secret { "secret" } else { "configMap" };
+        let config = bed.subdir(&format!("ca-syncer-{}", kind.key()))?.join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "bundles:\n- name: kcp\n  sources:\n  - secret: {{namespace: {SOURCE_NS}, name: root-ca, key: tls.crt}}\n  \
+                 - secret: {{namespace: {SOURCE_NS}, name: root-ca, key: ca.crt}}\n  targets:\n  - {target_kind}: {{name: {TARGET}, \
+                 key: ca.crt, namespaceSelector: {{matchLabels: {{{}: {}}}}}}}\n",
+                LABEL.0, LABEL.1
+            ),
+        )?;
+        let env = [("KCP_KEEPER_LOG_FORMAT", "plain")];
+        let ns = agent_ns(kind);
+        let agent = AgentUnderTest::new(&bed, &binary, &config).kubeconfig(&kubeconfig).namespace(&ns);
+        let mut agent = agent.identity("ca-syncer").envs(&env).ready_within(Duration::from_secs(60)).start().await?;
+        let pid = agent.process.pid().context("ca-syncer exited")?;
+        let started = Instant::now();
+        wait_all(&seen, kind, &namespaces, TARGET, &marker(&current), started).await.context("the first sync")?;
+        let rss_after_first_sync = common::status_bytes(pid, "VmRSS").unwrap_or_default();
 
-    let (mut ours, mut raw, mut requests) = (Vec::new(), Vec::new(), Vec::new());
-    let mut breakdown: BTreeMap<(String, String), f64> = BTreeMap::new();
-    for round in 0..rounds {
-        eprintln!("ca-sync: round {}/{rounds}", round + 1);
-        let ca = root.intermediate(&format!("bench serving CA {}", round + 1), Duration::from_secs(7 * 24 * 3600))?;
-        let before = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
+        eprintln!("ca-sync: {}: starting trust-manager and its Bundle", kind.name());
+        let mut anchor = trust_manager::start(
+            tm.path("trust-manager"),
+            &bed,
+            &bed.subdir(&format!("trust-manager-{}", kind.key()))?,
+            kind == Kind::Secret,
+        )?;
+        let anchor_pid = anchor.pid().context("trust-manager exited")?;
         let t0 = Instant::now();
-        sources.replace("root-ca", &PostParams::default(), &source(&root, &ca)).await?;
-        ours.push(wait_all(&seen, &namespaces, TARGET, &marker(&ca), t0).await?);
-        // The agent's requests for this change: what it sent from the change until the last target was written.
-        let after = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
-        breakdown = after
-            .iter()
-            .map(|(k, n)| (k.clone(), (n - before.get(k).copied().unwrap_or(0)) as f64))
-            .filter(|(_, n)| *n > 0.0)
-            .collect();
-        requests.push(total(&after) - total(&before));
+        trust_manager::create_bundle(&client, ANCHOR, "root-ca", kind.name(), "ca.crt", LABEL).await?;
+        let anchor_first_sync = wait_all(&seen, kind, &namespaces, ANCHOR, &marker(&anchor_ca), t0)
+            .await
+            .with_context(|| format!("trust-manager's first sync (its log: {})", bed.dir().display()))?;
 
-        // The baseline writes what the agent wrote: the same bundle text, prepared before the clock starts.
-        let bundle = Api::<Secret>::namespaced(client.clone(), &namespaces[0])
-            .get(TARGET)
-            .await?
-            .data
-            .and_then(|d| d.get("ca.crt").cloned())
-            .context("the target's ca.crt")?;
-        let prepared: Vec<(Api<Secret>, Secret)> = namespaces
-            .iter()
-            .map(|ns| {
-                let secret = Secret {
-                    metadata: meta(RAW),
-                    data: Some(BTreeMap::from([("ca.crt".to_string(), bundle.clone())])),
-                    ..Default::default()
-                };
-                (Api::<Secret>::namespaced(client.clone(), ns), secret)
-            })
-            .collect();
-        let params = PatchParams::apply("bench-raw-apply").force();
-        let t0 = Instant::now();
-        for (api, secret) in &prepared {
-            api.patch(RAW, &params, &Patch::Apply(secret)).await?;
+        let mut m = Measured {
+            kind,
+            ours: Vec::new(),
+            raw: Vec::new(),
+            anchor: Vec::new(),
+            requests: Vec::new(),
+            anchor_requests: Vec::new(),
+            breakdown: BTreeMap::new(),
+            hwm: 0,
+            anchor_hwm: 0,
+            rss_after_first_sync,
+            anchor_first_sync,
+        };
+        for round in 0..rounds {
+            eprintln!("ca-sync: {} round {}/{rounds}", kind.name(), round + 1);
+            let ca = next_ca("ca-syncer")?;
+            let before = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
+            let t0 = Instant::now();
+            sources.replace("root-ca", &PostParams::default(), &source(&root, &ca)).await?;
+            m.ours.push(wait_all(&seen, kind, &namespaces, TARGET, &marker(&ca), t0).await?);
+            // The agent's requests for this change: what it sent from the change until the last target was written.
+            let after = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
+            m.breakdown = after
+                .iter()
+                .map(|(k, n)| (k.clone(), (n - before.get(k).copied().unwrap_or(0)) as f64))
+                .filter(|(_, n)| *n > 0.0)
+                .collect();
+            m.requests.push(total(&after) - total(&before));
+            current = ca;
+
+            // The floor writes what the agent wrote: the same bundle text, prepared before the clock starts.
+            let bundle = seen
+                .lock()
+                .expect("not poisoned")
+                .get(&(kind, namespaces[0].clone(), TARGET.to_string()))
+                .map(|(text, _)| text.clone())
+                .context("the target's ca.crt")?;
+            let params = PatchParams::apply("bench-raw-apply").force();
+            let t0 = match kind {
+                Kind::Secret => {
+                    let prepared: Vec<(Api<Secret>, Secret)> = namespaces
+                        .iter()
+                        .map(|ns| {
+                            let data =
+                                BTreeMap::from([("ca.crt".to_string(), ByteString(bundle.clone().into_bytes()))]);
+                            let secret = Secret { metadata: meta(RAW), data: Some(data), ..Default::default() };
+                            (Api::<Secret>::namespaced(client.clone(), ns), secret)
+                        })
+                        .collect();
+                    let t0 = Instant::now();
+                    for (api, secret) in &prepared {
+                        api.patch(RAW, &params, &Patch::Apply(secret)).await?;
+                    }
+                    t0
+                }
+                Kind::ConfigMap => {
+                    let prepared: Vec<(Api<ConfigMap>, ConfigMap)> = namespaces
+                        .iter()
+                        .map(|ns| {
+                            let data = BTreeMap::from([("ca.crt".to_string(), bundle.clone())]);
+                            let config = ConfigMap { metadata: meta(RAW), data: Some(data), ..Default::default() };
+                            (Api::<ConfigMap>::namespaced(client.clone(), ns), config)
+                        })
+                        .collect();
+                    let t0 = Instant::now();
+                    for (api, config) in &prepared {
+                        api.patch(RAW, &params, &Patch::Apply(config)).await?;
+                    }
+                    t0
+                }
+            };
+            m.raw.push(wait_all(&seen, kind, &namespaces, RAW, &bundle, t0).await?);
+
+            // The anchor: the same change to its own source.
+            anchor_ca = next_ca("trust-manager")?;
+            let before = testbed::audit::count(&bed.apiserver.audit_log, trust_manager::USER)?;
+            let t0 = Instant::now();
+            anchor_sources.replace("root-ca", &PostParams::default(), &source(&root, &anchor_ca)).await?;
+            m.anchor.push(wait_all(&seen, kind, &namespaces, ANCHOR, &marker(&anchor_ca), t0).await?);
+            let after = testbed::audit::count(&bed.apiserver.audit_log, trust_manager::USER)?;
+            m.anchor_requests.push(total(&after) - total(&before));
         }
-        let marker_text = String::from_utf8_lossy(&bundle.0).into_owned();
-        raw.push(wait_all(&seen, &namespaces, RAW, &marker_text, t0).await?);
+        m.hwm = common::status_bytes(pid, "VmHWM").context("ca-syncer's VmHWM")?;
+        m.anchor_hwm = common::status_bytes(anchor_pid, "VmHWM").context("trust-manager's VmHWM")?;
+        agent.terminate(Duration::from_secs(10));
+        trust_manager::delete_bundle(&client, ANCHOR).await?;
+        anchor.stop(Duration::from_secs(10));
+        measured.push(m);
     }
-    let hwm = common::status_bytes(pid, "VmHWM").context("VmHWM")?;
-    agent.terminate(Duration::from_secs(10));
-    watch.abort();
+    for watch in watches {
+        watch.abort();
+    }
     let unrelated = unrelated_reads(&bed)?;
 
-    let (o, r) = (common::median(&ours), common::median(&raw));
-    let req = common::median(&requests);
-    let rows = vec![
-        Row::new(format!("time to the last of {NAMESPACES} targets updated (median)"), common::secs(o))
+    let mut rows = Vec::new();
+    let mut json_kinds = Vec::new();
+    for m in &measured {
+        let (o, r, a) = (common::median(&m.ours), common::median(&m.raw), common::median(&m.anchor));
+        let (req, anchor_req) = (common::median(&m.requests), common::median(&m.anchor_requests));
+        let kind = m.kind.name();
+        rows.push(
+            Row::new(
+                format!("{kind}: time to the last of {count} targets updated, vs raw apply (floor; median)"),
+                common::secs(o),
+            )
             .baseline(common::secs(r), o / r)
             .target(if o / r <= 1.5 {
                 "<= 1.5".into()
             } else {
                 format!("<= 1.5: missed by {:.0}%", (o / r / 1.5 - 1.0) * 100.0)
             }),
-        Row::new("requests sent by the agent per change (audit log)", format!("{req:.0}"))
-            .baseline(format!("{NAMESPACES}"), req / NAMESPACES as f64),
-        Row::new("agent peak RSS (VmHWM)", format!("{:.1} MiB", hwm as f64 / MIB)),
-        Row::new("reads of unrelated objects by the agent (audit log)", unrelated.len().to_string()).target("0"),
-    ];
+        );
+        rows.push(
+            Row::new(
+                format!("{kind}: the same, vs trust-manager {} (anchor; median)", peers::TRUST_MANAGER),
+                common::secs(o),
+            )
+            .baseline(common::secs(a), o / a),
+        );
+        rows.push(
+            Row::new(
+                format!("{kind}: requests sent per change (audit log): ca-syncer vs trust-manager"),
+                format!("{req:.0}"),
+            )
+            .baseline(format!("{anchor_req:.0} (raw apply: {count})"), req / anchor_req),
+        );
+        rows.push(
+            Row::new(format!("{kind}: peak RSS (VmHWM): ca-syncer vs trust-manager"), common::mib(m.hwm))
+                .baseline(common::mib(m.anchor_hwm), m.hwm as f64 / m.anchor_hwm as f64),
+        );
+        json_kinds.push(json!({
+            "target_kind": kind,
+            "agent_seconds": m.ours, "raw_apply_seconds": m.raw, "trust_manager_seconds": m.anchor,
+            "ratio_floor": o / r, "ratio_anchor": o / a,
+            "agent_requests_per_change": m.requests, "trust_manager_requests_per_change": m.anchor_requests,
+            "agent_requests_last_change_by_verb": common::by_verb_json(&m.breakdown),
+            "agent_peak_rss_bytes": m.hwm, "trust_manager_peak_rss_bytes": m.anchor_hwm,
+            "agent_rss_after_first_sync_bytes": m.rss_after_first_sync,
+            "trust_manager_first_sync_seconds": m.anchor_first_sync,
+        }));
+    }
+    rows.push(Row::new("reads of unrelated objects by the agent (audit log)", unrelated.len().to_string()).target("0"));
     Ok(Report {
         rows,
         json: json!({
-            "namespaces": NAMESPACES, "rounds": rounds, "concurrency": 1,
-            "agent_seconds": ours, "raw_apply_seconds": raw, "ratio": o / r,
-            "agent_requests_per_change": requests,
-            "agent_requests_last_change_by_verb": common::by_verb_json(&breakdown), "agent_peak_rss_bytes": hwm,
-            "agent_rss_after_first_sync_bytes": rss_after_first_sync,
-            "unrelated_reads": unrelated,
+            "namespaces": count, "rounds": rounds, "concurrency": 1, "trust_manager": peers::TRUST_MANAGER,
+            "kinds": json_kinds, "unrelated_reads": unrelated,
         }),
     })
 }
@@ -192,34 +350,67 @@ fn marker(ca: &Ca) -> String {
     ca.cert_pem().lines().nth(1).unwrap_or_default().to_string()
 }
 
-async fn watch_secrets(client: kube::Client, seen: Seen) {
-    let api = Api::<Secret>::all(client);
-    let mut events = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
-    while let Some(event) = events.next().await {
-        let objects = match event {
-            Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => vec![s],
-            _ => continue,
-        };
-        let now = Instant::now();
-        let mut seen = seen.lock().expect("not poisoned");
-        for s in objects {
-            let key = (s.metadata.namespace.clone().unwrap_or_default(), s.metadata.name.clone().unwrap_or_default());
-            let text = s.data.and_then(|d| d.get("ca.crt").map(|v| String::from_utf8_lossy(&v.0).into_owned()));
-            seen.insert(key, (text.unwrap_or_default(), now));
-        }
+/// A target's `ca.crt`, whichever kind holds it.
+trait Target:
+    kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + k8s_openapi::serde::de::DeserializeOwned
+    + Send
+    + 'static
+{
+    const KIND: Kind;
+    fn ca_crt(&self) -> Option<String>;
+}
+
+impl Target for Secret {
+    const KIND: Kind = Kind::Secret;
+    fn ca_crt(&self) -> Option<String> {
+        self.data.as_ref()?.get("ca.crt").map(|v| String::from_utf8_lossy(&v.0).into_owned())
     }
 }
 
-/// Waits until every namespace's `name` Secret holds `marker`; seconds from `t0` to the last one seen.
-async fn wait_all(seen: &Seen, namespaces: &[String], name: &str, marker: &str, t0: Instant) -> Result<f64> {
-    let deadline = Instant::now() + Duration::from_secs(300);
+impl Target for ConfigMap {
+    const KIND: Kind = Kind::ConfigMap;
+    fn ca_crt(&self) -> Option<String> {
+        self.data.as_ref()?.get("ca.crt").cloned()
+    }
+}
+
+async fn watch_targets<T: Target>(client: kube::Client, seen: Seen) {
+    let api = Api::<T>::all(client);
+    let mut events = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+    while let Some(event) = events.next().await {
+        let object = match event {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
+            _ => continue,
+        };
+        let now = Instant::now();
+        let meta = object.meta();
+        let key = (T::KIND, meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default());
+        seen.lock().expect("not poisoned").insert(key, (object.ca_crt().unwrap_or_default(), now));
+    }
+}
+
+/// Waits until every namespace's `name` object of `kind` holds `marker`; seconds from `t0` to the last one seen.
+async fn wait_all(
+    seen: &Seen,
+    kind: Kind,
+    namespaces: &[String],
+    name: &str,
+    marker: &str,
+    t0: Instant,
+) -> Result<f64> {
+    let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         {
             let seen = seen.lock().expect("not poisoned");
             let times: Option<Vec<Instant>> = namespaces
                 .iter()
                 .map(|ns| {
-                    seen.get(&(ns.clone(), name.to_string())).filter(|(text, _)| text.contains(marker)).map(|(_, t)| *t)
+                    seen.get(&(kind, ns.clone(), name.to_string()))
+                        .filter(|(text, _)| text.contains(marker))
+                        .map(|(_, t)| *t)
                 })
                 .collect();
             if let Some(times) = times {
@@ -227,7 +418,7 @@ async fn wait_all(seen: &Seen, namespaces: &[String], name: &str, marker: &str, 
                 return Ok(last.saturating_duration_since(t0).as_secs_f64());
             }
         }
-        anyhow::ensure!(Instant::now() < deadline, "not every {name} updated within 300s");
+        anyhow::ensure!(Instant::now() < deadline, "not every {} {name} updated within 600s", kind.name());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -238,14 +429,18 @@ fn total(counts: &BTreeMap<(String, String), usize>) -> f64 {
 
 /// The agent's reads of Secrets and ConfigMaps other than its source, its targets and its own state: by name,
 /// or by a list or watch not narrowed to one name.
+fn own_ns(namespace: Option<&str>) -> bool {
+    [Kind::ConfigMap, Kind::Secret].iter().any(|k| namespace == Some(agent_ns(*k).as_str()))
+}
+
 fn unrelated_reads(bed: &testbed::ControlPlane) -> Result<Vec<String>> {
     let requests = testbed::audit::by_user(&bed.apiserver.audit_log, USER)?;
     Ok(requests
         .into_iter()
         .filter(|r| matches!(r.resource.as_str(), "secrets" | "configmaps") && !r.is_write())
         .filter(|r| match &r.name {
-            Some(name) => !(name == "root-ca" || name == TARGET || r.namespace.as_deref() == Some(AGENT_NS)),
-            None => !r.uri.contains("fieldSelector=metadata.name") && r.namespace.as_deref() != Some(AGENT_NS),
+            Some(name) => !(name == "root-ca" || name == TARGET || own_ns(r.namespace.as_deref())),
+            None => !r.uri.contains("fieldSelector=metadata.name") && !own_ns(r.namespace.as_deref()),
         })
         .map(|r| format!("{} {}", r.verb, r.uri))
         .collect())

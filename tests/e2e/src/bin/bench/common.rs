@@ -142,7 +142,7 @@ impl Run {
 }
 
 /// User plus system time of this process's reaped children so far.
-fn children_cpu_seconds() -> f64 {
+pub fn children_cpu_seconds() -> f64 {
     use nix::sys::resource::{UsageWho, getrusage};
     getrusage(UsageWho::RUSAGE_CHILDREN).map_or(0.0, |u| {
         let (user, system) = (u.user_time(), u.system_time());

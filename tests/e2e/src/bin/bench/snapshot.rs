@@ -1,8 +1,11 @@
 //! `snapshot`: one shard etcd filled with kcp-shaped `/registry/...` objects to 256 MiB and then to 1 GiB. At
 //! each size, rounds alternate (a) `etcdctl snapshot save` to a local file (etcd's own limit), (b) the same and
 //! then the AWS CLI's upload to the same versitygw (what a CronJob does today), (c) `etcd-snapshotter snapshot`
-//! with zstd, and with zstd plus age. Reports wall-time ratios c/a and c/b and the agent's peak resident memory
-//! (which must not grow with the database). Every file and object a round makes is deleted after it.
+//! with zstd, and with zstd plus age, (d) Gardener's `etcdbrctl snapshot` with its default gzip and (e) without
+//! compression (what a user would install instead; see `etcdbr.rs`), all on the same etcd and the same versitygw.
+//! Reports wall-time ratios against the floor (c/a), the CronJob (c/b) and the anchor (c/d, c/e), and each one's
+//! peak resident memory (the agent's must not grow with the database). Every file and object a round makes is
+//! deleted after it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,10 +25,21 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
     // Under target/, not /tmp: the 1 GiB database, its snapshot file and the uploaded objects need the room.
     let work = tempfile::Builder::new().prefix("snapshot-").tempdir_in(crate::bench_dir())?;
     let etcd = testbed::Etcd::start(peers.path("etcd"), &work.path().join("etcd"), "shard", 1).await?;
-    let s3 = testbed::S3Server::start(peers.path("versitygw"), &work.path().join("s3")).await?;
+    // The bench-only peer, built into the machine cache on first use (never by `cargo xtask test`).
+    let etcdbrctl = peers::ensure_bench(&["etcdbrctl"])?;
+    let s3 = crate::etcdbr::s3_with_versioning(peers.path("versitygw"), &work.path().join("s3")).await?;
     let url = etcd.client_urls();
     let snapshotter = common::agent_binary("etcd-snapshotter")?;
     let configs = Configs::write(work.path(), &url, &s3)?;
+    let etcdbr_credentials = crate::etcdbr::credentials(work.path(), &s3)?;
+    let etcdbr_temp = work.path().join("etcdbr-temp");
+    let gardener = crate::etcdbr::Etcdbr {
+        binary: etcdbrctl.path("etcdbrctl"),
+        etcd_url: &url,
+        s3: &s3,
+        credentials: &etcdbr_credentials,
+        temp: &etcdbr_temp,
+    };
     let sizes: Vec<u64> = if quick { vec![SIZES_MIB[0]] } else { SIZES_MIB.to_vec() };
 
     let mut rows = Vec::new();
@@ -41,6 +55,7 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
         );
         let file = work.path().join("etcdctl.db");
         let (mut a, mut b, mut c, mut c_age) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut d_gzip, mut e_plain) = (Vec::new(), Vec::new());
         let (mut phases, mut phases_age) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             eprintln!("snapshot: {size} MiB round {}/{rounds}", round + 1);
@@ -74,10 +89,18 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
             phases.push(newest_phases(&s3).await?);
             c_age.push(snapshot(&snapshotter, &configs.zstd_age)?);
             phases_age.push(newest_phases(&s3).await?);
+
+            for (compress, runs) in [(true, &mut d_gzip), (false, &mut e_plain)] {
+                let prefix = format!("gardener/{size}-{round}-{}", if compress { "gzip" } else { "none" });
+                runs.push(gardener.snapshot(&prefix, compress)?);
+                let objects = crate::etcdbr::delete_prefix(&s3, &prefix).await?;
+                anyhow::ensure!(objects > 0, "etcdbrctl said it saved a full snapshot, but {prefix} holds no object");
+            }
         }
         let secs = |runs: &[Run]| common::median(&runs.iter().map(|r| r.seconds).collect::<Vec<_>>());
         let peak = |runs: &[Run]| common::max(&runs.iter().map(|r| r.peak_bytes as f64).collect::<Vec<_>>());
         let (ta, tb, tc, tca) = (secs(&a), secs(&b), secs(&c), secs(&c_age));
+        let (td, te) = (secs(&d_gzip), secs(&e_plain));
         let label = format!("{size} MiB");
         rows.push(Row::new(format!("{label}: filling etcd ({} keys)", fill.keys), common::secs(fill.seconds)));
         rows.push(
@@ -100,6 +123,17 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
                 .baseline(common::secs(tb), tca / tb)
                 .target(target(tca / tb, 0.6)),
         );
+        rows.push(
+            Row::new(
+                format!("{label}: snapshot, zstd, vs Gardener etcdbrctl, gzip (its default) (c/d)"),
+                common::secs(tc),
+            )
+            .baseline(common::secs(td), tc / td),
+        );
+        rows.push(
+            Row::new(format!("{label}: snapshot, zstd, vs Gardener etcdbrctl, uncompressed (c/e)"), common::secs(tc))
+                .baseline(common::secs(te), tc / te),
+        );
         let agent_peak = peak(&c).max(peak(&c_age));
         rows.push(
             Row::new(
@@ -113,6 +147,23 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
                 format!("< 100 MiB: missed by {:.1} MiB", agent_peak / MIB - 100.0)
             }),
         );
+        rows.push(
+            Row::new(
+                format!("{label}: peak RSS, etcd-snapshotter zstd vs etcdbrctl gzip / uncompressed"),
+                common::mib(peak(&c) as u64),
+            )
+            .baseline(
+                format!("{} / {}", common::mib(peak(&d_gzip) as u64), common::mib(peak(&e_plain) as u64)),
+                peak(&c) / peak(&d_gzip),
+            ),
+        );
+        rows.push(
+            Row::new(
+                format!("{label}: peak RSS, etcd-snapshotter zstd vs etcdctl snapshot save (floor)"),
+                common::mib(peak(&c) as u64),
+            )
+            .baseline(common::mib(peak(&a) as u64), peak(&c) / peak(&a)),
+        );
         let split = |phases: &[serde_json::Value], field: &str| {
             common::median(&phases.iter().filter_map(|p| p[field].as_f64()).collect::<Vec<_>>())
         };
@@ -120,7 +171,13 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
         rows.push(
             Row::new(format!("{label}: CPU time of the process, zstd (user + system)"), common::secs(cpu(&c)))
                 .baseline(
-                    format!("etcdctl {}, + aws {}", common::secs(cpu(&a)), common::secs(cpu(&b))),
+                    format!(
+                        "etcdctl {}, + aws {}; etcdbrctl gzip {}, uncompressed {}",
+                        common::secs(cpu(&a)),
+                        common::secs(cpu(&b)),
+                        common::secs(cpu(&d_gzip)),
+                        common::secs(cpu(&e_plain))
+                    ),
                     cpu(&c) / cpu(&b),
                 ),
         );
@@ -138,9 +195,11 @@ pub async fn run(rounds: usize, quick: bool) -> Result<Report> {
             "rounds": rounds,
             "a_etcdctl_save": Run::json(&a), "b_etcdctl_save_and_aws_cp": Run::json(&b),
             "c_snapshotter_zstd": Run::json(&c), "c_snapshotter_zstd_age": Run::json(&c_age),
+            "d_etcdbrctl_gzip": Run::json(&d_gzip), "e_etcdbrctl_uncompressed": Run::json(&e_plain),
             "c_zstd_manifest_seconds": phases, "c_zstd_age_manifest_seconds": phases_age,
-            "median_seconds": {"a": ta, "b": tb, "c_zstd": tc, "c_zstd_age": tca},
-            "ratios": {"c_zstd/a": tc / ta, "c_zstd/b": tc / tb, "c_zstd_age/a": tca / ta, "c_zstd_age/b": tca / tb},
+            "median_seconds": {"a": ta, "b": tb, "c_zstd": tc, "c_zstd_age": tca, "d_gzip": td, "e_uncompressed": te},
+            "ratios": {"c_zstd/a": tc / ta, "c_zstd/b": tc / tb, "c_zstd_age/a": tca / ta, "c_zstd_age/b": tca / tb,
+                "c_zstd/d_gzip": tc / td, "c_zstd/e_uncompressed": tc / te},
         }));
     }
     drop(filler);
