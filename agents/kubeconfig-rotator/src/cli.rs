@@ -82,7 +82,7 @@ async fn status_rows(client: &kube::Client, kc: &Kubeconfig, now: OffsetDateTime
         Ok(c) => (c.cert.subject(), rfc3339(c.cert.not_after), human(c.cert.not_after - now), Some(c.hash())),
         Err(e) => (format!("(no usable source: {e})"), "-".into(), "-".into(), None),
     };
-    kc.targets
+    snap.targets(kc)
         .iter()
         .map(|t| {
             let in_sync = match (live_state(snap.secret(&t.namespace, &t.name), t, now), &hash) {

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use kcp_keeper_runtime::config::{AgentConfig, FieldError};
 use kcp_keeper_runtime::duration::ConfigDuration;
+use kcp_keeper_runtime::label_selector::{NamespaceSelector, Selector};
 use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -52,7 +53,7 @@ pub struct Kubeconfig {
     pub ca_overlap: bool,
     /// Rights a candidate must hold, each proven with a SelfSubjectAccessReview ([`crate::prove`]).
     pub rights: Vec<Right>,
-    pub targets: Vec<Target>,
+    pub targets: Vec<TargetSpec>,
 }
 
 /// A right a credential must hold: `verb` on `group`/`resource` in a kcp workspace.
@@ -137,6 +138,29 @@ pub struct Identity {
     pub groups: Vec<String>,
 }
 
+/// A configured target: a Secret by name in one namespace, or in every namespace a selector selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetSpec {
+    pub placement: Placement,
+    /// What it is in each namespace it is placed in (its `namespace` is the named one, or empty for a selector).
+    pub target: Target,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    Namespace(String),
+    /// Every namespace the selector selects (and is not being deleted), found by a watch of Namespaces.
+    Selector(Selector),
+}
+
+impl TargetSpec {
+    /// The target in namespace `namespace`.
+    pub fn at(&self, namespace: &str) -> Target {
+        Target { namespace: namespace.to_string(), ..self.target.clone() }
+    }
+}
+
+/// One target Secret in one namespace: what a pass reads, writes and restarts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub namespace: String,
@@ -256,11 +280,17 @@ struct RawCertificateSecret {
     ca: KeyRef,
 }
 
+/// A target Secret: by name, in exactly one of namespace, namespaceSelector.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawTarget {
     /// The target Secret's namespace (a DNS label).
-    namespace: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    /// Write the Secret in every namespace this selector selects (matchLabels, matchExpressions): a namespace
+    /// labelled later gets it; one no longer selected keeps the copy it has, which is no longer renewed.
+    #[serde(default)]
+    namespace_selector: Option<NamespaceSelector>,
     /// The target Secret's name.
     name: String,
     /// The key the kubeconfig is written under (default: kubeconfig).
@@ -306,7 +336,7 @@ impl AgentConfig for Config {
     fn from_raw(raw: RawConfig) -> Result<Self, Vec<FieldError>> {
         let mut errors = Vec::new();
         let mut names = BTreeSet::new();
-        let mut targets_seen = BTreeSet::new();
+        let mut targets_seen: BTreeSet<(Option<String>, String)> = BTreeSet::new();
         let mut kubeconfigs = Vec::new();
         for (i, k) in raw.kubeconfigs.into_iter().enumerate() {
             let at = format!("kubeconfigs[{i}]");
@@ -393,16 +423,48 @@ impl AgentConfig for Config {
             let mut targets = Vec::new();
             for (j, t) in k.targets.into_iter().enumerate() {
                 let tat = format!("targets[{j}]");
-                check_object(&mut err, &tat, &t.namespace, &t.name);
+                if let Err(e) = names::check_dns_subdomain(&t.name) {
+                    err(&format!("{tat}.name"), e);
+                }
+                let placement = match (t.namespace, &t.namespace_selector) {
+                    (Some(ns), None) => {
+                        if let Err(e) = names::check_dns_label(&ns) {
+                            err(&format!("{tat}.namespace"), e);
+                        }
+                        Placement::Namespace(ns)
+                    }
+                    (None, Some(selector)) => {
+                        let mut selector_errors = Vec::new();
+                        let selector = selector.validate(&format!("{tat}.namespaceSelector"), &mut selector_errors);
+                        for e in selector_errors {
+                            err(&e.path, e.reason);
+                        }
+                        Placement::Selector(selector)
+                    }
+                    (ns, _) => {
+                        let has = if ns.is_some() { "; has both" } else { "" };
+                        err(&tat, format!("set exactly one of namespace, namespaceSelector{has}"));
+                        continue;
+                    }
+                };
+                let namespace = match &placement {
+                    Placement::Namespace(ns) => Some(ns.clone()),
+                    Placement::Selector(_) => None,
+                };
                 let key = t.key.unwrap_or_else(|| KUBECONFIG_KEY.into());
                 if let Err(e) = names::check_data_key(&key) {
                     err(&format!("{tat}.key"), e);
                 } else if t.split_keys && ["tls.crt", "tls.key", "ca.crt"].contains(&key.as_str()) {
                     err(&format!("{tat}.key"), "collides with a split key (tls.crt, tls.key, ca.crt)".into());
                 }
-                if !targets_seen.insert((t.namespace.clone(), t.name.clone())) {
+                // A selector may select any namespace, so a selector target shares its name with no other target.
+                let clash = targets_seen.iter().any(|(ns, name): &(Option<String>, String)| {
+                    *name == t.name && (ns.is_none() || namespace.is_none() || *ns == namespace)
+                });
+                if clash {
                     err(&tat, "this Secret is already a target (of this or another kubeconfig)".into());
                 }
+                targets_seen.insert((namespace, t.name.clone()));
                 let mut consumers = Vec::new();
                 for (field, kind, list) in [
                     ("restartDeployments", ConsumerKind::Deployment, t.restart_deployments),
@@ -422,14 +484,21 @@ impl AgentConfig for Config {
                 for e in window_errors {
                     err(&e.path, e.reason);
                 }
-                targets.push(Target {
-                    namespace: t.namespace,
-                    name: t.name,
-                    key,
-                    split_keys: t.split_keys,
-                    adopt: t.adopt,
-                    consumers,
-                    restart_window,
+                let namespace = match &placement {
+                    Placement::Namespace(ns) => ns.clone(),
+                    Placement::Selector(_) => String::new(),
+                };
+                targets.push(TargetSpec {
+                    placement,
+                    target: Target {
+                        namespace,
+                        name: t.name,
+                        key,
+                        split_keys: t.split_keys,
+                        adopt: t.adopt,
+                        consumers,
+                        restart_window,
+                    },
                 });
             }
             if let Some(source) = source {
@@ -513,7 +582,7 @@ mod tests {
                 server_ca: None
             }
         );
-        assert_eq!(k.targets[0].key, "kubeconfig");
+        assert_eq!(k.targets[0].target.key, "kubeconfig");
         assert_eq!(k.renew_before, Some(Duration::from_secs(3600)));
         assert_eq!(k.server.as_deref(), Some("https://fp.kcp.svc:6443"));
         assert_eq!(c.resync_interval, DEFAULT_RESYNC);
@@ -561,9 +630,9 @@ mod tests {
         let k = &c.kubeconfigs[0];
         assert!(k.ca_overlap, "CA overlap is on by default");
         assert_eq!(k.rights[0].to_string(), "get configmaps in workspace root:org");
-        let kinds: Vec<ConsumerKind> = k.targets[0].consumers.iter().map(|c| c.kind).collect();
+        let kinds: Vec<ConsumerKind> = k.targets[0].target.consumers.iter().map(|c| c.kind).collect();
         assert_eq!(kinds, ConsumerKind::ALL);
-        let window = k.targets[0].restart_window.as_ref().expect("a window");
+        let window = k.targets[0].target.restart_window.as_ref().expect("a window");
         assert_eq!((window.duration, window.margin), (Duration::from_secs(7200), DEFAULT_RESTART_MARGIN));
 
         let err = parse_err(
@@ -576,6 +645,29 @@ mod tests {
             "kubeconfigs[0].targets[0].restartWindow.duration: must be more than 0",
             "kubeconfigs[0].targets[0].restartWindow: cron:",
             "kubeconfigs[0].targets[1].restartWindow: timeZone: unknown zone",
+        ] {
+            assert!(err.contains(expected), "missing {expected:?} in {err}");
+        }
+    }
+
+    #[test]
+    fn a_target_by_namespace_selector_is_checked_and_shares_its_name_with_no_other_target() {
+        let c = parse_ok(
+            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  targets:\n  - {name: kcp, namespaceSelector: {matchLabels: {kcp: hub}, matchExpressions: [{key: tier, operator: In, values: [prod]}]}, restartDeployments: [hub]}\n",
+        );
+        let spec = &c.kubeconfigs[0].targets[0];
+        let Placement::Selector(selector) = &spec.placement else { panic!("a selector target") };
+        assert_eq!(selector.label_selector(), "kcp=hub,tier in (prod)");
+        assert_eq!(spec.at("team-a").namespace, "team-a");
+
+        let err = parse_err(
+            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  targets:\n  - {name: kcp, namespaceSelector: {matchExpressions: [{key: x, operator: DoesNotExist}]}}\n  - {name: kcp, namespace: team-a}\n  - {name: other, namespace: a, namespaceSelector: {matchLabels: {a: b}}}\n  - {name: none}\n",
+        );
+        for expected in [
+            "kubeconfigs[0].targets[0].namespaceSelector.matchLabels: must name at least one label",
+            "kubeconfigs[0].targets[1]: this Secret is already a target",
+            "kubeconfigs[0].targets[2]: set exactly one of namespace, namespaceSelector; has both",
+            "kubeconfigs[0].targets[3]: set exactly one of namespace, namespaceSelector",
         ] {
             assert!(err.contains(expected), "missing {expected:?} in {err}");
         }

@@ -13,6 +13,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use time::OffsetDateTime;
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
 use kcp_keeper_runtime::consumer_restart::ConsumerMetrics;
 
 use crate::config::{Kubeconfig, Target};
@@ -49,6 +52,8 @@ pub struct Metrics {
     pub forced_renewals: Family<KubeconfigLabel, Counter>,
     /// `consumer_restart_pending`, `consumer_restart_deferred_until_timestamp_seconds`, label `kubeconfig`.
     pub consumers: ConsumerMetrics,
+    /// The targets each kubeconfig had at its last pass, to drop the series of those gone since.
+    known: Arc<Mutex<BTreeMap<String, Vec<Target>>>>,
 }
 
 impl Metrics {
@@ -64,6 +69,7 @@ impl Metrics {
             nudges: Family::default(),
             forced_renewals: Family::default(),
             consumers: ConsumerMetrics::register(registry, "kubeconfig"),
+            known: Arc::default(),
         };
         registry.register_with_unit(
             "certificate_not_after_timestamp",
@@ -105,19 +111,10 @@ impl Metrics {
         m
     }
 
-    /// Creates every series of a kubeconfig and its targets with a value, so none appears only on its first
-    /// event (a kubeconfig whose candidates are all rejected still shows its targets).
+    /// Creates every series of a kubeconfig with a value, so none appears only on its first event (a kubeconfig
+    /// whose candidates are all rejected still shows); its targets' series are [`Metrics::targets`]'.
     pub fn touch(&self, kc: &Kubeconfig) {
         let kubeconfig = kc.name.as_str();
-        for t in &kc.targets {
-            let labels =
-                TargetLabels { kubeconfig: kubeconfig.into(), namespace: t.namespace.clone(), name: t.name.clone() };
-            let _ = self.target_in_sync.get_or_create(&labels);
-            let _ = self.target_not_after.get_or_create(&labels);
-            for c in &t.consumers {
-                self.consumers.touch(kubeconfig, &t.namespace, c);
-            }
-        }
         let label = KubeconfigLabel { kubeconfig: kubeconfig.into() };
         let _ = self.not_after.get_or_create(&label);
         let _ = self.expiry.get_or_create(&label);
@@ -129,6 +126,37 @@ impl Metrics {
             let _ = self
                 .verification_failures
                 .get_or_create(&ReasonLabels { kubeconfig: kubeconfig.into(), reason: (*reason).into() });
+        }
+    }
+
+    /// The targets of `kc` this pass (named ones, and a selector target in each namespace selected now): their
+    /// series and their consumers' are created with a value, and those of a target no longer there (its
+    /// namespace left the selector) are dropped, so no series speaks for a Secret the agent no longer keeps.
+    pub fn targets(&self, kc: &Kubeconfig, targets: &[Target]) {
+        let kubeconfig = kc.name.as_str();
+        for t in targets {
+            let labels =
+                TargetLabels { kubeconfig: kubeconfig.into(), namespace: t.namespace.clone(), name: t.name.clone() };
+            let _ = self.target_in_sync.get_or_create(&labels);
+            let _ = self.target_not_after.get_or_create(&labels);
+            for c in &t.consumers {
+                self.consumers.touch(kubeconfig, &t.namespace, c);
+            }
+        }
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let previous = known.insert(kubeconfig.to_string(), targets.to_vec()).unwrap_or_default();
+        for gone in previous.iter().filter(|p| !targets.iter().any(|t| t.namespace == p.namespace && t.name == p.name))
+        {
+            let labels = TargetLabels {
+                kubeconfig: kubeconfig.into(),
+                namespace: gone.namespace.clone(),
+                name: gone.name.clone(),
+            };
+            self.target_in_sync.remove(&labels);
+            self.target_not_after.remove(&labels);
+            for c in &gone.consumers {
+                self.consumers.forget(kubeconfig, &gone.namespace, c);
+            }
         }
     }
 

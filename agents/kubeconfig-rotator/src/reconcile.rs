@@ -79,12 +79,20 @@ impl Reconciler for Rotator {
         let Some(kc) = self.config.find(&item.0) else { return Ok(None) };
         self.metrics.touch(kc);
         let snap = Reader::Stores(&self.stores).snapshot(kc).await.map_err(SyncError::ReadFailed)?;
-        self.sync(kc, &snap, OffsetDateTime::now_utc()).await.map(Some)
+        let targets = snap.targets(kc);
+        self.metrics.targets(kc, &targets);
+        self.sync(kc, &targets, &snap, OffsetDateTime::now_utc()).await.map(Some)
     }
 }
 
 impl Rotator {
-    async fn sync(&self, kc: &Kubeconfig, snap: &Snapshot, now: OffsetDateTime) -> Result<Duration, SyncError> {
+    async fn sync(
+        &self,
+        kc: &Kubeconfig,
+        targets: &[Target],
+        snap: &Snapshot,
+        now: OffsetDateTime,
+    ) -> Result<Duration, SyncError> {
         let source = resolve(kc, snap)?;
         let mut follow_up = false;
         if let Source::Operator { namespace, name, server_ca, .. } = &kc.source {
@@ -109,14 +117,14 @@ impl Rotator {
         self.metrics.proven(&kc.name, candidate.cert.not_after, now);
 
         let (mut failures, mut wake) = (Vec::new(), None);
-        for target in &kc.targets {
+        for target in targets {
             match self.sync_target(kc, target, &candidate, &source.expected, snap, now).await {
                 Err(e) => failures.push(e),
                 Ok(Some(until)) => wake = Some(wake.map_or(until, |w: OffsetDateTime| w.min(until))),
                 Ok(None) => {}
             }
         }
-        let (total, failed) = (kc.targets.len(), failures.len());
+        let (total, failed) = (targets.len(), failures.len());
         if let Some(first) = failures.into_iter().next() {
             return Err(match first {
                 TargetFailure::Restart(RestartError::Failed(e)) => SyncError::RestartFailed(Box::new(e)),

@@ -1021,3 +1021,120 @@ async fn a_candidate_whose_group_lost_a_binding_is_refused_naming_the_missing_ri
     testbed::assert_no_secret_material(&agent.process.log(), &[&first.key_pem, &second.key_pem]);
     Ok(())
 }
+
+/// Labels namespace `ns` with `labels` (a JSON object; a null value removes the label).
+async fn label_namespace(layout: &Layout, ns: &str, labels: serde_json::Value) -> Result<()> {
+    let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(layout.bed.client());
+    api.patch(ns, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": labels}}))).await?;
+    Ok(())
+}
+
+fn target_series(series: &str, ns: &str) -> String {
+    format!("kubeconfig_rotator_{series}{{kubeconfig=\"{KUBECONFIG}\",namespace=\"{ns}\",name=\"{TARGET}\"}}")
+}
+
+#[tokio::test]
+async fn a_target_by_namespace_selector_reaches_namespaces_labelled_later_never_overwrites_a_foreign_secret_and_an_unlabelled_namespace_keeps_its_copy()
+-> Result<()> {
+    let layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    let client = layout.bed.client();
+    let good = layout.kcp.pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 365)?;
+    let sources = Api::<Secret>::namespaced(client.clone(), &layout.src);
+    let source = secret("plain", &[("kubeconfig", kubeconfig_for(&layout, &good, ADMIN_USER).as_bytes())]);
+    sources.create(&PostParams::default(), &source).await?;
+    let config = layout.write_config(&format!(
+        "resyncInterval: 2s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{name: {TARGET}, key: {TARGET_KEY}, restartDeployments: [hub], namespaceSelector: {{matchLabels: {{kcp-hub: railgrid}}, matchExpressions: [{{key: tier, operator: In, values: [prod, staging]}}]}}}}\n",
+        src = layout.src,
+    ))?;
+    // `selected` matches from the start; `dev` carries the label but fails the matchExpressions requirement;
+    // `foreign` matches but already holds a Secret of that name someone else wrote; `late` is labelled later.
+    let [selected, dev, foreign, late] = [
+        layout.bed.namespace().await?,
+        layout.bed.namespace().await?,
+        layout.bed.namespace().await?,
+        layout.bed.namespace().await?,
+    ];
+    label_namespace(&layout, &selected, json!({"kcp-hub": "railgrid", "tier": "prod"})).await?;
+    label_namespace(&layout, &dev, json!({"kcp-hub": "railgrid", "tier": "dev"})).await?;
+    label_namespace(&layout, &foreign, json!({"kcp-hub": "railgrid", "tier": "staging"})).await?;
+    let theirs = secret(TARGET, &[(TARGET_KEY, b"someone else's kubeconfig".as_slice())]);
+    Api::<Secret>::namespaced(client.clone(), &foreign).create(&PostParams::default(), &theirs).await?;
+    for ns in [&selected, &late] {
+        let hub = json!({"metadata": {"name": "hub"}, "spec": workload_spec("hub")});
+        Api::<Deployment>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &serde_json::from_value(hub)?)
+            .await?;
+    }
+    // Hub Deployment for the foreign namespace too, so only the foreign Secret keeps it from converging.
+    let hub = json!({"metadata": {"name": "hub"}, "spec": workload_spec("hub")});
+    Api::<Deployment>::namespaced(client.clone(), &foreign)
+        .create(&PostParams::default(), &serde_json::from_value(hub)?)
+        .await?;
+
+    // With exactly what `rbac` renders: a ClusterRole for the selector target, limited to its name.
+    let (code, rbac, err) = run_to_completion(
+        Path::new(BINARY),
+        &["rbac", "--config", &config.display().to_string(), "--namespace", &layout.agent],
+    )?;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(rbac.contains("kind: ClusterRole\n") && rbac.contains(&format!("- {TARGET}")), "{rbac}");
+    apply_yaml(&client, &rbac).await?;
+    let (token_kubeconfig, _user) = layout.bed.service_account_kubeconfig(&layout.agent, "kubeconfig-rotator").await?;
+    let agent = layout.rotator(&config).kubeconfig(&token_kubeconfig).ready_within(WAIT).start().await?;
+
+    let in_namespace = |ns: String| {
+        let client = client.clone();
+        async move { Api::<Secret>::namespaced(client, &ns).get_opt(TARGET).await.ok().flatten() }
+    };
+    let published = testbed::eventually(WAIT, "the target in the selected namespace", || {
+        let found = in_namespace(selected.clone());
+        async move { found.await.filter(|s| annotation(s, "kcp-keeper.io/content-hash").is_some()) }
+    })
+    .await;
+    let hash = annotation(&published, "kcp-keeper.io/content-hash").expect("hash");
+    assert_eq!(client_cert(&key(&published, TARGET_KEY).expect("kubeconfig")).serial, serial_of(&good));
+    testbed::eventually(WAIT, "its consumer restarted", || async {
+        let live = Api::<Deployment>::namespaced(client.clone(), &selected).get_opt("hub").await.ok()??;
+        (kcp_keeper_runtime::consumer_restart::restarted_for(&live, &restart_keys(KUBECONFIG))? == hash).then_some(())
+    })
+    .await;
+
+    // The foreign Secret: refused, reported, left byte for byte as it was.
+    testbed::eventually(WAIT, "a NotOwned Event in the foreign namespace", || async {
+        (!layout.events(&foreign, "NotOwned").await.is_empty()).then_some(())
+    })
+    .await;
+    wait_for_metric(&agent, &target_series("target_in_sync", &foreign), "the foreign target not in sync", |v| v == 0.0)
+        .await;
+    let left = in_namespace(foreign.clone()).await.expect("the foreign Secret");
+    assert_eq!(key(&left, TARGET_KEY).as_deref(), Some(b"someone else's kubeconfig".as_slice()));
+    assert!(annotation(&left, "kcp-keeper.io/content-hash").is_none(), "nothing of ours was added");
+
+    // A namespace labelled after start gets it (the Namespace watch wakes the agent), with its consumer.
+    label_namespace(&layout, &late, json!({"kcp-hub": "railgrid", "tier": "staging"})).await?;
+    testbed::eventually(WAIT, "the target in the namespace labelled later", || {
+        let found = in_namespace(late.clone());
+        let hash = hash.clone();
+        async move { found.await.filter(|s| annotation(s, "kcp-keeper.io/content-hash") == Some(hash)) }
+    })
+    .await;
+    wait_for_metric(&agent, &target_series("target_in_sync", &late), "the late target in sync", |v| v == 1.0).await;
+
+    // The matchExpressions requirement holds the `dev` namespace out.
+    assert!(in_namespace(dev.clone()).await.is_none(), "tier=dev is not selected");
+
+    // Unlabelled: the copy stays as it is (a consumer may still read it), but it is no longer the agent's
+    // target, so its series go.
+    label_namespace(&layout, &selected, json!({"tier": null})).await?;
+    testbed::eventually(WAIT, "the unlabelled namespace's series dropped", || async {
+        (!metrics(&agent).await.contains(&format!("namespace=\"{selected}\""))).then_some(())
+    })
+    .await;
+    let kept = in_namespace(selected.clone()).await.expect("the copy is kept");
+    assert_eq!(annotation(&kept, "kcp-keeper.io/content-hash").as_deref(), Some(hash.as_str()));
+    assert_eq!(kept.data, published.data, "left as it was");
+
+    testbed::assert_no_secret_material(&agent.process.log(), &[&good.key_pem]);
+    Ok(())
+}

@@ -142,6 +142,22 @@ fn kubeconfig_rotator_roles_equal_with_statefulset_and_daemonset_consumers_and_a
 }
 
 #[test]
+fn kubeconfig_rotator_roles_equal_with_targets_by_namespace_selector_beside_named_ones() -> Result<()> {
+    // Two selector targets (one with consumers of every kind, one with matchExpressions only) beside a named
+    // target of the same kubeconfig: a ClusterRole for the selector targets' names, the Roles as before.
+    let config = json!({"kubeconfigs": [
+        {"name": "plain",
+         "source": {"secret": {"namespace": "kcp-system", "name": "admin-kc", "key": "kubeconfig"}},
+         "expect": {"username": "kcp-admin"},
+         "targets": [{"name": "hub-kc", "namespaceSelector": {"matchLabels": {"kcp-hub": "railgrid"}},
+                      "restartDeployments": ["hub"], "restartStatefulSets": ["db"], "restartDaemonSets": ["agent"]},
+                     {"name": "team-kc", "namespaceSelector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["prod"]}]}},
+                     {"namespace": "apps", "name": "a-kc", "restartDeployments": ["web"]}]}
+    ]});
+    assert_same_rbac("kubeconfigRotator", "kubeconfig-rotator", config)
+}
+
+#[test]
 fn etcd_snapshotter_role_in_the_chart_equals_its_rbac_one_shot_and_the_rendered_file_loads() -> Result<()> {
     assert_same_rbac("etcdSnapshotter", "etcd-snapshotter", example("etcd-snapshotter"))
 }

@@ -7,7 +7,10 @@
 //! - kcp-operator `Kubeconfig`s: get/list/watch, patch (the re-render nudge is an annotation);
 //! - cert-manager `Certificate`s: get/list/watch, and patch on `certificates/status` (the forced renewal);
 //! - consumer Deployments, StatefulSets, DaemonSets: get, patch (the restart annotations);
-//! - Events: create, in every namespace it acts in; its own Lease in its own namespace.
+//! - Events: create, in every namespace it acts in; its own Lease in its own namespace;
+//! - targets by namespace selector, as ca-syncer's: a ClusterRole with get/list/watch/create/patch on exactly
+//!   those Secret names (`resourceNames`), get/patch on their consumers by name, list/watch on Namespaces (their
+//!   labels are not secret) and create on Events. Never Secrets across the cluster without a name.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,7 +18,7 @@ use k8s_openapi::api::rbac::v1::PolicyRule;
 use kcp_keeper_runtime::rbac::{Rbac, Subjects, lease_rules, named_rule, rule};
 
 use super::needs;
-use crate::config::{Config, ConsumerKind};
+use crate::config::{Config, ConsumerKind, Placement};
 
 pub const ROLE_NAME: &str = "kcp-keeper-kubeconfig-rotator";
 
@@ -37,6 +40,8 @@ fn at<'a>(namespaces: &'a mut BTreeMap<String, Access>, ns: &str) -> &'a mut Acc
 /// One Role (and its binding) per namespace the configuration acts in, and one in the agent's own for its Lease.
 pub fn render(config: &Config, who: &Subjects) -> Rbac {
     let mut namespaces: BTreeMap<String, Access> = BTreeMap::new();
+    // Selector targets: their Secret names and consumers in whatever namespace is selected.
+    let mut cluster = Access::default();
     for kc in &config.kubeconfigs {
         let n = needs(kc);
         if let Some((ns, name)) = &n.kubeconfig {
@@ -51,9 +56,15 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
         for (ns, name) in &n.target_secrets {
             at(&mut namespaces, ns).write_secrets.insert(name.clone());
         }
-        for t in &kc.targets {
-            let access = at(&mut namespaces, &t.namespace);
-            for c in &t.consumers {
+        for spec in &kc.targets {
+            let access = match &spec.placement {
+                Placement::Namespace(ns) => at(&mut namespaces, ns),
+                Placement::Selector(_) => {
+                    cluster.write_secrets.insert(spec.target.name.clone());
+                    &mut cluster
+                }
+            };
+            for c in &spec.target.consumers {
                 access.consumers.entry(c.kind.plural()).or_default().insert(c.name.clone());
             }
         }
@@ -85,6 +96,18 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
             rules.extend(lease_rules(who));
         }
         roles.add(ns, ROLE_NAME, "kubeconfig-rotator", rules, who);
+    }
+    if !cluster.write_secrets.is_empty() {
+        let mut rules =
+            vec![named_rule("", "secrets", &cluster.write_secrets, &["get", "list", "watch", "create", "patch"])];
+        for kind in ConsumerKind::ALL {
+            if let Some(names) = cluster.consumers.get(kind.plural()) {
+                rules.push(named_rule("apps", kind.plural(), names, &["get", "patch"]));
+            }
+        }
+        rules.push(rule("", &["namespaces"], &[], &["list", "watch"]));
+        rules.push(rule("events.k8s.io", &["events"], &[], &["create"]));
+        roles.add_cluster(ROLE_NAME, "kubeconfig-rotator", rules, who);
     }
     roles
 }
