@@ -44,6 +44,10 @@ enum Task {
         /// Exit after every agent has completed one cycle, printing one summary line per agent.
         #[arg(long)]
         once: bool,
+        /// Run the agents as pods: a real one-node cluster (the test bed's node, as root) with the chart installed
+        /// by Helm from the images this builds first (`cargo xtask images`).
+        #[arg(long)]
+        cluster: bool,
     },
 }
 
@@ -56,7 +60,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::Test => test(),
-        Task::Demo { once } => demo(once),
+        Task::Demo { once, cluster } => demo(once, cluster),
         Task::Images => images::images(),
         Task::Schema => schema(),
         Task::Bench { name, quick } => {
@@ -106,9 +110,17 @@ fn schema() -> Result<()> {
     Ok(())
 }
 
-fn demo(once: bool) -> Result<()> {
+fn demo(once: bool, cluster: bool) -> Result<()> {
     prereqs::ensure_protoc()?;
     ensure_peers()?;
+    if cluster {
+        if !prereqs::is_root() {
+            bail!("`cargo xtask demo --cluster` starts a node (network and mount namespaces, cgroups): run it as root");
+        }
+        // The pods run the images built from this working tree, imported into the node's containerd.
+        images::images()?;
+        prereqs::ensure_node_tools()?;
+    }
     // The demo starts the agent binaries from the target directory, next to itself. One build of every binary,
     // the demo's included, then the demo from that directory: `cargo run -p e2e` would resolve features for e2e
     // alone and build half the dependency tree a second time (minutes on a fresh clone, inside the clean-stop
@@ -117,6 +129,9 @@ fn demo(once: bool) -> Result<()> {
     let mut demo = Command::new(target_dir().join("debug/demo"));
     if once {
         demo.arg("--once");
+    }
+    if cluster {
+        demo.arg("--cluster");
     }
     // The demo prints its own summary; pass its exit code on unchanged.
     let status = child::run(demo, "the demo")?;

@@ -1,7 +1,10 @@
 //! `cargo xtask demo`: the local control plane with a kcp-like layout, and the agents running against it.
 //! `--once` prints one line per agent (`ok <agent>: ...` / `FAIL <agent>: ...`) and exits 0 only if all are ok.
+//! `--cluster` runs the agents as pods instead: a real one-node cluster and the chart (demo/cluster.rs).
 #![forbid(unsafe_code)]
 
+#[path = "demo/cluster.rs"]
+mod cluster;
 #[path = "demo/dns_rewriter.rs"]
 mod dns_rewriter;
 #[path = "demo/etcd_snapshotter.rs"]
@@ -24,6 +27,10 @@ struct Args {
     /// Exit after every agent has completed one cycle.
     #[arg(long, env = "KCP_KEEPER_DEMO_ONCE")]
     once: bool,
+    /// Run the agents as pods: a one-node cluster (`testbed::node`, needs root) with the chart installed by Helm
+    /// from the images `cargo xtask images` built.
+    #[arg(long)]
+    cluster: bool,
 }
 
 /// What ca-syncer does in the demo: the hub trusts kcp's server CA (intermediate and root), copied into a
@@ -53,8 +60,9 @@ async fn main() -> Result<ExitCode> {
     // runners send (through the xtask, which passes it on); Ctrl-C sends SIGINT.
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
+    let demo = async { if args.cluster { cluster::run(args.once).await } else { run(args.once).await } };
     tokio::select! {
-        result = run(args.once) => result,
+        result = demo => result,
         // Returning drops `run`'s future, and with it every peer and agent (killed and waited for) and the
         // test bed's temp dir.
         _ = interrupt.recv() => stopped("SIGINT"),
