@@ -48,6 +48,16 @@ kcp-keeper-{{ .agent }}
 {{- if kindIs "invalid" $v.replicas }}{{ .root.Values.replicas }}{{ else }}{{ $v.replicas }}{{ end -}}
 {{- end }}
 
+{{/* An agent pod's terminationGracePeriodSeconds: longer than its drain after SIGTERM, so the kubelet's SIGKILL
+never cuts the drain short. Every agent ends with the lease release, bounded by the renew deadline plus 1 s (11 s
+with the defaults). etcd-snapshotter first lets a snapshot in flight finish (the runtime's Grace::finish, 15 s),
+else aborts its multipart upload (Grace::abort, 8 s), then records the failure and releases the shard's lock:
+15 + 8 + 11 = 34 s plus those writes, so 45. The others stop at once: Kubernetes' default 30 covers them. The node
+test compares the live Deployments with the runtime's own numbers. */}}
+{{- define "kcp-keeper.terminationGracePeriodSeconds" -}}
+{{- if eq .key "etcdSnapshotter" }}45{{ else }}30{{ end -}}
+{{- end }}
+
 {{/* Whether monitoring.coreos.com/v1 resources render: the API exists, or `force`. */}}
 {{- define "kcp-keeper.monitoringAPI" -}}
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end -}}

@@ -102,7 +102,9 @@ fn values(node: &Node) -> Result<Value> {
         "caSyncer": {"enabled": true, "config": {"bundles": [{
             "name": "kcp-root-ca",
             "sources": [{"secret": {"namespace": "kcp-system", "name": "root-server-ca", "key": "ca.crt"}}],
-            "targets": [{"secret": {"namespace": "railgrid-system", "name": "kcp-ca", "key": "ca.crt"}}],
+            "targets": [{"secret": {"namespace": "railgrid-system", "name": "kcp-ca", "key": "ca.crt"}},
+                        // ca_syncer::a_pod_projects_the_cluster_trust_bundle_ca_syncer_writes...
+                        {"clusterTrustBundle": {"name": ca_syncer::TRUST_BUNDLE, "signerName": ca_syncer::SIGNER}}],
         }]}},
         "dnsRewriter": {"enabled": true, "config": {
             "mode": "k3s",
@@ -1041,5 +1043,135 @@ async fn deleting_the_leader_pod_releases_the_lease_and_another_replica_takes_it
         (pods.len() == 2 && pods.iter().all(|p| p.3)).then_some(())
     })
     .await;
+    Ok(())
+}
+
+/// An agent's PodDisruptionBudget as the chart rendered it: minAvailable, and the status's disruptionsAllowed
+/// once the disruption controller has seen the current spec.
+async fn pdb(client: &kube::Client, agent: &str) -> Result<(i32, Option<i32>)> {
+    let pdb = Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(client.clone(), NAMESPACE)
+        .get(&format!("kcp-keeper-{agent}"))
+        .await
+        .with_context(|| format!("{agent}'s PodDisruptionBudget"))?;
+    let spec = pdb.spec.context("no spec")?;
+    let selector = spec.selector.and_then(|s| s.match_labels).unwrap_or_default();
+    ensure!(
+        selector.get("app.kubernetes.io/name").map(String::as_str) == Some(agent),
+        "{agent}'s PodDisruptionBudget selects {selector:?}"
+    );
+    let min = match spec.min_available.context("no minAvailable")? {
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => n,
+        other => bail!("minAvailable {other:?}: the test expects a number"),
+    };
+    let status = pdb.status.unwrap_or_default();
+    let seen = status.observed_generation.is_some() && status.observed_generation == pdb.metadata.generation;
+    Ok((min, seen.then_some(status.disruptions_allowed.unwrap_or(0))))
+}
+
+/// ca-syncer's Ready pods, none terminating.
+async fn ready_ca_syncers(client: &kube::Client) -> Option<Vec<(String, String, i32, bool)>> {
+    let pods = agent_pods(client, "ca-syncer").await.ok()?;
+    Some(pods.into_iter().filter(|p| p.3).collect())
+}
+
+/// Every agent runs two replicas and has the chart's PodDisruptionBudget (minAvailable 1, selecting its pods).
+/// `kubectl rollout restart` of ca-syncer replaces both pods without ever leaving fewer Ready than minAvailable
+/// (sampled every 200 ms), and the leader's work goes on: a CA change made mid-rollout reaches the target.
+#[tokio::test]
+async fn a_rolling_restart_keeps_the_pdbs_minimum_ready_and_the_leaders_work_goes_on() -> Result<()> {
+    installed();
+    let _exclusive = RELEASE.write().await;
+    let node = node::shared();
+    let client = node.client().await?;
+    for agent in AGENTS {
+        let (min, _) = pdb(&client, agent).await?;
+        ensure!(min == 1, "{agent}'s PodDisruptionBudget: minAvailable {min}");
+    }
+    let (min_available, _) = pdb(&client, "ca-syncer").await?;
+    let before =
+        testbed::eventually(Duration::from_secs(120), "two Ready ca-syncers, the budget's 1 allowed", || async {
+            let ready = ready_ca_syncers(&client).await?;
+            let allowed = pdb(&client, "ca-syncer").await.ok()?.1?;
+            (ready.len() == 2 && allowed == 1).then_some(ready)
+        })
+        .await;
+    let old: Vec<String> = before.iter().map(|p| p.1.clone()).collect();
+
+    let out = node.kubectl(&["rollout", "restart", "-n", NAMESPACE, "deployment/kcp-keeper-ca-syncer"])?;
+    ensure!(out.status.success(), "kubectl rollout restart: {}", String::from_utf8_lossy(&out.stderr));
+    let ca = testbed::certs::Ca::new("kcp-root-ca-mid-rollout", Duration::from_secs(365 * 24 * 3600))?.cert_pem();
+    let patch = json!({"stringData": {"ca.crt": ca}});
+    Api::<Secret>::namespaced(client.clone(), "kcp-system")
+        .patch("root-server-ca", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    let ca = ca.trim().to_string();
+    // Sampled while the rollout runs: the fewest Ready pods seen, and whether the change reached the target.
+    let mut fewest = usize::MAX;
+    let mut carried = false;
+    let deployments = Api::<Deployment>::namespaced(client.clone(), NAMESPACE);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let ready = ready_ca_syncers(&client).await.context("listing ca-syncer's pods")?;
+        fewest = fewest.min(ready.len());
+        carried = carried || target_bundle(&client).await.is_some_and(|b| b.contains(&ca));
+        let deployment = deployments.get("kcp-keeper-ca-syncer").await?;
+        let status = deployment.status.clone().unwrap_or_default();
+        let rolled = status.observed_generation == deployment.metadata.generation
+            && status.updated_replicas == Some(2)
+            && status.ready_replicas == Some(2)
+            && status.replicas == Some(2)
+            && ready.len() == 2
+            && ready.iter().all(|p| !old.contains(&p.1));
+        if rolled && carried {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the rollout did not finish with the change carried within 180s (carried: {carried}, ready: {ready:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("rollout restart: both pods replaced, at least {fewest} Ready throughout; the CA change was carried");
+    ensure!(
+        fewest >= min_available as usize,
+        "the rollout left {fewest} Ready pod(s), below the budget's minAvailable {min_available}"
+    );
+
+    testbed::eventually(Duration::from_secs(120), "the budget to allow one disruption again", || async {
+        let ready = ready_ca_syncers(&client).await?;
+        let allowed = pdb(&client, "ca-syncer").await.ok()?.1?;
+        (ready.len() == 2 && allowed == 1).then_some(())
+    })
+    .await;
+    Ok(())
+}
+
+/// Every agent's pods get a termination grace longer than the agent's drain after SIGTERM, in the runtime's own
+/// numbers: the lease release (bounded by the renew deadline plus 1 s) for all, and before it, for
+/// etcd-snapshotter, a snapshot in flight finishing (`Grace::finish`) or its upload being aborted
+/// (`Grace::abort`). A shorter grace lets the kubelet's SIGKILL cut an abort short and leave half an upload.
+#[tokio::test]
+async fn each_agents_termination_grace_outlasts_its_drain_after_sigterm() -> Result<()> {
+    installed();
+    let _shared = RELEASE.read().await;
+    let client = node::shared().client().await?;
+    let release = kcp_keeper_runtime::lease::LeaseConfig::new("", "", "").renew_deadline + Duration::from_secs(1);
+    let upload = kcp_keeper_runtime::shutdown::Grace::default();
+    for agent in AGENTS {
+        let deployment =
+            Api::<Deployment>::namespaced(client.clone(), NAMESPACE).get(&format!("kcp-keeper-{agent}")).await?;
+        let grace = deployment
+            .spec
+            .template
+            .spec
+            .and_then(|s| s.termination_grace_period_seconds)
+            .context("no terminationGracePeriodSeconds")?;
+        let drain = if agent == "etcd-snapshotter" { upload.finish + upload.abort + release } else { release };
+        ensure!(
+            Duration::from_secs(grace.try_into()?) > drain,
+            "{agent}: terminationGracePeriodSeconds {grace} does not outlast its drain ({drain:?})"
+        );
+        eprintln!("{agent}: grace {grace}s, drain at most {drain:?}");
+    }
     Ok(())
 }
