@@ -4,6 +4,11 @@
 //! `coredns-custom`, every other key kept. Conditional on the resourceVersion read, like every write of the
 //! agent; a ConfigMap, key or block that is not there is nothing to do. The ConfigMap itself is never deleted.
 //! With `nodeLocalDns` on, the agent's server block in node-local-dns's Corefile goes the same way.
+//!
+//! A pre-delete hook runs while the agent still runs, and the agent watches its ConfigMap: it would put its
+//! block back at once. So cleanup first marks each ConfigMap with [`CLEANED_ANNOTATION`] (the time, in Unix
+//! seconds), and a running agent never writes into a ConfigMap marked at or after its own start
+//! ([`cleaned_since`]); an agent started later (a new install) writes as usual.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kcp_keeper_runtime::marked_block::configmap::write_key;
@@ -12,6 +17,32 @@ use serde_json::json;
 
 use crate::block;
 use crate::config::{Config, Target};
+
+/// Set by `cleanup` on the ConfigMaps it takes the rules out of: when (Unix seconds).
+pub const CLEANED_ANNOTATION: &str = "kcp-keeper.io/dns-rewriter-cleanup";
+
+/// When `cm` was marked by a cleanup at or after `started` (Unix seconds): an agent started before a cleanup
+/// must not write its rules back.
+pub fn cleaned_since(cm: &ConfigMap, started: u64) -> Option<u64> {
+    let at = cm.metadata.annotations.as_ref()?.get(CLEANED_ANNOTATION)?.parse::<u64>().ok()?;
+    (at >= started).then_some(at)
+}
+
+pub fn unix_seconds() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Marks ConfigMap `name` as cleaned now, so the running agent stops writing into it; `false` when it does not
+/// exist.
+async fn mark(api: &Api<ConfigMap>, name: &str) -> anyhow::Result<bool> {
+    let patch = json!({"metadata": {"annotations": {CLEANED_ANNOTATION: unix_seconds().to_string()}}});
+    let params = PatchParams { field_manager: Some(kcp_keeper_runtime::FIELD_MANAGER.into()), ..Default::default() };
+    match api.patch(name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(anyhow::anyhow!("marking ConfigMap {name} as cleaned: {e}")),
+    }
+}
 
 /// What cleanup did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +63,9 @@ pub async fn cleanup(client: &kube::Client, config: &Config) -> anyhow::Result<C
 async fn cleanup_node_local(client: &kube::Client, config: &Config) -> anyhow::Result<Cleaned> {
     let Some(key) = &config.node_local_dns else { return Ok(Cleaned::Nothing) };
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &key.namespace);
+    if !mark(&api, &key.name).await? {
+        return Ok(Cleaned::Nothing);
+    }
     let Some(live) = api.get_opt(&key.name).await? else { return Ok(Cleaned::Nothing) };
     let Some(current) = live.data.as_ref().and_then(|d| d.get(&key.key)) else { return Ok(Cleaned::Nothing) };
     if crate::node_local::removed(current)? == *current {
@@ -49,6 +83,9 @@ async fn cleanup_target(client: &kube::Client, config: &Config) -> anyhow::Resul
     let key = config.target.configmap();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &key.namespace);
     let object = format!("{}/{}", key.namespace, key.name);
+    if !mark(&api, &key.name).await? {
+        return Ok(Cleaned::Nothing);
+    }
     let Some(live) = api.get_opt(&key.name).await? else { return Ok(Cleaned::Nothing) };
     let current = live.data.as_ref().and_then(|d| d.get(&key.key)).cloned();
     match &config.target {

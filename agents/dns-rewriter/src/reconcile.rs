@@ -68,6 +68,7 @@ pub async fn daemon(ctx: Context<Config>, metrics: Metrics, reconcile: Reconcile
     // write), not merely after a pass that failed.
     ctx.health.require_success();
     let health = ctx.health.clone();
+    let started = crate::cleanup::unix_seconds();
     driver::run(&ctx, &reconcile, settings, |config: Arc<Config>| {
         let (scope, watches) = Scope::build(&client, &config);
         let rewriter = Rewriter {
@@ -78,6 +79,7 @@ pub async fn daemon(ctx: Context<Config>, metrics: Metrics, reconcile: Reconcile
             config,
             scope,
             reported: reported.clone(),
+            started,
         };
         (rewriter, watches)
     })
@@ -105,6 +107,9 @@ struct Rewriter {
     /// The rule errors and warnings already published as Events, so a steady problem is told once, not every
     /// cycle (and a no-op cycle sends nothing).
     reported: Arc<Mutex<BTreeSet<String>>>,
+    /// When this process started (Unix seconds): a `cleanup` marked after it means uninstalling, so nothing
+    /// more is written ([`crate::cleanup::cleaned_since`]).
+    started: u64,
 }
 
 impl Reconciler for Rewriter {
@@ -172,6 +177,7 @@ impl Rewriter {
         let result = match self.scope.configmap() {
             // Not in the store: nothing to ask the apiserver, and nothing to create.
             None => Err(CycleError::ConfigMapMissing(format!("{}/{}", key.namespace, key.name))),
+            Some(live) if self.cleaned(&live) => Ok((Outcome::Unchanged, 0)),
             Some(live) => {
                 let adopted = self.unmarked_lines(&live);
                 self.write_key(key, live, rules).await.map(|outcome| (outcome, adopted))
@@ -211,6 +217,9 @@ impl Rewriter {
             return Ok((false, Vec::new()));
         };
         self.metrics.node_local_detected(true);
+        if self.cleaned(&live) {
+            return Ok((false, Vec::new()));
+        }
         let domain = &self.config.cluster_domain;
         let object = format!("{}/{}", key.namespace, key.name);
         let current = live.data.as_ref().and_then(|d| d.get(&key.key));
@@ -279,6 +288,19 @@ impl Rewriter {
             }
         }
         out
+    }
+
+    /// Whether `cleanup` took the rules out of `live` since this process started (uninstalling): then nothing
+    /// is written into it, logged once per cycle.
+    fn cleaned(&self, live: &ConfigMap) -> bool {
+        let Some(at) = crate::cleanup::cleaned_since(live, self.started) else { return false };
+        let name = live.metadata.name.as_deref().unwrap_or_default();
+        tracing::info!(
+            configmap = name,
+            cleaned_at = at,
+            "dns-rewriter cleanup ran after this agent started (uninstalling); not writing"
+        );
+        true
     }
 
     /// How many of our rule lines the live Corefile holds without markers (0 in k3s mode).

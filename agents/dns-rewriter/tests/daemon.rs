@@ -550,3 +550,35 @@ async fn without_a_configured_resolver_the_agent_asks_the_kube_dns_service_and_s
     assert_eq!(agent.metric("dns_rewriter_verify_timestamp_seconds ").await?, 0.0, "not run");
     Ok(())
 }
+
+/// Uninstalling runs `cleanup` (the chart's pre-delete hook) while the agent still runs and watches its
+/// ConfigMap: the running agent must not put its block back. Cycles after the cleanup (woken by the cleanup's own
+/// write, and by changes to a watched Service) leave the Corefile as it was before the agent's first write.
+#[tokio::test]
+async fn after_cleanup_a_running_agent_never_writes_its_block_back() -> Result<()> {
+    let (bed, ns, client) = fresh_bed().await?;
+    create_service(&client, &ns, "root-kcp", &[], false).await?;
+    let (dns, original, server, _kubelet) = corefile_coredns(&bed).await?;
+    let mode = format!("mode: corefile\ncorefile: {{serverBlock: '{server}'}}\n");
+    let path = write_config(
+        &bed,
+        &config(&mode, &format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")), dns.port),
+    )?;
+    let agent = agent(&bed, &ns, &path).start().await?;
+    agent.wait_for_metric(&verified("kcp-root.example.com"), WAIT, |v| v == 1.0).await;
+
+    let kubeconfig = kubeconfig(&bed).display().to_string();
+    let out = std::process::Command::new(BINARY)
+        .args(["cleanup", "--kubeconfig", &kubeconfig, "--config", path.to_str().context("path")?])
+        .output()?;
+    assert!(out.status.success(), "cleanup: {}", String::from_utf8_lossy(&out.stderr));
+    let mut at = last_cycle(&agent).await;
+    for i in 0..3 {
+        touch(&client, &ns, "root-kcp", i).await?;
+        at = wait_cycles(&agent, at, 1).await;
+    }
+    let (after, _) = configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await.context("the Corefile")?;
+    assert_eq!(block::set(&after, &server, None)?, original);
+    assert_eq!(after, original, "no block written back after the cleanup");
+    Ok(())
+}
