@@ -32,8 +32,8 @@ use serde::Deserialize;
 pub use live_check::{Endpoint, LiveCheck, RawEndpoint, RawLiveCheck};
 pub use sources::{KeyRef, Keys, Pick, PublicRoots, RawObjectSource, RawSource, Selection, Source};
 pub use targets::{
-    NamespaceSelector, Operator, Placement, RawRequirement, RawTarget, RawTargetMetadata, RawTargetObject, Requirement,
-    Selector, Target, TargetKind, TargetMetadata,
+    NamespaceSelector, Operator, Placement, RawClusterTrustBundle, RawRequirement, RawTarget, RawTargetMetadata,
+    RawTargetObject, Requirement, Selector, TRUST_BUNDLE_KEY, Target, TargetKind, TargetMetadata,
 };
 
 use live_check::live_check_from_raw;
@@ -220,6 +220,14 @@ fn bundle_from_raw<'a>(
     };
     let live_check =
         bundle.live_check.as_ref().and_then(|live| live_check_from_raw(live, &format!("{path}.liveCheck"), errors));
+    if bundle.empty_means_public_roots
+        && let Some(j) = targets.iter().position(|t: &Target| t.kind == TargetKind::ClusterTrustBundle)
+    {
+        errors.push(FieldError::new(
+            format!("{path}.targets[{j}].clusterTrustBundle"),
+            "cannot go with emptyMeansPublicRoots: a ClusterTrustBundle must hold at least one certificate",
+        ));
+    }
     if bundle.empty_means_public_roots && bundle.live_check.is_none() {
         errors.push(FieldError::new(
             format!("{path}.emptyMeansPublicRoots"),
@@ -557,6 +565,59 @@ bundles:
             let errors = errors_of(&with(source));
             assert!(errors.len() == 1 && errors[0].starts_with(expected), "{source}: {errors:?}");
         }
+    }
+
+    #[test]
+    fn a_cluster_trust_bundle_target_is_named_for_its_signer_and_never_empty() {
+        let with = |target: &str| format!("{MINIMAL}      - clusterTrustBundle: {target}\n");
+        let config = from_yaml(&with("{name: \"kcp-keeper.io:kcp-ca:v1\", signerName: kcp-keeper.io/kcp-ca}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let target = &config.bundles[0].targets[1];
+        assert_eq!((target.kind, target.key.as_str()), (TargetKind::ClusterTrustBundle, TRUST_BUNDLE_KEY));
+        assert_eq!(
+            (&target.placement, target.signer_name.as_deref()),
+            (&Placement::Cluster, Some("kcp-keeper.io/kcp-ca"))
+        );
+        assert!(from_yaml(&with("{name: kcp-root-ca}")).is_ok(), "no signer, no colon");
+        let cases = [
+            (
+                "{name: \"other:kcp-ca:v1\", signerName: kcp-keeper.io/kcp-ca}",
+                "clusterTrustBundle.name: must start with \"kcp-keeper.io:kcp-ca:\"",
+            ),
+            (
+                "{name: \"kcp-keeper.io:kcp-ca:\", signerName: kcp-keeper.io/kcp-ca}",
+                "clusterTrustBundle.name: must start with",
+            ),
+            ("{name: \"a:b\"}", "clusterTrustBundle.name: must not contain ':' without a signerName"),
+            ("{name: \"x:y:z\", signerName: no-slash}", "clusterTrustBundle.signerName: must be <domain>/<path>"),
+        ];
+        for (target, expected) in cases {
+            let errors = errors_of(&with(target));
+            let expected = format!("bundles[0].targets[1].{expected}");
+            assert!(errors.iter().any(|e| e.starts_with(&expected)), "{target}: {errors:?}");
+        }
+        let both = with("{name: kcp-root-ca}").replace(
+            "      - clusterTrustBundle",
+            "        configMap: {namespace: a, name: b, key: c}\n      - clusterTrustBundle",
+        );
+        let errors = errors_of(&both);
+        assert!(
+            errors
+                .iter()
+                .any(|e| e
+                    .contains("must set exactly one of secret, configMap, clusterTrustBundle; has secret, configMap")),
+            "{errors:?}"
+        );
+        let empty = format!(
+            "{}    emptyMeansPublicRoots: true\n    liveCheck: {{url: https://kcp.example.com}}\n",
+            with("{name: kcp-root-ca}")
+        );
+        assert_eq!(
+            errors_of(&empty),
+            [
+                "bundles[0].targets[1].clusterTrustBundle: cannot go with emptyMeansPublicRoots: a ClusterTrustBundle must hold at least one certificate"
+            ]
+        );
     }
 
     #[test]

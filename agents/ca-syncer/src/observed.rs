@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 
@@ -23,6 +24,8 @@ use crate::scope::Scope;
 pub enum Observed {
     Secret(Option<Arc<Secret>>),
     ConfigMap(Option<Arc<ConfigMap>>),
+    /// Its content is `spec.trustBundle`, whatever the key.
+    ClusterTrustBundle(Option<Arc<ClusterTrustBundle>>),
 }
 
 impl Observed {
@@ -30,6 +33,7 @@ impl Observed {
         match self {
             Observed::Secret(s) => s.is_some(),
             Observed::ConfigMap(c) => c.is_some(),
+            Observed::ClusterTrustBundle(b) => b.is_some(),
         }
     }
 
@@ -42,6 +46,7 @@ impl Observed {
             Observed::ConfigMap(c) => c
                 .as_ref()
                 .map(|c| c.data.as_ref().and_then(|d| d.get(key)).map(|v| v.clone().into_bytes()).unwrap_or_default()),
+            Observed::ClusterTrustBundle(b) => b.as_ref().map(|b| b.spec.trust_bundle.clone().into_bytes()),
         }
     }
 
@@ -49,6 +54,7 @@ impl Observed {
         match self {
             Observed::Secret(s) => s.as_ref().map(|s| &s.metadata),
             Observed::ConfigMap(c) => c.as_ref().map(|c| &c.metadata),
+            Observed::ClusterTrustBundle(b) => b.as_ref().map(|b| &b.metadata),
         }
     }
 
@@ -56,6 +62,7 @@ impl Observed {
         match self {
             Observed::Secret(s) => s.as_ref().and_then(|s| s.metadata.resource_version.as_deref()),
             Observed::ConfigMap(c) => c.as_ref().and_then(|c| c.metadata.resource_version.as_deref()),
+            Observed::ClusterTrustBundle(b) => b.as_ref().and_then(|b| b.metadata.resource_version.as_deref()),
         }
     }
 }
@@ -85,6 +92,7 @@ impl Written {
         let cached = match kind {
             TargetKind::Secret => Observed::Secret(scope.secret(namespace, name)),
             TargetKind::ConfigMap => Observed::ConfigMap(scope.config_map(namespace, name)),
+            TargetKind::ClusterTrustBundle => Observed::ClusterTrustBundle(scope.trust_bundle(name)),
         };
         let Some(ours) = self.map().get(key).cloned() else { return cached };
         if cached.resource_version() == Some(ours.as_str()) {
@@ -100,6 +108,10 @@ impl Written {
                 .get_opt(name)
                 .await
                 .map(|c| Observed::ConfigMap(c.map(Arc::new))),
+            TargetKind::ClusterTrustBundle => Api::<ClusterTrustBundle>::all(client.clone())
+                .get_opt(name)
+                .await
+                .map(|b| Observed::ClusterTrustBundle(b.map(Arc::new))),
         };
         match fresh {
             Ok(fresh) => {

@@ -13,6 +13,7 @@ use anyhow::Context as _;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use futures::StreamExt;
+use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::{self, ApplyError, Outcome, Ownership};
@@ -133,6 +134,7 @@ struct Resolved {
     key: String,
     adopt: bool,
     metadata: TargetMetadata,
+    signer_name: Option<String>,
 }
 
 impl Resolved {
@@ -329,6 +331,8 @@ impl Syncer {
                 Placement::Namespace(ns) if self.terminating.is_skipped(ns) => (vec![], vec![ns.clone()]),
                 Placement::Namespace(ns) => (vec![ns.clone()], vec![]),
                 Placement::Selector(selector) => self.scope.namespaces(selector),
+                // Cluster-scoped: no namespace.
+                Placement::Cluster => (vec![String::new()], vec![]),
             };
             let resolved = |namespace: String| Resolved {
                 kind: target.kind,
@@ -337,6 +341,7 @@ impl Syncer {
                 key: target.key.clone(),
                 adopt: target.adopt,
                 metadata: target.metadata.clone(),
+                signer_name: target.signer_name.clone(),
             };
             out.extend(namespaces.into_iter().map(resolved));
             skipped.extend(terminating.into_iter().map(|ns| (resolved(ns), SkipReason::Terminating)));
@@ -420,6 +425,10 @@ impl Syncer {
                 let api = Api::<ConfigMap>::namespaced(self.client.clone(), &target.namespace);
                 write_checked(&api, desired, ownership, live.as_deref()).await
             }
+            Observed::ClusterTrustBundle(live) => {
+                let api = Api::<ClusterTrustBundle>::all(self.client.clone());
+                write_checked(&api, desired, ownership, live.as_deref()).await
+            }
         };
         let outcome = written.map(|(outcome, version)| {
             if let Some(version) = version {
@@ -478,8 +487,17 @@ impl Syncer {
     /// An Event on a target, sent without waiting (one per target written would otherwise double the time a
     /// bundle takes to reach all its targets).
     fn event(&self, target: &Resolved, kind: EventType, reason: &'static str, note: &str) {
-        let regarding = reference("v1", target.kind.as_str(), &target.namespace, &target.name, None);
-        self.events.publish_detached(regarding, kind, reason, "Sync", note.to_string());
+        let (regarding, note) = match target.kind {
+            TargetKind::Secret | TargetKind::ConfigMap => {
+                (reference("v1", target.kind.as_str(), &target.namespace, &target.name, None), note.to_string())
+            }
+            // A cluster-scoped object has no namespace to hold its Events: they go on the agent's Lease (whose
+            // namespace the agent may write Events in), naming the bundle object.
+            TargetKind::ClusterTrustBundle => {
+                (self.own_object.clone(), format!("ClusterTrustBundle {}: {note}", target.name))
+            }
+        };
+        self.events.publish_detached(regarding, kind, reason, "Sync", note);
     }
 }
 
@@ -588,6 +606,16 @@ fn desired_object(target: &Resolved, pem: &str, state: &str, creating: bool, ext
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             "data": {target.key.as_str(): pem},
         }),
+        TargetKind::ClusterTrustBundle => {
+            if let Some(meta) = metadata.as_object_mut() {
+                meta.remove("namespace");
+            }
+            let mut spec = json!({"trustBundle": pem});
+            if let Some(signer) = &target.signer_name {
+                spec["signerName"] = json!(signer);
+            }
+            json!({"apiVersion": "certificates.k8s.io/v1", "kind": "ClusterTrustBundle", "metadata": metadata, "spec": spec})
+        }
     }
 }
 

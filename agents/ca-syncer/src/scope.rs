@@ -16,6 +16,7 @@ pub mod rbac;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kcp_keeper_runtime::watch::{Watches, by_name};
 use kube::api::Api;
@@ -37,7 +38,7 @@ pub struct Named {
 pub struct Plan {
     /// Objects in named namespaces (sources, and targets by namespace).
     pub named: BTreeSet<Named>,
-    /// Targets by namespace selector: object names watched cluster-wide.
+    /// Targets by namespace selector, and cluster-scoped targets: object names watched cluster-wide.
     pub cluster_wide: BTreeSet<(TargetKind, String)>,
     /// The label selectors of namespace-selector targets (`a=b,c=d`).
     pub namespace_selectors: BTreeSet<String>,
@@ -78,6 +79,9 @@ impl Plan {
                         plan.cluster_wide.insert((target.kind, target.name.clone()));
                         plan.namespace_selectors.insert(selector.label_selector());
                     }
+                    Placement::Cluster => {
+                        plan.cluster_wide.insert((target.kind, target.name.clone()));
+                    }
                 }
             }
         }
@@ -93,6 +97,8 @@ pub struct Scope {
     /// Selector sources' stores, by namespace and label selector.
     selected_secrets: BTreeMap<(String, String), Store<Secret>>,
     selected_config_maps: BTreeMap<(String, String), Store<ConfigMap>>,
+    /// ClusterTrustBundle targets, by name.
+    trust_bundles: BTreeMap<String, Store<ClusterTrustBundle>>,
 }
 
 impl Scope {
@@ -106,6 +112,7 @@ impl Scope {
             namespaces: BTreeMap::new(),
             selected_secrets: BTreeMap::new(),
             selected_config_maps: BTreeMap::new(),
+            trust_bundles: BTreeMap::new(),
         };
         let objects = plan
             .named
@@ -129,6 +136,10 @@ impl Scope {
                     };
                     scope.config_maps.insert((namespace, name.clone()), watches.add(what, api, by_name(&name)));
                 }
+                TargetKind::ClusterTrustBundle => {
+                    let api = Api::<ClusterTrustBundle>::all(client.clone());
+                    scope.trust_bundles.insert(name.clone(), watches.add(what, api, by_name(&name)));
+                }
             }
         }
         for (kind, namespace, selector) in plan.selected {
@@ -143,6 +154,8 @@ impl Scope {
                     let api = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
                     scope.selected_config_maps.insert((namespace, selector), watches.add(what, api, by_labels));
                 }
+                // Never a source: the configuration has no such field.
+                TargetKind::ClusterTrustBundle => {}
             }
         }
         for selector in plan.namespace_selectors {
@@ -160,6 +173,10 @@ impl Scope {
 
     pub fn config_map(&self, namespace: &str, name: &str) -> Option<std::sync::Arc<ConfigMap>> {
         lookup(&self.config_maps, namespace, name)
+    }
+
+    pub fn trust_bundle(&self, name: &str) -> Option<std::sync::Arc<ClusterTrustBundle>> {
+        self.trust_bundles.get(name).and_then(|store| store.get(&ObjectRef::new(name)))
     }
 
     /// The Secrets a selection reads (by name or by label), from its watch.

@@ -120,6 +120,8 @@ impl Reader<'_> {
             (Reader::Client(client), TargetKind::ConfigMap) => {
                 list::<ConfigMap>(*client, selection).await?.iter().map(Entries::of_config_map).collect::<Vec<_>>()
             }
+            // Never a source: the configuration has no such field.
+            (_, TargetKind::ClusterTrustBundle) => Vec::new(),
         };
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(entries)
@@ -216,6 +218,7 @@ fn writes(targets: &[Target], kind: TargetKind, namespace: &str, name: &str, key
             && match &t.placement {
                 Placement::Namespace(ns) => ns == namespace,
                 Placement::Selector(_) => true,
+                Placement::Cluster => false,
             }
     })
 }

@@ -73,6 +73,33 @@ fn ca_syncer_roles_equal_for_selector_sources_beside_named_ones_in_one_namespace
 }
 
 #[test]
+fn ca_syncer_roles_equal_for_cluster_trust_bundle_targets_with_and_without_a_signer_or_a_selector() -> Result<()> {
+    let bundle = |targets: Value| {
+        json!({"bundles": [{"name": "one",
+            "sources": [{"secret": {"namespace": "kcp-system", "name": "root-ca", "key": "ca.crt"}}],
+            "targets": targets}]})
+    };
+    // Two bundles, one with a signer (attest on it), one without; no selector target, so no Namespaces rule.
+    assert_same_rbac(
+        "caSyncer",
+        "ca-syncer",
+        bundle(
+            json!([{"clusterTrustBundle": {"name": "kcp-keeper.io:kcp-root-ca:primary", "signerName": "kcp-keeper.io/kcp-root-ca"}},
+                      {"clusterTrustBundle": {"name": "kcp-root-ca"}}]),
+        ),
+    )?;
+    // Beside a namespace-selector target: one ClusterRole with both.
+    assert_same_rbac(
+        "caSyncer",
+        "ca-syncer",
+        bundle(
+            json!([{"clusterTrustBundle": {"name": "kcp-keeper.io:kcp-root-ca:primary", "signerName": "kcp-keeper.io/kcp-root-ca"}},
+                      {"configMap": {"name": "kcp-ca", "key": "ca.crt", "namespaceSelector": {"matchLabels": {"trust": "kcp"}}}}]),
+        ),
+    )
+}
+
+#[test]
 fn dns_rewriter_roles_in_the_chart_equal_its_rbac_one_shot_for_its_example() -> Result<()> {
     assert_same_rbac("dnsRewriter", "dns-rewriter", example("dns-rewriter"))
 }

@@ -13,6 +13,8 @@ use serde::Deserialize;
 pub enum TargetKind {
     Secret,
     ConfigMap,
+    /// Cluster-scoped (certificates.k8s.io/v1): a target only, never a source.
+    ClusterTrustBundle,
 }
 
 impl TargetKind {
@@ -20,6 +22,7 @@ impl TargetKind {
         match self {
             TargetKind::Secret => "Secret",
             TargetKind::ConfigMap => "ConfigMap",
+            TargetKind::ClusterTrustBundle => "ClusterTrustBundle",
         }
     }
 
@@ -28,6 +31,7 @@ impl TargetKind {
         match self {
             TargetKind::Secret => "secret",
             TargetKind::ConfigMap => "configMap",
+            TargetKind::ClusterTrustBundle => "clusterTrustBundle",
         }
     }
 }
@@ -43,7 +47,12 @@ pub struct Target {
     pub adopt: bool,
     /// Labels and annotations the object carries (applied as ours, never over someone else's key).
     pub metadata: TargetMetadata,
+    /// A ClusterTrustBundle's `spec.signerName`.
+    pub signer_name: Option<String>,
 }
+
+/// The field of a ClusterTrustBundle the bundle is written to (its `key` for comparisons and metrics).
+pub const TRUST_BUNDLE_KEY: &str = "trustBundle";
 
 /// Labels and annotations of a target object, as configured (keys checked).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -57,6 +66,8 @@ pub enum Placement {
     Namespace(String),
     /// At least one requirement that selects by presence (a `matchLabels` entry, `In` or `Exists`).
     Selector(Selector),
+    /// A cluster-scoped object (a ClusterTrustBundle).
+    Cluster,
 }
 
 /// A namespace selector, validated: `matchLabels` and `matchExpressions`, all of which must hold.
@@ -106,6 +117,10 @@ pub struct RawTarget {
     /// Write the bundle into a key of a ConfigMap.
     #[serde(default)]
     pub config_map: Option<RawTargetObject>,
+    /// Write the bundle into a ClusterTrustBundle's `spec.trustBundle` (certificates.k8s.io/v1), which pods
+    /// project with `projected.sources[].clusterTrustBundle` without any Secret RBAC.
+    #[serde(default)]
+    pub cluster_trust_bundle: Option<RawClusterTrustBundle>,
     /// Take over an existing object (or key) kcp-keeper did not create; without it such a target is left
     /// alone and reported.
     #[serde(default)]
@@ -129,6 +144,22 @@ pub struct RawTargetObject {
     pub namespace_selector: Option<NamespaceSelector>,
     /// Labels and annotations the object gets (for GitOps tools and policy engines), applied as kcp-keeper's
     /// fields; a key someone else set to another value is left alone and reported.
+    #[serde(default)]
+    pub metadata: Option<RawTargetMetadata>,
+}
+
+/// A ClusterTrustBundle target.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawClusterTrustBundle {
+    /// The object's name. With `signerName`, it must start with the signer name, `/` written as `:`, and a
+    /// `:` (for `kcp-keeper.io/kcp-ca`: `kcp-keeper.io:kcp-ca:<anything>`); without, it must not contain `:`.
+    pub name: String,
+    /// `spec.signerName` (`<domain>/<path>`): pods can then project every bundle of this signer by its name.
+    /// Writing a bundle with a signer needs the `attest` verb on that signer (`ca-syncer rbac` grants it).
+    #[serde(default)]
+    pub signer_name: Option<String>,
+    /// Labels and annotations the object gets, applied as kcp-keeper's fields.
     #[serde(default)]
     pub metadata: Option<RawTargetMetadata>,
 }
@@ -216,17 +247,30 @@ pub(super) fn target_from_raw<'a>(
     path: &str,
     errors: &mut Vec<FieldError>,
 ) -> Option<(Target, Destination<'a>)> {
+    let set: Vec<&str> = [
+        target.secret.as_ref().map(|_| "secret"),
+        target.config_map.as_ref().map(|_| "configMap"),
+        target.cluster_trust_bundle.as_ref().map(|_| "clusterTrustBundle"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if set.len() != 1 {
+        let reason = if set.is_empty() {
+            "must set one of secret, configMap, clusterTrustBundle".to_owned()
+        } else {
+            format!("must set exactly one of secret, configMap, clusterTrustBundle; has {}", set.join(", "))
+        };
+        errors.push(FieldError::new(path, reason));
+        return None;
+    }
+    if let Some(bundle) = &target.cluster_trust_bundle {
+        return cluster_trust_bundle_from_raw(bundle, target.adopt, &format!("{path}.clusterTrustBundle"), errors);
+    }
     let (kind, object) = match (&target.secret, &target.config_map) {
-        (Some(object), None) => (TargetKind::Secret, object),
-        (None, Some(object)) => (TargetKind::ConfigMap, object),
-        (Some(_), Some(_)) => {
-            errors.push(FieldError::new(path, "must set exactly one of secret, configMap; has both"));
-            return None;
-        }
-        (None, None) => {
-            errors.push(FieldError::new(path, "must set one of secret, configMap"));
-            return None;
-        }
+        (Some(object), _) => (TargetKind::Secret, object),
+        (_, Some(object)) => (TargetKind::ConfigMap, object),
+        (None, None) => return None,
     };
     let path = format!("{path}.{}", kind.field());
     check(errors, format!("{path}.name"), names::check_dns_subdomain(&object.name));
@@ -248,10 +292,66 @@ pub(super) fn target_from_raw<'a>(
     };
     let metadata = metadata_from_raw(object.metadata.as_ref(), &format!("{path}.metadata"), errors);
     let destination = Destination { kind, namespace, name: &object.name, key: &object.key };
-    let target =
-        Target { kind, name: object.name.clone(), key: object.key.clone(), placement, adopt: target.adopt, metadata };
+    let target = Target {
+        kind,
+        name: object.name.clone(),
+        key: object.key.clone(),
+        placement,
+        adopt: target.adopt,
+        metadata,
+        signer_name: None,
+    };
     // Returned even when a name or key is malformed, so conflicts with it are reported too; the bundle is
     // refused because of the errors recorded.
+    Some((target, destination))
+}
+
+/// A ClusterTrustBundle target, named as the apiserver requires for its signer (or lack of one).
+fn cluster_trust_bundle_from_raw<'a>(
+    raw: &'a RawClusterTrustBundle,
+    adopt: bool,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) -> Option<(Target, Destination<'a>)> {
+    let name_path = format!("{path}.name");
+    match &raw.signer_name {
+        Some(signer) => {
+            let valid = signer.split_once('/').is_some_and(|(domain, rest)| {
+                names::check_dns_subdomain(domain).is_ok() && !rest.is_empty() && !rest.contains(':')
+            });
+            if !valid {
+                errors.push(FieldError::new(
+                    format!("{path}.signerName"),
+                    "must be <domain>/<path> with a DNS subdomain as the domain (like kcp-keeper.io/kcp-ca)",
+                ));
+            }
+            let prefix = format!("{}:", signer.replace('/', ":"));
+            if !raw.name.starts_with(&prefix) || raw.name.len() == prefix.len() {
+                errors.push(FieldError::new(
+                    name_path.clone(),
+                    format!("must start with {prefix:?} and go on after it (the signer name, / written as :)"),
+                ));
+            }
+        }
+        None if raw.name.contains(':') => {
+            errors.push(FieldError::new(name_path.clone(), "must not contain ':' without a signerName"))
+        }
+        None => {}
+    }
+    // `:` is allowed in a ClusterTrustBundle's name; the rest must be a DNS subdomain.
+    check(errors, name_path, names::check_dns_subdomain(&raw.name.replace(':', "-")));
+    let metadata = metadata_from_raw(raw.metadata.as_ref(), &format!("{path}.metadata"), errors);
+    let kind = TargetKind::ClusterTrustBundle;
+    let destination = Destination { kind, namespace: None, name: &raw.name, key: TRUST_BUNDLE_KEY };
+    let target = Target {
+        kind,
+        name: raw.name.clone(),
+        key: TRUST_BUNDLE_KEY.to_string(),
+        placement: Placement::Cluster,
+        adopt,
+        metadata,
+        signer_name: raw.signer_name.clone(),
+    };
     Some((target, destination))
 }
 

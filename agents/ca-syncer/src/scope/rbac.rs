@@ -100,15 +100,26 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
 
     if !plan.cluster_wide.is_empty() {
         let mut rules = Vec::new();
-        for kind in [TargetKind::Secret, TargetKind::ConfigMap] {
+        for kind in [TargetKind::Secret, TargetKind::ConfigMap, TargetKind::ClusterTrustBundle] {
             let names: BTreeSet<String> =
                 plan.cluster_wide.iter().filter(|(k, _)| *k == kind).map(|(_, n)| n.clone()).collect();
             if !names.is_empty() {
-                rules.push(rule("", resource(kind), &names, &["get", "list", "watch", "create", "patch"]));
+                rules.push(rule(group(kind), resource(kind), &names, &["get", "list", "watch", "create", "patch"]));
             }
         }
-        rules.push(rule("", "namespaces", &BTreeSet::new(), &["list", "watch"]));
-        rules.push(rule("events.k8s.io", "events", &BTreeSet::new(), &["create"]));
+        // The ClusterTrustBundleAttest admission plugin: writing a bundle that names a signer needs `attest` on
+        // exactly that signer.
+        let signers: BTreeSet<String> =
+            config.bundles.iter().flat_map(|b| &b.targets).filter_map(|t| t.signer_name.clone()).collect();
+        if !signers.is_empty() {
+            rules.push(rule("certificates.k8s.io", "signers", &signers, &["attest"]));
+        }
+        // Only namespace-selector targets watch Namespaces and put Events outside the named namespaces; Events
+        // about a ClusterTrustBundle go on the agent's Lease.
+        if !plan.namespace_selectors.is_empty() {
+            rules.push(rule("", "namespaces", &BTreeSet::new(), &["list", "watch"]));
+            rules.push(rule("events.k8s.io", "events", &BTreeSet::new(), &["create"]));
+        }
         rbac.add_cluster(ROLE_NAME, APP, rules, who);
     }
     rbac
@@ -118,6 +129,14 @@ fn resource(kind: TargetKind) -> &'static str {
     match kind {
         TargetKind::Secret => "secrets",
         TargetKind::ConfigMap => "configmaps",
+        TargetKind::ClusterTrustBundle => "clustertrustbundles",
+    }
+}
+
+fn group(kind: TargetKind) -> &'static str {
+    match kind {
+        TargetKind::Secret | TargetKind::ConfigMap => "",
+        TargetKind::ClusterTrustBundle => "certificates.k8s.io",
     }
 }
 
