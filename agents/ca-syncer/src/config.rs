@@ -228,6 +228,15 @@ fn bundle_from_raw<'a>(
             "cannot go with emptyMeansPublicRoots: a ClusterTrustBundle must hold at least one certificate",
         ));
     }
+    if targets.iter().any(|t| !t.consumers.is_empty()) && bundle.name.len() > crate::consumers::MAX_BUNDLE_NAME {
+        errors.push(FieldError::new(
+            format!("{path}.name"),
+            format!(
+                "at most {} characters for a bundle with restart consumers (it names their annotations)",
+                crate::consumers::MAX_BUNDLE_NAME
+            ),
+        ));
+    }
     if bundle.empty_means_public_roots && bundle.live_check.is_none() {
         errors.push(FieldError::new(
             format!("{path}.emptyMeansPublicRoots"),
@@ -618,6 +627,32 @@ bundles:
                 "bundles[0].targets[1].clusterTrustBundle: cannot go with emptyMeansPublicRoots: a ClusterTrustBundle must hold at least one certificate"
             ]
         );
+    }
+
+    #[test]
+    fn restart_consumers_are_named_in_one_namespace_and_every_mistake_has_its_path() {
+        let config = from_yaml(
+            "bundles:\n- name: kcp\n  sources: [{secret: {namespace: a, name: ca, key: ca.crt}}]\n  targets:\n  - {configMap: {namespace: hub, name: kcp-ca, key: ca.crt, restartDeployments: [hub], restartStatefulSets: [db], restartDaemonSets: [agent], restartWindow: {cron: \"0 2 * * *\", duration: 2h}}}\n",
+        )
+        .expect("valid");
+        let target = &config.bundles[0].targets[0];
+        let kinds: Vec<_> = target.consumers.iter().map(|c| c.kind).collect();
+        assert_eq!(kinds, kcp_keeper_runtime::consumer_restart::Kind::ALL);
+        assert!(target.restart_window.is_some());
+        let long = "b".repeat(crate::consumers::MAX_BUNDLE_NAME + 1);
+        let errors = errors_of(&format!(
+            "bundles:\n- name: {long}\n  sources: [{{secret: {{namespace: a, name: ca, key: ca.crt}}}}]\n  targets:\n  - {{configMap: {{namespaceSelector: {{matchLabels: {{a: b}}}}, name: t, key: ca.crt, restartDeployments: [Bad_Name, web, web], restartWindow: {{cron: \"not cron\", duration: 0s}}}}}}\n  - {{secret: {{namespace: hub, name: t, key: ca.crt, restartDaemonSets: [agent]}}}}\n"
+        ));
+        for expected in [
+            "bundles[0].name: at most 43 characters",
+            "bundles[0].targets[0].configMap.restartDeployments[0]:",
+            "bundles[0].targets[0].configMap.restartDeployments[2]: named twice",
+            "bundles[0].targets[0].configMap.restartWindow.duration: must be more than 0",
+            "bundles[0].targets[0].configMap.restartWindow: cron:",
+            "bundles[0].targets[0].configMap: restartDeployments, restartStatefulSets, restartDaemonSets and restartWindow need `namespace`",
+        ] {
+            assert!(errors.iter().any(|e| e.starts_with(expected)), "{expected} not in {errors:#?}");
+        }
     }
 
     #[test]

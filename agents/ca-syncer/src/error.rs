@@ -27,4 +27,11 @@ pub enum SyncError {
     /// The bundle's rotation record could not be read or written: nothing is written for the bundle.
     #[error("rotation record: {0}")]
     StateUnavailable(StateError),
+    /// A target's read-once consumer (Deployment, StatefulSet, DaemonSet) does not exist: its restart stays
+    /// pending and is retried.
+    #[error("{0}")]
+    ConsumerMissing(String),
+    /// Reading or rolling a read-once consumer failed: retried with backoff.
+    #[error("restarting a consumer: {0}")]
+    ConsumerRestartFailed(Box<ApplyError>),
 }

@@ -20,6 +20,7 @@ pub mod bundle;
 pub mod certs;
 pub mod cli;
 pub mod config;
+pub mod consumers;
 pub mod error;
 pub mod live_check;
 pub mod metrics;

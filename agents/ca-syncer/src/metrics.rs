@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use kcp_keeper_runtime::consumer_restart::ConsumerMetrics;
 use kcp_keeper_runtime::metrics::GaugeF64;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -92,6 +93,9 @@ pub struct Metrics {
     pub last_sync: Family<BundleLabel, GaugeF64>,
     /// Targets not attempted this cycle, by reason (`terminating`); every reason present from the first cycle.
     pub skipped_targets: Family<ReasonLabels, Gauge>,
+    /// Read-once consumers of targets (the runtime's `consumer_restart_pending`,
+    /// `consumer_restart_deferred_until_timestamp_seconds`), label `bundle`.
+    pub consumers: ConsumerMetrics,
     /// Per bundle, the series its last pass set. One map for the process: it outlives a configuration reload,
     /// so a bundle's series are still cleaned up after one.
     published: Arc<Mutex<BTreeMap<String, Published>>>,
@@ -122,6 +126,7 @@ impl Metrics {
             writes: Family::default(),
             last_sync: Family::default(),
             skipped_targets: Family::default(),
+            consumers: ConsumerMetrics::register(registry, "bundle"),
             published: Arc::default(),
         };
         registry.register(

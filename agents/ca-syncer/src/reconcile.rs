@@ -17,6 +17,7 @@ use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::{self, ApplyError, Outcome, Ownership};
+use kcp_keeper_runtime::consumer_restart::{Consumer, Done, RestartError, RestartWindow, Restarter, Wanted};
 use kcp_keeper_runtime::driver::{self, ErrorReason, ReconcileMetrics, Reconciler, Settings};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
 use kcp_keeper_runtime::metrics::unix_now;
@@ -27,6 +28,7 @@ use time::OffsetDateTime;
 use crate::bundle::{Bundle as Built, BundleOptions};
 use crate::certs::{Certificate, EmptyPolicy, Fingerprint, parse_certificates};
 use crate::config::{Bundle, Config, LiveCheck, Placement, TargetKind, TargetMetadata};
+use crate::consumers;
 use crate::error::SyncError;
 use crate::live_check::{self, EndpointFailure, Failures};
 use crate::metrics::{BundleLabel, EndpointLabels, Metrics, Published, ReasonLabels, SkipReason, TargetLabels};
@@ -135,6 +137,8 @@ struct Resolved {
     adopt: bool,
     metadata: TargetMetadata,
     signer_name: Option<String>,
+    consumers: Vec<Consumer>,
+    restart_window: Option<RestartWindow>,
 }
 
 impl Resolved {
@@ -260,9 +264,24 @@ impl Syncer {
         let mut review = None;
         let mut published = Published::default();
         let mut failures: Vec<ApplyError> = Vec::new();
+        let mut restart_failure: Option<RestartError> = None;
         for plan in plans {
+            let (target, hash) = (plan.target, consumers::content_hash(&plan.pem));
+            let held_until = consumers::held_until(plan.bundle.as_ref().and_then(|(b, _)| b.earliest_not_after()), now);
             match self.write_target(spec, plan, &mut published).await {
-                Ok(at) => review = min_time(review, at),
+                Ok(at) => {
+                    review = min_time(review, at);
+                    // Every pass, whatever it wrote: the target now holds `hash`, and a consumer not rolled for
+                    // it (the content changed, it was created later, its roll failed) is rolled now or in its
+                    // window; until then it is pending and the error retries the bundle.
+                    let wanted = Wanted { hash: &hash, held_until, deadline: None };
+                    match self.restart_consumers(spec, target, &wanted, now).await {
+                        Ok(at) => review = min_time(review, at),
+                        Err(e) => {
+                            restart_failure.get_or_insert(e);
+                        }
+                    }
+                }
                 Err(e) => failures.push(e),
             }
         }
@@ -273,7 +292,11 @@ impl Syncer {
         match failures.next() {
             None => {
                 self.metrics.last_sync.get_or_create(&BundleLabel { bundle: spec.name.clone() }).set(unix_now());
-                Ok(review)
+                match restart_failure {
+                    None => Ok(review),
+                    Some(RestartError::Missing(object)) => Err(SyncError::ConsumerMissing(object)),
+                    Some(RestartError::Failed(e)) => Err(SyncError::ConsumerRestartFailed(Box::new(e))),
+                }
             }
             Some(first @ (ApplyError::Foreign { .. } | ApplyError::ForeignKey { .. })) => {
                 Err(SyncError::TargetNotOwned { failed, total, first })
@@ -342,6 +365,8 @@ impl Syncer {
                 adopt: target.adopt,
                 metadata: target.metadata.clone(),
                 signer_name: target.signer_name.clone(),
+                consumers: target.consumers.clone(),
+                restart_window: target.restart_window.clone(),
             };
             out.extend(namespaces.into_iter().map(resolved));
             skipped.extend(terminating.into_iter().map(|ns| (resolved(ns), SkipReason::Terminating)));
@@ -482,6 +507,38 @@ impl Syncer {
         let Some((bundle, review)) = plan.bundle else { return Ok(None) };
         self.metrics.holds(&spec.name, bundle.certificates(), published);
         Ok(review)
+    }
+
+    /// Brings the target's consumers to `wanted` ([`Restarter::converge`]): the first error, or when to look
+    /// again for a roll deferred to its window.
+    async fn restart_consumers(
+        &self,
+        spec: &Bundle,
+        target: &Resolved,
+        wanted: &Wanted<'_>,
+        now: OffsetDateTime,
+    ) -> Result<Option<OffsetDateTime>, RestartError> {
+        if target.consumers.is_empty() {
+            return Ok(None);
+        }
+        let keys = consumers::keys(&spec.name);
+        let owner = format!("bundle {}", spec.name);
+        let restarter = Restarter { client: &self.client, events: &self.events, keys: &keys, owner: &owner };
+        let regarding = reference("v1", target.kind.as_str(), &target.namespace, &target.name, None);
+        let (mut first, mut review) = (None, None);
+        for consumer in &target.consumers {
+            let window = target.restart_window.as_ref();
+            let result = restarter.converge(&target.namespace, consumer, wanted, window, &regarding, now).await;
+            self.metrics.consumers.record(&spec.name, &target.namespace, consumer, &result);
+            match result {
+                Ok(Done::Deferred { until }) => review = min_time(review, Some(until)),
+                Ok(Done::UpToDate | Done::Restarted) => {}
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(review), Err)
     }
 
     /// An Event on a target, sent without waiting (one per target written would otherwise double the time a

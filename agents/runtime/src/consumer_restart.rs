@@ -224,7 +224,7 @@ impl Eq for RestartWindow {}
 pub const DEFAULT_MARGIN: Duration = Duration::from_secs(24 * 3600);
 
 /// A cron-style restart window, like cert-manager's renewal windows.
-#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawRestartWindow {
     /// When the window opens: 5-field cron (0 2 * * 1-5), 6 or 7 fields with seconds and years, or @daily.

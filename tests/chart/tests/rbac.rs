@@ -73,6 +73,24 @@ fn ca_syncer_roles_equal_for_selector_sources_beside_named_ones_in_one_namespace
 }
 
 #[test]
+fn ca_syncer_roles_equal_for_restart_consumers_of_every_kind_by_name_in_their_targets_namespace() -> Result<()> {
+    // Two targets in one namespace naming the same Deployment (granted once), every kind, and a target in
+    // another namespace with a window; a target without consumers grants no apps rule.
+    let config = json!({"bundles": [
+        {"name": "one",
+         "sources": [{"secret": {"namespace": "kcp-system", "name": "root-ca", "key": "ca.crt"}}],
+         "targets": [{"configMap": {"namespace": "hub", "name": "kcp-ca", "key": "ca.crt",
+                                    "restartDeployments": ["hub", "api"], "restartStatefulSets": ["db"]}},
+                     {"secret": {"namespace": "hub", "name": "kcp-ca", "key": "ca.crt",
+                                 "restartDeployments": ["hub"], "restartDaemonSets": ["agent"]}},
+                     {"secret": {"namespace": "edge", "name": "kcp-ca", "key": "ca.crt", "restartDeployments": ["proxy"],
+                                 "restartWindow": {"cron": "0 2 * * *", "duration": "2h"}}},
+                     {"secret": {"namespace": "plain", "name": "kcp-ca", "key": "ca.crt"}}]}
+    ]});
+    assert_same_rbac("caSyncer", "ca-syncer", config)
+}
+
+#[test]
 fn ca_syncer_roles_equal_for_cluster_trust_bundle_targets_with_and_without_a_signer_or_a_selector() -> Result<()> {
     let bundle = |targets: Value| {
         json!({"bundles": [{"name": "one",

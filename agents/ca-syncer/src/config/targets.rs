@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use kcp_keeper_runtime::config::FieldError;
+use kcp_keeper_runtime::consumer_restart::{Consumer, Kind as ConsumerKind, RawRestartWindow, RestartWindow};
 use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -49,6 +50,10 @@ pub struct Target {
     pub metadata: TargetMetadata,
     /// A ClusterTrustBundle's `spec.signerName`.
     pub signer_name: Option<String>,
+    /// Read-once workloads in the target's (one, named) namespace, rolled when what the target holds changes.
+    pub consumers: Vec<Consumer>,
+    /// When the consumers may be rolled; `None`: at once.
+    pub restart_window: Option<RestartWindow>,
 }
 
 /// The field of a ClusterTrustBundle the bundle is written to (its `key` for comparisons and metrics).
@@ -146,6 +151,20 @@ pub struct RawTargetObject {
     /// fields; a key someone else set to another value is left alone and reported.
     #[serde(default)]
     pub metadata: Option<RawTargetMetadata>,
+    /// Deployments in `namespace` that read the bundle once at start: rolled (a pod-template annotation)
+    /// once per real change of what this target holds. Only with `namespace`, not `namespaceSelector`.
+    #[serde(default)]
+    pub restart_deployments: Vec<String>,
+    /// StatefulSets in `namespace` that read the bundle once at start: rolled once per real change.
+    #[serde(default)]
+    pub restart_stateful_sets: Vec<String>,
+    /// DaemonSets in `namespace` that read the bundle once at start: rolled once per real change.
+    #[serde(default)]
+    pub restart_daemon_sets: Vec<String>,
+    /// Roll the consumers only inside this window (default: at once), but never later than the earliest
+    /// notAfter of the bundle they hold (the retained, previous CA during a rotation) minus the margin.
+    #[serde(default)]
+    pub restart_window: Option<RawRestartWindow>,
 }
 
 /// A ClusterTrustBundle target.
@@ -291,6 +310,7 @@ pub(super) fn target_from_raw<'a>(
         }
     };
     let metadata = metadata_from_raw(object.metadata.as_ref(), &format!("{path}.metadata"), errors);
+    let (consumers, restart_window) = consumers_from_raw(object, namespace.is_some(), &path, errors);
     let destination = Destination { kind, namespace, name: &object.name, key: &object.key };
     let target = Target {
         kind,
@@ -300,10 +320,49 @@ pub(super) fn target_from_raw<'a>(
         adopt: target.adopt,
         metadata,
         signer_name: None,
+        consumers,
+        restart_window,
     };
     // Returned even when a name or key is malformed, so conflicts with it are reported too; the bundle is
     // refused because of the errors recorded.
     Some((target, destination))
+}
+
+/// The target's read-once consumers and their window. Only a target in one named namespace may have them: the
+/// consumers are granted by name in that namespace (a selector's namespaces are known only at run time).
+fn consumers_from_raw(
+    object: &RawTargetObject,
+    named_namespace: bool,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) -> (Vec<Consumer>, Option<RestartWindow>) {
+    let mut consumers: Vec<Consumer> = Vec::new();
+    for (field, kind, list) in [
+        ("restartDeployments", ConsumerKind::Deployment, &object.restart_deployments),
+        ("restartStatefulSets", ConsumerKind::StatefulSet, &object.restart_stateful_sets),
+        ("restartDaemonSets", ConsumerKind::DaemonSet, &object.restart_daemon_sets),
+    ] {
+        for (i, name) in list.iter().enumerate() {
+            let at = format!("{path}.{field}[{i}]");
+            check(errors, at.clone(), names::check_dns_subdomain(name));
+            let consumer = Consumer { kind, name: name.clone() };
+            if consumers.contains(&consumer) {
+                errors.push(FieldError::new(at, "named twice"));
+            } else {
+                consumers.push(consumer);
+            }
+        }
+    }
+    let restart_window =
+        object.restart_window.clone().and_then(|w| w.validate(&format!("{path}.restartWindow"), errors));
+    if !named_namespace && (!consumers.is_empty() || object.restart_window.is_some()) {
+        errors.push(FieldError::new(
+            path,
+            "restartDeployments, restartStatefulSets, restartDaemonSets and restartWindow need `namespace`, not \
+             `namespaceSelector`",
+        ));
+    }
+    (consumers, restart_window)
 }
 
 /// A ClusterTrustBundle target, named as the apiserver requires for its signer (or lack of one).
@@ -351,6 +410,8 @@ fn cluster_trust_bundle_from_raw<'a>(
         adopt,
         metadata,
         signer_name: raw.signer_name.clone(),
+        consumers: Vec::new(),
+        restart_window: None,
     };
     Some((target, destination))
 }

@@ -10,7 +10,8 @@
 //! What is granted:
 //! - in each namespace the configuration names: get/list/watch on exactly the Secrets and ConfigMaps named
 //!   there (list and watch are limited by `resourceNames` through the `metadata.name` field selector every
-//!   watch uses), create/patch on the targets among them, create on Events;
+//!   watch uses), create/patch on the targets among them, get/patch on exactly the Deployments, StatefulSets
+//!   and DaemonSets those targets roll (`restartDeployments`...), create on Events;
 //! - in a namespace a selector source reads from: list/watch on that kind without names (RBAC has no label
 //!   narrowing; the watch carries the label selector, and there is no `get`, so no object is read by name);
 //! - for namespace-selector targets: a ClusterRole with the same verbs on that object name only, list/watch on
@@ -22,6 +23,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use kcp_keeper_runtime::consumer_restart::Kind as ConsumerKind;
 use kcp_keeper_runtime::rbac::{Rbac, Subjects, lease_rules, named_rule as rule};
 
 use crate::config::{Config, Placement, TargetKind};
@@ -40,6 +42,8 @@ struct Access {
     /// Kinds listed and watched by label selector.
     by_label: BTreeSet<TargetKind>,
     write: BTreeMap<TargetKind, BTreeSet<String>>,
+    /// Read-once consumers of targets there, rolled by name.
+    consumers: BTreeMap<ConsumerKind, BTreeSet<String>>,
 }
 
 /// Everything `config` needs, for `who`: one Role per namespace (the agent's own among them), then the
@@ -58,13 +62,11 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
     for bundle in &config.bundles {
         for target in &bundle.targets {
             if let Placement::Namespace(ns) = &target.placement {
-                namespaces
-                    .entry(ns.clone())
-                    .or_default()
-                    .write
-                    .entry(target.kind)
-                    .or_default()
-                    .insert(target.name.clone());
+                let access = namespaces.entry(ns.clone()).or_default();
+                access.write.entry(target.kind).or_default().insert(target.name.clone());
+                for consumer in &target.consumers {
+                    access.consumers.entry(consumer.kind).or_default().insert(consumer.name.clone());
+                }
             }
         }
     }
@@ -82,6 +84,12 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
             }
             if let Some(names) = access.write.get(&kind) {
                 rules.push(rule("", resource(kind), names, &["create", "patch"]));
+            }
+        }
+        // Consumers are read and rolled (one apply of two annotations) by name; nothing is listed or watched.
+        for kind in ConsumerKind::ALL {
+            if let Some(names) = access.consumers.get(&kind) {
+                rules.push(rule("apps", kind.plural(), names, &["get", "patch"]));
             }
         }
         if *ns == who.namespace {
