@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use kcp_keeper_runtime::consumer_restart::ConsumerMetrics;
+use kcp_keeper_runtime::consumer_restart::{Consumer, ConsumerMetrics};
 use kcp_keeper_runtime::metrics::GaugeF64;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -96,6 +96,9 @@ pub struct Metrics {
     /// Read-once consumers of targets (the runtime's `consumer_restart_pending`,
     /// `consumer_restart_deferred_until_timestamp_seconds`), label `bundle`.
     pub consumers: ConsumerMetrics,
+    /// The consumers of the configuration last applied (bundle, namespace, consumer): their series exist from
+    /// the start, and those of a consumer no longer configured go (a stale pending 1 would keep its alert up).
+    configured_consumers: Arc<Mutex<BTreeSet<(String, String, Consumer)>>>,
     /// Per bundle, the series its last pass set. One map for the process: it outlives a configuration reload,
     /// so a bundle's series are still cleaned up after one.
     published: Arc<Mutex<BTreeMap<String, Published>>>,
@@ -127,6 +130,7 @@ impl Metrics {
             last_sync: Family::default(),
             skipped_targets: Family::default(),
             consumers: ConsumerMetrics::register(registry, "bundle"),
+            configured_consumers: Arc::default(),
             published: Arc::default(),
         };
         registry.register(
@@ -235,6 +239,29 @@ impl Metrics {
 
     /// Removes the series this bundle set last time and not this time. After a failed write the certificates
     /// published before may still be in that target, so none of their series is removed then.
+    /// A configuration was applied: every consumer it names has its series (0 until a pass says otherwise), and
+    /// those of consumers it no longer names are removed.
+    pub fn consumers_configured(&self, config: &crate::config::Config) {
+        let now: BTreeSet<(String, String, Consumer)> = config
+            .bundles
+            .iter()
+            .flat_map(|b| b.targets.iter().map(move |t| (b, t)))
+            .filter_map(|(b, t)| match &t.placement {
+                crate::config::Placement::Namespace(ns) => Some((b, ns, t)),
+                _ => None,
+            })
+            .flat_map(|(b, ns, t)| t.consumers.iter().map(move |c| (b.name.clone(), ns.clone(), c.clone())))
+            .collect();
+        let mut last = self.configured_consumers.lock().unwrap_or_else(|e| e.into_inner());
+        for (bundle, ns, consumer) in last.difference(&now) {
+            self.consumers.forget(bundle, ns, consumer);
+        }
+        for (bundle, ns, consumer) in &now {
+            self.consumers.touch(bundle, ns, consumer);
+        }
+        *last = now;
+    }
+
     pub fn forget_stale(&self, bundle: &str, mut now: Published, some_failed: bool) {
         let mut published = self.published();
         if let Some(before) = published.get(bundle) {
@@ -249,5 +276,44 @@ impl Metrics {
             }
         }
         published.insert(bundle.to_string(), now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kcp_keeper_runtime::config::parse;
+
+    use super::*;
+
+    fn config(consumers: &str) -> crate::config::Config {
+        let yaml = format!(
+            "bundles:\n- name: kcp\n  sources: [{{secret: {{namespace: a, name: ca, key: ca.crt}}}}]\n  targets:\n  - {{configMap: {{namespace: hub, name: kcp-ca, key: ca.crt{consumers}}}}}\n"
+        );
+        parse(std::path::Path::new("ca-syncer.yaml"), &yaml).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_configured_consumer_has_its_series_at_zero_and_a_removed_one_loses_them_even_while_pending() {
+        let mut registry = Registry::with_prefix("ca_syncer");
+        let metrics = Metrics::register(&mut registry);
+        let text = |registry: &Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, registry).expect("encodes");
+            out
+        };
+        let series = |name: &str| {
+            format!(
+                "ca_syncer_consumer_restart_pending{{bundle=\"kcp\",namespace=\"hub\",kind=\"Deployment\",name=\"{name}\"}}"
+            )
+        };
+        metrics.consumers_configured(&config(", restartDeployments: [hub, gone]"));
+        let out = text(&registry);
+        assert!(out.contains(&format!("{} 0", series("hub"))), "{out}");
+        let gone = Consumer { kind: kcp_keeper_runtime::consumer_restart::Kind::Deployment, name: "gone".into() };
+        metrics.consumers.pending.get_or_create(&metrics.consumers.labels("kcp", "hub", &gone)).set(1);
+        metrics.consumers_configured(&config(", restartDeployments: [hub]"));
+        let out = text(&registry);
+        assert!(out.contains(&format!("{} 0", series("hub"))), "{out}");
+        assert!(!out.contains(&series("gone")), "{out}");
     }
 }

@@ -80,6 +80,7 @@ pub async fn daemon(
     let state = StateStore::new(client.clone(), &own.namespace);
     let own_object = reference("coordination.k8s.io/v1", "Lease", &own.namespace, &own.lease_name, None);
     driver::run(&ctx, &reconcile, settings, |config: Arc<Config>| {
+        metrics.consumers_configured(&config);
         let (scope, watches) = Scope::build(&client, &config);
         let syncer = Syncer {
             client: client.clone(),

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -17,6 +18,7 @@ use k8s_openapi::api::events::v1::Event;
 use kcp_keeper_runtime::consumer_restart::{Kind, held_until, restart_patch, restarted_for};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use testbed::agent_process::run_to_completion;
 use testbed::certs::Ca;
 use testbed::{ControlPlane, eventually};
 use time::OffsetDateTime;
@@ -59,7 +61,8 @@ fn config(src: &str, dst: &str, consumers: &str) -> String {
 }
 
 #[tokio::test]
-async fn a_real_ca_change_rolls_the_named_deployment_once_and_a_missing_one_once_it_exists() -> Result<()> {
+async fn a_real_ca_change_rolls_the_named_deployment_once_and_a_missing_one_once_it_exists_with_the_rendered_roles()
+-> Result<()> {
     let bed = ControlPlane::start().await?;
     let (src, dst) = (bed.namespace().await?, bed.namespace().await?);
     let client = bed.client();
@@ -68,7 +71,17 @@ async fn a_real_ca_change_rolls_the_named_deployment_once_and_a_missing_one_once
     sources.create(&PostParams::default(), &secret("source", &[("ca.crt", &old.cert_pem())])).await?;
     let deployments = Api::<Deployment>::namespaced(client.clone(), &dst);
     deployments.create(&PostParams::default(), &workload("hub")?).await?;
-    let mut agent = start_agent(&bed, &src, &config(&src, &dst, "restartDeployments: [hub, late]"))?;
+    // With only the Roles `ca-syncer rbac` renders: get/patch on exactly `hub` and `late` is enough.
+    let agent_ns = bed.namespace().await?;
+    let path = write_config(&bed, &config(&src, &dst, "restartDeployments: [hub, late]"))?;
+    let args =
+        ["rbac", "--config", &path.display().to_string(), "--namespace", &agent_ns, "--service-account", "ca-syncer"];
+    let (code, rbac, stderr) = run_to_completion(Path::new(BINARY), &args)?;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(rbac.contains("deployments"), "{rbac}");
+    apply_yaml(&client, &rbac).await?;
+    let (kubeconfig, _) = bed.service_account_kubeconfig(&agent_ns, "ca-syncer").await?;
+    let mut agent = agent(&bed, &path, &agent_ns).kubeconfig(&kubeconfig).spawn()?;
     agent.wait_ready(WAIT).await?;
     let keys = keys(BUNDLE);
 
