@@ -269,13 +269,16 @@ impl Syncer {
         for plan in plans {
             let (target, hash) = (plan.target, consumers::content_hash(&plan.pem));
             let held_until = consumers::held_until(plan.bundle.as_ref().and_then(|(b, _)| b.earliest_not_after()), now);
+            // A consumer holding the previous bundle trusts the CA this one only retains: it is rolled before that
+            // CA leaves the rotation overlap (its notAfter, or rotationGrace), window or not.
+            let deadline = plan.retention.as_ref().and_then(RetentionPlan::next_review_at);
             match self.write_target(spec, plan, &mut published).await {
                 Ok(at) => {
                     review = min_time(review, at);
                     // Every pass, whatever it wrote: the target now holds `hash`, and a consumer not rolled for
                     // it (the content changed, it was created later, its roll failed) is rolled now or in its
                     // window; until then it is pending and the error retries the bundle.
-                    let wanted = Wanted { hash: &hash, held_until, deadline: None };
+                    let wanted = Wanted { hash: &hash, held_until, deadline };
                     match self.restart_consumers(spec, target, &wanted, now).await {
                         Ok(at) => review = min_time(review, at),
                         Err(e) => {

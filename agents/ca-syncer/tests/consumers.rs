@@ -55,8 +55,13 @@ async fn event_notes(client: &kube::Client, ns: &str, reason: &str) -> Vec<Strin
 
 /// The config: Secret `source` in `src` into ConfigMap `kcp-ca` in `dst`, which names `consumers`.
 fn config(src: &str, dst: &str, consumers: &str) -> String {
+    config_with(src, dst, consumers, "")
+}
+
+/// [`config`] with more bundle settings (`extra`: `  key: value\n` lines).
+fn config_with(src: &str, dst: &str, consumers: &str, extra: &str) -> String {
     format!(
-        "resyncInterval: 1s\nbundles:\n- name: {BUNDLE}\n  sources:\n  - secret: {{namespace: {src}, name: source, key: ca.crt}}\n  targets:\n  - configMap: {{namespace: {dst}, name: kcp-ca, key: ca.crt, {consumers}}}\n"
+        "resyncInterval: 1s\nbundles:\n- name: {BUNDLE}\n{extra}  sources:\n  - secret: {{namespace: {src}, name: source, key: ca.crt}}\n  targets:\n  - configMap: {{namespace: {dst}, name: kcp-ca, key: ca.crt, {consumers}}}\n"
     )
 }
 
@@ -189,5 +194,50 @@ async fn a_roll_outside_its_window_waits_but_never_past_the_held_bundles_deadlin
     let text = metrics(&agent).await;
     assert_eq!(metric(&text, &series("consumer_restart_pending", &dst, "patient"))?, 0.0, "deferred is not pending");
     assert_eq!(metric(&text, &series("consumer_restart_deferred_until_timestamp_seconds", &dst, "due"))?, 0.0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_roll_deferred_by_its_window_still_happens_before_the_retained_ca_leaves_the_rotation_overlap() -> Result<()>
+{
+    let bed = ControlPlane::start().await?;
+    let (src, dst) = (bed.namespace().await?, bed.namespace().await?);
+    let client = bed.client();
+    let sources = Api::<Secret>::namespaced(client.clone(), &src);
+    let old = Ca::new("kcp-ca-old", YEAR)?;
+    sources.create(&PostParams::default(), &secret("source", &[("ca.crt", &old.cert_pem())])).await?;
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &dst);
+    deployments.create(&PostParams::default(), &workload("hub")?).await?;
+    // The window is closed for this test; the old CA is retained for an hour and 40 s after it leaves the
+    // sources: with a margin of an hour, `hub` (holding only the old CA) must be rolled within 40 s of the change,
+    // although the bundle it holds is good for a year.
+    let consumers = "restartDeployments: [hub], restartWindow: {cron: \"0 0 29 2 *\", duration: 1h, margin: 1h}";
+    let mut agent = start_agent(&bed, &src, &config_with(&src, &dst, consumers, "  rotationGrace: 3640s\n"))?;
+    agent.wait_ready(WAIT).await?;
+    let keys = keys(BUNDLE);
+    let rolled_for = |hash: String| {
+        let (deployments, keys) = (deployments.clone(), keys.clone());
+        async move {
+            let d = deployments.get_opt("hub").await.ok()??;
+            (restarted_for(&d, &keys)? == hash).then_some(d)
+        }
+    };
+    // Never rolled by the agent: rolled at once, window or not.
+    let (_, first) = eventually(WAIT, "the first publication", || target(&client, &dst)).await;
+    eventually(WAIT, "hub rolled for the first bundle", || rolled_for(first.clone())).await;
+
+    let new = Ca::new("kcp-ca-new", YEAR)?;
+    sources.replace("source", &PostParams::default(), &secret("source", &[("ca.crt", &new.cert_pem())])).await?;
+    let (_, second) = eventually(WAIT, "the new CA published beside the retained one", || async {
+        target(&client, &dst).await.filter(|(pem, _)| pem.matches("BEGIN CERTIFICATE").count() == 2)
+    })
+    .await;
+    let deferred = series("consumer_restart_deferred_until_timestamp_seconds", &dst, "hub");
+    let until = wait_for_metric(&agent, &deferred, "the roll deferred", |v| v > 0.0).await;
+    let year_away = (OffsetDateTime::now_utc() + time::Duration::days(300)).unix_timestamp() as f64;
+    assert!(until < year_away, "deferred to the overlap's end, not to the held bundle's notAfter");
+    let hub =
+        eventually(Duration::from_secs(120), "hub rolled before the overlap ends", || rolled_for(second.clone())).await;
+    assert_eq!(hub.metadata.generation, Some(3), "one roll per bundle");
     Ok(())
 }

@@ -162,7 +162,8 @@ pub struct RawTargetObject {
     #[serde(default)]
     pub restart_daemon_sets: Vec<String>,
     /// Roll the consumers only inside this window (default: at once), but never later than the earliest
-    /// notAfter of the bundle they hold (the retained, previous CA during a rotation) minus the margin.
+    /// notAfter of the bundle they hold, nor than the end of the rotation overlap (when the previous CA leaves
+    /// the bundle), minus the margin.
     #[serde(default)]
     pub restart_window: Option<RawRestartWindow>,
 }
