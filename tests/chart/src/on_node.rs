@@ -27,6 +27,9 @@ const S3_KEY: &str = "kcpkeepernode";
 const S3_SECRET: &str = "kcp-keeper-node-s3-secret";
 /// The consumer Deployment kubeconfig-rotator restarts.
 pub const HUB: &str = "railgrid-hub";
+/// The ClusterTrustBundle ca-syncer writes the root CA into, and its signer (the name carries the signer's prefix).
+pub const TRUST_BUNDLE: &str = "kcp-keeper.io:kcp-root-ca:primary";
+pub const SIGNER: &str = "kcp-keeper.io/kcp-root-ca";
 
 /// The chart's appVersion: the tag of every agent image.
 pub fn version() -> Result<String> {
@@ -92,7 +95,8 @@ pub fn values() -> Value {
         "caSyncer": {"enabled": true, "config": {"bundles": [{
             "name": "kcp-root-ca",
             "sources": [{"secret": {"namespace": "kcp-system", "name": "root-server-ca", "key": "ca.crt"}}],
-            "targets": [{"secret": {"namespace": "railgrid-system", "name": "kcp-ca", "key": "ca.crt"}}],
+            "targets": [{"secret": {"namespace": "railgrid-system", "name": "kcp-ca", "key": "ca.crt"}},
+                        {"clusterTrustBundle": {"name": TRUST_BUNDLE, "signerName": SIGNER}}],
         }]}},
         "dnsRewriter": {"enabled": true, "config": {
             "mode": "k3s",

@@ -3,11 +3,8 @@
 #[allow(unused_imports)]
 use super::*;
 
+use chart::on_node::{SIGNER, TRUST_BUNDLE};
 use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
-
-/// The ClusterTrustBundle target of the shared install's bundle (main.rs `values`), and its signer.
-pub(crate) const TRUST_BUNDLE: &str = "kcp-keeper.io:kcp-root-ca:primary";
-pub(crate) const SIGNER: &str = "kcp-keeper.io/kcp-root-ca";
 
 /// ca-syncer, in its pod, writes the source CA into a ClusterTrustBundle with the configured signer; a pod on the
 /// real node projects every bundle of that signer (`projected.sources[].clusterTrustBundle`, no Secret and no

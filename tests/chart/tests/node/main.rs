@@ -8,356 +8,38 @@
 
 use std::time::{Duration, Instant};
 
-use age::secrecy::ExposeSecret;
 use anyhow::{Context, Result, bail, ensure};
+use chart::on_node::{self, AGENTS, HUB, Installed, create, exec_in_agent, restricted_pause_spec, version};
 use chart::{NAMESPACE, helm, run};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Secret, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::{Event, Pod, Secret, Service};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use testbed::node::{self, NODE_IP, Node};
+use testbed::node::{self, Node};
 
 // Each agent's further node tests live in a module of their own (same node, same install, same binary).
 mod ca_syncer;
 mod dns_rewriter;
 
-const AGENTS: [&str; 4] = ["ca-syncer", "dns-rewriter", "kubeconfig-rotator", "etcd-snapshotter"];
-/// Ports of the peers inside the node (its own network, so fixed).
-const ETCD_PORT: u16 = 23790;
-const S3_PORT: u16 = 7070;
-const S3_KEY: &str = "kcpkeepernode";
-const S3_SECRET: &str = "kcp-keeper-node-s3-secret";
-/// The consumer Deployment kubeconfig-rotator restarts.
-const HUB: &str = "railgrid-hub";
 /// The ClusterIP of the CoreDNS Service the dns-rewriter test runs (kube-dns's customary address, in the
 /// range's static band, so no dynamically allocated Service can hold it).
 const COREDNS_IP: &str = "10.96.0.10";
 /// The CoreDNS image the node imports (built here from the peer; the name is ours, never pulled).
 const COREDNS_IMAGE: &str = "kcp-keeper.test/coredns:peer";
 
-fn version() -> Result<String> {
-    let chart: Value = serde_yaml::from_str(&std::fs::read_to_string(chart::chart_dir().join("Chart.yaml"))?)?;
-    Ok(chart["appVersion"].as_str().context("Chart.yaml has no appVersion")?.to_string())
-}
-
-async fn create<K>(client: &kube::Client, namespace: &str, object: Value) -> Result<()>
-where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug,
-{
-    let object: K = serde_json::from_value(object)?;
-    Api::<K>::namespaced(client.clone(), namespace)
-        .create(&PostParams::default(), &object)
-        .await
-        .with_context(|| format!("creating a {}", K::kind(&())))?;
-    Ok(())
-}
-
-async fn namespace(client: &kube::Client, object: Value) -> Result<()> {
-    let object: Namespace = serde_json::from_value(object)?;
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &object)
-        .await
-        .context("creating a namespace")?;
-    Ok(())
-}
-
-/// A Service without a selector and its EndpointSlice: `name.namespace.svc` answers, through kube-proxy, on
-/// `port`, for a peer listening on the node's address at `target`.
-async fn peer_service(client: &kube::Client, namespace: &str, name: &str, port: u16, target: u16) -> Result<()> {
-    create::<Service>(
-        client,
-        namespace,
-        json!({"metadata": {"name": name}, "spec": {"ports": [{"name": "main", "port": port, "targetPort": target}]}}),
-    )
-    .await?;
-    create::<EndpointSlice>(
-        client,
-        namespace,
-        json!({
-            "metadata": {"name": name, "labels": {"kubernetes.io/service-name": name}},
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [NODE_IP.to_string()], "conditions": {"ready": true}}],
-            "ports": [{"name": "main", "port": target, "protocol": "TCP"}],
-        }),
-    )
-    .await
-}
-
-fn secret(name: &str, data: &[(&str, &str)]) -> Value {
-    let data: serde_json::Map<String, Value> = data.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
-    json!({"metadata": {"name": name}, "stringData": data})
-}
-
-/// Every agent, configured for what runs on this node.
-fn values(node: &Node) -> Result<Value> {
-    let _ = node;
-    Ok(json!({
-        "caSyncer": {"enabled": true, "config": {"bundles": [{
-            "name": "kcp-root-ca",
-            "sources": [{"secret": {"namespace": "kcp-system", "name": "root-server-ca", "key": "ca.crt"}}],
-            "targets": [{"secret": {"namespace": "railgrid-system", "name": "kcp-ca", "key": "ca.crt"}},
-                        // ca_syncer::a_pod_projects_the_cluster_trust_bundle_ca_syncer_writes...
-                        {"clusterTrustBundle": {"name": ca_syncer::TRUST_BUNDLE, "signerName": ca_syncer::SIGNER}}],
-        }]}},
-        "dnsRewriter": {"enabled": true, "config": {
-            "mode": "k3s",
-            "clusterDomain": "cluster.local",
-            "rules": [{"host": "kcp-root.example.com", "service": {"namespace": "kcp-system", "name": "root-kcp"}, "port": 6443}],
-            "resyncInterval": "5m",
-        }},
-        "kubeconfigRotator": {"enabled": true, "config": {
-            "resyncInterval": "1m",
-            "kubeconfigs": [{
-                "name": "hub-admin",
-                "source": {"secret": {"namespace": "kcp-system", "name": "hub-admin-kubeconfig", "key": "kubeconfig"}},
-                "expect": {"username": "hub-admin", "groups": ["hub-admins"]},
-                "targets": [{
-                    "namespace": "railgrid-system",
-                    "name": "railgrid-kcp",
-                    "key": "admin.kubeconfig",
-                    "restartDeployments": [HUB],
-                }],
-            }],
-        }},
-        "etcdSnapshotter": {
-            "enabled": true,
-            "s3Credentials": {"existingSecret": "etcd-backup-s3"},
-            "ageIdentity": {"existingSecret": "etcd-backup-age"},
-            "config": {
-                "shards": [{
-                    "name": "root",
-                    "endpoints": [format!("http://etcd-root.kcp-system.svc.cluster.local:{ETCD_PORT}")],
-                    // Every 20 seconds (cron with seconds): the test waits for the agent's own scheduled snapshot.
-                    "schedule": {"cron": "*/20 * * * * *"},
-                }],
-                "storage": {
-                    "bucket": "kcp-backups",
-                    "prefix": "kcp/etcd",
-                    "endpoint": format!("http://s3.kcp-system.svc.cluster.local:{S3_PORT}"),
-                    "region": "us-east-1",
-                    "pathStyle": true,
-                    "credentials": {"secretDirectory": "/var/run/secrets/etcd-snapshotter/s3"},
-                },
-                "compression": "zstd",
-                "encryption": {"ageRecipients": [age_identity().to_public().to_string()]},
-                "retention": {"keepLast": 3},
-                "spill": {"directory": "/var/lib/etcd-snapshotter", "memoryBudget": "64Mi"},
-                "drills": {
-                    // Where the image carries them.
-                    "etcd": "/etcd",
-                    "etcdutl": "/etcdutl",
-                    "directory": "/var/lib/etcd-snapshotter/drills",
-                    "identityFile": "/var/run/secrets/etcd-snapshotter/age/identity.txt",
-                },
-            },
-        },
-    }))
-}
-
-/// A throwaway age key pair for the test (the snapshotter encrypts to the recipient; drills decrypt with the
-/// identity).
-fn age_identity() -> &'static age::x25519::Identity {
-    static IDENTITY: std::sync::OnceLock<age::x25519::Identity> = std::sync::OnceLock::new();
-    IDENTITY.get_or_init(age::x25519::Identity::generate)
-}
-
-/// What the agents' configurations name: namespaces, the source Secrets, the Services of the peers, and the
-/// peers themselves (etcd and S3 as processes inside the node, on its address).
-async fn seed(node: &Node, client: &kube::Client) -> Result<Vec<testbed::process::Process>> {
-    namespace(
-        client,
-        json!({"metadata": {"name": NAMESPACE, "labels": {
-            "pod-security.kubernetes.io/enforce": "restricted",
-            "pod-security.kubernetes.io/enforce-version": "latest",
-        }}}),
-    )
-    .await?;
-    // dns-rewriter discovers kcp-operator objects: the operator's real CRDs.
-    testbed::crds::install(client, testbed::crds::read(&testbed::crds::kcp_operator())?).await?;
-    for ns in ["kcp-system", "railgrid-system"] {
-        namespace(client, json!({"metadata": {"name": ns}})).await?;
-    }
-    let year = Duration::from_secs(365 * 24 * 3600);
-    let ca = testbed::certs::Ca::new("kcp-root-ca", year)?;
-    create::<Secret>(client, "kcp-system", secret("root-server-ca", &[("ca.crt", &ca.cert_pem())])).await?;
-    let kubeconfig = node.in_cluster_kubeconfig("hub-admin", &["hub-admins"], year)?;
-    create::<Secret>(client, "kcp-system", secret("hub-admin-kubeconfig", &[("kubeconfig", &kubeconfig)])).await?;
-    create::<Secret>(
-        client,
-        NAMESPACE,
-        secret("etcd-backup-s3", &[("AWS_ACCESS_KEY_ID", S3_KEY), ("AWS_SECRET_ACCESS_KEY", S3_SECRET)]),
-    )
-    .await?;
-    create::<Secret>(
-        client,
-        NAMESPACE,
-        secret("etcd-backup-age", &[("identity.txt", age_identity().to_string().expose_secret())]),
-    )
-    .await?;
-    create::<Service>(
-        client,
-        "kcp-system",
-        json!({"metadata": {"name": "root-kcp"}, "spec": {"ports": [{"port": 6443}]}}),
-    )
-    .await?;
-
-    let peers = peers::locate_only(&["etcd", "versitygw"])?;
-    let data = node.dir.join("peers");
-    std::fs::create_dir_all(data.join("s3/kcp-backups"))?;
-    let etcd = node.spawn_inside(
-        "etcd-root",
-        peers.path("etcd"),
-        vec![
-            "--name=root".into(),
-            format!("--data-dir={}", data.join("etcd").display()),
-            format!("--listen-client-urls=http://{NODE_IP}:{ETCD_PORT}"),
-            format!("--advertise-client-urls=http://{NODE_IP}:{ETCD_PORT}"),
-            format!("--listen-peer-urls=http://{NODE_IP}:23800"),
-            format!("--initial-advertise-peer-urls=http://{NODE_IP}:23800"),
-            format!("--initial-cluster=root=http://{NODE_IP}:23800"),
-            "--unsafe-no-fsync".into(),
-            "--log-level=warn".into(),
-        ],
-    )?;
-    let s3 = node.spawn_inside_with_env(
-        "versitygw",
-        peers.path("versitygw"),
-        vec!["--port".into(), format!("{NODE_IP}:{S3_PORT}"), "posix".into(), data.join("s3").display().to_string()],
-        &[("ROOT_ACCESS_KEY", S3_KEY), ("ROOT_SECRET_KEY", S3_SECRET)],
-    )?;
-    // The consumer of the kubeconfig kubeconfig-rotator publishes (it restarts it on every new content).
-    create::<Deployment>(client, "railgrid-system", pause_deployment(HUB)).await?;
-    peer_service(client, "kcp-system", "etcd-root", ETCD_PORT, ETCD_PORT).await?;
-    peer_service(client, "kcp-system", "s3", S3_PORT, S3_PORT).await?;
-    Ok(vec![etcd, s3])
-}
-
-/// A pod spec the `restricted` standard admits, running the pause image (never pulled).
-fn restricted_pause_spec(volumes: Value, mounts: Value) -> Value {
-    json!({
-        "securityContext": {"runAsNonRoot": true, "runAsUser": 65535, "seccompProfile": {"type": "RuntimeDefault"}},
-        "terminationGracePeriodSeconds": 1,
-        "containers": [{
-            "name": "consumer",
-            "image": peers::PAUSE_IMAGE,
-            "imagePullPolicy": "Never",
-            "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
-            "volumeMounts": mounts,
-        }],
-        "volumes": volumes,
-    })
-}
-
-fn pause_deployment(name: &str) -> Value {
-    json!({
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": restricted_pause_spec(json!([]), json!([]))},
-        },
-    })
-}
-
-/// The chart installed once per binary, on the shared node: images imported, the peers and objects the agents'
-/// configurations name seeded, `helm install --wait` done. The peers live on the thread that seeds them.
-struct Installed {
-    took: Duration,
-    _peers: Vec<testbed::process::Process>,
-}
-
+/// The chart installed once per binary, on the shared node (`chart::on_node`: the same set-up as
+/// `cargo xtask demo --cluster`). The peers live on the thread that seeds them.
 static INSTALLED: std::sync::OnceLock<Result<Installed, String>> = std::sync::OnceLock::new();
 
 fn installed() -> &'static Installed {
-    testbed::shared_for_binary(&INSTALLED, "chart install", install)
+    testbed::shared_for_binary(&INSTALLED, "chart install", || on_node::install(node::shared()))
 }
 
-async fn install() -> Result<Installed> {
-    let node = node::shared();
-    let client = node.client().await?;
-    let version = version()?;
-    let started = Instant::now();
-    for agent in AGENTS {
-        node.import_image(&node::agent_image_archive(agent)?)?;
-    }
-    let images = node.images()?;
-    for agent in AGENTS {
-        let tag = format!("ghcr.io/kcp-keeper/{agent}:{version}");
-        ensure!(images.iter().any(|i| i == &tag), "{tag} is not in the node's containerd: {images:?}");
-    }
-    eprintln!("images imported in {:.1?}", started.elapsed());
-    let peers = seed(node, &client).await?;
-
-    let home = tempfile::tempdir()?;
-    let values_file = home.path().join("values.yaml");
-    std::fs::write(&values_file, serde_yaml::to_string(&values(node)?)?)?;
-    let chart_dir = chart::chart_dir();
-    let kubeconfig = node.kubeconfig.display().to_string();
-    let args = [
-        "install",
-        "kcp-keeper",
-        chart_dir.to_str().context("chart path")?,
-        "--namespace",
-        NAMESPACE,
-        "--kubeconfig",
-        &kubeconfig,
-        "--values",
-        values_file.to_str().context("values path")?,
-        "--wait",
-        "--timeout",
-        "5m",
-    ];
-    let install = Instant::now();
-    let out = run(helm(&args, home.path())?)?;
-    let took = install.elapsed();
-    if !out.success {
-        let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;
-        let summary: Vec<String> = pods
-            .items
-            .iter()
-            .map(|p| {
-                let status = p.status.clone().unwrap_or_default();
-                format!(
-                    "{} {:?} {:?}",
-                    p.metadata.name.clone().unwrap_or_default(),
-                    status.phase,
-                    status
-                        .container_statuses
-                        .unwrap_or_default()
-                        .iter()
-                        .map(|c| (c.ready, c.state.clone()))
-                        .collect::<Vec<_>>()
-                )
-            })
-            .collect();
-        bail!("helm install --wait failed after {took:.1?}: {}\npods: {summary:#?}", out.stderr);
-    }
-    eprintln!("helm install --wait of all four agents: {took:.1?}");
-    Ok(Installed { took, _peers: peers })
-}
-
-/// `kubectl exec` of the agent's own binary in its pod (its image, its mounts, its ServiceAccount, the cluster's
-/// DNS): stdout when it exits 0, else why not.
-fn exec_in_agent(node: &Node, agent: &str, command: &[&str]) -> Result<String> {
-    let target = format!("deploy/kcp-keeper-{agent}");
-    let mut args = vec!["exec", "-n", NAMESPACE, &target, "-c", agent, "--"];
-    args.extend_from_slice(command);
-    let out = node.kubectl(&args)?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    ensure!(
-        out.status.success(),
-        "kubectl exec {agent} {command:?}: {}\n{stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(stdout)
+/// The install's values, as each test starts from them before changing one agent's.
+fn values(_node: &Node) -> Result<Value> {
+    Ok(on_node::values())
 }
 
 #[tokio::test]
