@@ -258,6 +258,30 @@ pub fn pause_deployment(name: &str) -> Value {
     })
 }
 
+/// `helm <verb> --wait` (install or upgrade) of the release `kcp-keeper` with `values`, on the node.
+pub fn helm_release(node: &Node, verb: &str, values: &Value, timeout: &str) -> Result<crate::Output> {
+    let home = tempfile::tempdir()?;
+    let values_file = home.path().join("values.yaml");
+    std::fs::write(&values_file, serde_yaml::to_string(values)?)?;
+    let chart_dir = crate::chart_dir();
+    let kubeconfig = node.kubeconfig.display().to_string();
+    let args = [
+        verb,
+        "kcp-keeper",
+        chart_dir.to_str().context("chart path")?,
+        "--namespace",
+        NAMESPACE,
+        "--kubeconfig",
+        &kubeconfig,
+        "--values",
+        values_file.to_str().context("values path")?,
+        "--wait",
+        "--timeout",
+        timeout,
+    ];
+    run(helm(&args, home.path())?)
+}
+
 /// The chart on the node: images imported (checked present under the chart's default names), the seed, then
 /// `helm install --wait` of [`values`].
 pub struct Installed {
@@ -282,27 +306,8 @@ pub async fn install(node: &Node) -> Result<Installed> {
     eprintln!("images imported in {:.1?}", started.elapsed());
     let peers = seed(node, &client).await?;
 
-    let home = tempfile::tempdir()?;
-    let values_file = home.path().join("values.yaml");
-    std::fs::write(&values_file, serde_yaml::to_string(&values())?)?;
-    let chart_dir = crate::chart_dir();
-    let kubeconfig = node.kubeconfig.display().to_string();
-    let args = [
-        "install",
-        "kcp-keeper",
-        chart_dir.to_str().context("chart path")?,
-        "--namespace",
-        NAMESPACE,
-        "--kubeconfig",
-        &kubeconfig,
-        "--values",
-        values_file.to_str().context("values path")?,
-        "--wait",
-        "--timeout",
-        "5m",
-    ];
     let install = Instant::now();
-    let out = run(helm(&args, home.path())?)?;
+    let out = helm_release(node, "install", &values(), "5m")?;
     let took = install.elapsed();
     if !out.success {
         let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;

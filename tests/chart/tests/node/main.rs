@@ -497,26 +497,7 @@ static RELEASE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// `helm upgrade --wait` of the release with `values`.
 fn helm_upgrade(node: &Node, values: &Value) -> Result<()> {
-    let home = tempfile::tempdir()?;
-    let values_file = home.path().join("values.yaml");
-    std::fs::write(&values_file, serde_yaml::to_string(values)?)?;
-    let chart_dir = chart::chart_dir();
-    let kubeconfig = node.kubeconfig.display().to_string();
-    let args = [
-        "upgrade",
-        "kcp-keeper",
-        chart_dir.to_str().context("chart path")?,
-        "--namespace",
-        NAMESPACE,
-        "--kubeconfig",
-        &kubeconfig,
-        "--values",
-        values_file.to_str().context("values path")?,
-        "--wait",
-        "--timeout",
-        "3m",
-    ];
-    let out = run(helm(&args, home.path())?)?;
+    let out = on_node::helm_release(node, "upgrade", values, "3m")?;
     ensure!(out.success, "helm upgrade failed: {}", out.stderr);
     Ok(())
 }
