@@ -2,13 +2,14 @@
 //! then the agent binary runs locally with a token minted for the ServiceAccount the chart created and the
 //! configuration file the chart rendered into its ConfigMap (the bed has no kubelet, so the chart's pod never
 //! runs). It does its job with only the chart's Roles, the apiserver refuses it nothing, and the same token
-//! reads no Secret the configuration does not name. Every ca_syncer_ metric the chart's alerts read is in its
+//! reads no Secret the configuration does not name; a read-once consumer is rolled with those Roles. Every ca_syncer_ metric the chart's alerts read is in its
 //! `/metrics`.
 
 mod common;
 
 use anyhow::{Context, Result};
 use common::*;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use kube::api::{Api, PostParams};
@@ -45,8 +46,18 @@ async fn installed_by_the_chart_it_syncs_with_the_chart_roles_and_its_token_read
     sources.create(&PostParams::default(), &secret("with-key", &[("ca.crt", &with_key)])).await?;
 
     let values = format!(
-        "replicas: 1\ndnsRewriter: {{enabled: false}}\ncaSyncer:\n  enabled: true\n  config:\n    resyncInterval: 1s\n    bundles:\n    - name: kcp\n      sources:\n      - secret: {{namespace: {src}, name: root-server-ca, key: ca.crt}}\n      targets:\n      - secret: {{namespace: {dst}, name: kcp-ca, key: ca.crt}}\n    - name: bad\n      sources:\n      - secret: {{namespace: {src}, name: with-key, key: ca.crt}}\n      targets:\n      - secret: {{namespace: {dst}, name: bad-ca, key: ca.crt}}\n"
+        "replicas: 1\ndnsRewriter: {{enabled: false}}\ncaSyncer:\n  enabled: true\n  config:\n    resyncInterval: 1s\n    bundles:\n    - name: kcp\n      sources:\n      - secret: {{namespace: {src}, name: root-server-ca, key: ca.crt}}\n      targets:\n      - secret: {{namespace: {dst}, name: kcp-ca, key: ca.crt, restartDeployments: [hub]}}\n    - name: bad\n      sources:\n      - secret: {{namespace: {src}, name: with-key, key: ca.crt}}\n      targets:\n      - secret: {{namespace: {dst}, name: bad-ca, key: ca.crt}}\n"
     );
+    // A read-once consumer of the bundle: rolled with the chart's Roles (get/patch on it by name).
+    let hub: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "hub"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "hub"}},
+            "template": {"metadata": {"labels": {"app": "hub"}}, "spec": {"containers": [{"name": "hub", "image": "hub"}]}},
+        },
+    }))?;
+    let deployments = Api::<Deployment>::namespaced(bed.client(), &dst);
+    deployments.create(&PostParams::default(), &hub).await?;
     testbed::helm::install(&bed, &release_ns, &values)?;
     let rendered = Api::<ConfigMap>::namespaced(bed.client(), &release_ns).get(ACCOUNT).await?;
     let config = write_config(&bed, &rendered.data.context("ConfigMap data")?["config.yaml"])?;
@@ -60,6 +71,14 @@ async fn installed_by_the_chart_it_syncs_with_the_chart_roles_and_its_token_read
     let record =
         Api::<ConfigMap>::namespaced(bed.client(), &release_ns).get(&ca_syncer::state::object_name("kcp")).await?;
     assert!(record.data.is_some(), "the rotation record is written in the release namespace");
+
+    let keys = ca_syncer::consumers::keys("kcp");
+    let hash = ca_syncer::consumers::content_hash(&bundle);
+    testbed::eventually(WAIT, "the consumer rolled for the bundle", || async {
+        let d = deployments.get_opt("hub").await.ok()??;
+        (kcp_keeper_runtime::consumer_restart::restarted_for(&d, &keys)? == hash).then_some(())
+    })
+    .await;
 
     // Every ca_syncer_ metric the chart's alerts read is in this agent's real /metrics.
     agent
