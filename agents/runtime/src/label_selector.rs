@@ -139,7 +139,7 @@ impl NamespaceSelector {
         if !selects {
             check(
                 format!("{path}.matchLabels"),
-                Err("must name at least one label (or a matchExpressions entry with In or Exists); an empty selector, or one of only NotIn and DoesNotExist, would select every namespace, kube-system included".into()),
+                Err("must name at least one label (or a matchExpressions entry with In or Exists); an empty selector, or one of only NotIn and DoesNotExist, would select nearly everything (every namespace, kube-system included)".into()),
             );
         }
         Selector { labels: self.match_labels.clone(), expressions }

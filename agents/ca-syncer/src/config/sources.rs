@@ -9,7 +9,7 @@ use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer};
 
-use super::targets::{Destination, NamespaceSelector, Selector, TargetKind, check, selector_from_raw};
+use super::targets::{Destination, NamespaceSelector, Selector, TargetKind, check};
 use crate::certs::{self, Certificate, EmptyPolicy};
 
 /// Where certificates come from.
@@ -188,7 +188,7 @@ fn object_source<'a>(
             check(errors, format!("{path}.name"), names::check_dns_subdomain(name));
             Pick::Name(name.clone())
         }
-        (None, Some(selector)) => Pick::Labels(selector_from_raw(selector, &format!("{path}.selector"), errors)),
+        (None, Some(selector)) => Pick::Labels(selector.validate(&format!("{path}.selector"), errors)),
         (name, _) => {
             let has = if name.is_some() { "; has both" } else { "" };
             errors.push(FieldError::new(path, format!("must set exactly one of name, selector{has}")));

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use kcp_keeper_runtime::config::FieldError;
 use kcp_keeper_runtime::consumer_restart::{Consumer, Kind as ConsumerKind, RawRestartWindow, RestartWindow};
+pub use kcp_keeper_runtime::label_selector::{NamespaceSelector, Operator, RawRequirement, Requirement, Selector};
 use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -73,43 +74,6 @@ pub enum Placement {
     Selector(Selector),
     /// A cluster-scoped object (a ClusterTrustBundle).
     Cluster,
-}
-
-/// A namespace selector, validated: `matchLabels` and `matchExpressions`, all of which must hold.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Selector {
-    pub labels: BTreeMap<String, String>,
-    pub expressions: Vec<Requirement>,
-}
-
-/// One `matchExpressions` entry.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Requirement {
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    DoesNotExist(String),
-}
-
-impl Selector {
-    /// As a label selector string (`a=b,tier in (prod,staging),!opt-out`), for a watch: the labels sorted, then
-    /// the expressions in the configured order, each one's values sorted.
-    pub fn label_selector(&self) -> String {
-        let labels = self.labels.iter().map(|(k, v)| format!("{k}={v}"));
-        let set = |values: &[String]| {
-            let mut values = values.to_vec();
-            values.sort();
-            values.dedup();
-            values.join(",")
-        };
-        let expressions = self.expressions.iter().map(|r| match r {
-            Requirement::In(k, values) => format!("{k} in ({})", set(values)),
-            Requirement::NotIn(k, values) => format!("{k} notin ({})", set(values)),
-            Requirement::Exists(k) => k.clone(),
-            Requirement::DoesNotExist(k) => format!("!{k}"),
-        });
-        labels.chain(expressions).collect::<Vec<_>>().join(",")
-    }
 }
 
 /// One target: exactly one of `secret` / `configMap`.
@@ -196,42 +160,6 @@ pub struct RawTargetMetadata {
     pub annotations: BTreeMap<String, String>,
 }
 
-/// Namespaces by their labels, as a Kubernetes label selector: every `matchLabels` entry and every
-/// `matchExpressions` requirement must hold.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct NamespaceSelector {
-    /// Labels a namespace must all carry.
-    #[serde(default)]
-    pub match_labels: BTreeMap<String, String>,
-    /// Requirements on a namespace's labels. The selector needs at least one entry that selects by presence (a
-    /// `matchLabels` entry, `In` or `Exists`): one of only `NotIn`/`DoesNotExist` would select nearly every
-    /// namespace, kube-system included.
-    #[serde(default)]
-    pub match_expressions: Vec<RawRequirement>,
-}
-
-/// One requirement on a namespace's labels.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RawRequirement {
-    /// The label key.
-    pub key: String,
-    pub operator: Operator,
-    /// For `In` and `NotIn`: at least one value; for `Exists` and `DoesNotExist`: none.
-    #[serde(default)]
-    pub values: Vec<String>,
-}
-
-/// How a requirement relates the key to its values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-pub enum Operator {
-    In,
-    NotIn,
-    Exists,
-    DoesNotExist,
-}
-
 /// One place an object key is read or written, for finding two targets that would fight over it.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(super) struct Destination<'a> {
@@ -301,7 +229,7 @@ pub(super) fn target_from_raw<'a>(
             (Placement::Namespace(namespace.clone()), Some(namespace.as_str()))
         }
         (None, Some(selector)) => {
-            let selector = selector_from_raw(selector, &format!("{path}.namespaceSelector"), errors);
+            let selector = selector.validate(&format!("{path}.namespaceSelector"), errors);
             (Placement::Selector(selector), None)
         }
         (namespace, _) => {
@@ -437,50 +365,4 @@ fn metadata_from_raw(raw: Option<&RawTargetMetadata>, path: &str, errors: &mut V
         }
     }
     TargetMetadata { labels: raw.labels.clone(), annotations: raw.annotations.clone() }
-}
-
-pub(super) fn selector_from_raw(selector: &NamespaceSelector, path: &str, errors: &mut Vec<FieldError>) -> Selector {
-    for (key, value) in &selector.match_labels {
-        check(
-            errors,
-            format!("{path}.matchLabels[{key:?}]"),
-            names::check_label_key(key).map_err(|r| format!("key {r}")),
-        );
-        check(
-            errors,
-            format!("{path}.matchLabels[{key:?}]"),
-            names::check_label_value(value).map_err(|r| format!("value {r}")),
-        );
-    }
-    let mut expressions = Vec::new();
-    for (i, raw) in selector.match_expressions.iter().enumerate() {
-        let path = format!("{path}.matchExpressions[{i}]");
-        check(errors, format!("{path}.key"), names::check_label_key(&raw.key));
-        for (j, value) in raw.values.iter().enumerate() {
-            check(errors, format!("{path}.values[{j}]"), names::check_label_value(value));
-        }
-        let key = raw.key.clone();
-        let values = raw.values.clone();
-        match raw.operator {
-            Operator::In | Operator::NotIn if values.is_empty() => {
-                errors.push(FieldError::new(format!("{path}.values"), "In and NotIn need at least one value"));
-            }
-            Operator::Exists | Operator::DoesNotExist if !values.is_empty() => {
-                errors.push(FieldError::new(format!("{path}.values"), "Exists and DoesNotExist take no values"));
-            }
-            Operator::In => expressions.push(Requirement::In(key, values)),
-            Operator::NotIn => expressions.push(Requirement::NotIn(key, values)),
-            Operator::Exists => expressions.push(Requirement::Exists(key)),
-            Operator::DoesNotExist => expressions.push(Requirement::DoesNotExist(key)),
-        }
-    }
-    let selects = !selector.match_labels.is_empty()
-        || selector.match_expressions.iter().any(|r| matches!(r.operator, Operator::In | Operator::Exists));
-    if !selects {
-        errors.push(FieldError::new(
-            format!("{path}.matchLabels"),
-            "must name at least one label (or a matchExpressions entry with In or Exists); an empty selector, or one of only NotIn and DoesNotExist, would select nearly everything (every namespace, kube-system included)",
-        ));
-    }
-    Selector { labels: selector.match_labels.clone(), expressions }
 }
