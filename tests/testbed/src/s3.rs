@@ -21,20 +21,35 @@ pub struct S3Server {
 
 impl S3Server {
     pub async fn start(versitygw: &Path, dir: &Path) -> Result<Self> {
+        Self::start_with(versitygw, dir, false).await
+    }
+
+    /// As [`Self::start`], with a versioning directory for the posix backend: then versitygw answers a bucket's
+    /// versioning status (without one it answers 501; versioning itself stays off until a client turns it on).
+    pub async fn start_with_versioning_dir(versitygw: &Path, dir: &Path) -> Result<Self> {
+        Self::start_with(versitygw, dir, true).await
+    }
+
+    async fn start_with(versitygw: &Path, dir: &Path, versioning_dir: bool) -> Result<Self> {
         let port = free_port()?;
         let data = dir.join("s3-data");
         std::fs::create_dir_all(&data)?;
         let access_key = format!("tb{:016x}", rand::random::<u64>());
         let secret_key = format!("{:032x}", rand::random::<u128>());
-        let args = vec![
+        let mut args: Vec<String> = vec![
             "--port".into(),
             format!("127.0.0.1:{port}"),
             "--region".into(),
             REGION.into(),
             "--quiet".into(),
             "posix".into(),
-            data.display().to_string(),
         ];
+        if versioning_dir {
+            let versions = dir.join("s3-versions");
+            std::fs::create_dir_all(&versions)?;
+            args.extend(["--versioning-dir".into(), versions.display().to_string()]);
+        }
+        args.push(data.display().to_string());
         // The root credentials go through the environment so they never show in a process listing.
         let process = Process::start_with_env(
             "versitygw",

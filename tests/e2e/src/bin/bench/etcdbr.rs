@@ -20,56 +20,7 @@ const SAVED: &str = "Total time to save Full snapshot";
 /// `--versioning-dir`: etcdbrctl asks for the bucket's versioning at start, which versitygw's posix backend
 /// answers only with a versioning directory (otherwise 501, and etcdbrctl exits). Versioning itself stays off.
 pub async fn s3_with_versioning(versitygw: &Path, dir: &Path) -> Result<testbed::S3Server> {
-    use testbed::process::{Process, free_port, wait_until};
-    let port = free_port()?;
-    let (data, versions) = (dir.join("s3-data"), dir.join("s3-versions"));
-    std::fs::create_dir_all(&data)?;
-    std::fs::create_dir_all(&versions)?;
-    let access_key = format!("tb{}", random_hex(8)?);
-    let secret_key = random_hex(16)?;
-    let args = vec![
-        "--port".into(),
-        format!("127.0.0.1:{port}"),
-        "--region".into(),
-        testbed::s3::REGION.into(),
-        "--quiet".into(),
-        "posix".into(),
-        "--versioning-dir".into(),
-        versions.display().to_string(),
-        data.display().to_string(),
-    ];
-    let process = Process::start_with_env(
-        "versitygw",
-        versitygw,
-        args,
-        &[("ROOT_ACCESS_KEY", access_key.as_str()), ("ROOT_SECRET_KEY", secret_key.as_str())],
-        dir.join("versitygw.log"),
-    )?;
-    let mut server = testbed::S3Server {
-        endpoint: format!("http://127.0.0.1:{port}"),
-        access_key,
-        secret_key,
-        bucket: testbed::s3::BUCKET.into(),
-        process,
-    };
-    let client = server.client();
-    wait_until(&mut server.process, Duration::from_secs(30), "ready", || {
-        let client = client.clone();
-        async move {
-            client.list_buckets().send().await?;
-            Ok(())
-        }
-    })
-    .await?;
-    client.create_bucket().bucket(&server.bucket).send().await.context("creating the bench bucket")?;
-    Ok(server)
-}
-
-fn random_hex(bytes: usize) -> Result<String> {
-    use std::io::Read;
-    let mut buf = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+    testbed::S3Server::start_with_versioning_dir(versitygw, dir).await
 }
 
 /// etcdbrctl's S3 credentials: a directory of one file per field, named by `AWS_APPLICATION_CREDENTIALS`.
