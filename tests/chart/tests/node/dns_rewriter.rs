@@ -98,3 +98,386 @@ async fn helm_uninstall_runs_the_cleanup_hook_and_leaves_the_corefile_byte_for_b
     Api::<ConfigMap>::namespaced(client.clone(), "kube-system").delete(COREFILE_CONFIGMAP, &Default::default()).await?;
     Ok(())
 }
+
+/// Where node-local-dns listens: its pod's own IP (node-cache's `-localip`, from the downward API, filled into the
+/// Corefile's `bind __PILLAR__LOCAL__DNS__` by node-cache, as kubernetes/dns's manifest has it before kubeadm's
+/// `sed`). Not the host network as kubeadm runs it: its 169.254.20.10 lives on a dummy interface node-cache
+/// creates, which this kernel lacks (`-setupinterface=false`), the node's own address has the kubelet's cluster
+/// DNS on port 53, and the node's network has no route to the Service range (seen: node-cache on the CNI
+/// bridge's address forwarding to the kube-dns ClusterIP got `connect: network is unreachable`), while a pod
+/// reaches the cluster DNS Service and every pod reaches the pod. The address is a variable to the agent, so it
+/// verifies through the cluster DNS alone here (`ClusterBlock::listen_addresses`).
+/// The node-cache image the node imports (built here from the peer; the name is ours, never pulled).
+const NODE_CACHE_IMAGE: &str = "kcp-keeper.test/node-cache:peer";
+const NODE_LOCAL: &str = "node-local-dns";
+/// What the node's upstream resolver answers for the public name: the edge (a TLS-terminating load balancer),
+/// as the internet would.
+const EDGE: &str = "203.0.113.7";
+/// The upstream resolver's port on the node's address (53 there is the kubelet's cluster DNS).
+const UPSTREAM_PORT: u16 = 5353;
+const PUBLIC_HOST: &str = "kcp-root.example.com";
+
+/// kubernetes/dns's `nodelocaldns.yaml` Corefile as kubeadm's docs have it after their `sed` (the local address
+/// and the cluster domain filled in, `__PILLAR__DNS__SERVER__` and `__PILLAR__CLUSTER__DNS__` left for
+/// node-cache, which fills the latter from `$KUBE_DNS_SERVICE_HOST`: the kube-dns Service CoreDNS runs behind),
+/// the root zone forwarded to the node's upstream in place of `__PILLAR__UPSTREAM__SERVERS__`.
+fn node_local_corefile() -> String {
+    let local = "__PILLAR__LOCAL__DNS__";
+    let upstream = format!("{}:{UPSTREAM_PORT}", node::NODE_IP);
+    format!(
+        "cluster.local:53 {{
+    errors
+    cache {{
+            success 9984 30
+            denial 9984 5
+    }}
+    reload
+    loop
+    bind {local} __PILLAR__DNS__SERVER__
+    forward . __PILLAR__CLUSTER__DNS__ {{
+            force_tcp
+    }}
+    prometheus :9253
+    health {local}:8080
+    }}
+in-addr.arpa:53 {{
+    errors
+    cache 30
+    reload
+    loop
+    bind {local} __PILLAR__DNS__SERVER__
+    forward . __PILLAR__CLUSTER__DNS__ {{
+            force_tcp
+    }}
+    prometheus :9253
+    }}
+.:53 {{
+    errors
+    cache 30
+    reload
+    loop
+    bind {local} __PILLAR__DNS__SERVER__
+    forward . {upstream}
+    prometheus :9253
+    }}
+"
+    )
+}
+
+/// The node-local-dns DaemonSet: node-cache on the host network without its dummy interface and iptables rules
+/// (`-setupinterface=false -setupiptables=false`, as this kernel needs), its base Corefile the projected
+/// ConfigMap, which it watches and re-renders into `-conf` (`-reloadwithsignal`: reloaded at once, not after
+/// the reload plugin's interval).
+fn node_local_daemonset() -> Value {
+    json!({
+        "metadata": {"name": NODE_LOCAL, "labels": {"k8s-app": NODE_LOCAL}},
+        "spec": {
+            "selector": {"matchLabels": {"k8s-app": NODE_LOCAL}},
+            "template": {
+                "metadata": {"labels": {"k8s-app": NODE_LOCAL}},
+                "spec": {
+                    "dnsPolicy": "Default",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "node-cache",
+                        "image": NODE_CACHE_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                        "args": [
+                            "-localip=$(POD_IP)",
+                            "-setupinterface=false",
+                            "-setupiptables=false",
+                            "-skipteardown",
+                            "-reloadwithsignal",
+                            "-basecorefile=/etc/coredns/Corefile.base",
+                            "-conf=/run/node-cache/Corefile",
+                            "-metrics-listen-address=$(POD_IP):9353",
+                        ],
+                        // Port 53: root, as kubeadm's manifest runs it (kube-system).
+                        "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": false},
+                        "volumeMounts": [
+                            {"name": "config", "mountPath": "/etc/coredns", "readOnly": true},
+                            {"name": "run", "mountPath": "/run/node-cache"},
+                        ],
+                    }],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": NODE_LOCAL, "items": [{"key": "Corefile", "path": "Corefile.base"}]}},
+                        {"name": "run", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    })
+}
+
+/// The ServiceAccount, Role and RoleBinding `dns-rewriter check` needs (its own names: `lookup_from_a_pod`'s
+/// are another test's).
+async fn node_local_probe_rbac(client: &kube::Client) -> Result<()> {
+    let name = "node-local-dns-probe";
+    create::<k8s_openapi::api::core::v1::ServiceAccount>(client, NAMESPACE, json!({"metadata": {"name": name}}))
+        .await?;
+    create::<Role>(
+        client,
+        "kcp-system",
+        json!({"metadata": {"name": name}, "rules": [
+            {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list"]},
+            {"apiGroups": ["operator.kcp.io"], "resources": ["rootshards", "shards", "frontproxies"], "verbs": ["list"]},
+        ]}),
+    )
+    .await?;
+    create::<RoleBinding>(
+        client,
+        "kcp-system",
+        json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "namespace": NAMESPACE, "name": name}],
+        }),
+    )
+    .await
+}
+
+/// A pod whose only resolver is node-local-dns (`dnsPolicy: None`, its address the one nameserver) runs the
+/// shipped `dns-rewriter check` asking that same address, once (`restartPolicy: Never`): what it answered for
+/// the public name (`-` for nothing), once the pod has finished.
+async fn answer_behind_node_local_dns(
+    node: &Node,
+    client: &kube::Client,
+    local: &str,
+    attempt: usize,
+) -> Result<String> {
+    let name = format!("node-local-dns-probe-{attempt}");
+    create::<Pod>(
+        client,
+        NAMESPACE,
+        json!({
+            "metadata": {"name": name, "labels": {"app": "node-local-dns-probe"}},
+            "spec": {
+                "serviceAccountName": "node-local-dns-probe",
+                "restartPolicy": "Never",
+                "dnsPolicy": "None",
+                "dnsConfig": {"nameservers": [local], "searches": ["kcp-keeper.svc.cluster.local", "svc.cluster.local", "cluster.local"]},
+                "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "check",
+                    "image": format!("ghcr.io/kcp-keeper/dns-rewriter:{}", version()?),
+                    "imagePullPolicy": "Never",
+                    "args": ["check", "--config", "/etc/kcp-keeper/config.yaml", "--resolver", format!("{local}:53")],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": false,
+                        "readOnlyRootFilesystem": true,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [{"name": "config", "mountPath": "/etc/kcp-keeper", "readOnly": true}],
+                }],
+                "volumes": [{"name": "config", "configMap": {"name": "kcp-keeper-dns-rewriter"}}],
+            },
+        }),
+    )
+    .await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
+    testbed::eventually(Duration::from_secs(120), "the probe pod to finish", || async {
+        let phase = pods.get(&name).await.ok()?.status?.phase?;
+        matches!(phase.as_str(), "Succeeded" | "Failed").then_some(())
+    })
+    .await;
+    let out = node.kubectl(&["logs", "-n", NAMESPACE, &name])?;
+    ensure!(out.status.success(), "kubectl logs {name}: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let _ = pods.delete(&name, &Default::default()).await;
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("{PUBLIC_HOST} ")))
+        .with_context(|| format!("{name}: no line for {PUBLIC_HOST}:\n{stdout}"))?;
+    Ok(line.split_whitespace().nth(2).unwrap_or("-").to_string())
+}
+
+/// How many times each dns-rewriter pod has logged a configuration change (its watches rebuilt).
+fn config_reloads(node: &Node, pods: &[(String, String, i32, bool)]) -> Result<Vec<usize>> {
+    pods.iter()
+        .map(|(pod, ..)| {
+            let out = node.kubectl(&["logs", "-n", NAMESPACE, pod])?;
+            ensure!(out.status.success(), "kubectl logs {pod}: {}", String::from_utf8_lossy(&out.stderr));
+            Ok(String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("rebuilding watches")).count())
+        })
+        .collect()
+}
+
+/// NodeLocal DNSCache on the real node, as the DaemonSet's pod (node-cache 1.26.7 built here), its Corefile
+/// kubeadm's `node-local-dns` shape forwarding cluster.local to the CoreDNS Service and everything else to the
+/// node's upstream, which answers the public kcp name with the edge. A pod whose resolver is node-local-dns gets
+/// the edge while the shared release's dns-rewriter is told not to manage node-local-dns; once it is (the
+/// default), the agent writes its block into node-local-dns's Corefile, the kubelet projects it, node-cache
+/// reloads it, and the same pod's lookup answers the Service's ClusterIP; the agent reports it detected
+/// node-local-dns.
+#[tokio::test]
+async fn behind_node_local_dns_as_a_daemonset_pod_the_public_name_answers_the_edge_before_the_agent_and_the_cluster_ip_after()
+-> Result<()> {
+    installed();
+    let _exclusive = RELEASE.write().await;
+    let node = node::shared();
+    let client = node.client().await?;
+    // In a task of its own, so a panic in a wait (testbed::eventually) still reaches the clean-up below.
+    let outcome = match tokio::spawn(node_local_dns_before_and_after(node, client.clone())).await {
+        Ok(outcome) => outcome,
+        Err(panicked) => Err(anyhow::anyhow!("the test body panicked: {panicked}")),
+    };
+    // Whatever happened: node-local-dns gone, the release's values as the other tests expect them.
+    let ds = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), "kube-system");
+    let _ = ds.delete(NODE_LOCAL, &Default::default()).await;
+    let _ = Api::<ConfigMap>::namespaced(client.clone(), "kube-system").delete(NODE_LOCAL, &Default::default()).await;
+    let _ = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .delete_collection(&Default::default(), &ListParams::default().labels("app=node-local-dns-probe"))
+        .await;
+    let restored = helm_upgrade(node, &values(node)?);
+    outcome?;
+    restored?;
+    // The agent sees node-local-dns gone before the next test.
+    testbed::eventually(Duration::from_secs(60), "dns-rewriter to see node-local-dns gone", || async {
+        let pods = agent_pods(&client, "dns-rewriter").await.ok()?;
+        pods.iter()
+            .all(|(pod, ..)| {
+                pod_metric(node, pod, "dns_rewriter_node_local_dns_detected", "")
+                    .ok()
+                    .flatten()
+                    .is_none_or(|m| m.1 == 0.0)
+            })
+            .then_some(())
+    })
+    .await;
+    Ok(())
+}
+
+async fn node_local_dns_before_and_after(node: &'static Node, client: kube::Client) -> Result<()> {
+    let client = &client;
+    let started = Instant::now();
+    coredns_as_a_pod(node, client).await?;
+    let cluster_ip = Api::<Service>::namespaced(client.clone(), "kcp-system")
+        .get("root-kcp")
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("root-kcp has no ClusterIP")?;
+
+    // Not managed, first: the release's dns-rewriter told to leave node-local-dns alone, and both its pods
+    // have reloaded that before node-local-dns's ConfigMap exists.
+    let agents = agent_pods(client, "dns-rewriter").await?;
+    let reloads = config_reloads(node, &agents)?;
+    let mut unmanaged = values(node)?;
+    unmanaged["dnsRewriter"]["config"]["nodeLocalDns"] = json!({"enabled": false});
+    helm_upgrade(node, &unmanaged)?;
+    testbed::eventually(Duration::from_secs(120), "dns-rewriter to reload nodeLocalDns.enabled: false", || async {
+        let now = config_reloads(node, &agents).ok()?;
+        now.iter().zip(&reloads).all(|(now, before)| now > before).then_some(())
+    })
+    .await;
+
+    // The node's upstream resolver, on the node: the edge for the public name.
+    let upstream_dir = node.dir.join("node-local-upstream");
+    std::fs::create_dir_all(&upstream_dir)?;
+    let upstream_corefile = upstream_dir.join("Corefile");
+    std::fs::write(
+        &upstream_corefile,
+        format!(
+            ".:{UPSTREAM_PORT} {{\n    bind {}\n    hosts {{\n        {EDGE} {PUBLIC_HOST}\n    }}\n}}\n",
+            node::NODE_IP
+        ),
+    )?;
+    let _upstream = node.spawn_inside(
+        "node-local-upstream",
+        node.peers.path("coredns"),
+        vec!["-conf".into(), upstream_corefile.display().to_string()],
+    )?;
+
+    let node_cache = peers::locate_only(&["node-cache"])?;
+    let archive = node::image::single_binary_image(
+        &node.dir,
+        NODE_CACHE_IMAGE,
+        node_cache.path("node-cache"),
+        "node-cache",
+        "0:0",
+    )?;
+    node.import_image(&archive)?;
+    let original = node_local_corefile();
+    create::<ConfigMap>(
+        client,
+        "kube-system",
+        json!({"metadata": {"name": NODE_LOCAL}, "data": {"Corefile": original}}),
+    )
+    .await?;
+    create::<k8s_openapi::api::apps::v1::DaemonSet>(client, "kube-system", node_local_daemonset()).await?;
+    node_local_probe_rbac(client).await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), "kube-system");
+    let local = testbed::eventually(Duration::from_secs(120), "the node-local-dns pod Running", || async {
+        let listed = pods.list(&ListParams::default().labels(&format!("k8s-app={NODE_LOCAL}"))).await.ok()?;
+        let status = listed.items.first()?.status.clone()?;
+        (status.phase.as_deref() == Some("Running")).then_some(status.pod_ip?)
+    })
+    .await;
+
+    let mut attempt = 0;
+    let before = testbed::eventually(Duration::from_secs(120), "node-local-dns to answer the public name", || {
+        attempt += 1;
+        let attempt = attempt;
+        let local = local.clone();
+        async move { answer_behind_node_local_dns(node, client, &local, attempt).await.ok().filter(|a| a != "-") }
+    })
+    .await;
+    ensure!(before != cluster_ip, "before the agent manages node-local-dns it already answers {cluster_ip}");
+    ensure!(before == EDGE, "node-local-dns answered {before}, not the upstream's edge {EDGE}");
+    let unchanged = Api::<ConfigMap>::namespaced(client.clone(), "kube-system").get(NODE_LOCAL).await?;
+    ensure!(
+        unchanged.data.and_then(|d| d.get("Corefile").cloned()).as_deref() == Some(original.as_str()),
+        "node-local-dns's Corefile was written while not managed"
+    );
+    eprintln!("behind node-local-dns, before the agent: {PUBLIC_HOST} -> {before} ({:.1?})", started.elapsed());
+
+    // Managed: the release's values as shipped (nodeLocalDns on by default).
+    let managed = Instant::now();
+    helm_upgrade(node, &values(node)?)?;
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), "kube-system");
+    let written = testbed::eventually(Duration::from_secs(120), "the agent's block in node-local-dns", || async {
+        let cm = config_maps.get_opt(NODE_LOCAL).await.ok()??;
+        cm.data?.get("Corefile").filter(|c| c.contains(&format!("{PUBLIC_HOST}:53 {{"))).cloned()
+    })
+    .await;
+    ensure!(written.contains("# kcp-keeper:begin dns-rewriter"), "{written}");
+    eprintln!("dns-rewriter wrote node-local-dns's Corefile {:.1?} after the upgrade:\n{written}", managed.elapsed());
+    // The kubelet projects the new ConfigMap (its sync period), node-cache sees its base Corefile change, renders
+    // and reloads it: polled with one probe pod after another, the last answer kept for the failure message.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let after = loop {
+        attempt += 1;
+        let answer = answer_behind_node_local_dns(node, client, &local, attempt).await;
+        match &answer {
+            Ok(a) if *a == cluster_ip => break a.clone(),
+            _ if Instant::now() > deadline => {
+                let log = node.kubectl(&["logs", "-n", "kube-system", &format!("ds/{NODE_LOCAL}"), "--tail=60"])?;
+                bail!(
+                    "node-local-dns still answers {answer:?}, not {cluster_ip}, 120s after the agent's write; node-cache:\n{}",
+                    String::from_utf8_lossy(&log.stdout)
+                );
+            }
+            _ => eprintln!("behind node-local-dns, waiting: {answer:?}"),
+        }
+    };
+    eprintln!(
+        "behind node-local-dns, after the agent: {PUBLIC_HOST} -> {after} ({:.1?} after the upgrade)",
+        managed.elapsed()
+    );
+    let detected = testbed::eventually(Duration::from_secs(60), "dns_rewriter_node_local_dns_detected 1", || async {
+        let pods = agent_pods(client, "dns-rewriter").await.ok()?;
+        pods.iter().find_map(|(pod, ..)| {
+            let metric = pod_metric(node, pod, "dns_rewriter_node_local_dns_detected", "").ok()??;
+            (metric.1 == 1.0).then(|| format!("{pod}: {} {}", metric.0, metric.1))
+        })
+    })
+    .await;
+    eprintln!("{detected}");
+    for (pod, ..) in agent_pods(client, "dns-rewriter").await? {
+        let verified = pod_metric(node, &pod, &format!("dns_rewriter_host_verified{{host=\"{PUBLIC_HOST}\""), "}")?;
+        eprintln!("{pod}: host_verified {verified:?}");
+    }
+    eprintln!("node-local-dns test body: {:.1?}", started.elapsed());
+    Ok(())
+}

@@ -148,8 +148,14 @@ async fn ca_syncer_in_its_pod_carries_a_source_ca_change_to_a_target_secret_and_
 
 /// CoreDNS as k3s runs it: a Deployment in kube-system whose Corefile (ConfigMap `coredns`) imports
 /// `/etc/coredns/custom/*.override`, where the kubelet projects the optional ConfigMap `coredns-custom`, and
-/// reloads on a change; its Service at [`COREDNS_IP`]. The image holds the peers' CoreDNS binary alone.
+/// reloads on a change; its Service at [`COREDNS_IP`]. The image holds the peers' CoreDNS binary alone. Started
+/// once per binary: more than one dns-rewriter test resolves through it.
 async fn coredns_as_a_pod(node: &Node, client: &kube::Client) -> Result<()> {
+    static STARTED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    STARTED.get_or_try_init(|| start_coredns_as_a_pod(node, client)).await.map(|_| ())
+}
+
+async fn start_coredns_as_a_pod(node: &Node, client: &kube::Client) -> Result<()> {
     let archive = node::image::single_binary_image(
         &node.dir,
         COREDNS_IMAGE,
