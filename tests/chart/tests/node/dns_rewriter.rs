@@ -12,26 +12,7 @@ const COREFILE_CONFIGMAP: &str = "kcp-keeper-test-kubeadm-coredns";
 /// `helm install --wait` of the shared release again, with the values the other tests expect (the peers and
 /// objects `seed` made are still there: an uninstall removes only the release's own objects).
 fn helm_reinstall(node: &Node) -> Result<()> {
-    let home = tempfile::tempdir()?;
-    let values_file = home.path().join("values.yaml");
-    std::fs::write(&values_file, serde_yaml::to_string(&values(node)?)?)?;
-    let chart_dir = chart::chart_dir();
-    let kubeconfig = node.kubeconfig.display().to_string();
-    let args = [
-        "install",
-        "kcp-keeper",
-        chart_dir.to_str().context("chart path")?,
-        "--namespace",
-        NAMESPACE,
-        "--kubeconfig",
-        &kubeconfig,
-        "--values",
-        values_file.to_str().context("values path")?,
-        "--wait",
-        "--timeout",
-        "5m",
-    ];
-    let out = run(helm(&args, home.path())?)?;
+    let out = on_node::helm_release(node, "install", &values(node)?, "5m")?;
     ensure!(out.success, "helm install (again) failed: {}", out.stderr);
     Ok(())
 }
@@ -210,33 +191,6 @@ fn node_local_daemonset() -> Value {
     })
 }
 
-/// The ServiceAccount, Role and RoleBinding `dns-rewriter check` needs (its own names: `lookup_from_a_pod`'s
-/// are another test's).
-async fn node_local_probe_rbac(client: &kube::Client) -> Result<()> {
-    let name = "node-local-dns-probe";
-    create::<k8s_openapi::api::core::v1::ServiceAccount>(client, NAMESPACE, json!({"metadata": {"name": name}}))
-        .await?;
-    create::<Role>(
-        client,
-        "kcp-system",
-        json!({"metadata": {"name": name}, "rules": [
-            {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list"]},
-            {"apiGroups": ["operator.kcp.io"], "resources": ["rootshards", "shards", "frontproxies"], "verbs": ["list"]},
-        ]}),
-    )
-    .await?;
-    create::<RoleBinding>(
-        client,
-        "kcp-system",
-        json!({
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "namespace": NAMESPACE, "name": name}],
-        }),
-    )
-    .await
-}
-
 /// A pod whose only resolver is node-local-dns (`dnsPolicy: None`, its address the one nameserver) runs the
 /// shipped `dns-rewriter check` asking that same address, once (`restartPolicy: Never`): what it answered for
 /// the public name (`-` for nothing), once the pod has finished.
@@ -247,34 +201,13 @@ async fn answer_behind_node_local_dns(
     attempt: usize,
 ) -> Result<String> {
     let name = format!("node-local-dns-probe-{attempt}");
-    create::<Pod>(
-        client,
-        NAMESPACE,
-        json!({
-            "metadata": {"name": name, "labels": {"app": "node-local-dns-probe"}},
-            "spec": {
-                "serviceAccountName": "node-local-dns-probe",
-                "restartPolicy": "Never",
-                "dnsPolicy": "None",
-                "dnsConfig": {"nameservers": [local], "searches": ["kcp-keeper.svc.cluster.local", "svc.cluster.local", "cluster.local"]},
-                "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
-                "containers": [{
-                    "name": "check",
-                    "image": format!("ghcr.io/kcp-keeper/dns-rewriter:{}", version()?),
-                    "imagePullPolicy": "Never",
-                    "args": ["check", "--config", "/etc/kcp-keeper/config.yaml", "--resolver", format!("{local}:53")],
-                    "securityContext": {
-                        "allowPrivilegeEscalation": false,
-                        "readOnlyRootFilesystem": true,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
-                    "volumeMounts": [{"name": "config", "mountPath": "/etc/kcp-keeper", "readOnly": true}],
-                }],
-                "volumes": [{"name": "config", "configMap": {"name": "kcp-keeper-dns-rewriter"}}],
-            },
-        }),
-    )
-    .await?;
+    let mut pod = dns_check_pod(&name, "node-local-dns-probe", &format!("{local}:53"))?;
+    pod["metadata"]["labels"] = json!({"app": "node-local-dns-probe"});
+    // Run once: its answer is the result, whichever it is.
+    pod["spec"]["restartPolicy"] = json!("Never");
+    pod["spec"]["dnsPolicy"] = json!("None");
+    pod["spec"]["dnsConfig"] = json!({"nameservers": [local], "searches": ["kcp-keeper.svc.cluster.local", "svc.cluster.local", "cluster.local"]});
+    create::<Pod>(client, NAMESPACE, pod).await?;
     let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
     testbed::eventually(Duration::from_secs(120), "the probe pod to finish", || async {
         let phase = pods.get(&name).await.ok()?.status?.phase?;
@@ -406,7 +339,7 @@ async fn node_local_dns_before_and_after(node: &'static Node, client: kube::Clie
     )
     .await?;
     create::<k8s_openapi::api::apps::v1::DaemonSet>(client, "kube-system", node_local_daemonset()).await?;
-    node_local_probe_rbac(client).await?;
+    dns_check_account(client, "node-local-dns-probe").await?;
     let pods = Api::<Pod>::namespaced(client.clone(), "kube-system");
     let local = testbed::eventually(Duration::from_secs(120), "the node-local-dns pod Running", || async {
         let listed = pods.list(&ListParams::default().labels(&format!("k8s-app={NODE_LOCAL}"))).await.ok()?;

@@ -257,19 +257,15 @@ async fn start_coredns_as_a_pod(node: &Node, client: &kube::Client) -> Result<()
     Ok(())
 }
 
-/// A pod asks the CoreDNS Service for every configured name: the shipped `dns-rewriter check` (its image, the
-/// agent's ConfigMap mounted), run until it passes (`restartPolicy: OnFailure`); its output.
-///
-/// Not `kubectl exec` into the agent's pod: `check` reads each rule's Service with a `get`, which the agent's
-/// Role (list and watch, what the daemon uses) does not grant, so it runs under a ServiceAccount of its own
-/// (get and list on Services where the rules point).
-async fn lookup_from_a_pod(node: &Node, client: &kube::Client) -> Result<String> {
-    create::<k8s_openapi::api::core::v1::ServiceAccount>(client, NAMESPACE, json!({"metadata": {"name": "dns-probe"}}))
+/// The ServiceAccount `name` with the rights `dns-rewriter check` needs (a Role and RoleBinding of that name in
+/// kcp-system): its own, so a probe pod never borrows the agent's.
+async fn dns_check_account(client: &kube::Client, name: &str) -> Result<()> {
+    create::<k8s_openapi::api::core::v1::ServiceAccount>(client, NAMESPACE, json!({"metadata": {"name": name}}))
         .await?;
     create::<Role>(
         client,
         "kcp-system",
-        json!({"metadata": {"name": "dns-probe"}, "rules": [
+        json!({"metadata": {"name": name}, "rules": [
             {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list"]},
             // The chart's default configuration discovers names from the operator's objects too.
             {"apiGroups": ["operator.kcp.io"], "resources": ["rootshards", "shards", "frontproxies"], "verbs": ["list"]},
@@ -280,39 +276,50 @@ async fn lookup_from_a_pod(node: &Node, client: &kube::Client) -> Result<String>
         client,
         "kcp-system",
         json!({
-            "metadata": {"name": "dns-probe"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "dns-probe"},
-            "subjects": [{"kind": "ServiceAccount", "namespace": NAMESPACE, "name": "dns-probe"}],
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "namespace": NAMESPACE, "name": name}],
         }),
     )
-    .await?;
-    let image = format!("ghcr.io/kcp-keeper/dns-rewriter:{}", version()?);
-    create::<Pod>(
-        client,
-        NAMESPACE,
-        json!({
-            "metadata": {"name": "dns-probe"},
-            "spec": {
-                "serviceAccountName": "dns-probe",
-                "restartPolicy": "OnFailure",
-                "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
-                "containers": [{
-                    "name": "check",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "args": ["check", "--config", "/etc/kcp-keeper/config.yaml", "--resolver", format!("{COREDNS_IP}:53")],
-                    "securityContext": {
-                        "allowPrivilegeEscalation": false,
-                        "readOnlyRootFilesystem": true,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
-                    "volumeMounts": [{"name": "config", "mountPath": "/etc/kcp-keeper", "readOnly": true}],
-                }],
-                "volumes": [{"name": "config", "configMap": {"name": "kcp-keeper-dns-rewriter"}}],
-            },
-        }),
-    )
-    .await?;
+    .await
+}
+
+/// A restricted pod `name` running the shipped `dns-rewriter check` with the agent's configuration against
+/// `resolver` (`ip:port`), as the ServiceAccount `account`, restarted on failure.
+fn dns_check_pod(name: &str, account: &str, resolver: &str) -> Result<Value> {
+    Ok(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "serviceAccountName": account,
+            "restartPolicy": "OnFailure",
+            "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "check",
+                "image": format!("ghcr.io/kcp-keeper/dns-rewriter:{}", version()?),
+                "imagePullPolicy": "Never",
+                "args": ["check", "--config", "/etc/kcp-keeper/config.yaml", "--resolver", resolver],
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "readOnlyRootFilesystem": true,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+                "volumeMounts": [{"name": "config", "mountPath": "/etc/kcp-keeper", "readOnly": true}],
+            }],
+            "volumes": [{"name": "config", "configMap": {"name": "kcp-keeper-dns-rewriter"}}],
+        },
+    }))
+}
+
+/// A pod asks the CoreDNS Service for every configured name: the shipped `dns-rewriter check` (its image, the
+/// agent's ConfigMap mounted), run until it passes (`restartPolicy: OnFailure`); its output.
+///
+/// Not `kubectl exec` into the agent's pod: `check` reads each rule's Service with a `get`, which the agent's
+/// Role (list and watch, what the daemon uses) does not grant, so it runs under a ServiceAccount of its own
+/// (get and list on Services where the rules point).
+async fn lookup_from_a_pod(node: &Node, client: &kube::Client) -> Result<String> {
+    dns_check_account(client, "dns-probe").await?;
+    let pod = dns_check_pod("dns-probe", "dns-probe", &format!("{COREDNS_IP}:53"))?;
+    create::<Pod>(client, NAMESPACE, pod).await?;
     let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
     let passed = testbed::eventually(Duration::from_secs(180), "the lookup pod to pass or fail thrice", || async {
         let status = pods.get("dns-probe").await.ok()?.status?;
