@@ -15,7 +15,22 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 /// Runs `cmd` to completion, forwarding SIGINT and SIGTERM to it.
-pub fn run(mut cmd: Command, what: &str) -> Result<ExitStatus> {
+pub fn run(cmd: Command, what: &str) -> Result<ExitStatus> {
+    run_with(cmd, what, false)
+}
+
+/// As [`run`], with the child leading a process group of its own: once it has exited, whatever is left in the
+/// group is killed. Its descendants inherit the group, so a child that could not stop its own (it was
+/// SIGKILLed, and so were the agents it started, whose restore drills' etcd and kcp then had no parent to stop
+/// them) leaves nothing running.
+pub fn run_as_group(cmd: Command, what: &str) -> Result<ExitStatus> {
+    run_with(cmd, what, true)
+}
+
+fn run_with(mut cmd: Command, what: &str, group: bool) -> Result<ExitStatus> {
+    if group {
+        cmd.process_group(0);
+    }
     // Registered before the spawn so a signal that arrives in between is queued, not fatal. The handlers are
     // reset to the default in the child by exec.
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing the signal handlers")?;
@@ -38,6 +53,10 @@ pub fn run(mut cmd: Command, what: &str) -> Result<ExitStatus> {
         }
     });
     let status = child.wait().with_context(|| format!("waiting for {what}"));
+    if group {
+        // ESRCH when the child left nothing behind, the usual case.
+        let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
+    }
     handle.close();
     let _ = forwarder.join();
     status

@@ -133,8 +133,9 @@ fn demo(once: bool, cluster: bool) -> Result<()> {
     if cluster {
         demo.arg("--cluster");
     }
-    // The demo prints its own summary; pass its exit code on unchanged.
-    let status = child::run(demo, "the demo")?;
+    // The demo prints its own summary; pass its exit code on unchanged. Its own process group, so nothing it
+    // started outlives it even when it is SIGKILLed.
+    let status = child::run_as_group(demo, "the demo")?;
     std::process::exit(child::exit_code(status));
 }
 
