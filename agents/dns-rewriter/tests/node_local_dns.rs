@@ -238,16 +238,11 @@ async fn behind_node_local_dns_the_public_name_answers_the_edge_before_the_agent
 
     // Without the rule (reloaded live) the block goes, byte for byte, and the name answers the edge again.
     std::fs::write(&path, agent_config(&ns, cluster, ""))?;
-    let mut restored = false;
-    for _ in 0..120 {
-        let (now, _) = configmap_key(&client, NODE_LOCAL_CONFIGMAP, "Corefile").await.context("node-local-dns")?;
-        if now == original {
-            restored = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    assert!(restored, "node-local-dns's Corefile is the original again");
+    testbed::eventually(Duration::from_secs(60), "node-local-dns's Corefile to be the original again", || async {
+        let (now, _) = configmap_key(&client, NODE_LOCAL_CONFIGMAP, "Corefile").await?;
+        (now == original).then_some(())
+    })
+    .await;
     wait_through(local, HOST, IpAddr::V4(EDGE), WAIT).await?;
     ensure!(cache.wait_exit(Duration::ZERO).is_none(), "node-cache is still running");
     Ok(())

@@ -94,6 +94,8 @@ impl Stores {
             }
             for name in &n.cluster_targets {
                 if !stores.cluster_secrets.contains_key(name) {
+                    // Across namespaces but by one name only (a metadata.name field selector): the ClusterRole
+                    // grants these Secrets by resourceNames, so no other Secret can be listed or watched.
                     let api = Api::<Secret>::all(client.clone());
                     let store = watches.add(format!("secret */{name}"), api, by_name(name));
                     stores.cluster_secrets.insert(name.clone(), store);
