@@ -16,9 +16,11 @@ use std::time::Instant;
 
 mod bench_peers;
 mod pins;
+mod seed_peers;
 
 pub use bench_peers::{BENCH_PEERS, ETCD_BACKUP_RESTORE, TRUST_MANAGER, ensure_bench};
 pub use pins::{PAUSE_IMAGE, PEERS, Peer, Recipe, SourceArchive};
+pub use seed_peers::{CERT_MANAGER_CONTROLLER, KCP_OPERATOR, SEED_PEERS};
 
 /// Errors while building or locating peers. Messages say what to run next.
 #[derive(Debug, thiserror::Error)]
@@ -120,12 +122,14 @@ pub fn locate() -> Result<Peers> {
     Ok(Peers { artefacts })
 }
 
-/// Paths of the named artefacts only, for a bed that needs a few peers (kcp's needs etcd and kcp, not helm).
+/// Paths of the named artefacts only, for a bed that needs a few peers (kcp's needs etcd and kcp, not helm);
+/// the seed layout's peers ([`SEED_PEERS`]) are found here too.
 pub fn locate_only(names: &[&str]) -> Result<Peers> {
     let mut artefacts = Vec::new();
     for name in names {
         let peer = PEERS
             .iter()
+            .chain(SEED_PEERS)
             .find(|p| p.outputs.contains(name))
             .ok_or_else(|| Error::Other(format!("no peer builds an artefact named {name}")))?;
         let artefact = peer.artefacts().into_iter().find(|a| a.name == *name).expect("listed in outputs");
@@ -137,9 +141,9 @@ pub fn locate_only(names: &[&str]) -> Result<Peers> {
     Ok(Peers { artefacts })
 }
 
-/// Builds every missing peer (printing progress to stderr) and returns all paths.
+/// Builds every missing peer, the seed layout's included (printing progress to stderr), and returns all paths.
 pub fn ensure_all() -> Result<Peers> {
-    for peer in PEERS {
+    for peer in PEERS.iter().chain(SEED_PEERS) {
         if peer.is_built() {
             continue;
         }
@@ -153,7 +157,9 @@ pub fn ensure_all() -> Result<Peers> {
         }
         drop(lock);
     }
-    locate()
+    let mut peers = locate()?;
+    peers.artefacts.extend(SEED_PEERS.iter().flat_map(Peer::artefacts));
+    Ok(peers)
 }
 
 /// Creates the cache directory, takes the peer's lock (waiting for another build of it to finish) and clears what
@@ -251,6 +257,31 @@ fn build(peer: &Peer) -> Result<()> {
                 }
                 cmd.args(["build", "-trimpath", "-ldflags", &ldflags, "-o"]).arg(out.join(binary)).arg(package);
                 run(cmd)?;
+            }
+        }
+        Recipe::SourceModule { source, module, replaces, builds, files } => {
+            let tree = source_tree(source, &third_party_dir(), &scratch)?;
+            let module_dir = tree.join(module);
+            for (replaced, archive) in *replaces {
+                let replacement = source_tree(archive, &third_party_dir(), &scratch)?;
+                eprintln!("peers: go mod edit -replace {replaced}={}", replacement.display());
+                let mut edit = go(&module_dir);
+                edit.arg("mod").arg("edit").arg(format!("-replace={replaced}={}", replacement.display()));
+                run(edit)?;
+            }
+            let go_mod = io("reading the module's go.mod", fs::read_to_string(module_dir.join("go.mod")))?;
+            let ldflags = (source.ldflags)(source, &go_mod);
+            for (binary, package) in *builds {
+                eprintln!("peers: go build {package} in {module}");
+                let mut cmd = go(&module_dir);
+                cmd.env("GOFLAGS", "-mod=mod -buildvcs=false")
+                    .args(["build", "-trimpath", "-ldflags", &ldflags, "-o"])
+                    .arg(out.join(binary))
+                    .arg(package);
+                run(cmd)?;
+            }
+            for (from, output) in *files {
+                copy_dir(&tree.join(from), &out.join(output))?;
             }
         }
         Recipe::Program { go_mod, main_go, output } => {

@@ -51,6 +51,19 @@ pub enum Recipe {
     /// A one-file Go program of ours (`main_go`) in a generated module requiring the library it calls
     /// (`go_mod` from the version), built with one `go build` into `output`.
     Program { go_mod: fn(&str) -> Result<String>, main_go: &'static str, output: &'static str },
+    /// A program that is a nested module of a source tree (cert-manager's `cmd/controller/go.mod` replaces the
+    /// tree's root module with `../../`, so neither the proxy nor a wrapper can build it): the pinned archive
+    /// unpacked, each `replaces` module pointed at another pinned archive's unpacked tree (`go mod edit
+    /// -replace`, at build time only: the archives stay unmodified), then one `go build` per binary in `module`
+    /// (`-mod=mod`: the replaced tree's own requirements may be missing from the nested module's go.sum), and
+    /// `files` (directories of the tree: CRDs, a chart, RBAC) copied out beside the binaries.
+    SourceModule {
+        source: &'static SourceArchive,
+        module: &'static str,
+        replaces: &'static [(&'static str, &'static SourceArchive)],
+        builds: &'static [(&'static str, &'static str)],
+        files: &'static [(&'static str, &'static str)],
+    },
     /// Kubernetes' pause program, compiled with `gcc -static` from `build/pause/linux/pause.c` of the
     /// `k8s.io/kubernetes` module download, and a one-layer image holding it as a docker-archive tar (what
     /// `ctr images import` reads): the node's sandbox image, as no registry can be reached.

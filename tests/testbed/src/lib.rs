@@ -28,6 +28,7 @@ pub mod process;
 pub mod projection;
 pub mod s3;
 pub mod scrape;
+pub mod seed;
 pub mod standins;
 pub mod tls;
 
