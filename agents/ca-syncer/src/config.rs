@@ -15,6 +15,7 @@
 //! and the object keys that must not be written twice) and [`live_check`] (the endpoint a bundle must
 //! verify). This file holds the whole file and each bundle.
 
+mod formats;
 mod live_check;
 mod sources;
 mod targets;
@@ -29,6 +30,10 @@ use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+pub use formats::{
+    AdditionalFormat, DEFAULT_JKS_PASSWORD, DEFAULT_PKCS12_PASSWORD, Format, MAX_PASSWORD, PasswordFrom, Profile,
+    RawAdditionalFormats, RawJks, RawPkcs12, RawSecretKeyRef, check_password,
+};
 pub use live_check::{Endpoint, LiveCheck, RawEndpoint, RawLiveCheck};
 pub use sources::{KeyRef, Keys, Pick, PublicRoots, RawObjectSource, RawSource, Selection, Source};
 pub use targets::{
@@ -186,29 +191,33 @@ fn bundle_from_raw<'a>(
     let mut targets = Vec::new();
     for (j, raw) in bundle.targets.iter().enumerate() {
         let path = format!("{path}.targets[{j}]");
-        let Some((target, destination)) = target_from_raw(raw, &path, errors) else { continue };
+        let Some((target, destinations)) = target_from_raw(raw, &path, errors) else { continue };
         targets.push(target);
-        if let Some((_, source)) = read.iter().find(|(d, _)| *d == destination) {
-            errors.push(FieldError::new(
-                path.clone(),
-                format!("writes the object and key that {source} reads; the bundle would feed on itself"),
-            ));
-        }
-        for (index, (other, other_path)) in written.iter().enumerate() {
-            let same_bundle = index >= earlier_bundles;
-            if same_bundle && *other == destination {
-                errors.push(FieldError::new(path.clone(), format!("duplicate of {other_path}")));
-            } else if !same_bundle && may_overlap(other, &destination) {
+        let before = written.len();
+        for destination in destinations {
+            if let Some((_, source)) = read.iter().find(|(d, _)| *d == destination) {
                 errors.push(FieldError::new(
                     path.clone(),
-                    format!(
-                        "may write the same {} and key as {other_path}; two bundles would overwrite each other",
-                        destination.kind.field()
-                    ),
+                    format!("writes the object and key that {source} reads; the bundle would feed on itself"),
                 ));
             }
+            // A target's own keys are distinct (checked with its formats); only earlier targets' count.
+            for (index, (other, other_path)) in written[..before].iter().enumerate() {
+                let same_bundle = index >= earlier_bundles;
+                if same_bundle && *other == destination {
+                    errors.push(FieldError::new(path.clone(), format!("duplicate of {other_path}")));
+                } else if !same_bundle && may_overlap(other, &destination) {
+                    errors.push(FieldError::new(
+                        path.clone(),
+                        format!(
+                            "may write the same {} and key as {other_path}; two bundles would overwrite each other",
+                            destination.kind.field()
+                        ),
+                    ));
+                }
+            }
+            written.push((destination, path.clone()));
         }
-        written.push((destination, path));
     }
 
     let rotation_grace = match bundle.rotation_grace.as_deref().map(parse_go_duration).transpose() {
@@ -226,6 +235,15 @@ fn bundle_from_raw<'a>(
         errors.push(FieldError::new(
             format!("{path}.targets[{j}].clusterTrustBundle"),
             "cannot go with emptyMeansPublicRoots: a ClusterTrustBundle must hold at least one certificate",
+        ));
+    }
+    if bundle.empty_means_public_roots
+        && let Some(j) = targets.iter().position(|t: &Target| !t.formats.is_empty())
+    {
+        errors.push(FieldError::new(
+            format!("{path}.targets[{j}]"),
+            "additionalFormats cannot go with emptyMeansPublicRoots: an empty trust store would trust nothing, \
+             not the public roots",
         ));
     }
     if targets.iter().any(|t| !t.consumers.is_empty()) && bundle.name.len() > crate::consumers::MAX_BUNDLE_NAME {
@@ -653,6 +671,93 @@ bundles:
         ] {
             assert!(errors.iter().any(|e| e.starts_with(expected)), "{expected} not in {errors:#?}");
         }
+    }
+
+    #[test]
+    fn additional_formats_take_trust_managers_defaults_and_every_mistake_is_named_without_the_password() {
+        let with = |formats: &str| {
+            MINIMAL.replace(
+                "name: kcp-ca, key: ca.crt}\n",
+                &format!("name: kcp-ca, key: ca.crt, additionalFormats: {formats}}}\n"),
+            )
+        };
+        let config = from_yaml(&with(
+            "{jks: {key: truststore.jks}, pkcs12: {key: truststore.p12, passwordSecretRef: {namespace: a, name: p, key: password}}}",
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let formats = &config.bundles[0].targets[0].formats;
+        assert_eq!(
+            formats,
+            &[
+                AdditionalFormat {
+                    format: Format::Jks,
+                    key: "truststore.jks".into(),
+                    password: PasswordFrom::Inline(DEFAULT_JKS_PASSWORD.into())
+                },
+                AdditionalFormat {
+                    format: Format::Pkcs12,
+                    key: "truststore.p12".into(),
+                    password: PasswordFrom::Secret { namespace: "a".into(), name: "p".into(), key: "password".into() }
+                },
+            ]
+        );
+        let passwordless = from_yaml(&with("{pkcs12: {key: t.p12, profile: Modern2023}}")).expect("valid");
+        assert_eq!(passwordless.bundles[0].targets[0].formats[0].password, PasswordFrom::Inline(String::new()));
+        assert_eq!(format!("{:?}", PasswordFrom::Inline("hunter2".into())), "Inline(<redacted>)");
+
+        let long = "p".repeat(MAX_PASSWORD + 1);
+        let cases = [
+            ("{jks: {key: ca.crt}}", "additionalFormats.jks.key: must differ from the target's key"),
+            ("{jks: {key: t}, pkcs12: {key: t}}", "additionalFormats.pkcs12.key: must differ from jks.key"),
+            ("{jks: {key: t, password: \"\"}}", "additionalFormats.jks.password: must not be empty for JKS"),
+            (
+                &format!("{{pkcs12: {{key: t, password: {long}}}}}"),
+                "additionalFormats.pkcs12.password: must be at most 128",
+            ),
+            (
+                "{pkcs12: {key: t, password: x, passwordSecretRef: {namespace: a, name: p, key: k}}}",
+                "additionalFormats.pkcs12: must set at most one of password, passwordSecretRef",
+            ),
+            (
+                "{pkcs12: {key: t, password: abc, profile: LegacyRC2}}",
+                "additionalFormats.pkcs12.profile: only Modern2023",
+            ),
+            ("{pkcs12: {key: t, profile: LegacyDES}}", "additionalFormats.pkcs12.profile: only Modern2023"),
+            ("{jks: {key: \"a/b\"}}", "additionalFormats.jks.key: must consist of"),
+            (
+                "{jks: {key: t, passwordSecretRef: {namespace: A, name: p, key: k}}}",
+                "additionalFormats.jks.passwordSecretRef.namespace",
+            ),
+        ];
+        for (formats, expected) in cases {
+            let errors = errors_of(&with(formats));
+            let expected = format!("bundles[0].targets[0].secret.{expected}");
+            assert!(errors.len() == 1 && errors[0].starts_with(&expected), "{formats}: {errors:?}");
+            assert!(!errors[0].contains(&long), "the password is never echoed");
+        }
+        // A format key another target (of this bundle or another) writes is caught like a PEM key.
+        let clash = format!(
+            "{}      - secret: {{namespace: railgrid-system, name: kcp-ca, key: truststore.jks}}\n",
+            with("{jks: {key: truststore.jks}}")
+        );
+        assert_eq!(errors_of(&clash), ["bundles[0].targets[1]: duplicate of bundles[0].targets[0]"]);
+        let ctb = format!(
+            "{MINIMAL}      - clusterTrustBundle: {{name: kcp-root-ca, additionalFormats: {{jks: {{key: t.jks}}}}}}\n"
+        );
+        assert_eq!(
+            errors_of(&ctb),
+            [
+                "bundles[0].targets[1].clusterTrustBundle.additionalFormats: a ClusterTrustBundle holds PEM only (spec.trustBundle); write JKS or PKCS#12 to a Secret or ConfigMap target"
+            ]
+        );
+        let empty = format!(
+            "{}    emptyMeansPublicRoots: true\n    liveCheck: {{url: https://kcp.example.com}}\n",
+            with("{pkcs12: {key: t.p12}}")
+        );
+        assert!(
+            errors_of(&empty)[0]
+                .starts_with("bundles[0].targets[0]: additionalFormats cannot go with emptyMeansPublicRoots")
+        );
     }
 
     #[test]

@@ -34,4 +34,19 @@ pub enum SyncError {
     /// Reading or rolling a read-once consumer failed: retried with backoff.
     #[error("restarting a consumer: {0}")]
     ConsumerRestartFailed(Box<ApplyError>),
+    /// A trust store's password Secret is missing, lacks its key, or holds an unusable password: nothing is
+    /// written for the bundle.
+    #[error("{0}")]
+    PasswordUnusable(PasswordError),
+}
+
+/// Why a trust store's password (`passwordSecretRef`) cannot be used. Names the Secret and key, never the value.
+#[derive(Debug, thiserror::Error)]
+pub enum PasswordError {
+    #[error("trust store password: Secret {0} not found")]
+    NoSecret(String),
+    #[error("trust store password: Secret {secret} has no key {key}")]
+    NoKey { secret: String, key: String },
+    #[error("trust store password in Secret {secret} key {key}: {reason}")]
+    Invalid { secret: String, key: String, reason: String },
 }

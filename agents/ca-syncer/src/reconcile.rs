@@ -27,9 +27,10 @@ use time::OffsetDateTime;
 
 use crate::bundle::{Bundle as Built, BundleOptions};
 use crate::certs::{Certificate, EmptyPolicy, Fingerprint, parse_certificates};
-use crate::config::{Bundle, Config, LiveCheck, Placement, TargetKind, TargetMetadata};
+use crate::config::{AdditionalFormat, Bundle, Config, LiveCheck, PasswordFrom, Placement, TargetKind, TargetMetadata};
 use crate::consumers;
-use crate::error::SyncError;
+use crate::error::{PasswordError, SyncError};
+use crate::keystore::Memo;
 use crate::live_check::{self, EndpointFailure, Failures};
 use crate::metrics::{BundleLabel, EndpointLabels, Metrics, Published, ReasonLabels, SkipReason, TargetLabels};
 use crate::observed::{ObjectKey, Observed, Written};
@@ -93,6 +94,7 @@ pub async fn daemon(
             own_object: own_object.clone(),
             public_roots: public_roots.clone(),
             written: Written::default(),
+            keystores: Memo::default(),
         };
         (syncer, watches)
     })
@@ -124,6 +126,8 @@ struct Syncer {
     public_roots: Arc<Vec<Certificate>>,
     /// Our writes the stores have not shown yet ([`crate::observed`]).
     written: Written,
+    /// Trust stores (`additionalFormats`) encoded by recent passes.
+    keystores: Memo,
 }
 
 /// How many targets are read fresh at once when the stores lag behind our writes.
@@ -140,6 +144,7 @@ struct Resolved {
     signer_name: Option<String>,
     consumers: Vec<Consumer>,
     restart_window: Option<RestartWindow>,
+    formats: Vec<AdditionalFormat>,
 }
 
 impl Resolved {
@@ -208,6 +213,17 @@ impl Syncer {
                 return Err(SyncError::StateUnavailable(e));
             }
         };
+        let passwords = match self.passwords(spec) {
+            Ok(passwords) => passwords,
+            Err(e) => {
+                // Names the Secret and key, never what it holds.
+                tracing::warn!(bundle = %spec.name, error = %e, "trust store password unusable");
+                let note = format!("bundle {} not published: {e}", spec.name);
+                self.events.publish(&self.own_object, EventType::Warning, "PasswordUnusable", "Sync", &note).await;
+                self.out_of_sync(spec, &targets);
+                return Err(SyncError::PasswordUnusable(e));
+            }
+        };
         for problem in &stored.decoded.problems {
             tracing::warn!(bundle = %spec.name, problem = %problem, "rotation record partly ignored");
         }
@@ -220,7 +236,10 @@ impl Syncer {
         let mut plans = Vec::with_capacity(targets.len());
         for (target, observed) in targets.iter().zip(observed) {
             match self.plan_target(spec, &current, &stored.decoded.state, target, observed, now) {
-                Some(plan) => plans.push(plan),
+                Some(mut plan) => {
+                    plan.stores = self.stores(&plan, &passwords);
+                    plans.push(plan);
+                }
                 None => {
                     self.out_of_sync(spec, &targets);
                     return Err(SyncError::RotationStateTooLarge);
@@ -289,6 +308,7 @@ impl Syncer {
                 Err(e) => failures.push(e),
             }
         }
+        self.keystores.end_pass();
         let total = targets.len();
         let failed = failures.len();
         self.metrics.forget_stale(&spec.name, published, failed > 0);
@@ -344,6 +364,36 @@ impl Syncer {
         if failures.is_empty() { Ok(()) } else { Err(Failures(failures)) }
     }
 
+    /// The password of every trust store the bundle's targets hold, by where it comes from: a Secret's key read
+    /// from its watch, checked as a configured one is. The error never holds a password.
+    fn passwords<'a>(&self, spec: &'a Bundle) -> Result<BTreeMap<&'a PasswordFrom, String>, PasswordError> {
+        let mut out = BTreeMap::new();
+        for format in spec.targets.iter().flat_map(|t| &t.formats) {
+            let password = match &format.password {
+                PasswordFrom::Inline(password) => password.clone(),
+                PasswordFrom::Secret { namespace, name, key } => {
+                    let at = || format!("{namespace}/{name}");
+                    let secret = self.scope.secret(namespace, name).ok_or_else(|| PasswordError::NoSecret(at()))?;
+                    let bytes = secret
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get(key))
+                        .ok_or_else(|| PasswordError::NoKey { secret: at(), key: key.clone() })?;
+                    let password = String::from_utf8(bytes.0.clone()).map_err(|_| PasswordError::Invalid {
+                        secret: at(),
+                        key: key.clone(),
+                        reason: "is not UTF-8".into(),
+                    })?;
+                    crate::config::check_password(format.format, &password)
+                        .map_err(|reason| PasswordError::Invalid { secret: at(), key: key.clone(), reason })?;
+                    password
+                }
+            };
+            out.insert(&format.password, password);
+        }
+        Ok(out)
+    }
+
     /// Every target of a bundle that cannot be published reads 0.
     fn out_of_sync(&self, spec: &Bundle, targets: &[Resolved]) {
         self.metrics.out_of_sync(&spec.name, targets.iter().map(|t| t.labels(&spec.name)));
@@ -371,6 +421,7 @@ impl Syncer {
                 signer_name: target.signer_name.clone(),
                 consumers: target.consumers.clone(),
                 restart_window: target.restart_window.clone(),
+                formats: target.formats.clone(),
             };
             out.extend(namespaces.into_iter().map(resolved));
             skipped.extend(terminating.into_iter().map(|ns| (resolved(ns), SkipReason::Terminating)));
@@ -397,6 +448,7 @@ impl Syncer {
                 target,
                 observed,
                 pem: String::new(),
+                stores: Vec::new(),
                 cache: String::new(),
                 bundle: None,
                 retention: None,
@@ -418,10 +470,29 @@ impl Syncer {
             target,
             observed,
             pem: bundle.render(),
+            stores: Vec::new(),
             cache,
             bundle: Some((bundle, review)),
             retention: Some(plan),
         })
+    }
+
+    /// The trust stores of a planned target: the same certificates as its PEM key, in the same order. None in
+    /// empty-means-public mode (refused beside formats when the configuration loads).
+    fn stores(
+        &self,
+        plan: &TargetPlan<'_>,
+        passwords: &BTreeMap<&PasswordFrom, String>,
+    ) -> Vec<(String, Arc<Vec<u8>>)> {
+        let Some((bundle, _)) = &plan.bundle else { return Vec::new() };
+        let formats = &plan.target.formats;
+        formats
+            .iter()
+            .map(|f| {
+                let password = passwords.get(&f.password).map_or("", String::as_str);
+                (f.key.clone(), self.keystores.encode(f.format, bundle.certificates(), password))
+            })
+            .collect()
     }
 
     async fn write_target(
@@ -443,7 +514,8 @@ impl Syncer {
             let note = format!("bundle {}: {keys} set by someone else to another value; left as it is", spec.name);
             self.event(target, EventType::Warning, "MetadataNotOwned", &note);
         }
-        let desired = desired_object(target, &plan.pem, &plan.cache, !plan.observed.exists(), &metadata);
+        let content = Content { pem: &plan.pem, stores: &plan.stores };
+        let desired = desired_object(target, &content, &plan.cache, !plan.observed.exists(), &metadata);
         let ownership = Ownership::Owned { adopt: target.adopt };
         let written = match &plan.observed {
             Observed::Secret(live) => {
@@ -623,6 +695,8 @@ struct TargetPlan<'a> {
     /// The object as this pass saw it: what is compared with, and the version the write is held to.
     observed: Observed,
     pem: String,
+    /// The trust stores (`additionalFormats`): data key and bytes.
+    stores: Vec<(String, Arc<Vec<u8>>)>,
     /// The cache annotation: what this target holds, for people reading it. Never read back.
     cache: String,
     bundle: Option<(Built, Option<OffsetDateTime>)>,
@@ -640,10 +714,25 @@ impl TargetPlan<'_> {
     }
 }
 
-/// The fields ca-syncer owns in a target: the key, the cache annotation of what it holds, and the configured
-/// labels and annotations it may set ([`target_metadata`]). The Secret type is set only on creation: it is
-/// immutable, and an adopted Secret keeps its own.
-fn desired_object(target: &Resolved, pem: &str, state: &str, creating: bool, extra: &Decided<'_>) -> serde_json::Value {
+/// What a target's keys hold: the PEM bundle, and each trust store by its key.
+struct Content<'a> {
+    pem: &'a str,
+    stores: &'a [(String, Arc<Vec<u8>>)],
+}
+
+/// The fields ca-syncer owns in a target: the key (and the trust stores' keys), the cache annotation of what it
+/// holds, and the configured labels and annotations it may set ([`target_metadata`]). The Secret type is set only
+/// on creation: it is immutable, and an adopted Secret keeps its own.
+fn desired_object(
+    target: &Resolved,
+    content: &Content<'_>,
+    state: &str,
+    creating: bool,
+    extra: &Decided<'_>,
+) -> serde_json::Value {
+    let pem = content.pem;
+    let stores: serde_json::Map<String, serde_json::Value> =
+        content.stores.iter().map(|(key, bytes)| (key.clone(), json!(B64.encode(bytes.as_slice())))).collect();
     let mut annotations = extra.annotations.clone();
     if !state.is_empty() {
         annotations.insert(STATE_ANNOTATION, state);
@@ -654,19 +743,25 @@ fn desired_object(target: &Resolved, pem: &str, state: &str, creating: bool, ext
     }
     match target.kind {
         TargetKind::Secret => {
-            let mut secret = json!({
-                "apiVersion": "v1", "kind": "Secret", "metadata": metadata,
-                "data": {target.key.as_str(): B64.encode(pem)},
-            });
+            let mut data = stores;
+            data.insert(target.key.clone(), json!(B64.encode(pem)));
+            let mut secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "data": data});
             if creating {
                 secret["type"] = json!("Opaque");
             }
             secret
         }
-        TargetKind::ConfigMap => json!({
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
-            "data": {target.key.as_str(): pem},
-        }),
+        TargetKind::ConfigMap => {
+            let mut config_map = json!({
+                "apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
+                "data": {target.key.as_str(): pem},
+            });
+            // Binary keys go in binaryData, as trust-manager writes them.
+            if !stores.is_empty() {
+                config_map["binaryData"] = serde_json::Value::Object(stores);
+            }
+            config_map
+        }
         TargetKind::ClusterTrustBundle => {
             if let Some(meta) = metadata.as_object_mut() {
                 meta.remove("namespace");

@@ -5,7 +5,7 @@
 //! - each source Secret or ConfigMap: a watch in its namespace with a `metadata.name` field selector;
 //! - each selector source: a watch in its namespace with its label selector (RBAC cannot narrow a list by
 //!   label, so that namespace's Role grants list/watch on that kind without names; no `get`);
-//! - each target in a named namespace: the same;
+//! - each target in a named namespace: the same; so is each Secret a trust store's password is read from;
 //! - each target by namespace selector: a cluster-wide watch of that object name (`metadata.name` field
 //!   selector; a ClusterRole with `resourceNames` allows exactly that, as trust-manager does), and a watch of
 //!   Namespaces by the selector's labels. Namespaces are watched only when a selector is configured.
@@ -23,7 +23,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use crate::config::{Config, Pick, Placement, Selection, Selector, Source, TargetKind};
+use crate::config::{Config, PasswordFrom, Pick, Placement, Selection, Selector, Source, TargetKind};
 
 /// One object the configuration names: its kind, namespace (`None`: every namespace) and name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -67,6 +67,16 @@ impl Plan {
                 plan.named.insert(Named { kind, namespace: Some(namespace.clone()), name: name.clone() });
             }
             for target in &bundle.targets {
+                // A trust store's password Secret is read like a source: watched by name in its namespace.
+                for format in &target.formats {
+                    if let PasswordFrom::Secret { namespace, name, .. } = &format.password {
+                        plan.named.insert(Named {
+                            kind: TargetKind::Secret,
+                            namespace: Some(namespace.clone()),
+                            name: name.clone(),
+                        });
+                    }
+                }
                 match &target.placement {
                     Placement::Namespace(ns) => {
                         plan.named.insert(Named {

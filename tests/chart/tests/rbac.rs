@@ -91,6 +91,29 @@ fn ca_syncer_roles_equal_for_restart_consumers_of_every_kind_by_name_in_their_ta
 }
 
 #[test]
+fn ca_syncer_roles_equal_with_trust_store_password_secrets_read_by_name_beside_sources_and_for_selector_targets()
+-> Result<()> {
+    // A password Secret in the sources' namespace (one rule with the source), one in a namespace nothing else
+    // names, one for a selector target; inline and default passwords grant nothing.
+    let config = json!({"bundles": [
+        {"name": "java",
+         "sources": [{"secret": {"namespace": "kcp-system", "name": "root-ca", "key": "ca.crt"}}],
+         "targets": [{"secret": {"namespace": "hub", "name": "kcp-ca", "key": "ca.crt", "additionalFormats": {
+                         "jks": {"key": "truststore.jks"},
+                         "pkcs12": {"key": "truststore.p12", "passwordSecretRef":
+                                    {"namespace": "kcp-system", "name": "p12-password", "key": "password"}}}}},
+                     {"configMap": {"namespace": "hub", "name": "kcp-ca", "key": "ca.crt", "additionalFormats": {
+                         "jks": {"key": "truststore.jks", "passwordSecretRef":
+                                 {"namespace": "passwords", "name": "jks-password", "key": "password"}},
+                         "pkcs12": {"key": "truststore.p12", "password": "inline"}}}},
+                     {"secret": {"name": "fleet-ca", "key": "ca.crt", "namespaceSelector": {"matchLabels": {"java": "true"}},
+                                 "additionalFormats": {"pkcs12": {"key": "truststore.p12", "passwordSecretRef":
+                                     {"namespace": "passwords", "name": "fleet-password", "key": "password"}}}}}]}
+    ]});
+    assert_same_rbac("caSyncer", "ca-syncer", config)
+}
+
+#[test]
 fn ca_syncer_roles_equal_for_cluster_trust_bundle_targets_with_and_without_a_signer_or_a_selector() -> Result<()> {
     let bundle = |targets: Value| {
         json!({"bundles": [{"name": "one",

@@ -11,6 +11,8 @@ use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::formats::{AdditionalFormat, RawAdditionalFormats, formats_from_raw};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TargetKind {
     Secret,
@@ -55,6 +57,8 @@ pub struct Target {
     pub consumers: Vec<Consumer>,
     /// When the consumers may be rolled; `None`: at once.
     pub restart_window: Option<RestartWindow>,
+    /// Trust stores written beside the PEM key, in other keys of the same object.
+    pub formats: Vec<AdditionalFormat>,
 }
 
 /// The field of a ClusterTrustBundle the bundle is written to (its `key` for comparisons and metrics).
@@ -130,6 +134,10 @@ pub struct RawTargetObject {
     /// the bundle), minus the margin.
     #[serde(default)]
     pub restart_window: Option<RawRestartWindow>,
+    /// The bundle also as a JKS and/or PKCS#12 trust store, in other keys of this object (trust-manager's
+    /// `additionalFormats`; `binaryData` in a ConfigMap). Same certificates, same order as the PEM key.
+    #[serde(default)]
+    pub additional_formats: Option<RawAdditionalFormats>,
 }
 
 /// A ClusterTrustBundle target.
@@ -146,6 +154,10 @@ pub struct RawClusterTrustBundle {
     /// Labels and annotations the object gets, applied as kcp-keeper's fields.
     #[serde(default)]
     pub metadata: Option<RawTargetMetadata>,
+    /// Not for a ClusterTrustBundle (it holds PEM only): refused with a reason. Taken as any value, so the
+    /// refusal says why instead of "unknown field".
+    #[serde(default)]
+    pub additional_formats: Option<serde_json::Value>,
 }
 
 /// Labels and annotations of a target object.
@@ -189,12 +201,12 @@ pub(super) fn may_overlap(a: &Destination<'_>, b: &Destination<'_>) -> bool {
         }
 }
 
-/// The validated target and the object key it writes.
+/// The validated target and the object keys it writes (the PEM key first, then each format's).
 pub(super) fn target_from_raw<'a>(
     target: &'a RawTarget,
     path: &str,
     errors: &mut Vec<FieldError>,
-) -> Option<(Target, Destination<'a>)> {
+) -> Option<(Target, Vec<Destination<'a>>)> {
     let set: Vec<&str> = [
         target.secret.as_ref().map(|_| "secret"),
         target.config_map.as_ref().map(|_| "configMap"),
@@ -240,7 +252,15 @@ pub(super) fn target_from_raw<'a>(
     };
     let metadata = metadata_from_raw(object.metadata.as_ref(), &format!("{path}.metadata"), errors);
     let (consumers, restart_window) = consumers_from_raw(object, namespace.is_some(), &path, errors);
-    let destination = Destination { kind, namespace, name: &object.name, key: &object.key };
+    let formats =
+        formats_from_raw(object.additional_formats.as_ref(), &object.key, &format!("{path}.additionalFormats"), errors);
+    let keys = std::iter::once(object.key.as_str()).chain(
+        [object.additional_formats.as_ref().and_then(|f| f.jks.as_ref()).map(|j| j.key.as_str())]
+            .into_iter()
+            .chain([object.additional_formats.as_ref().and_then(|f| f.pkcs12.as_ref()).map(|p| p.key.as_str())])
+            .flatten(),
+    );
+    let destinations = keys.map(|key| Destination { kind, namespace, name: &object.name, key }).collect();
     let target = Target {
         kind,
         name: object.name.clone(),
@@ -251,10 +271,11 @@ pub(super) fn target_from_raw<'a>(
         signer_name: None,
         consumers,
         restart_window,
+        formats,
     };
     // Returned even when a name or key is malformed, so conflicts with it are reported too; the bundle is
     // refused because of the errors recorded.
-    Some((target, destination))
+    Some((target, destinations))
 }
 
 /// The target's read-once consumers and their window. Only a target in one named namespace may have them: the
@@ -300,8 +321,15 @@ fn cluster_trust_bundle_from_raw<'a>(
     adopt: bool,
     path: &str,
     errors: &mut Vec<FieldError>,
-) -> Option<(Target, Destination<'a>)> {
+) -> Option<(Target, Vec<Destination<'a>>)> {
     let name_path = format!("{path}.name");
+    if raw.additional_formats.is_some() {
+        errors.push(FieldError::new(
+            format!("{path}.additionalFormats"),
+            "a ClusterTrustBundle holds PEM only (spec.trustBundle); write JKS or PKCS#12 to a Secret or ConfigMap \
+             target",
+        ));
+    }
     match &raw.signer_name {
         Some(signer) => {
             let valid = signer.split_once('/').is_some_and(|(domain, rest)| {
@@ -341,8 +369,9 @@ fn cluster_trust_bundle_from_raw<'a>(
         signer_name: raw.signer_name.clone(),
         consumers: Vec::new(),
         restart_window: None,
+        formats: Vec::new(),
     };
-    Some((target, destination))
+    Some((target, vec![destination]))
 }
 
 /// Keys kcp-keeper writes itself: configuring them would fight the agent's own bookkeeping.

@@ -9,8 +9,8 @@
 //!
 //! What is granted:
 //! - in each namespace the configuration names: get/list/watch on exactly the Secrets and ConfigMaps named
-//!   there (list and watch are limited by `resourceNames` through the `metadata.name` field selector every
-//!   watch uses), create/patch on the targets among them, get/patch on exactly the Deployments, StatefulSets
+//!   there, trust stores' password Secrets among them (list and watch are limited by `resourceNames` through
+//!   the `metadata.name` field selector every watch uses), create/patch on the targets among them, get/patch on exactly the Deployments, StatefulSets
 //!   and DaemonSets those targets roll (`restartDeployments`...), create on Events;
 //! - in a namespace a selector source reads from: list/watch on that kind without names (RBAC has no label
 //!   narrowing; the watch carries the label selector, and there is no `get`, so no object is read by name);
