@@ -23,8 +23,9 @@ pub const AGENTS: [&str; 4] = ["ca-syncer", "dns-rewriter", "kubeconfig-rotator"
 /// Ports of the peers inside the node (its own network, so fixed).
 pub const ETCD_PORT: u16 = 23790;
 pub const S3_PORT: u16 = 7070;
-const S3_KEY: &str = "kcpkeepernode";
-const S3_SECRET: &str = "kcp-keeper-node-s3-secret";
+/// The root credentials of the node's versitygw (the agent's S3 Secret holds them).
+pub const S3_KEY: &str = "kcpkeepernode";
+pub const S3_SECRET: &str = "kcp-keeper-node-s3-secret";
 /// The consumer Deployment kubeconfig-rotator restarts.
 pub const HUB: &str = "railgrid-hub";
 /// The ClusterTrustBundle ca-syncer writes the root CA into, and its signer (the name carries the signer's prefix).

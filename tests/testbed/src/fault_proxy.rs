@@ -1,11 +1,12 @@
 //! A loopback HTTP/1.1 proxy in front of a real server (versitygw, for the S3 tests) that injects the faults
 //! clients meet in production, on the requests a test names: the next N requests matching a method and a
 //! path substring (`PUT`, `partNumber=`) are answered with a 503 SlowDown, have their connection reset, stall
-//! without an answer, or are forwarded with one byte of their body flipped. Every other request is forwarded
-//! as it came.
+//! without an answer, are forwarded late, or are forwarded with one byte of their body flipped. Every other
+//! request is forwarded as it came.
 //!
 //! One request per connection: the proxy asks both sides for `Connection: close`, so it never has to find
-//! where a response ends, and a fault on one request cannot leak into the next. It binds 127.0.0.1 only.
+//! where a response ends, and a fault on one request cannot leak into the next. It binds 127.0.0.1 unless
+//! given an address ([`FaultProxy::start_at`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,6 +26,9 @@ pub enum Fault {
     Stall(Duration),
     /// Forward the request with one byte in the middle of its body flipped; the server's answer is passed on.
     FlipBody,
+    /// Read the request, then forward it only after this long (a store slow to take it): the server never sees
+    /// it if the client gave up meanwhile, as a request cut off mid-body never reaches a real server.
+    Delay(Duration),
 }
 
 struct Rule {
@@ -59,8 +63,14 @@ impl Drop for FaultProxy {
 impl FaultProxy {
     /// Proxies a fresh 127.0.0.1 port to `upstream` (`http://host:port` or `host:port`).
     pub async fn start(upstream: &str) -> Result<Self> {
+        Self::start_at("127.0.0.1:0".parse()?, upstream).await
+    }
+
+    /// Proxies `bind` to `upstream`: for a proxy others than this process must reach (e.g. one started inside
+    /// the test node's network namespace, on the node's address, behind a Service).
+    pub async fn start_at(bind: std::net::SocketAddr, upstream: &str) -> Result<Self> {
         let upstream = upstream.trim_start_matches("http://").trim_end_matches('/').to_string();
-        let listener = TcpListener::bind("127.0.0.1:0").await.context("binding the fault proxy")?;
+        let listener = TcpListener::bind(bind).await.context("binding the fault proxy")?;
         let url = format!("http://{}", listener.local_addr()?);
         let state = Arc::new(Mutex::new(State::default()));
         let shared = state.clone();
@@ -244,6 +254,14 @@ async fn serve(mut client: TcpStream, upstream: String, state: Arc<Mutex<State>>
         Some(Fault::Stall(how_long)) => {
             tokio::time::sleep(how_long).await;
             return;
+        }
+        Some(Fault::Delay(how_long)) => {
+            // The client closing (or sending anything more: one request per connection) ends it unforwarded.
+            let mut probe = [0u8; 1];
+            tokio::select! {
+                () = tokio::time::sleep(how_long) => {}
+                _ = client.read(&mut probe) => return,
+            }
         }
         Some(Fault::FlipBody) if !body.is_empty() => {
             let middle = body.len() / 2;

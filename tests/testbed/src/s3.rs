@@ -81,17 +81,22 @@ impl S3Server {
     /// An SDK client as S3-compatible stores need it: path-style, static credentials (so the SDK never
     /// probes a cloud metadata endpoint), checksums only where the operation requires them.
     pub fn client(&self) -> aws_sdk_s3::Client {
-        let config = aws_sdk_s3::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            // Plain HTTP on loopback; the SDK has no default client here (the workspace leaves aws-lc out).
-            .http_client(aws_smithy_http_client::Builder::new().build_http())
-            .region(Region::new(REGION))
-            .endpoint_url(&self.endpoint)
-            .force_path_style(true)
-            .credentials_provider(Credentials::new(&self.access_key, &self.secret_key, None, None, "testbed"))
-            .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
-            .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired)
-            .build();
-        aws_sdk_s3::Client::from_conf(config)
+        client(&self.endpoint, &self.access_key, &self.secret_key)
     }
+}
+
+/// [`S3Server::client`] for a store the bed did not start (e.g. the real node's, from inside its network).
+pub fn client(endpoint: &str, access_key: &str, secret_key: &str) -> aws_sdk_s3::Client {
+    let config = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        // Plain HTTP on loopback; the SDK has no default client here (the workspace leaves aws-lc out).
+        .http_client(aws_smithy_http_client::Builder::new().build_http())
+        .region(Region::new(REGION))
+        .endpoint_url(endpoint)
+        .force_path_style(true)
+        .credentials_provider(Credentials::new(access_key, secret_key, None, None, "testbed"))
+        .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
+        .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired)
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
 }

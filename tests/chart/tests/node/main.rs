@@ -22,6 +22,7 @@ use testbed::node::{self, Node};
 // Each agent's further node tests live in a module of their own (same node, same install, same binary).
 mod ca_syncer;
 mod dns_rewriter;
+mod etcd_snapshotter;
 
 /// The ClusterIP of the CoreDNS Service the dns-rewriter test runs (kube-dns's customary address, in the
 /// range's static band, so no dynamically allocated Service can hold it).

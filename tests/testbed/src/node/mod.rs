@@ -11,6 +11,7 @@
 //! rules go with their last process. Nothing is left on the host.
 
 pub mod image;
+mod network;
 mod scripts;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -26,6 +27,8 @@ use kube::Api;
 use crate::apiserver::{SERVICE_CIDR, client_from_file, kubeconfig_yaml};
 use crate::certs::{Ca, Credential};
 use crate::process::{Process, free_port};
+
+pub use network::NodeFaultProxy;
 
 /// The node's address: on a veth inside its namespace (a /32, as nothing is routed there).
 pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
