@@ -6,14 +6,15 @@ use std::time::Duration;
 
 use anyhow::Result;
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
 };
 use time::OffsetDateTime;
 
 /// A certificate authority that can issue leaf certificates.
 pub struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
+    issuer: Issuer<'static, KeyPair>,
+    cert_pem: String,
 }
 
 /// A certificate with its private key, both PEM.
@@ -34,17 +35,27 @@ impl std::fmt::Debug for Credential {
 impl Ca {
     /// A self-signed CA valid from a minute ago for `validity`.
     pub fn new(common_name: &str, validity: Duration) -> Result<Self> {
-        Ok(Self { issuer: CertifiedIssuer::self_signed(ca_params(common_name, validity)?, KeyPair::generate()?)? })
+        let (params, key) = (ca_params(common_name, validity)?, KeyPair::generate()?);
+        let cert_pem = params.self_signed(&key)?.pem();
+        Ok(Self { issuer: Issuer::new(params, key), cert_pem })
     }
 
     /// An intermediate CA signed by this one (cert-manager's `<rootshard>-server-ca` shape).
     pub fn intermediate(&self, common_name: &str, validity: Duration) -> Result<Ca> {
-        let params = ca_params(common_name, validity)?;
-        Ok(Ca { issuer: CertifiedIssuer::signed_by(params, KeyPair::generate()?, &self.issuer)? })
+        let (params, key) = (ca_params(common_name, validity)?, KeyPair::generate()?);
+        let cert_pem = params.signed_by(&key, &self.issuer)?.pem();
+        Ok(Ca { issuer: Issuer::new(params, key), cert_pem })
+    }
+
+    /// The CA a process wrote before ([`Ca::cert_pem`], [`Ca::key_pem`]): a test binary issues from the CAs of a
+    /// kcp bed another process started (`kcp::shared`).
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self> {
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, KeyPair::from_pem(key_pem)?)?;
+        Ok(Self { issuer, cert_pem: cert_pem.to_string() })
     }
 
     pub fn cert_pem(&self) -> String {
-        self.issuer.pem()
+        self.cert_pem.clone()
     }
 
     /// The CA's private key: only for tests that must prove it never travels.

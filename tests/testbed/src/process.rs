@@ -43,7 +43,18 @@ impl Process {
         Ok(p)
     }
 
+    /// A process another one started and owns (a shared kcp bed's peer, `kcp::shared`): its log is read from
+    /// `log`, and it is neither signalled nor killed from here (`pid` is None).
+    pub fn elsewhere(name: &str, log: PathBuf) -> Self {
+        Self { name: name.into(), program: PathBuf::new(), args: Vec::new(), env: Vec::new(), log, child: None }
+    }
+
     fn spawn(&mut self) -> Result<()> {
+        anyhow::ensure!(
+            !self.program.as_os_str().is_empty(),
+            "{} runs in another process: it cannot be restarted here",
+            self.name
+        );
         let out = File::options().create(true).append(true).open(&self.log)?;
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args)

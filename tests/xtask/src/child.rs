@@ -14,7 +14,16 @@ use nix::unistd::Pid;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-/// Runs `cmd` to completion, forwarding SIGINT and SIGTERM to it.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether SIGINT or SIGTERM reached the xtask while it ran a child: then nothing new is started (the test lanes
+/// stop taking binaries).
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Runs `cmd` to completion, forwarding SIGINT and SIGTERM to it. Calls may run at once from several threads
+/// (the test lanes): each forwards to its own child.
 pub fn run(cmd: Command, what: &str) -> Result<ExitStatus> {
     run_with(cmd, what, false)
 }
@@ -34,19 +43,14 @@ fn run_with(mut cmd: Command, what: &str, group: bool) -> Result<ExitStatus> {
     // Registered before the spawn so a signal that arrives in between is queued, not fatal. The handlers are
     // reset to the default in the child by exec.
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing the signal handlers")?;
-    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent. The setting
-    // survives exec (cargo execs into the demo), and the xtask is single-threaded, so the thread that spawned
-    // the child lives exactly as long as the xtask.
-    #[allow(unsafe_code)]
-    unsafe {
-        cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from));
-    }
+    die_with_parent(&mut cmd);
     let mut child = cmd.spawn().with_context(|| format!("starting {what}"))?;
     let pid = Pid::from_raw(child.id() as i32);
     let handle = signals.handle();
     let forwarder = std::thread::spawn(move || {
         for number in signals.forever() {
             if let Ok(signal) = Signal::try_from(number) {
+                INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
                 eprintln!("xtask: {signal} received; passing it on to {pid} and waiting for it to exit");
                 let _ = kill(pid, signal);
             }
@@ -60,6 +64,18 @@ fn run_with(mut cmd: Command, what: &str, group: bool) -> Result<ExitStatus> {
     handle.close();
     let _ = forwarder.join();
     status
+}
+
+/// Makes the kernel send the child SIGTERM when the thread that spawns it exits (PR_SET_PDEATHSIG): so a
+/// SIGKILLed xtask leaves no child behind. The thread must live as long as the child: the main thread, or a
+/// thread that waits for the child (a test lane).
+pub fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent. The setting
+    // survives exec (cargo execs into the demo).
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from));
+    }
 }
 
 /// The exit code that reports `status` to our own caller: the child's code, or 128 + the signal that ended it.

@@ -33,7 +33,7 @@ const SOURCE: &str = "https://github.com/kcp-keeper/kcp-keeper";
 /// The user every image runs as (the distroless `nonroot` ids): numeric, so no /etc/passwd is needed.
 pub const USER: &str = "65532:65532";
 
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     root.canonicalize().unwrap_or(root)
 }

@@ -3,13 +3,15 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod bed;
 mod child;
 mod images;
+mod lanes;
 mod prereqs;
 
 #[derive(Parser)]
@@ -23,8 +25,26 @@ struct Args {
 enum Task {
     /// Build the peers (real kube-apiserver, etcd, CoreDNS, S3, helm, promtool) that are missing and list them.
     Peers,
-    /// Run every check CI runs: format, clippy (warnings denied), all tests.
-    Test,
+    /// Run every check CI runs: format, clippy (warnings denied), the images, all tests. The test binaries run
+    /// two at a time (KCP_KEEPER_TEST_LANES=1: one at a time) and share one kcp bed (KCP_KEEPER_TEST_SHARED_KCP=0:
+    /// each starts its own); one line per binary, a failing binary's whole output.
+    Test {
+        /// Only these test binaries, and no format, clippy or images (the images too when `chart:node` is
+        /// named): `<package>` (all its test binaries) or `<package>:<test>` (its `tests/<test>.rs`), e.g.
+        /// `kubeconfig-rotator:kcp`; repeat or separate with commas.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Passed to every test binary, e.g. a test name filter.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Start the kcp bed the test binaries share and keep it running until Ctrl-C; prints the
+    /// `export KCP_KEEPER_TEST_KCP=...` under which `cargo test` binaries use it instead of starting their own.
+    KcpBed {
+        /// Where the bed keeps its files (cleared first); default target/kcp-bed-manual.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Run the benchmarks (optimized build) and print subject/baseline ratios; JSON goes to target/bench/.
     Bench {
         /// Only this benchmark.
@@ -59,7 +79,8 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Task::Test => test(),
+        Task::Test { only, args } => test(&only, &args),
+        Task::KcpBed { dir } => kcp_bed(dir),
         Task::Demo { once, cluster } => demo(once, cluster),
         Task::Images => images::images(),
         Task::Schema => schema(),
@@ -82,22 +103,132 @@ fn main() -> Result<()> {
     }
 }
 
-fn test() -> Result<()> {
+fn test(only: &[String], args: &[String]) -> Result<()> {
     let started = Instant::now();
     prereqs::ensure_rust_components()?;
     prereqs::ensure_protoc()?;
     ensure_peers()?;
-    step("format", cargo(&["fmt", "--all", "--check"]))?;
-    step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))?;
+    let everything = only.is_empty();
+    if everything {
+        step("format", cargo(&["fmt", "--all", "--check"]))?;
+        step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))?;
+    }
+    let named = |names: &[&str]| only.iter().any(|o| names.contains(&o.as_str()));
     // The images first: the node test imports them into the node's containerd.
-    images::images()?;
-    prereqs::ensure_node_tools()?;
+    if everything || named(&["chart", "chart:node"]) {
+        images::images()?;
+    }
+    if everything || named(&["chart", "chart:node", "testbed", "testbed:node"]) {
+        prereqs::ensure_node_tools()?;
+    }
+    if everything || named(&["ca-syncer", "ca-syncer:keystores"]) {
+        prereqs::ensure_trust_store_tools()?;
+    }
     // The binaries `cargo xtask demo` runs, built with the whole workspace's features (the test build resolves
     // dev-dependencies' features too, so its binaries are other artifacts): the clean-stop tests start the demo,
-    // and its own build is then a check, not minutes of compiling inside their start-up window.
+    // and its own build is then a check, not minutes of compiling inside their start-up window. testbed's
+    // kcp-bed, the shared kcp bed, is one of them.
     step("build the demo's binaries", cargo(&["build", "--quiet", "--locked", "--workspace", "--bins"]))?;
-    step("tests", cargo(&["test", "--workspace", "--locked", "--no-fail-fast"]))?;
+    tests(only, args)?;
     eprintln!("xtask: all checks passed in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// The tests step: the workspace's test binaries built once, then run by [`lanes`] beside a shared kcp bed.
+fn tests(only: &[String], args: &[String]) -> Result<()> {
+    let started = Instant::now();
+    let dir = target_dir().join("xtask-test");
+    std::fs::create_dir_all(&dir)?;
+    let messages = dir.join("artifacts.json");
+    // Always the whole workspace: `-p` would resolve other features and rebuild half the dependency tree. When
+    // `--only` names integration tests alone, only those targets are built.
+    let mut build = cargo(&["test", "--workspace", "--locked", "--no-run", "--message-format=json-render-diagnostics"]);
+    let targets: Option<std::collections::BTreeSet<&str>> =
+        only.iter().map(|o| o.split_once(':').map(|(_, target)| target)).collect();
+    for target in targets.into_iter().flatten() {
+        build.args(["--test", target]);
+    }
+    build.stdout(std::fs::File::create(&messages)?);
+    step("build the test binaries", build)?;
+    let text = std::fs::read_to_string(&messages)?;
+    let mut jobs: Vec<lanes::Job> =
+        lanes::test_binaries(&text)?.into_iter().filter(|j| lanes::selected(j, only)).collect();
+    for job in &mut jobs {
+        job.args = args.to_vec();
+    }
+    if only.is_empty() {
+        let cargo_program = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        jobs.push(lanes::doc_tests(&cargo_program, &images::workspace_root()));
+    }
+    if jobs.is_empty() {
+        bail!("--only {only:?} names no test binary: give <package> or <package>:<target>, e.g. testbed:kcp");
+    }
+    let times = dir.join("times.tsv");
+    lanes::order(&mut jobs, &lanes::read_times(&times));
+    let lane_count = lanes::lanes()?;
+    let mut env = Vec::new();
+    let mut shared_bed = None;
+    if bed::enabled() && jobs.iter().any(|j| lanes::SHARED_KCP_USERS.contains(&j.name.as_str())) {
+        let started = bed::SharedBed::start(&target_dir().join("debug/kcp-bed"), &target_dir().join("kcp-bed-shared"))?;
+        env.push((bed::ENV.to_string(), started.file.display().to_string()));
+        shared_bed = Some(started);
+    }
+    eprintln!(
+        "xtask: == tests: {} test binaries, {lane_count} at a time, {}; logs in {}",
+        jobs.len(),
+        if shared_bed.is_some() { "one kcp bed shared" } else { "no shared kcp bed" },
+        dir.join("logs").display()
+    );
+    let private = |job: &lanes::Job| !lanes::PRIVATE_KCP.contains(&job.name.as_str());
+    let outcomes = lanes::run(jobs, lane_count, env, private, &dir.join("logs"))?;
+    let mut failed: Vec<String> = outcomes.iter().filter(|o| !o.ok).map(|o| o.job.label()).collect();
+    if let Some(mut shared) = shared_bed {
+        if let Some(status) = shared.exited() {
+            eprintln!("xtask: the shared kcp bed exited during the run ({status}); its log:\n{}", shared.log_text());
+            failed.push("the shared kcp bed".into());
+        }
+        shared.stop();
+    }
+    if child::interrupted() {
+        failed.push("the run (interrupted)".into());
+    }
+    lanes::record_times(&times, &outcomes)?;
+    let summed: Duration = outcomes.iter().map(|o| o.took).sum();
+    eprintln!(
+        "xtask: tests: {} binaries in {:.0?} ({:.0?} of binaries' time)",
+        outcomes.len(),
+        started.elapsed(),
+        summed
+    );
+    if !failed.is_empty() {
+        bail!("{} failed: {}", failed.len(), failed.join(", "));
+    }
+    Ok(())
+}
+
+/// `cargo xtask kcp-bed`: the shared kcp bed on its own, until SIGINT or SIGTERM.
+fn kcp_bed(dir: Option<PathBuf>) -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    prereqs::ensure_protoc()?;
+    ensure_peers()?;
+    step("build the bed", cargo(&["build", "--quiet", "--locked", "--workspace", "--bins"]))?;
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    let dir = dir.unwrap_or_else(|| target_dir().join("kcp-bed-manual"));
+    let mut shared = bed::SharedBed::start(&target_dir().join("debug/kcp-bed"), &dir)?;
+    shared.wait_ready(Duration::from_secs(900), || signals.pending().next().is_some())?;
+    println!("export {}={}", bed::ENV, shared.file.display());
+    eprintln!("xtask: the shared kcp bed runs; Ctrl-C stops it");
+    loop {
+        if signals.pending().next().is_some() {
+            break;
+        }
+        if let Some(status) = shared.exited() {
+            bail!("the shared kcp bed exited ({status}); its log:\n{}", shared.log_text());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    shared.stop();
+    eprintln!("xtask: the shared kcp bed stopped");
     Ok(())
 }
 

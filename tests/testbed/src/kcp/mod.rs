@@ -2,10 +2,12 @@
 //! `kcp-front-proxy`, with certificates laid out as kcp-operator lays them out ([`pki`]).
 //!
 //! kcp takes tens of seconds to become ready, so a test binary starts it once ([`shared`]) and each test works in
-//! its own workspace ([`Kcp::workspace`]). The demo starts its own ([`Kcp::start`]).
+//! its own workspace ([`Kcp::workspace`]); `cargo xtask test` goes further and starts one for every test binary
+//! ([`shared_bed`]). The demo starts its own ([`Kcp::start`]).
 
 pub mod args;
 pub mod pki;
+pub mod shared_bed;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -397,13 +399,31 @@ async fn wait_ready(process: &mut Process, kubeconfig: &Path) -> Result<()> {
 }
 
 static SHARED: OnceLock<Result<Kcp, String>> = OnceLock::new();
+static PRIVATE: OnceLock<Result<Kcp, String>> = OnceLock::new();
 
-/// The kcp of this test binary, started on first use and shared by every test in it. Its processes are started
-/// from a thread that lives as long as the binary, because the kernel kills a peer when the thread that spawned
-/// it exits (PR_SET_PDEATHSIG), and each test runs on a thread of its own. Files go under the target directory
-/// (`kcp-bed-<binary>`), cleared at the next run, so logs outlive a failed run without piling up.
+/// The kcp of this test binary, shared by every test in it. With [`shared_bed::ENV`] set (`cargo xtask test` sets
+/// it) it is the bed that variable's file describes, shared with other test binaries too; else it is started on
+/// first use. Either way a test isolates itself in workspaces and objects with names of its own, and changes
+/// nothing of the bed itself (its processes, certificates, flags): a test that must, starts a bed of its own
+/// ([`private`]).
+///
+/// A bed of its own is started from a thread that lives as long as the binary, because the kernel kills a peer
+/// when the thread that spawned it exits (PR_SET_PDEATHSIG), and each test runs on a thread of its own. Files go
+/// under the target directory (`kcp-bed-<binary>`), cleared at the next run, so logs outlive a failed run without
+/// piling up.
 pub fn shared() -> &'static Kcp {
-    crate::shared_for_binary(&SHARED, "kcp bed", start_shared)
+    match std::env::var_os(shared_bed::ENV).filter(|v| !v.is_empty()) {
+        Some(file) => crate::shared_for_binary(&SHARED, "shared kcp bed", move || async move {
+            shared_bed::attach(Path::new(&file)).await
+        }),
+        None => private(),
+    }
+}
+
+/// A kcp of this test binary's own, whatever [`shared_bed::ENV`] says, shared only by the tests in this binary:
+/// for tests that change the bed itself (e.g. replace a shard's serving certificate).
+pub fn private() -> &'static Kcp {
+    crate::shared_for_binary(&PRIVATE, "kcp bed", start_shared)
 }
 
 /// The peers kcp's part of the bed runs.

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use rcgen::KeyPair;
+use serde::{Deserialize, Serialize};
 
 use crate::apiserver::kubeconfig_yaml_with_context;
 use crate::certs::{Ca, Credential};
@@ -88,6 +89,32 @@ impl KcpPki {
         Ok(kubeconfig_yaml_with_context(server, &self.server_ca_bundle(), &cred, user, context))
     }
 
+    /// Every CA with its key and the service-account key pair, for another process to issue from
+    /// ([`KcpPki::from_pem`]; the shared bed's file).
+    pub fn to_pem(&self) -> PkiPem {
+        let pair = |ca: &Ca| CaPem { cert: ca.cert_pem(), key: ca.key_pem() };
+        PkiPem {
+            root_ca: pair(&self.root_ca),
+            server_ca: pair(&self.server_ca),
+            client_ca: pair(&self.client_ca),
+            front_proxy_client_ca: pair(&self.front_proxy_client_ca),
+            service_account_key: self.sa_key_pem.clone(),
+            service_account_pub: self.sa_pub_pem.clone(),
+        }
+    }
+
+    pub fn from_pem(pem: &PkiPem) -> Result<Self> {
+        let ca = |p: &CaPem| Ca::from_pem(&p.cert, &p.key);
+        Ok(Self {
+            root_ca: ca(&pem.root_ca).context("the root CA")?,
+            server_ca: ca(&pem.server_ca).context("the server CA")?,
+            client_ca: ca(&pem.client_ca).context("the client CA")?,
+            front_proxy_client_ca: ca(&pem.front_proxy_client_ca).context("the front-proxy client CA")?,
+            sa_key_pem: pem.service_account_key.clone(),
+            sa_pub_pem: pem.service_account_pub.clone(),
+        })
+    }
+
     pub fn service_account_key_pem(&self) -> &str {
         &self.sa_key_pem
     }
@@ -95,6 +122,24 @@ impl KcpPki {
     pub fn service_account_pub_pem(&self) -> &str {
         &self.sa_pub_pem
     }
+}
+
+/// A [`KcpPki`] as PEM.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PkiPem {
+    root_ca: CaPem,
+    server_ca: CaPem,
+    client_ca: CaPem,
+    front_proxy_client_ca: CaPem,
+    service_account_key: String,
+    service_account_pub: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CaPem {
+    cert: String,
+    key: String,
 }
 
 /// Writes `content` to `dir/name` (creating `dir`) and returns the path.

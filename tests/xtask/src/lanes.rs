@@ -1,0 +1,440 @@
+//! The tests step of `cargo xtask test`: every test binary the workspace builds, run by the xtask itself rather
+//! than by `cargo test`, so that
+//! - the slow kcp bed is started once and shared ([`crate::bed`]),
+//! - two binaries run at a time ("lanes"), the longest first, never two that start a node beside each other
+//!   (`KCP_KEEPER_TEST_LANES=1` runs them one after another, as `cargo test` does),
+//! - each binary's output goes to a log file and the xtask prints one line per binary with its wall time, and a
+//!   failing binary's whole output.
+//!
+//! The binaries come from `cargo test --no-run --message-format=json` (the artifacts cargo reports), and run as
+//! cargo runs them: in their package's directory with `CARGO_MANIFEST_DIR` and `CARGO` set.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::child;
+
+/// How many test binaries run at once; `1` runs them serially.
+pub const LANES_ENV: &str = "KCP_KEEPER_TEST_LANES";
+const DEFAULT_LANES: usize = 2;
+
+/// Binaries that use `testbed::kcp::shared()`: the shared bed is started when one of them runs.
+pub const SHARED_KCP_USERS: &[&str] =
+    &["etcd-snapshotter:kcp", "kubeconfig-rotator:kcp", "kubeconfig-rotator:chart", "testbed:kcp"];
+/// Binaries that must keep a kcp of their own: they change the bed itself. ca-syncer's live check replaces the
+/// alpha shard's serving certificate with one from another CA for most of its test, which would fail every
+/// other binary's request to alpha meanwhile.
+pub const PRIVATE_KCP: &[&str] = &["ca-syncer:live_check"];
+/// Binaries that start the test bed's node (a kubelet, containerd, kube-proxy, iptables rules): never two at
+/// once.
+const NODE: &[&str] = &["chart:node", "chart:seed_layout", "testbed:node"];
+
+/// Wall times of the last full run on this machine (seconds), for the order when no run has been recorded in
+/// the target directory yet: the longest first, so the last binary to start is a short one.
+const EXPECTED: &[(&str, f64)] = &[
+    ("kubeconfig-rotator:kcp", 260.0),
+    ("xtask:clean_stop", 247.0),
+    ("chart:node", 220.0),
+    ("etcd-snapshotter:snapshot", 136.0),
+    ("dns-rewriter:daemon", 116.0),
+    ("etcd-snapshotter:daemon", 94.0),
+    ("etcd-snapshotter:kcp", 79.0),
+    ("kubeconfig-rotator:chart", 75.0),
+    ("ca-syncer:controller", 74.0),
+    ("ca-syncer:live_check", 54.0),
+    ("testbed:kcp", 49.0),
+    ("ca-syncer:consumers", 48.0),
+    ("etcd-snapshotter:s3_faults", 34.0),
+    ("ca-syncer:writes", 31.0),
+    ("ca-syncer:readiness", 31.0),
+    ("testbed:real_peers", 30.0),
+];
+
+/// One test binary (or the doc tests).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    /// `<package>:<target>`, the name `--only` matches and the times are recorded under.
+    pub name: String,
+    /// `lib`, `bin`, `test`, ... (cargo's target kind), shown when it is not `test`.
+    pub kind: String,
+    pub package: String,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// The package's directory: the working directory and `CARGO_MANIFEST_DIR`.
+    pub dir: PathBuf,
+}
+
+impl Job {
+    pub fn label(&self) -> String {
+        if self.kind == "test" { self.name.clone() } else { format!("{} ({})", self.name, self.kind) }
+    }
+}
+
+/// A package name from a cargo package id: `path+file:///w/agents/ca-syncer#0.1.0` names its directory's
+/// package, `path+file:///w/agents/runtime#kcp-keeper-runtime@0.1.0` names another.
+pub fn package_name(id: &str) -> Option<String> {
+    let (url, fragment) = id.rsplit_once('#')?;
+    match fragment.split_once('@') {
+        Some((name, _)) => Some(name.to_string()),
+        None => url.rsplit('/').next().filter(|s| !s.is_empty()).map(String::from),
+    }
+}
+
+/// The test binaries in cargo's JSON messages (`compiler-artifact`s of test profile with an executable).
+pub fn test_binaries(messages: &str) -> Result<Vec<Job>> {
+    let mut jobs: Vec<Job> = Vec::new();
+    for line in messages.lines().filter(|l| l.starts_with('{')) {
+        let m: serde_json::Value = serde_json::from_str(line).context("a cargo message")?;
+        if m["reason"] != "compiler-artifact" || m["profile"]["test"] != true {
+            continue;
+        }
+        let Some(exe) = m["executable"].as_str() else { continue };
+        let package = m["package_id"].as_str().and_then(package_name).context("an artifact without a package")?;
+        let target = m["target"]["name"].as_str().context("an artifact without a target name")?;
+        let kind = m["target"]["kind"][0].as_str().unwrap_or("test").to_string();
+        let manifest = m["manifest_path"].as_str().context("an artifact without a manifest")?;
+        let dir = Path::new(manifest).parent().context("a manifest path without a directory")?.to_path_buf();
+        let job =
+            Job { name: format!("{package}:{target}"), kind, package, program: exe.into(), args: Vec::new(), dir };
+        if !jobs.iter().any(|j| j.program == job.program) {
+            jobs.push(job);
+        }
+    }
+    Ok(jobs)
+}
+
+/// `--only` values: `<package>` or `<package>:<target>`.
+pub fn selected(job: &Job, only: &[String]) -> bool {
+    only.is_empty()
+        || only.iter().any(|o| match o.split_once(':') {
+            Some(_) => *o == job.name,
+            None => *o == job.package,
+        })
+}
+
+/// Longest first: the recorded time of the binary, else [`EXPECTED`], else 0 (short ones keep cargo's order).
+pub fn order(jobs: &mut [Job], recorded: &BTreeMap<String, f64>) {
+    let expected =
+        |name: &str| recorded.get(name).copied().or_else(|| EXPECTED.iter().find(|(n, _)| *n == name).map(|(_, s)| *s));
+    jobs.sort_by(|a, b| expected(&b.name).unwrap_or(0.0).total_cmp(&expected(&a.name).unwrap_or(0.0)));
+}
+
+fn starts_a_node(name: &str) -> bool {
+    NODE.contains(&name)
+}
+
+/// The next job a free lane may start: the first in `queue` that does not start a node while `running` does.
+pub fn next(queue: &mut Vec<Job>, running: &[String]) -> Option<Job> {
+    let node_running = running.iter().any(|r| starts_a_node(r));
+    let i = queue.iter().position(|j| !(node_running && starts_a_node(&j.name)))?;
+    Some(queue.remove(i))
+}
+
+/// `N passed; M failed` from the `test result:` lines of a binary's output (summed: the doc tests print one per
+/// crate).
+pub fn summary(output: &str) -> String {
+    let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
+    for line in output.lines().filter_map(|l| l.trim().strip_prefix("test result: ")) {
+        for part in line.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(what), Some(n)) = (words.next(), words.next()) else { continue };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => passed += n,
+                "failed" => failed += n,
+                "ignored" => ignored += n,
+                _ => {}
+            }
+        }
+    }
+    let mut text = format!("{passed} passed");
+    if failed > 0 {
+        text.push_str(&format!(", {failed} failed"));
+    }
+    if ignored > 0 {
+        text.push_str(&format!(", {ignored} ignored"));
+    }
+    text
+}
+
+/// `times.tsv`: `<name>\t<seconds>` per line.
+pub fn read_times(path: &Path) -> BTreeMap<String, f64> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (name, secs) = l.split_once('\t')?;
+            Some((name.to_string(), secs.parse().ok()?))
+        })
+        .collect()
+}
+
+fn write_times(path: &Path, times: &BTreeMap<String, f64>) -> Result<()> {
+    let text: String = times.iter().map(|(n, s)| format!("{n}\t{s:.1}\n")).collect();
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+pub fn lanes() -> Result<usize> {
+    match std::env::var(LANES_ENV) {
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => bail!("{LANES_ENV} must be a number of lanes, 1 or more (1 runs the test binaries serially): {v:?}"),
+        },
+        Err(_) => Ok(DEFAULT_LANES),
+    }
+}
+
+pub struct Outcome {
+    pub job: Job,
+    pub ok: bool,
+    pub took: Duration,
+}
+
+struct State {
+    queue: Vec<Job>,
+    running: Vec<(String, Instant)>,
+    outcomes: Vec<Outcome>,
+    /// Set when an outcome was printed, so the progress line only speaks up during a long silence.
+    printed_at: Instant,
+}
+
+/// Runs `jobs` in `lanes` lanes, in their order; `env` is added to every job's environment except for the jobs
+/// `env_for` refuses. Output goes to `<log_dir>/<name>.log`. Returns every outcome; the caller reports the total.
+pub fn run(
+    jobs: Vec<Job>,
+    lanes: usize,
+    env: Vec<(String, String)>,
+    env_for: fn(&Job) -> bool,
+    log_dir: &Path,
+) -> Result<Vec<Outcome>> {
+    std::fs::create_dir_all(log_dir)?;
+    let shared = Arc::new((
+        Mutex::new(State { queue: jobs, running: Vec::new(), outcomes: Vec::new(), printed_at: Instant::now() }),
+        Condvar::new(),
+    ));
+    let env = Arc::new(env);
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut threads = Vec::new();
+    for lane in 0..lanes {
+        let (shared, env, cargo, log_dir) = (shared.clone(), env.clone(), cargo.clone(), log_dir.to_path_buf());
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("lane {lane}"))
+                .spawn(move || lane_loop(&shared, &env, env_for, &cargo, &log_dir))?,
+        );
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let progress = {
+        let (shared, done) = (shared.clone(), done.clone());
+        std::thread::spawn(move || progress_loop(&shared, &done))
+    };
+    for t in threads {
+        t.join().map_err(|_| anyhow::anyhow!("a test lane panicked"))??;
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    shared.1.notify_all();
+    let _ = progress.join();
+    let state = std::mem::replace(
+        &mut *shared.0.lock().unwrap(),
+        State { queue: Vec::new(), running: Vec::new(), outcomes: Vec::new(), printed_at: Instant::now() },
+    );
+    Ok(state.outcomes)
+}
+
+fn lane_loop(
+    shared: &(Mutex<State>, Condvar),
+    env: &[(String, String)],
+    env_for: fn(&Job) -> bool,
+    cargo: &str,
+    log_dir: &Path,
+) -> Result<()> {
+    let (lock, wake) = shared;
+    loop {
+        let job = {
+            let mut state = lock.lock().unwrap();
+            loop {
+                if state.queue.is_empty() || child::interrupted() {
+                    return Ok(());
+                }
+                let running: Vec<String> = state.running.iter().map(|(n, _)| n.clone()).collect();
+                if let Some(job) = next(&mut state.queue, &running) {
+                    state.running.push((job.name.clone(), Instant::now()));
+                    break job;
+                }
+                state = wake.wait(state).unwrap();
+            }
+        };
+        let log = log_dir.join(format!("{}.log", job.name.replace([':', '/'], "-")));
+        let started = Instant::now();
+        let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut cmd = Command::new(&job.program);
+        cmd.args(&job.args)
+            .current_dir(&job.dir)
+            .env("CARGO_MANIFEST_DIR", &job.dir)
+            .env("CARGO_PKG_NAME", &job.package)
+            .env("CARGO", cargo)
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        if env_for(&job) {
+            cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        }
+        // A group of its own: whatever the binary leaves running (an agent's drill kcp) is killed once it exits.
+        let status = child::run_as_group(cmd, &job.label());
+        let took = started.elapsed();
+        let ok = matches!(&status, Ok(s) if s.success());
+        let output = std::fs::read_to_string(&log).unwrap_or_default();
+        let mut state = lock.lock().unwrap();
+        state.running.retain(|(n, _)| *n != job.name);
+        if ok {
+            eprintln!("xtask: ok     {:>6.1}s  {}  {}", took.as_secs_f64(), job.label(), summary(&output));
+        } else {
+            let why = match &status {
+                Ok(s) => s.to_string(),
+                Err(e) => format!("{e:#}"),
+            };
+            eprintln!(
+                "xtask: FAILED {:>6.1}s  {}  {} ({why}); its whole output ({}):\n{output}\nxtask: ---- end of {}'s output",
+                took.as_secs_f64(),
+                job.label(),
+                summary(&output),
+                log.display(),
+                job.label()
+            );
+        }
+        state.printed_at = Instant::now();
+        state.outcomes.push(Outcome { job, ok, took });
+        wake.notify_all();
+    }
+}
+
+/// Every minute without a finished binary, what is still running: a newcomer can tell a slow run from a hung one.
+fn progress_loop(shared: &(Mutex<State>, Condvar), done: &std::sync::atomic::AtomicBool) {
+    const QUIET: Duration = Duration::from_secs(60);
+    let (lock, wake) = shared;
+    let mut state = lock.lock().unwrap();
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        state = wake.wait_timeout(state, Duration::from_secs(5)).unwrap().0;
+        if state.printed_at.elapsed() >= QUIET && !state.running.is_empty() {
+            let running: Vec<String> =
+                state.running.iter().map(|(n, t)| format!("{n} ({:.0}s)", t.elapsed().as_secs_f64())).collect();
+            eprintln!("xtask: ..  still running: {}; {} to go", running.join(", "), state.queue.len());
+            state.printed_at = Instant::now();
+        }
+    }
+}
+
+/// Records the wall times of this run's passing binaries over the earlier ones (for the next run's order; a
+/// failed or interrupted binary's time says little about its next run).
+pub fn record_times(path: &Path, outcomes: &[Outcome]) -> Result<()> {
+    let mut times = read_times(path);
+    for o in outcomes.iter().filter(|o| o.ok) {
+        times.insert(o.job.name.clone(), o.took.as_secs_f64());
+    }
+    write_times(path, &times)
+}
+
+/// The doc tests, as one job run by cargo (rustdoc builds and runs them).
+pub fn doc_tests(cargo: &str, root: &Path) -> Job {
+    Job {
+        name: "workspace:doc-tests".into(),
+        kind: "doc".into(),
+        package: "workspace".into(),
+        program: PathBuf::from(cargo),
+        args: ["test", "--workspace", "--locked", "--doc"].map(String::from).to_vec(),
+        dir: root.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(name: &str) -> Job {
+        let (package, _) = name.split_once(':').unwrap();
+        Job {
+            name: name.into(),
+            kind: "test".into(),
+            package: package.into(),
+            program: format!("/t/{name}").into(),
+            args: Vec::new(),
+            dir: "/w".into(),
+        }
+    }
+
+    #[test]
+    fn package_names_come_from_the_id_fragment_or_the_directory() {
+        assert_eq!(package_name("path+file:///w/agents/ca-syncer#0.1.0").as_deref(), Some("ca-syncer"));
+        assert_eq!(
+            package_name("path+file:///w/agents/runtime#kcp-keeper-runtime@0.1.0").as_deref(),
+            Some("kcp-keeper-runtime")
+        );
+        assert_eq!(package_name("no fragment"), None);
+    }
+
+    #[test]
+    fn only_test_profile_artifacts_with_an_executable_are_test_binaries() {
+        let messages = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/agents/ca-syncer#0.1.0","manifest_path":"/w/agents/ca-syncer/Cargo.toml","target":{"kind":["test"],"name":"live_check"},"profile":{"test":true},"executable":"/t/live_check-1"}
+{"reason":"compiler-artifact","package_id":"path+file:///w/agents/ca-syncer#0.1.0","manifest_path":"/w/agents/ca-syncer/Cargo.toml","target":{"kind":["bin"],"name":"ca-syncer"},"profile":{"test":false},"executable":"/t/ca-syncer"}
+{"reason":"compiler-artifact","package_id":"path+file:///w/agents/ca-syncer#0.1.0","manifest_path":"/w/agents/ca-syncer/Cargo.toml","target":{"kind":["lib"],"name":"ca_syncer"},"profile":{"test":false},"executable":null}
+{"reason":"compiler-artifact","package_id":"path+file:///w/agents/runtime#kcp-keeper-runtime@0.1.0","manifest_path":"/w/agents/runtime/Cargo.toml","target":{"kind":["lib"],"name":"kcp_keeper_runtime"},"profile":{"test":true},"executable":"/t/kcp_keeper_runtime-2"}
+{"reason":"build-finished","success":true}
+"#;
+        let jobs = test_binaries(messages).unwrap();
+        let names: Vec<String> = jobs.iter().map(Job::label).collect();
+        assert_eq!(names, ["ca-syncer:live_check", "kcp-keeper-runtime:kcp_keeper_runtime (lib)"]);
+        assert_eq!(jobs[0].dir, Path::new("/w/agents/ca-syncer"));
+        assert_eq!(jobs[0].program, Path::new("/t/live_check-1"));
+    }
+
+    #[test]
+    fn only_selects_a_whole_package_or_one_binary_of_it() {
+        let only = |o: &[&str]| o.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(selected(&job("testbed:kcp"), &[]));
+        assert!(selected(&job("testbed:kcp"), &only(&["testbed"])));
+        assert!(selected(&job("testbed:kcp"), &only(&["ca-syncer", "testbed:kcp"])));
+        assert!(!selected(&job("testbed:node"), &only(&["testbed:kcp"])));
+        assert!(!selected(&job("testbed-x:kcp"), &only(&["testbed"])));
+    }
+
+    #[test]
+    fn the_longest_known_binary_goes_first_a_recorded_time_over_the_expected_one() {
+        let mut jobs = vec![job("a:short"), job("testbed:kcp"), job("kubeconfig-rotator:kcp"), job("b:new")];
+        let recorded = BTreeMap::from([("a:short".to_string(), 2.0), ("testbed:kcp".to_string(), 300.0)]);
+        order(&mut jobs, &recorded);
+        let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+        assert_eq!(names, ["testbed:kcp", "kubeconfig-rotator:kcp", "a:short", "b:new"]);
+    }
+
+    #[test]
+    fn a_lane_never_starts_a_node_binary_beside_another_and_takes_the_next_job_instead() {
+        let mut queue = vec![job("testbed:node"), job("a:x")];
+        let next_one = next(&mut queue, &["chart:node".to_string()]).unwrap();
+        assert_eq!(next_one.name, "a:x");
+        assert_eq!(next(&mut queue, &["chart:node".to_string()]), None, "only the node binary is left");
+        assert_eq!(next(&mut queue, &["a:y".to_string()]).unwrap().name, "testbed:node");
+    }
+
+    #[test]
+    fn the_summary_adds_up_every_test_result_line() {
+        let out = "running 3 tests\ntest result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 1.2s\n   Doc-tests x\ntest result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.1s\n";
+        assert_eq!(summary(out), "4 passed, 2 failed, 1 ignored");
+        assert_eq!(summary("no tests ran"), "0 passed");
+    }
+
+    #[test]
+    fn recorded_times_round_trip_keep_only_passing_binaries_and_skip_bad_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("times.tsv");
+        std::fs::write(&path, "a:x\t12.5\nbroken line\nb:y\tnot-a-number\n").unwrap();
+        assert_eq!(read_times(&path), BTreeMap::from([("a:x".to_string(), 12.5)]));
+        let passed = Outcome { job: job("c:z"), ok: true, took: Duration::from_millis(3_300) };
+        let failed = Outcome { job: job("a:x"), ok: false, took: Duration::from_millis(100) };
+        record_times(&path, &[passed, failed]).unwrap();
+        assert_eq!(read_times(&path), BTreeMap::from([("a:x".to_string(), 12.5), ("c:z".to_string(), 3.3)]));
+    }
+}
