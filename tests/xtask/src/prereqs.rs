@@ -13,6 +13,8 @@
 //!   which the restricted profile's `RuntimeDefault` needs: Debian's `libseccomp-dev` and `pkg-config`), a static
 //!   C build (Kubernetes' pause, `gcc -static`: `gcc` and `libc6-dev`); to run the node, the CNI plugins
 //!   (Debian's `containernetworking-plugins` in `/usr/lib/cni`) and iptables (kube-proxy's iptables mode).
+//! - For ca-syncer's trust store tests: Java's keytool and `openssl pkcs12`, which read its JKS and PKCS#12
+//!   files back.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -446,6 +448,35 @@ pub fn ensure_node_tools() -> Result<()> {
     check_iptables().map_err(|why| anyhow::anyhow!("still no iptables: {why}"))
 }
 
+/// Whether `program args` runs and exits 0 (a JRE whose keytool cannot start fails here, not only a missing one).
+fn runs(program: &str, args: &[&str]) -> bool {
+    Command::new(program).args(args).output().is_ok_and(|o| o.status.success())
+}
+
+/// ca-syncer's trust store tests read its JKS and PKCS#12 files back with the real tools Java and OpenSSL users
+/// have: Java's `keytool` (Debian's `default-jre-headless`) and `openssl pkcs12` (Debian's `openssl`).
+pub fn ensure_trust_store_tools() -> Result<()> {
+    let mut missing = Vec::new();
+    if !runs("keytool", &["-help"]) {
+        eprintln!("xtask: keytool does not run; ca-syncer's tests read its JKS and PKCS#12 stores back with it");
+        missing.push("default-jre-headless");
+    }
+    if !runs("openssl", &["pkcs12", "-help"]) {
+        eprintln!("xtask: `openssl pkcs12` does not run; ca-syncer's tests read its PKCS#12 stores back with it");
+        missing.push("openssl");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    apt_install(&missing)?;
+    for (program, args) in [("keytool", &["-help"][..]), ("openssl", &["pkcs12", "-help"][..])] {
+        if !runs(program, args) {
+            bail!("`{program} {}` still does not run after the install", args.join(" "));
+        }
+    }
+    Ok(())
+}
+
 fn find_on_path(program: &str) -> Option<PathBuf> {
     let paths = std::env::var_os("PATH")?;
     std::env::split_paths(&paths).map(|dir| dir.join(program)).find(|p| p.is_file())
@@ -458,6 +489,13 @@ pub fn is_root() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_trust_store_tools_run_once_ensured() {
+        // `cargo xtask test` installs them before ca-syncer's tests, so this must hold on every CI machine.
+        assert!(runs("keytool", &["-help"]) && runs("openssl", &["pkcs12", "-help"]));
+        assert!(!runs("keytool-that-does-not-exist", &["-help"]), "a missing program does not run");
+    }
 
     #[test]
     fn protoc_capability_passes_with_the_installed_well_known_types() {
