@@ -174,3 +174,68 @@ fn sigkill_of_the_demo_binary_leaves_no_peer_running() {
     let status = status.expect("the xtask did not exit after its demo died");
     assert_eq!(status.code(), Some(128 + 9), "the xtask should report the demo's SIGKILL, got {status}");
 }
+
+/// Starts `xtask kcp-bed` on `dir` and waits until it prints the bed's variable; returns the xtask and every
+/// process below it then.
+fn start_shared_kcp_bed(dir: &Path) -> (Child, BTreeMap<i32, String>) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut xtask = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .arg("kcp-bed")
+        .arg("--dir")
+        .arg(dir)
+        .current_dir(&root)
+        .env("CARGO", std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting xtask kcp-bed");
+    let stdout = xtask.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            println!("kcp-bed> {line}");
+            let _ = tx.send(line);
+        }
+    });
+    let expected = format!("export KCP_KEEPER_TEST_KCP={}", dir.join("bed.json").display());
+    match rx.recv_timeout(START_TIMEOUT) {
+        Ok(line) if line == expected => {}
+        other => {
+            stop(&mut xtask);
+            panic!("xtask kcp-bed did not print {expected:?} within {START_TIMEOUT:?}: {other:?}");
+        }
+    }
+    let tree = descendants(xtask.id() as i32);
+    let names: BTreeSet<&str> = tree.values().map(String::as_str).collect();
+    for expected in ["kcp-bed", "etcd", "kcp", "kcp-front-proxy"] {
+        assert!(names.contains(expected), "no {expected} process below the xtask; found {names:?}");
+    }
+    (xtask, tree)
+}
+
+#[test]
+fn sigkill_of_the_xtask_holding_the_shared_kcp_bed_leaves_no_kcp_or_etcd_running() {
+    let _one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let bed_dir = dir.path().join("bed");
+    let (mut xtask, tree) = start_shared_kcp_bed(&bed_dir);
+    // The file test binaries attach with names the bed's front proxy and CAs.
+    let file: serde_json::Value = serde_json::from_slice(&std::fs::read(bed_dir.join("bed.json")).unwrap()).unwrap();
+    assert!(file["ready"]["frontProxyUrl"].as_str().unwrap().starts_with("https://127.0.0.1:"), "{file}");
+    kill(Pid::from_raw(xtask.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = xtask.wait();
+    let alive = wait_gone(&tree, STOP_TIMEOUT);
+    assert!(alive.is_empty(), "still running {STOP_TIMEOUT:?} after the xtask was killed: {alive:?}");
+}
+
+#[test]
+fn sigterm_to_the_xtask_holding_the_shared_kcp_bed_stops_the_bed_and_exits_0() {
+    let _one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (mut xtask, tree) = start_shared_kcp_bed(&dir.path().join("bed"));
+    kill(Pid::from_raw(xtask.id() as i32), Signal::SIGTERM).unwrap();
+    let status = wait_exit(&mut xtask, STOP_TIMEOUT);
+    let alive = wait_gone(&tree, STOP_TIMEOUT);
+    assert!(alive.is_empty(), "still running {STOP_TIMEOUT:?} after SIGTERM: {alive:?}");
+    assert!(status.expect("the xtask did not exit after SIGTERM").success());
+}
