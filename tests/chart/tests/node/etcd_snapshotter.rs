@@ -294,6 +294,17 @@ fn spilled_on_disk(node: &Node, uid: &str) -> Result<u64> {
     Ok(out.lines().filter_map(|l| l.trim().parse::<u64>().ok()).sum())
 }
 
+/// The kubelet's Evicted Events about the pod `uid`: their messages.
+async fn evictions(client: &kube::Client, uid: &str) -> Result<Vec<String>> {
+    let events = Api::<Event>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;
+    Ok(events
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Evicted") && e.involved_object.uid.as_deref() == Some(uid))
+        .map(|e| e.message.unwrap_or_default())
+        .collect())
+}
+
 /// With S3 slow (every part held 3 s by the proxy, one in flight), etcd-snapshotter in its pod spills the parts its
 /// memory budget cannot hold into the chart's spill emptyDir, never more than `spill.maxBytes` there at once (the
 /// pod's volume sampled through the kubelet's directory; the log shows the back-pressure engaged), under the
@@ -338,7 +349,11 @@ async fn spills_under_max_bytes(node: &'static Node, client: &kube::Client, max_
     let (mut most, mut samples) = (0, 0);
     let deadline = Instant::now() + Duration::from_secs(300);
     let manifest = loop {
-        let on_disk = spilled_on_disk(node, &uid)?;
+        let on_disk = match spilled_on_disk(node, &uid) {
+            Ok(bytes) => bytes,
+            // The volume goes with the pod: say why it went (an emptyDir over its sizeLimit evicts the pod).
+            Err(e) => bail!("{leader}'s spill volume is gone: {e:#}\n{}", evictions(client, &uid).await?.join("\n")),
+        };
         most = most.max(on_disk);
         samples += 1;
         if samples % 10 == 0 {
@@ -374,12 +389,7 @@ async fn spills_under_max_bytes(node: &'static Node, client: &kube::Client, max_
     let now = agent_pods(client, "etcd-snapshotter").await?;
     let this = now.iter().find(|p| p.1 == uid).context("the leader is gone")?;
     ensure!(this.3 && this.2 == 0, "{leader}: ready {}, restarts {}", this.3, this.2);
-    let events = Api::<Event>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;
-    let evicted: Vec<_> = events
-        .items
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some("Evicted") && e.involved_object.uid.as_deref() == Some(&uid))
-        .collect();
+    let evicted = evictions(client, &uid).await?;
     ensure!(evicted.is_empty(), "the kubelet evicted {leader}: {evicted:?}");
 
     // The back-pressure engaged.
