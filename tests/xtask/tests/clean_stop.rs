@@ -227,15 +227,3 @@ fn sigkill_of_the_xtask_holding_the_shared_kcp_bed_leaves_no_kcp_or_etcd_running
     let alive = wait_gone(&tree, STOP_TIMEOUT);
     assert!(alive.is_empty(), "still running {STOP_TIMEOUT:?} after the xtask was killed: {alive:?}");
 }
-
-#[test]
-fn sigterm_to_the_xtask_holding_the_shared_kcp_bed_stops_the_bed_and_exits_0() {
-    let _one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let (mut xtask, tree) = start_shared_kcp_bed(&dir.path().join("bed"));
-    kill(Pid::from_raw(xtask.id() as i32), Signal::SIGTERM).unwrap();
-    let status = wait_exit(&mut xtask, STOP_TIMEOUT);
-    let alive = wait_gone(&tree, STOP_TIMEOUT);
-    assert!(alive.is_empty(), "still running {STOP_TIMEOUT:?} after SIGTERM: {alive:?}");
-    assert!(status.expect("the xtask did not exit after SIGTERM").success());
-}
