@@ -32,6 +32,14 @@ fn kcp_image() -> Value {
     json!({"repository": KCP_REPOSITORY, "tag": KCP_TAG})
 }
 
+/// The operator's defaults request a whole core per shard (limits 2 cores, 2 GiB): on this 2-core node the root
+/// and `alpha` shards alone would take every core, and the surge pod of each rolling update (the operator rolls
+/// a Deployment whenever a certificate it mounts is renewed) could never be scheduled. Small requests, kcp's
+/// memory limit kept, no CPU limit (throttling kcp on a loaded machine only slows the test down).
+fn resources() -> Value {
+    json!({"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}})
+}
+
 fn host_aliases() -> Value {
     json!({"spec": {"template": {"spec": {"hostAliases": [{"ip": FRONT_PROXY_IP, "hostnames": [EXTERNAL_HOST]}]}}}})
 }
@@ -129,7 +137,8 @@ pub fn root_shard() -> Value {
             "etcd": {"endpoints": etcd_endpoints(ROOT_SHARD, ETCD_MEMBERS[0].1)},
             "image": kcp_image(),
             "replicas": 1,
-            "proxy": {"image": kcp_image(), "replicas": 1},
+            "resources": resources(),
+            "proxy": {"image": kcp_image(), "replicas": 1, "resources": resources()},
             "deploymentTemplate": host_aliases(),
         },
     })
@@ -145,6 +154,7 @@ pub fn shard() -> Value {
             "etcd": {"endpoints": etcd_endpoints(SHARD, ETCD_MEMBERS[1].1)},
             "image": kcp_image(),
             "replicas": 1,
+            "resources": resources(),
             "deploymentTemplate": host_aliases(),
         },
     })
@@ -159,6 +169,7 @@ pub fn front_proxy() -> Value {
             "rootShard": {"ref": {"name": ROOT_SHARD}},
             "image": kcp_image(),
             "replicas": 1,
+            "resources": resources(),
             "serviceTemplate": {"spec": {"clusterIP": FRONT_PROXY_IP}},
         },
     })
@@ -242,6 +253,18 @@ mod tests {
         assert_eq!(root_shard()["spec"]["proxy"]["image"], pinned);
         assert_eq!(shard()["spec"]["image"], pinned);
         assert_eq!(front_proxy()["spec"]["image"], pinned);
+    }
+
+    #[test]
+    fn every_kcp_component_requests_a_tenth_of_a_core_so_a_rolling_update_fits_on_the_two_core_node() {
+        for resources in [
+            &root_shard()["spec"]["resources"],
+            &root_shard()["spec"]["proxy"]["resources"],
+            &shard()["spec"]["resources"],
+            &front_proxy()["spec"]["resources"],
+        ] {
+            assert_eq!(resources["requests"]["cpu"], "100m", "{resources}");
+        }
     }
 
     #[test]

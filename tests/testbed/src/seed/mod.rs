@@ -158,6 +158,16 @@ pub fn describe(node: &Node) -> Result<String> {
         out.push_str(&String::from_utf8_lossy(&o.stdout));
         out.push_str(&String::from_utf8_lossy(&o.stderr));
     }
+    // The end of each kcp component's log (its previous run too, when it restarted).
+    for deployment in ["root-kcp", "root-proxy", "alpha-shard-kcp", "frontproxy-front-proxy"] {
+        for previous in ["--previous=false", "--previous=true"] {
+            let target = format!("deployment/{deployment}");
+            let o = node.kubectl(&["logs", "-n", NAMESPACE, &target, previous, "--tail=15"])?;
+            out.push_str(&format!("\n--- logs {deployment} {previous}\n"));
+            out.push_str(&String::from_utf8_lossy(&o.stdout));
+            out.push_str(&String::from_utf8_lossy(&o.stderr));
+        }
+    }
     Ok(out)
 }
 
