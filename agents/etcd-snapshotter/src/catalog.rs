@@ -123,7 +123,12 @@ pub async fn apply_retention(
         let manifest = manifests.iter().find(|m| m.id == id).expect("planned from this list");
         let location = Location::from_id(&store.prefix, &id).expect("listed ids are valid");
         let data = format!("{}{}", location.dir(), manifest.object);
-        if store.delete_unless_locked(&data).await? && store.delete_unless_locked(&location.manifest_key()).await? {
+        // Its deltas first, newest first: a run cut short leaves a chain that still starts at the snapshot, and a
+        // locked delta keeps the snapshot (and the older deltas it needs).
+        if delete_deltas(store, shard, &location).await?
+            && store.delete_unless_locked(&data).await?
+            && store.delete_unless_locked(&location.manifest_key()).await?
+        {
             // The report last: a snapshot without its manifest is gone whatever its report says.
             store.delete_unless_locked(&format!("{}{}", location.dir(), report::REPORT)).await?;
             tracing::info!(id, "retention deleted a snapshot");
@@ -135,4 +140,26 @@ pub async fn apply_retention(
         }
     }
     Ok(report)
+}
+
+/// Deletes the deltas of the snapshot at `location`, newest first, each only if it has this agent's shape and
+/// `written-by` metadata (a hand-placed file in `deltas/` stays); false when object lock kept one.
+async fn delete_deltas(store: &Store, shard: &str, location: &Location) -> Result<bool, StorageError> {
+    let mut deltas: Vec<(u64, String)> = store
+        .list_keys(&crate::delta::dir(location))
+        .await?
+        .into_iter()
+        .filter_map(|key| Some((crate::delta::location_of(&store.prefix, shard, &key)?.1, key)))
+        .collect();
+    deltas.sort();
+    for (_, key) in deltas.iter().rev() {
+        if !store.written_by_us(key).await? {
+            tracing::info!(key, "a file in a snapshot's deltas this agent did not write; left alone");
+            continue;
+        }
+        if !store.delete_unless_locked(key).await? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }

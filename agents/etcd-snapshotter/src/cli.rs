@@ -11,6 +11,7 @@ use kcp_keeper_runtime::logging::{self, LogFormat};
 
 use crate::catalog;
 use crate::config::{Config, KcpExpect};
+use crate::delta::replay::{self, Point};
 use crate::drill::run::{drill_and_record, summary};
 use crate::generation;
 use crate::metrics::Metrics;
@@ -69,7 +70,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
             verify(&config, &id, identity_file.as_deref(), &etcdutl).await
         }
         Command::Drill(args) => drill(args).await,
-        Command::Restore(args) => restore(args).await,
+        Command::Restore(args) => return restore(args).await,
     }?;
     Ok(ExitCode::SUCCESS)
 }
@@ -249,23 +250,60 @@ pub struct RestoreArgs {
     pub identity_file: Option<PathBuf>,
     #[arg(long, env = "ETCDUTL", default_value = "etcdutl")]
     pub etcdutl: PathBuf,
+    /// A point in time: `latest` (everything stored), a revision, or an RFC 3339 time. The newest full snapshot
+    /// at or before it, then its deltas replayed up to it, each verified; needs --shard. A broken delta chain
+    /// restores up to its last good revision and exits 2, saying where it broke.
+    #[arg(long, value_parser = parse_point)]
+    pub at: Option<Point>,
+    /// etcd binary for the scratch member the deltas are replayed into (default: the configuration's
+    /// drills.etcd).
+    #[arg(long, env = "ETCD")]
+    pub etcd: Option<PathBuf>,
     #[command(flatten)]
     pub member: MemberFlags,
 }
 
-/// Downloads, proves and restores a snapshot into a new member data directory; prints the next steps.
-pub async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
+fn parse_point(text: &str) -> Result<Point, String> {
+    text.parse()
+}
+
+/// Exit code of a point-in-time restore that stopped at a broken delta chain.
+pub const EXIT_CHAIN_BROKEN: u8 = 2;
+
+/// Downloads, proves and restores a snapshot into a new member data directory; prints the next steps. With
+/// `--at`, a point in time (see [`replay`]); exit 2 when its delta chain broke before the point.
+pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
     let (config, store) = open(&args.config)?;
     anyhow::ensure!(args.id != "latest" || args.shard.is_some(), "--id latest needs --shard");
     // `latest` of the shard's own cluster (as its etcd serves it now, if it answers).
     let own = live_cluster(&config, args.shard.as_deref()).await;
+    if let Some(point) = args.at {
+        anyhow::ensure!(args.id == "latest", "--at chooses the snapshot itself: give --shard, not --id");
+        let shard = args.shard.as_deref().expect("checked above");
+        let base = replay::base(&store, shard, own.as_ref(), point).await?;
+        let etcd = args.etcd.clone().unwrap_or_else(|| config.drills.etcd.clone());
+        let tools = replay::Tools {
+            etcdutl: &args.etcdutl,
+            etcd: &etcd,
+            scratch_root: &config.drills.directory,
+            identity_file: args.identity_file.as_deref(),
+        };
+        let outcome = replay::restore_at(&store, base.clone(), point, tools, &args.member).await?;
+        print!("{}", replay::summary(&outcome, point));
+        print!("{}", restore::next_steps(&base, &args.member));
+        if let Some(broken) = &outcome.broken {
+            eprintln!("error: {broken}; restored up to revision {} only", outcome.revision);
+            return Ok(ExitCode::from(EXIT_CHAIN_BROKEN));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let manifest = catalog::find(&store, args.shard.as_deref(), &args.id, own.as_ref()).await?;
     let dir = scratch(&config)?;
     let fetched = restore::fetch(&store, manifest, identities(args.identity_file.as_deref())?, dir.path()).await?;
     restore::check_structure(&args.etcdutl, &fetched)?;
     restore::etcdutl_restore(&args.etcdutl, &fetched.db, &args.member)?;
     print!("{}", restore::next_steps(&fetched.manifest, &args.member));
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Debug, Clone, clap::Args)]

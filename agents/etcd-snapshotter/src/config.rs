@@ -7,6 +7,7 @@
 //! One file per section in `config/`: `shards.rs`, `storage.rs`, `spill.rs`, `retention.rs` and `drills.rs`
 //! (with each shard's `drill`); compression and encryption are small enough to stay here.
 
+mod deltas;
 mod drills;
 mod retention;
 mod retry;
@@ -20,6 +21,7 @@ use kcp_keeper_runtime::config::{AgentConfig, FieldError};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+pub use deltas::{Deltas, RawDeltas};
 pub use drills::{Drills, ExpectedObject, KcpExpect, RawDrills, RawShardDrill, ShardDrill};
 pub use retention::RawRetention;
 pub use retry::{RawRetry, Retry};
@@ -191,6 +193,9 @@ mod tests {
         assert_eq!(config.spill.memory_parts, 7);
         assert_eq!(config.compression, Compression::Zstd);
         assert_eq!(config.recipients.len(), 1);
+        let deltas = config.shards[0].deltas.as_ref().expect("root has deltas");
+        assert_eq!((deltas.interval, deltas.max_bytes), (Duration::from_secs(10), 16 << 20));
+        assert!(config.shards[1].deltas.is_none(), "alpha has none");
     }
 
     #[test]

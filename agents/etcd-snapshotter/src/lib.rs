@@ -12,13 +12,15 @@
 //! (etcd's trailing sha256), [`encode`] (zstd, age and parts), [`cadence`] (a schedule's longest gap). The
 //! edges: [`member`] (etcd), [`storage`] (S3), [`shard_lock`] (one run per shard at a time, across processes),
 //! [`snapshot`] (one proven snapshot), [`catalog`] (listing, retention applied), [`generation`] (the etcd cluster
-//! a snapshot belongs to), [`restore`] and [`drill`] (restore drills).
+//! a snapshot belongs to), [`restore`] and [`drill`] (restore drills), [`delta`] (delta snapshots: the format
+//! and chain, pure; `delta::writer` the leader's watch, `delta::replay` point-in-time restore).
 #![forbid(unsafe_code)]
 
 pub mod cadence;
 pub mod catalog;
 pub mod cli;
 pub mod config;
+pub mod delta;
 pub mod drill;
 pub mod encode;
 pub mod error;

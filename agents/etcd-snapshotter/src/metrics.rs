@@ -68,6 +68,26 @@ pub struct Metrics {
     /// Retries of S3 requests and of whole runs, every label pair exported at 0 from the start.
     pub retries: Family<RetryLabels, Counter>,
     pub drill: DrillMetrics,
+    pub delta: DeltaMetrics,
+}
+
+/// `etcd_snapshotter_delta_*`: delta snapshots, written by the leader only (followers export 0).
+#[derive(Clone, Debug, Default)]
+pub struct DeltaMetrics {
+    /// The time up to which every write of the shard is in the bucket (a full snapshot and its deltas): the
+    /// recovery point is `time() - this`. 0 until the first delta session has caught up.
+    pub stored_through: Family<ShardLabel, GaugeF64>,
+    /// The newest source revision stored in a delta.
+    pub revision: Family<ShardLabel, Gauge>,
+    pub last_write_timestamp: Family<ShardLabel, GaugeF64>,
+    pub objects: Family<ShardLabel, Counter>,
+    pub bytes: Family<ShardLabel, Counter>,
+    /// Sessions whose start revision was compacted away (a full snapshot was taken to close the gap).
+    pub compacted: Family<ShardLabel, Counter>,
+    /// Sessions that ended on an error (etcd, the bucket); the next starts after an interval.
+    pub failures: Family<ShardLabel, Counter>,
+    /// `deltas.interval`; 0 when the shard has no deltas (the alert's yardstick and selector).
+    pub interval: Family<ShardLabel, GaugeF64>,
 }
 
 /// `etcd_snapshotter_drill_*`: restore drills (names fixed by contract with the chart's alerts).
@@ -200,6 +220,34 @@ impl Metrics {
             Unit::Seconds,
             d.schedule_interval.clone(),
         );
+        let delta = &m.delta;
+        registry.register_with_unit(
+            "delta_stored_through_timestamp",
+            "Time up to which every write of the shard is stored (full snapshot and deltas); time() minus it is the RPO",
+            Unit::Seconds,
+            delta.stored_through.clone(),
+        );
+        registry.register("delta_revision", "Newest source revision stored in a delta", delta.revision.clone());
+        registry.register_with_unit(
+            "delta_last_write_timestamp",
+            "When the shard's last delta object was written",
+            Unit::Seconds,
+            delta.last_write_timestamp.clone(),
+        );
+        registry.register("delta_objects", "Delta objects written", delta.objects.clone());
+        registry.register_with_unit("delta", "Bytes of delta objects written", Unit::Bytes, delta.bytes.clone());
+        registry.register(
+            "delta_compacted",
+            "Delta sessions whose start revision was compacted away, each closed by a full snapshot",
+            delta.compacted.clone(),
+        );
+        registry.register("delta_failures", "Delta sessions that ended on an error", delta.failures.clone());
+        registry.register_with_unit(
+            "delta_interval",
+            "The shard's deltas.interval (0: no deltas)",
+            Unit::Seconds,
+            delta.interval.clone(),
+        );
         m
     }
 
@@ -236,6 +284,15 @@ impl Metrics {
             let _ = self.alarms.get_or_create(&AlarmLabels { shard: shard.into(), alarm: alarm.into() });
         }
         let _ = self.other_clusters.get_or_create(&label);
+        let interval = config.deltas.as_ref().map(|d| d.interval.as_secs_f64()).unwrap_or(0.0);
+        self.delta.interval.get_or_create(&label).set(interval);
+        let _ = self.delta.stored_through.get_or_create(&label);
+        let _ = self.delta.revision.get_or_create(&label);
+        let _ = self.delta.last_write_timestamp.get_or_create(&label);
+        let _ = self.delta.objects.get_or_create(&label);
+        let _ = self.delta.bytes.get_or_create(&label);
+        let _ = self.delta.compacted.get_or_create(&label);
+        let _ = self.delta.failures.get_or_create(&label);
     }
 
     /// Sets the shard's alarm gauges from what a member listed: `(member id, alarm)` pairs.

@@ -9,17 +9,20 @@
 //! directory before the process exits.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::events::{EventType, Recorder};
+use kcp_keeper_runtime::lease::Leadership;
 use kcp_keeper_runtime::metrics::unix_now;
 use kcp_keeper_runtime::schedule::{self, Schedule, Tick};
 use kcp_keeper_runtime::shutdown::{Grace, JobEnd, finish_or_abort};
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog;
-use crate::config::{Config, Shard};
+use crate::config::{Config, Deltas, Shard};
+use crate::delta::writer::{End, Writer};
 use crate::drill::older_choice;
 use crate::drill::run::{self as drill_run, Outcome};
 use crate::drill::scratch;
@@ -71,6 +74,10 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
                 })
             };
             let snapshots = job(&one_at_a_time);
+            if let Some(deltas) = shard.deltas.clone() {
+                let (job, leadership, token) = (snapshots.clone(), ctx.leadership.clone(), schedules.clone());
+                tasks.spawn(async move { job.deltas_while_leading(deltas, leadership, token).await });
+            }
             spawn_schedule(&mut tasks, &ctx, &schedules, shard.schedule.clone(), move |tick| {
                 let job = snapshots.clone();
                 async move { job.snapshot_within_tick(tick).await }
@@ -152,8 +159,9 @@ struct Job {
 }
 
 impl Job {
-    /// One run of the tick's snapshot: `Some(reason)` when it failed.
-    async fn snapshot(&self, tick: Tick) -> Option<&'static str> {
+    /// One run of the tick's snapshot (no tick: one the delta writer needs, its start revision compacted
+    /// away): `Some(reason)` when it failed.
+    async fn snapshot(&self, tick: Option<&Tick>) -> Option<&'static str> {
         let _turn = self.one_at_a_time.lock().await;
         let shard = &self.shard.name;
         let started = std::time::Instant::now();
@@ -166,7 +174,7 @@ impl Job {
         let pending = Pending::default();
         let waiting = |holder: &str| tracing::warn!(shard, holder, "another run holds the shard's lock; waiting");
         let run = snapshot::Run {
-            tick: Some(tick.at),
+            tick: tick.map(|t| t.at),
             progress: None,
             command: "run",
             lock_wait: LOCK_WAIT,
@@ -187,7 +195,7 @@ impl Job {
         self.metrics.db_bytes.get_or_create(&label).set(manifest.db_size_bytes as i64);
         self.metrics.revision.get_or_create(&label).set(manifest.revision as i64);
         tracing::info!(
-            shard, id = manifest.id, tick = %tick.at, revision = manifest.revision, keys = manifest.key_count,
+            shard, id = manifest.id, tick = ?tick.map(|t| t.at), revision = manifest.revision, keys = manifest.key_count,
             bytes = manifest.object_size_bytes, seconds = manifest.total_seconds, "snapshot published"
         );
         let note = format!(
@@ -220,6 +228,64 @@ impl Job {
         None
     }
 
+    /// The shard's delta writer while this replica leads, until `token` is cancelled: session after session
+    /// (`delta::writer`), each starting from what the store holds. A compacted start revision takes a full
+    /// snapshot (in the snapshots' turn, under the shard's lock), counted in `delta_compacted_total`; so does a
+    /// shard with no full snapshot yet.
+    async fn deltas_while_leading(&self, deltas: Deltas, mut leadership: Leadership, token: CancellationToken) {
+        let shard = self.shard.name.clone();
+        let label = self.metrics.shard(&shard);
+        let writer = Writer {
+            config: self.config.clone(),
+            shard: self.shard.clone(),
+            deltas: deltas.clone(),
+            metrics: self.metrics.clone(),
+        };
+        loop {
+            tokio::select! {
+                () = token.cancelled() => return,
+                () = leadership.wait_until_leader() => {}
+            }
+            // Ends the session when this replica stops leading or the schedules stop.
+            let session = token.child_token();
+            let mut changes = leadership.subscribe();
+            let watch_leadership = {
+                let session = session.clone();
+                tokio::spawn(async move {
+                    while *changes.borrow_and_update() {
+                        if changes.changed().await.is_err() {
+                            break;
+                        }
+                    }
+                    session.cancel();
+                })
+            };
+            let end = writer.session(&session).await;
+            watch_leadership.abort();
+            let pause = match end {
+                Ok(End::Compacted) => {
+                    self.metrics.delta.compacted.get_or_create(&label).inc();
+                    if self.snapshot(None).await.is_some() { deltas.interval } else { Duration::ZERO }
+                }
+                Ok(End::NoSnapshot) => {
+                    // Continuous protection needs a base: the first full snapshot now, not at the next tick.
+                    tracing::info!(shard, "no full snapshot of the shard yet: taking one for the deltas to chain to");
+                    if self.snapshot(None).await.is_some() { deltas.interval } else { Duration::ZERO }
+                }
+                Ok(End::NewSnapshot | End::Raced | End::Stopped) => Duration::ZERO,
+                Err(error) => {
+                    self.metrics.delta.failures.get_or_create(&label).inc();
+                    tracing::warn!(shard, error = %format!("{error:#}"), "delta session failed; starting again from the store");
+                    deltas.interval
+                }
+            };
+            tokio::select! {
+                () = token.cancelled() => return,
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
     async fn snapshot_failed(&self, error: &SnapshotError, started: std::time::Instant) -> Option<&'static str> {
         let shard = &self.shard.name;
         let reason: &'static str = error.into();
@@ -237,7 +303,7 @@ impl Job {
     async fn snapshot_within_tick(&self, tick: Tick) {
         let shard = &self.shard.name;
         let mut runs = 0;
-        while let Some(reason) = self.snapshot(tick.clone()).await {
+        while let Some(reason) = self.snapshot(Some(&tick)).await {
             runs += 1;
             if reason == "interrupted" || self.shutdown.is_cancelled() {
                 return;

@@ -574,7 +574,8 @@ fn clean_spill(dir: &Path) {
 /// - multipart uploads at a key of this agent's data-object shape ([`manifest::data_object_location`]) that
 ///   the store began no later than this run took the lock (`acquired`, the store's clock);
 /// - data objects of that shape whose directory has no manifest, that the store wrote no later than the lock
-///   was taken and that carry this agent's `written-by` metadata (a hand-placed object of that name stays).
+///   was taken and that carry this agent's `written-by` metadata (a hand-placed object of that name stays);
+/// - the same for delta objects (`delta::location_of`) whose snapshot has no manifest.
 ///
 /// Nothing else under the prefix is touched: other files, other shards, drill reports, the lock itself.
 pub async fn clean_interrupted(
@@ -601,7 +602,11 @@ pub async fn clean_interrupted(
     }
     let objects = store.list_objects(&dir).await?;
     for object in &objects {
-        let Some(location) = manifest::data_object_location(&store.prefix, shard, &object.key) else { continue };
+        // A data object, or a delta (written under a snapshot that retention deleted before the writer saw
+        // the newer one).
+        let location = manifest::data_object_location(&store.prefix, shard, &object.key)
+            .or_else(|| crate::delta::location_of(&store.prefix, shard, &object.key).map(|(location, _)| location));
+        let Some(location) = location else { continue };
         let manifest_key = location.manifest_key();
         if objects.iter().any(|o| o.key == manifest_key) {
             continue;

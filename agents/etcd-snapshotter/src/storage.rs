@@ -103,6 +103,13 @@ pub struct Versioned {
     pub last_modified: Option<aws_smithy_types::DateTime>,
 }
 
+/// An object read whole with its user metadata (`x-amz-meta-*`, names lowercased by the store).
+#[derive(Debug, Clone)]
+pub struct WithMetadata {
+    pub body: Vec<u8>,
+    pub metadata: std::collections::HashMap<String, String>,
+}
+
 /// One bucket under one prefix.
 #[derive(Clone)]
 pub struct Store {
@@ -560,6 +567,86 @@ impl Store {
             id_marker = page.next_upload_id_marker;
             if key_marker.is_none() {
                 return Ok(out);
+            }
+        }
+    }
+
+    /// Writes a delta object (`delta`), whole, only where none is (`If-None-Match: *`), with its chain in user
+    /// metadata beside [`WRITTEN_BY`]: `Ok(false)` when another writer put one at the key first.
+    pub async fn put_new(&self, key: &str, body: Vec<u8>, metadata: &[(&str, String)]) -> Result<bool, StorageError> {
+        let (sse, kms) = self.sse();
+        let mut request = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .content_type("application/octet-stream")
+            .metadata(WRITTEN_BY.0, WRITTEN_BY.1)
+            .set_server_side_encryption(sse)
+            .set_ssekms_key_id(kms)
+            .if_none_match("*");
+        if self.integrity == Integrity::Checksums {
+            request = request.checksum_sha256(integrity::sha256_base64(&body));
+        }
+        for (name, value) in metadata {
+            request = request.metadata(*name, value);
+        }
+        match request.body(ByteStream::from(body)).send().await {
+            Ok(_) => Ok(true),
+            Err(e) if matches!(e.code(), Some("PreconditionFailed" | "ConditionalRequestConflict")) => Ok(false),
+            Err(e) if e.raw_response().is_some_and(|r| matches!(r.status().as_u16(), 409 | 412)) => Ok(false),
+            Err(e) => Err(StorageError::request("PutObject", e)),
+        }
+    }
+
+    /// An object with its user metadata, or `None` when there is none at `key`.
+    pub async fn get_with_metadata(&self, key: &str) -> Result<Option<WithMetadata>, StorageError> {
+        let out = match self.client.get_object().bucket(&self.bucket).key(key).send().await {
+            Ok(out) => out,
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
+            Err(e) => return Err(StorageError::request("GetObject", e)),
+        };
+        let metadata = out.metadata.clone().unwrap_or_default();
+        let body = out
+            .body
+            .collect()
+            .await
+            .map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
+        Ok(Some(WithMetadata { body: body.to_vec(), metadata }))
+    }
+
+    /// The user metadata of the object at `key`, or `None` when there is none.
+    pub async fn head_metadata(
+        &self,
+        key: &str,
+    ) -> Result<Option<std::collections::HashMap<String, String>>, StorageError> {
+        match self.client.head_object().bucket(&self.bucket).key(key).send().await {
+            Ok(head) => Ok(Some(head.metadata.unwrap_or_default())),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(None),
+            Err(e) => Err(StorageError::request("HeadObject", e)),
+        }
+    }
+
+    /// The "directories" right under `prefix` (common prefixes at the next `/`): one per snapshot under a
+    /// shard's directory, however many deltas each holds.
+    pub async fn list_dirs(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        let mut out = Vec::new();
+        let mut token = None;
+        loop {
+            let page = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .delimiter("/")
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|e| StorageError::request("ListObjectsV2", e))?;
+            out.extend(page.common_prefixes().iter().filter_map(|p| p.prefix().map(str::to_string)));
+            match page.next_continuation_token {
+                Some(next) if page.is_truncated() == Some(true) => token = Some(next),
+                _ => return Ok(out),
             }
         }
     }

@@ -8,6 +8,7 @@ use kcp_keeper_runtime::schedule::{Schedule, ScheduleSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::deltas::{Deltas, RawDeltas, deltas};
 use super::drills::{RawShardDrill, ShardDrill, shard_drill};
 
 /// One kcp shard's etcd.
@@ -27,6 +28,10 @@ pub struct RawShard {
     /// Restore drills of the shard's snapshots.
     #[serde(default)]
     pub drill: Option<RawShardDrill>,
+    /// Delta snapshots between full snapshots (watch events written every few seconds): the recovery point
+    /// and restores to a point in time (`restore --at`).
+    #[serde(default)]
+    pub deltas: Option<RawDeltas>,
 }
 
 /// Client TLS for a shard's etcd: PEM files (mounted from a Secret), read at each connection.
@@ -51,12 +56,14 @@ pub struct Shard {
     pub schedule: Schedule,
     schedule_spec: ScheduleSpec,
     pub drill: Option<ShardDrill>,
+    /// Present when deltas are enabled.
+    pub deltas: Option<Deltas>,
 }
 
 impl PartialEq for Shard {
     fn eq(&self, other: &Self) -> bool {
-        (&self.name, &self.endpoints, &self.tls, &self.schedule_spec, &self.drill)
-            == (&other.name, &other.endpoints, &other.tls, &other.schedule_spec, &other.drill)
+        (&self.name, &self.endpoints, &self.tls, &self.schedule_spec, &self.drill, &self.deltas)
+            == (&other.name, &other.endpoints, &other.tls, &other.schedule_spec, &other.drill, &other.deltas)
     }
 }
 
@@ -89,6 +96,7 @@ pub(super) fn shards(raw: Vec<RawShard>, kcp_binary: bool, errors: &mut Vec<Fiel
             errors.push(FieldError::new(at("drill.kcp"), "needs drills.kcp (the kcp binary)"));
         }
         let drill = shard.drill.and_then(|raw| shard_drill(&shard.name, raw, &at, errors));
+        let deltas = deltas(shard.deltas, &at, errors);
         match Schedule::new(&format!("snapshot-{}", shard.name), &shard.schedule) {
             Ok(schedule) => out.push(Shard {
                 name: shard.name,
@@ -97,6 +105,7 @@ pub(super) fn shards(raw: Vec<RawShard>, kcp_binary: bool, errors: &mut Vec<Fiel
                 schedule,
                 schedule_spec: shard.schedule,
                 drill,
+                deltas,
             }),
             Err(e) => errors.push(FieldError::new(at("schedule"), e.to_string())),
         }

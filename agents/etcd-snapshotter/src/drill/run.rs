@@ -223,7 +223,12 @@ async fn fetch(
 }
 
 /// `etcdutl snapshot restore` as a one-member cluster, without `--bump-revision` and `--mark-compacted`.
-async fn etcdutl_restore(etcdutl: &Path, db: &Path, data_dir: &Path, peer_url: &str) -> Result<(), DrillError> {
+pub(crate) async fn etcdutl_restore(
+    etcdutl: &Path,
+    db: &Path,
+    data_dir: &Path,
+    peer_url: &str,
+) -> Result<(), DrillError> {
     let out = Command::new(etcdutl)
         .args(["snapshot", "restore"])
         .arg(db)
@@ -243,7 +248,7 @@ async fn etcdutl_restore(etcdutl: &Path, db: &Path, data_dir: &Path, peer_url: &
 }
 
 /// Connects once the member answers; fails early if it exits (with the end of its log).
-async fn wait_for_etcd(
+pub(crate) async fn wait_for_etcd(
     scratch: &mut Scratch,
     etcd: usize,
     url: &str,

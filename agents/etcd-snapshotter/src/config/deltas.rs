@@ -1,0 +1,94 @@
+//! `shards[].deltas`: continuous protection between full snapshots. The leader watches the shard's etcd from
+//! the newest full snapshot's revision and writes the events as delta objects, flushed every `interval` or
+//! once `maxBytes` of events are held (the memory bound).
+
+use std::time::Duration;
+
+use kcp_keeper_runtime::config::FieldError;
+use kcp_keeper_runtime::duration::parse_go_duration;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::spill::parse_size;
+
+/// Delta snapshots of one shard: its etcd's watch events between full snapshots, for a recovery point of
+/// seconds and restores to a point in time.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawDeltas {
+    /// Whether the leader writes deltas for this shard (false when absent).
+    #[serde(default)]
+    pub enabled: bool,
+    /// Go-style duration: how often buffered events are written as a delta object, the recovery point under
+    /// a steady write load (1s to 10m; 10s when absent).
+    #[serde(default)]
+    pub interval: Option<String>,
+    /// Bytes of events held in memory at most (`8Mi`, plain bytes; 64Ki to 256Mi; 16Mi when absent): a delta
+    /// is written as soon as this much is buffered, before the interval ends.
+    #[serde(default)]
+    pub max_bytes: Option<String>,
+}
+
+/// Deltas as validated: present on a shard only when enabled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deltas {
+    pub interval: Duration,
+    pub max_bytes: u64,
+}
+
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
+const DEFAULT_MAX_BYTES: u64 = 16 << 20;
+
+pub(super) fn deltas(
+    raw: Option<RawDeltas>,
+    at: &dyn Fn(&str) -> String,
+    errors: &mut Vec<FieldError>,
+) -> Option<Deltas> {
+    let raw = raw.filter(|r| r.enabled)?;
+    let interval = match raw.interval.as_deref().map(parse_go_duration) {
+        None => DEFAULT_INTERVAL,
+        Some(Ok(d)) if (Duration::from_secs(1)..=Duration::from_secs(600)).contains(&d) => d,
+        Some(_) => {
+            errors.push(FieldError::new(at("deltas.interval"), "a Go duration from 1s to 10m"));
+            DEFAULT_INTERVAL
+        }
+    };
+    let max_bytes = match raw.max_bytes.as_deref().map(parse_size) {
+        None => DEFAULT_MAX_BYTES,
+        Some(Ok(n)) if ((64 << 10)..=(256 << 20)).contains(&n) => n,
+        Some(_) => {
+            errors.push(FieldError::new(at("deltas.maxBytes"), "a size from 64Ki to 256Mi"));
+            DEFAULT_MAX_BYTES
+        }
+    };
+    Some(Deltas { interval, max_bytes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(field: &str) -> String {
+        format!("shards[0].{field}")
+    }
+
+    #[test]
+    fn deltas_default_to_ten_seconds_and_16mi_and_bad_values_name_their_field() {
+        let mut errors = Vec::new();
+        assert_eq!(deltas(None, &at, &mut errors), None);
+        assert_eq!(deltas(Some(RawDeltas::default()), &at, &mut errors), None, "not enabled");
+        let on = RawDeltas { enabled: true, ..Default::default() };
+        assert_eq!(
+            deltas(Some(on), &at, &mut errors),
+            Some(Deltas { interval: Duration::from_secs(10), max_bytes: 16 << 20 })
+        );
+        assert!(errors.is_empty());
+        let bad = RawDeltas { enabled: true, interval: Some("1h".into()), max_bytes: Some("1Gi".into()) };
+        deltas(Some(bad), &at, &mut errors);
+        let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        assert!(
+            text[0].contains("shards[0].deltas.interval") && text[1].contains("shards[0].deltas.maxBytes"),
+            "{text:?}"
+        );
+    }
+}

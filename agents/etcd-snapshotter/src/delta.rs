@@ -1,0 +1,428 @@
+//! Delta snapshots, the pure part: what one delta object holds, where it lives, and what makes a chain.
+//!
+//! A delta is the watch events of a revision range `[from, to]` of one shard, received after a full snapshot:
+//! `<snapshot dir>/deltas/<from, 20 digits>.delta[.zst][.age]`, its payload compressed and encrypted exactly
+//! as full snapshots are (`encode`). Each one names, in its user metadata and again inside its payload, its
+//! range, its full snapshot's id, the etcd cluster id and the sha256 of the delta before it (none for the
+//! first, which starts at the full snapshot's revision + 1); the metadata also carries its own object's
+//! sha256. Restore walks the chain from the full snapshot, delta by delta, and stops at the first that is
+//! missing, altered or not linked to the one before (`check_link`).
+//!
+//! Names carry only `from`: a delta is written with `If-None-Match: *`, so two writers (an old leader in its
+//! last seconds and the new one) can never both write the chain's next link; the loser re-reads the store.
+//! The writer is `delta::writer`, the replay `delta::replay`.
+
+pub mod replay;
+pub mod writer;
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::{self, Location};
+
+/// The directory of a snapshot's deltas, inside the snapshot's directory.
+pub const DELTAS_DIR: &str = "deltas/";
+/// The payload's first bytes: the format and its version.
+const MAGIC: &[u8] = b"KCPKDELTA1\n";
+/// Metadata names (`x-amz-meta-<name>`), lowercase as stores return them.
+pub const META_FROM: &str = "delta-from";
+pub const META_TO: &str = "delta-to";
+pub const META_SHA256: &str = "delta-sha256";
+pub const META_PREVIOUS: &str = "delta-previous-sha256";
+pub const META_SNAPSHOT: &str = "delta-snapshot";
+pub const META_CLUSTER: &str = "delta-cluster-id";
+pub const META_EVENTS: &str = "delta-events";
+/// The previous hash of a chain's first delta.
+const NO_PREVIOUS: &str = "none";
+
+/// `00000000000000001001.delta.zst.age`: the range's start, zero-padded so names sort as numbers.
+pub fn object_name(from: u64, compression: &str, encrypted: bool) -> String {
+    let mut name = format!("{from:020}.delta");
+    if compression == "zstd" {
+        name.push_str(".zst");
+    }
+    if encrypted {
+        name.push_str(".age");
+    }
+    name
+}
+
+/// `<snapshot dir>/deltas/`.
+pub fn dir(location: &Location) -> String {
+    format!("{}{DELTAS_DIR}", location.dir())
+}
+
+/// A delta object's name as this agent writes it: its `from`, compression and whether it is encrypted.
+pub fn parse_name(name: &str) -> Option<(u64, &'static str, bool)> {
+    let (digits, rest) = name.split_at_checked(20)?;
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (compression, encrypted) = match rest {
+        ".delta" => ("none", false),
+        ".delta.zst" => ("zstd", false),
+        ".delta.age" => ("none", true),
+        ".delta.zst.age" => ("zstd", true),
+        _ => return None,
+    };
+    Some((digits.parse().ok()?, compression, encrypted))
+}
+
+/// The snapshot and `from` of the delta object `key`, if `key` has exactly the shape this agent writes under
+/// `shard`: `<prefix>/<shard>/<time>-r<revision>/deltas/<from>.delta[.zst][.age]`.
+pub fn location_of(prefix: &str, shard: &str, key: &str) -> Option<(Location, u64)> {
+    let rest = key.strip_prefix(&manifest::shard_dir(prefix, shard))?;
+    let (name, rest) = rest.split_once('/')?;
+    let object = rest.strip_prefix(DELTAS_DIR)?;
+    let location = Location::from_id(prefix, &format!("{shard}/{name}"))?;
+    let (from, _, _) = parse_name(object)?;
+    Some((location, from))
+}
+
+/// What kind of change an event is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Put,
+    Delete,
+}
+
+/// One watch event as stored: enough to replay it (the key's create revision and version follow from
+/// replaying every revision in order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub kind: Kind,
+    /// The revision the change was committed at (the key's mod revision; a delete's own revision).
+    pub revision: u64,
+    /// When this agent received it from the watch (Unix milliseconds): `restore --at <time>` replays what was
+    /// received by then, never what was committed later.
+    pub received_ms: i64,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+impl Event {
+    /// Bytes it takes in the payload (the memory bound counts these).
+    pub fn size(&self) -> u64 {
+        (1 + 8 + 8 + 4 + 4 + self.key.len() + self.value.len()) as u64
+    }
+}
+
+/// The header inside the payload, repeating the metadata's chain so that an edited metadata is caught when
+/// the payload is read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Header {
+    pub from: u64,
+    pub to: u64,
+    pub snapshot: String,
+    pub cluster_id: String,
+    pub previous_sha256: Option<String>,
+}
+
+/// The payload before compression and encryption.
+pub fn encode_payload(header: &Header, events: &[Event]) -> Vec<u8> {
+    let json = serde_json::to_vec(header).expect("a header serializes");
+    let mut out =
+        Vec::with_capacity(MAGIC.len() + 4 + json.len() + events.iter().map(|e| e.size() as usize).sum::<usize>() + 9);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&json);
+    for event in events {
+        out.push(match event.kind {
+            Kind::Put => 1,
+            Kind::Delete => 2,
+        });
+        out.extend_from_slice(&event.revision.to_le_bytes());
+        out.extend_from_slice(&event.received_ms.to_le_bytes());
+        out.extend_from_slice(&(event.key.len() as u32).to_le_bytes());
+        out.extend_from_slice(&event.key);
+        out.extend_from_slice(&(event.value.len() as u32).to_le_bytes());
+        out.extend_from_slice(&event.value);
+    }
+    out.push(0);
+    out.extend_from_slice(&(events.len() as u64).to_le_bytes());
+    out
+}
+
+/// Reads a payload (untrusted: it comes from the bucket): exactly the format, every length within the bytes,
+/// revisions inside the header's range and never going down, the event count at the end.
+pub fn decode_payload(bytes: &[u8]) -> Result<(Header, Vec<Event>), String> {
+    let mut r = Reader(bytes);
+    if r.take(MAGIC.len())? != MAGIC {
+        return Err("not a delta of this format".into());
+    }
+    let len = r.u32()? as usize;
+    let header: Header = serde_json::from_slice(r.take(len)?).map_err(|e| format!("the header: {e}"))?;
+    if header.from > header.to {
+        return Err(format!("the range {}..{} is empty", header.from, header.to));
+    }
+    let mut events = Vec::new();
+    loop {
+        let kind = match r.take(1)?[0] {
+            0 => break,
+            1 => Kind::Put,
+            2 => Kind::Delete,
+            other => return Err(format!("event {}: unknown kind {other}", events.len())),
+        };
+        let revision = r.u64()?;
+        let received_ms = r.u64()? as i64;
+        let key_len = r.u32()? as usize;
+        let key = r.take(key_len)?.to_vec();
+        let value_len = r.u32()? as usize;
+        let value = r.take(value_len)?.to_vec();
+        let last = events.last().map_or(header.from, |e: &Event| e.revision);
+        if revision < last || revision > header.to {
+            return Err(format!(
+                "event {}: revision {revision} out of order or outside {}..{}",
+                events.len(),
+                header.from,
+                header.to
+            ));
+        }
+        events.push(Event { kind, revision, received_ms, key, value });
+    }
+    let count = r.u64()?;
+    if count != events.len() as u64 || !r.0.is_empty() {
+        return Err(format!("{} events read, the end says {count}", events.len()));
+    }
+    Ok((header, events))
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if n > self.0.len() {
+            return Err("the payload ends early".into());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+}
+
+/// A delta's chain as its user metadata states it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub from: u64,
+    pub to: u64,
+    /// sha256 (hex) of the stored object.
+    pub sha256: String,
+    /// sha256 of the delta before it; `None` for the first after the full snapshot.
+    pub previous: Option<String>,
+    pub snapshot: String,
+    pub cluster_id: String,
+    pub events: u64,
+}
+
+impl Meta {
+    pub fn to_metadata(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (META_FROM, self.from.to_string()),
+            (META_TO, self.to.to_string()),
+            (META_SHA256, self.sha256.clone()),
+            (META_PREVIOUS, self.previous.clone().unwrap_or_else(|| NO_PREVIOUS.into())),
+            (META_SNAPSHOT, self.snapshot.clone()),
+            (META_CLUSTER, self.cluster_id.clone()),
+            (META_EVENTS, self.events.to_string()),
+        ]
+    }
+
+    /// Parses the metadata of an object others can write: numbers, 64 hex digits, nothing else taken.
+    pub fn from_metadata(metadata: &HashMap<String, String>) -> Result<Self, String> {
+        let get = |name: &str| metadata.get(name).map(String::as_str).ok_or_else(|| format!("no {name} metadata"));
+        let number = |name: &str| get(name)?.parse::<u64>().map_err(|_| format!("{name} is not a revision"));
+        let hash = |name: &str, text: &str| {
+            (text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()))
+                .then(|| text.to_ascii_lowercase())
+                .ok_or_else(|| format!("{name} is not a sha256"))
+        };
+        let previous = match get(META_PREVIOUS)? {
+            NO_PREVIOUS => None,
+            text => Some(hash(META_PREVIOUS, text)?),
+        };
+        let meta = Self {
+            from: number(META_FROM)?,
+            to: number(META_TO)?,
+            sha256: hash(META_SHA256, get(META_SHA256)?)?,
+            previous,
+            snapshot: get(META_SNAPSHOT)?.to_string(),
+            cluster_id: get(META_CLUSTER)?.to_string(),
+            events: number(META_EVENTS)?,
+        };
+        if meta.from > meta.to {
+            return Err(format!("the range {}..{} is empty", meta.from, meta.to));
+        }
+        Ok(meta)
+    }
+}
+
+/// What the next link of a chain must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expected<'a> {
+    pub from: u64,
+    pub previous: Option<&'a str>,
+    pub snapshot: &'a str,
+    pub cluster_id: &'a str,
+}
+
+/// Whether a delta is the chain's next link: its metadata names the expected start, predecessor, snapshot and
+/// cluster, its object's sha256 (`actual_sha256`, measured) is the one it states, and its payload's header
+/// repeats its metadata.
+pub fn check_link(expected: &Expected<'_>, meta: &Meta, actual_sha256: &str, header: &Header) -> Result<(), String> {
+    if meta.sha256 != actual_sha256 {
+        return Err(format!("its object's sha256 is {actual_sha256}, its metadata says {}", meta.sha256));
+    }
+    if meta.from != expected.from {
+        return Err(format!("it starts at revision {}, the chain continues at {}", meta.from, expected.from));
+    }
+    if meta.previous.as_deref() != expected.previous {
+        return Err(format!(
+            "it follows a delta with sha256 {}, the chain's last is {}",
+            meta.previous.as_deref().unwrap_or(NO_PREVIOUS),
+            expected.previous.unwrap_or(NO_PREVIOUS)
+        ));
+    }
+    if meta.snapshot != expected.snapshot || meta.cluster_id != expected.cluster_id {
+        return Err(format!("it belongs to snapshot {} of cluster {}", meta.snapshot, meta.cluster_id));
+    }
+    let stated = Header {
+        from: meta.from,
+        to: meta.to,
+        snapshot: meta.snapshot.clone(),
+        cluster_id: meta.cluster_id.clone(),
+        previous_sha256: meta.previous.clone(),
+    };
+    if &stated != header {
+        return Err("its payload's header does not repeat its metadata".into());
+    }
+    Ok(())
+}
+
+/// Events grouped by revision, in order: each group was one transaction in the source and is replayed as one.
+pub fn by_revision(events: &[Event]) -> Vec<(u64, &[Event])> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=events.len() {
+        if i == events.len() || events[i].revision != events[start].revision {
+            out.push((events[start].revision, &events[start..i]));
+            start = i;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: Kind, revision: u64, key: &str) -> Event {
+        Event {
+            kind,
+            revision,
+            received_ms: 1_700_000_000_000 + revision as i64,
+            key: key.into(),
+            value: vec![revision as u8; 3],
+        }
+    }
+
+    fn header() -> Header {
+        Header {
+            from: 11,
+            to: 14,
+            snapshot: "root/20261130T120000Z-r10".into(),
+            cluster_id: "c1".into(),
+            previous_sha256: None,
+        }
+    }
+
+    #[test]
+    fn a_payload_round_trips_and_every_damage_is_an_error() {
+        let events = vec![
+            event(Kind::Put, 11, "/a"),
+            event(Kind::Put, 12, "/b"),
+            event(Kind::Delete, 12, "/c"),
+            event(Kind::Put, 14, "/a"),
+        ];
+        let bytes = encode_payload(&header(), &events);
+        assert_eq!(decode_payload(&bytes), Ok((header(), events.clone())));
+        assert!(decode_payload(&bytes[..bytes.len() - 1]).is_err(), "cut short");
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode_payload(&longer).is_err(), "trailing bytes");
+        let mut other_kind = bytes.clone();
+        let first_event = MAGIC.len() + 4 + serde_json::to_vec(&header()).unwrap().len();
+        other_kind[first_event] = 7;
+        assert!(decode_payload(&other_kind).unwrap_err().contains("unknown kind"));
+        let outside = encode_payload(&header(), &[event(Kind::Put, 15, "/a")]);
+        assert!(decode_payload(&outside).unwrap_err().contains("outside"));
+        let backwards = encode_payload(&header(), &[event(Kind::Put, 13, "/a"), event(Kind::Put, 12, "/a")]);
+        assert!(decode_payload(&backwards).is_err());
+        let mut huge_key = bytes.clone();
+        huge_key[first_event + 17..first_event + 21].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_payload(&huge_key).unwrap_err().contains("ends early"), "a length past the bytes");
+        assert_eq!(
+            by_revision(&events).iter().map(|(r, e)| (*r, e.len())).collect::<Vec<_>>(),
+            [(11, 1), (12, 2), (14, 1)]
+        );
+    }
+
+    #[test]
+    fn names_and_keys_have_one_shape_and_nothing_else_is_a_delta() {
+        assert_eq!(object_name(1001, "zstd", true), "00000000000000001001.delta.zst.age");
+        assert_eq!(parse_name("00000000000000001001.delta.zst.age"), Some((1001, "zstd", true)));
+        assert_eq!(parse_name("00000000000000001001.delta"), Some((1001, "none", false)));
+        for bad in
+            ["1001.delta", "0000000000000000100x.delta", "00000000000000001001.delta.gz", "00000000000000001001.json"]
+        {
+            assert_eq!(parse_name(bad), None, "{bad}");
+        }
+        let key = "kcp/etcd/root/20261130T120000Z-r10/deltas/00000000000000000011.delta.zst";
+        let (location, from) = location_of("kcp/etcd", "root", key).unwrap();
+        assert_eq!((location.id.as_str(), from), ("root/20261130T120000Z-r10", 11));
+        for not_ours in [
+            "kcp/etcd/root/20261130T120000Z-r10/deltas/notes.txt",
+            "kcp/etcd/root/20261130T120000Z-r10/00000000000000000011.delta.zst",
+            "kcp/etcd/root/handmade/deltas/00000000000000000011.delta.zst",
+            "kcp/etcd/alpha/20261130T120000Z-r10/deltas/00000000000000000011.delta.zst",
+        ] {
+            assert_eq!(location_of("kcp/etcd", "root", not_ours), None, "{not_ours}");
+        }
+    }
+
+    #[test]
+    fn a_link_is_checked_against_its_hash_its_predecessor_and_its_payload() {
+        let meta = Meta {
+            from: 11,
+            to: 14,
+            sha256: "ab".repeat(32),
+            previous: None,
+            snapshot: "root/20261130T120000Z-r10".into(),
+            cluster_id: "c1".into(),
+            events: 4,
+        };
+        let parsed = Meta::from_metadata(&meta.to_metadata().into_iter().map(|(k, v)| (k.to_string(), v)).collect());
+        assert_eq!(parsed.as_ref(), Ok(&meta));
+        let expected = Expected { from: 11, previous: None, snapshot: &meta.snapshot, cluster_id: "c1" };
+        assert_eq!(check_link(&expected, &meta, &meta.sha256, &header()), Ok(()));
+        assert!(check_link(&expected, &meta, &"cd".repeat(32), &header()).unwrap_err().contains("sha256"));
+        let later = Expected { from: 15, ..expected.clone() };
+        assert!(check_link(&later, &meta, &meta.sha256, &header()).unwrap_err().contains("continues at 15"));
+        let prev = "ef".repeat(32);
+        let after = Expected { previous: Some(&prev), ..expected.clone() };
+        assert!(check_link(&after, &meta, &meta.sha256, &header()).unwrap_err().contains("follows"));
+        let edited = Header { to: 13, ..header() };
+        assert!(check_link(&expected, &meta, &meta.sha256, &edited).is_err(), "metadata and payload disagree");
+        let mut bad: HashMap<String, String> =
+            meta.to_metadata().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        bad.insert(META_SHA256.into(), "../../etc".into());
+        assert!(Meta::from_metadata(&bad).is_err());
+    }
+}

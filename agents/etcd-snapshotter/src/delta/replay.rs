@@ -1,0 +1,349 @@
+//! Point-in-time restore (`restore --at <time|revision|latest>`): the newest full snapshot of the shard's own
+//! cluster at or before the point, proven as any restore proves it, restored without a bump into a scratch
+//! member started on loopback (as drills do); then its deltas, in chain order, each proven (its object's
+//! sha256, its link to the one before, its payload's header) and replayed up to the point, each source
+//! revision's events as one transaction, so revision N of the source is revision N here: a key's mod revision
+//! after replay is the source's. The result is snapshotted and restored into the member's new data directory
+//! with `--bump-revision` and `--mark-compacted` as a plain restore does.
+//!
+//! A delta that is missing, altered or not linked to the one before stops the replay at the last good
+//! revision: the data directory holds that point and the outcome says where and why (`restore` exits 2).
+
+use std::path::Path;
+use std::str::FromStr;
+
+use anyhow::{Context, ensure};
+use chrono::{DateTime, Utc};
+use etcd_client::{Txn, TxnOp};
+use sha2::{Digest, Sha256};
+use tokio::process::Command;
+
+use super::{Expected, Kind, Meta, by_revision, check_link, decode_payload, location_of, parse_name};
+use crate::drill::run::{etcdutl_restore, wait_for_etcd};
+use crate::drill::scratch::{Scratch, loopback_url};
+use crate::encode::{self, Identity};
+use crate::generation::{self, Own};
+use crate::manifest::{Location, Manifest};
+use crate::restore::{self, CheckedFile, MemberFlags};
+use crate::storage::Store;
+use crate::trailer::TrailerCheck;
+
+/// The point to restore to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Point {
+    /// Everything stored.
+    Latest,
+    /// Up to and including this source revision.
+    Revision(u64),
+    /// What the agent had received from etcd by this time.
+    Time(DateTime<Utc>),
+}
+
+impl FromStr for Point {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text == "latest" {
+            return Ok(Point::Latest);
+        }
+        if let Ok(revision) = text.parse::<u64>() {
+            return Ok(Point::Revision(revision));
+        }
+        DateTime::parse_from_rfc3339(text)
+            .map(|t| Point::Time(t.with_timezone(&Utc)))
+            .map_err(|_| "an RFC 3339 time (2026-12-01T12:00:00Z), a revision, or latest".into())
+    }
+}
+
+impl Point {
+    /// Whether the full snapshot can be the base: taken at or before the point.
+    fn admits(&self, manifest: &Manifest) -> bool {
+        match self {
+            Point::Latest => true,
+            Point::Revision(n) => manifest.revision <= *n,
+            Point::Time(t) => manifest.started_at <= *t,
+        }
+    }
+
+    /// Whether a source revision whose events arrived at `received_ms` is past the point.
+    fn past(&self, revision: u64, received_ms: i64) -> bool {
+        match self {
+            Point::Latest => false,
+            Point::Revision(n) => revision > *n,
+            Point::Time(t) => received_ms > t.timestamp_millis(),
+        }
+    }
+}
+
+/// What a point-in-time restore did.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub snapshot: String,
+    /// The full snapshot's exact revision, as restored.
+    pub snapshot_revision: u64,
+    /// The last source revision replayed (the snapshot's when none was).
+    pub revision: u64,
+    /// When the agent received that revision's events (absent when no delta was replayed).
+    pub received_at: Option<DateTime<Utc>>,
+    pub deltas: usize,
+    pub transactions: u64,
+    /// Why the replay stopped before the point: a broken chain, named.
+    pub broken: Option<String>,
+}
+
+/// What the restore needs besides the store.
+pub struct Tools<'a> {
+    pub etcdutl: &'a Path,
+    pub etcd: &'a Path,
+    /// Where the scratch member lives (the drills' directory: room for about twice the database).
+    pub scratch_root: &'a Path,
+    /// The age identity file, for encrypted snapshots and deltas (read once for each).
+    pub identity_file: Option<&'a Path>,
+}
+
+/// The newest full snapshot of the shard's own cluster (`own`, or the only cluster when its etcd does not
+/// answer) at or before `point`.
+pub async fn base(store: &Store, shard: &str, own: Option<&Own>, point: Point) -> anyhow::Result<Manifest> {
+    let all = crate::catalog::list(store, Some(shard)).await?;
+    let cluster = match own {
+        Some(own) => Some(own.cluster_id.clone()),
+        None => generation::only_cluster(&all).map_err(|e| anyhow::anyhow!(e))?,
+    };
+    all.into_iter()
+        .filter(|m| match own {
+            Some(own) => own.owns(m),
+            None => Some(generation::cluster_of(m)) == cluster.as_deref(),
+        })
+        .find(|m| point.admits(m))
+        .ok_or_else(|| anyhow::anyhow!("no full snapshot of shard {shard}'s etcd cluster at or before {point:?}"))
+}
+
+/// Restores `manifest` and its deltas up to `point` into `flags.data_dir` (see the module).
+pub async fn restore_at(
+    store: &Store,
+    manifest: Manifest,
+    point: Point,
+    tools: Tools<'_>,
+    flags: &MemberFlags,
+) -> anyhow::Result<Outcome> {
+    ensure!(
+        !flags.data_dir.exists(),
+        "the data directory {} exists; restore never overwrites",
+        flags.data_dir.display()
+    );
+    let mut scratch = Scratch::new(tools.scratch_root, &manifest.shard).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let read = || tools.identity_file.map(restore::read_identities).transpose();
+    let identities = read()?;
+    let fetched = restore::fetch(store, manifest, read()?, scratch.path()).await?;
+    let status = restore::check_structure(tools.etcdutl, &fetched)?;
+    let manifest = fetched.manifest.clone();
+    let exact = status.revision as u64;
+    if let Point::Revision(n) = point {
+        ensure!(exact <= n, "snapshot {} holds revision {exact}, past the point {n}", manifest.id);
+    }
+
+    let (client_url, peer_url) =
+        (loopback_url().map_err(|e| anyhow::anyhow!("{e}"))?, loopback_url().map_err(|e| anyhow::anyhow!("{e}"))?);
+    let member = scratch.path().join("member");
+    etcdutl_restore(tools.etcdutl, &fetched.db, &member, &peer_url).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let _ = std::fs::remove_file(&fetched.db);
+    let log = scratch.path().join("etcd.log");
+    let quota = manifest.db_size_bytes.saturating_mul(4).max(4 << 30);
+    let etcd = scratch
+        .spawn(
+            Command::new(tools.etcd)
+                .arg("--name=drill")
+                .arg(format!("--data-dir={}", member.display()))
+                .arg(format!("--listen-client-urls={client_url}"))
+                .arg(format!("--advertise-client-urls={client_url}"))
+                .arg(format!("--listen-peer-urls={peer_url}"))
+                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+                .arg(format!("--initial-cluster=drill={peer_url}"))
+                .arg(format!("--quota-backend-bytes={quota}"))
+                // A source transaction is replayed whole whatever the source's limits were.
+                .arg("--max-txn-ops=1000000")
+                .arg("--max-request-bytes=268435456")
+                .arg("--listen-metrics-urls=")
+                .arg("--log-level=warn"),
+            &log,
+            "etcd",
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut client = wait_for_etcd(&mut scratch, etcd, &client_url, &log).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    let mut outcome = Outcome {
+        snapshot: manifest.id.clone(),
+        snapshot_revision: exact,
+        revision: exact,
+        received_at: None,
+        deltas: 0,
+        transactions: 0,
+        broken: None,
+    };
+    replay(store, &manifest, point, identities.as_deref(), &mut client, &mut outcome).await?;
+    let live = crate::member::revision(&mut client).await?;
+    ensure!(
+        live as u64 == outcome.revision,
+        "after replay the member is at revision {live}, the source's last replayed revision is {}",
+        outcome.revision
+    );
+
+    // The replayed member's database, proven by etcd's own trailer, then restored as any snapshot is.
+    let db = scratch.path().join("replayed.db");
+    let mut stream = client.snapshot().await.context("snapshotting the replayed member")?;
+    let mut sink =
+        CheckedFile { file: std::io::BufWriter::new(std::fs::File::create(&db)?), check: TrailerCheck::default() };
+    while let Some(chunk) = stream.message().await? {
+        std::io::Write::write_all(&mut sink, chunk.blob())?;
+    }
+    std::io::Write::flush(&mut sink)?;
+    sink.check.finish()?;
+    drop(client);
+    scratch.finish().await;
+    restore::etcdutl_restore(tools.etcdutl, &db, flags)?;
+    Ok(outcome)
+}
+
+/// Walks the chain from the snapshot and replays it into `client` up to `point`; a broken link ends the walk
+/// with `outcome.broken` set.
+async fn replay(
+    store: &Store,
+    manifest: &Manifest,
+    point: Point,
+    identities: Option<&[Identity]>,
+    client: &mut etcd_client::Client,
+    outcome: &mut Outcome,
+) -> anyhow::Result<()> {
+    let location = Location::from_id(&store.prefix, &manifest.id).context("the manifest's id is not valid")?;
+    let cluster = generation::cluster_of(manifest).to_string();
+    let mut keys: Vec<(u64, String)> = store
+        .list_keys(&super::dir(&location))
+        .await?
+        .into_iter()
+        .filter_map(|key| Some((location_of(&store.prefix, &manifest.shard, &key)?.1, key)))
+        .collect();
+    keys.sort();
+    let mut from = manifest.revision + 1;
+    let mut previous: Option<String> = None;
+    for (start, key) in keys {
+        if start < from {
+            // Not on the chain (a link already passed by this start): never replayed.
+            tracing::warn!(key, "a delta off the chain; skipped");
+            continue;
+        }
+        let stop = |outcome: &mut Outcome, why: String| {
+            outcome.broken = Some(format!("the delta chain of {} breaks at revision {from}: {why}", manifest.id));
+        };
+        if start > from {
+            stop(outcome, format!("the delta starting there is missing (the next stored starts at {start})"));
+            return Ok(());
+        }
+        let Some(object) = store.get_with_metadata(&key).await? else {
+            stop(outcome, "the delta starting there is missing".into());
+            return Ok(());
+        };
+        let actual = hex::encode(Sha256::digest(&object.body));
+        let meta = match Meta::from_metadata(&object.metadata) {
+            Ok(meta) => meta,
+            Err(e) => {
+                stop(outcome, format!("its metadata: {e}"));
+                return Ok(());
+            }
+        };
+        let name = key.rsplit('/').next().unwrap_or_default();
+        let (_, compression, encrypted) = parse_name(name).context("a delta name")?;
+        if encrypted && identities.is_none() {
+            anyhow::bail!("the deltas are encrypted with age: give --identity-file");
+        }
+        let mut payload = Vec::new();
+        let ids = identities.filter(|_| encrypted);
+        // Only a sha256 that matches may be decoded: the payload is then what the writer wrote.
+        if meta.sha256 == actual
+            && let Err(e) = encode::decode(&object.body[..], compression, ids, &mut payload)
+        {
+            stop(outcome, format!("its payload does not decode: {e:#}"));
+            return Ok(());
+        }
+        let decoded = match meta.sha256 == actual {
+            true => decode_payload(&payload),
+            false => Err(format!("its object's sha256 is {actual}, its metadata says {}", meta.sha256)),
+        };
+        let (header, events) = match decoded {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                stop(outcome, e);
+                return Ok(());
+            }
+        };
+        let expected = Expected { from, previous: previous.as_deref(), snapshot: &manifest.id, cluster_id: &cluster };
+        if let Err(e) = check_link(&expected, &meta, &actual, &header) {
+            stop(outcome, e);
+            return Ok(());
+        }
+        outcome.deltas += 1;
+        for (revision, group) in by_revision(&events) {
+            if revision <= outcome.revision {
+                // The snapshot already holds it (its exact revision is at or past the manifest's lower bound).
+                continue;
+            }
+            if point.past(revision, group[0].received_ms) {
+                return Ok(());
+            }
+            if revision != outcome.revision + 1 {
+                stop(
+                    outcome,
+                    format!("revision {} is not in the delta (it jumps to {revision})", outcome.revision + 1),
+                );
+                return Ok(());
+            }
+            let ops: Vec<TxnOp> = group
+                .iter()
+                .map(|e| match e.kind {
+                    Kind::Put => TxnOp::put(e.key.clone(), e.value.clone(), None),
+                    Kind::Delete => TxnOp::delete(e.key.clone(), None),
+                })
+                .collect();
+            let response =
+                client.txn(Txn::new().and_then(ops)).await.with_context(|| format!("replaying revision {revision}"))?;
+            let replayed = response.header().map(|h| h.revision()).unwrap_or_default() as u64;
+            ensure!(replayed == revision, "revision {revision} of the source replayed as {replayed}");
+            outcome.revision = revision;
+            outcome.received_at = DateTime::from_timestamp_millis(group[0].received_ms);
+            outcome.transactions += 1;
+        }
+        from = meta.to + 1;
+        previous = Some(meta.sha256);
+    }
+    Ok(())
+}
+
+/// The restore's summary for people, and the exit code's reason when the chain broke.
+pub fn summary(outcome: &Outcome, point: Point) -> String {
+    let at = outcome.received_at.map(|t| format!(" (received {})", t.to_rfc3339())).unwrap_or_default();
+    let mut text = format!(
+        "restored snapshot {} (revision {}) and {} delta(s), {} transaction(s) replayed: the source's revision {}{at}, \
+         asked for {point:?}\n",
+        outcome.snapshot, outcome.snapshot_revision, outcome.deltas, outcome.transactions, outcome.revision
+    );
+    if let Some(broken) = &outcome.broken {
+        text.push_str(&format!("STOPPED AT THE LAST GOOD POINT, revision {}: {broken}\n", outcome.revision));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_point_is_latest_a_revision_or_an_rfc3339_time_and_nothing_else() {
+        assert_eq!("latest".parse(), Ok(Point::Latest));
+        assert_eq!("1042".parse(), Ok(Point::Revision(1042)));
+        let t = DateTime::parse_from_rfc3339("2026-12-01T12:00:00+01:00").unwrap().with_timezone(&Utc);
+        assert_eq!("2026-12-01T12:00:00+01:00".parse(), Ok(Point::Time(t)));
+        assert!("yesterday".parse::<Point>().is_err());
+        assert!(Point::Time(t).past(5, t.timestamp_millis() + 1));
+        assert!(!Point::Time(t).past(5, t.timestamp_millis()));
+        assert!(Point::Revision(10).past(11, 0) && !Point::Revision(10).past(10, 0));
+    }
+}

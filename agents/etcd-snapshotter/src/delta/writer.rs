@@ -1,0 +1,321 @@
+//! The leader's delta writer for one shard: a watch of the shard's etcd from the newest full snapshot onwards,
+//! its events written as delta objects every `deltas.interval` or at `deltas.maxBytes`.
+//!
+//! Where it starts is read from the store at the start of every session, never from what this process wrote:
+//! the newest full snapshot of the shard's own cluster, then its last delta's `to + 1` (its chain continues),
+//! else the snapshot's revision + 1. So a restart, a new leader or a one-shot snapshot in between resume with
+//! no gap and no duplicate. A session ends when a newer full snapshot is published (the next session chains to
+//! it), when the start revision was compacted away (the caller takes a full snapshot, counted), when another
+//! writer put the chain's next link first, or when this replica stops leading.
+//!
+//! The writer takes no shard lock: a full snapshot's clean-up touches only what has no manifest, and the writer
+//! writes only under a snapshot whose manifest it read. Retention may delete that snapshot (a newer one was just
+//! published) between the read and a write: the delta then has no manifest, carries this agent's `written-by`
+//! and is older than the next run's lock, so that run's clean-up removes it (`snapshot::clean_interrupted`).
+//!
+//! Every `interval` the writer asks etcd for the watch's progress; the answer's revision is one every event up
+//! to which has arrived, so once the buffer is written the store holds the shard as it was when the request
+//! was sent: that time is `delta_stored_through_timestamp_seconds`, and `time() - it` is the recovery point.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{EventType, WatchOptions};
+use kcp_keeper_runtime::metrics::unix_now;
+use tokio_util::sync::CancellationToken;
+
+use super::{Event, Header, Kind, Meta};
+use crate::catalog;
+use crate::config::{Config, Deltas, Shard};
+use crate::encode::Encoder;
+use crate::generation::{self, Own};
+use crate::manifest::{self, Location, Manifest};
+use crate::metrics::Metrics;
+use crate::storage::Store;
+
+/// How a session ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum End {
+    /// A newer full snapshot was published: chain to it.
+    NewSnapshot,
+    /// The start revision is compacted away: only a full snapshot closes the gap.
+    Compacted,
+    /// The shard has no full snapshot of its own cluster yet: nothing to chain to.
+    NoSnapshot,
+    /// Another writer stored the next link first (an old leader's last seconds): read the store again.
+    Raced,
+    /// Leadership or the process ended; what was buffered was written.
+    Stopped,
+}
+
+pub struct Writer {
+    pub config: Arc<Config>,
+    pub shard: Shard,
+    pub deltas: Deltas,
+    pub metrics: Metrics,
+}
+
+/// Where a chain stands in the store.
+struct Chain {
+    snapshot: Manifest,
+    location: Location,
+    /// The next delta's `from`.
+    next: u64,
+    /// The last delta's object sha256.
+    previous: Option<String>,
+}
+
+impl Writer {
+    /// One session: from the store's state until it ends (see [`End`]); `stop` ends it after writing what is
+    /// buffered.
+    pub async fn session(&self, stop: &CancellationToken) -> anyhow::Result<End> {
+        let store = Store::new(&self.config.storage)?.counting_retries(self.metrics.retries.clone());
+        let own = generation::live(&self.shard)
+            .await
+            .ok_or_else(|| anyhow::anyhow!("no member of the shard's etcd answers"))?;
+        let Some(mut chain) = chain_of(&store, &self.shard.name, &own).await? else { return Ok(End::NoSnapshot) };
+        let label = self.metrics.shard(&self.shard.name);
+        let client = connect(&self.shard).await?;
+        let options = WatchOptions::new().with_all_keys().with_start_revision(chain.next as i64).with_progress_notify();
+        let mut watch = client.watch_client().max_decoding_message_size(256 << 20).watch("", Some(options)).await?;
+        tracing::info!(shard = self.shard.name, snapshot = chain.snapshot.id, from = chain.next, "watching for deltas");
+
+        let mut buffer: Vec<Event> = Vec::new();
+        let mut buffered = 0u64;
+        // The progress request in flight: when it was sent.
+        let mut asked: Option<SystemAndMono> = None;
+        let mut tick = tokio::time::interval(self.deltas.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => {
+                    self.flush(&store, &own, &mut chain, &mut buffer, &mut buffered).await?;
+                    return Ok(End::Stopped);
+                }
+                _ = tick.tick() => {
+                    if newer_snapshot(&store, &self.shard.name, &own, &chain.snapshot).await? {
+                        let end = self.flush(&store, &own, &mut chain, &mut buffer, &mut buffered).await?;
+                        return Ok(end.unwrap_or(End::NewSnapshot));
+                    }
+                    // An unanswered request (etcd busy catching the watcher up): write what is here anyway, so the
+                    // buffer never waits longer than an interval or two.
+                    if asked.as_ref().is_some_and(|a| a.mono.elapsed() >= self.deltas.interval)
+                        && let Some(end) = self.flush(&store, &own, &mut chain, &mut buffer, &mut buffered).await?
+                    {
+                        return Ok(end);
+                    }
+                    if asked.is_none() || asked.as_ref().is_some_and(|a| a.mono.elapsed() >= self.deltas.interval * 3) {
+                        watch.request_progress().await?;
+                        asked = Some(SystemAndMono::now());
+                    }
+                }
+                message = watch.message() => {
+                    let response = match message {
+                        Ok(Some(response)) => response,
+                        ended => {
+                            // etcd went away (a crashed member, a network cut): what arrived is written first.
+                            self.flush(&store, &own, &mut chain, &mut buffer, &mut buffered).await?;
+                            match ended {
+                                Err(e) => anyhow::bail!("the watch failed: {e}"),
+                                Ok(_) => anyhow::bail!("the watch ended"),
+                            }
+                        }
+                    };
+                    if response.canceled() {
+                        if response.compact_revision() > 0 {
+                            tracing::warn!(
+                                shard = self.shard.name, from = chain.next, compacted = response.compact_revision(),
+                                "the deltas' start revision was compacted away: a full snapshot closes the gap"
+                            );
+                            return Ok(End::Compacted);
+                        }
+                        anyhow::bail!("etcd canceled the watch: {}", response.cancel_reason());
+                    }
+                    let received_ms = chrono::Utc::now().timestamp_millis();
+                    for event in response.events() {
+                        let Some(kv) = event.kv() else { continue };
+                        let kind = match event.event_type() {
+                            EventType::Put => Kind::Put,
+                            EventType::Delete => Kind::Delete,
+                        };
+                        let value = if kind == Kind::Put { kv.value().to_vec() } else { Vec::new() };
+                        let event = Event { kind, revision: kv.mod_revision() as u64, received_ms, key: kv.key().to_vec(), value };
+                        buffered += event.size();
+                        buffer.push(event);
+                    }
+                    // The memory bound: written at the size limit, whole revisions only (a transaction is never
+                    // split across two deltas).
+                    if buffered >= self.deltas.max_bytes
+                        && let Some(end) = self.flush(&store, &own, &mut chain, &mut buffer, &mut buffered).await?
+                    {
+                        return Ok(end);
+                    }
+                    if response.events().is_empty() && !response.created()
+                        && let Some(sent) = asked.take()
+                    {
+                        // A progress answer: every event up to its revision has arrived.
+                        if let Some(end) = self.flush(&store, &own, &mut chain, &mut buffer, &mut buffered).await? {
+                            return Ok(end);
+                        }
+                        let through = response.header().map(|h| h.revision()).unwrap_or_default();
+                        if through as u64 + 1 >= chain.next {
+                            self.metrics.delta.stored_through.get_or_create(&label).set(sent.unix);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the buffer as the chain's next delta (nothing when empty): `Some(Raced)` when another writer
+    /// stored that link first.
+    async fn flush(
+        &self,
+        store: &Store,
+        own: &Own,
+        chain: &mut Chain,
+        buffer: &mut Vec<Event>,
+        buffered: &mut u64,
+    ) -> anyhow::Result<Option<End>> {
+        let Some(last) = buffer.last() else { return Ok(None) };
+        let header = Header {
+            from: chain.next,
+            to: last.revision,
+            snapshot: chain.snapshot.id.clone(),
+            cluster_id: own.cluster_id.clone(),
+            previous_sha256: chain.previous.clone(),
+        };
+        let payload = super::encode_payload(&header, buffer);
+        let compression = self.config.compression;
+        let mut encoder = Encoder::new(compression, &self.config.recipients, 1 << 20)?;
+        encoder.write(&payload)?;
+        let (mut parts, encoded) = {
+            let mut parts = encoder.take_parts();
+            let (rest, encoded) = encoder.finish()?;
+            parts.extend(rest);
+            (parts, encoded)
+        };
+        let object: Vec<u8> = std::mem::take(&mut parts).concat();
+        let sha256 = hex::encode(encoded.sha256);
+        let meta = Meta {
+            from: header.from,
+            to: header.to,
+            sha256: sha256.clone(),
+            previous: header.previous_sha256.clone(),
+            snapshot: header.snapshot.clone(),
+            cluster_id: header.cluster_id.clone(),
+            events: buffer.len() as u64,
+        };
+        let name = super::object_name(header.from, compression.as_str(), !self.config.recipients.is_empty());
+        let key = format!("{}{name}", super::dir(&chain.location));
+        let bytes = object.len() as u64;
+        let started = Instant::now();
+        if !store.put_new(&key, object, &meta.to_metadata()).await? {
+            tracing::warn!(
+                shard = self.shard.name,
+                key,
+                "another writer stored this delta first; reading the store again"
+            );
+            buffer.clear();
+            *buffered = 0;
+            return Ok(Some(End::Raced));
+        }
+        let label = self.metrics.shard(&self.shard.name);
+        self.metrics.delta.objects.get_or_create(&label).inc();
+        self.metrics.delta.bytes.get_or_create(&label).inc_by(bytes);
+        self.metrics.delta.revision.get_or_create(&label).set(header.to as i64);
+        self.metrics.delta.last_write_timestamp.get_or_create(&label).set(unix_now());
+        tracing::debug!(
+            shard = self.shard.name,
+            from = header.from,
+            to = header.to,
+            events = buffer.len(),
+            bytes,
+            seconds = started.elapsed().as_secs_f64(),
+            "delta written"
+        );
+        chain.next = header.to + 1;
+        chain.previous = Some(sha256);
+        buffer.clear();
+        *buffered = 0;
+        Ok(None)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SystemAndMono {
+    unix: f64,
+    mono: Instant,
+}
+
+impl SystemAndMono {
+    fn now() -> Self {
+        Self { unix: unix_now(), mono: Instant::now() }
+    }
+}
+
+/// The first member of the shard that answers (any member serves the watch of the whole cluster).
+async fn connect(shard: &Shard) -> anyhow::Result<etcd_client::Client> {
+    let mut last = None;
+    for endpoint in &shard.endpoints {
+        match crate::member::connect(endpoint, shard.tls.as_ref()).await {
+            Ok(mut client) => match tokio::time::timeout(Duration::from_secs(10), client.status()).await {
+                Ok(Ok(_)) => return Ok(client),
+                Ok(Err(e)) => last = Some(anyhow::anyhow!("{e}")),
+                Err(_) => last = Some(anyhow::anyhow!("status timed out")),
+            },
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no endpoints")))
+}
+
+/// The newest full snapshot of the shard's own cluster and where its chain of deltas stands.
+async fn chain_of(store: &Store, shard: &str, own: &Own) -> anyhow::Result<Option<Chain>> {
+    let Some(snapshot) = catalog::list(store, Some(shard)).await?.into_iter().find(|m| own.owns(m)) else {
+        return Ok(None);
+    };
+    let location = Location::from_id(&store.prefix, &snapshot.id).ok_or_else(|| anyhow::anyhow!("invalid id"))?;
+    let dir = super::dir(&location);
+    let mut starts: Vec<(u64, String)> = store
+        .list_keys(&dir)
+        .await?
+        .into_iter()
+        .filter_map(|key| Some((super::location_of(&store.prefix, shard, &key)?.1, key)))
+        .collect();
+    starts.sort();
+    // The last delta the chain can continue from: its metadata (a HEAD) says where it ends and its hash.
+    for (_, key) in starts.iter().rev() {
+        let Some(metadata) = store.head_metadata(key).await? else { continue };
+        match Meta::from_metadata(&metadata) {
+            Ok(meta) if meta.snapshot == snapshot.id && meta.cluster_id == own.cluster_id => {
+                return Ok(Some(Chain { next: meta.to + 1, previous: Some(meta.sha256), snapshot, location }));
+            }
+            Ok(_) | Err(_) => {
+                tracing::warn!(key, "a delta whose metadata is not this chain's; not continued from");
+            }
+        }
+    }
+    Ok(Some(Chain { next: snapshot.revision + 1, previous: None, snapshot, location }))
+}
+
+/// Whether a full snapshot of the shard's own cluster newer than `current` is published: the directories
+/// whose name says a higher revision, their manifests read (one listing with a delimiter, however many deltas).
+async fn newer_snapshot(store: &Store, shard: &str, own: &Own, current: &Manifest) -> anyhow::Result<bool> {
+    for dir in store.list_dirs(&manifest::shard_dir(&store.prefix, shard)).await? {
+        let Some(name) = dir.strip_suffix('/').and_then(|d| d.rsplit('/').next()) else { continue };
+        let Some(location) = Location::from_id(&store.prefix, &format!("{shard}/{name}")) else { continue };
+        let revision = name.rsplit_once("-r").and_then(|(_, r)| r.parse::<u64>().ok()).unwrap_or(0);
+        if revision <= current.revision || location.id == current.id {
+            continue;
+        }
+        let Some(read) = store.get_versioned(&location.manifest_key()).await? else { continue };
+        if let Ok(manifest) = Manifest::from_json(&read.body)
+            && manifest.id == location.id
+            && own.owns(&manifest)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}

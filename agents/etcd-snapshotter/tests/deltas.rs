@@ -1,0 +1,410 @@
+//! Delta snapshots and point-in-time restore against a real etcd, a real versitygw and a real kube-apiserver
+//! (the daemon's Lease): the daemon's watch under a steady write load, an agent restart mid-stream, a
+//! compacted start revision, a broken chain, and the recovery point when the shard's node is lost.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+
+const BUMP: i64 = 1_000_000_000;
+
+/// One acknowledged write of the load: its key and the revision etcd committed it at.
+#[derive(Debug, Clone)]
+struct Ack {
+    key: String,
+    revision: i64,
+}
+
+/// A writer at a steady rate (one put every `every`) until stopped or etcd fails; the acks it got.
+struct Load {
+    acks: Arc<Mutex<Vec<Ack>>>,
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    fn start(mut client: etcd_client::Client, prefix: &'static str, every: Duration) -> Self {
+        let acks = Arc::new(Mutex::new(Vec::new()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (acks_in, stop_in) = (acks.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            for i in 0u64.. {
+                tokio::select! {
+                    () = stop_in.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let key = format!("{prefix}/{i:06}");
+                let put = tokio::time::timeout(Duration::from_secs(5), client.put(key.clone(), vec![b'x'; 200], None));
+                match put.await {
+                    Ok(Ok(response)) => {
+                        let revision = response.header().unwrap().revision();
+                        acks_in.lock().unwrap().push(Ack { key, revision });
+                    }
+                    // etcd is gone (the node-loss test): the load ends with it.
+                    _ => return,
+                }
+            }
+        });
+        Self { acks, stop, task }
+    }
+
+    fn acked(&self) -> Vec<Ack> {
+        self.acks.lock().unwrap().clone()
+    }
+
+    async fn finish(self) -> Vec<Ack> {
+        self.stop.cancel();
+        let _ = self.task.await;
+        self.acks.lock().unwrap().clone()
+    }
+}
+
+/// One stored delta, as its metadata states it.
+#[derive(Debug, Clone)]
+struct Stored {
+    key: String,
+    from: u64,
+    to: u64,
+    sha256: String,
+    previous: String,
+}
+
+/// The deltas under the snapshot `id`, by `from`.
+async fn deltas_of(s3: &aws_sdk_s3::Client, bucket: &str, id: &str) -> Vec<Stored> {
+    let dir = format!("{PREFIX}/{id}/deltas/");
+    let mut out = Vec::new();
+    for key in keys(s3, bucket).await.into_iter().filter(|k| k.starts_with(&dir)) {
+        let head = s3.head_object().bucket(bucket).key(&key).send().await.unwrap();
+        let m = head.metadata().unwrap();
+        out.push(Stored {
+            key: key.clone(),
+            from: m["delta-from"].parse().unwrap(),
+            to: m["delta-to"].parse().unwrap(),
+            sha256: m["delta-sha256"].clone(),
+            previous: m["delta-previous-sha256"].clone(),
+        });
+    }
+    out.sort_by_key(|d| d.from);
+    out
+}
+
+/// Every delta continues the one before: no gap, no revision twice, each naming its predecessor's hash.
+fn assert_chain(deltas: &[Stored], snapshot_revision: u64) {
+    assert!(!deltas.is_empty());
+    assert_eq!(deltas[0].from, snapshot_revision + 1, "the chain starts right after its snapshot");
+    assert_eq!(deltas[0].previous, "none");
+    for pair in deltas.windows(2) {
+        assert_eq!(pair[1].from, pair[0].to + 1, "no gap and no overlap: {pair:?}");
+        assert_eq!(pair[1].previous, pair[0].sha256, "chained by hash: {pair:?}");
+    }
+}
+
+fn only_manifest(manifests: &[serde_json::Value]) -> (String, u64) {
+    assert_eq!(manifests.len(), 1, "{manifests:?}");
+    (manifests[0]["id"].as_str().unwrap().to_string(), manifests[0]["revision"].as_u64().unwrap())
+}
+
+fn deltas_config(bed: &Bed, endpoint: &str, interval: &str) -> std::path::PathBuf {
+    let mut options = Options::new(bed, "root", vec![endpoint.to_string()]);
+    options.shard_extra = format!("deltas:\n  enabled: true\n  interval: {interval}\n  maxBytes: 64Ki\n");
+    write_config(bed, &options).unwrap()
+}
+
+/// `restore --shard root --at <at>` into `data_dir`.
+fn restore_at(bed: &Bed, config: &Path, at: &str, data_dir: &Path, peer_url: &str) -> std::process::Output {
+    cli(&[
+        "restore",
+        "--config",
+        config.to_str().unwrap(),
+        "--shard",
+        "root",
+        "--at",
+        at,
+        "--etcdutl",
+        bed.etcdutl().to_str().unwrap(),
+        "--etcd",
+        bed.peers.path("etcd").to_str().unwrap(),
+        "--name",
+        "restored",
+        "--initial-cluster",
+        &format!("restored={peer_url}"),
+        "--initial-advertise-peer-urls",
+        peer_url,
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+    ])
+}
+
+/// Restores to `at` and starts an etcd on the result; the process and a client to it.
+async fn restore_and_start(
+    bed: &Bed,
+    config: &Path,
+    at: &str,
+    name: &str,
+) -> (testbed::process::Process, etcd_client::Client, String) {
+    let (process, client, out) = restored_allowing(bed, config, at, name, Some(0)).await;
+    (process, client, out)
+}
+
+async fn restored_allowing(
+    bed: &Bed,
+    config: &Path,
+    at: &str,
+    name: &str,
+    code: Option<i32>,
+) -> (testbed::process::Process, etcd_client::Client, String) {
+    let data_dir = bed.path(name);
+    let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let out = restore_at(bed, config, at, &data_dir, &peer_url);
+    assert_eq!(out.status.code(), code, "{}", text(&out));
+    let client_url = format!("http://127.0.0.1:{client_port}");
+    let process = testbed::process::Process::start(
+        name,
+        bed.peers.path("etcd"),
+        vec![
+            "--name=restored".into(),
+            format!("--data-dir={}", data_dir.display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+        ],
+        bed.path(&format!("{name}.log")),
+    )
+    .unwrap();
+    let client = testbed::eventually(WAIT, "the restored etcd serves", || {
+        let url = client_url.clone();
+        async move {
+            let mut c = etcd_client::Client::connect([url], None).await.ok()?;
+            c.status().await.ok()?;
+            Some(c)
+        }
+    })
+    .await;
+    (process, client, text(&out))
+}
+
+/// The mod revision of every key under `prefix` the member serves.
+async fn mod_revisions(client: &mut etcd_client::Client, prefix: &str) -> BTreeMap<String, i64> {
+    let options = etcd_client::GetOptions::new().with_prefix();
+    let response = client.get(prefix, Some(options)).await.unwrap();
+    response.kvs().iter().map(|kv| (kv.key_str().unwrap().to_string(), kv.mod_revision())).collect()
+}
+
+async fn wait_for_deltas(s3: &aws_sdk_s3::Client, bucket: &str, id: &str, count: usize) -> Vec<Stored> {
+    testbed::eventually(Duration::from_secs(90), &format!("{count} deltas under {id}"), || async {
+        let deltas = deltas_of(s3, bucket, id).await;
+        (deltas.len() >= count).then_some(deltas)
+    })
+    .await
+}
+
+async fn wait_until_stored(s3: &aws_sdk_s3::Client, bucket: &str, id: &str, revision: i64) -> Vec<Stored> {
+    testbed::eventually(Duration::from_secs(90), &format!("deltas through revision {revision}"), || async {
+        let deltas = deltas_of(s3, bucket, id).await;
+        deltas.last().is_some_and(|d| d.to as i64 >= revision).then_some(deltas)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deltas_under_a_steady_write_load_resume_after_an_agent_kill_with_no_gap_and_replay_to_the_source_revisions() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/base", 20, 100).await.unwrap();
+    let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
+    snapshot_ok(&config);
+    let s3 = bed.s3.client();
+    let (id, snapshot_revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+
+    // The load first: 50 writes a second through the whole test, the agent killed and restarted under it.
+    let writes = Load::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(20));
+    let mut first = agent(cluster, &config, &ns).start().await.unwrap();
+    wait_for_deltas(&s3, &bed.s3.bucket, &id, 3).await;
+    first.process.kill();
+    let killed_at = writes.acked().len();
+    let second = agent(cluster, &config, &ns).start().await.unwrap();
+    testbed::eventually(Duration::from_secs(90), "writes after the restart stored", || async {
+        let after = writes.acked().get(killed_at + 100)?.revision;
+        let deltas = deltas_of(&s3, &bed.s3.bucket, &id).await;
+        deltas.last().is_some_and(|d| d.to as i64 >= after).then_some(())
+    })
+    .await;
+    let acks = writes.finish().await;
+    let last = acks.last().unwrap().revision;
+    let deltas = wait_until_stored(&s3, &bed.s3.bucket, &id, last).await;
+    assert_chain(&deltas, snapshot_revision);
+    assert!(deltas.len() >= 6, "deltas before and after the restart: {}", deltas.len());
+    let stored_through = second
+        .wait_for_metric("etcd_snapshotter_delta_stored_through_timestamp_seconds{shard=\"root\"}", WAIT, |v| v > 0.0)
+        .await;
+    assert!(stored_through > 0.0);
+    assert!(second.metric("etcd_snapshotter_delta_revision{shard=\"root\"}").await.unwrap() >= last as f64);
+    drop(second);
+
+    // Latest: every acknowledged write, at the revision the source gave it.
+    let (_latest, mut restored, out) = restore_and_start(&bed, &config, "latest", "latest").await;
+    assert!(out.contains(&format!("the source's revision {last}")), "{out}");
+    let (revision, _) = revision_and_keys(&mut restored).await;
+    assert_eq!(revision, last + BUMP, "the last replayed revision, bumped");
+    let served = mod_revisions(&mut restored, "/registry/load/").await;
+    assert_eq!(served.len(), acks.len(), "every acknowledged write and nothing else");
+    for ack in &acks {
+        assert_eq!(served.get(&ack.key), Some(&ack.revision), "{} keeps the source's mod revision", ack.key);
+    }
+
+    // A revision in the middle: the writes up to it, none after.
+    let middle = acks[acks.len() / 2].revision;
+    let (_middle, mut restored, _) = restore_and_start(&bed, &config, &middle.to_string(), "middle").await;
+    let served = mod_revisions(&mut restored, "/registry/load/").await;
+    let expected: BTreeMap<String, i64> =
+        acks.iter().filter(|a| a.revision <= middle).map(|a| (a.key.clone(), a.revision)).collect();
+    assert_eq!(served, expected);
+    assert_eq!(revision_and_keys(&mut restored).await.0, middle + BUMP);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compacted_start_revision_forces_a_full_snapshot_counted_and_the_deltas_chain_to_it() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/base", 10, 100).await.unwrap();
+    let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
+    snapshot_ok(&config);
+    let s3 = bed.s3.client();
+    let (old, old_revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+    load(&mut client, "/registry/later", 10, 100).await.unwrap();
+    let (now, _) = revision_and_keys(&mut client).await;
+    client.compact(now, None).await.unwrap();
+
+    let agent = agent(cluster, &config, &ns).start().await.unwrap();
+    agent.wait_for_metric("etcd_snapshotter_delta_compacted_total{shard=\"root\"}", WAIT, |v| v == 1.0).await;
+    let newer = testbed::eventually(WAIT, "a full snapshot taken for the gap", || async {
+        let all = manifests(&s3, &bed.s3.bucket).await;
+        all.into_iter().find(|m| m["id"] != old.as_str())
+    })
+    .await;
+    assert!(newer["revision"].as_u64().unwrap() >= now as u64, "{newer}");
+    client.put("/registry/after-the-gap", "x", None).await.unwrap();
+    let id = newer["id"].as_str().unwrap();
+    let deltas = wait_for_deltas(&s3, &bed.s3.bucket, id, 1).await;
+    assert_chain(&deltas, newer["revision"].as_u64().unwrap());
+    assert!(
+        deltas_of(&s3, &bed.s3.bucket, &old).await.is_empty(),
+        "nothing written after the old snapshot's {old_revision}"
+    );
+    assert_eq!(agent.metric("etcd_snapshotter_delta_compacted_total{shard=\"root\"}").await.unwrap(), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrupted_or_deleted_middle_delta_stops_restore_at_the_last_good_revision_and_says_so_with_exit_2() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/base", 5, 100).await.unwrap();
+    let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
+    snapshot_ok(&config);
+    let s3 = bed.s3.client();
+    let (id, snapshot_revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+    let agent = agent(cluster, &config, &ns).start().await.unwrap();
+    // Three bursts, each stored before the next: at least three deltas, the first burst wholly before the
+    // second delta.
+    for (burst, prefix) in ["/registry/one", "/registry/two", "/registry/three"].into_iter().enumerate() {
+        load(&mut client, prefix, 5, 100).await.unwrap();
+        let (now, _) = revision_and_keys(&mut client).await;
+        let deltas = wait_until_stored(&s3, &bed.s3.bucket, &id, now).await;
+        assert!(deltas.len() > burst, "{deltas:?}");
+    }
+    drop(agent);
+    let deltas = deltas_of(&s3, &bed.s3.bucket, &id).await;
+    let (good, broken) = (&deltas[0], &deltas[1]);
+
+    // A byte flipped in versitygw's file of the second delta.
+    let file = bed.s3_file(&broken.key);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&file, bytes).unwrap();
+    let (_p, mut restored, out) = restored_allowing(&bed, &config, "latest", "flipped", Some(2)).await;
+    assert!(out.contains(&format!("breaks at revision {}", broken.from)) && out.contains("sha256"), "{out}");
+    assert!(out.contains(&format!("STOPPED AT THE LAST GOOD POINT, revision {}", good.to)), "{out}");
+    assert_eq!(revision_and_keys(&mut restored).await.0, good.to as i64 + BUMP);
+    assert_up_to(&mut restored, snapshot_revision, good.to).await;
+
+    // Deleted: the same point, and the message says it is missing.
+    s3.delete_object().bucket(&bed.s3.bucket).key(&broken.key).send().await.unwrap();
+    let (_p, mut restored, out) = restored_allowing(&bed, &config, "latest", "deleted", Some(2)).await;
+    assert!(out.contains(&format!("breaks at revision {}", broken.from)) && out.contains("missing"), "{out}");
+    assert_eq!(revision_and_keys(&mut restored).await.0, good.to as i64 + BUMP);
+    assert_up_to(&mut restored, snapshot_revision, good.to).await;
+}
+
+/// The member serves exactly the writes (one new key each) from the snapshot's revision up to `to`.
+async fn assert_up_to(restored: &mut etcd_client::Client, snapshot_revision: u64, to: u64) {
+    let served = mod_revisions(restored, "/registry/").await;
+    assert!(served.values().all(|r| *r as u64 <= to), "nothing past the last good revision: {served:?}");
+    assert_eq!(served.len() as u64, to - snapshot_revision, "every write up to it: {served:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_deletes_a_snapshots_deltas_with_it_and_clean_up_removes_orphaned_deltas_but_never_hand_placed_files()
+{
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/base", 5, 100).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.keep_last = 1;
+    let config = write_config(&bed, &options).unwrap();
+    snapshot_ok(&config);
+    let s3 = bed.s3.client();
+    let (old, revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+    let put = |key: String, ours: bool| {
+        let (s3, bucket) = (s3.clone(), bed.s3.bucket.clone());
+        async move {
+            let mut request = s3.put_object().bucket(bucket).key(key).body(b"delta".to_vec().into());
+            if ours {
+                request = request.metadata("written-by", "etcd-snapshotter");
+            }
+            request.send().await.unwrap();
+        }
+    };
+    let deltas = format!("{PREFIX}/{old}/deltas");
+    let ours = format!("{deltas}/{:020}.delta.zst", revision + 1);
+    let hand_placed_in_our_shape = format!("{deltas}/{:020}.delta.zst", revision + 7);
+    let notes = format!("{deltas}/notes.txt");
+    // A delta of ours whose snapshot retention deleted before the writer saw the newer one.
+    let orphan = format!("{PREFIX}/root/20261130T120000Z-r3/deltas/{:020}.delta.zst", 4);
+    let hand_placed_orphan = format!("{PREFIX}/root/20261130T120000Z-r3/deltas/{:020}.delta", 9);
+    put(ours.clone(), true).await;
+    put(hand_placed_in_our_shape.clone(), false).await;
+    put(notes.clone(), true).await;
+    put(orphan.clone(), true).await;
+    put(hand_placed_orphan.clone(), false).await;
+
+    load(&mut client, "/registry/later", 5, 100).await.unwrap();
+    let out = snapshot_ok(&config);
+    assert!(out.contains("deleted 1"), "{out}");
+    let left = keys(&s3, &bed.s3.bucket).await;
+    for gone in [&ours, &orphan] {
+        assert!(!left.contains(gone), "{gone} is ours and goes: {left:?}");
+    }
+    for kept in [&hand_placed_in_our_shape, &notes, &hand_placed_orphan] {
+        assert!(left.contains(kept), "{kept} was not written by the agent and stays: {left:?}");
+    }
+    assert!(!left.iter().any(|k| k.starts_with(&format!("{PREFIX}/{old}/snapshot.db"))), "the snapshot itself went");
+}
