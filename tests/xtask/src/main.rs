@@ -117,8 +117,11 @@ fn test(only: &[String], args: &[String]) -> Result<()> {
     // The images first: the node test imports them into the node's containerd.
     if everything || named(&["chart", "chart:node"]) {
         images::images()?;
+    } else if named(&["chart:seed_layout"]) {
+        // The seed layout's images are built by its test, with buildah, the first time (testbed::seed::images).
+        prereqs::ensure_buildah()?;
     }
-    if everything || named(&["chart", "chart:node", "testbed", "testbed:node"]) {
+    if everything || named(&["chart", "chart:node", "chart:seed_layout", "testbed", "testbed:node"]) {
         prereqs::ensure_node_tools()?;
     }
     if everything || named(&["ca-syncer", "ca-syncer:keystores"]) {
