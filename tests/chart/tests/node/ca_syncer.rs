@@ -143,7 +143,8 @@ async fn change_source_ca(client: &kube::Client, name: &str) -> Result<String> {
 async fn ca_syncer_watch_as_a_sidecar_signals_the_consumer_once_per_real_ca_change_and_never_for_a_no_op_rewrite()
 -> Result<()> {
     installed();
-    let _shared = RELEASE.read().await;
+    // It changes the source CA, which the other ca-syncer tests wait on.
+    let _exclusive = RELEASE.write().await;
     let node = node::shared();
     let client = node.client().await?;
     node.import_image(&consumer_image(node)?)?;

@@ -199,6 +199,19 @@ async fn settled_snapshotters(client: &kube::Client) -> (String, String) {
     .await
 }
 
+/// After a test that replaced etcd-snapshotter's pods: only its two current pods are left, Ready, none terminating
+/// (the old ones have up to the chart's 45 s grace; the install test checks every pod of the release).
+async fn no_pod_left_terminating(client: &kube::Client) {
+    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
+    let of_agent = ListParams::default().labels("app.kubernetes.io/name=etcd-snapshotter");
+    testbed::eventually(Duration::from_secs(180), "etcd-snapshotter's old pods gone", || async {
+        let all = pods.list(&of_agent).await.ok()?.items;
+        let ready = agent_pods(client, "etcd-snapshotter").await.ok()?.iter().filter(|p| p.3).count();
+        (all.len() == 2 && ready == 2).then_some(())
+    })
+    .await;
+}
+
 /// `kubectl delete pod` of etcd-snapshotter's leader (the kubelet's SIGTERM, the chart's grace) while it uploads
 /// a snapshot that S3 takes too slowly to finish within the agent's drain: the upload is aborted and the shard's
 /// lock released before the container exits. Mid-upload is shown, not assumed: the upload is open in the bucket
@@ -280,6 +293,7 @@ async fn deleting_the_snapshotter_pod_mid_upload_aborts_the_multipart_upload_and
     })
     .await;
     settled_snapshotters(&client).await;
+    no_pod_left_terminating(&client).await;
     Ok(())
 }
 
@@ -334,6 +348,7 @@ async fn with_s3_slow_the_snapshotter_pod_spills_to_its_emptydir_under_max_bytes
     helm_upgrade(node, &values)?;
     let result = spills_under_max_bytes(node, &client, MAX_BYTES).await;
     helm_upgrade(node, &self::values(node)?)?;
+    no_pod_left_terminating(&client).await;
     result
 }
 
