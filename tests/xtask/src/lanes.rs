@@ -28,7 +28,8 @@ pub const SHARED_KCP_USERS: &[&str] =
     &["etcd-snapshotter:kcp", "kubeconfig-rotator:kcp", "kubeconfig-rotator:chart", "testbed:kcp"];
 /// Binaries that must keep a kcp of their own: they change the bed itself. ca-syncer's live check replaces the
 /// alpha shard's serving certificate with one from another CA for most of its test, which would fail every
-/// other binary's request to alpha meanwhile.
+/// other binary's request to alpha meanwhile (it also asks for `testbed::kcp::private()`; this keeps the
+/// variable from it, so it never waits for the shared bed).
 pub const PRIVATE_KCP: &[&str] = &["ca-syncer:live_check"];
 /// Binaries that start the test bed's node (a kubelet, containerd, kube-proxy, iptables rules): never two at
 /// once.
