@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::Instant;
 
 mod bench_peers;
+pub mod buildah;
 mod pins;
 mod seed_peers;
 

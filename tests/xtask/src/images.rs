@@ -51,7 +51,10 @@ pub fn images() -> Result<()> {
     let peers = crate::ensure_peers()?;
     let version = lockstep_version(&root)?;
     let revision = git_revision(&root)?;
-    eprintln!("xtask: images {version} at {revision}, buildah {buildah_version}, storage {}", storage().display());
+    eprintln!(
+        "xtask: images {version} at {revision}, buildah {buildah_version}, storage {}",
+        peers::buildah::AGENTS.root().display()
+    );
 
     // The static build has its own target directory in the machine cache: a clean clone (CI) then rebuilds
     // only the workspace crates, not every dependency for a second target and profile.
@@ -143,26 +146,13 @@ fn build_dir() -> PathBuf {
     peers::cache_root().join("images-target")
 }
 
-/// buildah's storage: the vfs driver under the machine cache, shared by every checkout.
-fn storage() -> PathBuf {
-    peers::cache_root().join("buildah")
-}
-
 fn buildah(args: &[&str]) -> Command {
-    let mut cmd = Command::new("buildah");
-    cmd.arg("--root").arg(storage().join("storage"));
-    cmd.arg("--runroot").arg(storage().join("run"));
-    cmd.args(["--storage-driver", "vfs"]).args(args);
-    cmd
+    peers::buildah::AGENTS.command(args)
 }
 
 /// Runs buildah and returns its stdout, failing with its stderr.
 fn buildah_output(args: &[&str]) -> Result<String> {
-    let output = buildah(args).output().context("starting buildah")?;
-    if !output.status.success() {
-        bail!("`buildah {}` failed: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    Ok(peers::buildah::AGENTS.output(args)?)
 }
 
 /// `<registry>/<agent>:<version>`, the reference the chart's defaults resolve to.

@@ -11,10 +11,9 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 /// One image: its reference, the files it holds (peer artefact, path inside), its entrypoint and command.
 pub struct Image {
@@ -103,24 +102,8 @@ fn dir() -> PathBuf {
     peers::cache_root().join("images").join("seed")
 }
 
-fn storage() -> PathBuf {
-    peers::cache_root().join("buildah-seed")
-}
-
-fn buildah(args: &[&str]) -> Command {
-    let mut cmd = Command::new("buildah");
-    cmd.arg("--root").arg(storage().join("storage"));
-    cmd.arg("--runroot").arg(storage().join("run"));
-    cmd.args(["--storage-driver", "vfs"]).args(args);
-    cmd
-}
-
 fn buildah_output(args: &[&str]) -> Result<String> {
-    let out = buildah(args).output().context("starting buildah (the xtask installs it)")?;
-    if !out.status.success() {
-        bail!("`buildah {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    Ok(peers::buildah::SEED.output(args)?.trim().to_string())
 }
 
 /// The docker-archive of every image, building the missing ones (first time on a machine only).
