@@ -491,10 +491,7 @@ impl Store {
         };
         match request.send().await {
             Ok(out) => Ok(Some(out.e_tag.unwrap_or_default())),
-            Err(e) if matches!(e.code(), Some("PreconditionFailed" | "ConditionalRequestConflict" | "NoSuchKey")) => {
-                Ok(None)
-            }
-            Err(e) if e.raw_response().is_some_and(|r| matches!(r.status().as_u16(), 409 | 412)) => Ok(None),
+            Err(e) if condition_refused(&e) || e.code() == Some("NoSuchKey") => Ok(None),
             Err(e) => Err(StorageError::request("PutObject", e)),
         }
     }
@@ -593,8 +590,7 @@ impl Store {
         }
         match request.body(ByteStream::from(body)).send().await {
             Ok(_) => Ok(true),
-            Err(e) if matches!(e.code(), Some("PreconditionFailed" | "ConditionalRequestConflict")) => Ok(false),
-            Err(e) if e.raw_response().is_some_and(|r| matches!(r.status().as_u16(), 409 | 412)) => Ok(false),
+            Err(e) if condition_refused(&e) => Ok(false),
             Err(e) => Err(StorageError::request("PutObject", e)),
         }
     }
@@ -683,6 +679,18 @@ impl Store {
             Err(e) => Err(StorageError::request("DeleteObject", e)),
         }
     }
+}
+
+/// A conditional PutObject the store refused because of its condition: 412, or 409 for a conditional write
+/// that raced another (stores name these by code, and some only by status).
+fn condition_refused(
+    e: &aws_sdk_s3::error::SdkError<
+        aws_sdk_s3::operation::put_object::PutObjectError,
+        aws_sdk_s3::config::http::HttpResponse,
+    >,
+) -> bool {
+    matches!(e.code(), Some("PreconditionFailed" | "ConditionalRequestConflict"))
+        || e.raw_response().is_some_and(|r| matches!(r.status().as_u16(), 409 | 412))
 }
 
 #[cfg(test)]

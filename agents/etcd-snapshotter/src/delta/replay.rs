@@ -16,10 +16,9 @@ use anyhow::{Context, ensure};
 use chrono::{DateTime, Utc};
 use etcd_client::{Txn, TxnOp};
 use sha2::{Digest, Sha256};
-use tokio::process::Command;
 
 use super::{Expected, Kind, Meta, by_revision, check_link, decode_payload, location_of, parse_name};
-use crate::drill::run::{etcdutl_restore, wait_for_etcd};
+use crate::drill::run::{etcdutl_restore, throwaway_etcd, wait_for_etcd};
 use crate::drill::scratch::{Scratch, loopback_url};
 use crate::encode::{self, Identity};
 use crate::generation::{self, Own};
@@ -149,26 +148,10 @@ pub async fn restore_at(
     let _ = std::fs::remove_file(&fetched.db);
     let log = scratch.path().join("etcd.log");
     let quota = manifest.db_size_bytes.saturating_mul(4).max(4 << 30);
-    let etcd = scratch
-        .spawn(
-            Command::new(tools.etcd)
-                .arg("--name=drill")
-                .arg(format!("--data-dir={}", member.display()))
-                .arg(format!("--listen-client-urls={client_url}"))
-                .arg(format!("--advertise-client-urls={client_url}"))
-                .arg(format!("--listen-peer-urls={peer_url}"))
-                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-                .arg(format!("--initial-cluster=drill={peer_url}"))
-                .arg(format!("--quota-backend-bytes={quota}"))
-                // A source transaction is replayed whole whatever the source's limits were.
-                .arg("--max-txn-ops=1000000")
-                .arg("--max-request-bytes=268435456")
-                .arg("--listen-metrics-urls=")
-                .arg("--log-level=warn"),
-            &log,
-            "etcd",
-        )
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut command = throwaway_etcd(tools.etcd, &member, &client_url, &peer_url, quota);
+    // A source transaction is replayed whole whatever the source's limits were.
+    command.arg("--max-txn-ops=1000000").arg("--max-request-bytes=268435456");
+    let etcd = scratch.spawn(&mut command, &log, "etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut client = wait_for_etcd(&mut scratch, etcd, &client_url, &log).await.map_err(|e| anyhow::anyhow!("{e}"))?;
 
     let mut outcome = Outcome {

@@ -126,21 +126,8 @@ async fn steps(
     let _ = std::fs::remove_file(&db);
     let quota = manifest.db_size_bytes.saturating_mul(2).max(2 << 30);
     let log = scratch.path().join("etcd.log");
-    let etcd = scratch.spawn(
-        Command::new(&drills.etcd)
-            .arg("--name=drill")
-            .arg(format!("--data-dir={}", data_dir.display()))
-            .arg(format!("--listen-client-urls={client_url}"))
-            .arg(format!("--advertise-client-urls={client_url}"))
-            .arg(format!("--listen-peer-urls={peer_url}"))
-            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-            .arg(format!("--initial-cluster=drill={peer_url}"))
-            .arg(format!("--quota-backend-bytes={quota}"))
-            .arg("--listen-metrics-urls=")
-            .arg("--log-level=warn"),
-        &log,
-        "etcd",
-    )?;
+    let etcd =
+        scratch.spawn(&mut throwaway_etcd(&drills.etcd, &data_dir, &client_url, &peer_url, quota), &log, "etcd")?;
     let mut client = wait_for_etcd(&mut scratch, etcd, &client_url, &log).await?;
     measured.restore_seconds = Some(restore_started.elapsed().as_secs_f64());
 
@@ -245,6 +232,24 @@ pub(crate) async fn etcdutl_restore(
         return Err(DrillError::Restore(last_lines(&String::from_utf8_lossy(&out.stderr), 5)));
     }
     Ok(())
+}
+
+/// A single-member etcd on a restored data directory, on loopback URLs only, its metrics off: the drill's and
+/// the point-in-time replay's throwaway member.
+pub(crate) fn throwaway_etcd(etcd: &Path, data_dir: &Path, client_url: &str, peer_url: &str, quota: u64) -> Command {
+    let mut command = Command::new(etcd);
+    command
+        .arg("--name=drill")
+        .arg(format!("--data-dir={}", data_dir.display()))
+        .arg(format!("--listen-client-urls={client_url}"))
+        .arg(format!("--advertise-client-urls={client_url}"))
+        .arg(format!("--listen-peer-urls={peer_url}"))
+        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+        .arg(format!("--initial-cluster=drill={peer_url}"))
+        .arg(format!("--quota-backend-bytes={quota}"))
+        .arg("--listen-metrics-urls=")
+        .arg("--log-level=warn");
+    command
 }
 
 /// Connects once the member answers; fails early if it exits (with the end of its log).
