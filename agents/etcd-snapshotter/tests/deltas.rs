@@ -431,16 +431,7 @@ async fn retention_deletes_a_snapshots_deltas_with_it_and_clean_up_removes_orpha
     snapshot_ok(&config);
     let s3 = bed.s3.client();
     let (old, revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
-    let put = |key: String, ours: bool| {
-        let (s3, bucket) = (s3.clone(), bed.s3.bucket.clone());
-        async move {
-            let mut request = s3.put_object().bucket(bucket).key(key).body(b"delta".to_vec().into());
-            if ours {
-                request = request.metadata("written-by", "etcd-snapshotter");
-            }
-            request.send().await.unwrap();
-        }
-    };
+    let put = |key: String, ours: bool| put_by_hand(&s3, &bed.s3.bucket, key, ours);
     let deltas = format!("{PREFIX}/{old}/deltas");
     let ours = format!("{deltas}/{:020}.delta.zst", revision + 1);
     let hand_placed_in_our_shape = format!("{deltas}/{:020}.delta.zst", revision + 7);

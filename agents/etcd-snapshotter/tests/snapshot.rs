@@ -574,17 +574,7 @@ async fn objects_this_agent_did_not_write_survive_every_run_and_retention_while_
     options.keep_last = 1;
     let config = write_config(&bed, &options).unwrap();
     let (s3, bucket) = (bed.s3.client(), bed.s3.bucket.clone());
-    let put = |key: String, written_by_us: bool| {
-        let (s3, bucket) = (s3.clone(), bucket.clone());
-        async move {
-            let mut request = s3.put_object().bucket(bucket).key(&key).body(b"by hand".to_vec().into());
-            if written_by_us {
-                request = request.metadata("written-by", "etcd-snapshotter");
-            }
-            request.send().await.unwrap();
-            key
-        }
-    };
+    let put = |key: String, written_by_us: bool| put_by_hand(&s3, &bucket, key, written_by_us);
     // An etcdctl snapshot uploaded by hand, one in this agent's own key shape without a manifest, a note at
     // the prefix and one in another shard's directory.
     let mut hand_placed = vec![

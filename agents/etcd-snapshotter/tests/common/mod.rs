@@ -238,6 +238,17 @@ pub async fn load(client: &mut etcd_client::Client, prefix: &str, count: usize, 
     Ok(())
 }
 
+/// Puts an object at `key` by hand, carrying the agent's `written-by` metadata when `as_ours`: the objects clean-up
+/// and retention must tell apart from their own. Returns the key.
+pub async fn put_by_hand(s3: &aws_sdk_s3::Client, bucket: &str, key: String, as_ours: bool) -> String {
+    let mut request = s3.put_object().bucket(bucket).key(&key).body(b"by hand".to_vec().into());
+    if as_ours {
+        request = request.metadata("written-by", "etcd-snapshotter");
+    }
+    request.send().await.unwrap();
+    key
+}
+
 /// The manifests in the bucket (published snapshots), as JSON.
 pub async fn manifests(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
