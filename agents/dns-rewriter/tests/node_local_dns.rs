@@ -38,49 +38,13 @@ fn addresses() -> (Ipv4Addr, Ipv4Addr, Ipv4Addr) {
     (base(10), base(20), base(30))
 }
 
-/// kubernetes/dns's `nodelocaldns.yaml` Corefile as kubeadm's docs have it after their `sed` in IPVS mode
-/// (`__PILLAR__LOCAL__DNS__` and `__PILLAR__DNS__DOMAIN__` replaced; `__PILLAR__DNS__SERVER__` and
-/// `__PILLAR__CLUSTER__DNS__` left for node-cache), with the test's ports for `prometheus` and `health`, and the
-/// root zone forwarded to the test's upstream in place of `__PILLAR__UPSTREAM__SERVERS__` (node-cache would
-/// put the node's /etc/resolv.conf there).
+/// node-local-dns's Corefile as kubeadm deploys it in IPVS mode, at the test's addresses and ports.
 fn node_local_corefile(local: Ipv4Addr, upstream: Ipv4Addr, metrics: u16, health: u16) -> String {
-    format!(
-        "cluster.local:53 {{
-    errors
-    cache {{
-            success 9984 30
-            denial 9984 5
-    }}
-    reload
-    loop
-    bind {local} __PILLAR__DNS__SERVER__
-    forward . __PILLAR__CLUSTER__DNS__ {{
-            force_tcp
-    }}
-    prometheus {local}:{metrics}
-    health {local}:{health}
-    }}
-in-addr.arpa:53 {{
-    errors
-    cache 30
-    reload
-    loop
-    bind {local} __PILLAR__DNS__SERVER__
-    forward . __PILLAR__CLUSTER__DNS__ {{
-            force_tcp
-    }}
-    prometheus {local}:{metrics}
-    }}
-.:53 {{
-    errors
-    cache 30
-    reload
-    loop
-    bind {local} __PILLAR__DNS__SERVER__
-    forward . {upstream}
-    prometheus {local}:{metrics}
-    }}
-"
+    testbed::coredns::node_local_corefile(
+        &local.to_string(),
+        &upstream.to_string(),
+        &format!("{local}:{metrics}"),
+        &format!("{local}:{health}"),
     )
 }
 

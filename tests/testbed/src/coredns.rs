@@ -138,3 +138,50 @@ fn fill(corefile: &str, port: u16, ready_port: u16, kubeconfig: &Path, dir: &Pat
         .replace("{{kubeconfig}}", &kubeconfig.display().to_string())
         .replace("{{dir}}", &dir.display().to_string())
 }
+
+/// kubernetes/dns's `nodelocaldns.yaml` Corefile as kubeadm's docs have it after their `sed`: node-cache's
+/// listen address `local` (an IP, or `__PILLAR__LOCAL__DNS__` left for node-cache), `__PILLAR__DNS__SERVER__`
+/// and `__PILLAR__CLUSTER__DNS__` left for node-cache (it fills the latter from `$KUBE_DNS_SERVICE_HOST`), the
+/// root zone forwarded to `upstream` in place of `__PILLAR__UPSTREAM__SERVERS__`, and the `prometheus` and
+/// `health` listen addresses. The node-local-dns tests of dns-rewriter (host process) and of the chart (the
+/// DaemonSet on the node) start from it.
+pub fn node_local_corefile(local: &str, upstream: &str, prometheus: &str, health: &str) -> String {
+    format!(
+        "cluster.local:53 {{
+    errors
+    cache {{
+            success 9984 30
+            denial 9984 5
+    }}
+    reload
+    loop
+    bind {local} __PILLAR__DNS__SERVER__
+    forward . __PILLAR__CLUSTER__DNS__ {{
+            force_tcp
+    }}
+    prometheus {prometheus}
+    health {health}
+    }}
+in-addr.arpa:53 {{
+    errors
+    cache 30
+    reload
+    loop
+    bind {local} __PILLAR__DNS__SERVER__
+    forward . __PILLAR__CLUSTER__DNS__ {{
+            force_tcp
+    }}
+    prometheus {prometheus}
+    }}
+.:53 {{
+    errors
+    cache 30
+    reload
+    loop
+    bind {local} __PILLAR__DNS__SERVER__
+    forward . {upstream}
+    prometheus {prometheus}
+    }}
+"
+    )
+}

@@ -98,51 +98,12 @@ const EDGE: &str = "203.0.113.7";
 const UPSTREAM_PORT: u16 = 5353;
 const PUBLIC_HOST: &str = "kcp-root.example.com";
 
-/// kubernetes/dns's `nodelocaldns.yaml` Corefile as kubeadm's docs have it after their `sed` (the local address
-/// and the cluster domain filled in, `__PILLAR__DNS__SERVER__` and `__PILLAR__CLUSTER__DNS__` left for
-/// node-cache, which fills the latter from `$KUBE_DNS_SERVICE_HOST`: the kube-dns Service CoreDNS runs behind),
-/// the root zone forwarded to the node's upstream in place of `__PILLAR__UPSTREAM__SERVERS__`.
+/// node-local-dns's Corefile as kubeadm deploys it, its listen address left for node-cache, the root zone
+/// forwarded to the node's upstream.
 fn node_local_corefile() -> String {
     let local = "__PILLAR__LOCAL__DNS__";
     let upstream = format!("{}:{UPSTREAM_PORT}", node::NODE_IP);
-    format!(
-        "cluster.local:53 {{
-    errors
-    cache {{
-            success 9984 30
-            denial 9984 5
-    }}
-    reload
-    loop
-    bind {local} __PILLAR__DNS__SERVER__
-    forward . __PILLAR__CLUSTER__DNS__ {{
-            force_tcp
-    }}
-    prometheus :9253
-    health {local}:8080
-    }}
-in-addr.arpa:53 {{
-    errors
-    cache 30
-    reload
-    loop
-    bind {local} __PILLAR__DNS__SERVER__
-    forward . __PILLAR__CLUSTER__DNS__ {{
-            force_tcp
-    }}
-    prometheus :9253
-    }}
-.:53 {{
-    errors
-    cache 30
-    reload
-    loop
-    bind {local} __PILLAR__DNS__SERVER__
-    forward . {upstream}
-    prometheus :9253
-    }}
-"
-    )
+    testbed::coredns::node_local_corefile(local, &upstream, ":9253", &format!("{local}:8080"))
 }
 
 /// The node-local-dns DaemonSet: node-cache on the host network without its dummy interface and iptables rules
