@@ -245,7 +245,13 @@ async fn deltas_under_a_steady_write_load_resume_after_an_agent_kill_with_no_gap
     let last = acks.last().unwrap().revision;
     let deltas = wait_until_stored(&s3, &bed.s3.bucket, &id, last).await;
     assert_chain(&deltas, snapshot_revision);
-    assert!(deltas.len() >= 6, "deltas before and after the restart: {}", deltas.len());
+    // Both agents wrote: deltas from before the kill, then the restarted agent's through the last write (its
+    // revision metric below), chained without a gap. Not a count: a loaded machine flushes fewer, larger deltas.
+    let killed_revision = acks[killed_at.saturating_sub(1)].revision;
+    assert!(
+        deltas.iter().filter(|d| d.to as i64 <= killed_revision).count() >= 3,
+        "deltas before the kill: {deltas:?}"
+    );
     let stored_through = second
         .wait_for_metric("etcd_snapshotter_delta_stored_through_timestamp_seconds{shard=\"root\"}", WAIT, |v| v > 0.0)
         .await;
