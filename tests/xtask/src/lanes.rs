@@ -284,8 +284,15 @@ fn lane_loop(
         if env_for(&job) {
             cmd.envs(env.iter().map(|(k, v)| (k, v)));
         }
+        // A temp directory of its own, removed when the binary ends however it ends: a failing or killed test
+        // leaves its etcd data and logs in there, not in /tmp for the rest of the run (a full run writes
+        // gigabytes of test data, and a disk that fills up fails every binary after it). Short, so the unix
+        // sockets the peers put under it stay within the 108-byte limit.
+        let tmp = tempfile::Builder::new().prefix("kcp-keeper-lane-").tempdir().context("a temp dir for the binary")?;
+        cmd.env("TMPDIR", tmp.path());
         // A group of its own: whatever the binary leaves running (an agent's drill kcp) is killed once it exits.
         let status = child::run_as_group(cmd, &job.label());
+        drop(tmp);
         let took = started.elapsed();
         let ok = matches!(&status, Ok(s) if s.success());
         let output = std::fs::read_to_string(&log).unwrap_or_default();

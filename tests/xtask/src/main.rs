@@ -110,6 +110,7 @@ fn test(only: &[String], args: &[String]) -> Result<()> {
     ensure_peers()?;
     let everything = only.is_empty();
     if everything {
+        prereqs::warn_on_little_disk(&target_dir());
         step("format", cargo(&["fmt", "--all", "--check"]))?;
         step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))?;
     }
