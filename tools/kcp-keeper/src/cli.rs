@@ -1,0 +1,119 @@
+//! `kcp-keeper doctor [--output text|json] ...`: every flag also from an environment variable.
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::options::{HubOidc, KeyRef, Options};
+use crate::rules::expiry::Margins;
+use crate::verdict::Level;
+
+#[derive(Parser, Debug)]
+#[command(name = "kcp-keeper", version = kcp_keeper_runtime::VERSION, about = "kcp-keeper's operator tools")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Check the kcp installation: one line per check (ok, warn, FAIL), exit 1 on any FAIL.
+    Doctor(Doctor),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Parser, Debug)]
+pub struct Doctor {
+    /// A kubeconfig file; default: in-cluster, then $KUBECONFIG / ~/.kube/config.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_OUTPUT", value_enum, default_value = "text")]
+    pub output: Output,
+    /// The namespace of the RootShard, Shards and FrontProxy.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_NAMESPACE", default_value = "kcp-system")]
+    pub namespace: String,
+    /// The hub's OIDC settings: configmap:NAMESPACE/NAME[:KEY] (key default oidc.yaml) or file:PATH.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_HUB_OIDC")]
+    pub hub_oidc: Option<HubOidc>,
+    /// The hub's kubeconfig: NAMESPACE/SECRET[:KEY] (key default kubeconfig).
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_HUB_KUBECONFIG", value_parser = |s: &str| KeyRef::parse(s, "kubeconfig"))]
+    pub hub_kubeconfig: Option<KeyRef>,
+    /// A managed CA: NAMESPACE/SECRET[:KEY] (key default ca.crt); repeat for each.
+    #[arg(long = "ca", env = "KCP_KEEPER_DOCTOR_CAS", value_delimiter = ',', value_parser = |s: &str| KeyRef::parse(s, "ca.crt"))]
+    pub cas: Vec<KeyRef>,
+    /// etcd-snapshotter's metrics endpoint, http://HOST:PORT/metrics.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_SNAPSHOTTER_METRICS")]
+    pub snapshotter_metrics: Option<String>,
+    /// Skip the Verify section (its requests need the cluster's network: run the doctor in a pod for them).
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_NO_VERIFY")]
+    pub no_verify: bool,
+    /// The cluster DNS, IP:PORT; default kube-system/kube-dns's ClusterIP:53.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_CLUSTER_DNS")]
+    pub cluster_dns: Option<SocketAddr>,
+    /// node-local-dns's address, asked as well; repeat for each.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_NODE_LOCAL_DNS", value_delimiter = ',')]
+    pub node_local_dns: Vec<IpAddr>,
+    /// Warn when a certificate has less than this many days left.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_WARN_DAYS", default_value_t = 30)]
+    pub warn_days: u32,
+    /// FAIL when a certificate has less than this many days left.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_FAIL_DAYS", default_value_t = 7)]
+    pub fail_days: u32,
+}
+
+impl Doctor {
+    pub fn options(&self) -> Options {
+        Options {
+            namespace: self.namespace.clone(),
+            hub_oidc: self.hub_oidc.clone(),
+            hub_kubeconfig: self.hub_kubeconfig.clone(),
+            cas: self.cas.clone(),
+            snapshotter_metrics: self.snapshotter_metrics.clone(),
+            verify: !self.no_verify,
+            cluster_dns: self.cluster_dns,
+            node_local_dns: self.node_local_dns.clone(),
+            margins: Margins {
+                warn_secs: i64::from(self.warn_days) * 86400,
+                fail_secs: i64::from(self.fail_days) * 86400,
+            },
+        }
+    }
+}
+
+async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let k = kube::config::Kubeconfig::read_from(path)?;
+            kube::Config::from_custom_kubeconfig(k, &kube::config::KubeConfigOptions::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Command::Doctor(doctor) = cli.command;
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => return kcp_keeper_runtime::exit_code(Err(e.into())),
+    };
+    runtime.block_on(async {
+        let client = match client(doctor.kubeconfig.as_deref()).await {
+            Ok(c) => c,
+            Err(e) => return kcp_keeper_runtime::exit_code(Err(e)),
+        };
+        let report = crate::run(&client, &doctor.options()).await;
+        match doctor.output {
+            Output::Text => print!("{}", report.text()),
+            Output::Json => println!("{}", report.json()),
+        }
+        if report.worst() == Level::Fail { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+    })
+}

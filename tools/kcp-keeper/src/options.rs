@@ -1,0 +1,118 @@
+//! What the doctor is told: where the kcp objects are, where the hub's settings and credentials are, what it
+//! may reach. Parsed from the command line into these types (a bad reference fails before anything is read).
+
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+
+use crate::rules::expiry::Margins;
+
+/// `namespace/name:key` of a Secret or ConfigMap key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRef {
+    pub namespace: String,
+    pub name: String,
+    pub key: String,
+}
+
+impl KeyRef {
+    /// `ns/name:key`, or `ns/name` with `default_key`.
+    pub fn parse(text: &str, default_key: &str) -> Result<Self, String> {
+        let (object, key) = text.split_once(':').map_or((text, default_key), |(o, k)| (o, k));
+        let (namespace, name) =
+            object.split_once('/').ok_or_else(|| format!("{text:?}: expected NAMESPACE/NAME[:KEY]"))?;
+        let ok = |s: &str| {
+            !s.is_empty() && s.len() <= 253 && s.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+        };
+        if !ok(namespace) || !ok(name) || !ok(key) {
+            return Err(format!("{text:?}: expected NAMESPACE/NAME[:KEY] of Kubernetes names"));
+        }
+        Ok(Self { namespace: namespace.into(), name: name.into(), key: key.into() })
+    }
+}
+
+impl std::fmt::Display for KeyRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}:{}", self.namespace, self.name, self.key)
+    }
+}
+
+/// Where the hub's OIDC settings are read from: a YAML/JSON document with `issuerURL`, `clientID`,
+/// `usernameClaim`, `usernamePrefix`, `groupsClaim`, `groupsPrefix` (other keys ignored, never read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HubOidc {
+    File(std::path::PathBuf),
+    ConfigMap(KeyRef),
+}
+
+impl FromStr for HubOidc {
+    type Err = String;
+    /// `configmap:NS/NAME[:KEY]` (key default `oidc.yaml`) or `file:PATH`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(r) = s.strip_prefix("configmap:") {
+            Ok(Self::ConfigMap(KeyRef::parse(r, "oidc.yaml")?))
+        } else if let Some(p) = s.strip_prefix("file:") {
+            Ok(Self::File(p.into()))
+        } else {
+            Err(format!("{s:?}: expected configmap:NAMESPACE/NAME[:KEY] or file:PATH"))
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The namespace of the RootShard, Shards and FrontProxy.
+    pub namespace: String,
+    pub hub_oidc: Option<HubOidc>,
+    /// The hub's kubeconfig Secret key (e.g. `railgrid-system/railgrid-kcp:admin.kubeconfig`).
+    pub hub_kubeconfig: Option<KeyRef>,
+    /// Secret keys holding CA certificates the agents manage (`ca.crt` by default).
+    pub cas: Vec<KeyRef>,
+    /// etcd-snapshotter's metrics endpoint (`http://host:port/metrics`).
+    pub snapshotter_metrics: Option<String>,
+    /// Run the Verify section (requests from where the doctor runs: inside the cluster's network).
+    pub verify: bool,
+    /// The cluster DNS to ask; default `kube-system/kube-dns`'s ClusterIP on 53.
+    pub cluster_dns: Option<SocketAddr>,
+    /// node-local-dns addresses to ask as well (its link-local address, e.g. 169.254.20.10).
+    pub node_local_dns: Vec<IpAddr>,
+    pub margins: Margins,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            namespace: "kcp-system".into(),
+            hub_oidc: None,
+            hub_kubeconfig: None,
+            cas: Vec::new(),
+            snapshotter_metrics: None,
+            verify: true,
+            cluster_dns: None,
+            node_local_dns: Vec::new(),
+            margins: Margins::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_parse_with_and_without_a_key_and_junk_is_refused() {
+        let r = KeyRef::parse("railgrid-system/railgrid-kcp:admin.kubeconfig", "kubeconfig").unwrap();
+        assert_eq!(
+            (r.namespace.as_str(), r.name.as_str(), r.key.as_str()),
+            ("railgrid-system", "railgrid-kcp", "admin.kubeconfig")
+        );
+        assert_eq!(KeyRef::parse("a/b", "ca.crt").unwrap().key, "ca.crt");
+        for bad in ["ab", "/b", "a/", "a/b:", "a/b c", "a/../b/c"] {
+            assert!(KeyRef::parse(bad, "k").is_err(), "{bad}");
+        }
+        assert_eq!("file:/x.yaml".parse::<HubOidc>().unwrap(), HubOidc::File("/x.yaml".into()));
+        assert!(
+            matches!("configmap:ns/hub".parse::<HubOidc>().unwrap(), HubOidc::ConfigMap(r) if r.key == "oidc.yaml")
+        );
+        assert!("ns/hub".parse::<HubOidc>().is_err());
+    }
+}
