@@ -12,6 +12,8 @@ pub const VCERT: &str = "v5.13.7";
 pub const KCP_OPERATOR: &str = "v0.9.0";
 /// Our own one-file program (standard library only); bump when `http_probe.go` changes.
 pub const HTTP_PROBE: &str = "v1";
+/// Our own one-file program (standard library only); bump when `kubeconfig_probe.go` changes.
+pub const KUBECONFIG_PROBE: &str = "v1";
 
 pub static SEED_PEERS: &[Peer] = &[
     Peer {
@@ -62,11 +64,27 @@ pub static SEED_PEERS: &[Peer] = &[
         outputs: &["http-probe"],
         expected_time: "seconds",
     },
+    // A hub's use of a published kubeconfig, every 200 ms through renewals (issue 24 item 4).
+    Peer {
+        name: "kubeconfig-probe",
+        version: KUBECONFIG_PROBE,
+        recipe: Recipe::Program {
+            go_mod: kubeconfig_probe_go_mod,
+            main_go: include_str!("kubeconfig_probe.go"),
+            output: "kubeconfig-probe",
+        },
+        outputs: &["kubeconfig-probe"],
+        expected_time: "seconds",
+    },
 ];
 
 /// The probe needs nothing but the standard library.
 fn http_probe_go_mod(_version: &str) -> Result<String> {
     Ok("module kcp-keeper.local/http-probe\n\ngo 1.22\n".to_string())
+}
+
+fn kubeconfig_probe_go_mod(_version: &str) -> Result<String> {
+    Ok("module kcp-keeper.local/kubeconfig-probe\n\ngo 1.22\n".to_string())
 }
 
 /// cert-manager's binaries are nested modules (`cmd/controller/go.mod` replaces the root module with `../../`)
