@@ -1,13 +1,13 @@
 //! The object's bytes: etcd's stream through zstd, then age, cut into parts of a fixed size. Synchronous and
 //! pure (no I/O): the caller writes each chunk in and takes the finished parts out after every write, so at
-//! most one part is being filled here whatever the database size. The object's sha256 is computed on the
-//! way out.
+//! most one part is being filled here whatever the database size. The object's sha256 is not computed here:
+//! the caller hashes the finished parts in order on another thread (`snapshot::ObjectHasher`), so this thread
+//! only compresses and encrypts.
 
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use sha2::{Digest, Sha256};
 
 use crate::config::{Compression, Recipient};
 
@@ -21,7 +21,6 @@ struct Out {
     part_size: usize,
     filling: Vec<u8>,
     ready: Vec<Bytes>,
-    hasher: Sha256,
     total: u64,
 }
 
@@ -31,7 +30,6 @@ struct PartSink(Arc<Mutex<Out>>);
 impl Write for PartSink {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let mut out = self.0.lock().expect("sink lock");
-        out.hasher.update(buf);
         out.total += buf.len() as u64;
         let mut rest = buf;
         while !rest.is_empty() {
@@ -107,7 +105,6 @@ pub struct Encoder {
 /// What the encoder produced in all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Encoded {
-    pub sha256: [u8; 32],
     pub size: u64,
 }
 
@@ -144,8 +141,7 @@ impl Encoder {
         if !out.filling.is_empty() || (parts.is_empty() && out.total == 0) {
             parts.push(Bytes::from(std::mem::take(&mut out.filling)));
         }
-        let hasher = std::mem::take(&mut out.hasher);
-        Ok((parts, Encoded { sha256: hasher.finalize().into(), size: out.total }))
+        Ok((parts, Encoded { size: out.total }))
     }
 }
 
@@ -208,7 +204,6 @@ mod tests {
             let (parts, encoded) = encode(compression, &recipients, 64 * 1024);
             let object: Vec<u8> = parts.concat();
             assert_eq!(object.len() as u64, encoded.size);
-            assert_eq!(encoded.sha256[..], Sha256::digest(&object)[..]);
             let ids: Vec<Identity> = vec![Box::new(identity.clone())];
             let mut back = Vec::new();
             let with = (!recipients.is_empty()).then_some(&ids[..]);

@@ -1,10 +1,52 @@
 //! Proving that what S3 stored is what was streamed (`storage.integrity`), the pure part: each part's SHA-256
 //! (sent with the part, so the store refuses bytes that changed on the way), the multipart object's checksum
 //! S3 derives from them (the SHA-256 of the parts' digests, then `-<parts>`), and the comparison with what the
-//! store says. The requests are in `storage`.
+//! store says. The requests are in `storage`. And the object's own SHA-256 (the manifest's `objectSha256`),
+//! hashed from the finished parts in order on a thread of its own ([`InOrder`]).
 
 use aws_smithy_types::base64;
+use bytes::Bytes;
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+/// Parts queued for [`InOrder`] at most: the encoder waits when the hash lags by more (memory stays bounded:
+/// these are the same buffers the uploader holds, kept alive at most this many parts longer).
+const HASH_QUEUE: usize = 2;
+
+/// The SHA-256 of a stream of parts, in the order they were pushed, computed on a blocking thread: the
+/// encoder's thread then only compresses and encrypts while this runs on the other core (SHA-256 was 22% of
+/// the agent's profile, all of it on the encoder's thread but the SDK's share; docs/benchmarks.md). Dropped
+/// unfinished, the thread ends once it has drained what was queued.
+pub struct InOrder {
+    tx: mpsc::Sender<Bytes>,
+    done: tokio::task::JoinHandle<[u8; 32]>,
+}
+
+impl InOrder {
+    pub fn start() -> Self {
+        let (tx, mut rx) = mpsc::channel::<Bytes>(HASH_QUEUE);
+        let done = tokio::task::spawn_blocking(move || {
+            let mut hasher = Sha256::new();
+            while let Some(part) = rx.blocking_recv() {
+                hasher.update(&part);
+            }
+            hasher.finalize().into()
+        });
+        Self { tx, done }
+    }
+
+    /// Queues the next part (a reference to its buffer, not a copy).
+    pub async fn push(&self, part: Bytes) {
+        // The thread only ends when `tx` is dropped, so the send cannot fail while `self` lives.
+        let _ = self.tx.send(part).await;
+    }
+
+    /// The SHA-256 of every part pushed, in order.
+    pub async fn finish(self) -> std::io::Result<[u8; 32]> {
+        drop(self.tx);
+        self.done.await.map_err(std::io::Error::other)
+    }
+}
 
 pub fn sha256_base64(bytes: &[u8]) -> String {
     base64::encode(Sha256::digest(bytes))
@@ -75,6 +117,18 @@ mod tests {
         assert!(!same_object_checksum("abc=-3", "abc=-2"));
         assert!(!same_object_checksum("abc=-3", "abd=-3"));
         assert!(!same_object_checksum("abc=-3", ""));
+    }
+
+    #[tokio::test]
+    async fn parts_hashed_in_order_give_the_sha256_of_their_concatenation() {
+        let parts: Vec<Bytes> = (0..5u8).map(|i| Bytes::from(vec![i; 100_000 + i as usize])).collect();
+        let hasher = InOrder::start();
+        for part in &parts {
+            hasher.push(part.clone()).await;
+        }
+        let digest = hasher.finish().await.unwrap();
+        assert_eq!(digest[..], Sha256::digest(parts.concat())[..]);
+        assert_eq!(InOrder::start().finish().await.unwrap()[..], Sha256::digest(b"")[..], "no parts: the empty object");
     }
 
     #[tokio::test]

@@ -31,7 +31,7 @@ use crate::member;
 use crate::metrics::Metrics;
 use crate::shard_lock::{self, Held};
 use crate::storage::{Body, StorageError, Store};
-use crate::trailer::TrailerCheck;
+use crate::trailer::{TrailerCheck, TrailerError, Verified};
 
 fn etcd(context: &str) -> impl Fn(etcd_client::Error) -> SnapshotError + '_ {
     move |e| SnapshotError::Etcd(format!("{context}: {e}"))
@@ -375,7 +375,10 @@ async fn stream_parts(
             "spill.partSize would need more than 10,000 parts: larger parts for this run"
         );
     }
-    let (mut chunks, _reader) = read_ahead(stream);
+    // etcd's bytes are hashed (the trailer check) on the reader's task and the object's parts on a thread of
+    // their own: the encoder's task only compresses and encrypts.
+    let (mut chunks, reader) = read_ahead(stream, first);
+    let object_hash = crate::integrity::InOrder::start();
     let (tx, rx) = mpsc::unbounded_channel();
     let on_disk = Arc::new(AtomicU64::new(0));
     let uploader = upload_parts(
@@ -391,7 +394,6 @@ async fn stream_parts(
         let encode_err = |e: std::io::Error| SnapshotError::Encode(e.to_string());
         let mut encoder =
             Encoder::new(config.compression, &config.recipients, planned.part_size as usize).map_err(encode_err)?;
-        let mut trailer = TrailerCheck::default();
         let mut dispatcher = Dispatcher {
             memory: Arc::new(Semaphore::new(planned.memory_parts)),
             spill_after: config.spill.spill_after,
@@ -402,30 +404,31 @@ async fn stream_parts(
             on_disk,
             max_bytes: config.spill.max_bytes,
         };
-        let mut message = Some(first);
-        while let Some(response) = message {
-            trailer.update(response.blob());
+        let mut received = 0u64;
+        while let Some(response) = chunks.recv().await.transpose().map_err(etcd("snapshot stream"))? {
+            received += response.blob().len() as u64;
             encoder.write(response.blob()).map_err(encode_err)?;
             for part in encoder.take_parts() {
+                object_hash.push(part.clone()).await;
                 dispatcher.submit(part).await?;
             }
             if let Some(progress) = progress {
-                progress(trailer.total(), total_hint.max(trailer.total()));
+                progress(received, total_hint.max(received));
             }
-            message = chunks.recv().await.transpose().map_err(etcd("snapshot stream"))?;
         }
-        let db_size = trailer.total();
         // Checked before the last part is handed over: a mismatch never completes the upload.
-        let verified = trailer.finish()?;
+        let verified = reader.join().await.map_err(|e| SnapshotError::Etcd(format!("snapshot reader task: {e}")))??;
         let (rest, encoded) = encoder.finish().map_err(encode_err)?;
         for part in rest {
+            object_hash.push(part.clone()).await;
             dispatcher.submit(part).await?;
         }
+        let object_sha256 = object_hash.finish().await.map_err(encode_err)?;
         let spilled = dispatcher.spilled;
         drop(dispatcher);
-        Ok::<_, SnapshotError>((db_size, verified, encoded, spilled))
+        Ok::<_, SnapshotError>((verified.total_bytes, verified, (encoded, object_sha256), spilled))
     };
-    let ((db_size, verified, encoded, spilled), parts) = tokio::try_join!(producer, uploader)?;
+    let ((db_size, verified, (encoded, object_sha256), spilled), parts) = tokio::try_join!(producer, uploader)?;
     if spilled > 0 {
         tracing::warn!(shard, spilled, "S3 lagged: parts went through the spill directory");
     }
@@ -435,7 +438,7 @@ async fn stream_parts(
         db_size,
         object_size: encoded.size,
         etcd_sha256: verified.sha256,
-        object_sha256: encoded.sha256,
+        object_sha256,
         spilled_bytes: spilled,
     })
 }
@@ -444,9 +447,15 @@ async fn stream_parts(
 const READ_AHEAD_CHUNKS: usize = 64;
 
 /// Aborts the task when dropped: a snapshot that fails or is cancelled stops reading etcd's stream.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 
-impl Drop for AbortOnDrop {
+impl<T> AbortOnDrop<T> {
+    async fn join(mut self) -> Result<T, tokio::task::JoinError> {
+        (&mut self.0).await
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
@@ -454,19 +463,32 @@ impl Drop for AbortOnDrop {
 
 type Chunk = Result<etcd_client::SnapshotResponse, etcd_client::Error>;
 
-/// Drains etcd's stream in a task of its own into a bounded queue. Read inline, between two chunks that are
-/// compressed, encrypted and hashed, the stream's HTTP/2 window (64 KiB) fills and etcd stops sending until
-/// the encoder asks again; read ahead, etcd sends while the encoder works, up to [`READ_AHEAD_CHUNKS`].
-fn read_ahead(mut stream: etcd_client::SnapshotStreaming) -> (mpsc::Receiver<Chunk>, AbortOnDrop) {
+/// Drains etcd's stream (from its `first` message on) in a task of its own into a bounded queue, checking
+/// etcd's trailing sha256 on the way ([`TrailerCheck`]; the task's result once the stream ended). Read inline,
+/// between two chunks that are compressed, encrypted and hashed, the stream's HTTP/2 window (64 KiB) fills and
+/// etcd stops sending until the encoder asks again; read ahead, etcd sends while the encoder works, up to
+/// [`READ_AHEAD_CHUNKS`], and the hash of etcd's bytes runs beside the encoder rather than on its thread.
+fn read_ahead(
+    mut stream: etcd_client::SnapshotStreaming,
+    first: etcd_client::SnapshotResponse,
+) -> (mpsc::Receiver<Chunk>, AbortOnDrop<Result<Verified, TrailerError>>) {
     let (tx, rx) = mpsc::channel(READ_AHEAD_CHUNKS);
     let reader = tokio::spawn(async move {
+        let mut trailer = TrailerCheck::default();
+        trailer.update(first.blob());
+        let mut chunk = Some(Ok(first));
         // Until the stream ends, fails (the error is passed on) or the encoder is gone (it failed).
-        while let Some(chunk) = stream.message().await.transpose() {
-            let failed = chunk.is_err();
-            if tx.send(chunk).await.is_err() || failed {
-                return;
+        while let Some(next) = chunk {
+            let failed = next.is_err();
+            if tx.send(next).await.is_err() || failed {
+                break;
+            }
+            chunk = stream.message().await.transpose();
+            if let Some(Ok(response)) = &chunk {
+                trailer.update(response.blob());
             }
         }
+        trailer.finish()
     });
     (rx, AbortOnDrop(reader))
 }

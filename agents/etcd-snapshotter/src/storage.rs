@@ -313,12 +313,13 @@ impl Store {
         } else if self.checksum == ChecksumMode::WhenSupported {
             request = request.checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32);
         }
-        let out = request
+        let mut request = request
             .customize()
-            .config_override(aws_sdk_s3::Config::builder().retry_config(retry_config(self.part_max_attempts)))
-            .send()
-            .await
-            .map_err(|e| StorageError::request("UploadPart", e))?;
+            .config_override(aws_sdk_s3::Config::builder().retry_config(retry_config(self.part_max_attempts)));
+        if self.unsigned_parts(digest.is_some()) {
+            request = request.disable_payload_signing();
+        }
+        let out = request.send().await.map_err(|e| StorageError::request("UploadPart", e))?;
         if let (Some(ours), Some(theirs)) = (&digest, &out.checksum_sha256)
             && ours != theirs
         {
@@ -332,6 +333,17 @@ impl Store {
             .set_checksum_crc32(out.checksum_crc32)
             .set_checksum_sha256(digest)
             .build())
+    }
+
+    /// Whether a part goes with `UNSIGNED-PAYLOAD` rather than SigV4's SHA-256 of its body, a third pass over
+    /// every byte (6% of the agent's profile; docs/benchmarks.md). Only where the bytes are proven otherwise:
+    /// with `integrity: checksums` the part's own SHA-256 travels in a signed header and the store refuses a
+    /// body that does not match it; with `readBack` the whole object is read back and compared before anything
+    /// is published. Not when the SDK is to add a CRC32 of its own (`checksumMode: whenSupported` without a part
+    /// digest): unsigned, it would send that as an aws-chunked trailer, which not every S3-compatible store
+    /// takes.
+    fn unsigned_parts(&self, part_digest: bool) -> bool {
+        part_digest || self.checksum == ChecksumMode::WhenRequired
     }
 
     pub async fn complete_upload(
