@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 use kcp_keeper_runtime::agent::Agent;
 use serde_json::Value;
 
+pub mod dns_on_node;
 pub mod on_node;
 pub mod readme;
 pub mod schema;

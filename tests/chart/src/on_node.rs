@@ -65,7 +65,7 @@ async fn namespace(client: &kube::Client, object: Value) -> Result<()> {
 
 /// A Service without a selector and its EndpointSlice: `name.namespace.svc` answers, through kube-proxy, on
 /// `port`, for a peer listening on the node's address at `target`.
-async fn peer_service(client: &kube::Client, namespace: &str, name: &str, port: u16, target: u16) -> Result<()> {
+pub async fn peer_service(client: &kube::Client, namespace: &str, name: &str, port: u16, target: u16) -> Result<()> {
     create::<Service>(
         client,
         namespace,

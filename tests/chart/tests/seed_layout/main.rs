@@ -2,7 +2,8 @@
 //! controller and the kcp-operator, built here from their source archives, reconcile a `RootShard`, a `Shard`,
 //! a `FrontProxy` and a `Kubeconfig` into kcp Deployments on their own etcd StatefulSets; then the seed's Verify
 //! section runs from a pod inside the cluster. The layout is installed once per binary (`testbed::seed`), on
-//! this binary's own node (`node-bed-seed_layout`).
+//! this binary's own node (`node-bed-seed_layout`). Then kcp-keeper, installed by its own chart on that layout,
+//! does each agent's job against the real programs (item 4; one module per agent, one install per binary).
 
 use std::sync::OnceLock;
 
@@ -17,10 +18,26 @@ use testbed::seed::images::{KCP_IMAGE, PROBE_IMAGE};
 use testbed::seed::layout::{self, ADMIN_GROUP, ADMIN_USER, EXTERNAL_HOST, EXTERNAL_PORT, FRONT_PROXY_IP, NAMESPACE};
 use testbed::seed::{self, Installed};
 
+mod ca_syncer;
+mod dns_rewriter;
+mod etcd_snapshotter;
+mod keeper;
+mod kubeconfig_rotator;
+
 static LAYOUT: OnceLock<Result<Installed, String>> = OnceLock::new();
 
 fn layout() -> &'static Installed {
     testbed::shared_for_binary(&LAYOUT, "seed layout", || seed::install(node::shared()))
+}
+
+static KEEPER: OnceLock<Result<keeper::Installed, String>> = OnceLock::new();
+
+/// kcp-keeper installed by its chart on the Ready layout, once per binary.
+fn keeper() -> &'static keeper::Installed {
+    testbed::shared_for_binary(&KEEPER, "kcp-keeper on the seed layout", || async {
+        layout();
+        keeper::install(node::shared()).await
+    })
 }
 
 /// The probe pod of the Verify checks: kubectl, http-probe (a GET with no credentials at all, for the 401/403

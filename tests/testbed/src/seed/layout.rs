@@ -25,6 +25,37 @@ pub const EXTERNAL_HOST: &str = "kcp.seed.example.com";
 pub const EXTERNAL_PORT: u16 = 6443;
 /// The front proxy Service's ClusterIP, fixed (in the node's Service range) so pods can map the public name to it.
 pub const FRONT_PROXY_IP: &str = "10.96.100.100";
+/// Each shard's own public name (its server certificate carries it, through the operator's certificate template,
+/// beside the operator's in-cluster names), and its Service's fixed ClusterIP: what split-horizon DNS maps the name
+/// to (dns-rewriter discovers both from the operator's objects).
+pub const SHARD_HOSTS: [(&str, &str, &str); 2] = [
+    (ROOT_SHARD, "root.kcp.seed.example.com", "10.96.100.101"),
+    (SHARD, "alpha.kcp.seed.example.com", "10.96.100.102"),
+];
+
+fn shard_host(shard: &str) -> (&'static str, &'static str) {
+    let (_, host, ip) = SHARD_HOSTS.iter().find(|(s, ..)| *s == shard).expect("a shard of the layout");
+    (host, ip)
+}
+
+fn server_certificate_names(shard: &str) -> Value {
+    json!({"server": {"spec": {"dnsNames": [shard_host(shard).0]}}})
+}
+
+fn fixed_cluster_ip(shard: &str) -> Value {
+    json!({"spec": {"clusterIP": shard_host(shard).1}})
+}
+
+/// The hub's own `Kubeconfig`, beside the seed's: the one kcp-keeper's rotator follows. Its validity is short so
+/// that cert-manager renews it (at two thirds of it) within a test; the seed's admin kubeconfig keeps its year,
+/// as nothing re-renders it when its certificate renews until kcp-keeper does (the operator's render would expire
+/// under the seed's own Verify checks, which run without kcp-keeper).
+pub const HUB_KUBECONFIG: &str = "railgrid-hub-admin";
+pub const HUB_KUBECONFIG_SECRET: &str = "railgrid-hub-admin-kubeconfig";
+pub const HUB_USER: &str = "railgrid-hub";
+pub const HUB_VALIDITY: &str = "150s";
+/// The front proxy's in-cluster name, which its serving certificate carries beside the public one.
+pub const FRONT_PROXY_SERVICE_URL: &str = "https://frontproxy-front-proxy.kcp-system.svc.cluster.local:6443";
 /// Members of each shard's etcd: the root shard on 3, `alpha` on 1.
 pub const ETCD_MEMBERS: [(&str, u32); 2] = [(ROOT_SHARD, 3), (SHARD, 1)];
 
@@ -140,6 +171,8 @@ pub fn root_shard() -> Value {
             "resources": resources(),
             "proxy": {"image": kcp_image(), "replicas": 1, "resources": resources()},
             "deploymentTemplate": host_aliases(),
+            "certificateTemplates": server_certificate_names(ROOT_SHARD),
+            "serviceTemplate": fixed_cluster_ip(ROOT_SHARD),
         },
     })
 }
@@ -156,6 +189,8 @@ pub fn shard() -> Value {
             "replicas": 1,
             "resources": resources(),
             "deploymentTemplate": host_aliases(),
+            "certificateTemplates": server_certificate_names(SHARD),
+            "serviceTemplate": fixed_cluster_ip(SHARD),
         },
     })
 }
@@ -167,6 +202,9 @@ pub fn front_proxy() -> Value {
         "metadata": {"name": FRONT_PROXY, "namespace": NAMESPACE},
         "spec": {
             "rootShard": {"ref": {"name": ROOT_SHARD}},
+            // The public name the front proxy serves (the RootShard's `external` names the same): the operator
+            // renders it into the Kubeconfigs that target the front proxy, dns-rewriter discovers it.
+            "external": {"hostname": EXTERNAL_HOST, "port": EXTERNAL_PORT},
             "image": kcp_image(),
             "replicas": 1,
             "resources": resources(),
@@ -186,6 +224,23 @@ pub fn kubeconfig() -> Value {
             "groups": [ADMIN_GROUP],
             "validity": "8766h",
             "secretRef": {"name": KUBECONFIG_SECRET},
+            "target": {"frontProxyRef": {"name": FRONT_PROXY}},
+        },
+    })
+}
+
+/// The hub's admin kubeconfig ([`HUB_KUBECONFIG`]): in `system:kcp:admin` like the seed's, renewed every
+/// [`HUB_VALIDITY`] times two thirds.
+pub fn hub_kubeconfig() -> Value {
+    json!({
+        "apiVersion": "operator.kcp.io/v1alpha1",
+        "kind": "Kubeconfig",
+        "metadata": {"name": HUB_KUBECONFIG, "namespace": NAMESPACE},
+        "spec": {
+            "username": HUB_USER,
+            "groups": [ADMIN_GROUP],
+            "validity": HUB_VALIDITY,
+            "secretRef": {"name": HUB_KUBECONFIG_SECRET},
             "target": {"frontProxyRef": {"name": FRONT_PROXY}},
         },
     })

@@ -102,7 +102,13 @@ pub async fn install(node: &Node) -> Result<Installed> {
     for (shard, members) in layout::ETCD_MEMBERS {
         objects.extend(layout::etcd(shard, members));
     }
-    objects.extend([layout::root_shard(), layout::shard(), layout::front_proxy(), layout::kubeconfig()]);
+    objects.extend([
+        layout::root_shard(),
+        layout::shard(),
+        layout::front_proxy(),
+        layout::kubeconfig(),
+        layout::hub_kubeconfig(),
+    ]);
     apply(node, &work, "layout", &objects)?;
     for (shard, _) in layout::ETCD_MEMBERS {
         rollout(node, NAMESPACE, &format!("statefulset/etcd-{shard}"), "5m")?;

@@ -1,0 +1,217 @@
+//! CoreDNS as a cluster runs it, in a pod on the real node (`testbed::node`), and lookups from a pod through it
+//! with the shipped `dns-rewriter check`: shared by the node tests and the seed layout's (both install the chart
+//! into [`crate::NAMESPACE`], where the agent's ConfigMap `kcp-keeper-dns-rewriter` is).
+
+use std::time::Duration;
+
+use anyhow::{Result, bail, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::{Value, json};
+use testbed::node::{self, Node};
+
+use crate::NAMESPACE;
+use crate::on_node::{create, version};
+
+/// The ClusterIP of the CoreDNS Service the dns-rewriter test runs (kube-dns's customary address, in the
+/// range's static band, so no dynamically allocated Service can hold it).
+pub const COREDNS_IP: &str = "10.96.0.10";
+/// The CoreDNS image the node imports (built here from the peer; the name is ours, never pulled).
+pub const COREDNS_IMAGE: &str = "kcp-keeper.test/coredns:peer";
+
+/// CoreDNS as k3s runs it: a Deployment in kube-system whose Corefile (ConfigMap `coredns`) imports
+/// `/etc/coredns/custom/*.override`, where the kubelet projects the optional ConfigMap `coredns-custom`, and
+/// reloads on a change; its Service at [`COREDNS_IP`]. The image holds the peers' CoreDNS binary alone. Started
+/// once per binary: more than one dns-rewriter test resolves through it.
+pub async fn coredns_as_a_pod(node: &Node, client: &kube::Client) -> Result<()> {
+    static STARTED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    STARTED.get_or_try_init(|| start_coredns_as_a_pod(node, client)).await.map(|_| ())
+}
+
+async fn start_coredns_as_a_pod(node: &Node, client: &kube::Client) -> Result<()> {
+    let archive = node::image::single_binary_image(
+        &node.dir,
+        COREDNS_IMAGE,
+        node.peers.path("coredns"),
+        "coredns",
+        "65532:65532",
+    )?;
+    node.import_image(&archive)?;
+    let corefile = ".:1053 {\n    errors\n    ready :8181\n    kubernetes cluster.local in-addr.arpa ip6.arpa {\n        pods insecure\n        fallthrough in-addr.arpa ip6.arpa\n    }\n    import /etc/coredns/custom/*.override\n    reload 2s 1s\n}\n";
+    create::<k8s_openapi::api::core::v1::ConfigMap>(
+        client,
+        "kube-system",
+        json!({"metadata": {"name": "coredns"}, "data": {"Corefile": corefile}}),
+    )
+    .await?;
+    create::<k8s_openapi::api::core::v1::ServiceAccount>(
+        client,
+        "kube-system",
+        json!({"metadata": {"name": "coredns"}}),
+    )
+    .await?;
+    // What the kubernetes plugin reads (as k3s's and kubeadm's system:coredns role grants).
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "kcp-keeper-test:coredns"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+        ],
+    }))?;
+    Api::<ClusterRole>::all(client.clone()).create(&PostParams::default(), &role).await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "kcp-keeper-test:coredns"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kcp-keeper-test:coredns"},
+        "subjects": [{"kind": "ServiceAccount", "namespace": "kube-system", "name": "coredns"}],
+    }))?;
+    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await?;
+    create::<Service>(
+        client,
+        "kube-system",
+        json!({
+            "metadata": {"name": "kube-dns"},
+            "spec": {
+                "clusterIP": COREDNS_IP,
+                "selector": {"k8s-app": "kube-dns"},
+                "ports": [
+                    {"name": "dns", "port": 53, "targetPort": 1053, "protocol": "UDP"},
+                    {"name": "dns-tcp", "port": 53, "targetPort": 1053, "protocol": "TCP"},
+                ],
+            },
+        }),
+    )
+    .await?;
+    create::<Deployment>(
+        client,
+        "kube-system",
+        json!({
+            "metadata": {"name": "coredns"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                "template": {
+                    "metadata": {"labels": {"k8s-app": "kube-dns"}},
+                    "spec": {
+                        "serviceAccountName": "coredns",
+                        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": [{
+                            "name": "coredns",
+                            "image": COREDNS_IMAGE,
+                            "imagePullPolicy": "Never",
+                            "args": ["-conf", "/etc/coredns/Corefile"],
+                            "ports": [{"containerPort": 1053, "protocol": "UDP"}, {"containerPort": 1053, "protocol": "TCP"}],
+                            "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181}, "periodSeconds": 2},
+                            "securityContext": {
+                                "allowPrivilegeEscalation": false,
+                                "readOnlyRootFilesystem": true,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                            "volumeMounts": [
+                                {"name": "config", "mountPath": "/etc/coredns", "readOnly": true},
+                                {"name": "custom", "mountPath": "/etc/coredns/custom", "readOnly": true},
+                            ],
+                        }],
+                        "volumes": [
+                            {"name": "config", "configMap": {"name": "coredns", "items": [{"key": "Corefile", "path": "Corefile"}]}},
+                            {"name": "custom", "configMap": {"name": "coredns-custom", "optional": true}},
+                        ],
+                    },
+                },
+            },
+        }),
+    )
+    .await?;
+    let deployments = Api::<Deployment>::namespaced(client.clone(), "kube-system");
+    testbed::eventually(Duration::from_secs(120), "the CoreDNS pod Ready", || async {
+        let status = deployments.get("coredns").await.ok()?.status?;
+        (status.ready_replicas == Some(1)).then_some(())
+    })
+    .await;
+    Ok(())
+}
+
+/// The ServiceAccount `name` with the rights `dns-rewriter check` needs (a Role and RoleBinding of that name in
+/// kcp-system): its own, so a probe pod never borrows the agent's.
+pub async fn dns_check_account(client: &kube::Client, name: &str) -> Result<()> {
+    create::<k8s_openapi::api::core::v1::ServiceAccount>(client, NAMESPACE, json!({"metadata": {"name": name}}))
+        .await?;
+    create::<Role>(
+        client,
+        "kcp-system",
+        json!({"metadata": {"name": name}, "rules": [
+            {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list"]},
+            // The chart's default configuration discovers names from the operator's objects too.
+            {"apiGroups": ["operator.kcp.io"], "resources": ["rootshards", "shards", "frontproxies"], "verbs": ["list"]},
+        ]}),
+    )
+    .await?;
+    create::<RoleBinding>(
+        client,
+        "kcp-system",
+        json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "namespace": NAMESPACE, "name": name}],
+        }),
+    )
+    .await
+}
+
+/// A restricted pod `name` running the shipped `dns-rewriter check` with the agent's configuration against
+/// `resolver` (`ip:port`), as the ServiceAccount `account`, restarted on failure.
+pub fn dns_check_pod(name: &str, account: &str, resolver: &str) -> Result<Value> {
+    Ok(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "serviceAccountName": account,
+            "restartPolicy": "OnFailure",
+            "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "check",
+                "image": format!("ghcr.io/kcp-keeper/dns-rewriter:{}", version()?),
+                "imagePullPolicy": "Never",
+                "args": ["check", "--config", "/etc/kcp-keeper/config.yaml", "--resolver", resolver],
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "readOnlyRootFilesystem": true,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+                "volumeMounts": [{"name": "config", "mountPath": "/etc/kcp-keeper", "readOnly": true}],
+            }],
+            "volumes": [{"name": "config", "configMap": {"name": "kcp-keeper-dns-rewriter"}}],
+        },
+    }))
+}
+
+/// A pod asks the CoreDNS Service for every configured name: the shipped `dns-rewriter check` (its image, the
+/// agent's ConfigMap mounted), run until it passes (`restartPolicy: OnFailure`); its output.
+///
+/// Not `kubectl exec` into the agent's pod: `check` reads each rule's Service with a `get`, which the agent's
+/// Role (list and watch, what the daemon uses) does not grant, so it runs under a ServiceAccount of its own
+/// (get and list on Services where the rules point).
+pub async fn lookup_from_a_pod(node: &Node, client: &kube::Client) -> Result<String> {
+    dns_check_account(client, "dns-probe").await?;
+    let pod = dns_check_pod("dns-probe", "dns-probe", &format!("{COREDNS_IP}:53"))?;
+    create::<Pod>(client, NAMESPACE, pod).await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
+    let passed = testbed::eventually(Duration::from_secs(180), "the lookup pod to pass or fail thrice", || async {
+        let status = pods.get("dns-probe").await.ok()?.status?;
+        let restarts = status.container_statuses.as_ref()?.first()?.restart_count;
+        match status.phase.as_deref() {
+            Some("Succeeded") => Some(true),
+            _ if restarts >= 3 => Some(false),
+            _ => None,
+        }
+    })
+    .await;
+    if !passed {
+        let out = node.kubectl(&["logs", "-n", NAMESPACE, "dns-probe", "--previous"])?;
+        bail!("the lookup failed thrice; the last time:\n{}", String::from_utf8_lossy(&out.stdout));
+    }
+    let out = node.kubectl(&["logs", "-n", NAMESPACE, "dns-probe"])?;
+    ensure!(out.status.success(), "kubectl logs: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
