@@ -1,0 +1,346 @@
+//! The object rules against a real kube-apiserver serving the kcp-operator's CRDs (v0.9.0, as the seed layout
+//! runs it): the seed layout's own RootShard, Shard, FrontProxy and etcd StatefulSets are applied in a namespace
+//! of their own, then each rule is broken on purpose (its line turns FAIL or warn) and put back (ok again).
+
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kcp_keeper_doctor::options::{HubOidc, KeyRef, Options};
+use kcp_keeper_doctor::verdict::{Level, Report};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use serde_json::{Value, json};
+use testbed::seed::layout;
+
+static BED: OnceLock<Result<testbed::ControlPlane, String>> = OnceLock::new();
+
+fn bed() -> &'static testbed::ControlPlane {
+    testbed::shared_for_binary(&BED, "control plane", testbed::ControlPlane::start)
+}
+
+fn resource(object: &Value) -> ApiResource {
+    let (group, version) =
+        object["apiVersion"].as_str().unwrap().rsplit_once('/').unwrap_or(("", object["apiVersion"].as_str().unwrap()));
+    let kind = object["kind"].as_str().unwrap();
+    let plural = match kind {
+        "FrontProxy" => "frontproxies".to_string(),
+        k => format!("{}s", k.to_ascii_lowercase()),
+    };
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), &plural)
+}
+
+/// Server-side apply of `object` (its namespace set to `ns`), owning every field it names.
+async fn apply(client: &kube::Client, ns: &str, mut object: Value) -> Result<()> {
+    object["metadata"]["namespace"] = json!(ns);
+    let name = object["metadata"]["name"].as_str().context("a name")?.to_string();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource(&object));
+    api.patch(&name, &PatchParams::apply("doctor-test").force(), &Patch::Apply(&object))
+        .await
+        .with_context(|| format!("applying {} {name}", object["kind"]))?;
+    Ok(())
+}
+
+/// The seed layout's objects with every `kcp-system` (namespace and the etcd member URLs) replaced by `ns`.
+fn seed_objects(ns: &str) -> Vec<Value> {
+    let mut objects = Vec::new();
+    for (shard, members) in layout::ETCD_MEMBERS {
+        objects.extend(layout::etcd(shard, members));
+    }
+    objects.extend([layout::root_shard(), layout::shard(), layout::front_proxy()]);
+    objects
+        .into_iter()
+        .map(|o| serde_json::from_str(&o.to_string().replace(layout::NAMESPACE, ns)).expect("still JSON"))
+        .collect()
+}
+
+fn rand_suffix() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.finish() as u32
+}
+
+struct Fixture {
+    client: kube::Client,
+    ns: String,
+}
+
+impl Fixture {
+    async fn new() -> Result<Self> {
+        let bed = bed();
+        let client = bed.apiserver.admin_client().await?;
+        // The bed's own client belongs to the runtime it started on: a namespace through ours.
+        let ns = format!("doctor-{:08x}", rand_suffix());
+        let namespace: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+        Api::all(client.clone()).create(&Default::default(), &namespace).await?;
+        for object in seed_objects(&ns) {
+            apply(&client, &ns, object).await?;
+        }
+        Ok(Self { client, ns })
+    }
+
+    fn options(&self) -> Options {
+        Options { namespace: self.ns.clone(), verify: false, ..Options::default() }
+    }
+
+    async fn doctor(&self, options: &Options) -> Report {
+        let report = kcp_keeper_doctor::run(&self.client, options).await;
+        eprint!("{}", report.text());
+        report
+    }
+
+    /// The result of `check` on `subject`.
+    async fn result(&self, options: &Options, check: &str, subject: &str) -> Level {
+        let report = self.doctor(options).await;
+        let found: Vec<_> = report.of(check).into_iter().filter(|v| v.subject == subject).collect();
+        assert_eq!(found.len(), 1, "one {check} line for {subject}: {}", report.text());
+        found[0].result
+    }
+
+    /// Merge-patches the spec of a kcp-operator object (`null` removes a field).
+    async fn patch(&self, template: Value, spec: Value) -> Result<()> {
+        let name = template["metadata"]["name"].as_str().unwrap().to_string();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &resource(&template));
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": spec}))).await?;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_seed_layouts_objects_pass_every_object_rule_and_warn_on_cache_apis_and_the_etcd_spread() -> Result<()> {
+    let f = Fixture::new().await?;
+    let report = f.doctor(&f.options()).await;
+    for check in ["pinned-images", "proxy-image", "lockstep-versions", "shard-base-url", "oidc-hub"] {
+        let lines = report.of(check);
+        assert!(!lines.is_empty(), "no {check} line: {}", report.text());
+        assert!(lines.iter().all(|v| v.result == Level::Ok), "{check}: {}", report.text());
+    }
+    // The seed names three components: the root shard, alpha and the front proxy.
+    assert_eq!(report.of("pinned-images").len(), 3, "{}", report.text());
+    // Neither shard turns CacheAPIs on, and neither etcd is spread across zones (the root's has 3 members,
+    // alpha's one): warnings, not failures.
+    assert!(report.of("cache-apis").iter().all(|v| v.result == Level::Warn), "{}", report.text());
+    let spread = report.of("etcd-spread");
+    assert_eq!(spread.len(), 2, "{}", report.text());
+    assert!(spread.iter().all(|v| v.result == Level::Warn), "{}", report.text());
+    assert_eq!(report.worst(), Level::Warn);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unpinned_root_shard_proxy_image_fails_pinned_images_and_proxy_image_and_pinning_it_again_is_ok()
+-> Result<()> {
+    let f = Fixture::new().await?;
+    let o = f.options();
+    f.patch(layout::root_shard(), json!({"proxy": {"image": null}})).await?;
+    assert_eq!(f.result(&o, "pinned-images", "rootshard/root").await, Level::Fail);
+    assert_eq!(f.result(&o, "proxy-image", "rootshard/root").await, Level::Fail);
+    assert_eq!(f.doctor(&o).await.worst(), Level::Fail);
+    apply(&f.client, &f.ns, seed_objects(&f.ns).into_iter().find(|o| o["kind"] == "RootShard").unwrap()).await?;
+    assert_eq!(f.result(&o, "pinned-images", "rootshard/root").await, Level::Ok);
+    assert_eq!(f.result(&o, "proxy-image", "rootshard/root").await, Level::Ok);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_shard_on_an_unpinned_or_other_kcp_version_fails_or_warns_and_back_on_the_pin_is_ok() -> Result<()> {
+    let f = Fixture::new().await?;
+    let o = f.options();
+    f.patch(layout::shard(), json!({"image": {"tag": null}})).await?;
+    assert_eq!(f.result(&o, "pinned-images", "shard/alpha").await, Level::Fail);
+    f.patch(layout::shard(), json!({"image": {"tag": "v0.31.0"}})).await?;
+    assert_eq!(f.result(&o, "pinned-images", "shard/alpha").await, Level::Ok);
+    assert_eq!(f.result(&o, "lockstep-versions", "kcp components").await, Level::Warn);
+    f.patch(layout::shard(), json!({"image": {"tag": testbed::seed::images::KCP_TAG}})).await?;
+    assert_eq!(f.result(&o, "lockstep-versions", "kcp components").await, Level::Ok);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_shard_base_url_on_the_public_hostname_fails_in_the_spec_and_in_extra_args_and_removing_it_is_ok()
+-> Result<()> {
+    let f = Fixture::new().await?;
+    let o = f.options();
+    let public = format!("https://{}:{}", layout::EXTERNAL_HOST, layout::EXTERNAL_PORT);
+    f.patch(layout::shard(), json!({"shardBaseURL": public})).await?;
+    assert_eq!(f.result(&o, "shard-base-url", "shard/alpha").await, Level::Fail);
+    f.patch(layout::shard(), json!({"shardBaseURL": null})).await?;
+    assert_eq!(f.result(&o, "shard-base-url", "shard/alpha").await, Level::Ok);
+    f.patch(layout::root_shard(), json!({"extraArgs": ["--shard-base-url=https://root.kcp.example.com"]})).await?;
+    assert_eq!(f.result(&o, "shard-base-url", "rootshard/root").await, Level::Fail);
+    // The shard's own Service is what a base URL may name.
+    let internal = format!("https://root-kcp.{}.svc.cluster.local:6443", f.ns);
+    f.patch(layout::root_shard(), json!({"extraArgs": [format!("--shard-base-url={internal}")]})).await?;
+    assert_eq!(f.result(&o, "shard-base-url", "rootshard/root").await, Level::Ok);
+    Ok(())
+}
+
+#[tokio::test]
+async fn cache_apis_turned_on_is_ok_and_turned_off_again_warns() -> Result<()> {
+    let f = Fixture::new().await?;
+    let o = f.options();
+    f.patch(layout::shard(), json!({"extraArgs": ["--feature-gates=CacheAPIs=true"]})).await?;
+    assert_eq!(f.result(&o, "cache-apis", "shard/alpha").await, Level::Ok);
+    f.patch(layout::shard(), json!({"extraArgs": ["--feature-gates=CacheAPIs=false"]})).await?;
+    assert_eq!(f.result(&o, "cache-apis", "shard/alpha").await, Level::Warn);
+    Ok(())
+}
+
+fn oidc(username_prefix: &str) -> Value {
+    json!({"issuerURL": "https://login.railgrid.example.com", "clientID": "kcp", "clientSecret": "doctor-test-client-secret",
+           "usernameClaim": "email", "usernamePrefix": username_prefix, "groupsClaim": "groups", "groupsPrefix": "railgrid:"})
+}
+
+#[tokio::test]
+async fn a_mismatched_oidc_prefix_fails_against_the_hubs_configmap_and_the_same_prefix_is_ok_and_the_client_secret_is_never_printed()
+-> Result<()> {
+    let f = Fixture::new().await?;
+    // The hub's settings as a document in a ConfigMap key, with a key the doctor must not care about.
+    let hub = "issuerURL: https://login.railgrid.example.com\nclientID: kcp\nusernameClaim: email\nusernamePrefix: 'railgrid:'\ngroupsClaim: groups\ngroupsPrefix: 'railgrid:'\nscopes: [openid, email]\n";
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "railgrid-hub"}, "data": {"oidc.yaml": hub}}))?;
+    Api::<ConfigMap>::namespaced(f.client.clone(), &f.ns).create(&Default::default(), &cm).await?;
+    let o = Options {
+        hub_oidc: Some(HubOidc::ConfigMap(KeyRef::parse(&format!("{}/railgrid-hub", f.ns), "oidc.yaml").unwrap())),
+        ..f.options()
+    };
+    // Nothing has OIDC yet: every component fails against the hub.
+    assert_eq!(f.result(&o, "oidc-hub", "shard/alpha").await, Level::Fail);
+    for template in [layout::root_shard(), layout::shard()] {
+        f.patch(template, json!({"auth": {"oidc": oidc("railgrid:")}})).await?;
+    }
+    // The CRD insists on ServiceAccount authentication beside OIDC on the front proxy.
+    f.patch(layout::front_proxy(), json!({"auth": {"serviceAccount": {"enabled": true}, "oidc": oidc("railgrid:")}}))
+        .await?;
+    for subject in ["rootshard/root", "shard/alpha", "frontproxy/frontproxy"] {
+        assert_eq!(f.result(&o, "oidc-hub", subject).await, Level::Ok, "{subject}");
+    }
+    f.patch(layout::shard(), json!({"auth": {"oidc": {"usernamePrefix": "oidc:"}}})).await?;
+    let report = f.doctor(&o).await;
+    let line = report.of("oidc-hub").into_iter().find(|v| v.subject == "shard/alpha").unwrap().clone();
+    assert_eq!(line.result, Level::Fail);
+    assert!(line.saw.contains(r#"usernamePrefix "oidc:" (hub "railgrid:")"#), "{}", line.saw);
+    assert!(
+        !report.json().contains("doctor-test-client-secret") && !report.text().contains("doctor-test-client-secret")
+    );
+    f.patch(layout::shard(), json!({"auth": {"oidc": {"usernamePrefix": "railgrid:"}}})).await?;
+    assert_eq!(f.result(&o, "oidc-hub", "shard/alpha").await, Level::Ok);
+    // A hub document that does not parse is a FAIL line, not a crash, and the other rules still run.
+    let bad: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "railgrid-hub"}, "data": {"oidc.yaml": "clientID: [unclosed"}}),
+    )?;
+    Api::<ConfigMap>::namespaced(f.client.clone(), &f.ns).replace("railgrid-hub", &Default::default(), &bad).await?;
+    let report = f.doctor(&o).await;
+    assert!(report.of("oidc-hub").iter().any(|v| v.subject == "hub" && v.result == Level::Fail), "{}", report.text());
+    assert!(!report.of("pinned-images").is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_root_etcd_spread_across_zones_with_min_domains_three_is_ok_and_without_it_warns() -> Result<()> {
+    let f = Fixture::new().await?;
+    let o = f.options();
+    let subject = "rootshard/root statefulset/etcd-root";
+    assert_eq!(f.result(&o, "etcd-spread", subject).await, Level::Warn);
+    let spread = json!({"spec": {"template": {"spec": {"topologySpreadConstraints": [{
+        "maxSkew": 1, "minDomains": 3, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"app": "etcd-root"}}}]}}}});
+    let sets = Api::<StatefulSet>::namespaced(f.client.clone(), &f.ns);
+    sets.patch("etcd-root", &PatchParams::default(), &Patch::Merge(&spread)).await?;
+    assert_eq!(f.result(&o, "etcd-spread", subject).await, Level::Ok);
+    let unspread = json!({"spec": {"template": {"spec": {"topologySpreadConstraints": null}}}});
+    sets.patch("etcd-root", &PatchParams::default(), &Patch::Merge(&unspread)).await?;
+    assert_eq!(f.result(&o, "etcd-spread", subject).await, Level::Warn);
+    Ok(())
+}
+
+fn cert_pem(days_left: i64) -> String {
+    let mut params = rcgen::CertificateParams::new(vec!["doctor-test".into()]).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(1);
+    params.not_after = now + time::Duration::days(days_left);
+    params.self_signed(&rcgen::KeyPair::generate().unwrap()).unwrap().pem()
+}
+
+async fn put_secret(client: &kube::Client, ns: &str, name: &str, key: &str, value: &str) -> Result<()> {
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "stringData": {key: value}}))?;
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .patch(name, &PatchParams::apply("doctor-test").force(), &Patch::Apply(&secret))
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_hub_kubeconfig_and_a_managed_ca_near_expiry_fail_and_renewed_are_ok_and_no_key_material_is_printed()
+-> Result<()> {
+    use base64::Engine;
+    let f = Fixture::new().await?;
+    let kubeconfig = |days: i64| {
+        let cert = base64::engine::general_purpose::STANDARD.encode(cert_pem(days));
+        format!(
+            "apiVersion: v1\nkind: Config\nusers:\n- name: admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: ZG9jdG9yLXRlc3Qta2V5\n"
+        )
+    };
+    put_secret(&f.client, &f.ns, "railgrid-kcp", "admin.kubeconfig", &kubeconfig(3)).await?;
+    // A bundle of old and new CA during a rotation: the old one, 2 days left, decides.
+    put_secret(&f.client, &f.ns, "kcp-ca", "ca.crt", &format!("{}{}", cert_pem(3650), cert_pem(2))).await?;
+    let o = Options {
+        hub_kubeconfig: Some(KeyRef::parse(&format!("{}/railgrid-kcp:admin.kubeconfig", f.ns), "kubeconfig").unwrap()),
+        cas: vec![KeyRef::parse(&format!("{}/kcp-ca", f.ns), "ca.crt").unwrap()],
+        ..f.options()
+    };
+    let hub = format!("secret {}/railgrid-kcp:admin.kubeconfig", f.ns);
+    let ca = format!("secret {}/kcp-ca:ca.crt", f.ns);
+    assert_eq!(f.result(&o, "hub-kubeconfig-expiry", &hub).await, Level::Fail);
+    assert_eq!(f.result(&o, "ca-expiry", &ca).await, Level::Fail);
+    put_secret(&f.client, &f.ns, "railgrid-kcp", "admin.kubeconfig", &kubeconfig(20)).await?;
+    assert_eq!(f.result(&o, "hub-kubeconfig-expiry", &hub).await, Level::Warn);
+    put_secret(&f.client, &f.ns, "railgrid-kcp", "admin.kubeconfig", &kubeconfig(365)).await?;
+    put_secret(&f.client, &f.ns, "kcp-ca", "ca.crt", &cert_pem(3650)).await?;
+    assert_eq!(f.result(&o, "hub-kubeconfig-expiry", &hub).await, Level::Ok);
+    assert_eq!(f.result(&o, "ca-expiry", &ca).await, Level::Ok);
+    // A Secret that holds no certificate, and one that is missing, are FAIL lines naming the Secret only.
+    put_secret(&f.client, &f.ns, "kcp-ca", "ca.crt", "doctor-test-not-a-certificate").await?;
+    put_secret(&f.client, &f.ns, "railgrid-kcp", "admin.kubeconfig", "users: [doctor-test-garbage").await?;
+    let report = f.doctor(&o).await;
+    assert_eq!(report.of("ca-expiry")[0].result, Level::Fail);
+    assert_eq!(report.of("hub-kubeconfig-expiry")[0].result, Level::Fail);
+    let missing =
+        Options { cas: vec![KeyRef::parse(&format!("{}/nothing-here", f.ns), "ca.crt").unwrap()], ..o.clone() };
+    assert_eq!(f.doctor(&missing).await.of("ca-expiry")[0].result, Level::Fail);
+    for out in [report.text(), report.json()] {
+        assert!(!out.contains("doctor-test") && !out.contains("ZG9jdG9y"), "{out}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_binary_prints_json_and_exits_1_on_a_fail_and_0_when_only_warnings_remain() -> Result<()> {
+    let f = Fixture::new().await?;
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kcp-keeper"))
+            .args(["doctor", "--no-verify", "--output", "json", "--namespace", &f.ns])
+            .arg("--kubeconfig")
+            .arg(&bed().apiserver.admin_kubeconfig)
+            .output()
+            .expect("running kcp-keeper")
+    };
+    let out = run();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: Value = serde_json::from_slice(&out.stdout)?;
+    assert!(json["checks"].as_array().is_some_and(|c| c.iter().all(|v| v["result"] != "fail")), "{json}");
+    f.patch(layout::front_proxy(), json!({"image": null})).await?;
+    let out = run();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+    let json: Value = serde_json::from_slice(&out.stdout)?;
+    let failed: Vec<&Value> = json["checks"].as_array().unwrap().iter().filter(|v| v["result"] == "fail").collect();
+    assert_eq!(failed.len(), 1, "{json}");
+    assert_eq!(failed[0]["check"], "pinned-images");
+    assert_eq!(failed[0]["subject"], "frontproxy/frontproxy");
+    assert!(failed[0]["runbook"].as_str().unwrap().ends_with("runbooks.md#doctor-pinned-images"));
+    Ok(())
+}
