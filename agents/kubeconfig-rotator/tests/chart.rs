@@ -1,9 +1,9 @@
 //! kubeconfig-rotator as the Helm chart (charts/kcp-keeper) deploys it: `helm install` into the test bed's
 //! apiserver, then the agent binary runs locally with a token minted for the ServiceAccount the chart created and
 //! the configuration file the chart rendered into its ConfigMap (the bed has no kubelet, so the chart's pod never
-//! runs). With only the chart's Roles it does its whole job against the issuer and renderer stand-ins and real
-//! kcp: publishes a proven kubeconfig, forces an overdue renewal, nudges the stale render, publishes the renewed
-//! certificate and restarts the consumer; the apiserver refuses it nothing, and the same token reads no Secret
+//! runs). With only the chart's Roles it does its whole job against the real cert-manager controller and
+//! kcp-operator (host processes, testbed::operators) and real kcp: publishes a proven kubeconfig, forces an
+//! overdue renewal, nudges the stale render, publishes the renewed certificate and restarts the consumer; the apiserver refuses it nothing, and the same token reads no Secret
 //! the configuration does not name. Every kubeconfig_rotator_ metric the chart's alerts read is in its `/metrics`.
 
 mod common;
@@ -18,7 +18,6 @@ use kube::api::{Api, PostParams};
 use kubeconfig_rotator::credential;
 use serde_json::json;
 use testbed::agent_process::AgentUnderTest;
-use testbed::standins::issuer;
 
 const ACCOUNT: &str = "kcp-keeper-kubeconfig-rotator";
 
@@ -32,8 +31,9 @@ async fn installed_by_the_chart_it_renews_proves_publishes_and_restarts_with_the
 -> Result<()> {
     let mut layout = Layout::new().await?;
     let _logs = layout.kcp.logs_on_failure();
-    // This cert-manager does not renew on its own: only the renewal the agent forces brings a new certificate.
-    layout.operator("2m", issuer::Settings { renew_at_renewal_time: false }).await?;
+    // cert-manager renews this certificate on its own only 5 s before its end: the renewal the agent forces once
+    // less than its renewBefore (100 s of 120 s) is left comes long before.
+    layout.operator("2m", Some("5s")).await?;
     let client = layout.bed.client();
     let hub: Deployment = serde_json::from_value(json!({
         "metadata": {"name": "hub"},

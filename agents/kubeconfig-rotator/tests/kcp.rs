@@ -1,5 +1,5 @@
-//! kubeconfig-rotator as a process against a real apiserver (the kcp-operator's and cert-manager's real CRDs,
-//! with the issuer and renderer stand-ins playing their controllers) and real kcp: every credential is proven
+//! kubeconfig-rotator as a process against a real apiserver (the hub), the real cert-manager controller and
+//! kcp-operator running on it as host processes (testbed::operators), and real kcp: every credential is proven
 //! with a SelfSubjectReview at `/clusters/root` through the real front proxy. kcp is shared by the tests of this
 //! binary (it takes about a minute to start); each test has its own apiserver and namespaces.
 
@@ -22,7 +22,6 @@ use testbed::agent_process::run_to_completion;
 use testbed::certs::{Ca, Credential};
 use testbed::kcp::pki::{ADMIN_GROUP, ADMIN_USER};
 use testbed::scrape::{apply_yaml, metric, metrics, wait_for_metric};
-use testbed::standins::{self, issuer};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -70,7 +69,7 @@ fn client_cert(kubeconfig: &[u8]) -> credential::CertInfo {
 async fn the_target_stays_valid_across_rotations_for_a_probe_every_200ms_through_the_front_proxy() -> Result<()> {
     let mut layout = Layout::new().await?;
     let _logs = layout.kcp.logs_on_failure();
-    layout.operator("2m", issuer::Settings::default()).await?;
+    layout.operator("2m", None).await?;
     consumer(&layout, "hub").await?;
     let port = front_proxy_port(layout.kcp);
     // The operator renders `https://localhost:<port>`; the target gets the loopback address instead, as the hub gets
@@ -187,8 +186,9 @@ async fn the_target_stays_valid_across_rotations_for_a_probe_every_200ms_through
 async fn with_exactly_its_rbac_it_forces_an_overdue_renewal_on_status_and_nudges_the_stale_render() -> Result<()> {
     let mut layout = Layout::new().await?;
     let _logs = layout.kcp.logs_on_failure();
-    // This cert-manager does not renew on its own: only a forced renewal brings a new certificate.
-    layout.operator("2m", issuer::Settings { renew_at_renewal_time: false }).await?;
+    // cert-manager renews this certificate on its own only 5 s before its end: the renewal the agent forces once
+    // less than its renewBefore (100 s of 120 s) is left comes long before.
+    layout.operator("2m", Some("5s")).await?;
     consumer(&layout, "hub").await?;
     let config = layout.write_config(&operator_config(&layout, "  renewBefore: 100s\n", ""))?;
     let (code, rbac, err) = run_to_completion(
@@ -201,12 +201,13 @@ async fn with_exactly_its_rbac_it_forces_an_overdue_renewal_on_status_and_nudges
     let mut agent = layout.rotator(&config).kubeconfig(&token_kubeconfig).ready_within(WAIT).start().await?;
     let first = testbed::eventually(WAIT, "the first publication", || async { layout.target_serial().await }).await;
     let certificates: Api<DynamicObject> =
-        Api::namespaced_with(layout.bed.client(), &layout.src, &standins::certificate_resource());
+        Api::namespaced_with(layout.bed.client(), &layout.src, &testbed::operators::certificate_resource());
     let cert_name = format!("kubeconfig-cert-{KUBECONFIG}");
     let spec_before = certificates.get(&cert_name).await?.data["spec"].clone();
 
-    // Less than renewBefore (100 s of 120 s) is left after 20 s: the agent forces a renewal, cert-manager (the
-    // stand-in) issues, and the renderer, which re-renders on its own only every 10 minutes, must be nudged.
+    // Less than renewBefore (100 s of 120 s) is left after 20 s: the agent forces a renewal, cert-manager issues,
+    // and the operator, which re-renders on its own only at its 10-hour resync (nothing it watches changes when
+    // cert-manager renews), must be nudged.
     let secrets = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
     let issued = testbed::eventually(Duration::from_secs(90), "a forced renewal to be issued", || async {
         let s = secrets.get_opt(&cert_name).await.ok()??;
@@ -260,7 +261,7 @@ async fn restarted_for(layout: &Layout, name: &str) -> Option<String> {
 async fn a_consumer_created_after_the_first_publish_is_reported_pending_and_restarted_on_a_later_pass() -> Result<()> {
     let mut layout = Layout::new().await?;
     let _logs = layout.kcp.logs_on_failure();
-    layout.operator("1h", issuer::Settings::default()).await?;
+    layout.operator("1h", None).await?;
     let config = layout.write_config(&operator_config(&layout, "", ""))?;
     let agent = layout.start(&config).await?;
     let target = testbed::eventually(WAIT, "the first publication", || async { layout.target().await }).await;

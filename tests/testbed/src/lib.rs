@@ -24,12 +24,12 @@ pub mod kcp;
 pub mod leaks;
 pub mod metrics;
 pub mod node;
+pub mod operators;
 pub mod process;
 pub mod projection;
 pub mod s3;
 pub mod scrape;
 pub mod seed;
-pub mod standins;
 pub mod tls;
 
 use std::path::{Path, PathBuf};

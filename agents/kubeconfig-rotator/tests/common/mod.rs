@@ -1,5 +1,5 @@
-//! Helpers shared by the kubeconfig-rotator process tests: the kcp-operator layout on a test bed, with the two
-//! stand-ins, and reads of the target.
+//! Helpers shared by the kubeconfig-rotator process tests: the kcp-operator layout on a test bed, run by the real
+//! cert-manager controller and kcp-operator, and reads of the target.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -9,12 +9,12 @@ use anyhow::Result;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, ListParams, ObjectMeta};
 use serde_json::json;
 use testbed::ControlPlane;
 use testbed::agent_process::{AgentProcess, AgentUnderTest};
 use testbed::kcp::Kcp;
-use testbed::standins::{self, StandIn, issuer};
+use testbed::operators::{KubeconfigSpec, Operators};
 
 pub const BINARY: &str = env!("CARGO_BIN_EXE_kubeconfig-rotator");
 pub const KUBECONFIG: &str = "hub-admin";
@@ -35,17 +35,18 @@ pub fn secret(name: &str, data: &[(&str, &[u8])]) -> Secret {
     }
 }
 
-/// A test bed laid out as the kcp-operator lays out a Kubeconfig for the hub: namespace `src` (kcp-system) with the
-/// root shard's server CA Secret, a FrontProxy whose external hostname is `localhost` on the real front proxy's
-/// port, and a Kubeconfig `hub-admin` (user `kcp-admin`, group `system:kcp:admin`) targeting it; `dst`
-/// (railgrid-system) for the target; `agent` for the agent's Lease.
+/// A test bed laid out as the kcp-operator lays out a Kubeconfig for the hub: namespace `src` (kcp-system), where
+/// [`Layout::operator`] puts the operator's objects and a Kubeconfig `hub-admin` (user `kcp-admin`, group
+/// `system:kcp:admin`) targeting the FrontProxy; `dst` (railgrid-system) for the target; `agent` for the agent's
+/// Lease.
 pub struct Layout {
     pub bed: ControlPlane,
     pub kcp: &'static Kcp,
     pub src: String,
     pub dst: String,
     pub agent: String,
-    pub stand_ins: Vec<StandIn>,
+    /// cert-manager's controller and the kcp-operator, once [`Layout::operator`] started them.
+    pub operators: Option<Operators>,
 }
 
 impl Layout {
@@ -53,50 +54,26 @@ impl Layout {
         let kcp = testbed::kcp::shared();
         let bed = ControlPlane::start().await?;
         let (src, dst, agent) = (bed.namespace().await?, bed.namespace().await?, bed.namespace().await?);
-        Ok(Self { bed, kcp, src, dst, agent, stand_ins: Vec::new() })
+        Ok(Self { bed, kcp, src, dst, agent, operators: None })
     }
 
-    /// Seeds the operator's objects for a Kubeconfig with `validity` and starts both stand-ins: the issuer
-    /// (signing with the client CA kcp trusts) and the renderer (re-rendering on its own only every 10 minutes).
-    pub async fn operator(&mut self, validity: &str, issuer_settings: issuer::Settings) -> Result<()> {
+    /// Starts the real cert-manager controller and kcp-operator against this bed and seeds the operator's objects
+    /// for the Kubeconfig `hub-admin` with `validity` (testbed::operators): a FrontProxy `frontproxy` whose
+    /// external hostname is `localhost` on the real front proxy's port, its RootShard `root`, the client Certificate
+    /// signed by the client CA the real front proxy trusts. `renew_before`, the client Certificate's own, sets when
+    /// cert-manager renews on its own (None: its default, a third of the lifetime). Returns once the operator has
+    /// rendered the kubeconfig.
+    pub async fn operator(&mut self, validity: &str, renew_before: Option<&str>) -> Result<()> {
         let client = self.bed.client();
-        let pki = &self.kcp.pki;
-        let server_ca = secret(
-            "root-server-ca",
-            &[
-                ("tls.crt", pki.server_ca.cert_pem().as_bytes()),
-                ("ca.crt", pki.root_ca.cert_pem().as_bytes()),
-                ("tls.key", pki.server_ca.key_pem().as_bytes()),
-            ],
-        );
-        Api::<Secret>::namespaced(client.clone(), &self.src).create(&PostParams::default(), &server_ca).await?;
-        let create = |resource: kube::core::ApiResource, name: &str, spec: serde_json::Value| {
-            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &self.src, &resource);
-            let mut object = DynamicObject::new(name, &resource);
-            object.data = json!({"spec": spec});
-            async move { api.create(&PostParams::default(), &object).await }
-        };
-        create(
-            standins::front_proxy_resource(),
-            "frontproxy",
-            json!({"rootShard": {"ref": {"name": "root"}}, "external": {"hostname": "localhost", "port": front_proxy_port(self.kcp)}}),
-        )
-        .await?;
-        create(
-            standins::kubeconfig_resource(),
-            KUBECONFIG,
-            json!({
-                "username": testbed::kcp::pki::ADMIN_USER,
-                "groups": [testbed::kcp::pki::ADMIN_GROUP],
-                "validity": validity,
-                "secretRef": {"name": RENDERED},
-                "target": {"frontProxyRef": {"name": "frontproxy"}},
-            }),
-        )
-        .await?;
-        self.stand_ins.push(issuer::spawn(client.clone(), &self.src, &self.kcp.pki.client_ca, issuer_settings));
-        self.stand_ins.push(standins::renderer::spawn(client, &self.src, Duration::from_secs(600)));
-        Ok(())
+        let operators = Operators::start(&self.bed, Some(&self.src)).await?;
+        let mut spec = KubeconfigSpec::admin(KUBECONFIG, RENDERED, validity);
+        spec.renew_before = renew_before.map(String::from);
+        let external = ("localhost", front_proxy_port(self.kcp));
+        let seeded =
+            testbed::operators::seed_front_proxy_kubeconfig(&client, &self.src, &self.kcp.pki, external, &spec);
+        let seeded = seeded.await.map_err(|e| operators.with_logs(e));
+        self.operators = Some(operators);
+        seeded
     }
 
     pub fn write_config(&self, config: &str) -> Result<PathBuf> {

@@ -105,7 +105,7 @@ async fn run(once: bool) -> Result<ExitCode> {
     println!("  data and logs: {}", bed.dir().display());
 
     let mut lines = Vec::new();
-    let _stand_ins = kubeconfig_rotator::stand_ins(&bed, &layout);
+    let _operators = kubeconfig_rotator::operators(&bed, &layout).await?;
     let mut rotator =
         start_agent(&bed, "kubeconfig-rotator", &kubeconfig_rotator::config(&layout.kcp.front_proxy.url))?;
     lines.push(match kubeconfig_rotator::cycle(&bed, &mut rotator).await {

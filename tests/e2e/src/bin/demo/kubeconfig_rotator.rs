@@ -1,42 +1,35 @@
 //! What kubeconfig-rotator does in the demo: it keeps the hub's `railgrid-system/railgrid-kcp` (key
-//! `admin.kubeconfig`) fresh from the seeded Kubeconfig `kcp-system/admin`, whose certificate lives five minutes.
-//! cert-manager and the kcp-operator cannot run here, so the test bed's issuer and renderer stand-ins play them.
-//! The agent forces a renewal (`renewBefore` is most of the lifetime), nudges the renderer, proves the new
+//! `admin.kubeconfig`) fresh from the Kubeconfig `kcp-operator-demo/admin`, whose certificate lives five minutes.
+//! The real cert-manager controller and kcp-operator run as host processes on the demo's apiserver
+//! (testbed::operators) and issue and render it, in a namespace of their own: cert-manager is limited to it
+//! (`--namespace`), so the kcp-like layout the other agents read in `kcp-system` keeps the Secrets it was seeded
+//! with. The agent forces a renewal (`renewBefore` is most of the lifetime), nudges the operator, proves the new
 //! kubeconfig through the real front proxy and publishes it: the summary names the old and new notAfter.
 
-use std::borrow::Borrow;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use e2e::layout::{HUB_NAMESPACE, KCP_NAMESPACE, Layout};
+use e2e::layout::{HUB_NAMESPACE, Layout};
 use k8s_openapi::api::core::v1::Secret;
 use testbed::agent_process::AgentProcess;
-use testbed::certs::Ca;
-use testbed::standins::{self, StandIn, issuer};
+use testbed::operators::{KubeconfigSpec, Operators};
 
 const TARGET: &str = "railgrid-kcp";
 const KEY: &str = "admin.kubeconfig";
+/// Where cert-manager and the operator work for this agent.
+pub const NAMESPACE: &str = "kcp-operator-demo";
 
-/// The client CA, held through the layout for as long as the issuer stand-in runs.
-struct ClientCa(Arc<Layout>);
-
-impl Borrow<Ca> for ClientCa {
-    fn borrow(&self) -> &Ca {
-        self.0.client_ca()
-    }
-}
-
-/// The operator renders the public hostname, which has no DNS here: the agent rewrites the server to the front
-/// proxy's loopback address (as the hub's in-cluster Service) and proves the kubeconfig with it.
+/// The operator renders the FrontProxy's external hostname (`localhost` here, which the front proxy's certificate
+/// names): the agent rewrites the server to the front proxy's loopback address (as the hub's in-cluster Service)
+/// and proves the kubeconfig with it.
 pub fn config(front_proxy_url: &str) -> String {
     format!(
         r#"resyncInterval: 10s
 kubeconfigs:
 - name: admin
   source:
-    kubeconfig: {{namespace: {KCP_NAMESPACE}, name: admin, renderedSecret: admin-kubeconfig}}
+    kubeconfig: {{namespace: {NAMESPACE}, name: admin, renderedSecret: admin-kubeconfig}}
   renewBefore: 285s
   server: {front_proxy_url}
   targets:
@@ -45,13 +38,22 @@ kubeconfigs:
     )
 }
 
-/// Starts cert-manager's and the operator's stand-ins on the demo's layout.
-pub fn stand_ins(bed: &testbed::ControlPlane, layout: &Arc<Layout>) -> Vec<StandIn> {
-    let settings = issuer::Settings::default();
-    vec![
-        issuer::spawn(bed.client(), KCP_NAMESPACE, ClientCa(layout.clone()), settings),
-        standins::renderer::spawn(bed.client(), KCP_NAMESPACE, Duration::from_secs(600)),
-    ]
+/// Starts cert-manager's controller and the kcp-operator on the demo's apiserver, seeds the Kubeconfig `admin`
+/// (`kcp-admin` in `system:kcp:admin`, five minutes) and waits for the operator's first render.
+pub async fn operators(bed: &testbed::ControlPlane, layout: &Layout) -> Result<Operators> {
+    bed.create_namespace(NAMESPACE).await?;
+    let operators = Operators::start(bed, Some(NAMESPACE)).await?;
+    let port = layout.kcp.front_proxy.url.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(443);
+    let spec = KubeconfigSpec::admin("admin", "admin-kubeconfig", "5m");
+    testbed::operators::seed_front_proxy_kubeconfig(
+        &bed.client(),
+        NAMESPACE,
+        &layout.kcp.pki,
+        ("localhost", port),
+        &spec,
+    )
+    .await?;
+    Ok(operators)
 }
 
 /// Waits for the first publication and then for a rotation, and checks the published kubeconfig authenticates
