@@ -17,6 +17,7 @@ use serde_json::Value;
 
 pub mod dns_on_node;
 pub mod on_node;
+pub mod on_seed;
 pub mod readme;
 pub mod schema;
 

@@ -10,7 +10,7 @@ use kube::Api;
 use testbed::node;
 use testbed::seed::layout::{EXTERNAL_HOST, NAMESPACE, ROOT_SHARD};
 
-use crate::keeper::{CA_TARGET, HUB_NAMESPACE};
+use chart::on_seed::{CA_TARGET, HUB_NAMESPACE};
 
 async fn key(client: &kube::Client, namespace: &str, name: &str, key: &str) -> Option<String> {
     let secret = Api::<Secret>::namespaced(client.clone(), namespace).get_opt(name).await.ok()??;
@@ -52,8 +52,8 @@ async fn ca_syncer_puts_the_operators_root_server_ca_into_the_hubs_bundle_after_
         "the hub's bundle holds a certificate the server CA Secret does not"
     );
 
-    let pod = crate::keeper::agent_pod(node, "ca-syncer")?;
-    let metrics = crate::keeper::pod_metrics(node, &pod)?;
+    let pod = chart::on_seed::agent_pod(node, "ca-syncer")?;
+    let metrics = chart::on_seed::pod_metrics(node, &pod)?;
     let failures: Vec<&str> = metrics
         .lines()
         .filter(|l| l.starts_with("ca_syncer_live_check_failures_total{") && !l.ends_with(" 0"))

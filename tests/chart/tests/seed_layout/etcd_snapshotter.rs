@@ -59,7 +59,7 @@ async fn etcd_snapshotter_snapshots_both_shards_etcds_the_three_member_one_throu
             newest(node, shard)
         })
         .await;
-        let manifest = crate::keeper::manifest(node, &id)?;
+        let manifest = chart::on_seed::manifest(node, &id)?;
         let member = &manifest["member"];
         let endpoint = member["endpoint"].as_str().context("no member endpoint")?;
         ensure!(
@@ -87,7 +87,7 @@ async fn etcd_snapshotter_snapshots_both_shards_etcds_the_three_member_one_throu
         .find(|l| l.starts_with(&format!("{root} ")))
         .with_context(|| format!("{root} gone:\n{listed}"))?;
     ensure!(!row.trim_end().ends_with(" no") && !row.contains("no ("), "the drill does not prove {root}:\n{listed}");
-    let report = crate::keeper::object(node, &format!("{root}/drill.json"))?;
+    let report = chart::on_seed::object(node, &format!("{root}/drill.json"))?;
     ensure!(report["kcp"].is_object(), "the drill report has no kcp level: {report}");
     Ok(())
 }

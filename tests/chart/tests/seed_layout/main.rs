@@ -21,7 +21,6 @@ use testbed::seed::{self, Installed};
 mod ca_syncer;
 mod dns_rewriter;
 mod etcd_snapshotter;
-mod keeper;
 mod kubeconfig_rotator;
 
 static LAYOUT: OnceLock<Result<Installed, String>> = OnceLock::new();
@@ -30,13 +29,13 @@ fn layout() -> &'static Installed {
     testbed::shared_for_binary(&LAYOUT, "seed layout", || seed::install(node::shared()))
 }
 
-static KEEPER: OnceLock<Result<keeper::Installed, String>> = OnceLock::new();
+static KEEPER: OnceLock<Result<chart::on_seed::Installed, String>> = OnceLock::new();
 
 /// kcp-keeper installed by its chart on the Ready layout, once per binary.
-fn keeper() -> &'static keeper::Installed {
+fn keeper() -> &'static chart::on_seed::Installed {
     testbed::shared_for_binary(&KEEPER, "kcp-keeper on the seed layout", || async {
         layout();
-        keeper::install(node::shared()).await
+        chart::on_seed::install(node::shared()).await
     })
 }
 

@@ -1,14 +1,15 @@
-//! kcp-keeper on the seed's layout (issue 24 item 4): its own chart, `helm install --wait` in a namespace
-//! enforcing the `restricted` Pod Security Standard, the agents' shipped images imported (never pulled),
-//! configured for the objects the real kcp-operator and cert-manager made: the hub's `Kubeconfig`, the root
-//! shard's server CA, the front proxy. Installed once per binary, after the layout is Ready.
+//! kcp-keeper on the seed's layout (`testbed::seed`, issue 24 item 4): its own chart, `helm install --wait` in a
+//! namespace enforcing the `restricted` Pod Security Standard, the agents' shipped images imported (never
+//! pulled), configured for the objects the real kcp-operator and cert-manager made: the hub's `Kubeconfig`, the
+//! root shard's server CA, the front proxy, the operator's Services, both shards' etcds. Shared by the test
+//! binary `seed_layout` and `cargo xtask demo --cluster`.
 
 use std::time::{Duration, Instant};
 
+use crate::NAMESPACE as KEEPER_NAMESPACE;
+use crate::dns_on_node::coredns_as_a_pod;
+use crate::on_node::{self, AGENTS, HUB, S3_KEY, S3_PORT, S3_SECRET, create, pause_deployment, version};
 use anyhow::{Context, Result, bail, ensure};
-use chart::NAMESPACE as KEEPER_NAMESPACE;
-use chart::dns_on_node::coredns_as_a_pod;
-use chart::on_node::{self, AGENTS, HUB, S3_KEY, S3_PORT, S3_SECRET, create, pause_deployment, version};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::Api;
