@@ -11,6 +11,10 @@
 //! Names carry only `from`: a delta is written with `If-None-Match: *`, so two writers (an old leader in its
 //! last seconds and the new one) can never both write the chain's next link; the loser re-reads the store.
 //! The writer is `delta::writer`, the replay `delta::replay`.
+//!
+//! A delta may also carry what the live member reported at its last revision `to` when it was written
+//! ([`Live`]: HashKV, its compact revision, the key count), in its metadata and its payload's header alike:
+//! a drill replays the chain to the newest delta that carries one and compares (`drill::chain`).
 
 pub mod replay;
 pub mod writer;
@@ -33,6 +37,9 @@ pub const META_PREVIOUS: &str = "delta-previous-sha256";
 pub const META_SNAPSHOT: &str = "delta-snapshot";
 pub const META_CLUSTER: &str = "delta-cluster-id";
 pub const META_EVENTS: &str = "delta-events";
+pub const META_LIVE_HASH_KV: &str = "delta-live-hash-kv";
+pub const META_LIVE_COMPACT: &str = "delta-live-compact-revision";
+pub const META_LIVE_KEYS: &str = "delta-live-key-count";
 /// The previous hash of a chain's first delta.
 const NO_PREVIOUS: &str = "none";
 
@@ -87,6 +94,16 @@ pub enum Kind {
     Delete,
 }
 
+/// What the live member reported for a delta's last revision `to` when the delta was written: `HashKV(to)`,
+/// the compact revision that hash began at, and the number of keys at `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Live {
+    pub hash_kv: u32,
+    pub compact_revision: i64,
+    pub key_count: u64,
+}
+
 /// One watch event as stored: enough to replay it (the key's create revision and version follow from
 /// replaying every revision in order).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,14 +116,23 @@ pub struct Event {
     pub received_ms: i64,
     pub key: Vec<u8>,
     pub value: Vec<u8>,
+    /// The lease a put attached (0: none). etcd stores it in the key's value record, so HashKV covers it:
+    /// a replay that dropped it would not reproduce the source.
+    pub lease: i64,
 }
 
 impl Event {
     /// Bytes it takes in the payload (the memory bound counts these).
     pub fn size(&self) -> u64 {
-        (1 + 8 + 8 + 4 + 4 + self.key.len() + self.value.len()) as u64
+        (1 + 8 + 8 + 4 + 4 + self.key.len() + self.value.len() + if self.lease != 0 { 8 } else { 0 }) as u64
     }
 }
+
+/// Event kinds in the payload: a put with a lease is its own kind (the lease follows the value), so payloads
+/// written before leases were kept still read.
+const PUT: u8 = 1;
+const DELETE: u8 = 2;
+const PUT_WITH_LEASE: u8 = 3;
 
 /// The header inside the payload, repeating the metadata's chain so that an edited metadata is caught when
 /// the payload is read.
@@ -118,6 +144,9 @@ pub struct Header {
     pub snapshot: String,
     pub cluster_id: String,
     pub previous_sha256: Option<String>,
+    /// What the live member reported at `to` (absent when it was not read for this delta).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<Live>,
 }
 
 /// The payload before compression and encryption.
@@ -130,8 +159,9 @@ pub fn encode_payload(header: &Header, events: &[Event]) -> Vec<u8> {
     out.extend_from_slice(&json);
     for event in events {
         out.push(match event.kind {
-            Kind::Put => 1,
-            Kind::Delete => 2,
+            Kind::Put if event.lease != 0 => PUT_WITH_LEASE,
+            Kind::Put => PUT,
+            Kind::Delete => DELETE,
         });
         out.extend_from_slice(&event.revision.to_le_bytes());
         out.extend_from_slice(&event.received_ms.to_le_bytes());
@@ -139,6 +169,9 @@ pub fn encode_payload(header: &Header, events: &[Event]) -> Vec<u8> {
         out.extend_from_slice(&event.key);
         out.extend_from_slice(&(event.value.len() as u32).to_le_bytes());
         out.extend_from_slice(&event.value);
+        if event.kind == Kind::Put && event.lease != 0 {
+            out.extend_from_slice(&event.lease.to_le_bytes());
+        }
     }
     out.push(0);
     out.extend_from_slice(&(events.len() as u64).to_le_bytes());
@@ -159,10 +192,11 @@ pub fn decode_payload(bytes: &[u8]) -> Result<(Header, Vec<Event>), String> {
     }
     let mut events = Vec::new();
     loop {
-        let kind = match r.take(1)?[0] {
+        let (kind, leased) = match r.take(1)?[0] {
             0 => break,
-            1 => Kind::Put,
-            2 => Kind::Delete,
+            PUT => (Kind::Put, false),
+            DELETE => (Kind::Delete, false),
+            PUT_WITH_LEASE => (Kind::Put, true),
             other => return Err(format!("event {}: unknown kind {other}", events.len())),
         };
         let revision = r.u64()?;
@@ -171,6 +205,10 @@ pub fn decode_payload(bytes: &[u8]) -> Result<(Header, Vec<Event>), String> {
         let key = r.take(key_len)?.to_vec();
         let value_len = r.u32()? as usize;
         let value = r.take(value_len)?.to_vec();
+        let lease = if leased { r.u64()? as i64 } else { 0 };
+        if leased && lease == 0 {
+            return Err(format!("event {}: a leased put with lease 0", events.len()));
+        }
         let last = events.last().map_or(header.from, |e: &Event| e.revision);
         if revision < last || revision > header.to {
             return Err(format!(
@@ -180,7 +218,7 @@ pub fn decode_payload(bytes: &[u8]) -> Result<(Header, Vec<Event>), String> {
                 header.to
             ));
         }
-        events.push(Event { kind, revision, received_ms, key, value });
+        events.push(Event { kind, revision, received_ms, key, value, lease });
     }
     let count = r.u64()?;
     if count != events.len() as u64 || !r.0.is_empty() {
@@ -220,11 +258,12 @@ pub struct Meta {
     pub snapshot: String,
     pub cluster_id: String,
     pub events: u64,
+    pub live: Option<Live>,
 }
 
 impl Meta {
     pub fn to_metadata(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut metadata = vec![
             (META_FROM, self.from.to_string()),
             (META_TO, self.to.to_string()),
             (META_SHA256, self.sha256.clone()),
@@ -232,7 +271,15 @@ impl Meta {
             (META_SNAPSHOT, self.snapshot.clone()),
             (META_CLUSTER, self.cluster_id.clone()),
             (META_EVENTS, self.events.to_string()),
-        ]
+        ];
+        if let Some(live) = &self.live {
+            metadata.extend([
+                (META_LIVE_HASH_KV, live.hash_kv.to_string()),
+                (META_LIVE_COMPACT, live.compact_revision.to_string()),
+                (META_LIVE_KEYS, live.key_count.to_string()),
+            ]);
+        }
+        metadata
     }
 
     /// Parses the metadata of an object others can write: numbers, 64 hex digits, nothing else taken.
@@ -256,12 +303,36 @@ impl Meta {
             snapshot: get(META_SNAPSHOT)?.to_string(),
             cluster_id: get(META_CLUSTER)?.to_string(),
             events: number(META_EVENTS)?,
+            live: live(metadata)?,
         };
         if meta.from > meta.to {
             return Err(format!("the range {}..{} is empty", meta.from, meta.to));
         }
         Ok(meta)
     }
+}
+
+/// The live record of a delta's metadata: all three numbers or none (an older delta, or one written while
+/// the live member's HashKV could not be read).
+fn live(metadata: &HashMap<String, String>) -> Result<Option<Live>, String> {
+    let names = [META_LIVE_HASH_KV, META_LIVE_COMPACT, META_LIVE_KEYS];
+    let values: Vec<Option<&String>> = names.iter().map(|n| metadata.get(*n)).collect();
+    if values.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let [Some(hash), Some(compact), Some(keys)] = values[..] else {
+        return Err(format!("the live record needs all of {}", names.join(", ")));
+    };
+    Ok(Some(Live {
+        hash_kv: hash.parse().map_err(|_| format!("{META_LIVE_HASH_KV} is not a 32-bit hash"))?,
+        compact_revision: compact
+            .parse::<i64>()
+            .ok()
+            // -1: a member never compacted.
+            .filter(|c| *c >= -1)
+            .ok_or_else(|| format!("{META_LIVE_COMPACT} is not a revision"))?,
+        key_count: keys.parse().map_err(|_| format!("{META_LIVE_KEYS} is not a count"))?,
+    }))
 }
 
 /// What the next link of a chain must be.
@@ -299,6 +370,7 @@ pub fn check_link(expected: &Expected<'_>, meta: &Meta, actual_sha256: &str, hea
         snapshot: meta.snapshot.clone(),
         cluster_id: meta.cluster_id.clone(),
         previous_sha256: meta.previous.clone(),
+        live: meta.live,
     };
     if &stated != header {
         return Err("its payload's header does not repeat its metadata".into());
@@ -330,6 +402,7 @@ mod tests {
             received_ms: 1_700_000_000_000 + revision as i64,
             key: key.into(),
             value: vec![revision as u8; 3],
+            lease: 0,
         }
     }
 
@@ -340,6 +413,7 @@ mod tests {
             snapshot: "root/20261130T120000Z-r10".into(),
             cluster_id: "c1".into(),
             previous_sha256: None,
+            live: None,
         }
     }
 
@@ -398,6 +472,58 @@ mod tests {
     }
 
     #[test]
+    fn a_leased_put_keeps_its_lease_and_a_leased_put_with_lease_0_is_an_error() {
+        let leased = Event { lease: 0x694d_7a1b_0000_0001, ..event(Kind::Put, 12, "/events/e1") };
+        let events = vec![event(Kind::Put, 11, "/a"), leased.clone()];
+        let bytes = encode_payload(&header(), &events);
+        assert_eq!(decode_payload(&bytes), Ok((header(), events)));
+        let mut zero = bytes.clone();
+        let lease_at = zero.len() - 9 - 8;
+        zero[lease_at..lease_at + 8].copy_from_slice(&0i64.to_le_bytes());
+        assert!(decode_payload(&zero).unwrap_err().contains("lease 0"));
+    }
+
+    #[test]
+    fn the_live_record_travels_in_metadata_and_header_and_a_partial_or_edited_one_is_refused() {
+        let live = Live { hash_kv: 3_000_000_000, compact_revision: 9, key_count: 40 };
+        let meta = Meta {
+            from: 11,
+            to: 14,
+            sha256: "ab".repeat(32),
+            previous: None,
+            snapshot: "root/20261130T120000Z-r10".into(),
+            cluster_id: "c1".into(),
+            events: 4,
+            live: Some(live),
+        };
+        let map = |m: &Meta| -> HashMap<String, String> {
+            m.to_metadata().into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+        };
+        assert_eq!(Meta::from_metadata(&map(&meta)), Ok(meta.clone()));
+        let with_live = Header { live: Some(live), ..header() };
+        let bytes = encode_payload(&with_live, &[]);
+        assert_eq!(decode_payload(&bytes).unwrap().0, with_live);
+        let expected = Expected { from: 11, previous: None, snapshot: &meta.snapshot, cluster_id: "c1" };
+        assert_eq!(check_link(&expected, &meta, &meta.sha256, &with_live), Ok(()));
+        let edited = Meta { live: Some(Live { hash_kv: 1, ..live }), ..meta.clone() };
+        assert!(check_link(&expected, &edited, &meta.sha256, &with_live).is_err(), "metadata edited alone");
+        let mut partial = map(&meta);
+        partial.remove(META_LIVE_KEYS);
+        assert!(Meta::from_metadata(&partial).unwrap_err().contains("all of"));
+        let mut negative = map(&meta);
+        negative.insert(META_LIVE_COMPACT.into(), "-2".into());
+        assert!(Meta::from_metadata(&negative).is_err());
+        let mut never_compacted = map(&meta);
+        never_compacted.insert(META_LIVE_COMPACT.into(), "-1".into());
+        assert_eq!(Meta::from_metadata(&never_compacted).unwrap().live.unwrap().compact_revision, -1);
+        let mut none = map(&meta);
+        for name in [META_LIVE_HASH_KV, META_LIVE_COMPACT, META_LIVE_KEYS] {
+            none.remove(name);
+        }
+        assert_eq!(Meta::from_metadata(&none).unwrap().live, None, "an older delta has none");
+    }
+
+    #[test]
     fn a_link_is_checked_against_its_hash_its_predecessor_and_its_payload() {
         let meta = Meta {
             from: 11,
@@ -407,6 +533,7 @@ mod tests {
             snapshot: "root/20261130T120000Z-r10".into(),
             cluster_id: "c1".into(),
             events: 4,
+            live: None,
         };
         let parsed = Meta::from_metadata(&meta.to_metadata().into_iter().map(|(k, v)| (k.to_string(), v)).collect());
         assert_eq!(parsed.as_ref(), Ok(&meta));

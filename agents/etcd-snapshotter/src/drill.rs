@@ -1,6 +1,7 @@
 //! Restore drills: prove a published snapshot restores, and measure how long that takes (the shard's real
 //! RTO). The steps and what each proves are in docs/etcd-snapshotter.md ("Restore drills").
 
+pub mod chain;
 pub mod kcp;
 pub mod report;
 pub mod run;
@@ -60,7 +61,7 @@ pub fn compare(manifest: &Manifest, observed: &Observed) -> Result<HashKvResult,
 }
 
 /// Whether a failed drill says the snapshot is bad (its object, its database or what it holds is not what the
-/// manifest says), rather than that the drill could not run (storage, setup, the throwaway etcd, a timeout,
+/// manifest says, or its chain of deltas does not reproduce what the live member held), rather than that the drill could not run (storage, setup, the throwaway etcd, a timeout,
 /// reading keys, the kcp level): only the first takes a verification back.
 pub fn caused_by_snapshot(error: &DrillError) -> bool {
     matches!(
@@ -71,6 +72,8 @@ pub fn caused_by_snapshot(error: &DrillError) -> bool {
             | DrillError::RevisionMismatch(_)
             | DrillError::KeyCountMismatch(_)
             | DrillError::HashKvMismatch(_)
+            | DrillError::DeltaChainBroken(_)
+            | DrillError::DeltaMismatch(_)
     )
 }
 
@@ -125,6 +128,8 @@ mod tests {
             DrillError::RevisionMismatch(String::new()),
             DrillError::KeyCountMismatch(String::new()),
             DrillError::HashKvMismatch(String::new()),
+            DrillError::DeltaChainBroken(String::new()),
+            DrillError::DeltaMismatch(String::new()),
         ];
         assert!(its_own.iter().all(caused_by_snapshot));
         let environment = [
@@ -135,6 +140,7 @@ mod tests {
             DrillError::Timeout(String::new()),
             DrillError::KeyRead(String::new()),
             DrillError::Kcp(String::new()),
+            DrillError::DeltaReplay(String::new()),
             DrillError::Interrupted,
             DrillError::NoSnapshot(String::new()),
         ];

@@ -92,6 +92,15 @@ pub enum DrillError {
     KeyRead(String),
     #[error("kcp level: {0}")]
     Kcp(String),
+    /// A delta of the drilled snapshot's chain is missing, altered or not linked to the one before.
+    #[error("delta chain broken: {0}")]
+    DeltaChainBroken(String),
+    /// The replayed chain is not what the live member reported at a delta's end (key count or HashKV).
+    #[error("delta mismatch: {0}")]
+    DeltaMismatch(String),
+    /// Replaying the chain failed for another reason (reading the store, the throwaway etcd).
+    #[error("delta replay: {0}")]
+    DeltaReplay(String),
     #[error("drill setup: {0}")]
     Setup(String),
     #[error("timeout: {0}")]

@@ -463,3 +463,125 @@ async fn retention_deletes_a_snapshots_deltas_with_it_and_clean_up_removes_orpha
     }
     assert!(!left.iter().any(|k| k.starts_with(&format!("{PREFIX}/{old}/snapshot.db"))), "the snapshot itself went");
 }
+
+/// A daemon writing deltas with the live member's record on every delta, and drills configured.
+fn drilled_deltas_config(bed: &Bed, endpoint: &str) -> std::path::PathBuf {
+    let mut options = Options::new(bed, "root", vec![endpoint.to_string()]).with_drills(bed);
+    options.shard_extra = "deltas:\n  enabled: true\n  interval: 1s\n  maxBytes: 64Ki\n  hashKvInterval: 0s\n".into();
+    write_config(bed, &options).unwrap()
+}
+
+async fn drill_report(s3: &aws_sdk_s3::Client, bucket: &str, id: &str) -> serde_json::Value {
+    let key = format!("{PREFIX}/{id}/drill.json");
+    let out = s3.get_object().bucket(bucket).key(&key).send().await.unwrap();
+    serde_json::from_slice(&out.body.collect().await.unwrap().into_bytes()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drill_replays_leased_transactional_compacted_deltas_and_matches_the_live_members_keys_and_hash_kv() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/base", 20, 500).await.unwrap();
+    let config = drilled_deltas_config(&bed, &etcd.members[0].client_url);
+    snapshot_ok(&config);
+    let s3 = bed.s3.client();
+    let (id, snapshot_revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+    let agent = agent(cluster, &config, &ns).start().await.unwrap();
+
+    // What a kcp shard's etcd sees: keys under a lease (events), multi-key transactions, deletes, and the
+    // apiserver's compaction, all after the full snapshot.
+    let lease = client.lease_grant(600, None).await.unwrap().id();
+    for i in 0..5 {
+        let put = etcd_client::PutOptions::new().with_lease(lease);
+        client.put(format!("/registry/events/e{i}"), vec![b'e'; 300], Some(put)).await.unwrap();
+    }
+    let ops = (0..4).map(|i| etcd_client::TxnOp::put(format!("/registry/txn/{i}"), vec![b't'; 100], None));
+    client.txn(etcd_client::Txn::new().and_then(ops.collect::<Vec<_>>())).await.unwrap();
+    client.delete("/registry/base/", Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+    load(&mut client, "/registry/more", 10, 200).await.unwrap();
+    // Compacted as the apiserver compacts: revisions the watch has read already (compacting ahead of it would
+    // force a new full snapshot, counted; its own test).
+    let (compact_at, _) = revision_and_keys(&mut client).await;
+    wait_until_stored(&s3, &bed.s3.bucket, &id, compact_at).await;
+    client.compact(compact_at, Some(etcd_client::CompactionOptions::new().with_physical())).await.unwrap();
+    load(&mut client, "/registry/after", 10, 200).await.unwrap();
+    let lease_after = client.lease_grant(600, None).await.unwrap().id();
+    let put = etcd_client::PutOptions::new().with_lease(lease_after);
+    client.put("/registry/events/late", vec![b'l'; 100], Some(put)).await.unwrap();
+    let (now, _) = revision_and_keys(&mut client).await;
+    let deltas = wait_until_stored(&s3, &bed.s3.bucket, &id, now).await;
+    drop(agent);
+    assert_chain(&deltas, snapshot_revision);
+    let last = deltas.last().unwrap();
+
+    let out = cli(&["drill", "--config", config.to_str().unwrap(), &id]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let expected = format!(
+        "chain of {} delta(s) replayed to revision {}: keys and HashKV at revision {} match the live member's",
+        deltas.len(),
+        last.to,
+        last.to
+    );
+    assert!(stdout.contains(&expected), "{}", text(&out));
+    let r = drill_report(&s3, &bed.s3.bucket, &id).await;
+    assert_eq!(r["passed"], true, "{r}");
+    let chain = &r["chain"];
+    assert_eq!(
+        (chain["hashKv"].as_str(), chain["comparedAt"].as_u64(), chain["revision"].as_u64()),
+        (Some("match"), Some(last.to), Some(now as u64)),
+        "{r}"
+    );
+    let (_, live_keys) = revision_and_keys(&mut client).await;
+    assert_eq!(chain["keyCount"].as_i64(), Some(live_keys), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drill_of_a_snapshot_whose_middle_delta_is_corrupted_fails_with_delta_chain_broken_and_names_the_revision() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/base", 5, 100).await.unwrap();
+    let config = drilled_deltas_config(&bed, &etcd.members[0].client_url);
+    snapshot_ok(&config);
+    let s3 = bed.s3.client();
+    let (id, _) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+    let agent = agent(cluster, &config, &ns).start().await.unwrap();
+    for (burst, prefix) in ["/registry/one", "/registry/two", "/registry/three"].into_iter().enumerate() {
+        load(&mut client, prefix, 5, 100).await.unwrap();
+        let (now, _) = revision_and_keys(&mut client).await;
+        let deltas = wait_until_stored(&s3, &bed.s3.bucket, &id, now).await;
+        assert!(deltas.len() > burst, "{deltas:?}");
+    }
+    drop(agent);
+    let deltas = deltas_of(&s3, &bed.s3.bucket, &id).await;
+    let (good, broken) = (&deltas[0], &deltas[1]);
+    let file = bed.s3_file(&broken.key);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&file, bytes).unwrap();
+
+    let out = cli(&["drill", "--config", config.to_str().unwrap(), &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    // The one line per drill goes to stderr when it failed.
+    let stdout = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains(&format!("FAILED {id}: delta_chain_broken")), "{}", text(&out));
+    assert!(
+        stdout.contains(&format!("breaks at revision {}", broken.from))
+            && stdout.contains(&format!("the last good revision is {}", good.to)),
+        "{}",
+        text(&out)
+    );
+    let r = drill_report(&s3, &bed.s3.bucket, &id).await;
+    assert_eq!(
+        (r["passed"].clone(), r["failure"]["reason"].clone()),
+        (false.into(), "delta_chain_broken".into()),
+        "{r}"
+    );
+}

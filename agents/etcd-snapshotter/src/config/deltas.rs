@@ -27,6 +27,11 @@ pub struct RawDeltas {
     /// is written as soon as this much is buffered, before the interval ends.
     #[serde(default)]
     pub max_bytes: Option<String>,
+    /// Go-style duration: how often at most a delta also carries the live member's HashKV and key count at
+    /// its last revision, what drills compare the replayed chain with (0s: every delta; up to 1h; 1m when
+    /// absent). HashKV reads the member's whole database, so not every 10 s on a large one.
+    #[serde(default)]
+    pub hash_kv_interval: Option<String>,
 }
 
 /// Deltas as validated: present on a shard only when enabled.
@@ -34,10 +39,12 @@ pub struct RawDeltas {
 pub struct Deltas {
     pub interval: Duration,
     pub max_bytes: u64,
+    pub hash_kv_interval: Duration,
 }
 
 const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 const DEFAULT_MAX_BYTES: u64 = 16 << 20;
+const DEFAULT_HASH_KV_INTERVAL: Duration = Duration::from_secs(60);
 
 pub(super) fn deltas(
     raw: Option<RawDeltas>,
@@ -61,7 +68,15 @@ pub(super) fn deltas(
             DEFAULT_MAX_BYTES
         }
     };
-    Some(Deltas { interval, max_bytes })
+    let hash_kv_interval = match raw.hash_kv_interval.as_deref().map(parse_go_duration) {
+        None => DEFAULT_HASH_KV_INTERVAL,
+        Some(Ok(d)) if d <= Duration::from_secs(3600) => d,
+        Some(_) => {
+            errors.push(FieldError::new(at("deltas.hashKvInterval"), "a Go duration from 0s to 1h"));
+            DEFAULT_HASH_KV_INTERVAL
+        }
+    };
+    Some(Deltas { interval, max_bytes, hash_kv_interval })
 }
 
 #[cfg(test)]
@@ -80,14 +95,25 @@ mod tests {
         let on = RawDeltas { enabled: true, ..Default::default() };
         assert_eq!(
             deltas(Some(on), &at, &mut errors),
-            Some(Deltas { interval: Duration::from_secs(10), max_bytes: 16 << 20 })
+            Some(Deltas {
+                interval: Duration::from_secs(10),
+                max_bytes: 16 << 20,
+                hash_kv_interval: Duration::from_secs(60)
+            })
         );
         assert!(errors.is_empty());
-        let bad = RawDeltas { enabled: true, interval: Some("1h".into()), max_bytes: Some("1Gi".into()) };
+        let bad = RawDeltas {
+            enabled: true,
+            interval: Some("1h".into()),
+            max_bytes: Some("1Gi".into()),
+            hash_kv_interval: Some("2h".into()),
+        };
         deltas(Some(bad), &at, &mut errors);
         let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
         assert!(
-            text[0].contains("shards[0].deltas.interval") && text[1].contains("shards[0].deltas.maxBytes"),
+            text[0].contains("shards[0].deltas.interval")
+                && text[1].contains("shards[0].deltas.maxBytes")
+                && text[2].contains("shards[0].deltas.hashKvInterval"),
             "{text:?}"
         );
     }

@@ -6,6 +6,10 @@
 //! after replay is the source's. The result is snapshotted and restored into the member's new data directory
 //! with `--bump-revision` and `--mark-compacted` as a plain restore does.
 //!
+//! A put that carried a lease is replayed with that lease ID, granted first when the member does not hold it
+//! (a lease granted after the full snapshot is not a watch event, so its TTL is unknown: [`REPLAYED_LEASE_TTL`]).
+//! The key's stored record then is the source's, lease included, which is what lets a drill compare HashKV.
+//!
 //! A delta that is missing, altered or not linked to the one before stops the replay at the last good
 //! revision: the data directory holds that point and the outcome says where and why (`restore` exits 2).
 
@@ -14,10 +18,10 @@ use std::str::FromStr;
 
 use anyhow::{Context, ensure};
 use chrono::{DateTime, Utc};
-use etcd_client::{Txn, TxnOp};
+use etcd_client::{LeaseGrantOptions, PutOptions, Txn, TxnOp};
 use sha2::{Digest, Sha256};
 
-use super::{Expected, Kind, Meta, by_revision, check_link, decode_payload, location_of, parse_name};
+use super::{Expected, Kind, Live, Meta, by_revision, check_link, decode_payload, location_of, parse_name};
 use crate::drill::run::{etcdutl_restore, throwaway_etcd, wait_for_etcd};
 use crate::drill::scratch::{Scratch, loopback_url};
 use crate::encode::{self, Identity};
@@ -26,6 +30,10 @@ use crate::manifest::{Location, Manifest};
 use crate::restore::{self, CheckedFile, MemberFlags};
 use crate::storage::Store;
 use crate::trailer::TrailerCheck;
+
+/// The TTL of a lease the replay grants (one the full snapshot does not hold): its owner is gone after a
+/// restore, so its keys expire an hour after the restored member starts, as kube-apiserver's events do.
+pub const REPLAYED_LEASE_TTL: i64 = 3600;
 
 /// The point to restore to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +96,9 @@ pub struct Outcome {
     pub transactions: u64,
     /// Why the replay stopped before the point: a broken chain, named.
     pub broken: Option<String>,
+    /// The newest wholly replayed delta that carries what the live member reported at its end: that end
+    /// revision and the record (a drill compares them).
+    pub live: Option<(u64, Live)>,
 }
 
 /// What the restore needs besides the store.
@@ -162,6 +173,7 @@ pub async fn restore_at(
         deltas: 0,
         transactions: 0,
         broken: None,
+        live: None,
     };
     replay(store, &manifest, point, identities.as_deref(), &mut client, &mut outcome).await?;
     let live = crate::member::revision(&mut client).await?;
@@ -188,8 +200,9 @@ pub async fn restore_at(
 }
 
 /// Walks the chain from the snapshot and replays it into `client` up to `point`; a broken link ends the walk
-/// with `outcome.broken` set.
-async fn replay(
+/// with `outcome.broken` set. `outcome` starts at the snapshot's exact revision (`revision`), no delta
+/// replayed.
+pub(crate) async fn replay(
     store: &Store,
     manifest: &Manifest,
     point: Point,
@@ -208,6 +221,7 @@ async fn replay(
     keys.sort();
     let mut from = manifest.revision + 1;
     let mut previous: Option<String> = None;
+    let mut leases = std::collections::HashSet::new();
     for (start, key) in keys {
         if start < from {
             // Not on the chain (a link already passed by this start): never replayed.
@@ -279,9 +293,17 @@ async fn replay(
                 );
                 return Ok(());
             }
+            for e in group.iter().filter(|e| e.lease != 0) {
+                if leases.insert(e.lease) {
+                    grant(client, e.lease).await?;
+                }
+            }
             let ops: Vec<TxnOp> = group
                 .iter()
                 .map(|e| match e.kind {
+                    Kind::Put if e.lease != 0 => {
+                        TxnOp::put(e.key.clone(), e.value.clone(), Some(PutOptions::new().with_lease(e.lease)))
+                    }
                     Kind::Put => TxnOp::put(e.key.clone(), e.value.clone(), None),
                     Kind::Delete => TxnOp::delete(e.key.clone(), None),
                 })
@@ -294,10 +316,22 @@ async fn replay(
             outcome.received_at = DateTime::from_timestamp_millis(group[0].received_ms);
             outcome.transactions += 1;
         }
+        if let Some(live) = meta.live {
+            outcome.live = Some((meta.to, live));
+        }
         from = meta.to + 1;
         previous = Some(meta.sha256);
     }
     Ok(())
+}
+
+/// Grants lease `id` unless the member holds it already (restored with the full snapshot).
+async fn grant(client: &mut etcd_client::Client, id: i64) -> anyhow::Result<()> {
+    match client.lease_grant(REPLAYED_LEASE_TTL, Some(LeaseGrantOptions::new().with_id(id))).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.to_string().contains("lease already exists") => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("granting lease {id:x} for the replay: {e}")),
+    }
 }
 
 /// The restore's summary for people, and the exit code's reason when the chain broke.

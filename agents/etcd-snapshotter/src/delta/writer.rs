@@ -16,6 +16,10 @@
 //! Every `interval` the writer asks etcd for the watch's progress; the answer's revision is one every event up
 //! to which has arrived, so once the buffer is written the store holds the shard as it was when the request
 //! was sent: that time is `delta_stored_through_timestamp_seconds`, and `time() - it` is the recovery point.
+//!
+//! A flush at most every `deltas.hashKvInterval` (and the session's first) also asks the member for `HashKV(to)` and
+//! the key count at `to`, and the delta carries them ([`super::Live`]) for drills to compare with. Not every
+//! flush: HashKV reads the member's whole database, as etcd's own corruption check does.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +28,7 @@ use etcd_client::{EventType, WatchOptions};
 use kcp_keeper_runtime::metrics::unix_now;
 use tokio_util::sync::CancellationToken;
 
-use super::{Event, Header, Kind, Meta};
+use super::{Event, Header, Kind, Live, Meta};
 use crate::catalog;
 use crate::config::{Config, Deltas, Shard};
 use crate::encode::Encoder;
@@ -32,6 +36,47 @@ use crate::generation::{self, Own};
 use crate::manifest::{self, Location, Manifest};
 use crate::metrics::Metrics;
 use crate::storage::Store;
+
+/// Reads what the live member reports at a revision, at most every `every`.
+struct LiveReader {
+    client: etcd_client::Client,
+    every: Duration,
+    last: Option<Instant>,
+}
+
+impl LiveReader {
+    /// `HashKV(to)`, its compact revision and the key count at `to`, when one is due; `None` when not due or
+    /// when the member cannot say (a compaction past `to` already, a timeout): the delta then carries none.
+    async fn read(&mut self, shard: &str, to: u64) -> Option<Live> {
+        if self.last.is_some_and(|t| t.elapsed() < self.every) {
+            return None;
+        }
+        self.last = Some(Instant::now());
+        let at = to as i64;
+        let client = &mut self.client;
+        let read = async {
+            let hash = client.hash_kv(at).await?;
+            let options = etcd_client::GetOptions::new().with_all_keys().with_count_only().with_revision(at);
+            let count = client.get("", Some(options)).await?.count();
+            Ok::<_, etcd_client::Error>(Live {
+                hash_kv: hash.hash(),
+                compact_revision: hash.compact_version(),
+                key_count: count.max(0) as u64,
+            })
+        };
+        match tokio::time::timeout(Duration::from_secs(30), read).await {
+            Ok(Ok(live)) => Some(live),
+            Ok(Err(e)) => {
+                tracing::warn!(shard, to, error = %e, "the live member's HashKV at the delta's end: not recorded");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(shard, to, "the live member's HashKV at the delta's end timed out: not recorded");
+                None
+            }
+        }
+    }
+}
 
 /// How a session ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -76,6 +121,7 @@ impl Writer {
         let Some(mut chain) = chain_of(&store, &self.shard.name, &own).await? else { return Ok(End::NoSnapshot) };
         let label = self.metrics.shard(&self.shard.name);
         let client = connect(&self.shard).await?;
+        let mut live = LiveReader { client: client.clone(), every: self.deltas.hash_kv_interval, last: None };
         let options = WatchOptions::new().with_all_keys().with_start_revision(chain.next as i64).with_progress_notify();
         let mut watch = client.watch_client().max_decoding_message_size(256 << 20).watch("", Some(options)).await?;
         tracing::info!(shard = self.shard.name, snapshot = chain.snapshot.id, from = chain.next, "watching for deltas");
@@ -89,18 +135,18 @@ impl Writer {
         loop {
             tokio::select! {
                 () = stop.cancelled() => {
-                    self.flush(&store, &own, &mut chain, &mut buffer, &mut buffered).await?;
+                    self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await?;
                     return Ok(End::Stopped);
                 }
                 _ = tick.tick() => {
                     if newer_snapshot(&store, &self.shard.name, &own, &chain.snapshot).await? {
-                        let end = self.flush(&store, &own, &mut chain, &mut buffer, &mut buffered).await?;
+                        let end = self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await?;
                         return Ok(end.unwrap_or(End::NewSnapshot));
                     }
                     // An unanswered request (etcd busy catching the watcher up): write what is here anyway, so the
                     // buffer never waits longer than an interval or two.
                     if asked.as_ref().is_some_and(|a| a.mono.elapsed() >= self.deltas.interval)
-                        && let Some(end) = self.flush(&store, &own, &mut chain, &mut buffer, &mut buffered).await?
+                        && let Some(end) = self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await?
                     {
                         return Ok(end);
                     }
@@ -114,7 +160,7 @@ impl Writer {
                         Ok(Some(response)) => response,
                         ended => {
                             // etcd went away (a crashed member, a network cut): what arrived is written first.
-                            self.flush(&store, &own, &mut chain, &mut buffer, &mut buffered).await?;
+                            self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await?;
                             match ended {
                                 Err(e) => anyhow::bail!("the watch failed: {e}"),
                                 Ok(_) => anyhow::bail!("the watch ended"),
@@ -139,14 +185,17 @@ impl Writer {
                             EventType::Delete => Kind::Delete,
                         };
                         let value = if kind == Kind::Put { kv.value().to_vec() } else { Vec::new() };
-                        let event = Event { kind, revision: kv.mod_revision() as u64, received_ms, key: kv.key().to_vec(), value };
+                        let lease = if kind == Kind::Put { kv.lease() } else { 0 };
+                        let event = Event {
+                            kind, revision: kv.mod_revision() as u64, received_ms, key: kv.key().to_vec(), value, lease,
+                        };
                         buffered += event.size();
                         buffer.push(event);
                     }
                     // The memory bound: written at the size limit, whole revisions only (a transaction is never
                     // split across two deltas).
                     if buffered >= self.deltas.max_bytes
-                        && let Some(end) = self.flush(&store, &own, &mut chain, &mut buffer, &mut buffered).await?
+                        && let Some(end) = self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await?
                     {
                         return Ok(end);
                     }
@@ -154,7 +203,7 @@ impl Writer {
                         && let Some(sent) = asked.take()
                     {
                         // A progress answer: every event up to its revision has arrived.
-                        if let Some(end) = self.flush(&store, &own, &mut chain, &mut buffer, &mut buffered).await? {
+                        if let Some(end) = self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await? {
                             return Ok(end);
                         }
                         let through = response.header().map(|h| h.revision()).unwrap_or_default();
@@ -173,6 +222,7 @@ impl Writer {
         &self,
         store: &Store,
         own: &Own,
+        live: &mut LiveReader,
         chain: &mut Chain,
         buffer: &mut Vec<Event>,
         buffered: &mut u64,
@@ -184,19 +234,17 @@ impl Writer {
             snapshot: chain.snapshot.id.clone(),
             cluster_id: own.cluster_id.clone(),
             previous_sha256: chain.previous.clone(),
+            live: live.read(&self.shard.name, last.revision).await,
         };
         let payload = super::encode_payload(&header, buffer);
         let compression = self.config.compression;
         let mut encoder = Encoder::new(compression, &self.config.recipients, 1 << 20)?;
         encoder.write(&payload)?;
-        let (mut parts, encoded) = {
-            let mut parts = encoder.take_parts();
-            let (rest, encoded) = encoder.finish()?;
-            parts.extend(rest);
-            (parts, encoded)
-        };
-        let object: Vec<u8> = std::mem::take(&mut parts).concat();
-        let sha256 = hex::encode(encoded.sha256);
+        let mut parts = encoder.take_parts();
+        parts.extend(encoder.finish()?.0);
+        let object: Vec<u8> = parts.concat();
+        // Hashed here, over the bytes stored: a delta is small and whole in memory.
+        let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&object));
         let meta = Meta {
             from: header.from,
             to: header.to,
@@ -205,6 +253,7 @@ impl Writer {
             snapshot: header.snapshot.clone(),
             cluster_id: header.cluster_id.clone(),
             events: buffer.len() as u64,
+            live: header.live,
         };
         let name = super::object_name(header.from, compression.as_str(), !self.config.recipients.is_empty());
         let key = format!("{}{name}", super::dir(&chain.location));

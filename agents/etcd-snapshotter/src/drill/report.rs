@@ -47,6 +47,10 @@ pub struct Report {
     /// The kcp level, when it ran.
     #[serde(default)]
     pub kcp: Option<KcpLevel>,
+    /// The chain level: the snapshot's deltas replayed and compared with the live member (absent when the
+    /// snapshot has no deltas, or the drill stopped before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<super::chain::ChainLevel>,
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
     pub duration_seconds: f64,
@@ -129,6 +133,7 @@ mod tests {
             sampled_keys: Some(17),
             restore_seconds: Some(0.4),
             kcp: None,
+            chain: None,
             started_at: at,
             finished_at: at,
             duration_seconds: 1.0,

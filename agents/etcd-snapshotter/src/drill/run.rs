@@ -46,6 +46,7 @@ struct Measured {
     sampled_keys: Option<u64>,
     restore_seconds: Option<f64>,
     kcp: Option<KcpLevel>,
+    chain: Option<super::chain::ChainLevel>,
 }
 
 /// The drill's result and its report (written by the caller beside the manifest).
@@ -88,6 +89,7 @@ pub async fn drill(
         sampled_keys: measured.sampled_keys,
         restore_seconds: measured.restore_seconds,
         kcp: measured.kcp,
+        chain: measured.chain,
         started_at,
         finished_at: Utc::now(),
         duration_seconds: started.elapsed().as_secs_f64(),
@@ -126,8 +128,10 @@ async fn steps(
     let _ = std::fs::remove_file(&db);
     let quota = manifest.db_size_bytes.saturating_mul(2).max(2 << 30);
     let log = scratch.path().join("etcd.log");
-    let etcd =
-        scratch.spawn(&mut throwaway_etcd(&drills.etcd, &data_dir, &client_url, &peer_url, quota), &log, "etcd")?;
+    let mut command = throwaway_etcd(&drills.etcd, &data_dir, &client_url, &peer_url, quota);
+    // The chain level replays each source transaction whole, whatever the source's limits were.
+    command.arg("--max-txn-ops=1000000").arg("--max-request-bytes=268435456");
+    let etcd = scratch.spawn(&mut command, &log, "etcd")?;
     let mut client = wait_for_etcd(&mut scratch, etcd, &client_url, &log).await?;
     measured.restore_seconds = Some(restore_started.elapsed().as_secs_f64());
 
@@ -135,6 +139,11 @@ async fn steps(
     measured.observed = Some(observed.clone());
     measured.hash_kv = Some(compare(manifest, &observed)?);
     measured.sampled_keys = Some(sample(&mut client, manifest, drills.sample_keys).await?);
+
+    // The chain: the deltas replayed on top, compared with the live member; kcp then starts on the result.
+    let chain_identities = self::identities(drills.identity_file.as_deref())?;
+    measured.chain =
+        super::chain::prove(&mut client, store, manifest, observed.revision, chain_identities.as_deref()).await?;
 
     if let (Some(expect), Some(binary)) = (kcp, drills.kcp.as_deref()) {
         measured.kcp = Some(super::kcp::check(&mut scratch, binary, &client_url, expect).await?);
@@ -422,6 +431,7 @@ fn failed_before_start(id: &str, error: &DrillError) -> Report {
         sampled_keys: None,
         restore_seconds: None,
         kcp: None,
+        chain: None,
         started_at: now,
         finished_at: now,
         duration_seconds: 0.0,
@@ -449,6 +459,21 @@ pub fn summary(outcome: &Outcome) -> String {
                 r.sampled_keys.unwrap_or_default(),
                 r.restore_seconds.unwrap_or_default(),
             );
+            if let Some(chain) = &r.chain {
+                let compared = match (chain.compared_at, chain.hash_kv) {
+                    (Some(at), HashKvResult::Match) => {
+                        format!("keys and HashKV at revision {at} match the live member's")
+                    }
+                    (Some(at), HashKvResult::NotComparable) => format!(
+                        "keys at revision {at} match the live member's, HashKV not comparable (another compaction)"
+                    ),
+                    (None, _) => "not comparable (no delta carries the live member's HashKV)".into(),
+                };
+                line.push_str(&format!(
+                    "; chain of {} delta(s) replayed to revision {}: {compared}",
+                    chain.deltas, chain.revision
+                ));
+            }
             if let Some(kcp) = &r.kcp {
                 line.push_str(&format!(
                     "; kcp ready in {:.1}s, {} workspace(s) and {} object(s) read",
