@@ -31,7 +31,7 @@ fn alerts(rules: &Value) -> Vec<&Value> {
 #[test]
 fn every_rules_file_passes_promtool_check_and_its_unit_tests() -> Result<()> {
     let files = rules_files();
-    assert_eq!(files.len(), 5, "common and one per agent: {files:?}");
+    assert_eq!(files.len(), 6, "common, one per agent and the doctor's: {files:?}");
     for file in files {
         let test = PathBuf::from(file.to_string_lossy().replace(".rules.yaml", ".test.yaml"));
         assert!(test.exists(), "{} has no unit tests ({})", file.display(), test.display());

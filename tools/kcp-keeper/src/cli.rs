@@ -59,12 +59,23 @@ pub struct Doctor {
     /// node-local-dns's address, asked as well; repeat for each.
     #[arg(long, env = "KCP_KEEPER_DOCTOR_NODE_LOCAL_DNS", value_delimiter = ',')]
     pub node_local_dns: Vec<IpAddr>,
+    /// Send the Verify requests to each Service's ready endpoints instead of its ClusterIP (where ClusterIPs
+    /// are not routed).
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_VIA_ENDPOINTS")]
+    pub via_endpoints: bool,
     /// Warn when a certificate has less than this many days left.
     #[arg(long, env = "KCP_KEEPER_DOCTOR_WARN_DAYS", default_value_t = 30)]
     pub warn_days: u32,
     /// FAIL when a certificate has less than this many days left.
     #[arg(long, env = "KCP_KEEPER_DOCTOR_FAIL_DAYS", default_value_t = 7)]
     pub fail_days: u32,
+    /// The periodic in-cluster mode: run every --interval and serve /livez, /readyz and /metrics
+    /// (kcp_keeper_doctor_check{check,result}) on this address, until SIGTERM.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_SERVE")]
+    pub serve: Option<SocketAddr>,
+    /// Seconds between runs in the periodic mode.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_INTERVAL", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub interval: u64,
 }
 
 impl Doctor {
@@ -78,6 +89,7 @@ impl Doctor {
             verify: !self.no_verify,
             cluster_dns: self.cluster_dns,
             node_local_dns: self.node_local_dns.clone(),
+            via_endpoints: self.via_endpoints,
             margins: Margins {
                 warn_secs: i64::from(self.warn_days) * 86400,
                 fail_secs: i64::from(self.fail_days) * 86400,
@@ -109,6 +121,9 @@ pub fn main() -> ExitCode {
             Ok(c) => c,
             Err(e) => return kcp_keeper_runtime::exit_code(Err(e)),
         };
+        if let Some(addr) = doctor.serve {
+            return kcp_keeper_runtime::exit_code(periodic(&client, &doctor, addr).await);
+        }
         let report = crate::run(&client, &doctor.options()).await;
         match doctor.output {
             Output::Text => print!("{}", report.text()),
@@ -116,4 +131,31 @@ pub fn main() -> ExitCode {
         }
         if report.worst() == Level::Fail { ExitCode::FAILURE } else { ExitCode::SUCCESS }
     })
+}
+
+/// Runs the checks every `--interval`, exporting each run's results, until the first SIGTERM or SIGINT.
+async fn periodic(client: &kube::Client, doctor: &Doctor, addr: SocketAddr) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    let shutdown = kcp_keeper_runtime::shutdown::on_signals()?;
+    let mut registry = kcp_keeper_runtime::metrics::registry("kcp_keeper_doctor");
+    let metrics = crate::metrics::Metrics::register(registry.sub_registry_with_prefix("kcp_keeper_doctor"));
+    let health = Arc::new(kcp_keeper_runtime::admin::Health::default());
+    let server = kcp_keeper_runtime::admin::serve(addr, health.clone(), Arc::new(registry)).await?;
+    eprintln!("kcp-keeper doctor: serving /metrics on {}", server.addr);
+    let options = doctor.options();
+    loop {
+        let report = crate::run(client, &options).await;
+        metrics.record(&report, kcp_keeper_runtime::metrics::unix_now());
+        health.mark_synced();
+        match doctor.output {
+            Output::Text => print!("{}", report.text()),
+            Output::Json => println!("{}", serde_json::to_string(&report).unwrap_or_default()),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(doctor.interval)) => {}
+        }
+    }
+    health.start_draining();
+    Ok(())
 }

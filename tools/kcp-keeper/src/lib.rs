@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod layout;
+pub mod metrics;
 pub mod options;
 pub mod probe;
 pub mod read;

@@ -75,6 +75,8 @@ pub struct Options {
     pub cluster_dns: Option<SocketAddr>,
     /// node-local-dns addresses to ask as well (its link-local address, e.g. 169.254.20.10).
     pub node_local_dns: Vec<IpAddr>,
+    /// Reach the Services' ready endpoints instead of their ClusterIPs (where ClusterIPs are not routed).
+    pub via_endpoints: bool,
     pub margins: Margins,
 }
 
@@ -89,6 +91,7 @@ impl Default for Options {
             verify: true,
             cluster_dns: None,
             node_local_dns: Vec::new(),
+            via_endpoints: false,
             margins: Margins::default(),
         }
     }

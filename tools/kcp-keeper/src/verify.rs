@@ -94,6 +94,37 @@ async fn service_address(client: &kube::Client, namespace: &str, name: &str) -> 
     Ok(SocketAddr::new(ip, u16::try_from(port).map_err(|_| "port out of range".to_string())?))
 }
 
+/// Where a Service is reached: its ClusterIP and first port, or with `endpoints` a ready endpoint of it (for
+/// a network that has no route to ClusterIPs, such as a node's own namespace without kube-proxy's routes).
+async fn service_target(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    endpoints: bool,
+) -> Result<SocketAddr, String> {
+    let cluster = service_address(client, namespace, name).await?;
+    if !endpoints {
+        return Ok(cluster);
+    }
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), namespace)
+        .list(&kube::api::ListParams::default().labels(&format!("kubernetes.io/service-name={name}")))
+        .await
+        .map_err(|e| format!("reading the EndpointSlices of {namespace}/{name}: {e}"))?;
+    for slice in slices.items {
+        let port = slice.ports.as_ref().and_then(|p| p.first()).and_then(|p| p.port);
+        for e in slice.endpoints.unwrap_or_default() {
+            let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false);
+            if let (true, Some(ip), Some(port)) =
+                (ready, e.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()), port)
+            {
+                return Ok(SocketAddr::new(ip, u16::try_from(port).map_err(|_| "port out of range".to_string())?));
+            }
+        }
+    }
+    Err(format!("Service {namespace}/{name} has no ready endpoint"))
+}
+
 /// The Verify section: one verdict per Deployment, request and name.
 pub async fn run(client: &kube::Client, layout: &Layout, options: &Options) -> Vec<Verdict> {
     let ns = &options.namespace;
@@ -147,7 +178,7 @@ pub async fn run(client: &kube::Client, layout: &Layout, options: &Options) -> V
             .clone()
             .or_else(|| public.clone())
             .unwrap_or_else(|| format!("{service}.{ns}.svc.{}", fp.cluster_domain));
-        match service_address(client, ns, &service).await {
+        match service_target(client, ns, &service, options.via_endpoints).await {
             Ok(addr) => {
                 let got = crate::probe::get(addr, &name, &ca, "/readyz", TIMEOUT).await;
                 out.push(expect(
@@ -175,7 +206,7 @@ pub async fn run(client: &kube::Client, layout: &Layout, options: &Options) -> V
         let service = format!("{}-shard-kcp", shard.name);
         let name = format!("{service}.{ns}.svc.{}", shard.cluster_domain);
         let subject = format!("shard/{}", shard.name);
-        match service_address(client, ns, &service).await {
+        match service_target(client, ns, &service, options.via_endpoints).await {
             Ok(addr) => {
                 let got = crate::probe::get(addr, &name, &ca, "/api", TIMEOUT).await;
                 out.push(expect(

@@ -344,3 +344,73 @@ async fn the_binary_prints_json_and_exits_1_on_a_fail_and_0_when_only_warnings_r
     assert!(failed[0]["runbook"].as_str().unwrap().ends_with("runbooks.md#doctor-pinned-images"));
     Ok(())
 }
+
+/// A free port on loopback (bound and released: the doctor binds it right after).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The periodic mode's /metrics, as Prometheus scrapes it.
+async fn scrape(port: u16) -> Option<String> {
+    kcp_keeper_doctor::probe::get_plain(&format!("http://127.0.0.1:{port}/metrics"), std::time::Duration::from_secs(5))
+        .await
+        .ok()
+}
+
+#[tokio::test]
+async fn the_periodic_mode_exports_a_fail_as_kcp_keeper_doctor_check_and_back_to_zero_once_fixed_and_stops_on_sigterm()
+-> Result<()> {
+    let f = Fixture::new().await?;
+    let port = free_port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kcp-keeper"))
+        .args([
+            "doctor",
+            "--no-verify",
+            "--namespace",
+            &f.ns,
+            "--interval",
+            "1",
+            "--serve",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .arg("--kubeconfig")
+        .arg(&bed().apiserver.admin_kubeconfig)
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let pid = child.id();
+    let guard = Kill(child);
+    let fail = r#"kcp_keeper_doctor_check{check="pinned-images",result="fail"}"#;
+    let value =
+        |text: &str, series: &str| text.lines().find_map(|l| l.strip_prefix(series)).map(|v| v.trim().to_string());
+    testbed::eventually(std::time::Duration::from_secs(60), "a first run exported", || async {
+        scrape(port).await.filter(|t| value(t, fail).as_deref() == Some("0"))
+    })
+    .await;
+    f.patch(layout::shard(), json!({"image": null})).await?;
+    testbed::eventually(std::time::Duration::from_secs(60), "the unpinned shard exported as a FAIL", || async {
+        scrape(port).await.filter(|t| value(t, fail).as_deref() == Some("1"))
+    })
+    .await;
+    apply(&f.client, &f.ns, seed_objects(&f.ns).into_iter().find(|o| o["kind"] == "Shard").unwrap()).await?;
+    let text = testbed::eventually(std::time::Duration::from_secs(60), "the FAIL back to 0", || async {
+        scrape(port).await.filter(|t| value(t, fail).as_deref() == Some("0"))
+    })
+    .await;
+    assert!(text.contains("kcp_keeper_doctor_last_run_timestamp_seconds"), "{text}");
+    nix_kill(pid);
+    let mut guard = guard;
+    let status = guard.0.wait()?;
+    assert!(status.success(), "SIGTERM ends the periodic mode cleanly: {status}");
+    Ok(())
+}
+
+fn nix_kill(pid: u32) {
+    let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+}
