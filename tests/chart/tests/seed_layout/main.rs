@@ -20,6 +20,7 @@ use testbed::seed::{self, Installed};
 
 mod ca_syncer;
 mod dns_rewriter;
+mod doctor;
 mod etcd_snapshotter;
 mod kubeconfig_rotator;
 

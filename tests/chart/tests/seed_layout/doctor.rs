@@ -1,0 +1,174 @@
+//! `kcp-keeper doctor` against the seed's real layout (issue 29 item 3): the doctor runs inside the node's
+//! network, where pods are (the way the seed's Verify section runs, from inside the cluster), and reads the
+//! operator's real objects, Deployments and Services: the rollout of every RootShard, Shard and FrontProxy
+//! Deployment, `/readyz` through the front proxy, anonymous `/api` 401 on the front proxy and 403 on a shard,
+//! and the split-horizon lookup of the public name through a real CoreDNS in front of the cluster DNS, with
+//! the rewrite rule (ok) and without it, where the name answers the edge (FAIL).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use kcp_keeper_doctor::options::Options;
+use kcp_keeper_doctor::verdict::{Level, Report};
+use testbed::node::{self, NODE_IP, Node};
+use testbed::process::Process;
+use testbed::seed::layout::{EXTERNAL_HOST, FRONT_PROXY, NAMESPACE};
+
+/// The address the public name answers outside the cluster (TEST-NET-3): the edge, which pods must not use.
+const EDGE_IP: &str = "203.0.113.10";
+
+/// A directory of the node's for this module's files, removed when dropped (a failed run too).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(node: &Node, name: &str) -> Result<Self> {
+        let dir = node.dir.join(format!("doctor-{name}"));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A CoreDNS inside the node in front of the cluster DNS (as a cluster's DNS with the dns-rewriter's rule in
+/// it would be), on `127.0.0.1:<port>` of the node's network. Upstream the public name answers the edge
+/// (a `hosts` entry with fallthrough, as public DNS would), so without the rewrite rule a pod gets the edge.
+fn cluster_dns(node: &Node, scratch: &Scratch, port: u16, rule: bool) -> Result<Process> {
+    let rewrite = if rule {
+        format!("    rewrite name exact {EXTERNAL_HOST}. {FRONT_PROXY}-front-proxy.{NAMESPACE}.svc.cluster.local.\n")
+    } else {
+        String::new()
+    };
+    let corefile = format!(
+        ".:{port} {{\n    bind 127.0.0.1\n    errors\n{rewrite}    hosts {{\n        {EDGE_IP} {EXTERNAL_HOST}\n        fallthrough\n    }}\n    forward . {NODE_IP}:53\n}}\n"
+    );
+    let file = scratch.0.join(format!("Corefile-{port}-{rule}"));
+    std::fs::write(&file, corefile)?;
+    node.spawn_inside(
+        &format!("doctor-coredns-{port}"),
+        node.peers.path("coredns"),
+        vec!["-conf".into(), file.display().to_string()],
+    )
+}
+
+/// The doctor, run from inside the node's network with an admin client of its own made there (a client's
+/// connections belong to the runtime and network namespace it was made in).
+async fn doctor(node: &'static Node, options: Options) -> Result<Report> {
+    let kubeconfig = node.in_cluster_kubeconfig("doctor-test", &["system:masters"], Duration::from_secs(3600))?;
+    node.in_network(move || async move {
+        let parsed = kube::config::Kubeconfig::from_yaml(&kubeconfig)?;
+        let mut config =
+            kube::Config::from_custom_kubeconfig(parsed, &kube::config::KubeConfigOptions::default()).await?;
+        // The apiserver at the node's address (its serving certificate names it): the test's resolver (the
+        // host's) does not know cluster names, and the node's own network has no route to ClusterIPs.
+        config.cluster_url = format!("https://{NODE_IP}:6443").parse()?;
+        let client = kube::Client::try_from(config)?;
+        let report = kcp_keeper_doctor::run(&client, &options).await;
+        anyhow::Ok(report)
+    })
+    .await?
+}
+
+fn options(dns_port: u16) -> Options {
+    Options {
+        namespace: NAMESPACE.into(),
+        cluster_dns: Some(SocketAddr::from(([127, 0, 0, 1], dns_port))),
+        // The node's own network routes pod addresses (the CNI bridge) but not ClusterIPs (kube-proxy's rules
+        // act on pods' traffic): the requests go to each Service's ready endpoint, as they would from a pod.
+        via_endpoints: true,
+        ..Options::default()
+    }
+}
+
+fn results<'a>(report: &'a Report, check: &str) -> Vec<(&'a str, Level)> {
+    report.of(check).into_iter().map(|v| (v.subject.as_str(), v.result)).collect()
+}
+
+#[tokio::test]
+async fn doctor_from_inside_the_cluster_passes_the_seeds_verify_section_on_the_real_layout_rollouts_readyz_401_403_and_split_horizon()
+-> Result<()> {
+    let node = node::shared();
+    super::layout();
+    let scratch = Scratch::new(node, "verify")?;
+    let _dns = cluster_dns(node, &scratch, 15301, true)?;
+    // The CoreDNS just started: wait until the doctor sees the split horizon answered (any result but a
+    // resolver that does not answer), then judge that run.
+    let mut report = doctor(node, options(15301)).await?;
+    for _ in 0..30 {
+        if report.of("split-horizon").iter().all(|v| !v.saw.contains("did not answer")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        report = doctor(node, options(15301)).await?;
+    }
+    eprint!("{}", report.text());
+    let rollouts = results(&report, "rollout");
+    for name in ["root-kcp", "root-proxy", "alpha-shard-kcp", "frontproxy-front-proxy"] {
+        let subject = format!("deployment/{name}");
+        assert!(rollouts.contains(&(subject.as_str(), Level::Ok)), "{subject}: {}", report.text());
+    }
+    assert_eq!(results(&report, "readyz"), vec![("frontproxy/frontproxy", Level::Ok)], "{}", report.text());
+    let anonymous = results(&report, "anonymous-api");
+    assert!(anonymous.contains(&("frontproxy/frontproxy", Level::Ok)), "{}", report.text());
+    assert!(anonymous.contains(&("shard/alpha", Level::Ok)), "{}", report.text());
+    let split = report.of("split-horizon");
+    assert_eq!(split.len(), 1, "{}", report.text());
+    assert_eq!(split[0].result, Level::Ok, "{}", report.text());
+    // The object rules on the real objects: every image pinned, the proxy's too.
+    assert!(report.of("pinned-images").iter().all(|v| v.result == Level::Ok), "{}", report.text());
+    assert!(report.of("proxy-image").iter().all(|v| v.result == Level::Ok), "{}", report.text());
+    assert_ne!(report.worst(), Level::Fail, "{}", report.text());
+    Ok(())
+}
+
+#[tokio::test]
+async fn doctor_split_horizon_fails_when_the_rewrite_rule_is_removed_and_the_name_answers_the_edge_and_is_ok_once_it_is_back()
+-> Result<()> {
+    let node = node::shared();
+    super::layout();
+    let scratch = Scratch::new(node, "split")?;
+    let port = 15302;
+    let split = |report: &Report| {
+        let lines = report.of("split-horizon");
+        assert_eq!(lines.len(), 1, "{}", report.text());
+        lines[0].clone()
+    };
+    // Each CoreDNS takes a moment to listen: poll until its answer is the one the step expects.
+    // A resolver that does not answer yet is a FAIL too: the FAIL step waits for the edge's address.
+    async fn until(node: &'static Node, port: u16, want: Level, what: &str) -> Result<Report> {
+        let mut last = String::new();
+        for _ in 0..60 {
+            let report = doctor(node, options(port)).await?;
+            let seen = |v: &&kcp_keeper_doctor::verdict::Verdict| {
+                v.result == want && (want == Level::Ok || v.saw.contains(EDGE_IP))
+            };
+            if report.of("split-horizon").first().is_some_and(seen) {
+                return Ok(report);
+            }
+            last = report.text();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        anyhow::bail!("{what}: the split-horizon line never became {want:?}: {last}")
+    }
+    let with_rule = cluster_dns(node, &scratch, port, true)?;
+    let report = until(node, port, Level::Ok, "with the rewrite rule").await?;
+    assert!(split(&report).saw.contains("front proxy's Service"), "{}", split(&report).saw);
+    drop(with_rule);
+
+    let without = cluster_dns(node, &scratch, port, false)?;
+    let report = until(node, port, Level::Fail, "without the rewrite rule").await?;
+    let line = split(&report);
+    assert!(line.saw.contains(EDGE_IP), "the FAIL names the edge address it got: {}", line.saw);
+    assert!(line.runbook.ends_with("#doctor-split-horizon"), "{}", line.runbook);
+    drop(without);
+
+    let _back = cluster_dns(node, &scratch, port, true)?;
+    until(node, port, Level::Ok, "with the rule back").await.context("putting the rule back")?;
+    Ok(())
+}
