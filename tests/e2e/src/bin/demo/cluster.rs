@@ -1,9 +1,10 @@
-//! `cargo xtask demo --cluster`: the same four agents, as pods. A one-node cluster (`testbed::node`: etcd,
-//! kube-apiserver, controller-manager, scheduler, kube-proxy, containerd, kubelet and CoreDNS inside a network
-//! namespace of their own), the images `cargo xtask images` built imported into its containerd, and the chart
-//! installed with `helm install --wait` (`chart::on_node`, the set-up the chart's node tests use). Each `ok`
-//! line is read from the cluster, what the agent in its pod did: the object it wrote, and the pod holding its
-//! Lease.
+//! `cargo xtask demo --cluster`: the same four agents, as pods, on the seed's layout. A one-node cluster
+//! (`testbed::node`: etcd, kube-apiserver, controller-manager, scheduler, kube-proxy, containerd, kubelet and
+//! CoreDNS inside a network namespace of their own), the seed's layout in it (`testbed::seed`: cert-manager's
+//! controller, the kcp-operator, the RootShard `root` on 3 etcd members, the Shard `alpha` on 1, the FrontProxy
+//! `frontproxy`, the Kubeconfigs), then the chart installed with `helm install --wait` configured for it
+//! (`chart::on_seed`, the set-up of the chart's `seed_layout` tests). Each `ok` line is read from the cluster,
+//! what the agent in its pod did against the real programs, and the pod holding its Lease.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -13,11 +14,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use chart::NAMESPACE;
 use chart::on_node::{self, HUB};
+use chart::on_seed::{self, CA_TARGET, HUB_KEY, HUB_NAMESPACE, HUB_SECRET, ROTATED};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use testbed::node::Node;
+use testbed::seed::layout::{self, EXTERNAL_HOST, HUB_KUBECONFIG, NAMESPACE as KCP_NAMESPACE};
 
 /// How long each agent gets to show its first cycle once the install is Ready (a loaded 2-core machine).
 const CYCLE: Duration = Duration::from_secs(180);
@@ -31,16 +34,24 @@ pub async fn run(once: bool) -> Result<ExitCode> {
     }
     eprintln!("demo: starting a one-node cluster in {}", dir.display());
     let node = Node::start(&peers, &dir).await?;
-    eprintln!("demo: importing the agents' images, seeding etcd, S3 and the kcp-like objects, helm install --wait");
-    let installed = on_node::install(&node).await?;
+    eprintln!(
+        "demo: the seed's layout: cert-manager, the kcp-operator, etcd, RootShard, Shard, FrontProxy, Kubeconfigs"
+    );
+    let layout = testbed::seed::install(&node).await?;
+    eprintln!("demo: importing the agents' images, S3 in the node, helm install --wait");
+    let installed = on_seed::install(&node).await?;
     let client = node.client().await?;
 
-    println!("cluster is up (node Ready in {:.0?}, helm install --wait in {:.0?}):", node.ready_in, installed.took);
+    println!(
+        "cluster is up (node Ready in {:.0?}, the seed's layout in {:.0?}, helm install --wait in {:.0?}):",
+        node.ready_in, layout.ready_in, installed.took
+    );
     println!("  export KUBECONFIG={}", node.kubeconfig.display());
     println!("  kubectl get pods -A    (kubectl: {})", node.peers.path("kubectl").display());
     println!("  kubectl -n {NAMESPACE} logs deploy/kcp-keeper-etcd-snapshotter");
     println!("  helm -n {NAMESPACE} status kcp-keeper    (helm: {})", node.peers.path("helm").display());
-    println!("  etcd and S3 run inside the node behind the Services kcp-system/etcd-root and kcp-system/s3");
+    println!("  kubectl get rootshards,shards,frontproxies,kubeconfigs -n {KCP_NAMESPACE}");
+    println!("  S3 runs inside the node behind the Service {NAMESPACE}/s3");
     println!("  node files and logs: {}", node.dir.display());
 
     let lines = vec![
@@ -112,74 +123,86 @@ fn key_of(secret: Option<Secret>, key: &str) -> Option<String> {
 }
 
 async fn ca_syncer(client: &kube::Client) -> Result<String> {
-    let source = Api::<Secret>::namespaced(client.clone(), "kcp-system").get("root-server-ca").await?;
-    let ca = key_of(Some(source), "ca.crt").context("the source has no ca.crt")?;
+    let source = format!("{}-server-ca", layout::ROOT_SHARD);
+    let ca = key_of(Api::<Secret>::namespaced(client.clone(), KCP_NAMESPACE).get_opt(&source).await?, "tls.crt")
+        .context("the server CA has no tls.crt")?;
     let ca = ca.trim().to_string();
-    let targets = Api::<Secret>::namespaced(client.clone(), "railgrid-system");
-    let bundle = within(CYCLE, "CA in Secret railgrid-system/kcp-ca", || async {
-        key_of(targets.get_opt("kcp-ca").await.ok()?, "ca.crt").filter(|b| b.contains(&ca))
+    let targets = Api::<Secret>::namespaced(client.clone(), HUB_NAMESPACE);
+    let bundle = within(CYCLE, &format!("the server CA in Secret {HUB_NAMESPACE}/{CA_TARGET}"), || async {
+        key_of(targets.get_opt(CA_TARGET).await.ok()?, "ca.crt").filter(|b| b.contains(&ca))
     })
     .await?;
     let count = bundle.matches("-----BEGIN CERTIFICATE-----").count();
     let pod = leader(client, "ca-syncer").await?;
     Ok(format!(
-        "copied the CA of kcp-system/root-server-ca ({count} certificate(s)) into railgrid-system/kcp-ca, from pod {pod}"
+        "verified the live front proxy for {EXTERNAL_HOST} with the operator's {KCP_NAMESPACE}/{source} and copied it \
+         ({count} certificate(s)) into {HUB_NAMESPACE}/{CA_TARGET}, from pod {pod}"
     ))
 }
 
 async fn dns_rewriter(client: &kube::Client) -> Result<String> {
     let config_maps = Api::<ConfigMap>::namespaced(client.clone(), "kube-system");
-    let rule = "rewrite name exact kcp-root.example.com. root-kcp.kcp-system.svc.cluster.local.";
-    within(CYCLE, "rule in kube-system/coredns-custom", || async {
+    let mut hosts: Vec<&str> = vec![EXTERNAL_HOST];
+    hosts.extend(layout::SHARD_HOSTS.iter().map(|(_, host, _)| *host));
+    within(CYCLE, "the discovered names in kube-system/coredns-custom", || async {
         let cm = config_maps.get_opt("coredns-custom").await.ok()??;
-        cm.data?.get("kcp-split-horizon.override").filter(|s| s.contains(rule)).map(|_| ())
+        let snippet = cm.data?.get("kcp-split-horizon.override").cloned()?;
+        hosts.iter().all(|h| snippet.contains(&format!("rewrite name exact {h}. "))).then_some(())
     })
     .await?;
     let pod = leader(client, "dns-rewriter").await?;
     Ok(format!(
-        "wrote kcp-root.example.com -> root-kcp.kcp-system.svc.cluster.local into k3s's kube-system/coredns-custom, \
-         from pod {pod}"
+        "discovered {} from the operator's FrontProxy, RootShard and Shard and wrote each to its Service into k3s's \
+         kube-system/coredns-custom, from pod {pod}",
+        hosts.join(", ")
     ))
 }
 
 async fn kubeconfig_rotator(client: &kube::Client) -> Result<String> {
-    let source = Api::<Secret>::namespaced(client.clone(), "kcp-system").get("hub-admin-kubeconfig").await?;
-    let source = key_of(Some(source), "kubeconfig").context("the source has no kubeconfig")?;
-    let certificate = client_certificate(&source)?;
-    let targets = Api::<Secret>::namespaced(client.clone(), "railgrid-system");
-    within(CYCLE, "the proven kubeconfig in railgrid-system/railgrid-kcp", || async {
-        let published = key_of(targets.get_opt("railgrid-kcp").await.ok()?, "admin.kubeconfig")?;
-        (client_certificate(&published).ok()? == certificate).then_some(())
+    let certificates = Api::<Secret>::namespaced(client.clone(), KCP_NAMESPACE);
+    let targets = Api::<Secret>::namespaced(client.clone(), HUB_NAMESPACE);
+    // cert-manager's current certificate of the Kubeconfig, published (it renews every 100 s: compare afresh).
+    within(CYCLE, &format!("the operator's kubeconfig in {HUB_NAMESPACE}/{HUB_SECRET}"), || async {
+        let issued = key_of(certificates.get_opt(&format!("kubeconfig-cert-{HUB_KUBECONFIG}")).await.ok()?, "tls.crt")?;
+        let published = key_of(targets.get_opt(HUB_SECRET).await.ok()?, HUB_KEY)?;
+        let published = client_certificate(&published).ok()?;
+        let published: k8s_openapi::ByteString = serde_json::from_value(serde_json::json!(published)).ok()?;
+        let published = String::from_utf8(published.0).ok()?;
+        issued.starts_with(published.trim()).then_some(())
     })
     .await?;
-    let hubs = Api::<Deployment>::namespaced(client.clone(), "railgrid-system");
-    within(CYCLE, &format!("restart of railgrid-system/{HUB}"), || async {
+    let hubs = Api::<Deployment>::namespaced(client.clone(), HUB_NAMESPACE);
+    within(CYCLE, &format!("restart of {HUB_NAMESPACE}/{HUB}"), || async {
         let annotations = hubs.get(HUB).await.ok()?.spec.template.metadata?.annotations?;
-        annotations.contains_key("kcp-keeper.io/restarted-for-hub-admin").then_some(())
+        annotations.contains_key(&format!("kcp-keeper.io/restarted-for-{ROTATED}")).then_some(())
     })
     .await?;
     let pod = leader(client, "kubeconfig-rotator").await?;
     Ok(format!(
-        "proved hub-admin's certificate against the apiserver (SelfSubjectReview), published it to \
-         railgrid-system/railgrid-kcp and restarted deployment/{HUB}, from pod {pod}"
+        "followed Kubeconfig {KCP_NAMESPACE}/{HUB_KUBECONFIG} (cert-manager's certificate, the operator's render), proved it \
+         through the front proxy (SelfSubjectReview), published it to {HUB_NAMESPACE}/{HUB_SECRET} and restarted \
+         deployment/{HUB}, from pod {pod}"
     ))
 }
 
 async fn etcd_snapshotter(node: &Node, client: &kube::Client) -> Result<String> {
-    let list = ["/etcd-snapshotter", "list", "--shard", "root"];
-    let listed = within(CYCLE, "scheduled snapshot of shard root", || async {
-        on_node::exec_in_agent(node, "etcd-snapshotter", &list)
-            .ok()
-            .filter(|out| out.lines().any(|l| l.starts_with("root/")))
-    })
-    .await?;
-    let id = listed.lines().find(|l| l.starts_with("root/")).and_then(|l| l.split_whitespace().next()).unwrap_or("?");
+    let mut ids = Vec::new();
+    for (shard, members) in layout::ETCD_MEMBERS {
+        let list = ["/etcd-snapshotter", "list", "--shard", shard];
+        let listed = within(CYCLE, &format!("scheduled snapshot of shard {shard}"), || async {
+            on_node::exec_in_agent(node, "etcd-snapshotter", &list)
+                .ok()
+                .filter(|out| out.lines().any(|l| l.starts_with(&format!("{shard}/"))))
+        })
+        .await?;
+        let prefix = format!("{shard}/");
+        let id = listed.lines().find(|l| l.starts_with(&prefix)).and_then(|l| l.split_whitespace().next());
+        ids.push(format!("{} (etcd-{shard}, {members} member(s))", id.unwrap_or("?")));
+    }
     let pod = leader(client, "etcd-snapshotter").await?;
     Ok(format!(
-        "streamed snapshot {id} of etcd-root.kcp-system.svc:{} to s3://kcp-backups (s3.kcp-system.svc:{}), \
-         encrypted, listed from inside pod {pod}",
-        on_node::ETCD_PORT,
-        on_node::S3_PORT
+        "streamed snapshots {} to s3://kcp-backups ({NAMESPACE}/s3), listed from inside pod {pod}",
+        ids.join(" and ")
     ))
 }
 
