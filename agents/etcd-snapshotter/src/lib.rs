@@ -13,7 +13,8 @@
 //! edges: [`member`] (etcd), [`storage`] (S3), [`shard_lock`] (one run per shard at a time, across processes),
 //! [`snapshot`] (one proven snapshot), [`catalog`] (listing, retention applied), [`generation`] (the etcd cluster
 //! a snapshot belongs to), [`restore`] and [`drill`] (restore drills), [`delta`] (delta snapshots: the format
-//! and chain, pure; `delta::writer` the leader's watch, `delta::replay` point-in-time restore).
+//! and chain, pure; `delta::writer` the leader's watch, `delta::replay` point-in-time restore), [`health`]
+//! (every member's database size, quota, alarms and leader changes, read every 15 s).
 #![forbid(unsafe_code)]
 
 pub mod cadence;
@@ -25,6 +26,7 @@ pub mod drill;
 pub mod encode;
 pub mod error;
 pub mod generation;
+pub mod health;
 pub mod integrity;
 pub mod manifest;
 pub mod member;

@@ -39,6 +39,23 @@ pub struct RetryLabels {
     pub reason: String,
 }
 
+/// One member of a shard's etcd: `member` is its endpoint as configured.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberLabels {
+    pub shard: String,
+    pub member: String,
+}
+
+/// `etcd_snapshotter_member_*` and `leader_changes_total`: etcd health as `health` reads it.
+#[derive(Clone, Debug, Default)]
+pub struct HealthMetrics {
+    pub db_size: Family<MemberLabels, Gauge>,
+    pub db_size_in_use: Family<MemberLabels, Gauge>,
+    pub quota: Family<MemberLabels, Gauge>,
+    pub up: Family<MemberLabels, Gauge>,
+    pub leader_changes: Family<ShardLabel, Counter>,
+}
+
 /// The alarms the `alarms` gauge counts, each exported at 0 for every shard from the start.
 pub const ALARMS: [&str; 2] = ["nospace", "corrupt"];
 
@@ -69,6 +86,7 @@ pub struct Metrics {
     pub retries: Family<RetryLabels, Counter>,
     pub drill: DrillMetrics,
     pub delta: DeltaMetrics,
+    pub health: HealthMetrics,
 }
 
 /// `etcd_snapshotter_delta_*`: delta snapshots, written by the leader only (followers export 0).
@@ -248,7 +266,52 @@ impl Metrics {
             Unit::Seconds,
             delta.interval.clone(),
         );
+        let h = &m.health;
+        registry.register_with_unit(
+            "member_db_size",
+            "Size of the member's database file (etcd's dbSize), read every 15 s",
+            Unit::Bytes,
+            h.db_size.clone(),
+        );
+        registry.register_with_unit(
+            "member_db_size_in_use",
+            "Bytes of the member's database in use (what a defragmentation would leave)",
+            Unit::Bytes,
+            h.db_size_in_use.clone(),
+        );
+        registry.register_with_unit(
+            "member_db_quota",
+            "The member's --quota-backend-bytes as it reports it (0: not reported, etcd before 3.6)",
+            Unit::Bytes,
+            h.quota.clone(),
+        );
+        registry.register("member_up", "Whether the member answered the last health read (1) or not (0)", h.up.clone());
+        registry.register(
+            "leader_changes",
+            "Changes of the shard's etcd leader seen by this replica's health reads",
+            h.leader_changes.clone(),
+        );
         m
+    }
+
+    /// Sets the health series of one poll of `shard`; `changed` counts a leader change.
+    pub fn health_polled(&self, shard: &str, poll: &crate::health::Poll, changed: bool) {
+        for (endpoint, status) in &poll.members {
+            let labels = MemberLabels { shard: shard.into(), member: endpoint.clone() };
+            self.health.up.get_or_create(&labels).set(status.is_some() as i64);
+            if let Some(status) = status {
+                self.health.db_size.get_or_create(&labels).set(status.db_size);
+                self.health.db_size_in_use.get_or_create(&labels).set(status.db_size_in_use);
+                self.health.quota.get_or_create(&labels).set(status.quota);
+            }
+        }
+        let changes = self.health.leader_changes.get_or_create(&self.shard(shard));
+        if changed {
+            changes.inc();
+        }
+        if let Some(alarms) = &poll.alarms {
+            self.alarms_seen(shard, alarms);
+        }
     }
 
     /// Creates every per-shard series with a value, so none is missing before the first run, and sets the
@@ -293,6 +356,10 @@ impl Metrics {
         let _ = self.delta.bytes.get_or_create(&label);
         let _ = self.delta.compacted.get_or_create(&label);
         let _ = self.delta.failures.get_or_create(&label);
+        let _ = self.health.leader_changes.get_or_create(&label);
+        for endpoint in &config.endpoints {
+            let _ = self.health.up.get_or_create(&MemberLabels { shard: shard.into(), member: endpoint.clone() });
+        }
     }
 
     /// Sets the shard's alarm gauges from what a member listed: `(member id, alarm)` pairs.

@@ -78,6 +78,9 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
                 let (job, leadership, token) = (snapshots.clone(), ctx.leadership.clone(), schedules.clone());
                 tasks.spawn(async move { job.deltas_while_leading(deltas, leadership, token).await });
             }
+            // etcd health: every replica reads it (read-only calls), the alerts take the max over replicas.
+            let (health_shard, health_metrics, token) = (shard.clone(), metrics.clone(), schedules.clone());
+            tasks.spawn(async move { crate::health::run(&health_shard, &health_metrics, &token).await });
             spawn_schedule(&mut tasks, &ctx, &schedules, shard.schedule.clone(), move |tick| {
                 let job = snapshots.clone();
                 async move { job.snapshot_within_tick(tick).await }

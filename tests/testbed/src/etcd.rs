@@ -21,6 +21,11 @@ pub struct Etcd {
 impl Etcd {
     /// Starts `size` members (1 or 3) under `dir` and waits until every member answers.
     pub async fn start(etcd: &Path, dir: &Path, name: &str, size: usize) -> Result<Self> {
+        Self::start_with(etcd, dir, name, size, &[]).await
+    }
+
+    /// As [`Etcd::start`], each member with `extra` flags too (a small `--quota-backend-bytes`, say).
+    pub async fn start_with(etcd: &Path, dir: &Path, name: &str, size: usize, extra: &[&str]) -> Result<Self> {
         ensure!(size == 1 || size == 3, "an etcd cluster here has 1 or 3 members, not {size}");
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let ports: Vec<(u16, u16)> = (0..size).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_>>()?;
@@ -37,7 +42,7 @@ impl Etcd {
             let client_url = format!("http://127.0.0.1:{client}");
             let peer_url = format!("http://127.0.0.1:{peer}");
             let data_dir = dir.join(&member);
-            let args = vec![
+            let mut args = vec![
                 format!("--name={member}"),
                 format!("--data-dir={}", data_dir.display()),
                 format!("--listen-client-urls={client_url}"),
@@ -51,6 +56,7 @@ impl Etcd {
                 "--unsafe-no-fsync".into(),
                 "--log-level=warn".into(),
             ];
+            args.extend(extra.iter().map(|f| f.to_string()));
             let process = Process::start(&member, etcd, args, dir.join(format!("{member}.log")))?;
             members.push(EtcdMember { name: member, client_url, peer_url, process });
         }

@@ -1,0 +1,174 @@
+//! etcd health, per member of every shard, read every [`INTERVAL`] by each replica (read-only Status and
+//! Alarm calls, no leadership needed): the database's size on disk against its quota (etcd 3.6 reports
+//! `--quota-backend-bytes` in Status; 0 when an older etcd does not), the size in use (what a
+//! defragmentation would leave), the cluster's alarms (NOSPACE, CORRUPT) and leader changes. A member that
+//! does not answer keeps its last values and is counted in `member_up` as 0.
+//!
+//! The pure part ([`Leader`]: when the leader changed) is apart from the reads ([`poll`]).
+
+use std::time::Duration;
+
+use etcd_client::{AlarmAction, AlarmType};
+
+use crate::config::Shard;
+use crate::member::{Alarm, Alarms};
+
+/// How often each shard's members are read.
+pub const INTERVAL: Duration = Duration::from_secs(15);
+
+/// What one member said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStatus {
+    /// The endpoint as configured: the `member` label.
+    pub endpoint: String,
+    pub id: u64,
+    pub db_size: i64,
+    pub db_size_in_use: i64,
+    /// `--quota-backend-bytes` (0: not reported).
+    pub quota: i64,
+    pub leader: u64,
+}
+
+/// One poll of a shard: each endpoint's status (`None`: it did not answer) and the cluster's alarms as the
+/// first member that answered listed them.
+#[derive(Debug, Default)]
+pub struct Poll {
+    pub members: Vec<(String, Option<MemberStatus>)>,
+    pub alarms: Option<Alarms>,
+}
+
+impl Poll {
+    /// The leader the answering members agree on most (a member cut off may still name an old one).
+    pub fn leader(&self) -> Option<u64> {
+        let mut votes: Vec<(u64, usize)> = Vec::new();
+        for status in self.members.iter().filter_map(|(_, s)| s.as_ref()).filter(|s| s.leader != 0) {
+            match votes.iter_mut().find(|(id, _)| *id == status.leader) {
+                Some((_, n)) => *n += 1,
+                None => votes.push((status.leader, 1)),
+            }
+        }
+        votes.into_iter().max_by_key(|(_, n)| *n).map(|(id, _)| id)
+    }
+}
+
+/// Leader changes of one shard, as polls see them: the first leader seen is not a change; a poll with no
+/// leader (no quorum, nothing answered) is not one either, and the next leader is compared with the last
+/// one known.
+#[derive(Debug, Default)]
+pub struct Leader {
+    last: Option<u64>,
+}
+
+impl Leader {
+    /// Whether `now` is a change from the last leader seen.
+    pub fn changed(&mut self, now: Option<u64>) -> bool {
+        let Some(now) = now else { return false };
+        let changed = self.last.is_some_and(|last| last != now);
+        self.last = Some(now);
+        changed
+    }
+}
+
+/// Reads the shard's members every [`INTERVAL`] into the metrics until `stop`.
+pub async fn run(shard: &Shard, metrics: &crate::metrics::Metrics, stop: &tokio_util::sync::CancellationToken) {
+    let mut leader = Leader::default();
+    let mut tick = tokio::time::interval(INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let read = tokio::select! {
+            () = stop.cancelled() => return,
+            read = poll(shard) => read,
+        };
+        let changed = leader.changed(read.leader());
+        if changed {
+            tracing::info!(
+                shard = shard.name,
+                leader = format!("{:x}", read.leader().unwrap_or_default()),
+                "etcd leader changed"
+            );
+        }
+        metrics.health_polled(&shard.name, &read, changed);
+    }
+}
+
+/// Reads every member of `shard`.
+pub async fn poll(shard: &Shard) -> Poll {
+    let mut out = Poll::default();
+    for endpoint in &shard.endpoints {
+        match status(endpoint, shard, &mut out.alarms).await {
+            Ok(status) => out.members.push((endpoint.clone(), Some(status))),
+            Err(e) => {
+                tracing::debug!(shard = shard.name, endpoint, error = %format!("{e:#}"), "health: member did not answer");
+                out.members.push((endpoint.clone(), None));
+            }
+        }
+    }
+    out
+}
+
+async fn status(endpoint: &str, shard: &Shard, alarms: &mut Option<Alarms>) -> anyhow::Result<MemberStatus> {
+    let timeout = Duration::from_secs(10);
+    let mut client = crate::member::connect(endpoint, shard.tls.as_ref()).await?;
+    let status = tokio::time::timeout(timeout, client.status()).await??;
+    if alarms.is_none() {
+        let listed = tokio::time::timeout(timeout, client.alarm(AlarmAction::Get, AlarmType::None, None)).await??;
+        *alarms = Some(
+            listed
+                .alarms()
+                .iter()
+                .filter_map(|a| match a.alarm() {
+                    AlarmType::Nospace => Some((a.member_id(), Alarm::Nospace)),
+                    AlarmType::Corrupt => Some((a.member_id(), Alarm::Corrupt)),
+                    AlarmType::None => None,
+                })
+                .collect(),
+        );
+    }
+    Ok(MemberStatus {
+        endpoint: endpoint.to_string(),
+        id: status.header().map(|h| h.member_id()).unwrap_or_default(),
+        db_size: status.db_size(),
+        db_size_in_use: status.raft_used_db_size(),
+        quota: status.db_size_quota(),
+        leader: status.leader(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(leader: u64) -> Option<MemberStatus> {
+        Some(MemberStatus { endpoint: String::new(), id: 1, db_size: 0, db_size_in_use: 0, quota: 0, leader })
+    }
+
+    #[test]
+    fn the_first_leader_is_not_a_change_a_new_one_is_and_a_poll_without_quorum_is_neither() {
+        let mut leader = Leader::default();
+        assert!(!leader.changed(Some(7)), "first seen");
+        assert!(!leader.changed(Some(7)));
+        assert!(!leader.changed(None), "no quorum");
+        assert!(leader.changed(Some(9)), "a new leader after a poll without one");
+        assert!(!leader.changed(Some(9)));
+    }
+
+    #[test]
+    fn the_leader_is_the_one_most_answering_members_name() {
+        let poll = Poll {
+            members: vec![
+                ("a".into(), member(9)),
+                ("b".into(), member(9)),
+                ("c".into(), member(7)),
+                ("d".into(), None),
+            ],
+            alarms: None,
+        };
+        assert_eq!(poll.leader(), Some(9));
+        let none = Poll { members: vec![("a".into(), member(0)), ("b".into(), None)], alarms: None };
+        assert_eq!(none.leader(), None);
+    }
+}
