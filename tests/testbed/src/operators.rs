@@ -87,6 +87,7 @@ impl Operators {
         apply_crds(&bed.client(), crds).await?;
 
         let dir = bed.subdir("operators")?;
+        let started = std::time::Instant::now();
         let kubeconfig = bed.apiserver.admin_kubeconfig.display().to_string();
         // Its health server has no flag and listens on 0.0.0.0:9403 by default: two beds side by side would
         // collide, so its configuration file gives it a free loopback port.
@@ -134,6 +135,11 @@ impl Operators {
         let readyz = format!("http://127.0.0.1:{probe}/readyz");
         crate::process::wait_until(&mut operator, Duration::from_secs(60), "ready", || crate::http::get_ok(&readyz))
             .await?;
+        eprintln!(
+            "testbed: cert-manager and the kcp-operator ready after {:.1?} (logs in {})",
+            started.elapsed(),
+            dir.display()
+        );
         Ok(Self { cert_manager, operator })
     }
 
@@ -355,11 +361,16 @@ pub async fn seed_front_proxy_kubeconfig(
 /// Waits (up to two minutes: cert-manager issues the RootShard's CAs first) for the operator's render.
 pub async fn wait_for_render(client: &kube::Client, ns: &str, secret: &str) -> Result<()> {
     let secrets = Api::<Secret>::namespaced(client.clone(), ns);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let started = tokio::time::Instant::now();
+    let deadline = started + Duration::from_secs(120);
     loop {
         if let Ok(Some(s)) = secrets.get_opt(secret).await
             && s.data.is_some_and(|d| d.contains_key("kubeconfig"))
         {
+            eprintln!(
+                "testbed: the kcp-operator rendered {ns}/{secret} {:.1?} after its objects were applied",
+                started.elapsed()
+            );
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
