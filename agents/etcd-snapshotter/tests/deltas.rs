@@ -318,35 +318,11 @@ async fn a_compacted_start_revision_forces_a_full_snapshot_counted_and_the_delta
 #[tokio::test(flavor = "multi_thread")]
 async fn a_corrupted_or_deleted_middle_delta_stops_restore_at_the_last_good_revision_and_says_so_with_exit_2() {
     let bed = Bed::with_cluster().await.unwrap();
-    let cluster = bed.cluster();
-    let ns = cluster.namespace().await.unwrap();
-    let etcd = bed.etcd("root", 1).await.unwrap();
-    let mut client = etcd.member_client(0).await.unwrap();
-    load(&mut client, "/base", 5, 100).await.unwrap();
-    let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
-    snapshot_ok(&config);
     let s3 = bed.s3.client();
-    let (id, snapshot_revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
-    let agent = agent(cluster, &config, &ns).start().await.unwrap();
-    // Three bursts, each stored before the next: at least three deltas, the first burst wholly before the
-    // second delta.
-    for (burst, prefix) in ["/registry/one", "/registry/two", "/registry/three"].into_iter().enumerate() {
-        load(&mut client, prefix, 5, 100).await.unwrap();
-        let (now, _) = revision_and_keys(&mut client).await;
-        let deltas = wait_until_stored(&s3, &bed.s3.bucket, &id, now).await;
-        assert!(deltas.len() > burst, "{deltas:?}");
-    }
-    drop(agent);
-    let deltas = deltas_of(&s3, &bed.s3.bucket, &id).await;
-    let (good, broken) = (&deltas[0], &deltas[1]);
-
-    // A byte flipped in versitygw's file of the second delta.
-    let file = bed.s3_file(&broken.key);
-    let mut bytes = std::fs::read(&file).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x40;
-    std::fs::write(&file, bytes).unwrap();
-    let (_p, mut restored, out) = restored_allowing(&bed, &config, "latest", "flipped", Some(2)).await;
+    let chain = FlippedChain::build(&bed, |bed, endpoint| deltas_config(bed, endpoint, "1s")).await;
+    let FlippedChain { config, snapshot_revision, good, broken, .. } = &chain;
+    let snapshot_revision = *snapshot_revision;
+    let (_p, mut restored, out) = restored_allowing(&bed, config, "latest", "flipped", Some(2)).await;
     assert!(out.contains(&format!("breaks at revision {}", broken.from)) && out.contains("sha256"), "{out}");
     assert!(out.contains(&format!("STOPPED AT THE LAST GOOD POINT, revision {}", good.to)), "{out}");
     assert_eq!(revision_and_keys(&mut restored).await.0, good.to as i64 + BUMP);
@@ -354,10 +330,51 @@ async fn a_corrupted_or_deleted_middle_delta_stops_restore_at_the_last_good_revi
 
     // Deleted: the same point, and the message says it is missing.
     s3.delete_object().bucket(&bed.s3.bucket).key(&broken.key).send().await.unwrap();
-    let (_p, mut restored, out) = restored_allowing(&bed, &config, "latest", "deleted", Some(2)).await;
+    let (_p, mut restored, out) = restored_allowing(&bed, config, "latest", "deleted", Some(2)).await;
     assert!(out.contains(&format!("breaks at revision {}", broken.from)) && out.contains("missing"), "{out}");
     assert_eq!(revision_and_keys(&mut restored).await.0, good.to as i64 + BUMP);
     assert_up_to(&mut restored, snapshot_revision, good.to).await;
+}
+
+/// A full snapshot and three deltas after it (three bursts of writes, each stored before the next: the first burst
+/// wholly before the second delta), then a byte flipped in versitygw's file of the second delta.
+struct FlippedChain {
+    _etcd: testbed::Etcd,
+    config: std::path::PathBuf,
+    id: String,
+    snapshot_revision: u64,
+    good: Stored,
+    broken: Stored,
+}
+
+impl FlippedChain {
+    async fn build(bed: &Bed, config_for: fn(&Bed, &str) -> std::path::PathBuf) -> Self {
+        let cluster = bed.cluster();
+        let ns = cluster.namespace().await.unwrap();
+        let etcd = bed.etcd("root", 1).await.unwrap();
+        let mut client = etcd.member_client(0).await.unwrap();
+        load(&mut client, "/base", 5, 100).await.unwrap();
+        let config = config_for(bed, &etcd.members[0].client_url);
+        snapshot_ok(&config);
+        let s3 = bed.s3.client();
+        let (id, snapshot_revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+        let agent = agent(cluster, &config, &ns).start().await.unwrap();
+        for (burst, prefix) in ["/registry/one", "/registry/two", "/registry/three"].into_iter().enumerate() {
+            load(&mut client, prefix, 5, 100).await.unwrap();
+            let (now, _) = revision_and_keys(&mut client).await;
+            let deltas = wait_until_stored(&s3, &bed.s3.bucket, &id, now).await;
+            assert!(deltas.len() > burst, "{deltas:?}");
+        }
+        drop(agent);
+        let deltas = deltas_of(&s3, &bed.s3.bucket, &id).await;
+        let (good, broken) = (deltas[0].clone(), deltas[1].clone());
+        let file = bed.s3_file(&broken.key);
+        let mut bytes = std::fs::read(&file).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x40;
+        std::fs::write(&file, bytes).unwrap();
+        Self { _etcd: etcd, config, id, snapshot_revision, good, broken }
+    }
 }
 
 /// The member serves exactly the writes (one new key each) from the snapshot's revision up to `to`.
@@ -542,32 +559,11 @@ async fn a_drill_replays_leased_transactional_compacted_deltas_and_matches_the_l
 #[tokio::test(flavor = "multi_thread")]
 async fn a_drill_of_a_snapshot_whose_middle_delta_is_corrupted_fails_with_delta_chain_broken_and_names_the_revision() {
     let bed = Bed::with_cluster().await.unwrap();
-    let cluster = bed.cluster();
-    let ns = cluster.namespace().await.unwrap();
-    let etcd = bed.etcd("root", 1).await.unwrap();
-    let mut client = etcd.member_client(0).await.unwrap();
-    load(&mut client, "/base", 5, 100).await.unwrap();
-    let config = drilled_deltas_config(&bed, &etcd.members[0].client_url);
-    snapshot_ok(&config);
     let s3 = bed.s3.client();
-    let (id, _) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
-    let agent = agent(cluster, &config, &ns).start().await.unwrap();
-    for (burst, prefix) in ["/registry/one", "/registry/two", "/registry/three"].into_iter().enumerate() {
-        load(&mut client, prefix, 5, 100).await.unwrap();
-        let (now, _) = revision_and_keys(&mut client).await;
-        let deltas = wait_until_stored(&s3, &bed.s3.bucket, &id, now).await;
-        assert!(deltas.len() > burst, "{deltas:?}");
-    }
-    drop(agent);
-    let deltas = deltas_of(&s3, &bed.s3.bucket, &id).await;
-    let (good, broken) = (&deltas[0], &deltas[1]);
-    let file = bed.s3_file(&broken.key);
-    let mut bytes = std::fs::read(&file).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x40;
-    std::fs::write(&file, bytes).unwrap();
+    let chain = FlippedChain::build(&bed, drilled_deltas_config).await;
+    let FlippedChain { config, id, good, broken, .. } = &chain;
 
-    let out = cli(&["drill", "--config", config.to_str().unwrap(), &id]);
+    let out = cli(&["drill", "--config", config.to_str().unwrap(), id]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     // The one line per drill goes to stderr when it failed.
     let stdout = String::from_utf8_lossy(&out.stderr);
@@ -578,7 +574,7 @@ async fn a_drill_of_a_snapshot_whose_middle_delta_is_corrupted_fails_with_delta_
         "{}",
         text(&out)
     );
-    let r = drill_report(&s3, &bed.s3.bucket, &id).await;
+    let r = drill_report(&s3, &bed.s3.bucket, id).await;
     assert_eq!(
         (r["passed"].clone(), r["failure"]["reason"].clone()),
         (false.into(), "delta_chain_broken".into()),
