@@ -406,6 +406,20 @@ mod tests {
         }
     }
 
+    /// The metadata of a delta from 11 to 14 of snapshot r10, with no live record.
+    fn meta() -> Meta {
+        Meta {
+            from: 11,
+            to: 14,
+            sha256: "ab".repeat(32),
+            previous: None,
+            snapshot: "root/20261130T120000Z-r10".into(),
+            cluster_id: "c1".into(),
+            events: 4,
+            live: None,
+        }
+    }
+
     fn header() -> Header {
         Header {
             from: 11,
@@ -486,16 +500,7 @@ mod tests {
     #[test]
     fn the_live_record_travels_in_metadata_and_header_and_a_partial_or_edited_one_is_refused() {
         let live = Live { hash_kv: 3_000_000_000, compact_revision: 9, key_count: 40 };
-        let meta = Meta {
-            from: 11,
-            to: 14,
-            sha256: "ab".repeat(32),
-            previous: None,
-            snapshot: "root/20261130T120000Z-r10".into(),
-            cluster_id: "c1".into(),
-            events: 4,
-            live: Some(live),
-        };
+        let meta = Meta { live: Some(live), ..meta() };
         let map = |m: &Meta| -> HashMap<String, String> {
             m.to_metadata().into_iter().map(|(k, v)| (k.to_string(), v)).collect()
         };
@@ -525,16 +530,7 @@ mod tests {
 
     #[test]
     fn a_link_is_checked_against_its_hash_its_predecessor_and_its_payload() {
-        let meta = Meta {
-            from: 11,
-            to: 14,
-            sha256: "ab".repeat(32),
-            previous: None,
-            snapshot: "root/20261130T120000Z-r10".into(),
-            cluster_id: "c1".into(),
-            events: 4,
-            live: None,
-        };
+        let meta = meta();
         let parsed = Meta::from_metadata(&meta.to_metadata().into_iter().map(|(k, v)| (k.to_string(), v)).collect());
         assert_eq!(parsed.as_ref(), Ok(&meta));
         let expected = Expected { from: 11, previous: None, snapshot: &meta.snapshot, cluster_id: "c1" };
