@@ -292,10 +292,8 @@ pub struct Installed {
     pub peers: Vec<testbed::process::Process>,
 }
 
-pub async fn install(node: &Node) -> Result<Installed> {
-    let client = node.client().await?;
-    let version = version()?;
-    let started = Instant::now();
+/// The agents' images (`cargo xtask images`) imported into the node's containerd, under the tags the chart names.
+pub fn import_agent_images(node: &Node, version: &str) -> Result<()> {
     for agent in AGENTS {
         node.import_image(&node::agent_image_archive(agent)?)?;
     }
@@ -304,6 +302,14 @@ pub async fn install(node: &Node) -> Result<Installed> {
         let tag = format!("ghcr.io/kcp-keeper/{agent}:{version}");
         ensure!(images.iter().any(|i| i == &tag), "{tag} is not in the node's containerd: {images:?}");
     }
+    Ok(())
+}
+
+pub async fn install(node: &Node) -> Result<Installed> {
+    let client = node.client().await?;
+    let version = version()?;
+    let started = Instant::now();
+    import_agent_images(node, &version)?;
     eprintln!("images imported in {:.1?}", started.elapsed());
     let peers = seed(node, &client).await?;
 

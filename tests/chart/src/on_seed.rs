@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::NAMESPACE as KEEPER_NAMESPACE;
 use crate::dns_on_node::coredns_as_a_pod;
-use crate::on_node::{self, AGENTS, HUB, S3_KEY, S3_PORT, S3_SECRET, create, pause_deployment, version};
+use crate::on_node::{self, HUB, S3_KEY, S3_PORT, S3_SECRET, create, pause_deployment, version};
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
@@ -178,14 +178,7 @@ pub fn object(node: &Node, key: &str) -> Result<Value> {
 pub async fn install(node: &Node) -> Result<Installed> {
     let client = node.client().await?;
     let version = version()?;
-    for agent in AGENTS {
-        node.import_image(&node::agent_image_archive(agent)?)?;
-    }
-    let images = node.images()?;
-    for agent in AGENTS {
-        let tag = format!("ghcr.io/kcp-keeper/{agent}:{version}");
-        ensure!(images.iter().any(|i| i == &tag), "{tag} is not in the node's containerd: {images:?}");
-    }
+    on_node::import_agent_images(node, &version)?;
     let namespaces = Api::<Namespace>::all(client.clone());
     for (name, labels) in [
         (
