@@ -8,10 +8,8 @@
 
 use std::time::Duration;
 
-use etcd_client::{AlarmAction, AlarmType};
-
 use crate::config::Shard;
-use crate::member::{Alarm, Alarms};
+use crate::member::Alarms;
 
 /// How often each shard's members are read.
 pub const INTERVAL: Duration = Duration::from_secs(15);
@@ -115,18 +113,7 @@ async fn status(endpoint: &str, shard: &Shard, alarms: &mut Option<Alarms>) -> a
     let mut client = crate::member::connect(endpoint, shard.tls.as_ref()).await?;
     let status = tokio::time::timeout(timeout, client.status()).await??;
     if alarms.is_none() {
-        let listed = tokio::time::timeout(timeout, client.alarm(AlarmAction::Get, AlarmType::None, None)).await??;
-        *alarms = Some(
-            listed
-                .alarms()
-                .iter()
-                .filter_map(|a| match a.alarm() {
-                    AlarmType::Nospace => Some((a.member_id(), Alarm::Nospace)),
-                    AlarmType::Corrupt => Some((a.member_id(), Alarm::Corrupt)),
-                    AlarmType::None => None,
-                })
-                .collect(),
-        );
+        *alarms = Some(crate::member::alarms(&mut client).await?);
     }
     Ok(MemberStatus {
         endpoint: endpoint.to_string(),

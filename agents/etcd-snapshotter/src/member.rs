@@ -71,6 +71,20 @@ pub async fn connect(endpoint: &str, tls: Option<&TlsFiles>) -> anyhow::Result<C
     Ok(client)
 }
 
+/// The cluster's active alarms (NOSPACE, CORRUPT), as one member lists them for the whole cluster.
+pub(crate) async fn alarms(client: &mut etcd_client::Client) -> anyhow::Result<Alarms> {
+    let listed = bounded("alarm list", client.alarm(AlarmAction::Get, AlarmType::None, None)).await?;
+    Ok(listed
+        .alarms()
+        .iter()
+        .filter_map(|a| match a.alarm() {
+            AlarmType::Nospace => Some((a.member_id(), Alarm::Nospace)),
+            AlarmType::Corrupt => Some((a.member_id(), Alarm::Corrupt)),
+            AlarmType::None => None,
+        })
+        .collect())
+}
+
 async fn bounded<T>(
     what: &str,
     f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
@@ -89,22 +103,13 @@ async fn probe(endpoint: &str, tls: Option<&TlsFiles>, seen: &mut Option<Alarms>
         anyhow::bail!("a learner");
     }
     let id = status.header().map(|h| h.member_id()).unwrap_or_default();
-    let alarms = bounded("alarm list", client.alarm(AlarmAction::Get, AlarmType::None, None)).await?;
-    let listed: Alarms = alarms
-        .alarms()
-        .iter()
-        .filter_map(|a| match a.alarm() {
-            AlarmType::Nospace => Some((a.member_id(), Alarm::Nospace)),
-            AlarmType::Corrupt => Some((a.member_id(), Alarm::Corrupt)),
-            AlarmType::None => None,
-        })
-        .collect();
+    let listed = alarms(&mut client).await?;
     seen.get_or_insert_with(|| listed.clone());
-    let own: Vec<AlarmType> = alarms.alarms().iter().filter(|a| a.member_id() == id).map(|a| a.alarm()).collect();
-    if own.contains(&AlarmType::Corrupt) {
+    let own: Vec<Alarm> = listed.iter().filter(|(member, _)| *member == id).map(|(_, alarm)| *alarm).collect();
+    if own.contains(&Alarm::Corrupt) {
         anyhow::bail!("has a CORRUPT alarm");
     }
-    if own.contains(&AlarmType::Nospace) {
+    if own.contains(&Alarm::Nospace) {
         tracing::warn!(endpoint, "the member has a NOSPACE alarm (it refuses writes); snapshotting it anyway");
     }
     let members = bounded("member list", client.member_list()).await?;
