@@ -2,7 +2,12 @@
 //! read from the workspace's Cargo.lock, for `ca_syncer_public_roots_info` and `render`.
 
 fn main() {
-    let lock = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.lock");
+    // The manifest directory as cargo gives it to this run, not `env!` at this script's compile time: cargo reuses a
+    // compiled build script across checkouts of the workspace (its hash is relative to the workspace root), and the
+    // images' target directory is shared by every checkout on the machine, so a compiled-in path names another
+    // checkout's Cargo.lock, or one that is gone ("unknown" in the shipped image).
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR for build scripts");
+    let lock = std::path::Path::new(&manifest_dir).join("../../Cargo.lock");
     println!("cargo:rerun-if-changed={}", lock.display());
     let text = std::fs::read_to_string(&lock).unwrap_or_default();
     let version =
