@@ -74,8 +74,8 @@ impl Layout {
         &self.kcp.shard(shard).etcd
     }
 
-    /// The CA that issues kcp client certificates (`Issuer/root-client-ca`), for stand-ins that play
-    /// cert-manager.
+    /// The CA that issues kcp client certificates (`Issuer/root-client-ca`): the real cert-manager's CA `Issuer`
+    /// signs with it, so the running front proxy trusts what it issues.
     pub fn client_ca(&self) -> &Ca {
         &self.kcp.pki.client_ca
     }

@@ -486,35 +486,46 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// What a full `cargo xtask test` writes at its peak, in GiB, from a fresh clone with the peers cached: the
-/// target directory (debug test binaries and the release images' builds), the two node beds' containerd stores
-/// and the tests' own data in two lanes. A run that fills the disk fails every binary after it with
+/// The free space, in GiB, below which a full `cargo xtask test` warns first. A fresh clone with the peers cached
+/// writes its target directory (debug test binaries, the images' release build), two node beds' containerd stores
+/// and the tests' own data in two lanes: CI's fresh clone passed with about 16 GiB free and ran out with 11 (the
+/// suite has grown since), so this keeps a margin. A run that fills the disk fails every binary after it with
 /// "No space left on device", far from the cause, so the shortfall is named first.
 pub const FULL_RUN_GIB: u64 = 24;
 
-/// Free space on the filesystem holding `path`, in GiB (from `df`, which every machine kind here has).
-pub fn free_gib(path: &Path) -> Result<u64> {
-    let out = Command::new("df").args(["--output=avail", "-B1G"]).arg(path).output()?;
-    parse_df_avail(&String::from_utf8_lossy(&out.stdout))
+/// The mount point and free space (GiB) of the filesystem holding `path`, from `df`, which every machine kind
+/// here has.
+pub fn free_gib(path: &Path) -> Result<(String, u64)> {
+    let out = Command::new("df").args(["--output=target,avail", "-B1G"]).arg(path).output()?;
+    parse_df(&String::from_utf8_lossy(&out.stdout))
         .ok_or_else(|| anyhow::anyhow!("df printed no free space for {}", path.display()))
 }
 
-/// The number under `df --output=avail`'s header.
-pub fn parse_df_avail(text: &str) -> Option<u64> {
-    text.lines().nth(1)?.trim().trim_end_matches('G').parse().ok()
+/// The mount point and the number under `df --output=target,avail`'s header.
+pub fn parse_df(text: &str) -> Option<(String, u64)> {
+    let mut fields = text.lines().nth(1)?.split_whitespace();
+    let mount = fields.next()?.to_string();
+    let avail = fields.next()?.trim_end_matches('G').parse().ok()?;
+    Some((mount, avail))
 }
 
-/// Says so before a full run when the target directory's or the temp directory's filesystem has less free
-/// space than the run writes. A warning, not a refusal: an existing target directory already holds much of it.
+/// Says so before a full run when the filesystem of the target directory or of the temp directory (once, when they
+/// are one) has less free space than [`FULL_RUN_GIB`]. A warning, not a refusal: an existing target directory
+/// already holds much of what the run writes.
 pub fn warn_on_little_disk(target: &Path) {
+    let mut warned = Vec::new();
     for (what, path) in [("target directory", target.to_path_buf()), ("temp directory", std::env::temp_dir())] {
         match free_gib(&path) {
-            Ok(free) if free < FULL_RUN_GIB => eprintln!(
-                "xtask: warning: {free} GiB free for the {what} ({}); a full run from a fresh clone writes about \
-                 {FULL_RUN_GIB} GiB (test binaries, images, two node beds, test data). If it fills up, binaries fail \
-                 with 'No space left on device': free space first (old target directories, `cargo clean`).",
-                path.display()
-            ),
+            Ok((mount, free)) if free < FULL_RUN_GIB && !warned.contains(&mount) => {
+                eprintln!(
+                    "xtask: warning: {free} GiB free on {mount}, which holds the {what} ({}); a full run from a fresh \
+                     clone writes nearly all of it (test binaries, images, two node beds, test data): below \
+                     {FULL_RUN_GIB} GiB it may fill up, and binaries then fail with 'No space left on device'. Free \
+                     space first (old target directories, `cargo clean`).",
+                    path.display()
+                );
+                warned.push(mount);
+            }
             Ok(_) => {}
             Err(e) => eprintln!("xtask: warning: could not read the free space for the {what}: {e:#}"),
         }
@@ -526,10 +537,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_free_space_is_read_from_dfs_avail_column() {
-        assert_eq!(parse_df_avail("Avail\n   19G\n"), Some(19));
-        assert_eq!(parse_df_avail("Avail\n"), None);
-        assert_eq!(parse_df_avail("Avail\n  n/a\n"), None);
+    fn the_mount_and_free_space_are_read_from_dfs_target_and_avail_columns() {
+        assert_eq!(parse_df("Mounted on Avail\n/           19G\n"), Some(("/".into(), 19)));
+        assert_eq!(parse_df("Mounted on Avail\n"), None);
+        assert_eq!(parse_df("Mounted on Avail\n/  n/a\n"), None);
     }
 
     #[test]
