@@ -190,6 +190,27 @@ where
     }
 }
 
+/// [`eventually`] for a poll that can fail and can say what it saw: `f` gives `Ok(Ok(v))` when the condition
+/// holds, `Ok(Err(seen))` to poll again, and `Err(e)` to stop with that error. On timeout the error names `what`
+/// and the last `seen`, so a test that never got there says where it was.
+pub async fn eventually_seen<T, F, Fut>(timeout: std::time::Duration, what: &str, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<std::result::Result<T, String>>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let seen = match f().await? {
+            Ok(v) => return Ok(v),
+            Err(seen) => seen,
+        };
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!("timed out after {timeout:?} waiting for {what}; last seen: {seen}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 /// A peer shared by every test of one test binary: `start` runs once, on first use, on a thread that lives as
 /// long as the binary, because the kernel kills a peer when the thread that spawned it exits (PR_SET_PDEATHSIG)
 /// and each test runs on a thread of its own. A failed start panics every test that asks, with its cause.

@@ -19,7 +19,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -362,35 +362,33 @@ pub async fn seed_front_proxy_kubeconfig(
 pub async fn wait_for_render(client: &kube::Client, ns: &str, secret: &str) -> Result<()> {
     let secrets = Api::<Secret>::namespaced(client.clone(), ns);
     let started = tokio::time::Instant::now();
-    let deadline = started + Duration::from_secs(120);
-    loop {
+    let what = format!("the kcp-operator's render {ns}/{secret}");
+    crate::eventually_seen(Duration::from_secs(120), &what, || async {
         if let Ok(Some(s)) = secrets.get_opt(secret).await
             && s.data.is_some_and(|d| d.contains_key("kubeconfig"))
         {
-            eprintln!(
-                "testbed: the kcp-operator rendered {ns}/{secret} {:.1?} after its objects were applied",
-                started.elapsed()
-            );
-            return Ok(());
+            return Ok(Ok(()));
         }
-        if tokio::time::Instant::now() > deadline {
-            let kc: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &kubeconfig_resource());
-            let status = kc
-                .list(&Default::default())
-                .await
-                .map(|l| l.items.into_iter().map(|o| o.data["status"].to_string()).collect::<Vec<_>>().join("; "));
-            let certs: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &certificate_resource());
-            let certs = certs.list(&Default::default()).await.map(|l| {
-                l.items
-                    .into_iter()
-                    .map(|o| format!("{}: {}", o.metadata.name.unwrap_or_default(), o.data["status"]["conditions"]))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            });
-            bail!(
-                "the operator rendered no {ns}/{secret} within 120s: Kubeconfig status {status:?}; Certificates {certs:?}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        // Not yet: what the operator and cert-manager report, for the message if it never comes.
+        let kc: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &kubeconfig_resource());
+        let status = kc
+            .list(&Default::default())
+            .await
+            .map(|l| l.items.into_iter().map(|o| o.data["status"].to_string()).collect::<Vec<_>>().join("; "));
+        let certs: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &certificate_resource());
+        let certs = certs.list(&Default::default()).await.map(|l| {
+            l.items
+                .into_iter()
+                .map(|o| format!("{}: {}", o.metadata.name.unwrap_or_default(), o.data["status"]["conditions"]))
+                .collect::<Vec<_>>()
+                .join("; ")
+        });
+        Ok(Err(format!("Kubeconfig status {status:?}; Certificates {certs:?}")))
+    })
+    .await?;
+    eprintln!(
+        "testbed: the kcp-operator rendered {ns}/{secret} {:.1?} after its objects were applied",
+        started.elapsed()
+    );
+    Ok(())
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use kcp_keeper_doctor::options::Options;
-use kcp_keeper_doctor::verdict::{Level, Report};
+use kcp_keeper_doctor::verdict::{Level, Report, Verdict};
 use testbed::node::{self, NODE_IP, Node};
 use testbed::process::Process;
 use testbed::seed::layout::{EXTERNAL_HOST, FRONT_PROXY, NAMESPACE};
@@ -90,6 +90,25 @@ fn results<'a>(report: &'a Report, check: &str) -> Vec<(&'a str, Level)> {
     report.of(check).into_iter().map(|v| (v.subject.as_str(), v.result)).collect()
 }
 
+/// Runs the doctor until its split-horizon line passes `want` (each CoreDNS takes a moment to listen).
+async fn until(node: &'static Node, port: u16, what: &str, want: fn(&Verdict) -> bool) -> Result<Report> {
+    testbed::eventually_seen(Duration::from_secs(60), what, || async move {
+        let report = doctor(node, options(port)).await?;
+        Ok(if report.of("split-horizon").first().is_some_and(|v| want(v)) { Ok(report) } else { Err(report.text()) })
+    })
+    .await
+}
+
+/// The split-horizon line at `level`; a FAIL must be the edge's answer, not a resolver that does not answer yet
+/// (that is a FAIL too).
+fn is(level: Level) -> fn(&Verdict) -> bool {
+    match level {
+        Level::Ok => |v| v.result == Level::Ok,
+        Level::Fail => |v| v.result == Level::Fail && v.saw.contains(EDGE_IP),
+        Level::Warn => |v| v.result == Level::Warn,
+    }
+}
+
 #[tokio::test]
 async fn doctor_from_inside_the_cluster_passes_the_seeds_verify_section_on_the_real_layout_rollouts_readyz_401_403_and_split_horizon()
 -> Result<()> {
@@ -99,14 +118,7 @@ async fn doctor_from_inside_the_cluster_passes_the_seeds_verify_section_on_the_r
     let _dns = cluster_dns(node, &scratch, 15301, true)?;
     // The CoreDNS just started: wait until the doctor sees the split horizon answered (any result but a
     // resolver that does not answer), then judge that run.
-    let mut report = doctor(node, options(15301)).await?;
-    for _ in 0..30 {
-        if report.of("split-horizon").iter().all(|v| !v.saw.contains("did not answer")) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        report = doctor(node, options(15301)).await?;
-    }
+    let report = until(node, 15301, "the split horizon answered", |v| !v.saw.contains("did not answer")).await?;
     eprint!("{}", report.text());
     let rollouts = results(&report, "rollout");
     for name in ["root-kcp", "root-proxy", "alpha-shard-kcp", "frontproxy-front-proxy"] {
@@ -139,36 +151,19 @@ async fn doctor_split_horizon_fails_when_the_rewrite_rule_is_removed_and_the_nam
         assert_eq!(lines.len(), 1, "{}", report.text());
         lines[0].clone()
     };
-    // Each CoreDNS takes a moment to listen: poll until its answer is the one the step expects.
-    // A resolver that does not answer yet is a FAIL too: the FAIL step waits for the edge's address.
-    async fn until(node: &'static Node, port: u16, want: Level, what: &str) -> Result<Report> {
-        let mut last = String::new();
-        for _ in 0..60 {
-            let report = doctor(node, options(port)).await?;
-            let seen = |v: &&kcp_keeper_doctor::verdict::Verdict| {
-                v.result == want && (want == Level::Ok || v.saw.contains(EDGE_IP))
-            };
-            if report.of("split-horizon").first().is_some_and(seen) {
-                return Ok(report);
-            }
-            last = report.text();
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        anyhow::bail!("{what}: the split-horizon line never became {want:?}: {last}")
-    }
     let with_rule = cluster_dns(node, &scratch, port, true)?;
-    let report = until(node, port, Level::Ok, "with the rewrite rule").await?;
+    let report = until(node, port, "ok with the rewrite rule", is(Level::Ok)).await?;
     assert!(split(&report).saw.contains("front proxy's Service"), "{}", split(&report).saw);
     drop(with_rule);
 
     let without = cluster_dns(node, &scratch, port, false)?;
-    let report = until(node, port, Level::Fail, "without the rewrite rule").await?;
+    let report = until(node, port, "FAIL without the rewrite rule", is(Level::Fail)).await?;
     let line = split(&report);
     assert!(line.saw.contains(EDGE_IP), "the FAIL names the edge address it got: {}", line.saw);
     assert!(line.runbook.ends_with("#doctor-split-horizon"), "{}", line.runbook);
     drop(without);
 
     let _back = cluster_dns(node, &scratch, port, true)?;
-    until(node, port, Level::Ok, "with the rule back").await.context("putting the rule back")?;
+    until(node, port, "ok with the rule back", is(Level::Ok)).await.context("putting the rule back")?;
     Ok(())
 }

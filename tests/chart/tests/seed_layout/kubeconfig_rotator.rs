@@ -167,6 +167,9 @@ async fn kubeconfig_rotator_carries_two_cert_manager_renewals_of_the_operators_k
     let mut nudges = BTreeSet::new();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(600);
+    // An observation over two renewals, not a wait for one condition: every 500 ms the three copies are read,
+    // and each new published certificate is checked against the render and cert-manager at the moment it
+    // appears (a later read could already see the next renewal), so `eventually` does not fit.
     while published.len() < 3 {
         let (issued, rendered, copy) = certificates(&client).await;
         if let Some(copy) = copy
