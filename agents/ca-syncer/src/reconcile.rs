@@ -285,13 +285,14 @@ impl Syncer {
         let mut published = Published::default();
         let mut failures: Vec<ApplyError> = Vec::new();
         let mut restart_failure: Option<RestartError> = None;
+        let mut notices = Notices::default();
         for plan in plans {
             let (target, hash) = (plan.target, consumers::content_hash(&plan.pem));
             let held_until = consumers::held_until(plan.bundle.as_ref().and_then(|(b, _)| b.earliest_not_after()), now);
             // A consumer holding the previous bundle trusts the CA this one only retains: it is rolled before that
             // CA leaves the rotation overlap (its notAfter, or rotationGrace), window or not.
             let deadline = plan.retention.as_ref().and_then(RetentionPlan::next_review_at);
-            match self.write_target(spec, plan, &mut published).await {
+            match self.write_target(spec, plan, &mut published, &mut notices).await {
                 Ok(at) => {
                     review = min_time(review, at);
                     // Every pass, whatever it wrote: the target now holds `hash`, and a consumer not rolled for
@@ -309,6 +310,7 @@ impl Syncer {
             }
         }
         self.keystores.end_pass();
+        self.send(notices);
         let total = targets.len();
         let failed = failures.len();
         self.metrics.forget_stale(&spec.name, published, failed > 0);
@@ -500,6 +502,7 @@ impl Syncer {
         spec: &Bundle,
         plan: TargetPlan<'_>,
         published: &mut Published,
+        notices: &mut Notices,
     ) -> Result<Option<OffsetDateTime>, ApplyError> {
         let target = plan.target;
         let labels = target.labels(&spec.name);
@@ -512,7 +515,7 @@ impl Syncer {
             let keys = metadata.foreign.join(", ");
             tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, keys = %keys, "metadata keys held by another manager left alone");
             let note = format!("bundle {}: {keys} set by someone else to another value; left as it is", spec.name);
-            self.event(target, EventType::Warning, "MetadataNotOwned", &note);
+            notices.push(self.notice(target, EventType::Warning, "MetadataNotOwned", &note));
         }
         let content = Content { pem: &plan.pem, stores: &plan.stores };
         let desired = desired_object(target, &content, &plan.cache, !plan.observed.exists(), &metadata);
@@ -545,7 +548,7 @@ impl Syncer {
                 let verb = if outcome == Outcome::Created { "created" } else { "updated" };
                 let note = format!("bundle {}: {verb} key {} with {count} certificates", spec.name, target.key);
                 tracing::info!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, certificates = count, "{verb}");
-                self.event(target, EventType::Normal, "Published", &note);
+                notices.push(self.notice(target, EventType::Normal, "Published", &note));
                 let removed = plan.foreign_removed();
                 if removed > 0 {
                     let note = format!(
@@ -553,7 +556,7 @@ impl Syncer {
                         spec.name, target.key
                     );
                     tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, removed, "foreign certificates removed");
-                    self.event(target, EventType::Warning, "ForeignCertificateRemoved", &note);
+                    notices.push(self.notice(target, EventType::Warning, "ForeignCertificateRemoved", &note));
                 }
             }
             Err(e) => {
@@ -574,7 +577,12 @@ impl Syncer {
                 // A conflict (the object changed since it was read, often only the cache lagging behind our own
                 // last write) is retried at once with a fresh read; it is not worth a Warning on the object.
                 if !matches!(e, ApplyError::Conflict { .. }) {
-                    self.event(target, EventType::Warning, reason, &format!("bundle {}: {e}", spec.name));
+                    notices.push(self.notice(
+                        target,
+                        EventType::Warning,
+                        reason,
+                        &format!("bundle {}: {e}", spec.name),
+                    ));
                 }
                 return Err(e);
             }
@@ -620,6 +628,29 @@ impl Syncer {
     /// An Event on a target, sent without waiting (one per target written would otherwise double the time a
     /// bundle takes to reach all its targets).
     fn event(&self, target: &Resolved, kind: EventType, reason: &'static str, note: &str) {
+        let Notice { regarding, kind, reason, note } = self.notice(target, kind, reason, note);
+        self.events.publish_detached(regarding, kind, reason, "Sync", note);
+    }
+
+    /// The Events of a pass's target writes, sent once every target is written: in order, one at a time, by a
+    /// task of their own. Sent beside the writes they competed with them for the apiserver (an Event's create
+    /// costs it about what a target's apply does), which held up the last target by most of the time its
+    /// Events took (`cargo xtask bench ca-sync`, docs/benchmarks.md). Like a detached Event, one still queued
+    /// when the process exits is lost.
+    fn send(&self, notices: Notices) {
+        if notices.0.is_empty() {
+            return;
+        }
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            for Notice { regarding, kind, reason, note } in notices.0 {
+                events.publish(&regarding, kind, reason, "Sync", &note).await;
+            }
+        });
+    }
+
+    /// What an Event on a target says, and on which object.
+    fn notice(&self, target: &Resolved, kind: EventType, reason: &'static str, note: &str) -> Notice {
         let (regarding, note) = match target.kind {
             TargetKind::Secret | TargetKind::ConfigMap => {
                 (reference("v1", target.kind.as_str(), &target.namespace, &target.name, None), note.to_string())
@@ -630,7 +661,25 @@ impl Syncer {
                 (self.own_object.clone(), format!("ClusterTrustBundle {}: {note}", target.name))
             }
         };
-        self.events.publish_detached(regarding, kind, reason, "Sync", note);
+        Notice { regarding, kind, reason, note }
+    }
+}
+
+/// One Event about a target, as [`Syncer::notice`] words it.
+struct Notice {
+    regarding: k8s_openapi::api::core::v1::ObjectReference,
+    kind: EventType,
+    reason: &'static str,
+    note: String,
+}
+
+/// The Events a pass's target writes produced, in order ([`Syncer::send`]).
+#[derive(Default)]
+struct Notices(Vec<Notice>);
+
+impl Notices {
+    fn push(&mut self, notice: Notice) {
+        self.0.push(notice);
     }
 }
 

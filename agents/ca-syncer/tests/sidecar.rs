@@ -102,6 +102,12 @@ struct HupCounter {
 
 impl HupCounter {
     fn start(dir: &Path) -> Self {
+        // A child inherits an ignored SIGHUP, and bash cannot trap a signal that was ignored when it started: under
+        // `nohup cargo xtask test` every count stayed 0. A server in a pod starts with SIGHUP at its default, so
+        // the counter does too (the test process takes the default; nothing sends it SIGHUP).
+        // SAFETY: setting a signal's disposition to the default installs no handler.
+        unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGHUP, nix::sys::signal::SigHandler::SigDfl) }
+            .expect("SIGHUP to its default");
         // Longer than the kernel's 15-byte comm: found through argv[0], as a real server with a long name is.
         let name = format!("ca-syncer-test-hup-counter-{:08x}", rand_u32());
         let program = dir.join(&name);

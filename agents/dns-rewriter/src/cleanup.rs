@@ -32,14 +32,25 @@ pub fn unix_seconds() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// Marks ConfigMap `name` as cleaned now, so the running agent stops writing into it; `false` when it does not
-/// exist.
-async fn mark(api: &Api<ConfigMap>, name: &str) -> anyhow::Result<bool> {
+/// ConfigMap `name` as cleanup sees it, `None` when it does not exist. It is first marked as cleaned now, so
+/// the running agent stops writing into it, and read again after the mark. The mark is left alone when the
+/// ConfigMap already carries one and `ours` finds nothing of the agent's in it: a second cleanup is then no
+/// write at all (re-marking it each second would be a write per run, and idempotent means none).
+async fn marked(
+    api: &Api<ConfigMap>,
+    name: &str,
+    ours: impl Fn(&ConfigMap) -> anyhow::Result<bool>,
+) -> anyhow::Result<Option<ConfigMap>> {
+    let Some(live) = api.get_opt(name).await? else { return Ok(None) };
+    let already = live.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(CLEANED_ANNOTATION));
+    if already && !ours(&live)? {
+        return Ok(Some(live));
+    }
     let patch = json!({"metadata": {"annotations": {CLEANED_ANNOTATION: unix_seconds().to_string()}}});
     let params = PatchParams { field_manager: Some(kcp_keeper_runtime::FIELD_MANAGER.into()), ..Default::default() };
     match api.patch(name, &params, &Patch::Merge(&patch)).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Ok(_) => Ok(api.get_opt(name).await?),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
         Err(e) => Err(anyhow::anyhow!("marking ConfigMap {name} as cleaned: {e}")),
     }
 }
@@ -63,10 +74,11 @@ pub async fn cleanup(client: &kube::Client, config: &Config) -> anyhow::Result<C
 async fn cleanup_node_local(client: &kube::Client, config: &Config) -> anyhow::Result<Cleaned> {
     let Some(key) = &config.node_local_dns else { return Ok(Cleaned::Nothing) };
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &key.namespace);
-    if !mark(&api, &key.name).await? {
-        return Ok(Cleaned::Nothing);
-    }
-    let Some(live) = api.get_opt(&key.name).await? else { return Ok(Cleaned::Nothing) };
+    let ours = |cm: &ConfigMap| match cm.data.as_ref().and_then(|d| d.get(&key.key)) {
+        Some(current) => Ok(crate::node_local::removed(current)? != *current),
+        None => Ok(false),
+    };
+    let Some(live) = marked(&api, &key.name, ours).await? else { return Ok(Cleaned::Nothing) };
     let Some(current) = live.data.as_ref().and_then(|d| d.get(&key.key)) else { return Ok(Cleaned::Nothing) };
     if crate::node_local::removed(current)? == *current {
         return Ok(Cleaned::Nothing);
@@ -83,10 +95,14 @@ async fn cleanup_target(client: &kube::Client, config: &Config) -> anyhow::Resul
     let key = config.target.configmap();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &key.namespace);
     let object = format!("{}/{}", key.namespace, key.name);
-    if !mark(&api, &key.name).await? {
-        return Ok(Cleaned::Nothing);
-    }
-    let Some(live) = api.get_opt(&key.name).await? else { return Ok(Cleaned::Nothing) };
+    let ours = |cm: &ConfigMap| {
+        let Some(current) = cm.data.as_ref().and_then(|d| d.get(&key.key)) else { return Ok(false) };
+        Ok(match &config.target {
+            Target::Corefile { server_block, .. } => block::content(current, server_block)?.is_some(),
+            Target::K3s(_) => true,
+        })
+    };
+    let Some(live) = marked(&api, &key.name, ours).await? else { return Ok(Cleaned::Nothing) };
     let current = live.data.as_ref().and_then(|d| d.get(&key.key)).cloned();
     match &config.target {
         Target::Corefile { server_block, .. } => {

@@ -209,11 +209,31 @@ async fn each_bad_rule_is_an_error_for_itself_alone_named_counted_and_evented_wh
     Ok(())
 }
 
+/// What `kcp-keeper doctor --rewriter-metrics` says of `host`, read from the running agent's metrics endpoint:
+/// its `dns-rules` line's result and what it saw.
+async fn doctor_on(client: &kube::Client, admin_url: &str, host: &str) -> (kcp_keeper_doctor::verdict::Level, String) {
+    let options = kcp_keeper_doctor::options::Options {
+        rewriter_metrics: vec![format!("{admin_url}/metrics")],
+        verify: false,
+        ..Default::default()
+    };
+    let report = kcp_keeper_doctor::run(client, &options).await;
+    let line = report
+        .checks
+        .into_iter()
+        .find(|v| v.check == kcp_keeper_doctor::rules::dns_rules::CHECK && v.subject == host)
+        .unwrap_or_else(|| panic!("a dns-rules line for {host}"));
+    (line.result, line.saw)
+}
+
 /// k3s's own Corefile caches answers (`cache 30`); with a TTL of 30s, a Service recreated with a new ClusterIP
 /// keeps answering its old address from the cache for a while. The agent's verification sees that: the host
-/// reads 0 (an alert) until CoreDNS answers the new address, then 1 again.
+/// reads 0 (an alert) until CoreDNS answers the new address, then 1 again; `kcp-keeper doctor`'s `dns-rules`
+/// line, read from the same metrics, turns FAIL and back to ok with it.
 #[tokio::test]
-async fn verification_alerts_while_a_recreated_service_answers_its_old_address_and_clears_on_the_new() -> Result<()> {
+async fn verification_and_the_doctor_fail_while_a_recreated_service_answers_its_old_address_and_clear_on_the_new()
+-> Result<()> {
+    use kcp_keeper_doctor::verdict::Level;
     let (bed, ns, client) = fresh_bed().await?;
     let old = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
     let cached = K3S_COREFILE.replace("ttl 5", "ttl 30").replace("    reload", "    cache 30\n    reload");
@@ -225,6 +245,8 @@ async fn verification_alerts_while_a_recreated_service_answers_its_old_address_a
     let agent = agent(&bed, &ns, &path).start().await?;
     let series = verified("kcp-root.example.com");
     agent.wait_for_metric(&series, WAIT, |v| v == 1.0).await;
+    let (result, saw) = doctor_on(&client, &agent.admin_url, "kcp-root.example.com").await;
+    assert_eq!(result, Level::Ok, "{saw}");
     let checked = "dns_rewriter_host_check_timestamp_seconds{host=\"kcp-root.example.com\"}";
     let checked_before = agent.metric(checked).await?;
 
@@ -241,8 +263,13 @@ async fn verification_alerts_while_a_recreated_service_answers_its_old_address_a
 
     agent.wait_for_metric(&series, WAIT, |v| v == 0.0).await;
     assert!(agent.metric(checked).await? > checked_before, "a fresh check, not a stale value");
+    let (result, saw) = doctor_on(&client, &agent.admin_url, "kcp-root.example.com").await;
+    assert_eq!(result, Level::Fail, "{saw}");
+    assert!(saw.contains("did not answer exactly its Service's ClusterIP"), "{saw}");
     // Once the cache lets go, the new address answers and the alert clears.
     agent.wait_for_metric(&series, Duration::from_secs(90), |v| v == 1.0).await;
+    let (result, saw) = doctor_on(&client, &agent.admin_url, "kcp-root.example.com").await;
+    assert_eq!(result, Level::Ok, "{saw}");
     assert_eq!(answers(&dns, "kcp-root.example.com").await, vec![("kcp-root.example.com".to_string(), new)]);
     Ok(())
 }
@@ -257,9 +284,14 @@ async fn without_its_configmap_the_agent_names_it_and_is_not_ready_until_it_exis
     let agent = agent(&bed, &ns, &path).spawn()?;
     let missing = "dns_rewriter_reconcile_errors_total{reason=\"config_map_missing\"}";
     agent.wait_for_metric(missing, WAIT, |v| v >= 1.0).await;
-    let (code, _, body) = testbed::http::get(&format!("{}/readyz", agent.admin_url)).await?;
-    assert_eq!(code, 503, "{body}");
-    assert!(body.contains("no cycle has succeeded yet"), "{body}");
+    // The error is counted a moment before the health state records the failed cycle; not ready throughout.
+    let url = format!("{}/readyz", agent.admin_url);
+    testbed::eventually_seen(WAIT, "readyz says no cycle has succeeded", || async {
+        let (code, _, body) = testbed::http::get(&url).await?;
+        anyhow::ensure!(code == 503, "ready before the ConfigMap exists: {code} {body}");
+        Ok(if body.contains("no cycle has succeeded yet") { Ok(()) } else { Err(body) })
+    })
+    .await?;
     assert!(agent.process.log().contains("ConfigMap kube-system/coredns-custom does not exist"));
     let events = events_about(&client, K3S_CONFIGMAP).await;
     assert!(events.iter().any(|(reason, _)| reason == "ConfigMapMissing"), "{events:?}");

@@ -16,6 +16,7 @@ use crate::drill::run::{drill_and_record, summary};
 use crate::generation;
 use crate::metrics::Metrics;
 use crate::restore::{self, MemberFlags};
+use crate::secondary::StoreChoice;
 use crate::snapshot::{self, Pending};
 use crate::storage::Store;
 
@@ -39,6 +40,9 @@ pub enum Command {
         config: PathBuf,
         #[arg(long)]
         shard: Option<String>,
+        /// The store to list: `primary` (`storage`) or `secondary` (the `secondary` section's).
+        #[arg(long, value_enum, default_value = "primary")]
+        store: StoreChoice,
     },
     /// Download a snapshot and check both hashes and its structure (etcdutl snapshot status).
     Verify {
@@ -50,12 +54,21 @@ pub enum Command {
         identity_file: Option<PathBuf>,
         #[arg(long, env = "ETCDUTL", default_value = "etcdutl")]
         etcdutl: PathBuf,
+        /// The store to read: `primary` or `secondary`.
+        #[arg(long, value_enum, default_value = "primary")]
+        store: StoreChoice,
     },
     /// Restore drill: prove a snapshot restores (hashes, etcdutl restore, a throwaway etcd compared with the
     /// manifest, optionally a real kcp on it) and record the report beside its manifest. Exit 0 when it passed.
     Drill(DrillArgs),
     /// Download, verify and `etcdutl snapshot restore` a snapshot into a new member data directory.
     Restore(RestoreArgs),
+    /// One copy pass to the second store now (the daemon runs one every secondary.interval): copies and
+    /// verifies what it lacks, applies its retention; one line per shard. Exit 1 when a shard is behind.
+    SyncSecondary {
+        #[arg(long, env = "KCP_KEEPER_CONFIG")]
+        config: PathBuf,
+    },
 }
 
 /// Runs one one-shot; exit 0 when it did what it says, an error (exit 1) otherwise.
@@ -65,10 +78,11 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
     logging::init(&level, LogFormat::Plain)?;
     match command {
         Command::Snapshot { config, shard, wait } => snapshot(&config, &shard, wait).await,
-        Command::List { config, shard } => list(&config, shard.as_deref()).await,
-        Command::Verify { config, id, identity_file, etcdutl } => {
-            verify(&config, &id, identity_file.as_deref(), &etcdutl).await
+        Command::List { config, shard, store } => list(&config, shard.as_deref(), store).await,
+        Command::Verify { config, id, identity_file, etcdutl, store } => {
+            verify(&config, &id, identity_file.as_deref(), &etcdutl, store).await
         }
+        Command::SyncSecondary { config } => crate::secondary::sync_once(&config).await,
         Command::Drill(args) => drill(args).await,
         Command::Restore(args) => return restore(args).await,
     }?;
@@ -80,8 +94,13 @@ fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
 }
 
 fn open(config: &Path) -> anyhow::Result<(Config, Store)> {
+    open_store(config, StoreChoice::Primary)
+}
+
+/// The configuration and the store `choice` names (`--store`).
+fn open_store(config: &Path, choice: StoreChoice) -> anyhow::Result<(Config, Store)> {
     let config: Config = load(config)?;
-    let store = Store::new(&config.storage)?;
+    let store = crate::secondary::open(&config, choice)?;
     Ok((config, store))
 }
 
@@ -108,7 +127,8 @@ pub async fn snapshot(config: &Path, shards: &[String], wait: std::time::Duratio
         let waiting = move |holder: &str| {
             eprintln!("shard {name}: another run holds the shard's lock: {holder}; waiting up to {wait:?}")
         };
-        let run = snapshot::Run { tick: None, progress, command: "snapshot", lock_wait: wait, waiting: &waiting };
+        let run =
+            snapshot::Run { tick: None, progress, command: "snapshot", lock_wait: wait, waiting: &waiting, kcp: None };
         let result = tokio::select! {
             result = snapshot::take(&config, shard, &store, &metrics, &pending, run) => result,
             _ = tokio::signal::ctrl_c() => {
@@ -162,8 +182,8 @@ pub async fn snapshot(config: &Path, shards: &[String], wait: std::time::Duratio
 
 /// Prints every published snapshot, newest revision first, with the etcd cluster it was taken of: a snapshot of
 /// another cluster than the one its shard's endpoints serve now is marked `(other)`.
-pub async fn list(config: &Path, shard: Option<&str>) -> anyhow::Result<()> {
-    let (config, store) = open(config)?;
+pub async fn list(config: &Path, shard: Option<&str>, choice: StoreChoice) -> anyhow::Result<()> {
+    let (config, store) = open_store(config, choice)?;
     let listed = catalog::list_with_drills(&store, shard).await?;
     let mut own = std::collections::HashMap::new();
     for configured in config.shards.iter().filter(|s| shard.is_none_or(|name| name == s.name)) {
@@ -200,6 +220,10 @@ pub async fn list(config: &Path, shard: Option<&str>) -> anyhow::Result<()> {
             cluster,
             verified
         );
+        // A snapshot before a kcp upgrade says which kcp it was taken under, on a line of its own.
+        if let Some(kcp) = &m.kcp {
+            println!("  {}", kcp.describe());
+        }
     }
     Ok(())
 }
@@ -222,8 +246,14 @@ fn scratch(config: &Config) -> anyhow::Result<tempfile::TempDir> {
 
 /// Downloads `id` and proves it: the object's sha256, etcd's trailing sha256, and etcdutl reading the
 /// database at the manifest's revision.
-pub async fn verify(config: &Path, id: &str, identity_file: Option<&Path>, etcdutl: &Path) -> anyhow::Result<()> {
-    let (config, store) = open(config)?;
+pub async fn verify(
+    config: &Path,
+    id: &str,
+    identity_file: Option<&Path>,
+    etcdutl: &Path,
+    choice: StoreChoice,
+) -> anyhow::Result<()> {
+    let (config, store) = open_store(config, choice)?;
     let manifest = catalog::find(&store, None, id, None).await?;
     let dir = scratch(&config)?;
     let fetched = restore::fetch(&store, manifest, identities(identity_file)?, dir.path()).await?;
@@ -261,6 +291,9 @@ pub struct RestoreArgs {
     pub etcd: Option<PathBuf>,
     #[command(flatten)]
     pub member: MemberFlags,
+    /// The store to restore from: `primary` or `secondary` (which needs nothing of the primary).
+    #[arg(long, value_enum, default_value = "primary")]
+    pub store: StoreChoice,
 }
 
 fn parse_point(text: &str) -> Result<Point, String> {
@@ -273,7 +306,7 @@ pub const EXIT_CHAIN_BROKEN: u8 = 2;
 /// Downloads, proves and restores a snapshot into a new member data directory; prints the next steps. With
 /// `--at`, a point in time (see [`replay`]); exit 2 when its delta chain broke before the point.
 pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
-    let (config, store) = open(&args.config)?;
+    let (config, store) = open_store(&args.config, args.store)?;
     anyhow::ensure!(args.id != "latest" || args.shard.is_some(), "--id latest needs --shard");
     // `latest` of the shard's own cluster (as its etcd serves it now, if it answers).
     let own = live_cluster(&config, args.shard.as_deref()).await;
@@ -290,6 +323,9 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
         };
         let outcome = replay::restore_at(&store, base.clone(), point, tools, &args.member).await?;
         print!("{}", replay::summary(&outcome, point));
+        if let Some(kcp) = &base.kcp {
+            println!("taken under {}", kcp.describe());
+        }
         print!("{}", restore::next_steps(&base, &args.member));
         if let Some(broken) = &outcome.broken {
             eprintln!("error: {broken}; restored up to revision {} only", outcome.revision);
@@ -302,6 +338,9 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
     let fetched = restore::fetch(&store, manifest, identities(args.identity_file.as_deref())?, dir.path()).await?;
     restore::check_structure(&args.etcdutl, &fetched)?;
     restore::etcdutl_restore(&args.etcdutl, &fetched.db, &args.member)?;
+    if let Some(kcp) = &fetched.manifest.kcp {
+        println!("{} was taken under {}", fetched.manifest.id, kcp.describe());
+    }
     print!("{}", restore::next_steps(&fetched.manifest, &args.member));
     Ok(ExitCode::SUCCESS)
 }

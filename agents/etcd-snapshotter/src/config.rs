@@ -7,10 +7,12 @@
 //! One file per section in `config/`: `shards.rs`, `storage.rs`, `spill.rs`, `retention.rs` and `drills.rs`
 //! (with each shard's `drill`); compression and encryption are small enough to stay here.
 
+mod defrag;
 mod deltas;
 mod drills;
 mod retention;
 mod retry;
+mod secondary;
 mod shards;
 mod spill;
 mod storage;
@@ -21,10 +23,12 @@ use kcp_keeper_runtime::config::{AgentConfig, FieldError};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+pub use defrag::{Defrag, RawDefrag};
 pub use deltas::{Deltas, RawDeltas};
 pub use drills::{Drills, ExpectedObject, KcpExpect, RawDrills, RawShardDrill, ShardDrill};
 pub use retention::RawRetention;
 pub use retry::{RawRetry, Retry};
+pub use secondary::{RawSecondary, Secondary};
 pub use shards::{RawShard, Shard, TlsFiles};
 pub use spill::{MIN_PART_SIZE, RawSpill, Spill, parse_size};
 pub use storage::{
@@ -59,6 +63,10 @@ pub struct RawConfig {
     /// How a failed scheduled snapshot run is run again within its tick.
     #[serde(default)]
     pub retry: Option<RawRetry>,
+    /// A second store every published object is copied to and verified on, with its own credentials and
+    /// retention; none when absent.
+    #[serde(default)]
+    pub secondary: Option<RawSecondary>,
 }
 
 /// How snapshots are compressed before encryption.
@@ -98,6 +106,7 @@ pub struct Config {
     pub spill: Spill,
     pub drills: Drills,
     pub retry: Retry,
+    pub secondary: Option<Secondary>,
 }
 
 /// An age recipient with the text it was written as (its id in manifests).
@@ -130,9 +139,10 @@ impl AgentConfig for Config {
         let recipients = recipients(raw.encryption, &mut errors);
         let retention = retention::retention(&raw.retention, shards.iter().any(|s| s.drill.is_some()), &mut errors);
         let spill = spill::spill(raw.spill, &mut errors);
-        let scheduled = shards.iter().any(|s| s.drill.is_some());
+        let scheduled = shards.iter().any(|s| s.drill.is_some() || s.before_upgrade.is_some());
         let drills = drills::drills(raw.drills, spill.as_ref(), scheduled, !recipients.is_empty(), &mut errors);
         let retry = retry::retry(raw.retry, &mut errors);
+        let secondary = secondary::secondary(raw.secondary, scheduled, &mut errors);
         match (storage, spill) {
             (Some(storage), Some(spill)) if errors.is_empty() => Ok(Config {
                 shards,
@@ -143,6 +153,7 @@ impl AgentConfig for Config {
                 spill,
                 drills,
                 retry,
+                secondary,
             }),
             _ => Err(errors),
         }

@@ -14,13 +14,16 @@
 //! [`snapshot`] (one proven snapshot), [`catalog`] (listing, retention applied), [`generation`] (the etcd cluster
 //! a snapshot belongs to), [`restore`] and [`drill`] (restore drills), [`delta`] (delta snapshots: the format
 //! and chain, pure; `delta::writer` the leader's watch, `delta::replay` point-in-time restore), [`health`]
-//! (every member's database size, quota, alarms and leader changes, read every 15 s).
+//! (every member's database size, quota, alarms and leader changes, read every 15 s), [`defrag`] (scheduled
+//! defragmentation of the followers, one at a time: the decisions, pure; `defrag::run` the etcd calls),
+//! [`upgrade`] (a snapshot before every kcp upgrade: the operator's object watched by the leader).
 #![forbid(unsafe_code)]
 
 pub mod cadence;
 pub mod catalog;
 pub mod cli;
 pub mod config;
+pub mod defrag;
 pub mod delta;
 pub mod drill;
 pub mod encode;
@@ -37,10 +40,12 @@ pub mod retention;
 pub mod retries;
 pub mod schedule;
 pub mod scope;
+pub mod secondary;
 pub mod shard_lock;
 pub mod snapshot;
 pub mod storage;
 pub mod trailer;
+pub mod upgrade;
 
 use std::process::ExitCode;
 
@@ -66,9 +71,14 @@ impl Agent for EtcdSnapshotter {
         metrics::Metrics::register(registry)
     }
 
-    /// The Role does not depend on the configuration: only the Lease and Events, whatever the shards.
-    fn rbac(_: Option<&config::Config>, who: &Subjects) -> anyhow::Result<Rbac> {
-        Ok(scope::rbac::render(Self::NAME, who))
+    /// The Role: the Lease and Events, whatever the shards; plus, for each shard's `beforeUpgrade`, reads of
+    /// the operator's object by name and Events in its namespace ([`upgrade::rbac`]).
+    fn rbac(config: Option<&config::Config>, who: &Subjects) -> anyhow::Result<Rbac> {
+        let mut rbac = scope::rbac::render(Self::NAME, who);
+        if let Some(config) = config {
+            upgrade::rbac::add(&mut rbac, config, Self::NAME, who);
+        }
+        Ok(rbac)
     }
 
     async fn daemon(daemon: Daemon<Self>) -> anyhow::Result<()> {

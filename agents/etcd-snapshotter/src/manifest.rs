@@ -136,6 +136,10 @@ pub struct Manifest {
     /// age recipients the object is encrypted to; empty when not encrypted.
     pub encryption_recipients: Vec<String>,
     pub agent_version: String,
+    /// The kcp the shard ran, on a snapshot taken because its image changed (`shards[].beforeUpgrade`): the
+    /// image before the change and the one rolled to. Absent otherwise, and in older manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kcp: Option<crate::upgrade::KcpVersion>,
     /// The schedule tick this snapshot was taken for (absent for a one-shot `snapshot`).
     #[serde(default)]
     pub tick: Option<DateTime<Utc>>,
@@ -224,6 +228,7 @@ pub(crate) fn sample() -> Manifest {
         compression: "zstd".into(),
         encryption_recipients: vec![],
         agent_version: "0.1.0".into(),
+        kcp: None,
         tick: None,
         started_at: at,
         finished_at: at,

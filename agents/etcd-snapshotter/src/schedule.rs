@@ -85,6 +85,31 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
                 let job = snapshots.clone();
                 async move { job.snapshot_within_tick(tick).await }
             });
+            if let Some(defrag) = shard.defrag.clone() {
+                // In the snapshots' turn: a scheduled snapshot does not stream from a member being rewritten.
+                let defrags = job(&one_at_a_time);
+                spawn_schedule(&mut tasks, &ctx, &schedules, defrag.schedule.clone(), move |tick| {
+                    let (job, defrag) = (defrags.clone(), defrag.clone());
+                    async move { job.defrag(tick, &defrag).await }
+                });
+            }
+            if let Some(watched) = shard.before_upgrade.clone() {
+                // A snapshot before every kcp upgrade (`crate::upgrade`), by the leader, in the snapshots' turn.
+                let drills_turn = if config.drills.alongside_snapshots { &one_drill_at_a_time } else { &one_at_a_time };
+                let watch = crate::upgrade::watch::Watch {
+                    config: config.clone(),
+                    shard: shard.clone(),
+                    watched,
+                    metrics: metrics.clone(),
+                    events: ctx.events.clone(),
+                    client: ctx.client.clone(),
+                    snapshots_turn: one_at_a_time.clone(),
+                    drills_turn: drills_turn.clone(),
+                    shutdown: ctx.shutdown.clone(),
+                };
+                let (leadership, token) = (ctx.leadership.clone(), schedules.clone());
+                tasks.spawn(watch.while_leading(leadership, token));
+            }
             let Some(drill) = shard.drill.clone() else { continue };
             // By default a drill takes the snapshots' turn: a drill restores a whole database beside the
             // snapshot's memory budget and spill, and a pod sized for one of them would be OOM-killed or evicted
@@ -94,6 +119,11 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
                 let job = drills.clone();
                 async move { job.drill(tick).await }
             });
+        }
+        if config.secondary.is_some() {
+            // The second store's copy passes: on their own, never in the snapshots' turn or their way.
+            let (config, metrics, leadership) = (config.clone(), metrics.clone(), ctx.leadership.clone());
+            tasks.spawn(crate::secondary::run(config, metrics, leadership, schedules.clone()));
         }
         tokio::select! {
             () = ctx.shutdown.cancelled() => {}
@@ -182,6 +212,7 @@ impl Job {
             command: "run",
             lock_wait: LOCK_WAIT,
             waiting: &waiting,
+            kcp: None,
         };
         let take = snapshot::take(&self.config, &self.shard, &store, &self.metrics, &pending, run);
         let end = finish_or_abort(&self.shutdown, Grace::default(), take, || pending.abort(&store)).await;
@@ -249,22 +280,10 @@ impl Job {
                 () = token.cancelled() => return,
                 () = leadership.wait_until_leader() => {}
             }
-            // Ends the session when this replica stops leading or the schedules stop.
-            let session = token.child_token();
-            let mut changes = leadership.subscribe();
-            let watch_leadership = {
-                let session = session.clone();
-                tokio::spawn(async move {
-                    while *changes.borrow_and_update() {
-                        if changes.changed().await.is_err() {
-                            break;
-                        }
-                    }
-                    session.cancel();
-                })
-            };
+            // Ends when this replica stops leading or the schedules stop.
+            let session = leadership.session(&token);
             let end = writer.session(&session).await;
-            watch_leadership.abort();
+            session.cancel();
             let pause = match end {
                 Ok(End::Compacted) => {
                     self.metrics.delta.compacted.get_or_create(&label).inc();
@@ -329,6 +348,48 @@ impl Job {
             }
             let labels = RetryLabels { op: crate::retries::OP_RUN.into(), reason: reason.into() };
             self.metrics.retries.get_or_create(&labels).inc();
+        }
+    }
+}
+
+/// A shard's scheduled defragmentation (`crate::defrag`): a full snapshot first, then the members one at a
+/// time in the snapshots' turn.
+impl Job {
+    async fn defrag(&self, tick: Tick, defrag: &crate::config::Defrag) {
+        let shard = &self.shard.name;
+        let report = if let Some(reason) = self.snapshot(None).await {
+            crate::defrag::Report { members: vec![], stopped: Some(crate::defrag::Stopped::SnapshotFailed(reason)) }
+        } else {
+            let _turn = self.one_at_a_time.lock().await;
+            let mut done = |d: &crate::defrag::Done| {
+                tracing::info!(
+                    shard,
+                    member = d.member,
+                    result = d.result.as_str(),
+                    seconds = d.seconds,
+                    "defrag: member done"
+                );
+            };
+            let run = crate::defrag::run::run(&self.shard, defrag.into(), &mut done);
+            tokio::select! {
+                report = run => report,
+                // etcd finishes a defragmentation it started on its own; the next member is not started.
+                () = self.shutdown.cancelled() => {
+                    tracing::warn!(shard, "shutdown: the defragmentation run stopped");
+                    return;
+                }
+            }
+        };
+        self.metrics.defrag.finished(shard, &report);
+        let summary = report.summary();
+        if report.stopped.is_some() {
+            tracing::error!(shard, tick = %tick.at, summary, "defragmentation stopped");
+            let note = format!("defragmentation of shard {shard} (tick {}) stopped: {summary}", tick.at.to_rfc3339());
+            self.events.publish(&self.regarding, EventType::Warning, "DefragStopped", "Defrag", &note).await;
+        } else {
+            tracing::info!(shard, tick = %tick.at, summary, "defragmentation done");
+            let note = format!("defragmentation of shard {shard} (tick {}): {summary}", tick.at.to_rfc3339());
+            self.events.publish(&self.regarding, EventType::Normal, "Defragmented", "Defrag", &note).await;
         }
     }
 }

@@ -84,6 +84,8 @@ pub struct Run<'a> {
     pub lock_wait: Duration,
     /// Told the holder's description once, when the lock is found held.
     pub waiting: &'a (dyn Fn(&str) + Send + Sync),
+    /// The kcp version to record in the manifest (a snapshot before a kcp upgrade); none for the others.
+    pub kcp: Option<crate::upgrade::KcpVersion>,
 }
 
 /// A published snapshot and how retention went after it.
@@ -238,6 +240,7 @@ async fn locked(
         compression: config.compression.as_str().into(),
         encryption_recipients: config.recipients.iter().map(|r| r.id.clone()).collect(),
         agent_version: kcp_keeper_runtime::VERSION.into(),
+        kcp: run.kcp.clone(),
         tick: run.tick,
         started_at,
         finished_at: Utc::now(),

@@ -27,6 +27,9 @@ use crate::integrity;
 use crate::metrics::RetryLabels;
 use crate::retries::RetryCounter;
 
+mod mirror;
+pub use mirror::{Downloaded, MAX_SINGLE_PUT, StoredObject};
+
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     #[error("S3 {operation}: {detail}")]
@@ -526,6 +529,16 @@ impl Store {
 
     /// Every object under `prefix` with its modification time.
     pub async fn list_objects(&self, prefix: &str) -> Result<Vec<ListedObject>, StorageError> {
+        let listed = self.list_all(prefix).await?;
+        Ok(listed
+            .iter()
+            .filter_map(|o| Some(ListedObject { key: o.key()?.to_string(), last_modified: o.last_modified().copied() }))
+            .collect())
+    }
+
+    /// Every object under `prefix` as ListObjectsV2 describes it, page after page: each caller keeps the
+    /// fields it needs.
+    async fn list_all(&self, prefix: &str) -> Result<Vec<aws_sdk_s3::types::Object>, StorageError> {
         let mut out = Vec::new();
         let mut token = None;
         loop {
@@ -538,11 +551,11 @@ impl Store {
                 .send()
                 .await
                 .map_err(|e| StorageError::request("ListObjectsV2", e))?;
-            out.extend(page.contents().iter().filter_map(|o| {
-                Some(ListedObject { key: o.key()?.to_string(), last_modified: o.last_modified().copied() })
-            }));
-            match page.next_continuation_token {
-                Some(next) if page.is_truncated() == Some(true) => token = Some(next),
+            let truncated = page.is_truncated() == Some(true);
+            let next = page.next_continuation_token.clone();
+            out.extend(page.contents.unwrap_or_default());
+            match next {
+                Some(next) if truncated => token = Some(next),
                 _ => return Ok(out),
             }
         }

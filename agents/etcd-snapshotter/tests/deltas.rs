@@ -165,30 +165,7 @@ async fn restored_allowing(
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let out = restore_at(bed, config, at, &data_dir, &peer_url);
     assert_eq!(out.status.code(), code, "{}", text(&out));
-    let client_url = format!("http://127.0.0.1:{client_port}");
-    let process = testbed::process::Process::start(
-        name,
-        bed.peers.path("etcd"),
-        vec![
-            "--name=restored".into(),
-            format!("--data-dir={}", data_dir.display()),
-            format!("--listen-client-urls={client_url}"),
-            format!("--advertise-client-urls={client_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-        ],
-        bed.path(&format!("{name}.log")),
-    )
-    .unwrap();
-    let client = testbed::eventually(WAIT, "the restored etcd serves", || {
-        let url = client_url.clone();
-        async move {
-            let mut c = etcd_client::Client::connect([url], None).await.ok()?;
-            c.status().await.ok()?;
-            Some(c)
-        }
-    })
-    .await;
+    let (process, client) = serve_restored(bed, name, &data_dir, client_port, &peer_url).await;
     (process, client, text(&out))
 }
 
@@ -580,4 +557,27 @@ async fn a_drill_of_a_snapshot_whose_middle_delta_is_corrupted_fails_with_delta_
         (false.into(), "delta_chain_broken".into()),
         "{r}"
     );
+}
+
+/// An idle shard loses nothing, so its recovery point must keep up with the clock: without this the RPO alert
+/// fires on every quiet shard. No write after the full snapshot; the stored-through time must be set and then
+/// advance past the moment the agent started.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_shard_with_no_write_after_its_full_snapshot_reports_a_recovery_point_that_keeps_up_with_the_clock() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/base", 20, 100).await.unwrap();
+    let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
+    snapshot_ok(&config);
+    let started = kcp_keeper_runtime::metrics::unix_now();
+    let agent = agent(cluster, &config, &ns).start().await.unwrap();
+    let series = "etcd_snapshotter_delta_stored_through_timestamp_seconds{shard=\"root\"}";
+    let first = agent.wait_for_metric(series, WAIT, |v| v >= started).await;
+    agent.wait_for_metric(series, WAIT, |v| v > first).await;
+    let s3 = bed.s3.client();
+    let (id, _) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+    assert!(deltas_of(&s3, &bed.s3.bucket, &id).await.is_empty(), "no write, so no delta object");
 }

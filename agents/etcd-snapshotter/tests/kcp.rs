@@ -48,21 +48,7 @@ async fn a_snapshot_of_the_kcp_root_shard_restores_into_an_etcd_that_a_real_kcp_
         data_dir.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", text(&out));
-    let _etcd = testbed::process::Process::start(
-        "restored-etcd",
-        bed.peers.path("etcd"),
-        vec![
-            "--name=restored".into(),
-            format!("--data-dir={}", data_dir.display()),
-            format!("--listen-client-urls={client_url}"),
-            format!("--advertise-client-urls={client_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-            "--unsafe-no-fsync".into(),
-        ],
-        bed.path("restored-etcd.log"),
-    )
-    .unwrap();
+    let _etcd = start_restored(&bed, "restored-etcd", &data_dir, client_port, &peer_url, &["--unsafe-no-fsync"]);
 
     let kcp_dir = bed.path("restored-kcp");
     std::fs::create_dir_all(&kcp_dir).unwrap();

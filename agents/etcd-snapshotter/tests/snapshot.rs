@@ -92,30 +92,7 @@ async fn an_encrypted_snapshot_is_proven_published_listed_verified_and_restores_
     assert!(out.status.success(), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("next steps"), "{}", text(&out));
 
-    let client_url = format!("http://127.0.0.1:{client_port}");
-    let _restored = testbed::process::Process::start(
-        "restored-etcd",
-        bed.peers.path("etcd"),
-        vec![
-            "--name=restored".into(),
-            format!("--data-dir={}", data_dir.display()),
-            format!("--listen-client-urls={client_url}"),
-            format!("--advertise-client-urls={client_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-        ],
-        bed.path("restored.log"),
-    )
-    .unwrap();
-    let mut restored = testbed::eventually(WAIT, "the restored etcd serves", || {
-        let url = client_url.clone();
-        async move {
-            let mut c = etcd_client::Client::connect([url], None).await.ok()?;
-            c.status().await.ok()?;
-            Some(c)
-        }
-    })
-    .await;
+    let (_restored, mut restored) = serve_restored(&bed, "restored-etcd", &data_dir, client_port, &peer_url).await;
     let (restored_revision, restored_keys) = revision_and_keys(&mut restored).await;
     assert_eq!(restored_revision, revision + 1_000_000_000, "the snapshot's revision, bumped");
     assert_eq!(restored_keys, key_count);

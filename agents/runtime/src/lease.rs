@@ -155,6 +155,29 @@ impl Leadership {
         self.rx.clone()
     }
 
+    /// A child of `parent` that is also cancelled when this replica stops leading (or the election ends): the
+    /// token of one session of leader-only work. Cancel it when the session ends; that also ends the task
+    /// watching the election for it.
+    pub fn session(&self, parent: &CancellationToken) -> CancellationToken {
+        let session = parent.child_token();
+        let mut changes = self.subscribe();
+        let lost = async move {
+            while *changes.borrow_and_update() {
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let token = session.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = token.cancelled() => {}
+                () = lost => token.cancel(),
+            }
+        });
+        session
+    }
+
     /// Always leading: for one-shot commands and for running with leader election disabled.
     pub fn always() -> Self {
         let (tx, rx) = watch::channel(true);

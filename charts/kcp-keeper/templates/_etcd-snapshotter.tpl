@@ -7,6 +7,7 @@ restore drills (each downloads and restores a whole database), so a drill can ne
 
 {{/* Where the chart mounts the S3 credentials Secret; the configuration's secretDirectory must say this. */}}
 {{- define "kcp-keeper.snapshotter.s3Dir" -}}/var/run/secrets/etcd-snapshotter/s3{{- end }}
+{{- define "kcp-keeper.snapshotter.s3SecondaryDir" -}}/var/run/secrets/etcd-snapshotter/s3-secondary{{- end }}
 {{- define "kcp-keeper.snapshotter.ageDir" -}}/var/run/secrets/etcd-snapshotter/age{{- end }}
 {{- define "kcp-keeper.snapshotter.tlsDir" -}}/etc/etcd-tls{{- end }}
 {{/* Where drills run: config.drills.directory, or the agent's default <spill.directory>/drills (then the drills
@@ -38,6 +39,17 @@ volume is mounted inside the spill volume's path, still a volume of its own). */
 {{- if not $secret }}
 {{- fail "etcdSnapshotter.s3Credentials.existingSecret: name the Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (config.storage.credentials.environment reads them from the environment)" }}
 {{- end }}
+{{- end }}
+{{- $second := dig "secondary" "storage" "credentials" "secretDirectory" "" $v.config }}
+{{- $secondDir := include "kcp-keeper.snapshotter.s3SecondaryDir" . }}
+{{- if and $second (ne $second $secondDir) }}
+{{- fail (printf "etcdSnapshotter.config.secondary.storage.credentials.secretDirectory: must be %s, where the chart mounts secondaryS3Credentials.existingSecret" $secondDir) }}
+{{- end }}
+{{- if and $second (not $v.secondaryS3Credentials.existingSecret) }}
+{{- fail "etcdSnapshotter.secondaryS3Credentials.existingSecret: name the Secret holding the second store's AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (config.secondary.storage.credentials.secretDirectory reads it)" }}
+{{- end }}
+{{- if and $v.secondaryS3Credentials.existingSecret (not $second) }}
+{{- fail (printf "etcdSnapshotter.config.secondary.storage.credentials.secretDirectory: must be %s to read secondaryS3Credentials.existingSecret" $secondDir) }}
 {{- end }}
 {{- $identity := dig "drills" "identityFile" "" $v.config }}
 {{- $mounted := printf "%s/identity.txt" (include "kcp-keeper.snapshotter.ageDir" .) }}
@@ -76,6 +88,11 @@ volume is mounted inside the spill volume's path, still a volume of its own). */
   mountPath: {{ include "kcp-keeper.snapshotter.s3Dir" . }}
   readOnly: true
 {{- end }}
+{{- if $v.secondaryS3Credentials.existingSecret }}
+- name: s3-secondary-credentials
+  mountPath: {{ include "kcp-keeper.snapshotter.s3SecondaryDir" . }}
+  readOnly: true
+{{- end }}
 {{- if $v.etcdClientTLS.existingSecret }}
 - name: etcd-tls
   mountPath: {{ include "kcp-keeper.snapshotter.tlsDir" . }}
@@ -103,6 +120,15 @@ volume is mounted inside the spill volume's path, still a volume of its own). */
 - name: s3-credentials
   secret:
     secretName: {{ $v.s3Credentials.existingSecret }}
+    defaultMode: 0440  # group-readable: the pod's fsGroup
+    items:
+    - {key: AWS_ACCESS_KEY_ID, path: AWS_ACCESS_KEY_ID}
+    - {key: AWS_SECRET_ACCESS_KEY, path: AWS_SECRET_ACCESS_KEY}
+{{- end }}
+{{- if $v.secondaryS3Credentials.existingSecret }}
+- name: s3-secondary-credentials
+  secret:
+    secretName: {{ $v.secondaryS3Credentials.existingSecret }}
     defaultMode: 0440  # group-readable: the pod's fsGroup
     items:
     - {key: AWS_ACCESS_KEY_ID, path: AWS_ACCESS_KEY_ID}

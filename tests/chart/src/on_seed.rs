@@ -84,6 +84,9 @@ pub fn values() -> Value {
                         // Every 20 seconds (cron with seconds): a scheduled snapshot soon after the install.
                         "schedule": {"cron": "*/20 * * * * *"},
                     });
+                    // A snapshot before every kcp upgrade: each shard's own operator object, by name.
+                    let kind = if *shard == layout::ROOT_SHARD { "RootShard" } else { "Shard" };
+                    s["beforeUpgrade"] = json!({"kind": kind, "namespace": NAMESPACE, "name": shard});
                     if *shard == layout::ROOT_SHARD {
                         // What the restored kcp must serve: the root workspace's default namespace. Drills are run
                         // by the test (one-shot); the schedule is once a year.

@@ -262,3 +262,142 @@ fn the_install_guide_values_render_every_agent_with_a_file_it_accepts_and_its_ow
     }
     Ok(())
 }
+
+/// One rule of a Role, a resource at a time: `(group, resource, resourceNames, verbs)`.
+type Rule = (String, String, Vec<String>, String);
+
+/// The doctor's rules per namespace, from its rendered Roles.
+fn doctor_rules(values: Value) -> Result<std::collections::BTreeMap<String, Vec<Rule>>> {
+    let objects = documents(&template(&values, &[])?)?;
+    let mut out = std::collections::BTreeMap::new();
+    for (key, role) in rbac_of(&objects, "doctor") {
+        if key.0 != "Role" {
+            assert_eq!(key.0, "RoleBinding", "the doctor has no cluster-wide RBAC: {key:?}");
+            assert_eq!(role["subjects"][0]["name"], "kcp-keeper-doctor");
+            continue;
+        }
+        let rules: &mut Vec<_> = out.entry(key.1.clone()).or_default();
+        for rule in role["rules"].as_array().unwrap() {
+            let strings = |v: &Value| -> Vec<String> {
+                v.as_array().map(|a| a.iter().map(|s| s.as_str().unwrap().to_string()).collect()).unwrap_or_default()
+            };
+            for resource in strings(&rule["resources"]) {
+                rules.push((
+                    rule["apiGroups"][0].as_str().unwrap().to_string(),
+                    resource,
+                    strings(&rule["resourceNames"]),
+                    strings(&rule["verbs"]).join(","),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn r(group: &str, resource: &str, names: &[&str], verbs: &str) -> Rule {
+    (group.into(), resource.into(), names.iter().map(|n| n.to_string()).collect(), verbs.into())
+}
+
+#[test]
+fn the_doctors_roles_are_reads_only_of_what_its_checks_read_by_name_where_the_values_name_the_objects() -> Result<()> {
+    let values = json!({"doctor": {
+        "enabled": true,
+        "kcp": {"namespace": "kcp-system", "rootShards": ["root"], "shards": ["alpha"], "frontProxies": ["frontproxy"],
+                "etcdNamespaces": ["etcd"]},
+        "hubOidc": {"namespace": "railgrid-system", "name": "railgrid-hub"},
+        "hubKubeconfig": {"namespace": "railgrid-system", "name": "railgrid-kcp", "key": "admin.kubeconfig"},
+        "cas": [{"namespace": "kcp-system", "name": "root-ca-bundle"}],
+    }});
+    let got = doctor_rules(values.clone())?;
+    let want: std::collections::BTreeMap<String, Vec<_>> = [
+        ("etcd".to_string(), vec![r("apps", "statefulsets", &[], "list")]),
+        (
+            "kcp-system".to_string(),
+            vec![
+                r("operator.kcp.io", "rootshards", &[], "list"),
+                r("operator.kcp.io", "shards", &[], "list"),
+                r("operator.kcp.io", "frontproxies", &[], "list"),
+                r("apps", "statefulsets", &[], "list"),
+                r(
+                    "apps",
+                    "deployments",
+                    &["root-kcp", "root-proxy", "alpha-shard-kcp", "frontproxy-front-proxy"],
+                    "get",
+                ),
+                r("", "services", &["alpha-shard-kcp", "frontproxy-front-proxy"], "get"),
+                // The server CA's Secret for its tls.crt; the CA bundle the values name.
+                r("", "secrets", &["root-server-ca"], "get"),
+                r("", "secrets", &["root-ca-bundle"], "get"),
+            ],
+        ),
+        // The lockstep check reads the operator's Deployment (the values' default, the seed's).
+        ("kcp-operator".to_string(), vec![r("apps", "deployments", &["kcp-operator"], "get")]),
+        ("kube-system".to_string(), vec![r("", "services", &["kube-dns"], "get")]),
+        (
+            "railgrid-system".to_string(),
+            vec![r("", "configmaps", &["railgrid-hub"], "get"), r("", "secrets", &["railgrid-kcp"], "get")],
+        ),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(got, want);
+
+    // No names for the shards and front proxies: every Deployment and Service of the namespace (still get only);
+    // a given cluster DNS needs no kube-dns; the endpoints' route needs EndpointSlices; without Verify checks
+    // only the object rules' lists stay.
+    let mut values = values;
+    values["doctor"]["kcp"] = json!({"namespace": "kcp-system", "rootShards": ["root"]});
+    values["doctor"]["verify"] = json!({"clusterDns": "10.43.0.10:53", "viaEndpoints": true});
+    let got = doctor_rules(values.clone())?;
+    assert!(!got.contains_key("kube-system"), "{got:#?}");
+    let kcp = &got["kcp-system"];
+    assert!(kcp.contains(&r("apps", "deployments", &[], "get")), "{kcp:#?}");
+    assert!(kcp.contains(&r("", "services", &[], "get")), "{kcp:#?}");
+    assert!(kcp.contains(&r("discovery.k8s.io", "endpointslices", &[], "list")), "{kcp:#?}");
+    values["doctor"]["verify"] = json!({"enabled": false});
+    let got = doctor_rules(values)?;
+    assert_eq!(
+        got["kcp-system"],
+        vec![
+            r("operator.kcp.io", "rootshards", &[], "list"),
+            r("operator.kcp.io", "shards", &[], "list"),
+            r("operator.kcp.io", "frontproxies", &[], "list"),
+            r("apps", "statefulsets", &[], "list"),
+            r("", "secrets", &["root-ca-bundle"], "get"),
+        ]
+    );
+    // Never a write, and never a Secret or ConfigMap that is not named.
+    for rules in got.values() {
+        for (_, resource, names, verbs) in rules {
+            assert!(verbs.split(',').all(|v| v == "get" || v == "list"), "{resource}: {verbs}");
+            if resource == "secrets" || resource == "configmaps" {
+                assert!(!names.is_empty(), "{resource} without resourceNames");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_doctors_roles_read_the_kcp_kubeconfig_the_endpoint_ca_and_the_operator_and_provider_deployments_by_name()
+-> Result<()> {
+    let got = doctor_rules(json!({"doctor": {
+        "enabled": true,
+        "verify": {"enabled": false},
+        "operator": {"namespace": "ops", "name": "kcp-operator"},
+        "provider": {"namespace": "ops", "name": "infra-provider"},
+        "kcpKubeconfig": {"namespace": "kcp-system", "name": "kcp-admin"},
+        "endpointCA": {"namespace": "providers", "name": "kcp-public-ca"},
+    }}))?;
+    assert_eq!(
+        got["ops"],
+        vec![r("apps", "deployments", &["kcp-operator"], "get"), r("apps", "deployments", &["infra-provider"], "get")]
+    );
+    assert!(got["kcp-system"].contains(&r("", "secrets", &["kcp-admin"], "get")), "{got:#?}");
+    assert_eq!(got["providers"], vec![r("", "secrets", &["kcp-public-ca"], "get")]);
+    // Empty names: neither Deployment is read.
+    let got =
+        doctor_rules(json!({"doctor": {"enabled": true, "verify": {"enabled": false}, "operator": {"name": ""}}}))?;
+    assert!(!got.values().flatten().any(|(_, resource, _, _)| resource == "deployments"), "{got:#?}");
+    Ok(())
+}

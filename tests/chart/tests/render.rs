@@ -527,3 +527,217 @@ fn network_policy_egress_is_the_apiserver_dns_and_the_peers_on_the_ports_each_ag
     assert_eq!(dns, [api, dns_rule(), extra]);
     Ok(())
 }
+
+/// The doctor on, with the seed's names and every reference set (issue 29).
+fn doctor_on() -> Value {
+    json!({"doctor": {
+        "enabled": true,
+        "interval": 60,
+        "kcp": {"namespace": "kcp-system", "rootShards": ["root"], "shards": ["alpha"], "frontProxies": ["frontproxy"]},
+        "hubOidc": {"namespace": "railgrid-system", "name": "railgrid-hub"},
+        "hubKubeconfig": {"namespace": "railgrid-system", "name": "railgrid-kcp", "key": "admin.kubeconfig"},
+        "cas": [{"namespace": "kcp-system", "name": "root-ca-bundle"}, {"namespace": "kcp-system", "name": "front-ca", "key": "tls.crt"}],
+        "verify": {"nodeLocalDns": ["169.254.20.10"]},
+    }})
+}
+
+fn env_of(container: &Value) -> std::collections::BTreeMap<String, String> {
+    container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+        .collect()
+}
+
+#[test]
+fn the_doctor_is_off_by_default_and_when_on_runs_one_restricted_pod_of_the_kcp_keeper_image_serving_its_checks()
+-> Result<()> {
+    let off = documents(&template(&json!({}), &[])?)?;
+    assert!(!off.iter().any(|o| o["metadata"]["name"] == "kcp-keeper-doctor"), "the doctor is off by default");
+
+    let objects = documents(&template(&doctor_on(), &[])?)?;
+    for kind in ["ServiceAccount", "Deployment", "Service"] {
+        assert!(find(&objects, kind, "kcp-keeper-doctor").is_some(), "{kind} kcp-keeper-doctor");
+    }
+    assert!(find(&objects, "PodDisruptionBudget", "kcp-keeper-doctor").is_none(), "one replica, no budget");
+    let d = find(&objects, "Deployment", "kcp-keeper-doctor").unwrap();
+    assert_eq!(d["spec"]["replicas"], 1, "it only reads: a second replica would report every line twice");
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "kcp-keeper-doctor");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    let c = &pod["containers"][0];
+    let sc = &c["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(c["image"], "ghcr.io/kcp-keeper/kcp-keeper:0.1.0", "the kcp-keeper binary's image, lockstep tag");
+    assert_eq!(c["args"], json!(["doctor"]));
+    assert_eq!(c["ports"][0]["name"], "admin");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let env = env_of(c);
+    let want = [
+        ("KCP_KEEPER_DOCTOR_SERVE", "0.0.0.0:9090"),
+        ("KCP_KEEPER_DOCTOR_INTERVAL", "60"),
+        ("KCP_KEEPER_DOCTOR_NAMESPACE", "kcp-system"),
+        ("KCP_KEEPER_DOCTOR_HUB_OIDC", "configmap:railgrid-system/railgrid-hub:oidc.yaml"),
+        ("KCP_KEEPER_DOCTOR_HUB_KUBECONFIG", "railgrid-system/railgrid-kcp:admin.kubeconfig"),
+        ("KCP_KEEPER_DOCTOR_CAS", "kcp-system/root-ca-bundle:ca.crt,kcp-system/front-ca:tls.crt"),
+        ("KCP_KEEPER_DOCTOR_NODE_LOCAL_DNS", "169.254.20.10"),
+    ];
+    for (name, value) in want {
+        assert_eq!(env.get(name).map(String::as_str), Some(value), "{name} in {env:#?}");
+    }
+    assert!(!env.contains_key("KCP_KEEPER_DOCTOR_NO_VERIFY"), "the Verify checks run by default");
+    assert!(!env.contains_key("KCP_KEEPER_DOCTOR_SNAPSHOTTER_METRICS"), "no snapshotter in this release");
+    assert_eq!(
+        env.get("KCP_KEEPER_DOCTOR_REWRITER_METRICS").map(String::as_str),
+        Some("http://kcp-keeper-dns-rewriter-replicas.kcp-keeper.svc:9090/metrics"),
+        "dns-rewriter is on by default"
+    );
+    let svc = find(&objects, "Service", "kcp-keeper-doctor").unwrap();
+    assert_eq!(svc["spec"]["ports"][0]["name"], "admin");
+    assert_eq!(svc["spec"]["selector"]["app.kubernetes.io/name"], "doctor");
+
+    // With the release's etcd-snapshotter on, the doctor reads its metrics through every replica's address.
+    let mut values = all_agents();
+    values["doctor"] = doctor_on()["doctor"].clone();
+    let objects = documents(&template(&values, &[])?)?;
+    let c = &find(&objects, "Deployment", "kcp-keeper-doctor").unwrap()["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        env_of(c).get("KCP_KEEPER_DOCTOR_SNAPSHOTTER_METRICS").map(String::as_str),
+        Some("http://kcp-keeper-etcd-snapshotter-replicas.kcp-keeper.svc:9090/metrics")
+    );
+    Ok(())
+}
+
+/// Only the Lease holder snapshots, drills and verifies, so a ClusterIP Service would hand the doctor a follower
+/// about half the time (the chart's default is two replicas): the doctor gets a headless Service per agent it
+/// reads, which the ServiceMonitor does not select (no pod scraped twice), and those agents' NetworkPolicies
+/// admit the doctor's pod.
+#[test]
+fn the_doctor_reads_every_replica_through_headless_services_the_service_monitor_skips_and_network_policies_admit()
+-> Result<()> {
+    let mut values = all_agents();
+    values["doctor"] = doctor_on()["doctor"].clone();
+    values["networkPolicy"] =
+        json!({"enabled": true, "metrics": {"podSelector": {"matchLabels": {"app": "prometheus"}}}});
+    let objects = documents(&template(&values, &[])?)?;
+    let c = &find(&objects, "Deployment", "kcp-keeper-doctor").unwrap()["spec"]["template"]["spec"]["containers"][0];
+    let env = env_of(c);
+    assert_eq!(
+        env.get("KCP_KEEPER_DOCTOR_REWRITER_METRICS").map(String::as_str),
+        Some("http://kcp-keeper-dns-rewriter-replicas.kcp-keeper.svc:9090/metrics")
+    );
+    let monitored: Vec<String> =
+        find(&objects, "ServiceMonitor", "kcp-keeper").unwrap()["spec"]["selector"]["matchExpressions"][0]["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+    for agent in ["etcd-snapshotter", "dns-rewriter"] {
+        let svc = find(&objects, "Service", &format!("kcp-keeper-{agent}-replicas")).unwrap();
+        assert_eq!(svc["spec"]["clusterIP"], "None", "{agent}");
+        assert_eq!(svc["spec"]["publishNotReadyAddresses"], true, "{agent}: a not-ready leader is read too");
+        assert_eq!(
+            svc["spec"]["selector"],
+            json!({"app.kubernetes.io/name": agent, "app.kubernetes.io/instance": "kcp-keeper"})
+        );
+        let name = svc["metadata"]["labels"]["app.kubernetes.io/name"].as_str().unwrap_or("");
+        assert!(!monitored.iter().any(|m| m == name), "{agent}'s replicas Service is not scraped: {name:?}");
+        let policy = find(&objects, "NetworkPolicy", &format!("kcp-keeper-{agent}")).unwrap();
+        assert_eq!(
+            policy["spec"]["ingress"][0]["from"],
+            json!([{"podSelector": {"matchLabels": {"app": "prometheus"}}},
+                   {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "doctor", "app.kubernetes.io/instance": "kcp-keeper"}}}]),
+            "{agent}"
+        );
+    }
+    // An agent the doctor does not read gets neither.
+    assert!(find(&objects, "Service", "kcp-keeper-ca-syncer-replicas").is_none());
+    let policy = find(&objects, "NetworkPolicy", "kcp-keeper-ca-syncer").unwrap();
+    assert_eq!(policy["spec"]["ingress"][0]["from"], json!([{"podSelector": {"matchLabels": {"app": "prometheus"}}}]));
+    // Without the doctor, no replicas Service and no ingress for it.
+    values["doctor"] = json!({"enabled": false});
+    let objects = documents(&template(&values, &[])?)?;
+    assert!(find(&objects, "Service", "kcp-keeper-dns-rewriter-replicas").is_none());
+    let policy = find(&objects, "NetworkPolicy", "kcp-keeper-dns-rewriter").unwrap();
+    assert_eq!(policy["spec"]["ingress"][0]["from"].as_array().unwrap().len(), 1);
+    Ok(())
+}
+
+#[test]
+fn the_doctor_is_scraped_by_the_service_monitor_and_its_alerts_are_in_the_prometheus_rule_only_when_it_runs()
+-> Result<()> {
+    let monitoring =
+        json!({"serviceMonitor": {"enabled": true, "force": true}, "prometheusRule": {"enabled": true, "force": true}});
+    let alerts = |objects: &[Value]| -> Vec<String> {
+        find(objects, "PrometheusRule", "kcp-keeper").unwrap()["spec"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap().iter().map(|r| r["alert"].as_str().unwrap().to_string()))
+            .collect()
+    };
+    let selected = |objects: &[Value]| -> Value {
+        find(objects, "ServiceMonitor", "kcp-keeper").unwrap()["spec"]["selector"]["matchExpressions"][0]["values"]
+            .clone()
+    };
+    let mut values = doctor_on();
+    values["monitoring"] = monitoring.clone();
+    let on = documents(&template(&values, &[])?)?;
+    assert_eq!(selected(&on), json!(["dns-rewriter", "doctor"]));
+    let on_alerts = alerts(&on);
+    for alert in ["KcpKeeperDoctorCheckFailing", "KcpKeeperDoctorNotRunning"] {
+        assert!(on_alerts.iter().any(|a| a == alert), "{alert} in {on_alerts:?}");
+    }
+    let off = documents(&template(&json!({"monitoring": monitoring}), &[])?)?;
+    assert_eq!(selected(&off), json!(["dns-rewriter"]));
+    assert!(!alerts(&off).iter().any(|a| a.starts_with("KcpKeeperDoctor")), "{:?}", alerts(&off));
+    Ok(())
+}
+
+#[test]
+fn the_doctor_with_verify_checks_and_no_root_shard_named_fails_the_render_naming_the_value() -> Result<()> {
+    let err = template(&json!({"doctor": {"enabled": true}}), &[]).expect_err("no root shard named");
+    assert!(format!("{err:#}").contains("doctor.kcp.rootShards"), "{err:#}");
+    let err = template(&json!({"doctor": {"enabled": true, "intervall": 5}}), &[]).expect_err("misspelled");
+    assert!(format!("{err:#}").contains("'intervall' not allowed"), "{err:#}");
+    // Without the Verify checks no root shard is needed.
+    let objects = documents(&template(&json!({"doctor": {"enabled": true, "verify": {"enabled": false}}}), &[])?)?;
+    let c = &find(&objects, "Deployment", "kcp-keeper-doctor").unwrap()["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env_of(c).get("KCP_KEEPER_DOCTOR_NO_VERIFY").map(String::as_str), Some("true"));
+    Ok(())
+}
+
+#[test]
+fn the_doctors_endpoint_slice_and_lockstep_references_become_its_flags_and_the_operators_default_is_the_seeds()
+-> Result<()> {
+    let container = |values: &Value| -> Result<Value> {
+        let objects = documents(&template(values, &[])?)?;
+        Ok(find(&objects, "Deployment", "kcp-keeper-doctor").unwrap()["spec"]["template"]["spec"]["containers"][0]
+            .clone())
+    };
+    let mut values = doctor_on();
+    let env = env_of(&container(&values)?);
+    assert_eq!(env.get("KCP_KEEPER_DOCTOR_OPERATOR_DEPLOYMENT").map(String::as_str), Some("kcp-operator/kcp-operator"));
+    for unset in
+        ["KCP_KEEPER_DOCTOR_PROVIDER_DEPLOYMENT", "KCP_KEEPER_DOCTOR_KCP_KUBECONFIG", "KCP_KEEPER_DOCTOR_ENDPOINT_CA"]
+    {
+        assert!(!env.contains_key(unset), "{unset} without its value");
+    }
+    values["doctor"]["provider"] = json!({"namespace": "ops", "name": "infra-provider"});
+    values["doctor"]["kcpKubeconfig"] = json!({"namespace": "kcp-system", "name": "kcp-admin"});
+    values["doctor"]["endpointCA"] = json!({"namespace": "providers", "name": "kcp-public-ca", "key": "tls.crt"});
+    let env = env_of(&container(&values)?);
+    for (name, value) in [
+        ("KCP_KEEPER_DOCTOR_PROVIDER_DEPLOYMENT", "ops/infra-provider"),
+        ("KCP_KEEPER_DOCTOR_KCP_KUBECONFIG", "kcp-system/kcp-admin:kubeconfig"),
+        ("KCP_KEEPER_DOCTOR_ENDPOINT_CA", "providers/kcp-public-ca:tls.crt"),
+    ] {
+        assert_eq!(env.get(name).map(String::as_str), Some(value), "{name}");
+    }
+    Ok(())
+}

@@ -19,8 +19,9 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::prereqs::{self, MUSL_TARGET};
 
-/// The agents, each with its image directory `images/<agent>/` and its binary of the same name.
-pub const AGENTS: [&str; 4] = ["ca-syncer", "dns-rewriter", "kubeconfig-rotator", "etcd-snapshotter"];
+/// The agents, each with its image directory `images/<agent>/` and its binary of the same name, and the
+/// `kcp-keeper` tool, whose image runs `kcp-keeper doctor --serve` in the cluster (the chart's `doctor`).
+pub const AGENTS: [&str; 5] = ["ca-syncer", "dns-rewriter", "kubeconfig-rotator", "etcd-snapshotter", "kcp-keeper"];
 
 /// Peer binaries the snapshotter's image carries.
 const SNAPSHOTTER_PEERS: [&str; 2] = ["etcd", "etcdutl"];

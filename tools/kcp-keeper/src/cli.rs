@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::options::{HubOidc, KeyRef, Options};
+use crate::options::{HubOidc, KeyRef, ObjectRef, Options};
 use crate::rules::expiry::Margins;
 use crate::verdict::Level;
 
@@ -47,9 +47,27 @@ pub struct Doctor {
     /// A managed CA: NAMESPACE/SECRET[:KEY] (key default ca.crt); repeat for each.
     #[arg(long = "ca", env = "KCP_KEEPER_DOCTOR_CAS", value_delimiter = ',', value_parser = |s: &str| KeyRef::parse(s, "ca.crt"))]
     pub cas: Vec<KeyRef>,
-    /// etcd-snapshotter's metrics endpoint, http://HOST:PORT/metrics.
-    #[arg(long, env = "KCP_KEEPER_DOCTOR_SNAPSHOTTER_METRICS")]
-    pub snapshotter_metrics: Option<String>,
+    /// etcd-snapshotter's metrics endpoint, http://HOST:PORT/metrics; repeat for each. The host is read at
+    /// every address it resolves to: name a headless Service to read every replica.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_SNAPSHOTTER_METRICS", value_delimiter = ',')]
+    pub snapshotter_metrics: Vec<String>,
+    /// dns-rewriter's metrics endpoint, likewise: the leading replica's verification of the DNS rules.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_REWRITER_METRICS", value_delimiter = ',')]
+    pub rewriter_metrics: Vec<String>,
+    /// The kcp-operator's Deployment, NAMESPACE/NAME: its image version must pair with kcp's.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_OPERATOR_DEPLOYMENT")]
+    pub operator_deployment: Option<ObjectRef>,
+    /// The infrastructure provider's Deployment, NAMESPACE/NAME: its image must be pinned and pair with kcp.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_PROVIDER_DEPLOYMENT")]
+    pub provider_deployment: Option<ObjectRef>,
+    /// A kcp kubeconfig: NAMESPACE/SECRET[:KEY] (key default kubeconfig). The APIExportEndpointSlices of its
+    /// server's workspace are checked; only its server, CA and credential are used.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_KCP_KUBECONFIG", value_parser = |s: &str| KeyRef::parse(s, "kubeconfig"))]
+    pub kcp_kubeconfig: Option<KeyRef>,
+    /// The CA bundle the endpoint slices' URLs must verify with: NAMESPACE/SECRET[:KEY] (key default ca.crt);
+    /// default: the kcp kubeconfig's CA.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_ENDPOINT_CA", value_parser = |s: &str| KeyRef::parse(s, "ca.crt"))]
+    pub endpoint_ca: Option<KeyRef>,
     /// Skip the Verify section (its requests need the cluster's network: run the doctor in a pod for them).
     #[arg(long, env = "KCP_KEEPER_DOCTOR_NO_VERIFY")]
     pub no_verify: bool,
@@ -86,6 +104,11 @@ impl Doctor {
             hub_kubeconfig: self.hub_kubeconfig.clone(),
             cas: self.cas.clone(),
             snapshotter_metrics: self.snapshotter_metrics.clone(),
+            rewriter_metrics: self.rewriter_metrics.clone(),
+            operator_deployment: self.operator_deployment.clone(),
+            provider_deployment: self.provider_deployment.clone(),
+            kcp_kubeconfig: self.kcp_kubeconfig.clone(),
+            endpoint_ca: self.endpoint_ca.clone(),
             verify: !self.no_verify,
             cluster_dns: self.cluster_dns,
             node_local_dns: self.node_local_dns.clone(),

@@ -71,6 +71,24 @@ struct Proxy {
     image: Option<Image>,
 }
 
+/// `spec.certificateTemplates.server.spec.dnsNames`: the names the shard's serving certificate is for.
+#[derive(Debug, Clone, Default, Deserialize)]
+struct CertificateTemplates {
+    server: Option<CertificateTemplate>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct CertificateTemplate {
+    spec: Option<CertificateSpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CertificateSpec {
+    #[serde(default)]
+    dns_names: Vec<String>,
+}
+
 /// The union of the fields the rules read from a RootShard, Shard or FrontProxy `spec`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -85,6 +103,7 @@ struct RawSpec {
     auth: Option<Auth>,
     etcd: Option<Etcd>,
     cluster_domain: Option<String>,
+    certificate_templates: Option<CertificateTemplates>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +137,8 @@ pub struct Component {
     pub oidc: Option<Oidc>,
     pub etcd_endpoints: Vec<String>,
     pub cluster_domain: String,
+    /// The names in the server certificate's template (where the operator puts a shard's public name).
+    pub server_names: Vec<String>,
 }
 
 impl Component {
@@ -135,6 +156,12 @@ impl Component {
             oidc: raw.auth.and_then(|a| a.oidc),
             etcd_endpoints: raw.etcd.map(|e| e.endpoints).unwrap_or_default(),
             cluster_domain: raw.cluster_domain.unwrap_or_else(|| "cluster.local".into()),
+            server_names: raw
+                .certificate_templates
+                .and_then(|t| t.server)
+                .and_then(|t| t.spec)
+                .map(|s| s.dns_names)
+                .unwrap_or_default(),
         })
     }
 
@@ -240,6 +267,8 @@ mod tests {
             "auth": {"oidc": {"issuerURL": "https://idp", "clientID": "kcp", "clientSecret": "hunter2",
                               "usernameClaim": "email", "usernamePrefix": "railgrid:"}},
             "etcd": {"endpoints": ["http://etcd-root-0.etcd-root.kcp-system.svc.cluster.local:2379"]},
+            "certificateTemplates": {"server": {"spec": {"dnsNames": ["root.kcp.example.com"],
+                                                         "privateKey": {"algorithm": "ECDSA"}}}},
             "somethingNew": {"ignored": true},
         });
         let c = Component::parse(Kind::RootShard, "root", &spec).unwrap();
@@ -253,6 +282,7 @@ mod tests {
         assert!(!format!("{c:?}").contains("hunter2"), "{c:?}");
         assert_eq!(c.etcd_endpoints.len(), 1);
         assert_eq!(c.cluster_domain, "cluster.local");
+        assert_eq!(c.server_names, ["root.kcp.example.com"]);
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! [`rules`] (objects in, verdicts out); [`read`], [`verify`] and [`probe`] are the I/O around them.
 
 pub mod cli;
+pub mod endpoints;
+pub mod kcp_access;
 pub mod layout;
 pub mod metrics;
 pub mod options;
@@ -54,6 +56,18 @@ pub async fn run(client: &kube::Client, options: &Options) -> Report {
                 checks.extend(rules::objects(layout, None).into_iter().filter(|v| v.check != rules::oidc::CHECK));
             }
         }
+        if options.operator_deployment.is_some() || options.provider_deployment.is_some() {
+            let tags: Vec<String> = layout.components.iter().filter_map(|c| c.image.tag.clone()).collect();
+            let operator = match &options.operator_deployment {
+                Some(r) => Some(read::deployment_image(client, r).await),
+                None => None,
+            };
+            let provider = match &options.provider_deployment {
+                Some(r) => Some(read::deployment_image(client, r).await),
+                None => None,
+            };
+            checks.extend(rules::pairing::judge(&tags, operator.as_ref(), provider.as_ref()));
+        }
         if options.verify {
             checks.extend(verify::run(client, layout, options).await);
         }
@@ -83,16 +97,147 @@ pub async fn run(client: &kube::Client, options: &Options) -> Report {
             },
         );
     }
-    if let Some(url) = &options.snapshotter_metrics {
-        match probe::get_plain(url, Duration::from_secs(10)).await {
-            Ok(text) => checks.extend(rules::restore::judge(&rules::restore::parse(&text), now as f64)),
-            Err(e) => checks.push(Verdict::fail(
-                rules::restore::DRILL,
-                "etcd-snapshotter",
-                format!("{e:#}"),
-                "check --snapshotter-metrics",
-            )),
+    if let Some(r) = &options.kcp_kubeconfig {
+        checks.extend(endpoint_slices(client, r, options.endpoint_ca.as_ref()).await);
+    }
+    let now = now as f64;
+    checks.extend(
+        agent_metrics(
+            &options.snapshotter_metrics,
+            "--snapshotter-metrics",
+            rules::restore::DRILL,
+            "etcd-snapshotter",
+            |texts| rules::restore::judge(&rules::restore::parse(texts.iter().map(String::as_str)), now),
+        )
+        .await,
+    );
+    checks.extend(
+        agent_metrics(
+            &options.rewriter_metrics,
+            "--rewriter-metrics",
+            rules::dns_rules::CHECK,
+            "dns-rewriter",
+            |texts| {
+                let read: Vec<_> = texts.iter().map(|t| rules::dns_rules::parse(t)).collect();
+                rules::dns_rules::judge(&read, now)
+            },
+        )
+        .await,
+    );
+    Report { checks }
+}
+
+/// Every replica's metrics: each URL's host resolved to all its addresses and read at each; the bodies, and one
+/// error per address (or URL) that gave none.
+async fn replicas(urls: &[String]) -> (Vec<String>, Vec<String>) {
+    let (mut texts, mut errors) = (Vec::new(), Vec::new());
+    for url in urls {
+        match probe::get_every_address(url, Duration::from_secs(10)).await {
+            Ok(bodies) => {
+                for (_, body) in bodies {
+                    match body {
+                        Ok(text) => texts.push(text),
+                        Err(e) => errors.push(format!("{e:#}")),
+                    }
+                }
+            }
+            Err(e) => errors.push(format!("{e:#}")),
         }
     }
-    Report { checks }
+    (texts, errors)
+}
+
+/// An agent's check from its replicas' metrics, the URLs given by `flag` (none when `urls` is empty): FAIL when no replica answered,
+/// else `judge` of what did, and a warn line when some did not (the one that leads may be among them).
+async fn agent_metrics(
+    urls: &[String],
+    flag: &str,
+    check: &'static str,
+    agent: &str,
+    judge: impl FnOnce(&[String]) -> Vec<Verdict>,
+) -> Vec<Verdict> {
+    if urls.is_empty() {
+        return Vec::new();
+    }
+    let (texts, errors) = replicas(urls).await;
+    if texts.is_empty() {
+        return vec![Verdict::fail(check, agent, errors.join("; "), &format!("check {flag}"))];
+    }
+    let mut out = judge(&texts);
+    if !errors.is_empty() {
+        out.push(Verdict::warn(
+            check,
+            agent,
+            format!("{} endpoint(s) did not answer: {}", errors.len(), errors.join("; ")),
+            "see the agent's pods",
+        ));
+    }
+    out
+}
+
+/// The APIExportEndpointSlices inside kcp, through a client made from the kcp kubeconfig's server, CA and
+/// credential alone; their URLs verified with `endpoint_ca`, else that kubeconfig's CA.
+async fn endpoint_slices(
+    client: &kube::Client,
+    kubeconfig: &options::KeyRef,
+    endpoint_ca: Option<&options::KeyRef>,
+) -> Vec<Verdict> {
+    use rules::endpoint_slices::CHECK;
+    let subject = format!("secret {kubeconfig}");
+    let access = match read::secret_key(client, kubeconfig).await.and_then(|b| kcp_access::parse(&b)) {
+        Ok(a) => a,
+        Err(e) => return vec![Verdict::fail(CHECK, subject, format!("{e:#}"), "check --kcp-kubeconfig")],
+    };
+    let ca = match endpoint_ca {
+        None => access.ca_pem.clone(),
+        Some(r) => match read::secret_key(client, r).await {
+            Ok(ca) => ca,
+            Err(e) => {
+                return vec![Verdict::fail(CHECK, format!("secret {r}"), format!("{e:#}"), "check --endpoint-ca")];
+            }
+        },
+    };
+    match access.client() {
+        Ok(kcp) => endpoints::check(&kcp, &ca).await,
+        Err(e) => vec![Verdict::fail(CHECK, subject, format!("a client for kcp: {e:#}"), "check --kcp-kubeconfig")],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every line links `docs/runbooks.md#doctor-<check>` and docs/doctor.md's table explains each check: both
+    /// must exist for every check this crate emits.
+    #[test]
+    fn every_check_has_a_runbook_section_and_a_row_in_the_doctors_checks_table() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let runbooks = std::fs::read_to_string(root.join("docs/runbooks.md")).unwrap();
+        let doctor = std::fs::read_to_string(root.join("docs/doctor.md")).unwrap();
+        let checks = [
+            verify::ROLLOUT,
+            verify::READYZ,
+            verify::ANONYMOUS,
+            verify::SPLIT_HORIZON,
+            rules::base_url::CHECK,
+            rules::base_url::VIRTUAL_WORKSPACE,
+            rules::endpoint_slices::CHECK,
+            rules::restore::SNAPSHOT,
+            rules::restore::DRILL,
+            rules::images::PINNED,
+            rules::images::PROXY,
+            rules::images::LOCKSTEP,
+            rules::etcd_spread::CHECK,
+            rules::oidc::CHECK,
+            rules::expiry::KUBECONFIG,
+            rules::expiry::CA,
+            rules::feature_gates::CHECK,
+            rules::dns_rules::CHECK,
+            "read",
+        ];
+        for check in checks {
+            assert!(runbooks.lines().any(|l| l == format!("## doctor: {check}")), "no runbook section for {check}");
+            assert!(doctor.lines().any(|l| l.starts_with(&format!("| `{check}` |"))), "no docs/doctor.md row: {check}");
+        }
+    }
 }

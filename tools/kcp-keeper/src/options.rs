@@ -36,6 +36,30 @@ impl std::fmt::Display for KeyRef {
     }
 }
 
+/// `namespace/name` of an object (a Deployment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl FromStr for ObjectRef {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.contains(':') {
+            return Err(format!("{s:?}: expected NAMESPACE/NAME"));
+        }
+        let r = KeyRef::parse(s, "-").map_err(|_| format!("{s:?}: expected NAMESPACE/NAME of Kubernetes names"))?;
+        Ok(Self { namespace: r.namespace, name: r.name })
+    }
+}
+
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
 /// Where the hub's OIDC settings are read from: a YAML/JSON document with `issuerURL`, `clientID`,
 /// `usernameClaim`, `usernamePrefix`, `groupsClaim`, `groupsPrefix` (other keys ignored, never read).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,8 +91,19 @@ pub struct Options {
     pub hub_kubeconfig: Option<KeyRef>,
     /// Secret keys holding CA certificates the agents manage (`ca.crt` by default).
     pub cas: Vec<KeyRef>,
-    /// etcd-snapshotter's metrics endpoint (`http://host:port/metrics`).
-    pub snapshotter_metrics: Option<String>,
+    /// etcd-snapshotter's metrics endpoints (`http://host:port/metrics`), each host read at every address it
+    /// resolves to (a headless Service: every replica).
+    pub snapshotter_metrics: Vec<String>,
+    /// dns-rewriter's, likewise.
+    pub rewriter_metrics: Vec<String>,
+    /// The kcp-operator's Deployment, whose image version must pair with kcp's.
+    pub operator_deployment: Option<ObjectRef>,
+    /// The infrastructure provider's Deployment, likewise.
+    pub provider_deployment: Option<ObjectRef>,
+    /// A kcp kubeconfig's Secret key: the APIExportEndpointSlices are listed in its server's workspace.
+    pub kcp_kubeconfig: Option<KeyRef>,
+    /// The CA bundle the slices' URLs must verify with (`ca.crt` by default); default: the kcp kubeconfig's CA.
+    pub endpoint_ca: Option<KeyRef>,
     /// Run the Verify section (requests from where the doctor runs: inside the cluster's network).
     pub verify: bool,
     /// The cluster DNS to ask; default `kube-system/kube-dns`'s ClusterIP on 53.
@@ -87,7 +122,12 @@ impl Default for Options {
             hub_oidc: None,
             hub_kubeconfig: None,
             cas: Vec::new(),
-            snapshotter_metrics: None,
+            snapshotter_metrics: Vec::new(),
+            rewriter_metrics: Vec::new(),
+            operator_deployment: None,
+            provider_deployment: None,
+            kcp_kubeconfig: None,
+            endpoint_ca: None,
             verify: true,
             cluster_dns: None,
             node_local_dns: Vec::new(),
@@ -117,5 +157,10 @@ mod tests {
             matches!("configmap:ns/hub".parse::<HubOidc>().unwrap(), HubOidc::ConfigMap(r) if r.key == "oidc.yaml")
         );
         assert!("ns/hub".parse::<HubOidc>().is_err());
+        let d: ObjectRef = "kcp-operator/kcp-operator".parse().unwrap();
+        assert_eq!((d.namespace.as_str(), d.name.as_str()), ("kcp-operator", "kcp-operator"));
+        for bad in ["kcp-operator", "a/b:c", "a/b c", "/b"] {
+            assert!(bad.parse::<ObjectRef>().is_err(), "{bad}");
+        }
     }
 }

@@ -51,26 +51,62 @@ async fn get_inner(addr: SocketAddr, name: &str, ca_pem: &[u8], path: &str) -> R
 
 /// `GET http://<addr><path>` (a metrics endpoint): the body, at most 4 MiB.
 pub async fn get_plain(url: &str, timeout: Duration) -> Result<String> {
-    let rest = url.strip_prefix("http://").with_context(|| format!("{url}: only http:// is supported"))?;
-    let (authority, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
+    let (authority, path) = plain_url(url)?;
     let work = async {
         let tcp =
             tokio::net::TcpStream::connect(authority).await.with_context(|| format!("connecting to {authority}"))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
-        let driver = tokio::spawn(conn);
-        let request =
-            http::Request::get(path.as_str()).header(http::header::HOST, authority).body(Empty::<Bytes>::new())?;
-        let response = sender.send_request(request).await?;
-        let status = response.status();
-        let body = response.into_body().collect().await?.to_bytes();
-        driver.abort();
-        if !status.is_success() {
-            bail!("{url} answered {status}");
-        }
-        if body.len() > 4 << 20 {
-            bail!("{url} answered more than 4 MiB");
-        }
-        Ok(String::from_utf8_lossy(&body).into_owned())
+        fetch(tcp, authority, &path, url).await
     };
     tokio::time::timeout(timeout, work).await.with_context(|| format!("no answer from {url} within {timeout:?}"))?
+}
+
+/// The same GET to every address the URL's host resolves to: one body (or error) per address. An agent's
+/// replicas each export only what they did (the Lease holder snapshots, drills and verifies), so the doctor
+/// reads them all; a headless Service's name resolves to every replica (the chart's `<agent>-replicas`).
+pub async fn get_every_address(url: &str, timeout: Duration) -> Result<Vec<(SocketAddr, Result<String>)>> {
+    let (authority, path) = plain_url(url)?;
+    let addrs: Vec<SocketAddr> = tokio::time::timeout(timeout, tokio::net::lookup_host(authority))
+        .await
+        .with_context(|| format!("resolving {authority}: no answer within {timeout:?}"))?
+        .with_context(|| format!("resolving {authority}"))?
+        .collect();
+    if addrs.is_empty() {
+        bail!("{authority} resolves to no address");
+    }
+    let mut out = Vec::new();
+    for addr in addrs {
+        let work = async {
+            let tcp = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+            fetch(tcp, authority, &path, url).await
+        };
+        let body = tokio::time::timeout(timeout, work)
+            .await
+            .with_context(|| format!("no answer from {url} at {addr} within {timeout:?}"))
+            .and_then(|r| r);
+        out.push((addr, body));
+    }
+    Ok(out)
+}
+
+/// `http://authority/path` split; only plain HTTP (a metrics endpoint).
+fn plain_url(url: &str) -> Result<(&str, String)> {
+    let rest = url.strip_prefix("http://").with_context(|| format!("{url}: only http:// is supported"))?;
+    Ok(rest.split_once('/').map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}"))))
+}
+
+async fn fetch(tcp: tokio::net::TcpStream, authority: &str, path: &str, url: &str) -> Result<String> {
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    let driver = tokio::spawn(conn);
+    let request = http::Request::get(path).header(http::header::HOST, authority).body(Empty::<Bytes>::new())?;
+    let response = sender.send_request(request).await?;
+    let status = response.status();
+    let body = response.into_body().collect().await?.to_bytes();
+    driver.abort();
+    if !status.is_success() {
+        bail!("{url} answered {status}");
+    }
+    if body.len() > 4 << 20 {
+        bail!("{url} answered more than 4 MiB");
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }

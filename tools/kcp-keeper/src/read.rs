@@ -96,3 +96,21 @@ pub async fn secret_key(client: &kube::Client, r: &KeyRef) -> Result<Vec<u8>> {
         secret.data.and_then(|mut d| d.remove(&r.key)).with_context(|| format!("Secret {r} has no such key"))?;
     Ok(value.0)
 }
+
+/// The first container's image of a Deployment: `deployment/<ns>/<name>` and the image, or why there is none.
+pub async fn deployment_image(client: &kube::Client, r: &crate::options::ObjectRef) -> crate::rules::pairing::Read {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let subject = format!("deployment/{r}");
+    let image = match Api::<Deployment>::namespaced(client.clone(), &r.namespace).get_opt(&r.name).await {
+        Err(e) => Err(format!("reading Deployment {r}: {e}")),
+        Ok(None) => Err(format!("no Deployment {r}")),
+        Ok(Some(d)) => d
+            .spec
+            .template
+            .spec
+            .and_then(|s| s.containers.into_iter().next())
+            .and_then(|c| c.image)
+            .ok_or_else(|| format!("Deployment {r} names no image")),
+    };
+    (subject, image)
+}

@@ -110,7 +110,8 @@ impl Fixture {
 }
 
 #[tokio::test]
-async fn the_seed_layouts_objects_pass_every_object_rule_and_warn_on_cache_apis_and_the_etcd_spread() -> Result<()> {
+async fn the_seed_layouts_objects_pass_every_object_rule_and_warn_on_cache_apis_the_etcd_spread_and_the_virtual_workspace_url()
+-> Result<()> {
     let f = Fixture::new().await?;
     let report = f.doctor(&f.options()).await;
     for check in ["pinned-images", "proxy-image", "lockstep-versions", "shard-base-url", "oidc-hub"] {
@@ -126,6 +127,10 @@ async fn the_seed_layouts_objects_pass_every_object_rule_and_warn_on_cache_apis_
     let spread = report.of("etcd-spread");
     assert_eq!(spread.len(), 2, "{}", report.text());
     assert!(spread.iter().all(|v| v.result == Level::Warn), "{}", report.text());
+    // Both shards' server certificates carry a public name, and neither sets --shard-virtual-workspace-url.
+    let vw = report.of("shard-virtual-workspace-url");
+    assert_eq!(vw.len(), 2, "{}", report.text());
+    assert!(vw.iter().all(|v| v.result == Level::Warn), "{}", report.text());
     assert_eq!(report.worst(), Level::Warn);
     Ok(())
 }
@@ -175,6 +180,23 @@ async fn a_shard_base_url_on_the_public_hostname_fails_in_the_spec_and_in_extra_
     let internal = format!("https://root-kcp.{}.svc.cluster.local:6443", f.ns);
     f.patch(layout::root_shard(), json!({"extraArgs": [format!("--shard-base-url={internal}")]})).await?;
     assert_eq!(f.result(&o, "shard-base-url", "rootshard/root").await, Level::Ok);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_shard_with_a_public_name_warns_without_a_virtual_workspace_url_is_ok_with_one_and_warns_once_it_is_removed()
+-> Result<()> {
+    let f = Fixture::new().await?;
+    let o = f.options();
+    let check = "shard-virtual-workspace-url";
+    assert_eq!(f.result(&o, check, "shard/alpha").await, Level::Warn);
+    let url = format!("--shard-virtual-workspace-url=https://{}:6443", layout::SHARD_HOSTS[1].1);
+    f.patch(layout::shard(), json!({"extraArgs": [url]})).await?;
+    assert_eq!(f.result(&o, check, "shard/alpha").await, Level::Ok);
+    // The root shard is its own line: still unset there.
+    assert_eq!(f.result(&o, check, "rootshard/root").await, Level::Warn);
+    f.patch(layout::shard(), json!({"extraArgs": null})).await?;
+    assert_eq!(f.result(&o, check, "shard/alpha").await, Level::Warn);
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use kcp_keeper_runtime::schedule::{Schedule, ScheduleSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::defrag::{Defrag, RawDefrag, defrag};
 use super::deltas::{Deltas, RawDeltas, deltas};
 use super::drills::{RawShardDrill, ShardDrill, shard_drill};
 
@@ -32,6 +33,14 @@ pub struct RawShard {
     /// and restores to a point in time (`restore --at`).
     #[serde(default)]
     pub deltas: Option<RawDeltas>,
+    /// A full snapshot and a drill of the shard whenever the kcp image of the kcp-operator object that runs it
+    /// changes (watched by name; off when absent).
+    #[serde(default)]
+    pub before_upgrade: Option<crate::upgrade::RawBeforeUpgrade>,
+    /// Scheduled defragmentation of the shard's members (off when absent): a snapshot first, then each
+    /// follower alone, never the leader while followers exist.
+    #[serde(default)]
+    pub defrag: Option<RawDefrag>,
 }
 
 /// Client TLS for a shard's etcd: PEM files (mounted from a Secret), read at each connection.
@@ -58,12 +67,18 @@ pub struct Shard {
     pub drill: Option<ShardDrill>,
     /// Present when deltas are enabled.
     pub deltas: Option<Deltas>,
+    /// Present when `beforeUpgrade` is configured.
+    pub before_upgrade: Option<crate::upgrade::Watched>,
+    /// Present when scheduled defragmentation is enabled.
+    pub defrag: Option<Defrag>,
 }
 
 impl PartialEq for Shard {
     fn eq(&self, other: &Self) -> bool {
         (&self.name, &self.endpoints, &self.tls, &self.schedule_spec, &self.drill, &self.deltas)
             == (&other.name, &other.endpoints, &other.tls, &other.schedule_spec, &other.drill, &other.deltas)
+            && self.before_upgrade == other.before_upgrade
+            && self.defrag == other.defrag
     }
 }
 
@@ -97,6 +112,8 @@ pub(super) fn shards(raw: Vec<RawShard>, kcp_binary: bool, errors: &mut Vec<Fiel
         }
         let drill = shard.drill.and_then(|raw| shard_drill(&shard.name, raw, &at, errors));
         let deltas = deltas(shard.deltas, &at, errors);
+        let before_upgrade = crate::upgrade::before_upgrade(shard.before_upgrade, &at, errors);
+        let defrag = defrag(&shard.name, shard.endpoints.len(), shard.defrag, &at, errors);
         match Schedule::new(&format!("snapshot-{}", shard.name), &shard.schedule) {
             Ok(schedule) => out.push(Shard {
                 name: shard.name,
@@ -106,6 +123,8 @@ pub(super) fn shards(raw: Vec<RawShard>, kcp_binary: bool, errors: &mut Vec<Fiel
                 schedule_spec: shard.schedule,
                 drill,
                 deltas,
+                before_upgrade,
+                defrag,
             }),
             Err(e) => errors.push(FieldError::new(at("schedule"), e.to_string())),
         }

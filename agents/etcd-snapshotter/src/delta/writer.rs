@@ -16,6 +16,8 @@
 //! Every `interval` the writer asks etcd for the watch's progress; the answer's revision is one every event up
 //! to which has arrived, so once the buffer is written the store holds the shard as it was when the request
 //! was sent: that time is `delta_stored_through_timestamp_seconds`, and `time() - it` is the recovery point.
+//! etcd leaves that request unanswered while the watch starts past its revision (no write since the last stored
+//! one); then a linearizable read of the revision below the chain's next one proves the same point.
 //!
 //! A flush at most every `deltas.hashKvInterval` (and the session's first) also asks the member for `HashKV(to)` and
 //! the key count at `to`, and the delta carries them ([`super::Live`]) for drills to compare with. Not every
@@ -145,10 +147,18 @@ impl Writer {
                     }
                     // An unanswered request (etcd busy catching the watcher up): write what is here anyway, so the
                     // buffer never waits longer than an interval or two.
-                    if asked.as_ref().is_some_and(|a| a.mono.elapsed() >= self.deltas.interval)
-                        && let Some(end) = self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await?
-                    {
-                        return Ok(end);
+                    if asked.as_ref().is_some_and(|a| a.mono.elapsed() >= self.deltas.interval) {
+                        if let Some(end) = self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await? {
+                            return Ok(end);
+                        }
+                        // etcd answers no progress request while the watch's start revision is ahead of its own
+                        // (a shard with no write since the last stored revision), so an idle shard would never
+                        // prove a point. There a linearizable read says the same: nothing after what is stored
+                        // was committed when it was sent.
+                        let sent = SystemAndMono::now();
+                        if current_revision(&client).await.is_some_and(|revision| revision < chain.next) {
+                            self.metrics.delta.stored_through.get_or_create(&label).set(sent.unix);
+                        }
                     }
                     if asked.is_none() || asked.as_ref().is_some_and(|a| a.mono.elapsed() >= self.deltas.interval * 3) {
                         watch.request_progress().await?;
@@ -301,6 +311,15 @@ impl SystemAndMono {
     fn now() -> Self {
         Self { unix: unix_now(), mono: Instant::now() }
     }
+}
+
+/// The cluster's revision now, from a linearizable count of one key (no value read); `None` when the read fails
+/// (the next tick asks again).
+async fn current_revision(client: &etcd_client::Client) -> Option<u64> {
+    let options = etcd_client::GetOptions::new().with_count_only();
+    let mut kv = client.kv_client();
+    let response = tokio::time::timeout(Duration::from_secs(10), kv.get(vec![0u8], Some(options))).await.ok()?.ok()?;
+    Some(response.header()?.revision() as u64)
 }
 
 /// The first member of the shard that answers (any member serves the watch of the whole cluster).

@@ -55,6 +55,9 @@ pub struct Report {
     pub finished_at: DateTime<Utc>,
     pub duration_seconds: f64,
     pub agent_version: String,
+    /// The kcp the drilled snapshot was taken under, from its manifest (a snapshot before a kcp upgrade).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kcp_version: Option<String>,
     /// The last drill that failed for a reason of its environment while this passing report still proved the
     /// snapshot (the report then stays, and so does the verification).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -138,6 +141,7 @@ mod tests {
             finished_at: at,
             duration_seconds: 1.0,
             agent_version: "0.1.0".into(),
+            kcp_version: None,
             last_failed_attempt: None,
         }
     }

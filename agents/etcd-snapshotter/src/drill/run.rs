@@ -94,6 +94,7 @@ pub async fn drill(
         finished_at: Utc::now(),
         duration_seconds: started.elapsed().as_secs_f64(),
         agent_version: kcp_keeper_runtime::VERSION.into(),
+        kcp_version: target.manifest.kcp.as_ref().map(crate::upgrade::KcpVersion::describe),
         last_failed_attempt: None,
     };
     Outcome { result, report }
@@ -436,6 +437,7 @@ fn failed_before_start(id: &str, error: &DrillError) -> Report {
         finished_at: now,
         duration_seconds: 0.0,
         agent_version: kcp_keeper_runtime::VERSION.into(),
+        kcp_version: None,
         last_failed_attempt: None,
     }
 }
@@ -481,6 +483,9 @@ pub fn summary(outcome: &Outcome) -> String {
                     kcp.workspaces.len(),
                     kcp.objects.len()
                 ));
+            }
+            if let Some(kcp) = &r.kcp_version {
+                line.push_str(&format!("; taken under {kcp}"));
             }
             line.push_str(&format!("; drill {:.1}s", r.duration_seconds));
             line

@@ -279,3 +279,48 @@ pub async fn revision_and_keys(client: &mut etcd_client::Client) -> (i64, i64) {
 }
 
 pub const WAIT: Duration = Duration::from_secs(60);
+
+/// A single-member etcd started on the data directory `restore` wrote (`extra` flags appended), serving on
+/// `client_port`; logs to `<name>.log` in the bed.
+pub fn start_restored(
+    bed: &Bed,
+    name: &str,
+    data_dir: &Path,
+    client_port: u16,
+    peer_url: &str,
+    extra: &[&str],
+) -> testbed::process::Process {
+    let client_url = format!("http://127.0.0.1:{client_port}");
+    let mut args = vec![
+        "--name=restored".to_string(),
+        format!("--data-dir={}", data_dir.display()),
+        format!("--listen-client-urls={client_url}"),
+        format!("--advertise-client-urls={client_url}"),
+        format!("--listen-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={peer_url}"),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    testbed::process::Process::start(name, bed.peers.path("etcd"), args, bed.path(&format!("{name}.log"))).unwrap()
+}
+
+/// [`start_restored`], and a client once the member answers a status request.
+pub async fn serve_restored(
+    bed: &Bed,
+    name: &str,
+    data_dir: &Path,
+    client_port: u16,
+    peer_url: &str,
+) -> (testbed::process::Process, etcd_client::Client) {
+    let process = start_restored(bed, name, data_dir, client_port, peer_url, &[]);
+    let client_url = format!("http://127.0.0.1:{client_port}");
+    let client = testbed::eventually(WAIT, "the restored etcd serves", || {
+        let url = client_url.clone();
+        async move {
+            let mut c = etcd_client::Client::connect([url], None).await.ok()?;
+            c.status().await.ok()?;
+            Some(c)
+        }
+    })
+    .await;
+    (process, client)
+}

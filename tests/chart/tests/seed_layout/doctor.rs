@@ -112,6 +112,8 @@ fn is(level: Level) -> fn(&Verdict) -> bool {
 #[tokio::test]
 async fn doctor_from_inside_the_cluster_passes_the_seeds_verify_section_on_the_real_layout_rollouts_readyz_401_403_and_split_horizon()
 -> Result<()> {
+    // The layout as installed: not while upgrade.rs rolls alpha to another tag.
+    let _layout = crate::LAYOUT_CHANGES.read().await;
     let node = node::shared();
     super::layout();
     let scratch = Scratch::new(node, "verify")?;
@@ -142,6 +144,8 @@ async fn doctor_from_inside_the_cluster_passes_the_seeds_verify_section_on_the_r
 #[tokio::test]
 async fn doctor_split_horizon_fails_when_the_rewrite_rule_is_removed_and_the_name_answers_the_edge_and_is_ok_once_it_is_back()
 -> Result<()> {
+    // The layout as installed: not while upgrade.rs rolls alpha to another tag.
+    let _layout = crate::LAYOUT_CHANGES.read().await;
     let node = node::shared();
     super::layout();
     let scratch = Scratch::new(node, "split")?;
@@ -165,5 +169,113 @@ async fn doctor_split_horizon_fails_when_the_rewrite_rule_is_removed_and_the_nam
 
     let _back = cluster_dns(node, &scratch, port, true)?;
     until(node, port, "ok with the rule back", is(Level::Ok)).await.context("putting the rule back")?;
+    Ok(())
+}
+
+/// `kcp_keeper_doctor_check{check,result}` of the chart's doctor pod, read through the apiserver's pod proxy:
+/// `(check, result) -> lines`.
+fn doctor_checks(node: &Node) -> Result<std::collections::BTreeMap<(String, String), u64>> {
+    let pod = chart::on_seed::agent_pod(node, "doctor")?;
+    let text = chart::on_seed::pod_metrics(node, &pod)?;
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("kcp_keeper_doctor_check{")) {
+        let (labels, value) =
+            line.trim_start_matches("kcp_keeper_doctor_check{").split_once("} ").context(line.to_string())?;
+        let label = |name: &str| {
+            labels.split(',').find_map(|l| l.strip_prefix(&format!("{name}=\""))?.strip_suffix('"')).map(str::to_string)
+        };
+        let (Some(check), Some(result)) = (label("check"), label("result")) else { continue };
+        out.insert((check, result), value.trim().parse().with_context(|| line.to_string())?);
+    }
+    Ok(out)
+}
+
+/// The CA Secret the doctor is pointed at (`doctor.cas`), in the release's namespace.
+const DOCTOR_CA: &str = "doctor-watched-ca";
+
+async fn put_ca(client: &kube::Client, validity: Duration) -> Result<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    let ca = testbed::certs::Ca::new("doctor-watched-ca", validity)?;
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": DOCTOR_CA, "namespace": chart::NAMESPACE},
+        "stringData": {"ca.crt": ca.cert_pem()},
+    }))?;
+    let api = kube::Api::<Secret>::namespaced(client.clone(), chart::NAMESPACE);
+    api.patch(DOCTOR_CA, &kube::api::PatchParams::apply("doctor-test").force(), &kube::api::Patch::Apply(&secret))
+        .await?;
+    Ok(())
+}
+
+/// Polls the pod's metrics until `want` holds of them.
+async fn until_metrics(
+    node: &'static Node,
+    what: &str,
+    want: impl Fn(&std::collections::BTreeMap<(String, String), u64>) -> bool,
+) -> Result<std::collections::BTreeMap<(String, String), u64>> {
+    let want = &want;
+    testbed::eventually_seen(Duration::from_secs(180), what, || async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok(match doctor_checks(node) {
+            Ok(checks) if want(&checks) => Ok(checks),
+            Ok(checks) => Err(format!("{checks:?}")),
+            Err(e) => Err(format!("{e:#}")),
+        })
+    })
+    .await
+}
+
+fn count(checks: &std::collections::BTreeMap<(String, String), u64>, check: &str, result: &str) -> u64 {
+    checks.get(&(check.to_string(), result.to_string())).copied().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn doctor_run_by_the_chart_in_the_cluster_exports_its_verify_and_dns_rules_checks_ok_and_a_ca_near_its_end_as_fail_until_it_is_renewed()
+-> Result<()> {
+    // The layout as installed: not while upgrade.rs rolls alpha to another tag.
+    let _layout = crate::LAYOUT_CHANGES.read().await;
+    let node = node::shared();
+    super::layout();
+    super::keeper();
+    let client = node.client().await?;
+    // The kcp-keeper image (`cargo xtask images`), imported like the agents'.
+    node.import_image(&node::agent_image_archive("kcp-keeper")?)?;
+    // A CA with 2 days left: inside --fail-days (7).
+    put_ca(&client, Duration::from_secs(2 * 86400)).await?;
+    let mut values = chart::on_seed::values();
+    values["doctor"] = serde_json::json!({
+        "enabled": true,
+        "interval": 5,
+        "kcp": {"namespace": NAMESPACE, "rootShards": [testbed::seed::layout::ROOT_SHARD],
+                "shards": [testbed::seed::layout::SHARD], "frontProxies": [FRONT_PROXY]},
+        "cas": [{"namespace": chart::NAMESPACE, "name": DOCTOR_CA}],
+    });
+    // The release's other values are the install's own: only the doctor's objects change.
+    let out = chart::on_node::helm_release(node, "upgrade", &values, "5m")?;
+    anyhow::ensure!(out.success, "helm upgrade with the doctor: {}{}", out.stdout, out.stderr);
+
+    // dns-rewriter's verification of its three names, read from its replicas through the chart's headless
+    // Service: each one ok.
+    let checks = until_metrics(node, "ca-expiry FAIL and the three DNS rules verified", |c| {
+        count(c, "ca-expiry", "fail") == 1 && count(c, "dns-rules", "ok") == 3
+    })
+    .await?;
+    eprintln!("{checks:#?}");
+    assert_eq!(count(&checks, "dns-rules", "fail"), 0, "{checks:#?}");
+    // Its Verify checks, from its own pod with the chart's Roles: every rollout, /readyz, the 401/403 pair and
+    // the split horizon through the cluster's DNS (dns-rewriter's rule) pass; no read was forbidden.
+    for (check, lines) in [("rollout", 4), ("readyz", 1), ("anonymous-api", 2), ("split-horizon", 1)] {
+        assert_eq!(count(&checks, check, "ok"), lines, "{check}: {checks:#?}");
+        assert_eq!(count(&checks, check, "fail"), 0, "{check}: {checks:#?}");
+    }
+    assert_eq!(count(&checks, "read", "fail"), 0, "{checks:#?}");
+
+    // Renewed: a year left, and the line turns ok (the FAIL reads 0, not absent).
+    put_ca(&client, Duration::from_secs(365 * 86400)).await?;
+    until_metrics(node, "ca-expiry ok once renewed", |c| {
+        count(c, "ca-expiry", "ok") == 1
+            && count(c, "ca-expiry", "fail") == 0
+            && c.contains_key(&("ca-expiry".into(), "fail".into()))
+    })
+    .await?;
     Ok(())
 }

@@ -23,8 +23,13 @@ mod dns_rewriter;
 mod doctor;
 mod etcd_snapshotter;
 mod kubeconfig_rotator;
+mod upgrade;
 
 static LAYOUT: OnceLock<Result<Installed, String>> = OnceLock::new();
+
+/// Held for writing by a test that changes the shared layout for a while (upgrade.rs rolls alpha's kcp to another
+/// tag and back); a test that needs the layout as installed takes it for reading.
+static LAYOUT_CHANGES: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 fn layout() -> &'static Installed {
     testbed::shared_for_binary(&LAYOUT, "seed layout", || seed::install(node::shared()))
@@ -38,6 +43,27 @@ fn keeper() -> &'static chart::on_seed::Installed {
         layout();
         chart::on_seed::install(node::shared()).await
     })
+}
+
+/// `etcdctl endpoint status -w json` over the `members` members of `shard`'s etcd, run in its first member's pod.
+fn etcd_status(node: &Node, shard: &str, members: u32) -> Result<Value> {
+    let endpoints = layout::etcd_endpoints(shard, members).join(",");
+    let pod = format!("etcd-{shard}-0");
+    let out = node.kubectl(&[
+        "exec",
+        "-n",
+        NAMESPACE,
+        &pod,
+        "--",
+        "/usr/local/bin/etcdctl",
+        &format!("--endpoints={endpoints}"),
+        "endpoint",
+        "status",
+        "-w",
+        "json",
+    ])?;
+    ensure!(out.status.success(), "etcdctl endpoint status: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// The probe pod of the Verify checks: kubectl, http-probe (a GET with no credentials at all, for the 401/403
@@ -176,6 +202,8 @@ fn requests_are_read_from_both_kubectl_log_forms() {
 #[tokio::test]
 async fn the_operator_runs_the_root_shard_its_proxy_alpha_and_the_front_proxy_from_the_pinned_kcp_image_on_their_own_etcds()
 -> Result<()> {
+    // The layout as installed: not while upgrade.rs rolls alpha to another tag.
+    let _layout = crate::LAYOUT_CHANGES.read().await;
     let node = node::shared();
     let installed = layout();
     eprintln!("layout Ready in {:.1?} after its objects were applied", installed.ready_in);
@@ -231,6 +259,8 @@ async fn the_operator_runs_the_root_shard_its_proxy_alpha_and_the_front_proxy_fr
 #[tokio::test]
 async fn the_seeds_verify_section_passes_from_a_pod_readyz_200_anonymous_403_on_a_shard_401_on_the_front_proxy_and_the_admin_kubeconfig_is_kcp_admin_at_root()
 -> Result<()> {
+    // The layout as installed: not while upgrade.rs rolls alpha to another tag.
+    let _layout = crate::LAYOUT_CHANGES.read().await;
     let node = node::shared();
     let installed = layout();
     probe();

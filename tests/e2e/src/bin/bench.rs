@@ -9,6 +9,8 @@ mod awscli;
 mod ca_sync;
 #[path = "bench/common.rs"]
 mod common;
+#[path = "bench/deltas.rs"]
+mod deltas;
 #[path = "bench/dns.rs"]
 mod dns;
 #[path = "bench/drill.rs"]
@@ -48,7 +50,7 @@ struct Args {
     quick: bool,
 }
 
-const NAMES: &[&str] = &["ca-bundle-public-roots", "idle", "ca-sync", "rotate", "dns", "snapshot", "drill"];
+const NAMES: &[&str] = &["ca-bundle-public-roots", "idle", "ca-sync", "rotate", "dns", "snapshot", "drill", "deltas"];
 
 /// `target/bench`: the JSON reports, and the big benchmarks' scratch space (removed after each).
 pub fn bench_dir() -> std::path::PathBuf {
@@ -75,6 +77,7 @@ async fn main() -> Result<()> {
             "snapshot" => snapshot::run(args.process_rounds, args.quick).await,
             "ca-sync" => ca_sync::run(args.process_rounds, args.ca_namespaces).await,
             "drill" => drill::run(args.process_rounds, args.quick).await,
+            "deltas" => deltas::run(args.quick).await,
             "rotate" => rotate::run(args.process_rounds).await,
             "dns" => dns::run(args.process_rounds).await,
             _ => unreachable!("listed in NAMES"),

@@ -175,3 +175,18 @@ fn build(image: &Image, peers: &peers::Peers, archive: &Path) -> Result<()> {
     buildah_output(&["rmi", image.reference])?;
     Ok(())
 }
+
+/// A second tag of the kcp image, on the same build: a roll to it is a real one (a new ReplicaSet, new pods that
+/// start kcp again on the shard's etcd) that changes nothing else. See [`tag_kcp`].
+pub const KCP_SECOND_TAG: &str = "v0.32.3-retag";
+
+/// Tags the kcp image in the node's containerd as `<KCP_REPOSITORY>:<tag>` (the same content, nothing pulled or
+/// copied), so a kcp-operator object may name that tag; returns the reference. Idempotent.
+pub fn tag_kcp(node: &crate::node::Node, tag: &str) -> Result<String> {
+    let reference = format!("{KCP_REPOSITORY}:{tag}");
+    let ctr = node.peers.path("ctr").to_path_buf();
+    let socket = node.dir.join("containerd/containerd.sock").display().to_string();
+    let args = ["--address", &socket, "--namespace", "k8s.io", "images", "tag", "--force", KCP_IMAGE, &reference];
+    node.run_inside(&format!("ctr images tag {reference}"), &[&ctr], &args.map(String::from))?;
+    Ok(reference)
+}

@@ -1,6 +1,7 @@
 //! "Set the virtual-workspace URL, never the base URL": `spec.shardBaseURL` (or `--shard-base-url`) on a
 //! public hostname takes the whole platform down within seconds of the shards rolling (every request arrives
-//! as an empty user).
+//! as an empty user). Its other half, `shard-virtual-workspace-url`: a shard with a public hostname sets the
+//! virtual-workspace URL to it.
 
 use std::net::IpAddr;
 
@@ -8,6 +9,7 @@ use crate::layout::{Component, Layout};
 use crate::verdict::Verdict;
 
 pub const CHECK: &str = "shard-base-url";
+pub const VIRTUAL_WORKSPACE: &str = "shard-virtual-workspace-url";
 
 /// The host of an `https://host[:port][/path]` URL, lower-cased; `None` when it has none.
 fn host(url: &str) -> Option<String> {
@@ -65,6 +67,39 @@ pub fn shard_base_url(layout: &Layout) -> Vec<Verdict> {
     layout.shards().map(|c| one(c, &public)).collect()
 }
 
+/// The other half of the rule: a shard with a public hostname (a name in its server certificate's template
+/// that is not in-cluster) needs `--shard-virtual-workspace-url`, else kcp advertises the shard's base URL, an
+/// in-cluster name, in its APIExportEndpointSlices, and providers outside the cluster cannot reach it (warn).
+fn virtual_workspace(c: &Component, public: &[&str]) -> Verdict {
+    const FLAG: &str = "--shard-virtual-workspace-url";
+    if let Some(url) = c.flag("shard-virtual-workspace-url") {
+        return Verdict::ok(VIRTUAL_WORKSPACE, c.subject(), format!("{FLAG} {url}"));
+    }
+    let names: Vec<&str> = c
+        .server_names
+        .iter()
+        .map(|n| n.trim_end_matches('.'))
+        .filter(|n| !n.starts_with("*.") && !in_cluster(&n.to_ascii_lowercase(), &c.cluster_domain, public))
+        .collect();
+    match names.first() {
+        None => Verdict::ok(VIRTUAL_WORKSPACE, c.subject(), "no public hostname in its server certificate"),
+        Some(name) => Verdict::warn(
+            VIRTUAL_WORKSPACE,
+            c.subject(),
+            format!(
+                "public hostname {} in its server certificate, {FLAG} unset: endpoint slices advertise the in-cluster base URL",
+                names.join(", ")
+            ),
+            &format!("add {FLAG}=https://{name}:<port> to spec.extraArgs"),
+        ),
+    }
+}
+
+pub fn shard_virtual_workspace_url(layout: &Layout) -> Vec<Verdict> {
+    let public = layout.public_hostnames();
+    layout.shards().map(|c| virtual_workspace(c, &public)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +150,34 @@ mod tests {
             etcds: vec![],
         };
         assert_eq!(shard_base_url(&l)[0].result, Level::Fail);
+    }
+
+    fn virtual_workspace_of(spec: serde_json::Value) -> Verdict {
+        let l = Layout { components: vec![Component::parse(Kind::Shard, "alpha", &spec).unwrap()], etcds: vec![] };
+        shard_virtual_workspace_url(&l).remove(0)
+    }
+
+    #[test]
+    fn a_shard_with_a_public_name_and_no_virtual_workspace_url_warns_and_with_one_is_ok() {
+        let public =
+            json!({"server": {"spec": {"dnsNames": ["alpha.kcp.example.com", "alpha-shard-kcp.kcp-system.svc"]}}});
+        let v = virtual_workspace_of(json!({"certificateTemplates": public}));
+        assert_eq!(v.result, Level::Warn);
+        assert!(v.saw.contains("alpha.kcp.example.com") && !v.saw.contains(".svc"), "{}", v.saw);
+        assert!(v.todo.contains("--shard-virtual-workspace-url=https://alpha.kcp.example.com:"), "{}", v.todo);
+        let set = virtual_workspace_of(json!({
+            "certificateTemplates": public,
+            "extraArgs": ["--shard-virtual-workspace-url=https://alpha.kcp.example.com:6443"],
+        }));
+        assert_eq!(set.result, Level::Ok);
+        assert!(set.saw.contains("https://alpha.kcp.example.com:6443"), "{}", set.saw);
+    }
+
+    #[test]
+    fn a_shard_with_only_in_cluster_wildcard_or_address_names_needs_no_virtual_workspace_url() {
+        assert_eq!(virtual_workspace_of(json!({})).result, Level::Ok);
+        let names = json!({"server": {"spec": {"dnsNames": ["alpha-shard-kcp.kcp-system.svc.cluster.local", "alpha", "10.96.0.7", "*.alpha.kcp.example.com"]}}});
+        assert_eq!(virtual_workspace_of(json!({"certificateTemplates": names})).result, Level::Ok);
     }
 
     #[test]

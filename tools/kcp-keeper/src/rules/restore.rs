@@ -17,24 +17,22 @@ pub struct ShardTimes {
     pub drill_interval: f64,
 }
 
-/// The shards' times from an OpenMetrics/Prometheus text exposition; other families are skipped.
-pub fn parse(text: &str) -> BTreeMap<String, ShardTimes> {
+/// The shards' times from the text expositions of every replica; other families are skipped. Each time is the
+/// newest any replica reports: the one that snapshotted or drilled (the Lease holder, or the one that held it
+/// before a failover) has it, the others export 0.
+pub fn parse<'a>(texts: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, ShardTimes> {
     let mut out: BTreeMap<String, ShardTimes> = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((name, rest)) = line.split_once('{') else { continue };
-        let Some((labels, value)) = rest.split_once("} ") else { continue };
-        let Some(shard) = labels.split(',').find_map(|l| l.trim().strip_prefix("shard=\"")?.strip_suffix('"')) else {
-            continue;
-        };
-        let Some(value) = value.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
+    for s in texts.into_iter().flat_map(super::samples) {
+        let Some(shard) = s.label("shard") else { continue };
         let times = out.entry(shard.to_string()).or_default();
-        match name {
-            "etcd_snapshotter_last_success_timestamp_seconds" => times.last_snapshot = value,
-            "etcd_snapshotter_schedule_interval_seconds" => times.snapshot_interval = value,
-            "etcd_snapshotter_drill_last_success_timestamp_seconds" => times.last_drill = value,
-            "etcd_snapshotter_drill_schedule_interval_seconds" => times.drill_interval = value,
-            _ => {}
-        }
+        let field = match s.name {
+            "etcd_snapshotter_last_success_timestamp_seconds" => &mut times.last_snapshot,
+            "etcd_snapshotter_schedule_interval_seconds" => &mut times.snapshot_interval,
+            "etcd_snapshotter_drill_last_success_timestamp_seconds" => &mut times.last_drill,
+            "etcd_snapshotter_drill_schedule_interval_seconds" => &mut times.drill_interval,
+            _ => continue,
+        };
+        *field = field.max(s.value);
     }
     out
 }
@@ -122,7 +120,7 @@ etcd_snapshotter_failures_total{shard=\"alpha\",reason=\"etcd\"} 3\n";
 
     #[test]
     fn the_shards_gauges_are_read_and_other_families_skipped() {
-        let shards = parse(TEXT);
+        let shards = parse([TEXT]);
         assert_eq!(
             shards["root"],
             ShardTimes { last_snapshot: 1000.0, snapshot_interval: 3600.0, last_drill: 500.5, drill_interval: 86400.0 }
@@ -132,7 +130,7 @@ etcd_snapshotter_failures_total{shard=\"alpha\",reason=\"etcd\"} 3\n";
 
     #[test]
     fn a_recent_snapshot_and_drill_are_ok_a_missing_or_stale_one_fails() {
-        let shards = parse(TEXT);
+        let shards = parse([TEXT]);
         let v = judge(&shards, 2000.0);
         let get = |c: &str, s: &str| v.iter().find(|x| x.check == c && x.subject == s).unwrap().result;
         assert_eq!(get(SNAPSHOT, "shard root"), Level::Ok);
@@ -142,5 +140,18 @@ etcd_snapshotter_failures_total{shard=\"alpha\",reason=\"etcd\"} 3\n";
         let late = judge(&shards, 1000.0 + 3.0 * 86400.0);
         assert!(late.iter().all(|x| x.result == Level::Fail), "{late:?}");
         assert_eq!(judge(&BTreeMap::new(), 0.0)[0].result, Level::Fail);
+    }
+
+    #[test]
+    fn every_replica_is_read_and_the_newest_time_wins_so_a_follower_exporting_0_hides_nothing() {
+        let follower = "etcd_snapshotter_last_success_timestamp_seconds{shard=\"root\"} 0\n\
+etcd_snapshotter_drill_last_success_timestamp_seconds{shard=\"root\"} 0\n\
+etcd_snapshotter_schedule_interval_seconds{shard=\"root\"} 3600\n";
+        let alone = parse([follower]);
+        assert!(judge(&alone, 2000.0).iter().all(|v| v.result == Level::Fail), "the follower alone proves nothing");
+        let both = parse([follower, TEXT]);
+        assert_eq!(both["root"].last_snapshot, 1000.0);
+        assert_eq!(both["root"].last_drill, 500.5);
+        assert_eq!(parse([TEXT, follower]), both, "in either order");
     }
 }

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
@@ -75,6 +75,9 @@ struct Measured {
     requests: Vec<f64>,
     anchor_requests: Vec<f64>,
     breakdown: BTreeMap<(String, String), f64>,
+    /// Where each round's time went, from the apiserver's own timestamps (audit log).
+    split: Vec<serde_json::Value>,
+    raw_split: Vec<serde_json::Value>,
     hwm: u64,
     anchor_hwm: u64,
     rss_after_first_sync: u64,
@@ -184,6 +187,8 @@ pub async fn run(rounds: usize, count: usize) -> Result<Report> {
             requests: Vec::new(),
             anchor_requests: Vec::new(),
             breakdown: BTreeMap::new(),
+            split: Vec::new(),
+            raw_split: Vec::new(),
             hwm: 0,
             anchor_hwm: 0,
             rss_after_first_sync,
@@ -193,9 +198,20 @@ pub async fn run(rounds: usize, count: usize) -> Result<Report> {
             eprintln!("ca-sync: {} round {}/{rounds}", kind.name(), round + 1);
             let ca = next_ca("ca-syncer")?;
             let before = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
-            let t0 = Instant::now();
+            let (t0, wall0) = (Instant::now(), unix(SystemTime::now()));
             sources.replace("root-ca", &PostParams::default(), &source(&root, &ca)).await?;
             m.ours.push(wait_all(&seen, kind, &namespaces, TARGET, &marker(&ca), t0).await?);
+            // The agent sends each written target's Event after the pass's writes: counted with this change, and
+            // finished before the floor's round, which they would otherwise slow down.
+            let events_done = events_sent(&bed.apiserver.audit_log, &before, t0).await?;
+            let split = Split::of(&timed(&bed.apiserver.audit_log, wall0)?, Some(USER), TARGET, wall0);
+            eprintln!(
+                "ca-sync: {} round {}: ca-syncer {split}; its last Event {:.0} ms after the change",
+                kind.name(),
+                round + 1,
+                events_done * 1e3
+            );
+            m.split.push(json!({"split": split.json(), "last_event_seconds": events_done}));
             // The agent's requests for this change: what it sent from the change until the last target was written.
             let after = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
             m.breakdown = after
@@ -214,7 +230,7 @@ pub async fn run(rounds: usize, count: usize) -> Result<Report> {
                 .map(|(text, _)| text.clone())
                 .context("the target's ca.crt")?;
             let params = PatchParams::apply("bench-raw-apply").force();
-            let t0 = match kind {
+            let (t0, wall0) = match kind {
                 Kind::Secret => {
                     let prepared: Vec<(Api<Secret>, Secret)> = namespaces
                         .iter()
@@ -225,11 +241,11 @@ pub async fn run(rounds: usize, count: usize) -> Result<Report> {
                             (Api::<Secret>::namespaced(client.clone(), ns), secret)
                         })
                         .collect();
-                    let t0 = Instant::now();
+                    let (t0, wall0) = (Instant::now(), unix(SystemTime::now()));
                     for (api, secret) in &prepared {
                         api.patch(RAW, &params, &Patch::Apply(secret)).await?;
                     }
-                    t0
+                    (t0, wall0)
                 }
                 Kind::ConfigMap => {
                     let prepared: Vec<(Api<ConfigMap>, ConfigMap)> = namespaces
@@ -240,14 +256,17 @@ pub async fn run(rounds: usize, count: usize) -> Result<Report> {
                             (Api::<ConfigMap>::namespaced(client.clone(), ns), config)
                         })
                         .collect();
-                    let t0 = Instant::now();
+                    let (t0, wall0) = (Instant::now(), unix(SystemTime::now()));
                     for (api, config) in &prepared {
                         api.patch(RAW, &params, &Patch::Apply(config)).await?;
                     }
-                    t0
+                    (t0, wall0)
                 }
             };
             m.raw.push(wait_all(&seen, kind, &namespaces, RAW, &bundle, t0).await?);
+            let split = Split::of(&timed(&bed.apiserver.audit_log, wall0)?, None, RAW, wall0);
+            eprintln!("ca-sync: {} round {}: raw apply {split}", kind.name(), round + 1);
+            m.raw_split.push(split.json());
 
             // The anchor: the same change to its own source.
             anchor_ca = next_ca("trust-manager")?;
@@ -312,6 +331,7 @@ pub async fn run(rounds: usize, count: usize) -> Result<Report> {
             "ratio_floor": o / r, "ratio_anchor": o / a,
             "agent_requests_per_change": m.requests, "trust_manager_requests_per_change": m.anchor_requests,
             "agent_requests_last_change_by_verb": common::by_verb_json(&m.breakdown),
+            "agent_split": m.split, "raw_apply_split": m.raw_split,
             "agent_peak_rss_bytes": m.hwm, "trust_manager_peak_rss_bytes": m.anchor_hwm,
             "agent_rss_after_first_sync_bytes": m.rss_after_first_sync,
             "trust_manager_first_sync_seconds": m.anchor_first_sync,
@@ -444,4 +464,161 @@ fn unrelated_reads(bed: &testbed::ControlPlane) -> Result<Vec<String>> {
         })
         .map(|r| format!("{} {}", r.verb, r.uri))
         .collect())
+}
+
+/// Waits until ca-syncer (its audit counts were `before` the change) has sent an Event for every target it
+/// wrote since; seconds from `t0` until it had.
+async fn events_sent(log: &std::path::Path, before: &BTreeMap<(String, String), usize>, t0: Instant) -> Result<f64> {
+    let delta = |after: &BTreeMap<(String, String), usize>, verb: &str, resource: &str| {
+        let key = (verb.to_string(), resource.to_string());
+        after.get(&key).copied().unwrap_or(0).saturating_sub(before.get(&key).copied().unwrap_or(0))
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let after = testbed::audit::count(log, USER)?;
+        let written = delta(&after, "patch", "configmaps") + delta(&after, "patch", "secrets");
+        if delta(&after, "create", "events") >= written {
+            return Ok(t0.elapsed().as_secs_f64());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "ca-syncer sent no Event for some of its {written} writes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Seconds since the epoch.
+fn unix(at: SystemTime) -> f64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default()
+}
+
+/// One request as the apiserver timed it (audit log): who, what, and when it was received and answered, in
+/// seconds since the epoch.
+struct Timed {
+    user: String,
+    verb: String,
+    resource: String,
+    name: String,
+    received: f64,
+    done: f64,
+}
+
+/// Every completed request received at or after `from` (the audit log's `ResponseComplete` lines).
+fn timed(log: &std::path::Path, from: f64) -> Result<Vec<Timed>> {
+    let text = std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        // The last line may be half-written while the apiserver runs.
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if event["stage"] != "ResponseComplete" {
+            continue;
+        }
+        let at = |field: &str| event[field].as_str().and_then(rfc3339_seconds);
+        let (Some(received), Some(done)) = (at("requestReceivedTimestamp"), at("stageTimestamp")) else { continue };
+        if received < from {
+            continue;
+        }
+        let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        out.push(Timed {
+            user: field(&event["user"]["username"]),
+            verb: field(&event["verb"]),
+            resource: field(&event["objectRef"]["resource"]),
+            name: field(&event["objectRef"]["name"]),
+            received,
+            done,
+        });
+    }
+    Ok(out)
+}
+
+/// `2026-12-02T02:40:01.123456Z` in seconds since the epoch (the audit log writes UTC).
+fn rfc3339_seconds(text: &str) -> Option<f64> {
+    let (date, time) = text.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let mut t = time.split(':');
+    let (h, min, s) = (t.next()?.parse::<f64>().ok()?, t.next()?.parse::<f64>().ok()?, t.next()?.parse::<f64>().ok()?);
+    // Days from the civil date (Howard Hinnant's days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + s)
+}
+
+/// Where one propagation's time went, by the apiserver's clock: from the change to the writer's first request
+/// (the watch and, for ca-syncer, its debounce), then its requests until the last target write was answered;
+/// the target writes' own time in the apiserver, and what else the writer sent in that window (Events, its
+/// rotation record). The gap per write (window over writes, less the apiserver's time) is the writer's own.
+struct Split {
+    to_first_request: f64,
+    first_to_last_write: f64,
+    writes: usize,
+    write_server_mean: f64,
+    events: usize,
+    event_server_mean: f64,
+    other: BTreeMap<String, usize>,
+}
+
+impl Split {
+    /// `user`: the writer (None: anyone writing objects named `target`, the raw apply loop).
+    fn of(requests: &[Timed], user: Option<&str>, target: &str, from: f64) -> Split {
+        let mine: Vec<&Timed> = requests.iter().filter(|r| user.is_none_or(|u| r.user == u)).collect();
+        let writes: Vec<&&Timed> = mine
+            .iter()
+            .filter(|r| r.name == target && matches!(r.verb.as_str(), "patch" | "update" | "create"))
+            .collect();
+        let last = writes.iter().map(|r| r.done).fold(f64::NAN, f64::max);
+        let first_write = writes.iter().map(|r| r.received).fold(f64::NAN, f64::min);
+        let first = if user.is_some() { mine.iter().map(|r| r.received).fold(f64::NAN, f64::min) } else { first_write };
+        let in_window: Vec<&&Timed> = mine.iter().filter(|r| r.received <= last).collect();
+        let events: Vec<&&&Timed> = in_window.iter().filter(|r| r.resource == "events").collect();
+        let mean = |rs: &mut dyn Iterator<Item = f64>| {
+            let (n, sum) = rs.fold((0usize, 0.0), |(n, s), x| (n + 1, s + x));
+            if n == 0 { 0.0 } else { sum / n as f64 }
+        };
+        let mut other = BTreeMap::new();
+        if user.is_some() {
+            for r in in_window.iter().filter(|r| r.resource != "events" && r.name != target) {
+                *other.entry(format!("{} {}", r.verb, r.resource)).or_insert(0) += 1;
+            }
+        }
+        Split {
+            to_first_request: first - from,
+            first_to_last_write: last - first_write,
+            writes: writes.len(),
+            write_server_mean: mean(&mut writes.iter().map(|r| r.done - r.received)),
+            events: events.len(),
+            event_server_mean: mean(&mut events.iter().map(|r| r.done - r.received)),
+            other,
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "change_to_first_request_seconds": self.to_first_request,
+            "first_to_last_write_seconds": self.first_to_last_write,
+            "writes": self.writes, "write_apiserver_mean_seconds": self.write_server_mean,
+            "events_in_window": self.events, "event_apiserver_mean_seconds": self.event_server_mean,
+            "other_requests_in_window": self.other,
+        })
+    }
+}
+
+impl std::fmt::Display for Split {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let per_write = if self.writes == 0 { 0.0 } else { self.first_to_last_write / self.writes as f64 };
+        write!(
+            f,
+            "change -> first request {:.0} ms; first -> last write {:.0} ms for {} writes ({:.2} ms each, of which \
+             {:.2} ms in the apiserver); {} Events in that window ({:.2} ms each in the apiserver); other {:?}",
+            self.to_first_request * 1e3,
+            self.first_to_last_write * 1e3,
+            self.writes,
+            per_write * 1e3,
+            self.write_server_mean * 1e3,
+            self.events,
+            self.event_server_mean * 1e3,
+            self.other
+        )
+    }
 }

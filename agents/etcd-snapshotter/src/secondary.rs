@@ -1,0 +1,379 @@
+//! The second store (`secondary`): every published object (a full snapshot's data object, its manifest, its
+//! drill report, its deltas) copied to a second bucket and verified there, with the second store's own
+//! retention; `list`, `verify` and `restore` read from either store (`--store`).
+//!
+//! A copy pass runs every `secondary.interval` on the leader, apart from the snapshots: it never takes their
+//! turn or their lock, and nothing it does can fail or delay a primary publish. It decides from state alone,
+//! every pass: both stores are listed; every object the second store should hold ([`plan::kept`],
+//! [`plan::objects_of`]) is in sync when both stores still list the ETags it was verified at; anything else
+//! (missing, replaced out of band, a restart) is read back from the second store and its sha256 compared with
+//! what the primary records for it (the manifest's `objectSha256`, a delta's `delta-sha256`, a manifest's or
+//! report's bytes), and copied again when it differs. So an attempt that failed after writing, or a process
+//! killed mid-copy, is repaired by the next pass, and a restart catches up.
+//!
+//! A copy goes through a file in the spill directory: the primary's object downloaded while hashed (a
+//! primary object that does not match its record is not copied, it is a failure), put whole with the metadata
+//! it carried (a delta keeps its chain), and read back from the second store and hashed before it counts.
+//! Read back, not the store's checksum: the second store is often another provider, and stores differ in the
+//! checksums they keep and return (multipart composites, CRC64 defaults, none at all), while reading the bytes
+//! proves what a restore from it would read on any of them; `storage.integrity: checksums` on the second store
+//! additionally sends each object's SHA-256 for the store to check on the way in.
+
+pub mod metrics;
+pub mod plan;
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, bail, ensure};
+use kcp_keeper_runtime::lease::Leadership;
+use kcp_keeper_runtime::metrics::unix_now;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use crate::catalog::{self, Listed};
+use crate::config::{Config, Secondary, Shard};
+use crate::generation::{self, Own};
+use crate::manifest;
+use crate::metrics::Metrics;
+use crate::storage::{MAX_SINGLE_PUT, Store, StoredObject};
+use plan::{Expected, Kind, Object, Verified};
+
+/// Which store a one-shot reads (`--store`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreChoice {
+    #[default]
+    Primary,
+    Secondary,
+}
+
+/// The store `choice` names; the second one only when the configuration has a `secondary` section.
+pub fn open(config: &Config, choice: StoreChoice) -> anyhow::Result<Store> {
+    match choice {
+        StoreChoice::Primary => Ok(Store::new(&config.storage)?),
+        StoreChoice::Secondary => {
+            let secondary =
+                config.secondary.as_ref().context("--store secondary: the configuration has no secondary section")?;
+            Ok(Store::new(&secondary.storage)?)
+        }
+    }
+}
+
+/// What one pass did for one shard.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ShardPass {
+    pub shard: String,
+    /// Objects copied (and verified) in this pass.
+    pub copied: usize,
+    /// Objects found already on the second store with the right bytes (read back), not copied.
+    pub checked: usize,
+    /// Objects the second store should hold verified and does not after this pass.
+    pub behind: usize,
+    /// Snapshots the second store's retention deleted.
+    pub deleted: Vec<String>,
+    /// What failed, one line each (never a credential: storage errors carry codes and messages only).
+    pub failures: Vec<String>,
+}
+
+/// The daemon's copy passes, while this replica leads, until `token` is cancelled.
+pub async fn run(config: Arc<Config>, metrics: Metrics, mut leadership: Leadership, token: CancellationToken) {
+    let Some(secondary) = config.secondary.clone() else { return };
+    for shard in &config.shards {
+        metrics.secondary.init_shard(&shard.name);
+    }
+    // Per process: a restart checks every copy again by hash once.
+    let mut verified = Verified::default();
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            () = leadership.wait_until_leader() => {}
+        }
+        tokio::select! {
+            // A pass dropped mid-copy leaves at most a copy the next pass checks; its temporary file goes with it.
+            () = token.cancelled() => return,
+            passes = pass(&config, &secondary, &metrics, &mut verified) => {
+                for p in passes {
+                    tracing::info!(shard = p.shard, copied = p.copied, checked = p.checked, behind = p.behind,
+                        deleted = p.deleted.len(), failures = p.failures.len(), "second store pass");
+                }
+            }
+        }
+        tokio::select! {
+            () = token.cancelled() => return,
+            () = tokio::time::sleep(secondary.interval) => {}
+        }
+    }
+}
+
+/// One pass over every shard: what [`ShardPass`] says, also in `metrics.secondary`.
+pub async fn pass(
+    config: &Config,
+    secondary: &Secondary,
+    metrics: &Metrics,
+    verified: &mut Verified,
+) -> Vec<ShardPass> {
+    let mut out = Vec::new();
+    // Both clients per pass: credentials are read now, so a rotated Secret is used without a restart.
+    let stores = Store::new(&config.storage).and_then(|p| Ok((p, Store::new(&secondary.storage)?)));
+    for shard in &config.shards {
+        let mut report = ShardPass { shard: shard.name.clone(), ..Default::default() };
+        match &stores {
+            Ok((primary, second)) => {
+                let run = ShardRun { config, secondary, shard, primary, second, metrics };
+                run.pass(verified, &mut report).await;
+            }
+            Err(error) => {
+                metrics.secondary.failed(&shard.name, Kind::Listing);
+                report.failures.push(format!("the stores' clients: {error}"));
+            }
+        }
+        for failure in &report.failures {
+            tracing::warn!(shard = shard.name, failure, "second store");
+        }
+        out.push(report);
+    }
+    out
+}
+
+struct ShardRun<'a> {
+    config: &'a Config,
+    secondary: &'a Secondary,
+    shard: &'a Shard,
+    primary: &'a Store,
+    second: &'a Store,
+    metrics: &'a Metrics,
+}
+
+impl ShardRun<'_> {
+    async fn pass(&self, verified: &mut Verified, report: &mut ShardPass) {
+        let shard = self.shard.name.as_str();
+        let label = self.metrics.shard(shard);
+        let (primary_listed, primary_objects) = match self.listing(self.primary).await {
+            Ok(listing) => listing,
+            Err(error) => {
+                // The primary's own failures are the snapshots' to count; nothing can be copied meanwhile.
+                report.failures.push(format!("listing the primary: {error:#}"));
+                return;
+            }
+        };
+        let own = match generation::live(self.shard).await {
+            Some(own) => own,
+            None => {
+                let manifests: Vec<_> = primary_listed.iter().map(|l| l.manifest.clone()).collect();
+                match generation::only_cluster(&manifests) {
+                    Ok(Some(cluster)) => Own { cluster_id: cluster, member_ids: Vec::new() },
+                    Ok(None) => {
+                        self.metrics.secondary.behind.get_or_create(&label).set(0);
+                        self.metrics.secondary.in_sync.get_or_create(&label).set(unix_now());
+                        return;
+                    }
+                    Err(error) => {
+                        report.failures.push(format!("which etcd cluster is the shard's: {error}"));
+                        return;
+                    }
+                }
+            }
+        };
+        let primary_own: Vec<&Listed> = primary_listed.iter().filter(|l| own.owns(&l.manifest)).collect();
+        let secondary_listing = self.listing(self.second).await;
+        let (secondary_entries, secondary_objects) = match &secondary_listing {
+            Ok((listed, objects)) => {
+                let entries: Vec<_> = listed
+                    .iter()
+                    .filter(|l| own.owns(&l.manifest))
+                    .map(|l| l.manifest.entry(l.verified_at.is_some()))
+                    .collect();
+                let root = plan::root(&self.second.prefix);
+                let objects: HashMap<String, StoredObject> =
+                    objects.iter().filter_map(|o| Some((o.key.strip_prefix(&root)?.to_string(), o.clone()))).collect();
+                (entries, Some(objects))
+            }
+            Err(error) => {
+                self.metrics.secondary.failed(shard, Kind::Listing);
+                report.failures.push(format!("listing the second store: {error:#}"));
+                (Vec::new(), None)
+            }
+        };
+        let primary_entries: Vec<_> = primary_own.iter().map(|l| l.manifest.entry(l.verified_at.is_some())).collect();
+        let (kept, newest) = plan::kept(&primary_entries, &secondary_entries, &self.secondary.retention);
+        let primary_root = plan::root(&self.primary.prefix);
+        let by_relative: HashMap<String, &StoredObject> =
+            primary_objects.iter().filter_map(|o| Some((o.key.strip_prefix(&primary_root)?.to_string(), o))).collect();
+        let mut newest_in_sync = false;
+        for listed in primary_own.iter().filter(|l| kept.contains(&l.manifest.id) && plan::valid_id(&l.manifest.id)) {
+            let objects = plan::objects_of(&primary_root, &listed.manifest, &primary_objects);
+            let mut skip_rest = false;
+            for (i, object) in objects.iter().enumerate() {
+                let Some(source) = by_relative.get(&object.relative) else {
+                    // Gone from the primary since it was listed (its retention): nothing to copy.
+                    continue;
+                };
+                if skip_rest {
+                    report.behind += 1;
+                    continue;
+                }
+                let Some(secondary_objects) = &secondary_objects else {
+                    if !verified.in_sync(&object.relative, &source.etag, None) {
+                        report.behind += 1;
+                    }
+                    continue;
+                };
+                let there = secondary_objects.get(&object.relative).map(|o| o.etag.as_str());
+                if verified.in_sync(&object.relative, &source.etag, there) {
+                    if object.kind == Kind::Manifest && Some(&listed.manifest.id) == newest.as_ref() {
+                        newest_in_sync = true;
+                    }
+                    continue;
+                }
+                match self.sync(object, there).await {
+                    Ok((etag, copied)) => {
+                        verified.record(&object.relative, &source.etag, &etag);
+                        if copied {
+                            self.metrics.secondary.copied(shard, object.kind);
+                            report.copied += 1;
+                        } else {
+                            report.checked += 1;
+                        }
+                        if object.kind == Kind::Manifest && Some(&listed.manifest.id) == newest.as_ref() {
+                            newest_in_sync = true;
+                        }
+                    }
+                    Err(error) => {
+                        self.metrics.secondary.failed(shard, object.kind);
+                        report.failures.push(format!("{} {}: {error:#}", object.kind.as_str(), object.relative));
+                        report.behind += 1;
+                        // Nothing after a data object whose copy is not proven (its manifest would publish it),
+                        // and no delta after a missing one (the chain on the second store never has a hole).
+                        if i == 0 || object.kind == Kind::Delta {
+                            skip_rest = true;
+                        }
+                    }
+                }
+            }
+        }
+        let present: HashSet<String> = by_relative.keys().cloned().collect();
+        verified.retain_shard(shard, &present);
+        // Retention only once the newest snapshot is on the second store: a pass that could not copy it deletes
+        // nothing there (as a primary run that did not publish deletes nothing).
+        if let (true, Some(newest)) = (newest_in_sync, &newest) {
+            match catalog::apply_retention(self.second, shard, &self.secondary.retention, newest, &own).await {
+                Ok(retention) => report.deleted = retention.deleted,
+                Err(error) => {
+                    self.metrics.secondary.failed(shard, Kind::Retention);
+                    report.failures.push(format!("retention on the second store: {error}"));
+                }
+            }
+        }
+        self.metrics.secondary.behind.get_or_create(&label).set(report.behind as i64);
+        if report.behind == 0 && secondary_objects.is_some() {
+            self.metrics.secondary.in_sync.get_or_create(&label).set(unix_now());
+        }
+    }
+
+    /// A store's published snapshots of the shard (with their drill reports) and every object under its
+    /// directory.
+    async fn listing(&self, store: &Store) -> anyhow::Result<(Vec<Listed>, Vec<StoredObject>)> {
+        let listed = catalog::list_with_drills(store, Some(&self.shard.name)).await?;
+        let objects = store.list_versions(&manifest::shard_dir(&store.prefix, &self.shard.name)).await?;
+        Ok((listed, objects))
+    }
+
+    /// Makes the second store hold `object` with the bytes the primary records for it: read back when it has
+    /// one (`there`), copied when it has none or other bytes. The second store's ETag of the proven copy, and
+    /// whether it was copied.
+    async fn sync(&self, object: &Object, there: Option<&str>) -> anyhow::Result<(String, bool)> {
+        let key = |store: &Store| format!("{}{}", plan::root(&store.prefix), object.relative);
+        let (primary_key, secondary_key) = (key(self.primary), key(self.second));
+        if let Some(etag) = there {
+            let expected = self.expected(object, &primary_key).await?;
+            if let Some((sha256, _)) = self.second.read_sha256(&secondary_key).await? {
+                if hex::encode(sha256) == expected {
+                    return Ok((etag.to_string(), false));
+                }
+                tracing::warn!(
+                    key = secondary_key,
+                    "the second store holds other bytes than the primary records; copying again"
+                );
+            }
+        }
+        std::fs::create_dir_all(&self.config.spill.directory).context("creating the spill directory")?;
+        let file = tempfile::Builder::new()
+            .prefix("secondary-")
+            .tempfile_in(&self.config.spill.directory)
+            .context("a temporary file in the spill directory")?
+            .into_temp_path();
+        let Some(downloaded) = self.primary.download(&primary_key, &file).await? else {
+            bail!("gone from the primary");
+        };
+        let sha256 = hex::encode(downloaded.sha256);
+        let expected = match &object.expected {
+            Expected::Sha256(hex) => hex.clone(),
+            Expected::DeltaMetadata => {
+                crate::delta::Meta::from_metadata(&downloaded.metadata)
+                    .map_err(|e| anyhow::anyhow!("the primary's delta metadata: {e}"))?
+                    .sha256
+            }
+            Expected::PrimaryBytes => sha256.clone(),
+        };
+        ensure!(
+            sha256 == expected,
+            "the primary's object has sha256 {sha256}, its record says {expected}: not copied (a drill of the primary \
+             would fail too)"
+        );
+        ensure!(
+            downloaded.size <= MAX_SINGLE_PUT,
+            "{} bytes: larger than one PutObject takes (5 GiB); this pass does not copy multipart",
+            downloaded.size
+        );
+        let etag = self.second.put_file(&secondary_key, &file, &downloaded.sha256, &downloaded.metadata).await?;
+        let (stored, size) =
+            self.second.read_sha256(&secondary_key).await?.context("read back: the copy is not there")?;
+        ensure!(
+            stored == downloaded.sha256 && size == downloaded.size,
+            "read back: the second store holds sha256 {} ({size} bytes), {sha256} ({} bytes) was put",
+            hex::encode(stored),
+            downloaded.size
+        );
+        Ok((etag, true))
+    }
+
+    /// The sha256 (hex) the primary records for `object` at `primary_key`.
+    async fn expected(&self, object: &Object, primary_key: &str) -> anyhow::Result<String> {
+        Ok(match &object.expected {
+            Expected::Sha256(hex) => hex.clone(),
+            Expected::DeltaMetadata => {
+                let metadata = self.primary.head_metadata(primary_key).await?.context("gone from the primary")?;
+                crate::delta::Meta::from_metadata(&metadata)
+                    .map_err(|e| anyhow::anyhow!("the primary's delta metadata: {e}"))?
+                    .sha256
+            }
+            Expected::PrimaryBytes => hex::encode(Sha256::digest(self.primary.get_bytes(primary_key).await?)),
+        })
+    }
+}
+
+/// `etcd-snapshotter sync-secondary`: one pass now; prints a line per shard. Fails when any shard is behind.
+pub async fn sync_once(config_path: &Path) -> anyhow::Result<()> {
+    let config: Config = kcp_keeper_runtime::config::load(config_path)?;
+    let secondary = config.secondary.clone().context("the configuration has no secondary section")?;
+    let metrics = Metrics::default();
+    let passes = pass(&config, &secondary, &metrics, &mut Verified::default()).await;
+    let mut behind = 0;
+    for p in &passes {
+        println!(
+            "{}\tcopied {}\talready there {}\tbehind {}\tdeleted {}",
+            p.shard,
+            p.copied,
+            p.checked,
+            p.behind,
+            p.deleted.len()
+        );
+        for failure in &p.failures {
+            eprintln!("error: shard {}: {failure}", p.shard);
+        }
+        behind += p.behind + p.failures.len();
+    }
+    ensure!(behind == 0, "the second store is not in sync");
+    Ok(())
+}

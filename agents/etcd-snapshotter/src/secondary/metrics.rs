@@ -1,0 +1,77 @@
+//! `etcd_snapshotter_secondary_*`: the second store's copy passes (leader only; followers export 0).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+
+use kcp_keeper_runtime::metrics::GaugeF64;
+
+use super::plan::Kind;
+use crate::metrics::ShardLabel;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub shard: String,
+    /// [`Kind`]: `listing`, `snapshot`, `delta`, `manifest`, `drill_report`, `retention`.
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SecondaryMetrics {
+    /// Failed attempts on the second store (listing it, copying or verifying an object, its retention).
+    pub failures: Family<KindLabels, Counter>,
+    /// Objects copied to the second store and verified there.
+    pub copied: Family<KindLabels, Counter>,
+    /// Objects of published snapshots the second store should hold and does not hold verified, as the last
+    /// pass left it: 0 when it is in sync.
+    pub behind: Family<ShardLabel, Gauge>,
+    /// When a pass last found the second store in sync for the shard (0: never since start).
+    pub in_sync: Family<ShardLabel, GaugeF64>,
+}
+
+impl SecondaryMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "secondary_failures",
+            "Failures on the second store (listing, copying or verifying an object, retention), by kind",
+            self.failures.clone(),
+        );
+        registry.register(
+            "secondary_copied",
+            "Objects copied to the second store and verified there",
+            self.copied.clone(),
+        );
+        registry.register(
+            "secondary_objects_behind",
+            "Objects the second store should hold verified and does not, after the last copy pass",
+            self.behind.clone(),
+        );
+        registry.register_with_unit(
+            "secondary_in_sync_timestamp",
+            "When a copy pass last found the second store holding every object it should (0: never since start)",
+            Unit::Seconds,
+            self.in_sync.clone(),
+        );
+    }
+
+    /// Every series of `shard` at 0, so alerts see the shard before its first pass.
+    pub fn init_shard(&self, shard: &str) {
+        for kind in Kind::ALL {
+            let labels = KindLabels { shard: shard.into(), kind: kind.as_str().into() };
+            let _ = self.failures.get_or_create(&labels);
+            let _ = self.copied.get_or_create(&labels);
+        }
+        let _ = self.behind.get_or_create(&ShardLabel { shard: shard.into() });
+        let _ = self.in_sync.get_or_create(&ShardLabel { shard: shard.into() });
+    }
+
+    pub fn failed(&self, shard: &str, kind: Kind) {
+        self.failures.get_or_create(&KindLabels { shard: shard.into(), kind: kind.as_str().into() }).inc();
+    }
+
+    pub fn copied(&self, shard: &str, kind: Kind) {
+        self.copied.get_or_create(&KindLabels { shard: shard.into(), kind: kind.as_str().into() }).inc();
+    }
+}

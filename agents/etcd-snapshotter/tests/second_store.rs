@@ -1,0 +1,490 @@
+//! The second store (`secondary`) against two real versitygw servers, the failing one behind a fault proxy:
+//! everything published lands verified on both with each store's own retention; a second store answering 503s
+//! and resets is counted without holding back the primary and catches up once it is back; restore (full and
+//! deltas, `--at`) from it with the primary stopped; a copy replaced out of band is found by its hash and copied
+//! again, and a copy written whose read-back failed is verified, not written twice; no credential in any output.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use sha2::{Digest, Sha256};
+use testbed::S3Server;
+use testbed::fault_proxy::{Fault, FaultProxy};
+
+const EVERY_FIVE_SECONDS: &str = "*/5 * * * * *";
+const BUMP: i64 = 1_000_000_000;
+/// The second store's prefix: another than the primary's, as another provider's bucket would have.
+const SECOND_PREFIX: &str = "offsite/etcd";
+
+/// A second real S3 server (versitygw) with its own keys, and those keys as a mounted Secret would hold them.
+struct Second {
+    s3: S3Server,
+    secret_dir: PathBuf,
+}
+
+async fn second_store(bed: &Bed) -> Second {
+    let dir = bed.path("second");
+    std::fs::create_dir_all(&dir).unwrap();
+    let s3 = S3Server::start(bed.peers.path("versitygw"), &dir).await.unwrap();
+    let secret_dir = bed.path("second-secret");
+    std::fs::create_dir_all(&secret_dir).unwrap();
+    std::fs::write(secret_dir.join("AWS_ACCESS_KEY_ID"), &s3.access_key).unwrap();
+    std::fs::write(secret_dir.join("AWS_SECRET_ACCESS_KEY"), &s3.secret_key).unwrap();
+    Second { s3, secret_dir }
+}
+
+/// Appends a `secondary` section pointing at `endpoint` (the server or a proxy in front of it).
+fn with_secondary(config: &Path, second: &Second, endpoint: &str, keep_last: usize) {
+    let mut text = std::fs::read_to_string(config).unwrap();
+    text.push_str(&format!(
+        "secondary:\n  interval: 1s\n  storage:\n    bucket: {}\n    prefix: {SECOND_PREFIX}\n    endpoint: {endpoint}\n    \
+         region: {}\n    pathStyle: true\n    maxAttempts: 1\n    attemptTimeout: 5s\n    credentials:\n      \
+         secretDirectory: {}\n  retention:\n    keepLast: {keep_last}\n",
+        second.s3.bucket,
+        testbed::s3::REGION,
+        second.secret_dir.display()
+    ));
+    std::fs::write(config, text).unwrap();
+}
+
+/// Every object under `prefix` by its key below the prefix, with its sha256.
+async fn objects(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut token = None;
+    loop {
+        let page = s3
+            .list_objects_v2()
+            .bucket(bucket)
+            .prefix(format!("{prefix}/"))
+            .set_continuation_token(token.take())
+            .send()
+            .await
+            .unwrap();
+        for key in page.contents().iter().filter_map(|o| o.key()) {
+            let Ok(object) = s3.get_object().bucket(bucket).key(key).send().await else { continue };
+            let Ok(body) = object.body.collect().await else { continue };
+            let relative = key.strip_prefix(&format!("{prefix}/")).unwrap().to_string();
+            out.insert(relative, hex::encode(Sha256::digest(body.into_bytes())));
+        }
+        match page.next_continuation_token {
+            Some(next) if page.is_truncated() == Some(true) => token = Some(next),
+            _ => return out,
+        }
+    }
+}
+
+/// The snapshot ids (`<shard>/<name>`) whose manifest is among `objects`, sorted (names sort by time).
+fn snapshot_ids(objects: &BTreeMap<String, String>) -> Vec<String> {
+    objects.keys().filter_map(|k| k.strip_suffix("/manifest.json")).map(str::to_string).collect()
+}
+
+/// The objects of the snapshots `ids`.
+fn of_snapshots(objects: &BTreeMap<String, String>, ids: &[String]) -> BTreeMap<String, String> {
+    objects
+        .iter()
+        .filter(|(k, _)| ids.iter().any(|id| k.starts_with(&format!("{id}/"))))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn sync(config: &Path) -> std::process::Output {
+    cli(&["sync-secondary", "--config", config.to_str().unwrap()])
+}
+
+fn sync_ok(config: &Path) -> String {
+    let out = sync(config);
+    assert!(out.status.success(), "sync-secondary: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The number after `word` in a `sync-secondary` line.
+fn count(line: &str, word: &str) -> usize {
+    let rest = line.split(word).nth(1).unwrap_or_else(|| panic!("{word} in {line}"));
+    rest.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_published_object_lands_verified_on_both_stores_and_each_store_keeps_by_its_own_retention() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    let second = second_store(&bed).await;
+    // The primary keeps 2, the second store 3: it keeps one the primary deleted, and deletes by its own count.
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]).with_drills(&bed);
+    options.keep_last = 2;
+    let config = write_config(&bed, &options).unwrap();
+    with_secondary(&config, &second, &second.s3.endpoint, 3);
+    let (primary, offsite) = (bed.s3.client(), second.s3.client());
+
+    for round in 0..5 {
+        load(&mut client, &format!("/registry/round-{round}"), 20, 500).await.unwrap();
+        snapshot_ok(&config);
+        if round == 3 {
+            // A drill report is published beside the newest manifest: it is copied too.
+            let out = cli(&["drill", "--config", config.to_str().unwrap(), "--shard", "root"]);
+            assert!(out.status.success(), "drill: {}", text(&out));
+        }
+        sync_ok(&config);
+        let on_primary = objects(&primary, &bed.s3.bucket, PREFIX).await;
+        let on_second = objects(&offsite, &second.s3.bucket, SECOND_PREFIX).await;
+        let (primary_ids, second_ids) = (snapshot_ids(&on_primary), snapshot_ids(&on_second));
+        assert_eq!(primary_ids.len(), (round + 1).min(2), "the primary keeps 2: {primary_ids:?}");
+        assert_eq!(second_ids.len(), (round + 1).min(3), "the second store keeps 3: {second_ids:?}");
+        // The second store holds the newest 3 of every snapshot published (names sort by time)...
+        assert!(primary_ids.iter().all(|id| second_ids.contains(id)), "{primary_ids:?} within {second_ids:?}");
+        // ...and every object of the snapshots both hold, byte for byte.
+        assert_eq!(of_snapshots(&on_second, &primary_ids), of_snapshots(&on_primary, &primary_ids));
+        // Nothing else: no object of a snapshot the second store does not list.
+        assert_eq!(of_snapshots(&on_second, &second_ids), on_second, "no stray object on the second store");
+        if round >= 3 {
+            let reports = on_second.keys().filter(|k| k.ends_with("/drill.json")).count();
+            assert_eq!(reports, 1, "the drill report is copied: {:?}", on_second.keys());
+        }
+    }
+    // A second pass over a store in sync copies nothing.
+    let line = sync_ok(&config);
+    assert_eq!(count(&line, "copied"), 0, "{line}");
+    // `list --store secondary` reads the second store: its three, not the primary's two.
+    let out = cli(&["list", "--config", config.to_str().unwrap(), "--store", "secondary"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let on_second = objects(&offsite, &second.s3.bucket, SECOND_PREFIX).await;
+    for id in snapshot_ids(&on_second) {
+        assert!(listed.contains(&id), "{id} in {listed}");
+    }
+    assert_eq!(listed.lines().count(), 4, "a header and three snapshots: {listed}");
+}
+
+/// A steady writer: one put every `every` until dropped; the revision of the last acknowledged put.
+struct Writes {
+    last: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writes {
+    fn start(mut client: etcd_client::Client, prefix: &'static str, every: Duration) -> Self {
+        let last = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let seen = last.clone();
+        let task = tokio::spawn(async move {
+            for i in 0u64.. {
+                tokio::time::sleep(every).await;
+                if let Ok(Ok(r)) = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    client.put(format!("{prefix}/{i:06}"), vec![b'x'; 300], None),
+                )
+                .await
+                {
+                    seen.store(r.header().unwrap().revision(), std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        });
+        Self { last, task }
+    }
+
+    /// Stops writing; the revision of the last acknowledged put.
+    /// The revision of the last acknowledged put so far.
+    fn last(&self) -> Option<i64> {
+        Some(self.last.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    fn stop(self) -> i64 {
+        self.task.abort();
+        self.last.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The newest `delta-to` among the deltas stored under `prefix` of `bucket`.
+async fn newest_delta_to(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> i64 {
+    let mut newest = 0;
+    let out = s3.list_objects_v2().bucket(bucket).prefix(format!("{prefix}/")).send().await.unwrap();
+    for key in out.contents().iter().filter_map(|o| o.key()).filter(|k| k.contains("/deltas/")) {
+        let Ok(head) = s3.head_object().bucket(bucket).key(key).send().await else { continue };
+        let to = head.metadata().and_then(|m| m.get("delta-to")).and_then(|v| v.parse().ok()).unwrap_or(0);
+        newest = newest.max(to);
+    }
+    newest
+}
+
+fn deltas_options(bed: &Bed, endpoint: &str) -> Options<'static> {
+    let mut options = Options::new(bed, "root", vec![endpoint.to_string()]);
+    options.shard_extra = "deltas:\n  enabled: true\n  interval: 1s\n  maxBytes: 64Ki\n".into();
+    options.keep_last = 100;
+    options
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_store_answering_503_and_resets_is_counted_while_primary_snapshots_keep_publishing_and_every_missed_object_is_copied_once_it_is_back()
+ {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/base", 20, 200).await.unwrap();
+    let second = second_store(&bed).await;
+    let proxy = FaultProxy::start(&second.s3.endpoint).await.unwrap();
+    let mut options = deltas_options(&bed, &etcd.members[0].client_url);
+    options.cron = EVERY_FIVE_SECONDS;
+    let config = write_config(&bed, &options).unwrap();
+    with_secondary(&config, &second, &proxy.url, 100);
+    // The second store fails everything: writes reset mid-body, everything else 503 SlowDown.
+    proxy.inject("PUT", "", Fault::Reset, usize::MAX);
+    proxy.inject("", "", Fault::SlowDown, usize::MAX);
+
+    let writes = Writes::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(50));
+    let agent = agent(cluster, &config, &ns).start().await.unwrap();
+    let primary = bed.s3.client();
+    let failures = "etcd_snapshotter_secondary_failures_total{shard=\"root\",kind=\"listing\"}";
+    let behind = "etcd_snapshotter_secondary_objects_behind{shard=\"root\"}";
+    // Scheduled snapshots and deltas keep publishing while every pass on the second store fails.
+    let failed_before = testbed::eventually(Duration::from_secs(120), "ticks published during the outage", || async {
+        let ticks = manifests(&primary, &bed.s3.bucket).await.iter().filter(|m| m["tick"].is_string()).count();
+        let failed = agent.metric(failures).await.ok()?;
+        let behind = agent.metric(behind).await.ok()?;
+        (ticks >= 3 && failed >= 2.0 && behind > 0.0).then_some(failed)
+    })
+    .await;
+    assert!(failed_before >= 2.0);
+    assert_eq!(agent.metric("etcd_snapshotter_failures_total{shard=\"root\",reason=\"storage\"}").await.unwrap(), 0.0);
+    assert!(agent.metric("etcd_snapshotter_delta_objects_total{shard=\"root\"}").await.unwrap() > 0.0);
+    assert!(!proxy.injected().is_empty(), "the second store's requests met the faults");
+    // What was published (snapshots with their manifest, their deltas): the shard's lock is the primary's own.
+    let during = objects(&primary, &bed.s3.bucket, PREFIX).await;
+    let during = of_snapshots(&during, &snapshot_ids(&during));
+    assert!(during.keys().any(|k| k.contains("/deltas/")), "deltas among them: {:?}", during.keys());
+    assert!(objects(&second.s3.client(), &second.s3.bucket, SECOND_PREFIX).await.is_empty(), "nothing got through");
+
+    // The second store is back: every object published during the outage is copied, the gauge returns to 0.
+    proxy.clear();
+    let offsite = second.s3.client();
+    testbed::eventually(Duration::from_secs(120), "every object of the outage on the second store", || async {
+        let on_second = objects(&offsite, &second.s3.bucket, SECOND_PREFIX).await;
+        during.iter().all(|(key, sha)| on_second.get(key) == Some(sha)).then_some(())
+    })
+    .await;
+    let last = writes.stop();
+    testbed::eventually(Duration::from_secs(60), "the last write on the second store", || async {
+        (newest_delta_to(&offsite, &second.s3.bucket, SECOND_PREFIX).await >= last).then_some(())
+    })
+    .await;
+    agent.wait_for_metric(behind, WAIT, |v| v == 0.0).await;
+    assert!(agent.metric("etcd_snapshotter_secondary_in_sync_timestamp_seconds{shard=\"root\"}").await.unwrap() > 0.0);
+    for kind in ["snapshot", "manifest", "delta"] {
+        let copied = format!("etcd_snapshotter_secondary_copied_total{{shard=\"root\",kind=\"{kind}\"}}");
+        assert!(agent.metric(&copied).await.unwrap() > 0.0, "{kind} copied");
+    }
+    // Neither store's keys in the log or the metrics.
+    let metrics = agent.metrics().await;
+    let secrets = [&*bed.s3.secret_key, &*bed.s3.access_key, &*second.s3.secret_key, &*second.s3.access_key];
+    testbed::assert_no_secret_material(&format!("{}\n{metrics}", agent.process.log()), &secrets);
+}
+
+/// Restores `config`'s shard root to `at` from `store` and starts an etcd on it; the process and a client.
+async fn restore_from(
+    bed: &Bed,
+    config: &Path,
+    store: &str,
+    at: &str,
+    name: &str,
+) -> (testbed::process::Process, etcd_client::Client, String) {
+    let data_dir = bed.path(name);
+    let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let out = cli(&[
+        "restore",
+        "--config",
+        config.to_str().unwrap(),
+        "--store",
+        store,
+        "--shard",
+        "root",
+        "--at",
+        at,
+        "--etcdutl",
+        bed.etcdutl().to_str().unwrap(),
+        "--etcd",
+        bed.peers.path("etcd").to_str().unwrap(),
+        "--name",
+        "restored",
+        "--initial-cluster",
+        &format!("restored={peer_url}"),
+        "--initial-advertise-peer-urls",
+        &peer_url,
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "restore from {store}: {}", text(&out));
+    let (process, client) = serve_restored(bed, name, &data_dir, client_port, &peer_url).await;
+    (process, client, text(&out))
+}
+
+async fn hash_kv(client: &mut etcd_client::Client) -> u32 {
+    client.hash_kv(0).await.unwrap().hash()
+}
+
+/// Every key under `prefix` with its mod revision.
+async fn mod_revisions(client: &mut etcd_client::Client, prefix: &str) -> BTreeMap<String, i64> {
+    let response = client.get(prefix, Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    response.kvs().iter().map(|kv| (kv.key_str().unwrap().to_string(), kv.mod_revision())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_at_from_the_second_store_with_the_primary_stopped_gives_the_primarys_revision_and_hash_kv() {
+    let mut bed = Bed::with_cluster().await.unwrap();
+    let ns = bed.cluster().namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut source = etcd.member_client(0).await.unwrap();
+    load(&mut source, "/registry/base", 20, 200).await.unwrap();
+    let second = second_store(&bed).await;
+    let config = write_config(&bed, &deltas_options(&bed, &etcd.members[0].client_url)).unwrap();
+    with_secondary(&config, &second, &second.s3.endpoint, 100);
+    // No tick: the delta writer takes the one full snapshot its chain needs, then deltas every second.
+    let mut agent = agent(bed.cluster(), &config, &ns).start().await.unwrap();
+    let writes = Writes::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(30));
+    // Writes acknowledged both before and after the agent's deltas began: a hundred past the first one.
+    let first =
+        testbed::eventually(WAIT, "a first acknowledged write", || async { writes.last().filter(|r| *r > 0) }).await;
+    testbed::eventually(WAIT, "a hundred more writes acknowledged", || async {
+        writes.last().filter(|r| *r >= first + 100)
+    })
+    .await;
+    let last = writes.stop();
+    let offsite = second.s3.client();
+    testbed::eventually(Duration::from_secs(90), "deltas through the last write on the second store", || async {
+        (newest_delta_to(&offsite, &second.s3.bucket, SECOND_PREFIX).await >= last).then_some(())
+    })
+    .await;
+    agent.terminate(Duration::from_secs(20));
+    let source_keys = mod_revisions(&mut source, "/registry/").await;
+    let middle = source_keys.values().copied().filter(|r| *r > 0).max().unwrap() - 20;
+
+    // From the primary first, then the primary stops and the same restore reads the second store alone.
+    let (_a, mut from_primary, _) = restore_from(&bed, &config, "primary", "latest", "from-primary").await;
+    bed.s3.process.kill();
+    let (_b, mut from_second, out) = restore_from(&bed, &config, "secondary", "latest", "from-second").await;
+    assert!(out.contains(&format!("the source's revision {last}")), "{out}");
+    let revision = revision_and_keys(&mut from_second).await.0;
+    assert_eq!(revision, last + BUMP, "the last write's revision, bumped");
+    assert_eq!(revision, revision_and_keys(&mut from_primary).await.0);
+    assert_eq!(
+        hash_kv(&mut from_second).await,
+        hash_kv(&mut from_primary).await,
+        "the same HashKV as from the primary"
+    );
+    assert_eq!(mod_revisions(&mut from_second, "/registry/").await, source_keys, "every key at its source revision");
+
+    // A point in time from the second store: the keys up to it, none after.
+    let (_c, mut at_middle, _) = restore_from(&bed, &config, "secondary", &middle.to_string(), "at-middle").await;
+    assert_eq!(revision_and_keys(&mut at_middle).await.0, middle + BUMP);
+    let expected: BTreeMap<String, i64> = source_keys.into_iter().filter(|(_, r)| *r <= middle).collect();
+    assert_eq!(mod_revisions(&mut at_middle, "/registry/").await, expected);
+    // `list` reads the second store with the primary down.
+    let out = cli(&["list", "--config", config.to_str().unwrap(), "--store", "secondary"]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_copy_replaced_out_of_band_is_found_by_its_hash_and_copied_again_and_a_copy_whose_read_back_failed_is_verified_not_rewritten()
+ {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 30, 1000).await.unwrap();
+    let second = second_store(&bed).await;
+    let proxy = FaultProxy::start(&second.s3.endpoint).await.unwrap();
+    let config = write_config(&bed, &Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()])).unwrap();
+    with_secondary(&config, &second, &proxy.url, 10);
+    snapshot_ok(&config);
+    let line = sync_ok(&config);
+    assert_eq!(count(&line, "copied"), 2, "the data object and the manifest: {line}");
+
+    // Replaced out of band with other bytes of the same length, carrying the agent's metadata.
+    let offsite = second.s3.client();
+    let on_second = objects(&offsite, &second.s3.bucket, SECOND_PREFIX).await;
+    let data = on_second.keys().find(|k| k.ends_with("snapshot.db.zst")).unwrap().clone();
+    let key = format!("{SECOND_PREFIX}/{data}");
+    let original = offsite.get_object().bucket(&second.s3.bucket).key(&key).send().await.unwrap();
+    let mut bytes = original.body.collect().await.unwrap().into_bytes().to_vec();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    put_raw(&offsite, &second.s3.bucket, &key, bytes).await;
+    // Each pass is a new process: the decision comes from the stores alone.
+    let line = sync_ok(&config);
+    assert_eq!(count(&line, "copied"), 1, "the replaced object only: {line}");
+    assert_eq!(objects(&offsite, &second.s3.bucket, SECOND_PREFIX).await, on_second, "the copy is whole again");
+    let line = sync_ok(&config);
+    assert_eq!((count(&line, "copied"), count(&line, "already there")), (0, 2), "{line}");
+
+    // A copy written whose read-back fails: the pass fails, the next verifies what was written and does not
+    // write it again.
+    load(&mut client, "/registry/more", 10, 1000).await.unwrap();
+    snapshot_ok(&config);
+    let before = proxy.seen("PUT", "snapshot.db");
+    proxy.inject("GET", "snapshot.db", Fault::SlowDown, usize::MAX);
+    let out = sync(&config);
+    assert!(!out.status.success(), "a read-back that fails fails the pass: {}", text(&out));
+    assert!(text(&out).contains("read back") || text(&out).contains("GetObject"), "{}", text(&out));
+    proxy.clear();
+    let puts = proxy.seen("PUT", "snapshot.db");
+    assert_eq!(puts, before + 1, "the new data object was written once");
+    let line = sync_ok(&config);
+    assert_eq!(proxy.seen("PUT", "snapshot.db"), puts, "not written again: {line}");
+    assert_eq!(count(&line, "copied"), 1, "its manifest, held back until the data object was proven: {line}");
+    // Every object of both snapshots (the shard's lock object is the primary's own, not a published object).
+    let on_primary = objects(&bed.s3.client(), &bed.s3.bucket, PREFIX).await;
+    let ids = snapshot_ids(&on_primary);
+    assert_eq!(ids.len(), 2);
+    assert_eq!(objects(&offsite, &second.s3.bucket, SECOND_PREFIX).await, of_snapshots(&on_primary, &ids));
+    // The restore from the second store proves the copies (both hashes and etcdutl).
+    let id = snapshot_ids(&on_primary).pop().unwrap();
+    let out = cli(&[
+        "verify",
+        "--config",
+        config.to_str().unwrap(),
+        "--store",
+        "secondary",
+        "--etcdutl",
+        bed.etcdutl().to_str().unwrap(),
+        &id,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+async fn put_raw(s3: &aws_sdk_s3::Client, bucket: &str, key: &str, body: Vec<u8>) {
+    let request = s3.put_object().bucket(bucket).key(key).metadata("written-by", "etcd-snapshotter");
+    request.body(body.into()).send().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pass_with_refused_credentials_on_either_store_says_so_without_any_key_and_fails() {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let second = second_store(&bed).await;
+    let config = write_config(&bed, &Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()])).unwrap();
+    with_secondary(&config, &second, &second.s3.endpoint, 10);
+    snapshot_ok(&config);
+    let right = [&*bed.s3.secret_key, &*bed.s3.access_key, &*second.s3.secret_key, &*second.s3.access_key];
+    // The second store's Secret holds keys it refuses.
+    let wrong_secret = format!("{:032x}", 0x5ec2e7u128 << 64 | 0xfeed);
+    std::fs::write(second.secret_dir.join("AWS_SECRET_ACCESS_KEY"), &wrong_secret).unwrap();
+    let out = sync(&config);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("listing the second store"), "{}", text(&out));
+    let mut secrets = right.to_vec();
+    secrets.push(&wrong_secret);
+    testbed::assert_no_secret_material(&text(&out), &secrets);
+    // The primary's refused: nothing is copied, and still no key.
+    std::fs::write(second.secret_dir.join("AWS_SECRET_ACCESS_KEY"), &second.s3.secret_key).unwrap();
+    std::fs::write(bed.secret_dir().unwrap().join("AWS_SECRET_ACCESS_KEY"), &wrong_secret).unwrap();
+    let out = sync(&config);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("listing the primary"), "{}", text(&out));
+    testbed::assert_no_secret_material(&text(&out), &secrets);
+    let out = cli(&["list", "--config", config.to_str().unwrap(), "--store", "secondary"]);
+    assert!(out.status.success(), "the second store alone answers: {}", text(&out));
+    testbed::assert_no_secret_material(&text(&out), &secrets);
+}

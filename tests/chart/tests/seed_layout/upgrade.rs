@@ -1,0 +1,160 @@
+//! A snapshot before a kcp upgrade on the seed's real layout (issue 28 item 6): the Shard `alpha`'s kcp image is
+//! changed to a second tag of the same build (`testbed::seed::images::tag_kcp`), so the kcp-operator really rolls
+//! alpha's Deployment (a new ReplicaSet, a new pod starting kcp on etcd-alpha) and nothing else changes; the
+//! etcd-snapshotter in its pod, installed by the chart with `beforeUpgrade` on both shards, snapshots alpha and
+//! drills it. The race with the roll is measured:
+//!
+//! - a sampler in the test reads etcd-alpha's revision (`etcdctl endpoint status` in the member's pod) again and
+//!   again, each sample stamped with the host clock after its answer came back (the node, the agent and the
+//!   kubelet share that clock: it is one machine);
+//! - the first pod of the new image: its creation time and its container's start time (the apiserver's and the
+//!   kubelet's, whole seconds, truncated: a lower bound of the true instant);
+//! - the snapshot's `revisionUpperBound` (the member's revision read once etcd held the snapshot's read
+//!   transaction) and `finishedAt`.
+//!
+//! kcp in the new pod cannot write before its container started, and a sample answered before that start names a
+//! revision the pod's writes all come after; so `revisionUpperBound <= ` the last such sample proves the
+//! snapshot holds nothing the new pod wrote. That is asserted; the margins in time (creation and start minus the
+//! snapshot's finish) and in revisions are printed. Afterwards the image is set back and the roll waited for.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::Value;
+use testbed::node::{self, Node};
+use testbed::seed::images::{KCP_IMAGE, KCP_SECOND_TAG, KCP_TAG, tag_kcp};
+use testbed::seed::layout::{NAMESPACE, SHARD};
+
+const DEPLOYMENT: &str = "alpha-shard-kcp";
+
+/// etcd-alpha's revision now, read in its member's pod.
+fn alpha_revision(node: &Node) -> Result<i64> {
+    let status = crate::etcd_status(node, SHARD, 1)?;
+    status[0]["Status"]["header"]["revision"].as_i64().context("no revision in etcdctl's status")
+}
+
+/// The recorded state of shard alpha's watch (`kcp-image.json` in the bucket), once it names `image`.
+async fn state_names(node: &'static Node, image: &str) -> Value {
+    let key = format!("{SHARD}/kcp-image.json");
+    testbed::eventually(Duration::from_secs(240), &format!("alpha's recorded kcp image to be {image}"), || {
+        let key = key.clone();
+        async move {
+            chart::on_seed::object(node, &key)
+                .ok()
+                .filter(|s| s["image"] == image && (s["snapshot"].is_string() || image == KCP_IMAGE))
+        }
+    })
+    .await
+}
+
+/// The first pod (by creation) that runs `image` in the namespace: its creation and container start times.
+fn first_pod_of(node: &Node, image: &str) -> Result<Option<(String, Timestamp, Option<Timestamp>)>> {
+    let out = node.kubectl(&["get", "pods", "-n", NAMESPACE, "-o", "json"])?;
+    ensure!(out.status.success(), "kubectl get pods: {}", String::from_utf8_lossy(&out.stderr));
+    let pods: Value = serde_json::from_slice(&out.stdout)?;
+    let mut found = Vec::new();
+    for pod in pods["items"].as_array().context("no items")? {
+        let runs = pod["spec"]["containers"].as_array().is_some_and(|cs| cs.iter().any(|c| c["image"] == image));
+        if !runs {
+            continue;
+        }
+        let created: Timestamp =
+            pod["metadata"]["creationTimestamp"].as_str().context("no creationTimestamp")?.parse()?;
+        let started = pod["status"]["containerStatuses"]
+            .as_array()
+            .and_then(|cs| cs.iter().find_map(|c| c["state"]["running"]["startedAt"].as_str()))
+            .map(str::parse::<Timestamp>)
+            .transpose()?;
+        found.push((pod["metadata"]["name"].as_str().unwrap_or_default().to_string(), created, started));
+    }
+    found.sort_by_key(|(_, created, _)| *created);
+    Ok(found.into_iter().next())
+}
+
+#[tokio::test]
+async fn a_changed_shard_image_is_snapshotted_before_the_first_new_pod_wrote_to_etcd_and_the_margin_is_measured()
+-> Result<()> {
+    crate::keeper();
+    let node = node::shared();
+    // The layout is shared by the binary's tests: this one changes alpha's Deployment.
+    let _changing = crate::LAYOUT_CHANGES.write().await;
+    // The agent recorded the image alpha runs now (its baseline), so it is watching.
+    state_names(node, KCP_IMAGE).await;
+    let new_image = tag_kcp(node, KCP_SECOND_TAG)?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut samples: Vec<(Timestamp, i64)> = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(revision) = alpha_revision(node) {
+                    samples.push((Timestamp::now(), revision));
+                }
+            }
+            samples
+        })
+    };
+    let patch = format!(r#"{{"spec":{{"image":{{"tag":"{KCP_SECOND_TAG}"}}}}}}"#);
+    let changed_at = Timestamp::now();
+    chart_kubectl(node, &["patch", "-n", NAMESPACE, "shard", SHARD, "--type=merge", "-p", &patch])?;
+
+    let state = state_names(node, &new_image).await;
+    let id = state["snapshot"].as_str().context("the state names its snapshot")?.to_string();
+    let manifest = chart::on_seed::manifest(node, &id)?;
+    ensure!(manifest["kcp"]["image"] == KCP_IMAGE && manifest["kcp"]["upgradeTo"] == new_image.as_str(), "{manifest}");
+    let (pod, created, started) =
+        testbed::eventually(Duration::from_secs(240), "the new pod's container to start", || async {
+            first_pod_of(node, &new_image).ok().flatten().filter(|(_, _, started)| started.is_some())
+        })
+        .await;
+    let started = started.expect("filtered");
+    stop.store(true, Ordering::SeqCst);
+    let samples = sampler.join().expect("the sampler thread");
+
+    let upper = manifest["revisionUpperBound"].as_i64().or(manifest["revision"].as_i64()).context("no revision")?;
+    let finished: Timestamp = manifest["finishedAt"].as_str().context("no finishedAt")?.parse()?;
+    let snapshot_started: Timestamp = manifest["startedAt"].as_str().context("no startedAt")?.parse()?;
+    let before_start: Vec<_> = samples.iter().filter(|(at, _)| *at <= started).collect();
+    let (last_at, at_start) =
+        **before_start.last().context("no revision sample answered before the new container started")?;
+    let seconds = |a: Timestamp, b: Timestamp| a.duration_since(b).as_secs_f64();
+    eprintln!(
+        "kcp upgrade race on alpha ({} revision samples): image changed at {changed_at}; snapshot {id} started {snapshot_started} \
+         ({:.2} s after the change), finished {finished} ({:.2} s after), revision <= {upper}; first new pod {pod} created {created} \
+         (whole seconds), its container started {started}; margin: pod created {:.2} s and container started {:.2} s after the \
+         snapshot finished (lower bounds); etcd-alpha was at revision {at_start} at {last_at}, before the container started: \
+         {} revision(s) above the snapshot's upper bound",
+        samples.len(),
+        seconds(snapshot_started, changed_at),
+        seconds(finished, changed_at),
+        seconds(created, finished),
+        seconds(started, finished),
+        at_start - upper,
+    );
+    ensure!(
+        upper <= at_start,
+        "the snapshot's revision (<= {upper}) is not below what etcd-alpha held before the new pod's container started \
+         ({at_start} at {last_at}): the roll won the race"
+    );
+    ensure!(manifest["kcp"].get("afterRollMayHaveBegun").is_none(), "a live change: {manifest}");
+    let report = chart::on_seed::object(node, &format!("{id}/drill.json"))?;
+    ensure!(report["passed"] == true, "the drill of the snapshot before the upgrade: {report}");
+
+    // Back to the pinned tag; the agent takes its snapshot of that change too, and the roll finishes.
+    let back = format!(r#"{{"spec":{{"image":{{"tag":"{KCP_TAG}"}}}}}}"#);
+    chart_kubectl(node, &["patch", "-n", NAMESPACE, "shard", SHARD, "--type=merge", "-p", &back])?;
+    testbed::seed::rollout(node, NAMESPACE, &format!("deployment/{DEPLOYMENT}"), "240s")?;
+    testbed::eventually(Duration::from_secs(240), "the state back on the pinned image", || async {
+        chart::on_seed::object(node, &format!("{SHARD}/kcp-image.json")).ok().filter(|s| s["image"] == KCP_IMAGE)
+    })
+    .await;
+    Ok(())
+}
+
+fn chart_kubectl(node: &Node, args: &[&str]) -> Result<()> {
+    testbed::seed::kubectl_ok(node, args).map(|_| ())
+}
