@@ -4,11 +4,15 @@
 //! etcd-snapshotter in its pod, installed by the chart with `beforeUpgrade` on both shards, snapshots alpha and
 //! drills it. The race with the roll is measured:
 //!
-//! - a sampler in the test reads etcd-alpha's revision (`etcdctl endpoint status` in the member's pod) again and
-//!   again, each sample stamped with the host clock after its answer came back (the node, the agent and the
-//!   kubelet share that clock: it is one machine);
-//! - the first pod of the new image: its creation time and its container's start time (the apiserver's and the
-//!   kubelet's, whole seconds, truncated: a lower bound of the true instant);
+//! - a sampler in the test reads etcd-alpha's revision again and again (`etcdctl endpoint status` run inside the
+//!   node's network against the member's pod address: tens of milliseconds a sample, where a `kubectl exec` took
+//!   a second or more on a busy CI machine and left no sample between the change and the roll), each sample
+//!   stamped with the host clock after its answer came back (the node, the agent, the kubelet and containerd
+//!   share that clock: it is one machine);
+//! - the first pod of the new image: its creation time (the apiserver's, whole seconds) and when containerd
+//!   created its container (nanoseconds; kcp's process starts after it). The kubelet's `startedAt` is whole
+//!   seconds, truncated: when the roll came within a second of the change it fell before the change itself, and
+//!   no sample could precede it;
 //! - the snapshot's `revisionUpperBound` (the member's revision read once etcd held the snapshot's read
 //!   transaction) and `finishedAt`.
 //!
@@ -30,10 +34,38 @@ use testbed::seed::layout::{NAMESPACE, SHARD};
 
 const DEPLOYMENT: &str = "alpha-shard-kcp";
 
-/// etcd-alpha's revision now, read in its member's pod.
-fn alpha_revision(node: &Node) -> Result<i64> {
-    let status = crate::etcd_status(node, SHARD, 1)?;
-    status[0]["Status"]["header"]["revision"].as_i64().context("no revision in etcdctl's status")
+/// Reads etcd-alpha's revision from inside the node, straight to the member's pod address (no apiserver or
+/// kubelet in the path, so samples are dense).
+struct RevisionReader {
+    etcdctl: std::path::PathBuf,
+    endpoint: String,
+}
+
+impl RevisionReader {
+    fn new(node: &Node) -> Result<Self> {
+        let peers = peers::locate_only(&["etcdctl"])?;
+        let ip = testbed::seed::kubectl_ok(
+            node,
+            &["get", "pod", "-n", NAMESPACE, &format!("etcd-{SHARD}-0"), "-o", "jsonpath={.status.podIP}"],
+        )?;
+        ensure!(!ip.trim().is_empty(), "etcd-{SHARD}-0 has no pod address");
+        Ok(Self { etcdctl: peers.path("etcdctl").to_path_buf(), endpoint: format!("http://{}:2379", ip.trim()) })
+    }
+
+    fn revision(&self, node: &Node) -> Result<i64> {
+        let args =
+            [format!("--endpoints={}", self.endpoint), "endpoint".into(), "status".into(), "-w".into(), "json".into()];
+        let out = node.run_inside("etcdctl endpoint status", &[&self.etcdctl], &args)?;
+        let status: Value = serde_json::from_str(&out)?;
+        status[0]["Status"]["header"]["revision"].as_i64().context("no revision in etcdctl's status")
+    }
+}
+
+/// When containerd created the container `containerd://<id>` (nanoseconds, the host clock).
+fn container_created(node: &Node, container_id: &str) -> Result<Timestamp> {
+    let id = container_id.strip_prefix("containerd://").context("not a containerd container id")?;
+    let info: Value = serde_json::from_str(&node.ctr("ctr containers info", &["containers", "info", id])?)?;
+    Ok(info["CreatedAt"].as_str().context("no CreatedAt in ctr's container info")?.parse()?)
 }
 
 /// The recorded state of shard alpha's watch (`kcp-image.json` in the bucket), once it names `image`.
@@ -50,8 +82,16 @@ async fn state_names(node: &'static Node, image: &str) -> Value {
     .await
 }
 
-/// The first pod (by creation) that runs `image` in the namespace: its creation and container start times.
-fn first_pod_of(node: &Node, image: &str) -> Result<Option<(String, Timestamp, Option<Timestamp>)>> {
+/// A pod of the new image: its name, creation time (whole seconds) and, once it has one, its container's id and
+/// restart count.
+struct NewPod {
+    name: String,
+    created: Timestamp,
+    container: Option<(String, i64)>,
+}
+
+/// The first pod (by creation) that runs `image` in the namespace.
+fn first_pod_of(node: &Node, image: &str) -> Result<Option<NewPod>> {
     let out = node.kubectl(&["get", "pods", "-n", NAMESPACE, "-o", "json"])?;
     ensure!(out.status.success(), "kubectl get pods: {}", String::from_utf8_lossy(&out.stderr));
     let pods: Value = serde_json::from_slice(&out.stdout)?;
@@ -63,14 +103,16 @@ fn first_pod_of(node: &Node, image: &str) -> Result<Option<(String, Timestamp, O
         }
         let created: Timestamp =
             pod["metadata"]["creationTimestamp"].as_str().context("no creationTimestamp")?.parse()?;
-        let started = pod["status"]["containerStatuses"]
-            .as_array()
-            .and_then(|cs| cs.iter().find_map(|c| c["state"]["running"]["startedAt"].as_str()))
-            .map(str::parse::<Timestamp>)
-            .transpose()?;
-        found.push((pod["metadata"]["name"].as_str().unwrap_or_default().to_string(), created, started));
+        let container = pod["status"]["containerStatuses"].as_array().and_then(|cs| {
+            cs.iter().find_map(|c| Some((c["containerID"].as_str()?.to_string(), c["restartCount"].as_i64()?)))
+        });
+        found.push(NewPod {
+            name: pod["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+            created,
+            container,
+        });
     }
-    found.sort_by_key(|(_, created, _)| *created);
+    found.sort_by_key(|p| p.created);
     Ok(found.into_iter().next())
 }
 
@@ -84,6 +126,8 @@ async fn a_changed_shard_image_is_snapshotted_before_the_first_new_pod_wrote_to_
     // The agent recorded the image alpha runs now (its baseline), so it is watching.
     state_names(node, KCP_IMAGE).await;
     let new_image = tag_kcp(node, KCP_SECOND_TAG)?;
+    let reader = RevisionReader::new(node)?;
+    reader.revision(node).context("a first revision sample")?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
@@ -91,7 +135,7 @@ async fn a_changed_shard_image_is_snapshotted_before_the_first_new_pod_wrote_to_
         std::thread::spawn(move || {
             let mut samples: Vec<(Timestamp, i64)> = Vec::new();
             while !stop.load(Ordering::SeqCst) {
-                if let Ok(revision) = alpha_revision(node) {
+                if let Ok(revision) = reader.revision(node) {
                     samples.push((Timestamp::now(), revision));
                 }
             }
@@ -106,13 +150,15 @@ async fn a_changed_shard_image_is_snapshotted_before_the_first_new_pod_wrote_to_
     let id = state["snapshot"].as_str().context("the state names its snapshot")?.to_string();
     let manifest = chart::on_seed::manifest(node, &id)?;
     ensure!(manifest["kcp"]["image"] == KCP_IMAGE && manifest["kcp"]["upgradeTo"] == new_image.as_str(), "{manifest}");
-    let (pod, created, started) =
-        testbed::eventually(Duration::from_secs(240), "the new pod's container to start", || async {
-            first_pod_of(node, &new_image).ok().flatten().filter(|(_, _, started)| started.is_some())
+    let NewPod { name: pod, created, container } =
+        testbed::eventually(Duration::from_secs(240), "the new pod's container to be created", || async {
+            first_pod_of(node, &new_image).ok().flatten().filter(|p| p.container.is_some())
         })
         .await;
-    let started = started.expect("filtered");
+    let (container_id, restarts) = container.expect("filtered");
     stop.store(true, Ordering::SeqCst);
+    // A restarted container's creation is not its first: fall back to the pod's creation (whole seconds).
+    let started = if restarts == 0 { container_created(node, &container_id)? } else { created };
     let samples = sampler.join().expect("the sampler thread");
 
     let upper = manifest["revisionUpperBound"].as_i64().or(manifest["revision"].as_i64()).context("no revision")?;
@@ -120,13 +166,14 @@ async fn a_changed_shard_image_is_snapshotted_before_the_first_new_pod_wrote_to_
     let snapshot_started: Timestamp = manifest["startedAt"].as_str().context("no startedAt")?.parse()?;
     let before_start: Vec<_> = samples.iter().filter(|(at, _)| *at <= started).collect();
     let (last_at, at_start) =
-        **before_start.last().context("no revision sample answered before the new container started")?;
+        **before_start.last().context("no revision sample answered before the new container was created")?;
     let seconds = |a: Timestamp, b: Timestamp| a.duration_since(b).as_secs_f64();
     eprintln!(
         "kcp upgrade race on alpha ({} revision samples): image changed at {changed_at}; snapshot {id} started {snapshot_started} \
          ({:.2} s after the change), finished {finished} ({:.2} s after), revision <= {upper}; first new pod {pod} created {created} \
-         (whole seconds), its container started {started}; margin: pod created {:.2} s and container started {:.2} s after the \
-         snapshot finished (lower bounds); etcd-alpha was at revision {at_start} at {last_at}, before the container started: \
+         (whole seconds), its container created {started}; margin: pod created {:.2} s and container created {:.2} s after the \
+         snapshot finished (lower bounds of when kcp in it could write); etcd-alpha was at revision {at_start} at {last_at}, \
+         before the container was created: \
          {} revision(s) above the snapshot's upper bound",
         samples.len(),
         seconds(snapshot_started, changed_at),
@@ -137,7 +184,7 @@ async fn a_changed_shard_image_is_snapshotted_before_the_first_new_pod_wrote_to_
     );
     ensure!(
         upper <= at_start,
-        "the snapshot's revision (<= {upper}) is not below what etcd-alpha held before the new pod's container started \
+        "the snapshot's revision (<= {upper}) is not below what etcd-alpha held before the new pod's container was created \
          ({at_start} at {last_at}): the roll won the race"
     );
     ensure!(manifest["kcp"].get("afterRollMayHaveBegun").is_none(), "a live change: {manifest}");

@@ -458,41 +458,23 @@ impl Node {
     /// (`k8s.io`), so kubelet finds the image and `imagePullPolicy: IfNotPresent` never pulls.
     pub fn import_image(&self, archive: &Path) -> Result<()> {
         let started = Instant::now();
-        let ctr = self.peers.path("ctr").to_path_buf();
-        let socket = self.containerd_socket.display().to_string();
-        self.run_inside(
-            &format!("ctr images import {}", archive.display()),
-            &[&ctr],
-            &[
-                "--address".into(),
-                socket,
-                "--namespace".into(),
-                "k8s.io".into(),
-                "images".into(),
-                "import".into(),
-                archive.display().to_string(),
-            ],
-        )?;
+        let path = archive.display().to_string();
+        self.ctr(&format!("ctr images import {path}"), &["images", "import", &path])?;
         progress(&format!("imported {} in {:.1?}", archive.display(), started.elapsed()));
         Ok(())
     }
 
+    /// Runs `ctr` against the node's containerd in the CRI's namespace (`k8s.io`); its output.
+    pub fn ctr(&self, what: &str, args: &[&str]) -> Result<String> {
+        let ctr = self.peers.path("ctr").to_path_buf();
+        let mut full = vec!["--address".to_string(), self.containerd_socket.display().to_string()];
+        full.extend(["--namespace", "k8s.io"].iter().chain(args).map(|a| a.to_string()));
+        self.run_inside(what, &[&ctr], &full)
+    }
+
     /// The image references containerd holds in the CRI's namespace.
     pub fn images(&self) -> Result<Vec<String>> {
-        let ctr = self.peers.path("ctr").to_path_buf();
-        let out = self.run_inside(
-            "ctr images ls",
-            &[&ctr],
-            &[
-                "--address".into(),
-                self.containerd_socket.display().to_string(),
-                "--namespace".into(),
-                "k8s.io".into(),
-                "images".into(),
-                "ls".into(),
-                "--quiet".into(),
-            ],
-        )?;
+        let out = self.ctr("ctr images ls", &["images", "ls", "--quiet"])?;
         Ok(out.lines().map(str::to_string).collect())
     }
 

@@ -184,9 +184,6 @@ pub const KCP_SECOND_TAG: &str = "v0.32.3-retag";
 /// copied), so a kcp-operator object may name that tag; returns the reference. Idempotent.
 pub fn tag_kcp(node: &crate::node::Node, tag: &str) -> Result<String> {
     let reference = format!("{KCP_REPOSITORY}:{tag}");
-    let ctr = node.peers.path("ctr").to_path_buf();
-    let socket = node.dir.join("containerd/containerd.sock").display().to_string();
-    let args = ["--address", &socket, "--namespace", "k8s.io", "images", "tag", "--force", KCP_IMAGE, &reference];
-    node.run_inside(&format!("ctr images tag {reference}"), &[&ctr], &args.map(String::from))?;
+    node.ctr(&format!("ctr images tag {reference}"), &["images", "tag", "--force", KCP_IMAGE, &reference])?;
     Ok(reference)
 }
