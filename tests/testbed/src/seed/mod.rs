@@ -10,6 +10,7 @@
 
 pub mod images;
 pub mod layout;
+mod replaced_root;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -126,6 +127,7 @@ pub async fn install(node: &Node) -> Result<Installed> {
         if names.len() >= 4 && ready {
             break names;
         }
+        replaced_root::check(&client).await?;
         if Instant::now() > deadline {
             bail!("the operator's Deployments were not all Available within 10 minutes: {}", describe(node)?);
         }
