@@ -143,7 +143,8 @@ pub fn etcd(shard: &str, members: u32) -> Vec<Value> {
                             "--log-level=warn",
                         ],
                         "ports": [{"name": "client", "containerPort": 2379}, {"name": "peer", "containerPort": 2380}],
-                        "readinessProbe": {"httpGet": {"path": "/health", "port": 2379}, "periodSeconds": 2},
+                        // /health is a quorum read: the default 1 s timeout failed it on a loaded machine.
+                        "readinessProbe": {"httpGet": {"path": "/health", "port": 2379}, "periodSeconds": 2, "timeoutSeconds": 5},
                         "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
                         "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
                     }],
