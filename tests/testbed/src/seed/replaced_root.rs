@@ -12,12 +12,9 @@
 //! A Secret the CA issuer wrote carries its chain's root in `ca.crt`; below a self-signed `root-ca` that is
 //! `root-ca`'s own certificate, so a Secret whose `ca.crt` is another certificate was signed by a replaced key.
 
-use std::collections::BTreeSet;
-
 use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams};
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
@@ -34,45 +31,35 @@ fn first_der(pem: Option<&k8s_openapi::ByteString>) -> Option<Vec<u8>> {
 }
 
 /// The Secrets (by name) cert-manager issued below `root-ca` whose chain's root is not `root-ca`'s current
-/// certificate, split into CAs and leaves; `None` while `root-ca` has not been issued.
-async fn stale(client: &kube::Client) -> Result<Option<(Vec<String>, Vec<String>)>> {
+/// certificate (none while `root-ca` has not been issued).
+async fn stale(client: &kube::Client) -> Result<Vec<String>> {
     let secrets = Api::<Secret>::namespaced(client.clone(), NAMESPACE);
-    let Some(root) = secrets.get_opt(ROOT_CA).await? else { return Ok(None) };
-    let Some(root) = first_der(root.data.as_ref().and_then(|d| d.get("tls.crt"))) else { return Ok(None) };
-    let gvk = GroupVersionKind::gvk("cert-manager.io", "v1", "Certificate");
-    let certificates = Api::<DynamicObject>::namespaced_with(client.clone(), NAMESPACE, &ApiResource::from_gvk(&gvk));
-    let cas: BTreeSet<String> = certificates
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|c| c.data["spec"]["isCA"] == true)
-        .filter_map(|c| c.data["spec"]["secretName"].as_str().map(str::to_string))
-        .collect();
-    let (mut stale_cas, mut stale_leaves) = (Vec::new(), Vec::new());
+    let Some(root) = secrets.get_opt(ROOT_CA).await? else { return Ok(Vec::new()) };
+    let Some(root) = first_der(root.data.as_ref().and_then(|d| d.get("tls.crt"))) else { return Ok(Vec::new()) };
+    let mut stale = Vec::new();
     for secret in secrets.list(&ListParams::default()).await?.items {
         let name = secret.metadata.name.clone().unwrap_or_default();
         let issued = secret.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(CERTIFICATE_NAME));
         if !issued || name == ROOT_CA {
             continue;
         }
-        let Some(chain_root) = first_der(secret.data.as_ref().and_then(|d| d.get("ca.crt"))) else { continue };
-        if chain_root != root {
-            if cas.contains(&name) { stale_cas.push(name) } else { stale_leaves.push(name) }
+        let chain_root = first_der(secret.data.as_ref().and_then(|d| d.get("ca.crt")));
+        if chain_root.is_some_and(|c| c != root) {
+            stale.push(name);
         }
     }
-    Ok(Some((stale_cas, stale_leaves)))
+    Ok(stale)
 }
 
 /// An error naming the Secrets signed by a replaced `root-ca` (see the module's comment), when there are any.
 pub async fn check(client: &kube::Client) -> Result<()> {
-    let Some((cas, leaves)) = stale(client).await? else { return Ok(()) };
-    if cas.is_empty() && leaves.is_empty() {
+    let stale = stale(client).await?;
+    if stale.is_empty() {
         return Ok(());
     }
     bail!(
         "cert-manager issued {ROOT_CA} again after it had signed with it (cert-manager#6331, a key-manager race on a \
-         loaded machine): the CAs {cas:?} and the leaves {leaves:?} chain to its old key, and the kcp components \
-         cannot verify each other; this bring-up cannot recover, run the binary again"
+         loaded machine): {stale:?} chain to its old key, and the kcp components cannot verify each other; this \
+         bring-up cannot recover, run the binary again"
     )
 }
