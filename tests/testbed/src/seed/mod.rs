@@ -8,9 +8,9 @@
 //! objects the operator writes (Certificates, Issuers) are valid without its admission checks. The chart's
 //! webhook and cainjector templates are left out of the rendering for that reason.
 
+mod broken_chain;
 pub mod images;
 pub mod layout;
-mod replaced_root;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -98,6 +98,26 @@ pub async fn install(node: &Node) -> Result<Installed> {
     rollout(node, OPERATOR_NAMESPACE, "deployment/kcp-operator", "3m")?;
     progress(&format!("cert-manager and the kcp-operator Ready at {:.1?}", started.elapsed()));
 
+    // The layout, started again once from an empty namespace when cert-manager broke a chain on the way
+    // (`broken_chain`: it cannot recover) or it did not serve within its time; the first attempt's state is
+    // printed, so a retry is never silent.
+    let mut attempt = 1;
+    loop {
+        match layout(node, &client, &work).await {
+            Ok(installed) => return Ok(installed),
+            Err(e) if attempt == 1 => {
+                progress(&format!("the layout did not come up, starting it again from an empty {NAMESPACE}: {e:#}"));
+                reset(node)?;
+                attempt += 1;
+            }
+            Err(e) => return Err(e.context("the layout did not come up on the second attempt either")),
+        }
+    }
+}
+
+/// Applies the layout's objects (an Issuer, the etcds, the operator's objects) and waits until the operator's
+/// Deployments are Available and the admin kubeconfig is rendered.
+async fn layout(node: &Node, client: &kube::Client, work: &Path) -> Result<Installed> {
     let layout_started = Instant::now();
     let mut objects = vec![layout::issuer()];
     for (shard, members) in layout::ETCD_MEMBERS {
@@ -110,7 +130,7 @@ pub async fn install(node: &Node) -> Result<Installed> {
         layout::kubeconfig(),
         layout::hub_kubeconfig(),
     ]);
-    apply(node, &work, "layout", &objects)?;
+    apply(node, work, "layout", &objects)?;
     for (shard, _) in layout::ETCD_MEMBERS {
         rollout(node, NAMESPACE, &format!("statefulset/etcd-{shard}"), "5m")?;
     }
@@ -127,7 +147,9 @@ pub async fn install(node: &Node) -> Result<Installed> {
         if names.len() >= 4 && ready {
             break names;
         }
-        replaced_root::check(&client).await?;
+        if let Err(e) = broken_chain::check(client).await {
+            bail!("{e:#}\n{}", describe(node)?);
+        }
         if Instant::now() > deadline {
             bail!("the operator's Deployments were not all Available within 10 minutes: {}", describe(node)?);
         }
@@ -146,6 +168,21 @@ pub async fn install(node: &Node) -> Result<Installed> {
     Ok(Installed { ready_in, deployments: names })
 }
 
+/// Deletes the layout's namespace (every object the layout and the operator made in it: the operator's objects
+/// first, so it does not make again what the namespace's deletion removes) and makes it again, empty.
+fn reset(node: &Node) -> Result<()> {
+    let started = Instant::now();
+    kubectl_ok(
+        node,
+        &["delete", "-n", NAMESPACE, "rootshards,shards,frontproxies,kubeconfigs", "--all", "--wait", "--timeout=5m"],
+    )?;
+    kubectl_ok(node, &["delete", "namespace", NAMESPACE, "--wait", "--timeout=5m"])?;
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}});
+    apply(node, &node.dir.join("seed"), "namespace-again", &[namespace])?;
+    progress(&format!("{NAMESPACE} deleted and made again in {:.1?}", started.elapsed()));
+    Ok(())
+}
+
 fn available(d: &Deployment) -> bool {
     let want = d.spec.replicas.unwrap_or(1);
     let status = d.status.clone().unwrap_or_default();
@@ -154,27 +191,33 @@ fn available(d: &Deployment) -> bool {
         && status.available_replicas.unwrap_or(0) >= want
 }
 
-/// What is running in the layout's namespaces and the last events, for a failure message.
+/// What is running in the layout's namespaces and the last events, for a failure message. The kcp components'
+/// logs come first: what a log collector keeps of a long message is its start.
 pub fn describe(node: &Node) -> Result<String> {
     let mut out = String::new();
+    // The end of each kcp component's log (its previous run too, when it restarted).
+    for deployment in ["alpha-shard-kcp", "root-kcp", "root-proxy", "frontproxy-front-proxy"] {
+        for previous in ["--previous=true", "--previous=false"] {
+            let target = format!("deployment/{deployment}");
+            let o = node.kubectl(&["logs", "-n", NAMESPACE, &target, previous, "--tail=8"])?;
+            out.push_str(&format!("\n--- logs {deployment} {previous}\n"));
+            // A kcp log line can run to kilobytes (a CRD's name, a whole mapping); its start says what it is.
+            for line in String::from_utf8_lossy(&o.stdout).lines().chain(String::from_utf8_lossy(&o.stderr).lines()) {
+                out.extend(line.chars().take(700));
+                out.push('\n');
+            }
+        }
+    }
     for args in [
+        &["get", "events", "-A", "--field-selector=type=Warning", "--sort-by=.lastTimestamp"][..],
         &["get", "pods,deployments,statefulsets,certificates,issuers", "-A", "-o", "wide"][..],
-        &["get", "rootshards,shards,frontproxies,kubeconfigs", "-n", NAMESPACE, "-o", "yaml"][..],
         &["get", "events", "-A", "--sort-by=.lastTimestamp"][..],
+        &["get", "rootshards,shards,frontproxies,kubeconfigs", "-n", NAMESPACE, "-o", "yaml"][..],
     ] {
         let o = node.kubectl(args)?;
+        out.push_str(&format!("\n--- kubectl {}\n", args.join(" ")));
         out.push_str(&String::from_utf8_lossy(&o.stdout));
         out.push_str(&String::from_utf8_lossy(&o.stderr));
-    }
-    // The end of each kcp component's log (its previous run too, when it restarted).
-    for deployment in ["root-kcp", "root-proxy", "alpha-shard-kcp", "frontproxy-front-proxy"] {
-        for previous in ["--previous=false", "--previous=true"] {
-            let target = format!("deployment/{deployment}");
-            let o = node.kubectl(&["logs", "-n", NAMESPACE, &target, previous, "--tail=15"])?;
-            out.push_str(&format!("\n--- logs {deployment} {previous}\n"));
-            out.push_str(&String::from_utf8_lossy(&o.stdout));
-            out.push_str(&String::from_utf8_lossy(&o.stderr));
-        }
     }
     Ok(out)
 }
