@@ -119,27 +119,8 @@ fn deltas_config(bed: &Bed, endpoint: &str, interval: &str) -> std::path::PathBu
 
 /// `restore --shard root --at <at>` into `data_dir`.
 fn restore_at(bed: &Bed, config: &Path, at: &str, data_dir: &Path, peer_url: &str) -> std::process::Output {
-    cli(&[
-        "restore",
-        "--config",
-        config.to_str().unwrap(),
-        "--shard",
-        "root",
-        "--at",
-        at,
-        "--etcdutl",
-        bed.etcdutl().to_str().unwrap(),
-        "--etcd",
-        bed.peers.path("etcd").to_str().unwrap(),
-        "--name",
-        "restored",
-        "--initial-cluster",
-        &format!("restored={peer_url}"),
-        "--initial-advertise-peer-urls",
-        peer_url,
-        "--data-dir",
-        data_dir.to_str().unwrap(),
-    ])
+    let (etcdutl, etcd) = (bed.etcdutl().to_str().unwrap(), bed.peers.path("etcd"));
+    restore_root(config, &["--at", at, "--etcdutl", etcdutl, "--etcd", etcd.to_str().unwrap()], data_dir, peer_url)
 }
 
 /// Restores to `at` and starts an etcd on the result; the process and a client to it.

@@ -30,23 +30,7 @@ async fn a_snapshot_of_the_kcp_root_shard_restores_into_an_etcd_that_a_real_kcp_
     let data_dir = bed.path("restored");
     let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
     let (client_url, peer_url) = (format!("http://127.0.0.1:{client_port}"), format!("http://127.0.0.1:{peer_port}"));
-    let out = cli(&[
-        "restore",
-        "--config",
-        config.to_str().unwrap(),
-        "--shard",
-        "root",
-        "--etcdutl",
-        bed.etcdutl().to_str().unwrap(),
-        "--name",
-        "restored",
-        "--initial-cluster",
-        &format!("restored={peer_url}"),
-        "--initial-advertise-peer-urls",
-        &peer_url,
-        "--data-dir",
-        data_dir.to_str().unwrap(),
-    ]);
+    let out = restore_root(&config, &["--etcdutl", bed.etcdutl().to_str().unwrap()], &data_dir, &peer_url);
     assert!(out.status.success(), "{}", text(&out));
     let _etcd = start_restored(&bed, "restored-etcd", &data_dir, client_port, &peer_url, &["--unsafe-no-fsync"]);
 

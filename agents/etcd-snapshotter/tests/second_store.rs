@@ -294,29 +294,9 @@ async fn restore_from(
     let data_dir = bed.path(name);
     let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
     let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let out = cli(&[
-        "restore",
-        "--config",
-        config.to_str().unwrap(),
-        "--store",
-        store,
-        "--shard",
-        "root",
-        "--at",
-        at,
-        "--etcdutl",
-        bed.etcdutl().to_str().unwrap(),
-        "--etcd",
-        bed.peers.path("etcd").to_str().unwrap(),
-        "--name",
-        "restored",
-        "--initial-cluster",
-        &format!("restored={peer_url}"),
-        "--initial-advertise-peer-urls",
-        &peer_url,
-        "--data-dir",
-        data_dir.to_str().unwrap(),
-    ]);
+    let (etcdutl, etcd) = (bed.etcdutl().to_str().unwrap(), bed.peers.path("etcd"));
+    let options = ["--store", store, "--at", at, "--etcdutl", etcdutl, "--etcd", etcd.to_str().unwrap()];
+    let out = restore_root(config, &options, &data_dir, &peer_url);
     assert!(out.status.success(), "restore from {store}: {}", text(&out));
     let (process, client) = serve_restored(bed, name, &data_dir, client_port, &peer_url).await;
     (process, client, text(&out))

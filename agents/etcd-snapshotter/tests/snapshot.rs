@@ -70,25 +70,7 @@ async fn an_encrypted_snapshot_is_proven_published_listed_verified_and_restores_
     let data_dir = bed.path("restored");
     let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
     let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let out = cli(&[
-        "restore",
-        "--config",
-        config.to_str().unwrap(),
-        "--shard",
-        "root",
-        "--identity-file",
-        identity_arg,
-        "--etcdutl",
-        &etcdutl,
-        "--name",
-        "restored",
-        "--initial-cluster",
-        &format!("restored={peer_url}"),
-        "--initial-advertise-peer-urls",
-        &peer_url,
-        "--data-dir",
-        data_dir.to_str().unwrap(),
-    ]);
+    let out = restore_root(&config, &["--identity-file", identity_arg, "--etcdutl", &etcdutl], &data_dir, &peer_url);
     assert!(out.status.success(), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("next steps"), "{}", text(&out));
 

@@ -196,17 +196,24 @@ async fn a_rootshard_image_change_takes_one_snapshot_labelled_with_the_old_image
     process.terminate(WAIT);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_label_or_replicas_change_and_image_changes_of_objects_not_configured_take_no_snapshot() {
-    let bed = Bed::with_cluster().await.unwrap();
+/// The operator's objects in a namespace of their own, a one-member etcd, and the agent watching the RootShard
+/// `root` for it, past recording the image it started under: the namespace, the etcd and the agent.
+async fn watching_root(bed: &Bed) -> (String, testbed::Etcd, AgentProcess) {
     let cluster = bed.cluster();
     let ns = cluster.namespace().await.unwrap();
     operator_objects(cluster, &ns).await;
     let etcd = bed.etcd("root", 1).await.unwrap();
-    let config = config(&bed, &etcd.members[0].client_url, "RootShard", &ns, "root");
-    let mut process = started(cluster, &config, &ns).await;
-    state_names(&bed, OLD).await;
-    let admin = cluster.client();
+    let config = config(bed, &etcd.members[0].client_url, "RootShard", &ns, "root");
+    let process = started(cluster, &config, &ns).await;
+    state_names(bed, OLD).await;
+    (ns, etcd, process)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_label_or_replicas_change_and_image_changes_of_objects_not_configured_take_no_snapshot() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let (ns, _etcd, mut process) = watching_root(&bed).await;
+    let admin = bed.cluster().client();
 
     // None of these is a new kcp for shard root: a label, the replicas, the operator's defaults written out, the
     // Shard alpha's image (another shard's object) and its own object in another kind.
@@ -266,14 +273,8 @@ async fn an_image_changed_while_the_agent_was_down_takes_exactly_one_snapshot_at
 #[tokio::test(flavor = "multi_thread")]
 async fn a_malformed_image_is_reported_with_its_field_and_takes_no_snapshot_until_fixed() {
     let bed = Bed::with_cluster().await.unwrap();
-    let cluster = bed.cluster();
-    let ns = cluster.namespace().await.unwrap();
-    operator_objects(cluster, &ns).await;
-    let etcd = bed.etcd("root", 1).await.unwrap();
-    let config = config(&bed, &etcd.members[0].client_url, "RootShard", &ns, "root");
-    let mut process = started(cluster, &config, &ns).await;
-    state_names(&bed, OLD).await;
-    let admin = cluster.client();
+    let (ns, _etcd, mut process) = watching_root(&bed).await;
+    let admin = bed.cluster().client();
 
     // The CRD takes any string as a tag; the agent takes only a tag.
     set_tag(&admin, &ns, "RootShard", "root", "v0.33.0; echo pwned").await;

@@ -214,6 +214,17 @@ pub fn text(out: &Output) -> String {
     )
 }
 
+/// `etcd-snapshotter restore --config <config> --shard root <options>` into a one-member cluster `restored` at
+/// `data_dir`, advertising `peer_url`.
+pub fn restore_root(config: &Path, options: &[&str], data_dir: &Path, peer_url: &str) -> Output {
+    let initial_cluster = format!("restored={peer_url}");
+    let mut args = vec!["restore", "--config", config.to_str().unwrap(), "--shard", "root"];
+    args.extend_from_slice(options);
+    args.extend(["--name", "restored", "--initial-cluster", &initial_cluster]);
+    args.extend(["--initial-advertise-peer-urls", peer_url, "--data-dir", data_dir.to_str().unwrap()]);
+    cli(&args)
+}
+
 /// `etcd-snapshotter snapshot --config <config>`; panics unless it succeeds.
 pub fn snapshot_ok(config: &Path) -> String {
     let out = cli(&["snapshot", "--config", config.to_str().unwrap()]);
