@@ -289,10 +289,35 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
 }
 
+/// A cargo command, without the variables `cargo run` set for the xtask itself (see [`set_by_cargo_run`]).
 pub(crate) fn cargo(args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.args(args);
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_run) {
+            cmd.env_remove(name);
+        }
+    }
     cmd
+}
+
+/// Whether a variable is one `cargo run` sets for the binary it runs (`CARGO_MANIFEST_DIR` of the xtask, its
+/// `CARGO_PKG_*`, ...). A build script that reads one of these names (ring's reads `CARGO_MANIFEST_DIR` and
+/// `CARGO_PKG_*` and declares `rerun-if-env-changed` for them) sees cargo's environment change whenever the xtask's
+/// checkout moves, so a clone at a new path rebuilt ring and every crate above it in the static image build's
+/// cached target directory: 806 s of a full run. The nested cargo sets them itself for what it builds.
+fn set_by_cargo_run(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_RUSTC_CURRENT_DIR"
+        )
 }
 
 pub(crate) fn step(name: &str, cmd: Command) -> Result<()> {
@@ -304,4 +329,25 @@ pub(crate) fn step(name: &str, cmd: Command) -> Result<()> {
     }
     eprintln!("xtask: {name} ok in {:.0?}", started.elapsed());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::set_by_cargo_run;
+
+    #[test]
+    fn what_cargo_run_set_for_the_xtask_is_kept_from_nested_cargo_and_cargos_own_settings_pass() {
+        for name in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_CRATE_NAME",
+        ] {
+            assert!(set_by_cargo_run(name), "{name}");
+        }
+        for name in ["CARGO", "CARGO_HOME", "CARGO_TARGET_DIR", "CARGO_PROFILE_RELEASE_STRIP", "RUSTFLAGS", "PATH"] {
+            assert!(!set_by_cargo_run(name), "{name}");
+        }
+    }
 }
