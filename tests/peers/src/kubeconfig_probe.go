@@ -5,7 +5,8 @@
 // the file holds now. It counts requests and failures; a request fails unless it is answered 201 naming the
 // expected user.
 //
-// It prints one line per failure ("fail <n> <why>"), one line whenever the client certificate changes ("cert
+// It prints one line per failure ("fail <n> <why>", with "(the client certificate ended at <RFC 3339>)" when it
+// was used past its notAfter: a renewal that reached the file too late, not a refused valid one), one line whenever the client certificate changes ("cert
 // <serial> notAfter <RFC 3339>"), and a summary line every second ("requests <n> failures <n> certs <n>"), so
 // the last summary line of its log says how it went.
 //
@@ -99,12 +100,12 @@ func probe(file, user string) (string, error) {
 	url := strings.TrimSuffix(k.server, "/") + "/apis/authentication.k8s.io/v1/selfsubjectreviews"
 	resp, err := client.Post(url, "application/json", strings.NewReader(body))
 	if err != nil {
-		return certLine, err
+		return certLine, ended(leaf, err)
 	}
 	defer resp.Body.Close()
 	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 	if resp.StatusCode != http.StatusCreated {
-		return certLine, fmt.Errorf("%s: %d %s", url, resp.StatusCode, bytes.TrimSpace(answer))
+		return certLine, ended(leaf, fmt.Errorf("%s: %d %s", url, resp.StatusCode, bytes.TrimSpace(answer)))
 	}
 	var review struct {
 		Status struct {
@@ -301,4 +302,12 @@ func unquote(s string) string {
 		return strings.ReplaceAll(s[1:len(s)-1], "''", "'")
 	}
 	return s
+}
+
+// ended marks err when the client certificate was past its notAfter as the request finished.
+func ended(leaf *x509.Certificate, err error) error {
+	if time.Now().After(leaf.NotAfter) {
+		return fmt.Errorf("%w (the client certificate ended at %s)", err, leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return err
 }

@@ -13,7 +13,7 @@ pub const KCP_OPERATOR: &str = "v0.9.0";
 /// Our own one-file program (standard library only); bump when `http_probe.go` changes.
 pub const HTTP_PROBE: &str = "v1";
 /// Our own one-file program (standard library only); bump when `kubeconfig_probe.go` changes.
-pub const KUBECONFIG_PROBE: &str = "v1";
+pub const KUBECONFIG_PROBE: &str = "v2";
 
 pub static SEED_PEERS: &[Peer] = &[
     Peer {
