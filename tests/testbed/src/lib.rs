@@ -58,7 +58,33 @@ pub struct ControlPlane {
     pub etcd: Etcd,
     pub apiserver: ApiServer,
     client: kube::Client,
-    dir: Option<tempfile::TempDir>,
+    /// Last, so it is removed after the etcd and the apiserver above have stopped.
+    dir: BedDir,
+}
+
+/// The bed's temp dir, removed until it is gone (for at most 10 s). `TempDir` gives up silently at the first
+/// error, and a peer's own children can still write into the dir a moment after the peer was killed and waited
+/// for (an agent's drill etcd, which the kernel kills only when it sees the agent gone): a demo stopped by SIGTERM
+/// once left its dir behind that way, every process gone.
+struct BedDir(Option<tempfile::TempDir>);
+
+impl Drop for BedDir {
+    fn drop(&mut self) {
+        let Some(dir) = self.0.take() else { return };
+        let path = dir.keep();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => return,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+                Err(e) if std::time::Instant::now() > deadline => {
+                    eprintln!("test bed: {} not removed: {e}", path.display());
+                    return;
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+            }
+        }
+    }
 }
 
 impl ControlPlane {
@@ -77,7 +103,7 @@ impl ControlPlane {
         let mut crds = crds::read(peers.path("cert-manager-crds"))?;
         crds.extend(crds::read(&crds::kcp_operator())?);
         crds::install(&client, crds).await.context("installing CRDs")?;
-        Ok(Self { peers, etcd, apiserver, client, dir: Some(dir) })
+        Ok(Self { peers, etcd, apiserver, client, dir: BedDir(Some(dir)) })
     }
 
     /// The admin client (`system:masters`).
@@ -114,7 +140,7 @@ impl ControlPlane {
 
     /// The temp dir holding every peer's data and logs.
     pub fn dir(&self) -> &Path {
-        self.dir.as_ref().expect("dir is kept until drop").path()
+        self.dir.0.as_ref().expect("dir is kept until drop").path()
     }
 
     /// A fresh directory inside the bed's temp dir.
@@ -166,7 +192,7 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         // A failed test keeps its data and logs; a passing one cleans up.
         if std::thread::panicking()
-            && let Some(dir) = self.dir.take()
+            && let Some(dir) = self.dir.0.take()
         {
             eprintln!("test bed files kept in {}", dir.keep().display());
         }

@@ -112,7 +112,7 @@ async fn run(once: bool) -> Result<ExitCode> {
         Ok(summary) => format!("ok kubeconfig-rotator: {summary}"),
         Err(e) => format!("FAIL kubeconfig-rotator: {e:#}"),
     });
-    let mut snapshotter = etcd_snapshotter::start(&bed, &layout.kcp, &s3, KCP_NAMESPACE)?;
+    let mut snapshotter = Graceful(etcd_snapshotter::start(&bed, &layout.kcp, &s3, KCP_NAMESPACE)?);
     lines.push(match etcd_snapshotter::cycle(&layout.kcp, &s3, &mut snapshotter).await {
         Ok(summary) => format!("ok etcd-snapshotter: {summary}"),
         Err(e) => format!("FAIL etcd-snapshotter: {e:#}"),
@@ -161,14 +161,43 @@ fn agent_binary(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn start_agent(bed: &testbed::ControlPlane, name: &str, config: &str) -> Result<AgentProcess> {
+fn start_agent(bed: &testbed::ControlPlane, name: &str, config: &str) -> Result<Graceful> {
     let path = bed.subdir(name)?.join("config.yaml");
     std::fs::write(&path, config)?;
-    AgentUnderTest::new(bed, agent_binary(name)?, &path)
+    let agent = AgentUnderTest::new(bed, agent_binary(name)?, &path)
         .namespace(KCP_NAMESPACE)
         .identity(name)
         .env("KCP_KEEPER_LOG_FORMAT", "plain")
-        .spawn()
+        .spawn()?;
+    Ok(Graceful(agent))
+}
+
+/// An agent the demo stops the way the kubelet stops a pod: SIGTERM, up to [`GRACE`] to finish, then SIGKILL.
+/// Killed outright, an agent cannot stop what it started: a restore drill's etcd and kcp (the snapshotter drills
+/// every 30 s here) would go on writing into the demo's directory after the demo itself had gone, and a demo
+/// stopped by SIGTERM once left that directory behind.
+struct Graceful(AgentProcess);
+
+const GRACE: Duration = Duration::from_secs(10);
+
+impl Drop for Graceful {
+    fn drop(&mut self) {
+        // The agent's own drop then kills it if it is still there after the grace.
+        self.0.terminate(GRACE);
+    }
+}
+
+impl std::ops::Deref for Graceful {
+    type Target = AgentProcess;
+    fn deref(&self) -> &AgentProcess {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Graceful {
+    fn deref_mut(&mut self) -> &mut AgentProcess {
+        &mut self.0
+    }
 }
 
 /// Waits for ca-syncer's first full cycle, checks the hub's bundle holds the CA certificates and not the CA's
