@@ -62,27 +62,19 @@ pub struct ControlPlane {
     dir: BedDir,
 }
 
-/// The bed's temp dir, removed until it is gone (for at most 10 s). `TempDir` gives up silently at the first
-/// error, and a peer's own children can still write into the dir a moment after the peer was killed and waited
-/// for (an agent's drill etcd, which the kernel kills only when it sees the agent gone): a demo stopped by SIGTERM
-/// once left its dir behind that way, every process gone.
+/// The bed's temp dir, removed after the etcd and the apiserver above (it is the last field). `TempDir` gives up
+/// silently at the first error; this says so instead. Whatever else writes into the dir (kcp, S3, agents, which
+/// stop their drills on SIGTERM) is stopped by its owner before the bed is dropped.
 struct BedDir(Option<tempfile::TempDir>);
 
 impl Drop for BedDir {
     fn drop(&mut self) {
         let Some(dir) = self.0.take() else { return };
         let path = dir.keep();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            match std::fs::remove_dir_all(&path) {
-                Ok(()) => return,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-                Err(e) if std::time::Instant::now() > deadline => {
-                    eprintln!("test bed: {} not removed: {e}", path.display());
-                    return;
-                }
-                Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
-            }
+        if let Err(e) = std::fs::remove_dir_all(&path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            eprintln!("test bed: {} not removed: {e}", path.display());
         }
     }
 }
