@@ -58,6 +58,14 @@ async fn cert_manager_shaped_source_yields_only_certificates_and_the_key_goes_no
     let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(bed.client(), &dst).get("kcp-ca").await?;
     assert_eq!(cm.data.unwrap()["ca.crt"], bundle, "Secret and ConfigMap targets carry the same bytes");
 
+    // The pass's Events are sent by a task of their own once its targets are written, so ready (the pass has run)
+    // does not mean they are recorded yet: wait for both targets' before gathering what is searched.
+    let client = bed.client();
+    eventually(WAIT, "a Published Event per target", || async {
+        let published = events(&client, &dst).await.into_iter().filter(|e| e.reason.as_deref() == Some("Published"));
+        (published.count() >= 2).then_some(())
+    })
+    .await;
     // Every byte a consumer, an operator or a log reader could see: decoded target data, Events, the log.
     let mut everything = agent.process.log();
     for s in Api::<Secret>::namespaced(bed.client(), &dst).list(&ListParams::default()).await?.items {
@@ -490,7 +498,9 @@ async fn a_forged_rotation_annotation_with_an_injected_ca_is_put_back_in_one_cyc
         !annotation.contains(&fingerprint(&injected.cert_pem())),
         "the forged annotation is put back: {annotation}"
     );
-    let took = metric(&metrics(&agent).await, "ca_syncer_reconcile_duration_seconds_count")? - cycles;
+    // A cycle is counted once it has returned, after its write and the Event task it starts: wait for the count.
+    let series = "ca_syncer_reconcile_duration_seconds_count";
+    let took = wait_for_metric(&agent, series, "the cycle the edit triggered", |v| v >= cycles + 1.0).await - cycles;
     assert!((1.0..=2.0).contains(&took), "put back by the cycle the edit triggered (and its own echo): {took}");
     Ok(())
 }
@@ -523,10 +533,13 @@ async fn bundle_certificates_counts_the_published_bundle_with_a_retained_ca_not_
     api.patch("source", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": new.cert_pem()}})))
         .await?;
     wait_for_metric(&agent, series, "the new CA and the retained old one", |v| v == 2.0).await;
-    let text = metrics(&agent).await;
+    // The count is set before the target is written, a CA's notAfter series once the write has landed: wait for it.
     for ca in [&old, &new] {
         let series = format!("sha256=\"{}\"", &fingerprint(&ca.cert_pem())[..16]);
-        assert!(text.lines().any(|l| l.contains(&series)), "each published CA has its notAfter series: {text}");
+        eventually(WAIT, &format!("the notAfter series with {series}"), || async {
+            metrics(&agent).await.lines().any(|l| l.contains(&series)).then_some(())
+        })
+        .await;
     }
     Ok(())
 }

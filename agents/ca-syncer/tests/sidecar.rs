@@ -373,8 +373,12 @@ async fn whole_cert_manager_secret_is_rejected_by_default_but_named_certificate_
 
     let named = Sidecar::start(&volumes, &["--poll-interval=1h".into(), "--key=ca.crt,tls.crt".into()]);
     wait_for_output(&volumes, &bundle_of(&[&root.cert, &inter.cert]), "the bundle of the named keys").await;
-    let (status, _, _) = testbed::http::get(&format!("{}/readyz", named.admin)).await.expect("readyz");
-    assert_eq!(status, 200, "ready once a good bundle is in place");
+    // Ready is marked once the written bundle is accepted, a moment after the file is in place: wait for it.
+    testbed::eventually(TIMEOUT, "ready once a good bundle is in place", || async {
+        let (status, _, _) = testbed::http::get(&format!("{}/readyz", named.admin)).await.ok()?;
+        (status == 200).then_some(())
+    })
+    .await;
     named.stop().await;
 }
 

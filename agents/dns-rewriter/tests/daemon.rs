@@ -57,7 +57,9 @@ async fn k3s_mode_the_agent_writes_and_coredns_answers_the_public_name_with_the_
     assert_eq!(value, render::render(&rules(&[("kcp-root.example.com", &ns, "root-kcp", root)]), &domain()));
     assert_eq!(agent.metric("dns_rewriter_rules ").await?, 1.0);
     assert!(agent.metric("dns_rewriter_write_timestamp_seconds ").await? > 0.0);
-    assert!(agent.metric("dns_rewriter_host_check_timestamp_seconds{host=\"kcp-root.example.com\"}").await? > 0.0);
+    // A host's check time is set just after its result, and a scrape can fall in between: waited for, not raced.
+    let checked = "dns_rewriter_host_check_timestamp_seconds{host=\"kcp-root.example.com\"}";
+    agent.wait_for_metric(checked, WAIT, |v| v > 0.0).await;
     let events = events_about(&client, K3S_CONFIGMAP).await;
     assert!(events.iter().any(|(reason, note)| reason == "RulesWritten" && note.contains("1 rules")), "{events:?}");
     Ok(())
@@ -245,6 +247,8 @@ async fn verification_and_the_doctor_fail_while_a_recreated_service_answers_its_
     let agent = agent(&bed, &ns, &path).start().await?;
     let series = verified("kcp-root.example.com");
     agent.wait_for_metric(&series, WAIT, |v| v == 1.0).await;
+    // The doctor also needs verification to have run, which the agent records just after the hosts' results.
+    agent.wait_for_metric("dns_rewriter_verify_timestamp_seconds ", WAIT, |v| v > 0.0).await;
     let (result, saw) = doctor_on(&client, &agent.admin_url, "kcp-root.example.com").await;
     assert_eq!(result, Level::Ok, "{saw}");
     let checked = "dns_rewriter_host_check_timestamp_seconds{host=\"kcp-root.example.com\"}";
@@ -262,7 +266,8 @@ async fn verification_and_the_doctor_fail_while_a_recreated_service_answers_its_
     assert_ne!(new, old);
 
     agent.wait_for_metric(&series, WAIT, |v| v == 0.0).await;
-    assert!(agent.metric(checked).await? > checked_before, "a fresh check, not a stale value");
+    // A fresh check, not a stale value: its time is set just after its result, so it is waited for too.
+    agent.wait_for_metric(checked, WAIT, |v| v > checked_before).await;
     let (result, saw) = doctor_on(&client, &agent.admin_url, "kcp-root.example.com").await;
     assert_eq!(result, Level::Fail, "{saw}");
     assert!(saw.contains("did not answer exactly its Service's ClusterIP"), "{saw}");
@@ -537,7 +542,8 @@ async fn a_rule_whose_target_does_not_resolve_through_the_cluster_dns_is_an_erro
     agent.wait_for_metric("dns_rewriter_rule_errors{reason=\"target_unresolved\"}", WAIT, |v| v == 1.0).await;
     let (value, _) = configmap_key(&client, K3S_CONFIGMAP, OVERRIDE_KEY).await.context("the key")?;
     assert_eq!(value, render::render(&rules(&[("kcp-root.example.com", &ns, "root-kcp", root)]), &domain()));
-    assert!(agent.metric("dns_rewriter_verify_timestamp_seconds ").await? > 0.0, "verification ran");
+    // Verification ran: recorded just after the hosts' results, so waited for rather than raced.
+    agent.wait_for_metric("dns_rewriter_verify_timestamp_seconds ", WAIT, |v| v > 0.0).await;
     let events = events_about(&client, K3S_CONFIGMAP).await;
     let target = format!("alpha-shard-kcp.{other}.svc.cluster.local");
     assert!(

@@ -51,9 +51,11 @@ async fn with_exactly_the_documented_rbac_the_agent_writes_its_one_configmap_and
     kubectl_apply(&bed, &yaml)?;
 
     let agent = agent(&bed, &agent_ns, &config).kubeconfig(&kubeconfig).start().await?;
+    // A replica can be ready as a follower before it takes the Lease (tests/daemon.rs): wait for the leader's
+    // first verified cycle rather than read it once.
     for host in HOSTS {
         let series = format!("dns_rewriter_host_verified{{host=\"{host}\"}}");
-        assert_eq!(agent.metric(&series).await?, 1.0, "{host}");
+        agent.wait_for_metric(&series, WAIT, |v| v == 1.0).await;
     }
     let (_, rv) = configmap_key(&client, K3S_CONFIGMAP, "kcp-split-horizon.override").await.context("created")?;
 

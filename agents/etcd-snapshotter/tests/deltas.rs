@@ -214,7 +214,8 @@ async fn deltas_under_a_steady_write_load_resume_after_an_agent_kill_with_no_gap
         .wait_for_metric("etcd_snapshotter_delta_stored_through_timestamp_seconds{shard=\"root\"}", WAIT, |v| v > 0.0)
         .await;
     assert!(stored_through > 0.0);
-    assert!(second.metric("etcd_snapshotter_delta_revision{shard=\"root\"}").await.unwrap() >= last as f64);
+    // The revision is recorded once the delta's PUT has returned, after the bucket shows it: waited for.
+    second.wait_for_metric("etcd_snapshotter_delta_revision{shard=\"root\"}", WAIT, |v| v >= last as f64).await;
     drop(second);
 
     // Latest: every acknowledged write, at the revision the source gave it.

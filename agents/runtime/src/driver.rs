@@ -186,10 +186,13 @@ where
         // Set by anything that makes every item due: a change, a new configuration, leadership.
         let mut everything = true;
         loop {
+            // "Decided" is read first: the election sets leadership before it marks itself decided, so a decided
+            // election read here comes with the leadership it decided.
+            let decided = ctx.leadership.is_decided();
             let leading = ctx.leadership.is_leader();
             // Until the election has answered, this replica is neither leader nor follower: it counts as a
             // leader that has not reconciled, so it is not ready yet.
-            health.set_leading(leading || !ctx.leadership.is_decided());
+            health.set_leading(leading || !decided);
             metrics.leader.set(i64::from(leading));
             if leading && watches.all_synced() {
                 let now = Instant::now();

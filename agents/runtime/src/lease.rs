@@ -403,8 +403,12 @@ impl Elector {
                     return;
                 }
                 self.renewed_at = Some(written_at);
+                // Leadership before "decided": a driver that sees the election decided must also see that this
+                // replica leads, or it counts itself a follower for one pass and reports ready before the
+                // leader's first reconcile.
+                let changed = self.set_leader(true);
                 self.decide();
-                if self.set_leader(true) {
+                if changed {
                     match decision {
                         Decision::Acquire { previous: Some(previous) } => {
                             tracing::info!(%previous, "took over an expired lease; now leading")
@@ -421,8 +425,9 @@ impl Elector {
             Outcome::Following { holder } => {
                 self.holds = false;
                 self.renewed_at = None;
+                let changed = self.set_leader(false);
                 self.decide();
-                if self.set_leader(false) {
+                if changed {
                     tracing::warn!(%holder, "another replica holds the lease; no longer leading");
                 } else {
                     tracing::trace!(%holder, "following");
