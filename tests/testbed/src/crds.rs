@@ -51,10 +51,16 @@ pub async fn install(client: &kube::Client, crds: Vec<CustomResourceDefinition>)
         api.create(&PostParams::default(), &crd).await.with_context(|| format!("creating CRD {name}"))?;
         names.push(name);
     }
+    wait_established(client, names).await
+}
+
+/// Waits until each named CRD exists and is Established.
+pub async fn wait_established(client: &kube::Client, names: Vec<String>) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     for name in names {
         loop {
-            let crd = api.get(&name).await?;
+            let crd = api.get(&name).await.with_context(|| format!("reading CRD {name}"))?;
             let established = crd
                 .status
                 .and_then(|s| s.conditions)

@@ -30,6 +30,7 @@ pub mod projection;
 pub mod s3;
 pub mod scrape;
 pub mod seed;
+pub mod template;
 pub mod tls;
 
 use std::path::{Path, PathBuf};
@@ -80,21 +81,24 @@ impl Drop for BedDir {
 }
 
 impl ControlPlane {
-    /// Starts a one-member etcd and the apiserver.
+    /// Starts a one-member etcd and the apiserver. The etcd starts from a copy of [`template`]'s: what a fresh
+    /// apiserver writes at start and the CRDs are there already, so only their start is paid, not their writes.
     pub async fn start() -> Result<Self> {
-        Self::start_with_etcd_members(1).await
-    }
-
-    pub async fn start_with_etcd_members(members: usize) -> Result<Self> {
         init_crypto();
         let peers = peers::locate()?;
-        let dir = tempfile::Builder::new().prefix("kcp-keeper-testbed-").tempdir()?;
-        let etcd = Etcd::start(peers.path("etcd"), &dir.path().join("etcd"), "kube", members).await?;
-        let apiserver = ApiServer::start(peers.path("kube-apiserver"), dir.path(), &etcd.client_urls()).await?;
-        let client = apiserver.admin_client().await?;
         let mut crds = crds::read(peers.path("cert-manager-crds"))?;
         crds.extend(crds::read(&crds::kcp_operator())?);
-        crds::install(&client, crds).await.context("installing CRDs")?;
+        let dir = tempfile::Builder::new().prefix("kcp-keeper-testbed-").tempdir()?;
+        let etcd_dir = dir.path().join("etcd");
+        std::fs::create_dir_all(&etcd_dir)?;
+        template::copy_sparse(&template::member_dir(&peers, &crds).await?, &etcd_dir.join(template::member()))?;
+        let etcd = Etcd::start(peers.path("etcd"), &etcd_dir, template::ETCD_NAME, 1).await?;
+        let apiserver = ApiServer::start(peers.path("kube-apiserver"), dir.path(), &etcd.client_urls()).await?;
+        let client = apiserver.admin_client().await?;
+        // The apiserver reads the copied CRDs at start; each must be served before a test uses it.
+        crds::wait_established(&client, crds.iter().filter_map(|c| c.metadata.name.clone()).collect())
+            .await
+            .context("the template's CRDs")?;
         Ok(Self { peers, etcd, apiserver, client, dir: BedDir(Some(dir)) })
     }
 
