@@ -156,8 +156,14 @@ async fn an_idle_agent_keeps_reconciling_and_writes_nothing_but_its_lease() -> R
     };
     // Settle: the first sync wrote the target (and its Event); from here on nothing changes.
     let settled = wait_for_metric(&agent, series, "a sync after the first", |v| v > first).await;
-    let before = writes(&testbed::audit::by_user(&s.bed.apiserver.audit_log, &s.user)?);
-    assert!(!before.is_empty(), "the first sync's write is in the audit log (the count works)");
+    // The first sync's Event is sent by a task of its own after the target's write: the baseline waits for it in
+    // the audit log, or an Event landing after a later cycle's start would count as an idle write.
+    let before = testbed::eventually(WAIT, "the first sync's write and its Event in the audit log", || async {
+        let written = writes(&testbed::audit::by_user(&s.bed.apiserver.audit_log, &s.user).ok()?);
+        let target = written.iter().any(|r| r.resource == "secrets");
+        (target && written.iter().any(|r| r.resource == "events")).then_some(written)
+    })
+    .await;
 
     // Three more cycles (resyncInterval: 1s), proven by the timestamp moving.
     let mut last = settled;

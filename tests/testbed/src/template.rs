@@ -60,12 +60,7 @@ pub async fn member_dir(peers: &peers::Peers, crds: &[CustomResourceDefinition])
 
 /// Copies a template member directory to `to` (which must not exist), keeping holes as holes.
 pub fn copy_sparse(from: &Path, to: &Path) -> Result<()> {
-    let status = Command::new("cp")
-        .args(["-a", "--sparse=always"])
-        .arg(from)
-        .arg(to)
-        .status()
-        .context("running cp")?;
+    let status = Command::new("cp").args(["-a", "--sparse=always"]).arg(from).arg(to).status().context("running cp")?;
     ensure!(status.success(), "cp -a {} {} failed: {status}", from.display(), to.display());
     Ok(())
 }
