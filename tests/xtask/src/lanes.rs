@@ -2,7 +2,8 @@
 //! than by `cargo test`, so that
 //! - the slow kcp bed is started once and shared ([`crate::bed`]),
 //! - two binaries run at a time ("lanes"), the longest first, never two that start a node beside each other
-//!   (`KCP_KEEPER_TEST_LANES=1` runs them one after another, as `cargo test` does),
+//!   (`KCP_KEEPER_TEST_LANES=1` runs them one after another, as `cargo test` does), and a third starts while the
+//!   CPU has been idle (most long binaries wait on kcp, a node or an agent's timers),
 //! - each binary's output goes to a log file and the xtask prints one line per binary with its wall time, and a
 //!   failing binary's whole output.
 //!
@@ -22,6 +23,17 @@ use crate::child;
 /// How many test binaries run at once; `1` runs them serially.
 pub const LANES_ENV: &str = "KCP_KEEPER_TEST_LANES";
 const DEFAULT_LANES: usize = 2;
+/// Lanes beyond [`DEFAULT_LANES`] that start a binary only while the CPU has been idle. A full run here (2 cores,
+/// two lanes) left the CPU 30-60% idle for minutes at a time: the longest binaries mostly wait on kcp, a node or
+/// an agent's timers.
+const EXTRA_LANES: usize = 1;
+/// The idle share of CPU time over [`IDLE_WINDOW`] that lets an extra lane start a binary.
+const EXTRA_LANE_IDLE: f64 = 0.4;
+/// How long the CPU must have been that idle, counted from the last start of any binary (a binary just started
+/// has not loaded the CPU yet).
+const IDLE_WINDOW: Duration = Duration::from_secs(20);
+/// How often an extra lane looks at the CPU while it waits.
+const IDLE_POLL: Duration = Duration::from_secs(5);
 
 /// Binaries that use `testbed::kcp::shared()`: the shared bed is started when one of them runs.
 pub const SHARED_KCP_USERS: &[&str] =
@@ -183,14 +195,73 @@ fn write_times(path: &Path, times: &BTreeMap<String, f64>) -> Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-pub fn lanes() -> Result<usize> {
+/// How many lanes always run binaries, and how many more run one only while the CPU is idle.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lanes {
+    pub fixed: usize,
+    pub extra: usize,
+}
+
+impl std::fmt::Display for Lanes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.extra {
+            0 => write!(f, "{} at a time", self.fixed),
+            n => write!(f, "{} at a time ({} more while the CPU is idle)", self.fixed, n),
+        }
+    }
+}
+
+/// [`LANES_ENV`] fixes the number of lanes; by default two, and one more while the CPU is idle.
+pub fn lanes() -> Result<Lanes> {
     match std::env::var(LANES_ENV) {
         Ok(v) => match v.parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(n),
+            Ok(n) if n >= 1 => Ok(Lanes { fixed: n, extra: 0 }),
             _ => bail!("{LANES_ENV} must be a number of lanes, 1 or more (1 runs the test binaries serially): {v:?}"),
         },
-        Err(_) => Ok(DEFAULT_LANES),
+        Err(_) => Ok(Lanes { fixed: DEFAULT_LANES, extra: EXTRA_LANES }),
     }
+}
+
+/// The CPU time counters of `/proc/stat`'s first line, in clock ticks: all of it, and the idle part (idle and
+/// iowait).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CpuTimes {
+    pub total: u64,
+    pub idle: u64,
+}
+
+/// Reads the `cpu ` line of `/proc/stat` (`cpu user nice system idle iowait irq softirq steal ...`; guest time
+/// is already inside user).
+pub fn parse_cpu_times(stat: &str) -> Option<CpuTimes> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let fields: Vec<u64> = line.split_whitespace().skip(1).map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    let total = fields.iter().take(8).sum();
+    Some(CpuTimes { total, idle: fields.get(3)? + fields.get(4).copied().unwrap_or(0) })
+}
+
+fn cpu_times() -> Option<CpuTimes> {
+    parse_cpu_times(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// The idle share of CPU time between two readings, if any time passed.
+pub fn idle_share(from: CpuTimes, to: CpuTimes) -> Option<f64> {
+    let total = to.total.checked_sub(from.total).filter(|t| *t > 0)?;
+    Some(to.idle.saturating_sub(from.idle) as f64 / total as f64)
+}
+
+/// Whether an extra lane may start a binary: the CPU was at least [`EXTRA_LANE_IDLE`] idle over the last
+/// [`IDLE_WINDOW`], all of it after the last start of a binary. `samples` are oldest first.
+pub fn extra_lane_may_start(samples: &[(Instant, CpuTimes)], last_start: Instant, now: Instant) -> bool {
+    if now.saturating_duration_since(last_start) < IDLE_WINDOW {
+        return false;
+    }
+    let window_start = now - IDLE_WINDOW;
+    let Some(&(_, newest)) = samples.last() else { return false };
+    // The newest reading at least a window old, and not from before the last start.
+    let Some(&(_, oldest)) = samples.iter().rev().find(|(t, _)| *t <= window_start && *t >= last_start) else {
+        return false;
+    };
+    idle_share(oldest, newest).is_some_and(|idle| idle >= EXTRA_LANE_IDLE)
 }
 
 pub struct Outcome {
@@ -205,31 +276,38 @@ struct State {
     outcomes: Vec<Outcome>,
     /// Set when an outcome was printed, so the progress line only speaks up during a long silence.
     printed_at: Instant,
+    /// When any lane last started a binary: an extra lane measures idle time only after it.
+    last_start: Instant,
+}
+
+impl State {
+    fn new(queue: Vec<Job>) -> Self {
+        let now = Instant::now();
+        Self { queue, running: Vec::new(), outcomes: Vec::new(), printed_at: now, last_start: now }
+    }
 }
 
 /// Runs `jobs` in `lanes` lanes, in their order; `env` is added to every job's environment except for the jobs
 /// `env_for` refuses. Output goes to `<log_dir>/<name>.log`. Returns every outcome; the caller reports the total.
 pub fn run(
     jobs: Vec<Job>,
-    lanes: usize,
+    lanes: Lanes,
     env: Vec<(String, String)>,
     env_for: fn(&Job) -> bool,
     log_dir: &Path,
 ) -> Result<Vec<Outcome>> {
     std::fs::create_dir_all(log_dir)?;
-    let shared = Arc::new((
-        Mutex::new(State { queue: jobs, running: Vec::new(), outcomes: Vec::new(), printed_at: Instant::now() }),
-        Condvar::new(),
-    ));
+    let shared = Arc::new((Mutex::new(State::new(jobs)), Condvar::new()));
     let env = Arc::new(env);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut threads = Vec::new();
-    for lane in 0..lanes {
+    for lane in 0..lanes.fixed + lanes.extra {
         let (shared, env, cargo, log_dir) = (shared.clone(), env.clone(), cargo.clone(), log_dir.to_path_buf());
+        let extra = lane >= lanes.fixed;
         threads.push(
             std::thread::Builder::new()
                 .name(format!("lane {lane}"))
-                .spawn(move || lane_loop(&shared, &env, env_for, &cargo, &log_dir))?,
+                .spawn(move || lane_loop(&shared, &env, env_for, &cargo, &log_dir, extra))?,
         );
     }
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -243,10 +321,7 @@ pub fn run(
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     shared.1.notify_all();
     let _ = progress.join();
-    let state = std::mem::replace(
-        &mut *shared.0.lock().unwrap(),
-        State { queue: Vec::new(), running: Vec::new(), outcomes: Vec::new(), printed_at: Instant::now() },
-    );
+    let state = std::mem::replace(&mut *shared.0.lock().unwrap(), State::new(Vec::new()));
     Ok(state.outcomes)
 }
 
@@ -256,8 +331,11 @@ fn lane_loop(
     env_for: fn(&Job) -> bool,
     cargo: &str,
     log_dir: &Path,
+    extra: bool,
 ) -> Result<()> {
     let (lock, wake) = shared;
+    // An extra lane's CPU readings, oldest first, kept for a little more than a window.
+    let mut samples: std::collections::VecDeque<(Instant, CpuTimes)> = std::collections::VecDeque::new();
     loop {
         let job = {
             let mut state = lock.lock().unwrap();
@@ -265,12 +343,23 @@ fn lane_loop(
                 if state.queue.is_empty() || child::interrupted() {
                     return Ok(());
                 }
+                let now = Instant::now();
+                if extra {
+                    if let Some(times) = cpu_times() {
+                        samples.push_back((now, times));
+                    }
+                    while samples.front().is_some_and(|(t, _)| now.duration_since(*t) > IDLE_WINDOW * 2) {
+                        samples.pop_front();
+                    }
+                }
+                let may_start = !extra || extra_lane_may_start(samples.make_contiguous(), state.last_start, now);
                 let running: Vec<String> = state.running.iter().map(|(n, _)| n.clone()).collect();
-                if let Some(job) = next(&mut state.queue, &running) {
-                    state.running.push((job.name.clone(), Instant::now()));
+                if may_start && let Some(job) = next(&mut state.queue, &running) {
+                    state.running.push((job.name.clone(), now));
+                    state.last_start = now;
                     break job;
                 }
-                state = wake.wait(state).unwrap();
+                state = if extra { wake.wait_timeout(state, IDLE_POLL).unwrap().0 } else { wake.wait(state).unwrap() };
             }
         };
         let log = log_dir.join(format!("{}.log", job.name.replace([':', '/'], "-")));
@@ -439,6 +528,51 @@ mod tests {
         assert_eq!(next_one.name, "a:x");
         assert_eq!(next(&mut queue, &["chart:node".to_string()]), None, "only the node binary is left");
         assert_eq!(next(&mut queue, &["a:y".to_string()]).unwrap().name, "testbed:node");
+    }
+
+    #[test]
+    fn cpu_times_are_the_first_cpu_line_with_iowait_counted_idle() {
+        let stat = "cpu  100 5 50 800 40 3 2 0 7 0\ncpu0 50 2 25 400 20 1 1 0 0 0\nintr 1 2\n";
+        assert_eq!(parse_cpu_times(stat), Some(CpuTimes { total: 1000, idle: 840 }));
+        assert_eq!(parse_cpu_times("intr 1 2\n"), None);
+        assert_eq!(parse_cpu_times("cpu  1 x 3 4\n"), None);
+        let later = CpuTimes { total: 1200, idle: 940 };
+        assert_eq!(idle_share(CpuTimes { total: 1000, idle: 840 }, later), Some(0.5));
+        assert_eq!(idle_share(later, later), None, "no time passed");
+    }
+
+    /// Readings every 5 s from `from`, each adding 100 ticks of which `idle` were idle.
+    fn readings(from: Instant, count: u32, idle: u64) -> Vec<(Instant, CpuTimes)> {
+        (0..count)
+            .map(|i| {
+                (
+                    from + Duration::from_secs(5 * u64::from(i)),
+                    CpuTimes { total: 100 * u64::from(i), idle: idle * u64::from(i) },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_extra_lane_starts_a_binary_only_after_a_whole_idle_window_since_the_last_start() {
+        let start = Instant::now();
+        let idle = readings(start, 6, 60);
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        assert!(extra_lane_may_start(&idle, start, at(25)), "60% idle for 25 s");
+        assert!(!extra_lane_may_start(&idle[..4], start, at(15)), "not a whole window since the last start");
+        assert!(!extra_lane_may_start(&readings(start, 6, 30), start, at(25)), "30% idle is busy");
+        // A binary started at 10 s: only readings after it count, and 15 s of them are not a window.
+        assert!(!extra_lane_may_start(&idle, at(10), at(25)));
+        assert!(!extra_lane_may_start(&[], start, at(25)), "no readings, no start");
+    }
+
+    #[test]
+    fn by_default_two_lanes_and_one_more_while_idle() {
+        assert_eq!(
+            Lanes { fixed: DEFAULT_LANES, extra: EXTRA_LANES }.to_string(),
+            "2 at a time (1 more while the CPU is idle)"
+        );
+        assert_eq!(Lanes { fixed: 1, extra: 0 }.to_string(), "1 at a time");
     }
 
     #[test]

@@ -178,7 +178,7 @@ fn tests(only: &[String], args: &[String]) -> Result<()> {
         shared_bed = Some(started);
     }
     eprintln!(
-        "xtask: == tests: {} test binaries, {lane_count} at a time, {}; logs in {}",
+        "xtask: == tests: {} test binaries, {lane_count}, {}; logs in {}",
         jobs.len(),
         if shared_bed.is_some() { "one kcp bed shared" } else { "no shared kcp bed" },
         dir.join("logs").display()
