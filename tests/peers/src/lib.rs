@@ -165,8 +165,10 @@ pub fn ensure_all() -> Result<Peers> {
 
 /// Creates the cache directory, takes the peer's lock (waiting for another build of it to finish) and clears what
 /// a killed build of it left behind: under the lock no other build of this peer is running, so its scratch dirs
-/// are stale. One lock per peer, so two callers needing different peers build them side by side.
-fn lock_peer(dir: &Path, name: &str, version: &str) -> Result<fs::File> {
+/// are stale. One lock per peer, so two callers needing different peers build them side by side. Other builds
+/// cached beside the peers (the test bed's control-plane template) lock the same way, their scratch dirs named
+/// `.build-<name>-<pid>` in `dir`.
+pub fn lock_peer(dir: &Path, name: &str, version: &str) -> Result<fs::File> {
     fs::create_dir_all(dir).map_err(|e| {
         Error::Other(format!(
             "cannot create the peer cache {}: {e}; set KCP_KEEPER_CACHE to a writable directory",

@@ -6,8 +6,9 @@
 //! minute of writes is shared.
 //!
 //! The copy is keyed by everything that shapes it (the apiserver and etcd builds, the CRDs, [`FORMAT`]), so a new
-//! pin or CRD builds a new one. It is built under a lock in the machine cache (`<cache>/testbed`), in a scratch
-//! directory renamed into place once complete, so a killed build leaves nothing that is read as a template.
+//! pin or CRD builds a new one. It is built under the peers' lock in the machine cache (`<cache>/testbed`), in a
+//! scratch directory renamed into place once complete, so a killed build leaves nothing that is read as a template
+//! (and the next build's lock removes what it left).
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -21,6 +22,8 @@ use crate::{ApiServer, Etcd, crds};
 
 /// Bumped when what a template holds, or how it is made, changes.
 const FORMAT: u32 = 1;
+/// The template's name in the cache, before its key; its lock and scratch dirs are named after it too.
+const NAME: &str = "control-plane";
 /// The etcd cluster's name in a bed, and so its one member's data directory (`<name>-0`).
 pub const ETCD_NAME: &str = "kube";
 /// How long the template's apiserver and etcd may take to stop cleanly (etcd commits its database on SIGTERM).
@@ -29,31 +32,29 @@ const STOP_GRACE: Duration = Duration::from_secs(20);
 /// The template's member data directory, built first if this machine has none for these peers and CRDs.
 pub async fn member_dir(peers: &peers::Peers, crds: &[CustomResourceDefinition]) -> Result<PathBuf> {
     let root = peers::cache_root().join("testbed");
-    let name = format!("control-plane-{:016x}", key(peers, crds)?);
-    let ready = root.join(&name).join(member());
+    let key = format!("{:016x}", key(peers, crds)?);
+    let placed = root.join(format!("{NAME}-{key}"));
+    let ready = placed.join(member());
     if ready.is_dir() {
         return Ok(ready);
     }
-    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    let lock_path = root.join(format!(".lock-{name}"));
-    let lock = std::fs::File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
-    // Test binaries and the threads inside one ask at once; one builds, the others wait and copy.
-    lock.lock().with_context(|| format!("locking {}", lock_path.display()))?;
+    // Test binaries and the threads inside one ask at once; one builds, the others wait and copy. The peers'
+    // lock also clears what a killed build left.
+    let _lock = peers::lock_peer(&root, NAME, &key)?;
     if ready.is_dir() {
         return Ok(ready);
     }
-    let scratch = root.join(format!(".build-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
+    let scratch = root.join(format!(".build-{NAME}-{}", std::process::id()));
     let built = build(peers, crds, &scratch).await;
-    let placed = built.and_then(|built_member| {
+    let result = built.and_then(|built_member| {
         // Sparse, so the WAL's preallocated tail costs no disk in the cache nor in each copy.
         let staged = scratch.join("template");
         std::fs::create_dir_all(&staged)?;
         copy_sparse(&built_member, &staged.join(member()))?;
-        std::fs::rename(&staged, root.join(&name)).with_context(|| format!("placing {}", root.join(&name).display()))
+        std::fs::rename(&staged, &placed).with_context(|| format!("placing {}", placed.display()))
     });
     let _ = std::fs::remove_dir_all(&scratch);
-    placed.context("building the control plane's etcd template")?;
+    result.context("building the control plane's etcd template")?;
     eprintln!("test bed: built the control plane template {}", ready.display());
     Ok(ready)
 }
