@@ -1086,7 +1086,7 @@ async fn a_target_by_namespace_selector_reaches_namespaces_labelled_later_never_
     assert_eq!(code, Some(0), "{err}");
     assert!(rbac.contains("kind: ClusterRole\n") && rbac.contains(&format!("- {TARGET}")), "{rbac}");
     apply_yaml(&client, &rbac).await?;
-    let (token_kubeconfig, _user) = layout.bed.service_account_kubeconfig(&layout.agent, "kubeconfig-rotator").await?;
+    let (token_kubeconfig, user) = layout.bed.service_account_kubeconfig(&layout.agent, "kubeconfig-rotator").await?;
     let agent = layout.rotator(&config).kubeconfig(&token_kubeconfig).ready_within(WAIT).start().await?;
 
     let in_namespace = |ns: String| {
@@ -1129,6 +1129,24 @@ async fn a_target_by_namespace_selector_reaches_namespaces_labelled_later_never_
 
     // The matchExpressions requirement holds the `dev` namespace out.
     assert!(in_namespace(dev.clone()).await.is_none(), "tier=dev is not selected");
+
+    // The target is watched across the cluster, by its name only: every cluster-wide Secret request the agent
+    // made carried that field selector, and its token reads no other Secret anywhere.
+    let cluster_wide: Vec<_> = testbed::audit::by_user(&layout.bed.apiserver.audit_log, &user)?
+        .into_iter()
+        .filter(|r| r.resource == "secrets" && r.namespace.is_none())
+        .collect();
+    assert!(!cluster_wide.is_empty(), "the agent lists and watches its selector target across the cluster");
+    let by_name = format!("fieldSelector=metadata.name%3D{TARGET}");
+    assert!(cluster_wide.iter().all(|r| r.uri.contains(&by_name)), "{cluster_wide:?}");
+    let token = testbed::apiserver::client_from_file(&token_kubeconfig).await?;
+    let refused = |r: kube::Result<_>| matches!(r, Err(kube::Error::Api(s)) if s.code == 403);
+    let all = Api::<Secret>::all(token.clone());
+    assert!(refused(all.list(&kube::api::ListParams::default()).await.map(|_| ())), "cluster-wide list");
+    let other = kube::api::ListParams::default().fields("metadata.name=kubeconfig-cert-hub");
+    assert!(refused(all.list(&other).await.map(|_| ())), "cluster-wide list of another name");
+    let beside = Api::<Secret>::namespaced(token, &selected).get_opt("hub-private").await.map(|_| ());
+    assert!(refused(beside), "another Secret in a selected namespace");
 
     // Unlabelled: the copy stays as it is (a consumer may still read it), but it is no longer the agent's
     // target, so its series go.
