@@ -31,7 +31,11 @@ const STOP_GRACE: Duration = Duration::from_secs(20);
 
 /// The template's member data directory, built first if this machine has none for these peers and CRDs.
 pub async fn member_dir(peers: &peers::Peers, crds: &[CustomResourceDefinition]) -> Result<PathBuf> {
-    let root = peers::cache_root().join("testbed");
+    member_dir_in(&peers::cache_root().join("testbed"), peers, crds).await
+}
+
+/// [`member_dir`] with the cache directory given.
+pub async fn member_dir_in(root: &Path, peers: &peers::Peers, crds: &[CustomResourceDefinition]) -> Result<PathBuf> {
     let key = format!("{:016x}", key(peers, crds)?);
     let placed = root.join(format!("{NAME}-{key}"));
     let ready = placed.join(member());
@@ -40,7 +44,7 @@ pub async fn member_dir(peers: &peers::Peers, crds: &[CustomResourceDefinition])
     }
     // Test binaries and the threads inside one ask at once; one builds, the others wait and copy. The peers'
     // lock also clears what a killed build left.
-    let _lock = peers::lock_peer(&root, NAME, &key)?;
+    let _lock = peers::lock_peer(root, NAME, &key)?;
     if ready.is_dir() {
         return Ok(ready);
     }

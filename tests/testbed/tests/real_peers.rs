@@ -245,3 +245,50 @@ async fn cert_manager_and_kcp_operator_kinds_are_served_with_their_real_schemas(
     );
     Ok(())
 }
+
+/// Two test binaries asking for the control-plane template at once, with a killed build's scratch dir left in the
+/// cache: it is built once, both get the same one, the leftover is gone, and an etcd started on a copy holds the
+/// installed CRDs.
+#[test]
+fn a_template_asked_for_by_two_binaries_at_once_is_built_once_and_a_copy_holds_the_crds() -> Result<()> {
+    use testbed::template;
+    testbed::init_crypto();
+    let cache = tempfile::tempdir()?;
+    let leftover = cache.path().join(".build-control-plane-99999999");
+    std::fs::create_dir_all(leftover.join("etcd"))?;
+    let ask = || {
+        let root = cache.path().to_path_buf();
+        std::thread::spawn(move || -> Result<std::path::PathBuf> {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let peers = peers::locate()?;
+                let mut crds = testbed::crds::read(peers.path("cert-manager-crds"))?;
+                crds.extend(testbed::crds::read(&testbed::crds::kcp_operator())?);
+                template::member_dir_in(&root, &peers, &crds).await
+            })
+        })
+    };
+    let (first, second) = (ask(), ask());
+    let (first, second) = (first.join().expect("first")?, second.join().expect("second")?);
+    assert_eq!(first, second);
+    let built: Vec<_> = std::fs::read_dir(cache.path())?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    let templates: Vec<_> = built.iter().filter(|n| n.starts_with("control-plane-")).collect();
+    assert_eq!(templates.len(), 1, "{built:?}");
+    assert!(!leftover.exists(), "a killed build's scratch dir is cleared: {built:?}");
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let peers = peers::locate()?;
+        let dir = tempfile::tempdir()?;
+        std::fs::create_dir_all(dir.path().join("etcd"))?;
+        template::copy_sparse(&first, &dir.path().join("etcd").join(template::member()))?;
+        let etcd = testbed::Etcd::start(peers.path("etcd"), &dir.path().join("etcd"), template::ETCD_NAME, 1).await?;
+        let prefix = "/registry/apiextensions.k8s.io/customresourcedefinitions/";
+        let options = etcd_client::GetOptions::new().with_prefix().with_count_only();
+        let count = etcd.client().await?.get(prefix, Some(options)).await?.count();
+        assert_eq!(count, 13, "cert-manager's 6 CRDs and kcp-operator's 7");
+        Ok(())
+    })
+}
