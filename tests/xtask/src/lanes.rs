@@ -382,15 +382,8 @@ fn lane_loop(
         let log = log_dir.join(format!("{}.log", job.name.replace([':', '/'], "-")));
         let started = Instant::now();
         let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut cmd = Command::new(&job.program);
-        cmd.args(&job.args)
-            .current_dir(&job.dir)
-            .env("CARGO_MANIFEST_DIR", &job.dir)
-            .env("CARGO_PKG_NAME", &job.package)
-            .env("CARGO", cargo)
-            .stdin(std::process::Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
+        let mut cmd = command(&job, cargo);
+        cmd.stdin(std::process::Stdio::null()).stdout(out.try_clone()?).stderr(out);
         if env_for(&job) {
             cmd.envs(env.iter().map(|(k, v)| (k, v)));
         }
@@ -459,6 +452,26 @@ pub fn record_times(path: &Path, outcomes: &[Outcome]) -> Result<()> {
     write_times(path, &times)
 }
 
+/// A job's command, run as cargo runs a test binary: in its package's directory with that package's
+/// `CARGO_MANIFEST_DIR` and `CARGO_PKG_NAME`. The doc tests are cargo itself, which sets those for what it runs:
+/// given the xtask's own (`cargo xtask` is `cargo run`) or a package's, ring's build script (it declares it reads
+/// `CARGO_MANIFEST_DIR`) re-ran and cargo rebuilt ring and the 23 crates above it, rustls, kube and the agents
+/// among them: 77 s of every full run's tests step, and again at the next build without them.
+fn command(job: &Job, cargo: &str) -> Command {
+    if job.kind == "doc" {
+        let mut cmd = crate::cargo(&job.args.iter().map(String::as_str).collect::<Vec<_>>());
+        cmd.current_dir(&job.dir);
+        return cmd;
+    }
+    let mut cmd = Command::new(&job.program);
+    cmd.args(&job.args)
+        .current_dir(&job.dir)
+        .env("CARGO_MANIFEST_DIR", &job.dir)
+        .env("CARGO_PKG_NAME", &job.package)
+        .env("CARGO", cargo);
+    cmd
+}
+
 /// The doc tests, as one job run by cargo (rustdoc builds and runs them).
 pub fn doc_tests(cargo: &str, root: &Path) -> Job {
     Job {
@@ -495,6 +508,27 @@ mod tests {
         assert_eq!(test_threads(&chosen, false), None);
         for (name, _) in TEST_THREADS {
             assert!(EXPECTED.iter().any(|(n, _)| n == name), "{name} is not a known binary");
+        }
+    }
+
+    #[test]
+    fn a_test_binary_gets_its_package_variables_and_cargo_running_the_doc_tests_gets_none_of_the_xtasks() {
+        let envs = |cmd: &Command| -> BTreeMap<String, Option<String>> {
+            cmd.get_envs()
+                .map(|(k, v)| (k.to_string_lossy().into_owned(), v.map(|v| v.to_string_lossy().into_owned())))
+                .collect()
+        };
+        let binary = envs(&command(&job("ca-syncer:sidecar"), "cargo"));
+        assert_eq!(binary["CARGO_MANIFEST_DIR"], Some("/w".into()));
+        assert_eq!(binary["CARGO_PKG_NAME"], Some("ca-syncer".into()));
+        let doc = command(&doc_tests("cargo", Path::new("/w")), "cargo");
+        assert!(doc.get_args().any(|a| a == "--doc"));
+        for (name, value) in envs(&doc) {
+            assert_eq!(value, None, "{name} is set for cargo running the doc tests, not removed");
+        }
+        // Whatever of cargo's package variables this process has (cargo test sets them) is removed.
+        for (name, _) in std::env::vars().filter(|(n, _)| n == "CARGO_MANIFEST_DIR" || n.starts_with("CARGO_PKG_")) {
+            assert_eq!(envs(&doc).get(&name), Some(&None), "{name} would reach cargo running the doc tests");
         }
     }
 
