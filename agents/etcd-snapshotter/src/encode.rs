@@ -10,35 +10,15 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use crate::config::{Compression, Recipient};
+use crate::part_buf::{PartBuf, PartPool};
 
 /// zstd level 1, not zstd's default 3: on a 256 MiB kcp-shaped database level 3 took the agent 3.5 to 3.9 s of
 /// CPU (its double-fast matcher was 35% of the profile) and level 1 took 1.45 s, while etcd held the snapshot's
 /// read transaction open on a node the agent shares with it (`cargo xtask bench snapshot`, docs/benchmarks.md).
 const ZSTD_LEVEL: i32 = 1;
 
-/// A part being filled: an anonymous mapping of its own, not a heap allocation. glibc serves the successors
-/// of a freed 8 MiB buffer from its arenas (its mmap threshold rises to the largest block freed) and keeps up
-/// to twice that per arena once the snapshot is done: 9 MiB of an idle agent's 31.9 MiB on glibc
-/// (`cargo xtask bench idle`, docs/benchmarks.md). A mapping goes back to the kernel when the part's last
-/// reference is dropped, whatever the allocator.
-struct PartBuf {
-    map: memmap2::MmapMut,
-    len: usize,
-}
-
-impl PartBuf {
-    fn new(size: usize) -> io::Result<Self> {
-        Ok(Self { map: memmap2::MmapMut::map_anon(size.max(1))?, len: 0 })
-    }
-
-    fn into_bytes(self) -> Bytes {
-        let len = self.len;
-        Bytes::from_owner(self.map).slice(..len)
-    }
-}
-
 struct Out {
-    part_size: usize,
+    pool: PartPool,
     filling: PartBuf,
     ready: Vec<Bytes>,
     total: u64,
@@ -53,14 +33,10 @@ impl Write for PartSink {
         out.total += buf.len() as u64;
         let mut rest = buf;
         while !rest.is_empty() {
-            let room = out.part_size - out.filling.len;
-            let (now, later) = rest.split_at(room.min(rest.len()));
-            let at = out.filling.len;
-            out.filling.map[at..at + now.len()].copy_from_slice(now);
-            out.filling.len += now.len();
-            rest = later;
-            if out.filling.len == out.part_size {
-                let next = PartBuf::new(out.part_size)?;
+            let taken = out.filling.fill(rest);
+            rest = &rest[taken..];
+            if out.filling.len == out.filling.capacity() {
+                let next = out.pool.take()?;
                 let part = std::mem::replace(&mut out.filling, next);
                 out.ready.push(part.into_bytes());
             }
@@ -132,8 +108,9 @@ pub struct Encoded {
 
 impl Encoder {
     pub fn new(compression: Compression, recipients: &[Recipient], part_size: usize) -> io::Result<Self> {
-        let filling = PartBuf::new(part_size)?;
-        let out = Arc::new(Mutex::new(Out { part_size, filling, ready: Vec::new(), total: 0 }));
+        let pool = PartPool::new(part_size);
+        let filling = pool.take()?;
+        let out = Arc::new(Mutex::new(Out { pool, filling, ready: Vec::new(), total: 0 }));
         let mut stage: Box<dyn Stage> = Box::new(PartSink(out.clone()));
         // Compress first: encrypted bytes do not compress.
         if !recipients.is_empty() {
@@ -162,7 +139,7 @@ impl Encoder {
         let mut out = self.out.lock().expect("sink lock");
         let mut parts = std::mem::take(&mut out.ready);
         if out.filling.len > 0 || (parts.is_empty() && out.total == 0) {
-            let last = std::mem::replace(&mut out.filling, PartBuf::new(1)?);
+            let last = std::mem::replace(&mut out.filling, PartBuf::unpooled(1)?);
             parts.push(last.into_bytes());
         }
         Ok((parts, Encoded { size: out.total }))

@@ -34,6 +34,7 @@ pub mod integrity;
 pub mod manifest;
 pub mod member;
 pub mod metrics;
+pub mod part_buf;
 pub mod parts;
 pub mod restore;
 pub mod retention;

@@ -31,6 +31,16 @@ pub struct Verified {
 impl TrailerCheck {
     pub fn update(&mut self, chunk: &[u8]) {
         self.total += chunk.len() as u64;
+        if chunk.len() >= TRAILER_LEN {
+            // The bytes held back and all but the chunk's last 32 are data: hashed in place, so only 32 bytes
+            // per chunk are copied, not the whole stream.
+            let (data, last) = chunk.split_at(chunk.len() - TRAILER_LEN);
+            self.hasher.update(&self.tail);
+            self.hasher.update(data);
+            self.tail.clear();
+            self.tail.extend_from_slice(last);
+            return;
+        }
         self.tail.extend_from_slice(chunk);
         if self.tail.len() > TRAILER_LEN {
             let spill = self.tail.len() - TRAILER_LEN;
@@ -72,13 +82,32 @@ mod tests {
     #[test]
     fn a_stream_with_its_trailer_verifies_whatever_the_chunking() {
         let data = stream(&(0..100_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>());
-        for chunk in [1, 7, 31, 32, 33, 32 * 1024] {
+        for chunk in [1, 7, 31, 32, 33, 64, 32 * 1024] {
             let mut check = TrailerCheck::default();
             data.chunks(chunk).for_each(|c| check.update(c));
             let verified = check.finish().unwrap();
             assert_eq!(verified.total_bytes, data.len() as u64);
             assert_eq!(verified.sha256[..], data[data.len() - 32..]);
         }
+    }
+
+    #[test]
+    fn chunks_shorter_and_longer_than_the_trailer_mixed_verify() {
+        let data = stream(&(0..50_000u32).map(|i| (i % 241) as u8).collect::<Vec<_>>());
+        let sizes = [5, 40, 1, 32, 31, 33, 4096, 2, 64];
+        let mut check = TrailerCheck::default();
+        let (mut at, mut i) = (0, 0);
+        while at < data.len() {
+            let end = (at + sizes[i % sizes.len()]).min(data.len());
+            check.update(&data[at..end]);
+            (at, i) = (end, i + 1);
+        }
+        assert_eq!(check.finish().unwrap().sha256[..], data[data.len() - 32..]);
+        // A short last chunk after a long one: the trailer spans both.
+        let mut check = TrailerCheck::default();
+        check.update(&data[..data.len() - 10]);
+        check.update(&data[data.len() - 10..]);
+        assert!(check.finish().is_ok());
     }
 
     #[test]
