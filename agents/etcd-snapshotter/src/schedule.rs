@@ -216,6 +216,8 @@ impl Job {
         };
         let take = snapshot::take(&self.config, &self.shard, &store, &self.metrics, &pending, run);
         let end = finish_or_abort(&self.shutdown, Grace::default(), take, || pending.abort(&store)).await;
+        // Until the next run, the process needs none of the run's code resident (`release_resident`: about 7 MiB less).
+        kcp_keeper_runtime::release_resident::release();
         let snapshot::Taken { manifest, retention } = match end {
             JobEnd::Finished(Ok(taken)) => taken,
             JobEnd::Finished(Err(error)) => return self.snapshot_failed(&error, started).await,

@@ -24,6 +24,7 @@ pub mod marked_block;
 pub mod metrics;
 pub mod names;
 pub mod rbac;
+pub mod release_resident;
 pub mod schedule;
 pub mod sensitive;
 pub mod shutdown;
