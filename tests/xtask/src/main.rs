@@ -138,6 +138,26 @@ fn test(only: &[String], args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The cargo target flags that build just what `--only` names, when every name is `<package>:<target>` (a bare
+/// package needs all its targets: none then). A target named as its package's library (`etcd-snapshotter:
+/// etcd_snapshotter`, the name the run prints for a library's unit tests) is `--lib`; any other is its
+/// `tests/<target>.rs`.
+fn only_targets(only: &[String]) -> Vec<String> {
+    let named: Option<std::collections::BTreeSet<(&str, &str)>> = only.iter().map(|o| o.split_once(':')).collect();
+    let mut flags = Vec::new();
+    for (package, target) in named.into_iter().flatten() {
+        if target == package.replace('-', "_") {
+            if !flags.iter().any(|f| f == "--lib") {
+                flags.push("--lib".to_string());
+            }
+        } else if !flags.windows(2).any(|w| w[0] == "--test" && w[1] == target) {
+            // `kubeconfig-rotator:chart` and `etcd-snapshotter:chart` are one `--test chart`.
+            flags.extend(["--test".to_string(), target.to_string()]);
+        }
+    }
+    flags
+}
+
 /// The tests step: the workspace's test binaries built once, then run by [`lanes`] beside a shared kcp bed.
 fn tests(only: &[String], args: &[String]) -> Result<()> {
     let started = Instant::now();
@@ -147,11 +167,7 @@ fn tests(only: &[String], args: &[String]) -> Result<()> {
     // Always the whole workspace: `-p` would resolve other features and rebuild half the dependency tree. When
     // `--only` names integration tests alone, only those targets are built.
     let mut build = cargo(&["test", "--workspace", "--locked", "--no-run", "--message-format=json-render-diagnostics"]);
-    let targets: Option<std::collections::BTreeSet<&str>> =
-        only.iter().map(|o| o.split_once(':').map(|(_, target)| target)).collect();
-    for target in targets.into_iter().flatten() {
-        build.args(["--test", target]);
-    }
+    build.args(only_targets(only));
     build.stdout(std::fs::File::create(&messages)?);
     step("build the test binaries", build)?;
     let text = std::fs::read_to_string(&messages)?;
@@ -333,6 +349,20 @@ pub(crate) fn step(name: &str, cmd: Command) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_builds_a_librarys_unit_tests_with_lib_and_an_integration_test_by_its_name() {
+        let only = |names: &[&str]| super::only_targets(&names.iter().map(|n| n.to_string()).collect::<Vec<_>>());
+        assert_eq!(only(&["etcd-snapshotter:etcd_snapshotter"]), ["--lib"]);
+        assert_eq!(
+            only(&["kcp-keeper-runtime:kcp_keeper_runtime", "testbed:kcp", "testbed:testbed"]),
+            ["--lib", "--test", "kcp"]
+        );
+        // A bare package needs every target of it: no flag narrows the build.
+        assert_eq!(only(&["kubeconfig-rotator:chart", "etcd-snapshotter:chart"]), ["--test", "chart"]);
+        assert!(only(&["testbed:kcp", "ca-syncer"]).is_empty());
+        assert!(only(&[]).is_empty());
+    }
+
     use super::set_by_cargo_run;
 
     #[test]
