@@ -47,20 +47,6 @@ pub const PRIVATE_KCP: &[&str] = &["ca-syncer:live_check"];
 /// once.
 const NODE: &[&str] = &["chart:node", "chart:seed_layout", "testbed:node"];
 
-/// Binaries whose tests mostly wait rather than compute, and how many of their tests run at once. libtest runs as
-/// many as the machine has cores (two here), so such a binary's waits queue behind each other: chart:seed_layout's
-/// eleven tests share one node and layout and wait on pods' rollouts, a scheduled snapshot and two cert-manager
-/// renewals 100 s apart; kubeconfig-rotator:kcp's rotation probe outlives a 2-minute certificate and, last by
-/// name, started once the other eleven were done. A caller's own `--test-threads` or `RUST_TEST_THREADS` wins.
-const TEST_THREADS: &[(&str, usize)] = &[("chart:seed_layout", 11), ("kubeconfig-rotator:kcp", 4)];
-
-/// The `RUST_TEST_THREADS` the xtask sets for `job`: its [`TEST_THREADS`], unless the caller chose already.
-pub fn test_threads(job: &Job, caller_set_env: bool) -> Option<usize> {
-    let caller_chose = caller_set_env || job.args.iter().any(|a| a.starts_with("--test-threads"));
-    let threads = TEST_THREADS.iter().find(|(name, _)| *name == job.name).map(|(_, n)| *n);
-    threads.filter(|_| !caller_chose)
-}
-
 /// Wall times of a full run on this machine kind (seconds; a fresh machine's run at 762bdec, two lanes), for the
 /// order when no run has been recorded in the target directory yet, as on a fresh clone in CI: the longest first,
 /// so the last binary to start is a short one. A long binary missing here starts last and becomes the run's tail
@@ -387,9 +373,6 @@ fn lane_loop(
         if env_for(&job) {
             cmd.envs(env.iter().map(|(k, v)| (k, v)));
         }
-        if let Some(threads) = test_threads(&job, std::env::var_os("RUST_TEST_THREADS").is_some()) {
-            cmd.env("RUST_TEST_THREADS", threads.to_string());
-        }
         // A temp directory of its own, removed when the binary ends however it ends: a failing or killed test
         // leaves its etcd data and logs in there, not in /tmp for the rest of the run (a full run writes
         // gigabytes of test data, and a disk that fills up fails every binary after it). Short, so the unix
@@ -496,19 +479,6 @@ mod tests {
         let mut jobs = vec![job("ca-syncer:sidecar"), job("chart:node"), job("chart:seed_layout")];
         order(&mut jobs, &BTreeMap::new());
         assert_eq!(jobs[0].name, "chart:seed_layout", "{jobs:?}");
-    }
-
-    #[test]
-    fn a_waiting_binary_runs_more_tests_at_once_unless_the_caller_chose_its_threads() {
-        assert_eq!(test_threads(&job("chart:seed_layout"), false), Some(11));
-        assert_eq!(test_threads(&job("ca-syncer:sidecar"), false), None);
-        assert_eq!(test_threads(&job("chart:seed_layout"), true), None);
-        let mut chosen = job("kubeconfig-rotator:kcp");
-        chosen.args = vec!["--test-threads=1".into()];
-        assert_eq!(test_threads(&chosen, false), None);
-        for (name, _) in TEST_THREADS {
-            assert!(EXPECTED.iter().any(|(n, _)| n == name), "{name} is not a known binary");
-        }
     }
 
     #[test]
