@@ -260,11 +260,39 @@ async fn node_local_dns_before_and_after(node: &'static Node, client: kube::Clie
     let mut unmanaged = values(node)?;
     unmanaged["dnsRewriter"]["config"]["nodeLocalDns"] = json!({"enabled": false});
     helm_upgrade(node, &unmanaged)?;
-    testbed::eventually(Duration::from_secs(120), "dns-rewriter to reload nodeLocalDns.enabled: false", || async {
-        let now = config_reloads(node, &agents).ok()?;
-        now.iter().zip(&reloads).all(|(now, before)| now > before).then_some(())
-    })
+    // Each pod has reloaded, or its container restarted (read from the same projected file at its start, and
+    // `kubectl logs` then shows only the new container's lines, so its count could never grow). A full run on a
+    // loaded machine once timed out here after 120 s with no way to tell which: the wait now says what it saw.
+    let reloaded = testbed::eventually_seen(
+        Duration::from_secs(180),
+        "dns-rewriter to reload nodeLocalDns.enabled: false",
+        || async {
+            let now = config_reloads(node, &agents)?;
+            let restarts = agent_pods(client, "dns-rewriter").await?;
+            let mut seen = Vec::new();
+            let mut all = true;
+            for ((pod, _, restarts_before, _), (now, before)) in agents.iter().zip(now.iter().zip(&reloads)) {
+                let restarted = restarts.iter().find(|p| &p.0 == pod).map(|p| (p.2, p.3));
+                let done = now > before
+                    || restarted.is_some_and(|(count, ready)| count > *restarts_before && ready);
+                all &= done;
+                seen.push(format!("{pod}: reloads {before} -> {now}, container (restarts, ready) {restarted:?}"));
+            }
+            Ok(if all { Ok(()) } else { Err(seen.join("; ")) })
+        },
+    )
     .await;
+    if let Err(e) = reloaded {
+        let tails: Vec<String> = agents
+            .iter()
+            .map(|(pod, ..)| {
+                let out = node.kubectl(&["logs", "-n", NAMESPACE, pod, "--tail=20"]);
+                let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+                format!("--- {pod}, its last 20 lines:\n{text}")
+            })
+            .collect();
+        anyhow::bail!("{e:#}\n{}", tails.join("\n"));
+    }
 
     // The node's upstream resolver, on the node: the edge for the public name.
     let upstream_dir = node.dir.join("node-local-upstream");
