@@ -273,8 +273,7 @@ async fn node_local_dns_before_and_after(node: &'static Node, client: kube::Clie
             let mut all = true;
             for ((pod, _, restarts_before, _), (now, before)) in agents.iter().zip(now.iter().zip(&reloads)) {
                 let restarted = restarts.iter().find(|p| &p.0 == pod).map(|p| (p.2, p.3));
-                let done = now > before
-                    || restarted.is_some_and(|(count, ready)| count > *restarts_before && ready);
+                let done = now > before || restarted.is_some_and(|(count, ready)| count > *restarts_before && ready);
                 all &= done;
                 seen.push(format!("{pod}: reloads {before} -> {now}, container (restarts, ready) {restarted:?}"));
             }
