@@ -13,6 +13,12 @@
 //! dropped. A private file mapping's anonymous pages are its written (copied) ones, such as the relocated
 //! read-only data of a position-independent binary (RELRO); dropping those would bring back the file's bytes,
 //! so a mapping holding any is left alone. Without write permission, none can appear after the check.
+//!
+//! With glibc's allocator it also trims the heap (`malloc_trim(0)`): freed memory inside glibc's arenas stays
+//! resident until then (a run's buffers freed among a few live blocks cannot be returned by glibc's own
+//! top-of-heap trim), and a multi-threaded runtime has an arena per thread that ran. Measured with `bench idle`
+//! on the glibc build: etcd-snapshotter's anonymous memory grew from 2.8 to 4.4 MiB over its first four runs
+//! without it. musl's allocator (the shipped static binaries) returns freed groups on its own.
 
 use std::ops::Range;
 
@@ -23,14 +29,19 @@ pub struct Released {
     pub mappings: usize,
     /// Their resident bytes before (`Rss` in smaps).
     pub resident_bytes: u64,
+    /// Whether the allocator gave memory back to the system (glibc's `malloc_trim`; always false elsewhere).
+    pub heap_trimmed: bool,
 }
 
 /// Drops this process's mappings of its read-only, never-written file pages (its code and constants, those of
 /// shared libraries). Safe to call at any time from any thread: what runs
 /// next maps the pages it needs again.
 pub fn release() -> Released {
-    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else { return Released::default() };
-    let mut released = Released::default();
+    let heap_trimmed = trim_heap();
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return Released { heap_trimmed, ..Released::default() };
+    };
+    let mut released = Released { heap_trimmed, ..Released::default() };
     for mapping in read_only_file_mappings(&smaps) {
         let Some(start) = std::ptr::NonNull::new(mapping.range.start as *mut std::ffi::c_void) else { continue };
         // SAFETY: the range is one of this process's mappings, read-only and with no written page (see the
@@ -44,6 +55,19 @@ pub fn release() -> Released {
         }
     }
     released
+}
+
+/// Gives the allocator's free memory back to the system: every glibc arena, free pages in the middle included.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn trim_heap() -> bool {
+    // SAFETY: malloc_trim only walks glibc's own arenas under their locks; any thread may call it at any time.
+    unsafe { nix::libc::malloc_trim(0) == 1 }
+}
+
+/// musl's allocator unmaps freed groups itself: nothing to trim.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim_heap() -> bool {
+    false
 }
 
 /// One mapping [`release`] may drop.
@@ -204,6 +228,44 @@ Anonymous:             0 kB
         assert!(after < before / 2, "the test binary's resident code: {before} bytes before, {after} after");
         // The same code again: mapped back from the page cache, same results.
         assert_eq!(parsed, work());
+    }
+
+    fn anonymous_resident_bytes() -> u64 {
+        let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap();
+        let line = rollup.lines().find(|l| l.starts_with("Anonymous:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    }
+
+    /// glibc keeps freed memory between live blocks resident (its own trim only returns the top of a heap); the
+    /// release gives it back. On a thread of its own, as a runtime's worker allocates in its own arena.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn release_gives_back_heap_memory_freed_between_live_blocks() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        const BLOCKS: usize = 64 * 1024;
+        // 64 Ki blocks of 1 KiB (64 MiB), written so they are resident; one in 64 kept, the rest freed. The kept
+        // ones pin every 64 KiB stretch's end, so nothing is at a heap's top to be trimmed on free.
+        let (kept, freed_resident) = std::thread::spawn(|| {
+            let blocks: Vec<Vec<u8>> = (0..BLOCKS).map(|i| vec![(i % 251) as u8; 1000]).collect();
+            let mut kept = Vec::new();
+            for (i, block) in blocks.into_iter().enumerate() {
+                if i % 64 == 63 {
+                    kept.push(block);
+                }
+            }
+            (kept, anonymous_resident_bytes())
+        })
+        .join()
+        .unwrap();
+        let released = release();
+        let after = anonymous_resident_bytes();
+        assert!(released.heap_trimmed, "{released:?}");
+        assert!(
+            after + 32 * 1024 * 1024 < freed_resident,
+            "anonymous memory: {freed_resident} bytes with 63 of 64 blocks freed, {after} after the release"
+        );
+        // The live blocks are untouched.
+        assert!(kept.iter().enumerate().all(|(i, b)| b.iter().all(|&v| v == ((i * 64 + 63) % 251) as u8)));
     }
 
     #[test]
