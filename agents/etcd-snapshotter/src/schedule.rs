@@ -58,6 +58,9 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
         if !wait_for_storage(&config, &metrics, &ctx.shutdown).await {
             return Ok(());
         }
+        // Start-up's code (configuration, TLS, clients) is not needed again until the first tick, which an hourly
+        // schedule puts up to an hour away: the same release as after each run (`release_resident`).
+        kcp_keeper_runtime::release_resident::release();
         ctx.health.mark_synced();
         let schedules = ctx.shutdown.child_token();
         let mut tasks = tokio::task::JoinSet::new();

@@ -215,27 +215,34 @@ async fn kubeconfig_rotator_carries_two_cert_manager_renewals_of_the_operators_k
         summary.requests, summary.failures, summary.certs
     );
     let failures: Vec<&str> = log.lines().filter(|l| l.starts_with("fail ")).collect();
-    let (backend, refused): (Vec<&str>, Vec<&str>) = failures.iter().partition(|l| l.trim_end().ends_with(": 502"));
+    // Not answered is not refused: the front proxy's 502 (its backend shard did not answer), or no response
+    // headers within the probe's timeout after the TLS handshake with the certificate succeeded and the request
+    // was sent (a full run at load average 24 had one). A refusal is a 401 or 403, or a handshake that fails.
+    let unanswered = |l: &&&str| {
+        let l = l.trim_end();
+        l.ends_with(": 502") || l.ends_with("(Client.Timeout exceeded while awaiting headers)")
+    };
+    let (backend, refused): (Vec<&str>, Vec<&str>) = failures.iter().partition(unanswered);
     // A certificate used past its end is a renewal that reached the hub too late (the probe marks it); it fails
     // the test as well, but says where to look: the path from cert-manager to the mounted file, not the front proxy.
     let late = refused.iter().filter(|l| l.contains("(the client certificate ended at")).count();
     ensure!(
         failures.len() as u64 >= summary.failures && refused.is_empty(),
-        "the probe failed {} time(s), {} of them not the front proxy's 502, {late} of those on a certificate past its \
-         end: {:#?}",
+        "the probe failed {} time(s), {} of them refused (not a 502 or a timeout awaiting headers), {late} of those on \
+         a certificate past its end: {:#?}",
         summary.failures,
         refused.len(),
         refused.iter().take(20).collect::<Vec<_>>()
     );
     ensure!(
         backend.len() as u64 * 100 <= summary.requests,
-        "the front proxy answered 502 to {} of {} requests: {backend:#?}",
+        "the front proxy answered 502 or nothing to {} of {} requests: {backend:#?}",
         backend.len(),
         summary.requests
     );
     if !backend.is_empty() {
         eprintln!(
-            "the front proxy's backend did not answer {} of {} requests: {backend:?}",
+            "the front proxy or its backend did not answer {} of {} requests: {backend:?}",
             backend.len(),
             summary.requests
         );
