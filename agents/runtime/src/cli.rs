@@ -37,6 +37,8 @@ pub fn command<A: Agent>() -> clap::Command {
 
 /// An agent binary's `main`: parses the command line and runs the daemon, `rbac` or a one-shot.
 pub fn main<A: Agent>() -> ExitCode {
+    // Before any thread starts: with glibc, two heap arenas rather than one per thread (`release_resident`).
+    crate::release_resident::limit_heap_arenas();
     crate::init_crypto();
     let matches = command::<A>().get_matches();
     let cli = match Cli::<A>::from_arg_matches(&matches) {
