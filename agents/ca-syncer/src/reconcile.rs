@@ -74,8 +74,10 @@ pub async fn daemon(
     };
     let public_roots = Arc::new(public_roots);
     // The configured resyncInterval comes back as each reconcile's requeue time, so a reloaded value
-    // applies at once; the driver's own resync is only a backstop.
-    let settings = Settings { resync: Duration::from_secs(3600), ..Settings::default() };
+    // applies at once; the driver's own resync is only a backstop. A CA change is published at once, not after
+    // the debounce: every bundle built mid-burst still holds each CA that left the sources (retention), so an
+    // intermediate state drops nothing, and the rest of the burst follows in one pass after the quiet.
+    let settings = Settings { resync: Duration::from_secs(3600), leading_edge: true, ..Settings::default() };
     let (client, events) = (ctx.client.clone(), ctx.events.clone());
     let terminating = Terminating::default();
     let state = StateStore::new(client.clone(), &own.namespace);

@@ -6,7 +6,8 @@
 //!   from the new configuration), a leadership change, the time an item asked to be looked at again, and a
 //!   resync interval as a backstop;
 //! - debounce: changes arrive in bursts (a Secret and its namespace, a rotation touching two keys), one pass
-//!   follows the burst;
+//!   follows the burst; an agent whose every intermediate state is safe to publish ([`Settings::leading_edge`])
+//!   runs the first change after a quiet spell at once and the rest of its burst in one pass after the quiet;
 //! - leader gating: every replica keeps its caches warm, only the leader reconciles (and so writes);
 //! - backoff: an item that failed is retried with exponential backoff and jitter (`backon`), reset by its next
 //!   success; a new trigger still runs it at once, as controller-runtime's queue does;
@@ -130,6 +131,12 @@ impl ReconcileMetrics {
 pub struct Settings {
     /// Quiet time after a change before the pass runs.
     pub debounce: Duration,
+    /// A change that comes after `debounce` without a pass runs its pass at once, with the events already
+    /// queued beside it; changes within `debounce` of a pass wait for quiet as before, so a burst makes at most
+    /// two passes instead of one. For an agent whose intermediate states are all safe to publish (ca-syncer keeps
+    /// a CA that left its sources, so a half-applied rotation never drops one), it takes the debounce out of the
+    /// time from a lone change to its first write.
+    pub leading_edge: bool,
     /// Every item is reconciled at least this often.
     pub resync: Duration,
     /// Retry delays after a failure: exponential with jitter.
@@ -142,6 +149,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             debounce: Duration::from_millis(300),
+            leading_edge: false,
             resync: Duration::from_secs(60),
             backoff: default_backoff(),
             probe_interval: Duration::from_secs(2),
@@ -185,6 +193,8 @@ where
         let mut items: BTreeMap<R::Item, ItemState> = BTreeMap::new();
         // Set by anything that makes every item due: a change, a new configuration, leadership.
         let mut everything = true;
+        // When the last pass ended: a change within the debounce of it is part of a burst.
+        let mut last_pass_end: Option<Instant> = None;
         loop {
             // "Decided" is read first: the election sets leadership before it marks itself decided, so a decided
             // election read here comes with the leadership it decided.
@@ -226,6 +236,7 @@ where
                 }
                 tracing::debug!(ran, full = everything, "pass done");
                 everything = false;
+                last_pass_end = Some(Instant::now());
             }
             let next_due = items.values().map(|s| s.due).min();
             let probe_at = next_probe;
@@ -269,7 +280,12 @@ where
                     }
                     Signal::Changed(_) => {
                         everything = true;
-                        debounce(&mut watches, &settings, health).await;
+                        let quiet = last_pass_end.is_none_or(|at| at.elapsed() >= settings.debounce);
+                        if settings.leading_edge && quiet {
+                            take_queued(&mut watches, health);
+                        } else {
+                            debounce(&mut watches, &settings, health).await;
+                        }
                     }
                 },
                 answer = probe, if !health.is_reachable() => {
@@ -294,6 +310,18 @@ async fn debounce(watches: &mut crate::watch::WatchSet, settings: &Settings, hea
                 Signal::Synced(_) => health.set_watches_synced(watches.all_synced()),
                 Signal::Changed(_) => {}
             },
+        }
+    }
+}
+
+/// Takes the signals already queued (the rest of a change that arrived together) without waiting, recording
+/// syncs and failures as [`debounce`] does.
+fn take_queued(watches: &mut crate::watch::WatchSet, health: &crate::admin::Health) {
+    while let Some(Some(signal)) = futures::FutureExt::now_or_never(watches.next()) {
+        match signal {
+            Signal::Failed(_) => health.set_reachable(false),
+            Signal::Synced(_) => health.set_watches_synced(watches.all_synced()),
+            Signal::Changed(_) => {}
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The reconcile driver against a real apiserver: a burst of changes becomes one reconcile, a follower does
-//! not reconcile and starts at once when it takes the lease, a failing item backs off.
+//! The reconcile driver against a real apiserver: a burst of changes becomes one reconcile (with the leading
+//! edge: one at once and one after the quiet), a follower does not reconcile and starts at once when it takes
+//! the lease, a failing item backs off.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -123,6 +124,54 @@ async fn a_burst_of_changes_is_debounced_into_one_reconcile() -> Result<()> {
     })
     .await;
     assert!(calls <= 4, "11 changes made {calls} reconciles, the burst was not debounced");
+    run.shutdown.cancel();
+    Ok(())
+}
+
+#[tokio::test]
+async fn with_the_leading_edge_a_change_after_quiet_runs_before_its_debounce_and_its_burst_in_one_more_pass()
+-> Result<()> {
+    // A debounce long enough that a reconcile seen within most of it cannot have waited for it.
+    let debounce = Duration::from_secs(10);
+    let settings = Settings { debounce, leading_edge: true, ..settings() };
+    let bed = testbed::ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let run = start(&bed, &ns, Leadership::always(), false, settings);
+    testbed::eventually(Duration::from_secs(30), "ready after the first pass", || async {
+        run.health.is_ready().then_some(())
+    })
+    .await;
+    assert_eq!(run.calls.load(Ordering::SeqCst), 1, "one reconcile once the watch synced");
+    // Quiet: a debounce without a pass or a change.
+    tokio::time::sleep(debounce).await;
+
+    let api = Api::<ConfigMap>::namespaced(bed.client(), &ns);
+    let burst_started = tokio::time::Instant::now();
+    for i in 0..10 {
+        create(&api, &format!("burst-{i}")).await?;
+    }
+    testbed::eventually(Duration::from_secs(30), "the burst's first reconcile", || async {
+        (run.calls.load(Ordering::SeqCst) >= 2).then_some(())
+    })
+    .await;
+    let first = burst_started.elapsed();
+    assert!(first < debounce, "the first change after quiet waited {first:?}, the debounce ({debounce:?}) or more");
+    // The rest of the burst (created within the debounce of that pass) waits for quiet and runs once.
+    testbed::eventually(Duration::from_secs(60), "the pass after the burst settled", || async {
+        (run.calls.load(Ordering::SeqCst) >= 3).then_some(())
+    })
+    .await;
+    // A sentinel within the debounce of that pass is debounced too: its pass makes the count below final.
+    create(&api, "sentinel").await?;
+    let calls = testbed::eventually(Duration::from_secs(60), "the sentinel's reconcile", || async {
+        let calls = run.calls.load(Ordering::SeqCst);
+        (calls >= 4).then_some(calls)
+    })
+    .await;
+    assert_eq!(
+        calls, 4,
+        "11 changes made {calls} reconciles, not 1 at once, 1 for the burst's rest and 1 for the sentinel"
+    );
     run.shutdown.cancel();
     Ok(())
 }
