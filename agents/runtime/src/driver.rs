@@ -305,11 +305,7 @@ async fn debounce(watches: &mut crate::watch::WatchSet, settings: &Settings, hea
     loop {
         tokio::select! {
             () = tokio::time::sleep(settings.debounce) => return,
-            Some(signal) = watches.next() => match signal {
-                Signal::Failed(_) => health.set_reachable(false),
-                Signal::Synced(_) => health.set_watches_synced(watches.all_synced()),
-                Signal::Changed(_) => {}
-            },
+            Some(signal) = watches.next() => record(signal, watches, health),
         }
     }
 }
@@ -318,11 +314,16 @@ async fn debounce(watches: &mut crate::watch::WatchSet, settings: &Settings, hea
 /// syncs and failures as [`debounce`] does.
 fn take_queued(watches: &mut crate::watch::WatchSet, health: &crate::admin::Health) {
     while let Some(Some(signal)) = futures::FutureExt::now_or_never(watches.next()) {
-        match signal {
-            Signal::Failed(_) => health.set_reachable(false),
-            Signal::Synced(_) => health.set_watches_synced(watches.all_synced()),
-            Signal::Changed(_) => {}
-        }
+        record(signal, watches, health);
+    }
+}
+
+/// What a signal taken while waiting changes: a change needs nothing more (the pass that follows covers it).
+fn record(signal: Signal, watches: &crate::watch::WatchSet, health: &crate::admin::Health) {
+    match signal {
+        Signal::Failed(_) => health.set_reachable(false),
+        Signal::Synced(_) => health.set_watches_synced(watches.all_synced()),
+        Signal::Changed(_) => {}
     }
 }
 
