@@ -142,8 +142,15 @@ async fn with_the_leading_edge_a_change_after_quiet_runs_before_its_debounce_and
     })
     .await;
     assert_eq!(run.calls.load(Ordering::SeqCst), 1, "one reconcile once the watch synced");
-    // Quiet: a debounce without a pass or a change.
-    tokio::time::sleep(debounce).await;
+    // Quiet: the driver's own record of its last full pass (its pass timestamp) a debounce old, and a little more
+    // (the gauge is set just before the driver notes the pass's end for the leading edge).
+    testbed::eventually(debounce * 3, "a debounce without a pass", || async {
+        let text = kcp_keeper_runtime::metrics::encode(&run.registry);
+        let line = text.lines().find(|l| l.starts_with("reconcile_pass_timestamp_seconds "))?;
+        let at: f64 = line.rsplit(' ').next()?.parse().ok()?;
+        (kcp_keeper_runtime::metrics::unix_now() - at >= debounce.as_secs_f64() + 0.1).then_some(())
+    })
+    .await;
 
     let api = Api::<ConfigMap>::namespaced(bed.client(), &ns);
     let burst_started = tokio::time::Instant::now();
