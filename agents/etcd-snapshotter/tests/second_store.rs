@@ -162,16 +162,21 @@ async fn every_published_object_lands_verified_on_both_stores_and_each_store_kee
 /// A steady writer: one put every `every` until dropped; the revision of the last acknowledged put.
 struct Writes {
     last: std::sync::Arc<std::sync::atomic::AtomicI64>,
-    task: tokio::task::JoinHandle<()>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<etcd_client::Client>,
 }
 
 impl Writes {
     fn start(mut client: etcd_client::Client, prefix: &'static str, every: Duration) -> Self {
         let last = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
-        let seen = last.clone();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (seen, stopping) = (last.clone(), stop.clone());
         let task = tokio::spawn(async move {
             for i in 0u64.. {
                 tokio::time::sleep(every).await;
+                if stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
                 if let Ok(Ok(r)) = tokio::time::timeout(
                     Duration::from_secs(5),
                     client.put(format!("{prefix}/{i:06}"), vec![b'x'; 300], None),
@@ -181,19 +186,24 @@ impl Writes {
                     seen.store(r.header().unwrap().revision(), std::sync::atomic::Ordering::SeqCst);
                 }
             }
+            client
         });
-        Self { last, task }
+        Self { last, stop, task }
     }
 
-    /// Stops writing; the revision of the last acknowledged put.
     /// The revision of the last acknowledged put so far.
     fn last(&self) -> Option<i64> {
         Some(self.last.load(std::sync::atomic::Ordering::SeqCst))
     }
 
-    fn stop(self) -> i64 {
-        self.task.abort();
-        self.last.load(std::sync::atomic::Ordering::SeqCst)
+    /// Stops writing and returns the source's revision once no put is in flight: read from etcd, not from the
+    /// last acknowledgement (a put cut off mid-flight, or one whose answer timed out, may still commit).
+    async fn stop(self) -> i64 {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut client = self.task.await.expect("the writes task");
+        let revision = client.get("/registry/", None).await.unwrap().header().unwrap().revision();
+        assert!(revision >= self.last.load(std::sync::atomic::Ordering::SeqCst), "the revision never goes back");
+        revision
     }
 }
 
@@ -266,7 +276,7 @@ async fn a_second_store_answering_503_and_resets_is_counted_while_primary_snapsh
         during.iter().all(|(key, sha)| on_second.get(key) == Some(sha)).then_some(())
     })
     .await;
-    let last = writes.stop();
+    let last = writes.stop().await;
     testbed::eventually(Duration::from_secs(60), "the last write on the second store", || async {
         (newest_delta_to(&offsite, &second.s3.bucket, SECOND_PREFIX).await >= last).then_some(())
     })
@@ -335,7 +345,7 @@ async fn restore_at_from_the_second_store_with_the_primary_stopped_gives_the_pri
         writes.last().filter(|r| *r >= first + 100)
     })
     .await;
-    let last = writes.stop();
+    let last = writes.stop().await;
     let offsite = second.s3.client();
     testbed::eventually(Duration::from_secs(90), "deltas through the last write on the second store", || async {
         (newest_delta_to(&offsite, &second.s3.bucket, SECOND_PREFIX).await >= last).then_some(())
