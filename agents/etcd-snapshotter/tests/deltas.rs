@@ -41,7 +41,9 @@ impl Load {
                     _ = tick.tick() => {}
                 }
                 let key = format!("{prefix}/{i:06}");
-                let put = tokio::time::timeout(Duration::from_secs(5), client.put(key.clone(), vec![b'x'; 200], None));
+                // A long timeout: a put whose answer is given up on may still commit, unacknowledged, and the
+                // restores below compare the source's writes with the acknowledged ones exactly.
+                let put = tokio::time::timeout(Duration::from_secs(60), client.put(key.clone(), vec![b'x'; 200], None));
                 match put.await {
                     Ok(Ok(response)) => {
                         let revision = response.header().unwrap().revision();

@@ -59,14 +59,6 @@ async fn a_part_answered_slowdown_then_reset_then_stalled_is_retried_and_the_sna
     assert!(out.status.success(), "{}", text(&out));
 }
 
-/// A cron firing once a day, `seconds` from now: the first tick comes soon and the next one only tomorrow,
-/// so a snapshot published today can only come from that first tick.
-fn daily_cron_in(seconds: i64) -> String {
-    let at = chrono::Utc::now() + chrono::Duration::seconds(seconds);
-    use chrono::Timelike;
-    format!("{} {} {} * * *", at.second(), at.minute(), at.hour())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_failing_past_its_part_budget_is_run_again_within_its_tick_and_every_retry_is_counted() {
     let bed = Bed::with_cluster().await.unwrap();

@@ -291,6 +291,14 @@ pub async fn revision_and_keys(client: &mut etcd_client::Client) -> (i64, i64) {
 
 pub const WAIT: Duration = Duration::from_secs(60);
 
+/// A cron firing once a day, `seconds` from now: the first tick comes soon and the next one only tomorrow,
+/// so a snapshot published today can only come from that first tick.
+pub fn daily_cron_in(seconds: i64) -> String {
+    let at = chrono::Utc::now() + chrono::Duration::seconds(seconds);
+    use chrono::Timelike;
+    format!("{} {} {} * * *", at.second(), at.minute(), at.hour())
+}
+
 /// A single-member etcd started on the data directory `restore` wrote (`extra` flags appended), serving on
 /// `client_port`; logs to `<name>.log` in the bed.
 pub fn start_restored(
