@@ -240,7 +240,7 @@ async fn selector_targets_follow_namespaces_are_restored_and_foreign_secrets_are
     bed.create_namespace(fresh).await?;
     label(fresh).await?;
     let client = bed.client();
-    let written = eventually(Duration::from_secs(15), "a newly labelled namespace to get its Secret", || async {
+    let written = eventually(Duration::from_secs(60), "a newly labelled namespace to get its Secret", || async {
         key(&client, fresh, "kcp-ca", "ca.crt").await
     })
     .await;
@@ -248,20 +248,20 @@ async fn selector_targets_follow_namespaces_are_restored_and_foreign_secrets_are
 
     let targets = Api::<Secret>::namespaced(bed.client(), fresh);
     targets.delete("kcp-ca", &DeleteParams::default()).await?;
-    eventually(Duration::from_secs(15), "the deleted target to be recreated", || async {
+    eventually(Duration::from_secs(60), "the deleted target to be recreated", || async {
         key(&client, fresh, "kcp-ca", "ca.crt").await
     })
     .await;
     targets
         .patch("kcp-ca", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"ca.crt": "hand edit"}})))
         .await?;
-    eventually(Duration::from_secs(15), "the hand edit to be put back", || async {
+    eventually(Duration::from_secs(60), "the hand edit to be put back", || async {
         key(&client, fresh, "kcp-ca", "ca.crt").await.filter(|k| k.contains("BEGIN CERTIFICATE"))
     })
     .await;
 
     assert_eq!(key(&bed.client(), foreign_ns, "kcp-ca", "ca.crt").await.as_deref(), Some("theirs"), "left alone");
-    eventually(Duration::from_secs(15), "the foreign Secret to be reported", || async {
+    eventually(Duration::from_secs(60), "the foreign Secret to be reported", || async {
         events(&client, foreign_ns).await.into_iter().find(|e| e.reason.as_deref() == Some("NotOwned"))
     })
     .await;

@@ -160,7 +160,7 @@ async fn a_corrupted_stream_is_counted_as_a_hash_mismatch_with_an_event_and_publ
     load(&mut client, "/registry/things", 100, 10_000).await.unwrap();
     let flipping = Proxy::start(etcd.members[0].client_url.trim_start_matches("http://")).await;
     flipping.faults.flip.store(true, std::sync::atomic::Ordering::SeqCst);
-    let cron = daily_cron_in(20);
+    let cron = daily_cron_in(30);
     let mut options = Options::new(&bed, "root", vec![flipping.url.clone()]);
     // One tick and one run: the stream is flipped once, and a second run (the next tick, or a retry within
     // this one) would publish a good snapshot while this test checks that nothing was published.
@@ -171,7 +171,7 @@ async fn a_corrupted_stream_is_counted_as_a_hash_mismatch_with_an_event_and_publ
     let mut agent = agent(cluster, &config, &ns).identity("replica-a").spawn().unwrap();
     agent.wait_ready(WAIT).await.unwrap();
 
-    let text = testbed::eventually(WAIT, "a hash mismatch counted", || async {
+    let text = testbed::eventually(Duration::from_secs(90), "a hash mismatch counted", || async {
         let text = scrape(&agent.admin_url).await;
         value(&text, "etcd_snapshotter_failures_total{shard=\"root\",reason=\"hash_mismatch\"}")
             .ok()

@@ -70,7 +70,7 @@ async fn a_run_failing_past_its_part_budget_is_run_again_within_its_tick_and_eve
     let proxy = FaultProxy::start(&bed.s3.endpoint).await.unwrap();
     // Four SlowDowns: the whole budget of part 1 in the first run; the second run goes through.
     proxy.inject("PUT", PART_ONE, Fault::SlowDown, 4);
-    let cron = daily_cron_in(15);
+    let cron = daily_cron_in(30);
     let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
     options.cron = &cron;
     let config = config_through(&bed, options, &proxy, "  partMaxAttempts: 4\n");

@@ -87,7 +87,7 @@ async fn the_target_stays_valid_across_rotations_for_a_probe_every_200ms_through
     // serials were seen.
     let mut serials = BTreeSet::new();
     let mut hashes = BTreeSet::new();
-    let (mut probes, mut failures) = (0, Vec::new());
+    let (mut probes, mut failures, mut unanswered) = (0, Vec::new(), Vec::new());
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let deadline = first_not_after + time::Duration::seconds(120);
@@ -103,13 +103,28 @@ async fn the_target_stays_valid_across_rotations_for_a_probe_every_200ms_through
         match self_subject_review(&kubeconfig).await {
             Ok(user) if user == ADMIN_USER => {}
             Ok(user) => failures.push(format!("probe {probes}: authenticated as {user}")),
+            // The front proxy's own 502: its backend, the shard, did not answer (now and then on a busy machine);
+            // the credential was accepted. Anything else (401, 403, a TLS or connection error) is a refusal.
+            Err(e) if matches!(e.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 502) => {
+                unanswered.push(format!("probe {probes}: {e}"))
+            }
             Err(e) => failures.push(format!("probe {probes}: {e}")),
         }
         serials.insert(client_cert(&kubeconfig).serial);
         hashes.insert(annotation(&target, "kcp-keeper.io/content-hash").expect("hash annotation"));
     }
-    eprintln!("probe: {probes} requests, {} serials, {} failures", serials.len(), failures.len());
+    eprintln!(
+        "probe: {probes} requests, {} serials, {} failures, {} not answered",
+        serials.len(),
+        failures.len(),
+        unanswered.len()
+    );
     assert!(failures.is_empty(), "{} of {probes} probes failed: {failures:?}", failures.len());
+    assert!(
+        unanswered.len() * 100 <= probes,
+        "the front proxy answered 502 to {} of {probes}: {unanswered:?}",
+        unanswered.len()
+    );
     assert!(serials.len() >= 3, "serials seen: {serials:?}");
     assert!(OffsetDateTime::now_utc() > first_not_after, "the probe ran past the first certificate's notAfter");
 
@@ -222,7 +237,10 @@ async fn with_exactly_its_rbac_it_forces_an_overdue_renewal_on_status_and_nudges
     .await;
     let took = issued_at.elapsed();
     eprintln!("renewed certificate reached the target {took:?} after it was issued");
-    assert!(took < Duration::from_secs(15), "a stale render waits for a nudge, not a resync: {took:?}");
+    // Without the nudge the operator re-renders at its 10-hour resync: any bound far below it proves the nudge,
+    // and a generous one leaves the chain (notice, nudge, render, proof through the front proxy, publish) room on
+    // a loaded machine.
+    assert!(took < Duration::from_secs(45), "a stale render waits for a nudge, not a resync: {took:?}");
 
     let certificate = certificates.get(&cert_name).await?;
     assert_eq!(certificate.data["spec"], spec_before, "the Certificate spec is never edited");

@@ -94,7 +94,8 @@ async fn a_burst_of_updates_is_read_once_it_settled_so_no_intermediate_value_is_
     let loads = Arc::new(Loads::default());
     let shutdown = CancellationToken::new();
     // No poll during the test: every load comes from an event.
-    let settings = WatchSettings { debounce: Duration::from_millis(400), poll: Duration::from_secs(3600) };
+    // A debounce far above the burst's spacing: a stall of a loaded machine mid-burst must not settle it.
+    let settings = WatchSettings { debounce: Duration::from_secs(2), poll: Duration::from_secs(3600) };
     let mut rx = dirwatch::follow(
         dir.path(),
         settings,
@@ -103,7 +104,7 @@ async fn a_burst_of_updates_is_read_once_it_settled_so_no_intermediate_value_is_
         |_: &String| {},
         shutdown.clone(),
     );
-    // Ten updates 40 ms apart: a burst slower than a read, quicker than the debounce.
+    // Ten updates 40 ms apart: a burst slower than a read, far quicker than the debounce.
     for value in 1..=10 {
         project(dir.path(), &value.to_string());
         tokio::time::sleep(Duration::from_millis(40)).await;

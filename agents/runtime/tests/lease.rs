@@ -131,14 +131,16 @@ async fn when_the_leader_dies_without_releasing_the_other_takes_over_within_the_
     // The dead leader's last renewal that landed (one still in flight carries an earlier stamp than the abort).
     let last_renew = held.renew_time.expect("renewTime is set").0;
 
-    let limit = LEASE_DURATION + 2 * RETRY_PERIOD;
-    tokio::time::timeout(limit + Duration::from_secs(2), follower.leadership.wait_until_leader())
+    tokio::time::timeout(LEASE_DURATION + Duration::from_secs(10), follower.leadership.wait_until_leader())
         .await
         .map_err(|_| anyhow::anyhow!("{} did not take over", follower.identity))?;
     let took = crashed_at.elapsed();
     let since_renew = Timestamp::now().duration_since(last_renew);
     println!("takeover after {took:?}, {since_renew:?} after the last renewal");
-    assert!(took < limit, "took over after {took:?}, limit {limit:?}");
+    // Soon after the term ran out: the follower's next try (a retry period) and its read and write, with room
+    // for a loaded apiserver's round trips.
+    let limit = LEASE_DURATION + RETRY_PERIOD + Duration::from_secs(2);
+    assert!(since_renew < SignedDuration::try_from(limit)?, "took over {since_renew:?} after the last renewal");
     // Never before the dead leader's term ran out: a full lease duration after its last renewal, whenever that
     // was (a loaded apiserver delays renewals, so the crash time bounds nothing).
     assert!(
@@ -161,21 +163,24 @@ async fn graceful_shutdown_releases_the_lease_so_the_other_takes_over_at_once() 
     let (leader, mut follower) = leader_and_follower(&bed, &ns).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
+    // The term as it stands before the stop; a renewal in between only extends it.
+    let renewed = read_lease(&bed, &ns).await.renew_time.expect("renewTime is set").0;
     let stopped_at = Instant::now();
     let leader_identity = leader.identity;
     let leader_leadership = leader.leadership.clone();
     leader.stop().await;
     assert!(!leader_leadership.is_leader());
 
-    tokio::time::timeout(LEASE_DURATION, follower.leadership.wait_until_leader())
+    tokio::time::timeout(LEASE_DURATION + Duration::from_secs(10), follower.leadership.wait_until_leader())
         .await
-        .map_err(|_| anyhow::anyhow!("{} did not take over within the lease duration", follower.identity))?;
-    let took = stopped_at.elapsed();
-    println!("takeover after {took:?}");
-    // Without the release it could not happen before the lease expired (3s); one retry period is expected.
-    assert!(took < LEASE_DURATION / 3, "took over after {took:?}");
-
+        .map_err(|_| anyhow::anyhow!("{} did not take over", follower.identity))?;
+    println!("takeover after {:?}", stopped_at.elapsed());
     let spec = read_lease(&bed, &ns).await;
+    // Without the release the follower could acquire only once the term ran out (renewTime + leaseDuration):
+    // acquiring before that proves the release, whatever the apiserver's round trips cost.
+    let acquired = spec.acquire_time.clone().expect("acquireTime is set").0;
+    let before_expiry = renewed.checked_add(SignedDuration::try_from(LEASE_DURATION)?)?;
+    assert!(acquired < before_expiry, "acquired at {acquired}, the released term ran to {before_expiry}");
     assert_eq!(spec.holder_identity.as_deref(), Some(follower.identity));
     assert_ne!(spec.holder_identity.as_deref(), Some(leader_identity));
     assert_eq!(spec.lease_transitions, Some(1));
@@ -195,18 +200,19 @@ async fn a_holder_that_cannot_renew_stops_leading_before_its_lease_could_be_take
 
     // The lease as others last saw it; the holder may renew once more before the kill, only extending it.
     let seen_renew = read_lease(&bed, &ns).await.renew_time.expect("renewTime is set").0;
-    bed.apiserver.process.kill();
     let killed_at = Instant::now();
+    bed.apiserver.process.kill();
 
     tokio::time::timeout(Duration::from_secs(10), leading.wait_for(|l| !*l)).await??;
     let (stepped_down_after, stepped_down_wall) = (killed_at.elapsed(), Timestamp::now());
     let since_renew = stepped_down_wall.duration_since(seen_renew);
     println!("stepped down {stepped_down_after:?} after the kill, {since_renew:?} after the last renew seen");
     // Every renew before the kill started before it, so the deadline ran out at most renew_deadline after it.
-    assert!(stepped_down_after <= RENEW_DEADLINE + Duration::from_millis(200), "{stepped_down_after:?}");
+    // (Slack for timers and a loaded machine, not a margin the claim needs: the claim is the last assertion.)
+    assert!(stepped_down_after <= RENEW_DEADLINE + Duration::from_millis(700), "{stepped_down_after:?}");
     // Not at the first failed request: the holder keeps leading through blips shorter than the deadline.
     assert!(stepped_down_after >= RENEW_DEADLINE - RETRY_PERIOD - Duration::from_millis(500));
-    assert!(since_renew <= SignedDuration::try_from(RENEW_DEADLINE + RETRY_PERIOD + Duration::from_millis(200))?);
+    assert!(since_renew <= SignedDuration::try_from(RENEW_DEADLINE + RETRY_PERIOD + Duration::from_millis(700))?);
     // The point of it all: others could take the lease only at renewTime + leaseDuration.
     assert!(since_renew < SignedDuration::try_from(LEASE_DURATION)?, "still leading after the lease expired");
 
