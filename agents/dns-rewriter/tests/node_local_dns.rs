@@ -29,12 +29,17 @@ const EDGE: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 7);
 const HOST: &str = "kcp-root.example.com";
 const NODE_LOCAL_CONFIGMAP: &str = "node-local-dns";
 
-/// Three loopback addresses of this process's own (node-local-dns, the cluster DNS, the upstream), so two test
-/// runs side by side do not share port 53 on one address.
+/// Three loopback addresses of this test's own (node-local-dns, the cluster DNS, the upstream): the process id
+/// keeps two test runs side by side apart, and a count the tests of this binary, which run at once. CoreDNS binds
+/// port 53 with SO_REUSEPORT, so a second test on the same address would not fail to start: the kernel would
+/// split the queries between two tests' servers.
 fn addresses() -> (Ipv4Addr, Ipv4Addr, Ipv4Addr) {
+    static CALLS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    assert!(n < 8, "eight sets of addresses per binary at most");
     let pid = std::process::id();
     let (a, b) = ((pid >> 8) as u8, (pid & 0xff) as u8);
-    let base = |last: u8| Ipv4Addr::new(127, a.wrapping_add(100) | 0x40, b, last);
+    let base = |last: u8| Ipv4Addr::new(127, a.wrapping_add(100) | 0x40, b, last + n);
     (base(10), base(20), base(30))
 }
 

@@ -140,7 +140,9 @@ pub fn values() -> Value {
                 },
                 "compression": "zstd",
                 "encryption": {"ageRecipients": [age_identity().to_public().to_string()]},
-                "retention": {"keepLast": 3},
+                // A snapshot every 20 s: with keepLast 3 the one a test drills (40 MiB on a loaded machine) could
+                // be pruned within a minute, before the test lists it again (as on the seed layout).
+                "retention": {"keepLast": 30},
                 "spill": {"directory": "/var/lib/etcd-snapshotter", "memoryBudget": "64Mi"},
                 "drills": {
                     // Where the image carries them.

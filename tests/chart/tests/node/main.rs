@@ -54,11 +54,13 @@ async fn helm_install_wait_runs_every_agent_from_its_shipped_image_in_a_restrict
         let wanted = d.spec.replicas.unwrap_or(1);
         ensure!(status.ready_replicas == Some(wanted), "{:?}: {status:?}", d.metadata.name);
     }
-    // The agents' pods (other tests add pods of their own to the namespace).
+    // The agents' pods (other tests add pods of their own to the namespace), less any on its way out: a test
+    // that rolled or deleted one ends once its replacement is Ready, and the old one may still be draining.
     let agents = ListParams::default().labels("app.kubernetes.io/part-of=kcp-keeper");
     let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE).list(&agents).await?;
-    ensure!(pods.items.len() >= 4, "{} pods", pods.items.len());
-    for pod in &pods.items {
+    let pods: Vec<&Pod> = pods.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+    ensure!(pods.len() >= 4, "{} pods", pods.len());
+    for pod in pods {
         let status = pod.status.clone().unwrap_or_default();
         for c in status.container_statuses.unwrap_or_default() {
             ensure!(c.ready, "{:?} container {} not ready", pod.metadata.name, c.name);
