@@ -217,17 +217,30 @@ impl Kcp {
     }
 
     /// Starts another root shard process on `etcd_servers` (e.g. an etcd restored from a snapshot of the root
-    /// shard's) with this bed's certificates, under `dir`, and waits until its `/readyz` is ok. Returns the
-    /// process and its URL.
+    /// shard's) with this bed's serving certificate and CAs, under `dir`, and waits until its `/readyz` is ok.
+    /// Returns the process and its URL.
+    ///
+    /// It reaches nothing live: its Shard objects still name the bed's shards, and the bed may be shared with
+    /// test binaries running now, so its logical-cluster-admin kubeconfigs point at itself and its shard client
+    /// certificate comes from a CA of its own that no shard trusts.
     pub async fn start_root_shard_on(
         &self,
         peers: &peers::Peers,
         etcd_servers: &str,
         dir: &Path,
     ) -> Result<(Process, String)> {
-        let (root, cas, common) = (self.dir.join("root"), self.dir.join("ca"), self.dir.join("common"));
+        let (root, cas) = (self.dir.join("root"), self.dir.join("ca"));
         let port = free_port()?;
         let url = format!("https://127.0.0.1:{port}");
+        let own = dir.join("credentials");
+        let lca = self.pki.kubeconfig(&url, "logical-cluster-admin", &["system:kcp:logical-cluster-admin"])?;
+        let elca = self.pki.kubeconfig(
+            &url,
+            "external-logical-cluster-admin",
+            &["system:kcp:external-logical-cluster-admin"],
+        )?;
+        let untrusted =
+            KcpPki::new()?.client("kcp-shard-restored", &["system:masters"], Duration::from_secs(24 * 3600))?;
         let flags = args::ShardFlags {
             name: "root".into(),
             port,
@@ -241,10 +254,10 @@ impl Kcp {
             requestheader_ca: cas.join("root-front-proxy-client-ca").join("tls.crt"),
             service_account_pub: cas.join("service-account.pub"),
             service_account_key: cas.join("service-account.key"),
-            shard_client_cert: root.join("shard-client.crt"),
-            shard_client_key: root.join("shard-client.key"),
-            logical_cluster_admin_kubeconfig: common.join("logical-cluster-admin.kubeconfig"),
-            external_logical_cluster_admin_kubeconfig: common.join("external-logical-cluster-admin.kubeconfig"),
+            shard_client_cert: write(&own, "shard-client.crt", &untrusted.cert_pem)?,
+            shard_client_key: write(&own, "shard-client.key", &untrusted.key_pem)?,
+            logical_cluster_admin_kubeconfig: write(&own, "logical-cluster-admin.kubeconfig", &lca)?,
+            external_logical_cluster_admin_kubeconfig: write(&own, "external-logical-cluster-admin.kubeconfig", &elca)?,
             root_shard_kubeconfig: None,
         };
         let admin = write(dir, "admin.kubeconfig", &self.pki.kubeconfig(&url, "shard-admin", &["system:masters"])?)?;
