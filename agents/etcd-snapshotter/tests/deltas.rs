@@ -6,67 +6,11 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
 
 const BUMP: i64 = 1_000_000_000;
-
-/// One acknowledged write of the load: its key, the revision etcd committed it at, when the ack arrived.
-#[derive(Debug, Clone)]
-struct Ack {
-    key: String,
-    revision: i64,
-    at: Instant,
-}
-
-/// A writer at a steady rate (one put every `every`) until stopped or etcd fails; the acks it got.
-struct Load {
-    acks: Arc<Mutex<Vec<Ack>>>,
-    stop: tokio_util::sync::CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Load {
-    fn start(mut client: etcd_client::Client, prefix: &'static str, every: Duration) -> Self {
-        let acks = Arc::new(Mutex::new(Vec::new()));
-        let stop = tokio_util::sync::CancellationToken::new();
-        let (acks_in, stop_in) = (acks.clone(), stop.clone());
-        let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            for i in 0u64.. {
-                tokio::select! {
-                    () = stop_in.cancelled() => return,
-                    _ = tick.tick() => {}
-                }
-                let key = format!("{prefix}/{i:06}");
-                // A long timeout: a put whose answer is given up on may still commit, unacknowledged, and the
-                // restores below compare the source's writes with the acknowledged ones exactly.
-                let put = tokio::time::timeout(Duration::from_secs(60), client.put(key.clone(), vec![b'x'; 200], None));
-                match put.await {
-                    Ok(Ok(response)) => {
-                        let revision = response.header().unwrap().revision();
-                        acks_in.lock().unwrap().push(Ack { key, revision, at: Instant::now() });
-                    }
-                    // etcd is gone (the node-loss test): the load ends with it.
-                    _ => return,
-                }
-            }
-        });
-        Self { acks, stop, task }
-    }
-
-    fn acked(&self) -> Vec<Ack> {
-        self.acks.lock().unwrap().clone()
-    }
-
-    async fn finish(self) -> Vec<Ack> {
-        self.stop.cancel();
-        let _ = self.task.await;
-        self.acks.lock().unwrap().clone()
-    }
-}
 
 /// One stored delta, as its metadata states it.
 #[derive(Debug, Clone)]

@@ -159,54 +159,6 @@ async fn every_published_object_lands_verified_on_both_stores_and_each_store_kee
     assert_eq!(listed.lines().count(), 4, "a header and three snapshots: {listed}");
 }
 
-/// A steady writer: one put every `every` until dropped; the revision of the last acknowledged put.
-struct Writes {
-    last: std::sync::Arc<std::sync::atomic::AtomicI64>,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<etcd_client::Client>,
-}
-
-impl Writes {
-    fn start(mut client: etcd_client::Client, prefix: &'static str, every: Duration) -> Self {
-        let last = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (seen, stopping) = (last.clone(), stop.clone());
-        let task = tokio::spawn(async move {
-            for i in 0u64.. {
-                tokio::time::sleep(every).await;
-                if stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                    break;
-                }
-                if let Ok(Ok(r)) = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    client.put(format!("{prefix}/{i:06}"), vec![b'x'; 300], None),
-                )
-                .await
-                {
-                    seen.store(r.header().unwrap().revision(), std::sync::atomic::Ordering::SeqCst);
-                }
-            }
-            client
-        });
-        Self { last, stop, task }
-    }
-
-    /// The revision of the last acknowledged put so far.
-    fn last(&self) -> Option<i64> {
-        Some(self.last.load(std::sync::atomic::Ordering::SeqCst))
-    }
-
-    /// Stops writing and returns the source's revision once no put is in flight: read from etcd, not from the
-    /// last acknowledgement (a put cut off mid-flight, or one whose answer timed out, may still commit).
-    async fn stop(self) -> i64 {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        let mut client = self.task.await.expect("the writes task");
-        let revision = client.get("/registry/", None).await.unwrap().header().unwrap().revision();
-        assert!(revision >= self.last.load(std::sync::atomic::Ordering::SeqCst), "the revision never goes back");
-        revision
-    }
-}
-
 /// The newest `delta-to` among the deltas stored under `prefix` of `bucket`.
 async fn newest_delta_to(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> i64 {
     let mut newest = 0;
@@ -245,7 +197,7 @@ async fn a_second_store_answering_503_and_resets_is_counted_while_primary_snapsh
     proxy.inject("PUT", "", Fault::Reset, usize::MAX);
     proxy.inject("", "", Fault::SlowDown, usize::MAX);
 
-    let writes = Writes::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(50));
+    let writes = Load::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(50));
     let agent = agent(cluster, &config, &ns).start().await.unwrap();
     let primary = bed.s3.client();
     let failures = "etcd_snapshotter_secondary_failures_total{shard=\"root\",kind=\"listing\"}";
@@ -276,7 +228,7 @@ async fn a_second_store_answering_503_and_resets_is_counted_while_primary_snapsh
         during.iter().all(|(key, sha)| on_second.get(key) == Some(sha)).then_some(())
     })
     .await;
-    let last = writes.stop().await;
+    let last = writes.finish_at_source(&mut client).await;
     testbed::eventually(Duration::from_secs(60), "the last write on the second store", || async {
         (newest_delta_to(&offsite, &second.s3.bucket, SECOND_PREFIX).await >= last).then_some(())
     })
@@ -337,15 +289,16 @@ async fn restore_at_from_the_second_store_with_the_primary_stopped_gives_the_pri
     with_secondary(&config, &second, &second.s3.endpoint, 100);
     // No tick: the delta writer takes the one full snapshot its chain needs, then deltas every second.
     let mut agent = agent(bed.cluster(), &config, &ns).start().await.unwrap();
-    let writes = Writes::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(30));
+    let writes = Load::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(30));
     // Writes acknowledged both before and after the agent's deltas began: a hundred past the first one.
     let first =
-        testbed::eventually(WAIT, "a first acknowledged write", || async { writes.last().filter(|r| *r > 0) }).await;
+        testbed::eventually(WAIT, "a first acknowledged write", || async { writes.acked().last().map(|a| a.revision) })
+            .await;
     testbed::eventually(WAIT, "a hundred more writes acknowledged", || async {
-        writes.last().filter(|r| *r >= first + 100)
+        writes.acked().last().map(|a| a.revision).filter(|r| *r >= first + 100)
     })
     .await;
-    let last = writes.stop().await;
+    let last = writes.finish_at_source(&mut source).await;
     let offsite = second.s3.client();
     testbed::eventually(Duration::from_secs(90), "deltas through the last write on the second store", || async {
         (newest_delta_to(&offsite, &second.s3.bucket, SECOND_PREFIX).await >= last).then_some(())

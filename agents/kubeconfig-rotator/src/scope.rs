@@ -94,10 +94,9 @@ impl Stores {
             }
             for name in &n.cluster_targets {
                 if !stores.cluster_secrets.contains_key(name) {
-                    // Across namespaces but by one name only (a metadata.name field selector): the ClusterRole
-                    // grants these Secrets by resourceNames, so no other Secret can be listed or watched.
-                    let api = Api::<Secret>::all(client.clone());
-                    let store = watches.add(format!("secret */{name}"), api, by_name(name));
+                    // Across namespaces but by this one name only: the ClusterRole grants these Secrets by
+                    // resourceNames, so no other Secret can be listed or watched.
+                    let store = watches.add_named_everywhere::<Secret>(client, name);
                     stores.cluster_secrets.insert(name.clone(), store);
                 }
             }

@@ -42,6 +42,28 @@ impl Watches {
         Self::default()
     }
 
+    /// Objects named `name` in every namespace: a cluster-wide list and watch that always carries the name's field
+    /// selector ([`by_name`]), so a role granting that name by `resourceNames` is all it needs and nothing else of
+    /// the kind (every Secret in the cluster, say) is ever listed. How an agent
+    /// watches a namespaced kind across the cluster.
+    pub fn add_named_everywhere<K>(&mut self, client: &kube::Client, name: &str) -> Store<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Debug
+            + Send
+            + Sync
+            + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone,
+    {
+        self.add(
+            format!("{} */{name}", K::kind(&K::DynamicType::default()).to_lowercase()),
+            Api::<K>::all(client.clone()),
+            by_name(name),
+        )
+    }
+
     /// Adds a watch of `api` (namespaced or all) with `config` (field and label selectors), served into the
     /// returned store. `name` describes it in logs.
     pub fn add<K>(&mut self, name: impl Into<String>, api: Api<K>, config: watcher::Config) -> Store<K>

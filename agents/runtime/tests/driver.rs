@@ -146,8 +146,7 @@ async fn with_the_leading_edge_a_change_after_quiet_runs_before_its_debounce_and
     // (the gauge is set just before the driver notes the pass's end for the leading edge).
     testbed::eventually(debounce * 3, "a debounce without a pass", || async {
         let text = kcp_keeper_runtime::metrics::encode(&run.registry);
-        let line = text.lines().find(|l| l.starts_with("reconcile_pass_timestamp_seconds "))?;
-        let at: f64 = line.rsplit(' ').next()?.parse().ok()?;
+        let at = testbed::metrics::value(&text, "reconcile_pass_timestamp_seconds ").ok()?;
         (kcp_keeper_runtime::metrics::unix_now() - at >= debounce.as_secs_f64() + 0.1).then_some(())
     })
     .await;

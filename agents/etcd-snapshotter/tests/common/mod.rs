@@ -6,7 +6,7 @@ pub mod proxy;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use testbed::agent_process::AgentUnderTest;
@@ -342,4 +342,68 @@ pub async fn serve_restored(
     })
     .await;
     (process, client)
+}
+
+/// One acknowledged write of the load: its key, the revision etcd committed it at, when the ack arrived.
+#[derive(Debug, Clone)]
+pub struct Ack {
+    pub key: String,
+    pub revision: i64,
+    pub at: Instant,
+}
+
+/// A writer at a steady rate (one put every `every`) until stopped or etcd fails; the acks it got.
+pub struct Load {
+    acks: std::sync::Arc<std::sync::Mutex<Vec<Ack>>>,
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    pub fn start(mut client: etcd_client::Client, prefix: &'static str, every: Duration) -> Self {
+        let acks = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (acks_in, stop_in) = (acks.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            for i in 0u64.. {
+                tokio::select! {
+                    () = stop_in.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let key = format!("{prefix}/{i:06}");
+                // A long timeout: a put whose answer is given up on may still commit, unacknowledged, and the
+                // restores compare the source's writes with the acknowledged ones exactly.
+                let put = tokio::time::timeout(Duration::from_secs(60), client.put(key.clone(), vec![b'x'; 200], None));
+                match put.await {
+                    Ok(Ok(response)) => {
+                        let revision = response.header().unwrap().revision();
+                        acks_in.lock().unwrap().push(Ack { key, revision, at: Instant::now() });
+                    }
+                    // etcd is gone (the node-loss test): the load ends with it.
+                    _ => return,
+                }
+            }
+        });
+        Self { acks, stop, task }
+    }
+
+    pub fn acked(&self) -> Vec<Ack> {
+        self.acks.lock().unwrap().clone()
+    }
+
+    pub async fn finish(self) -> Vec<Ack> {
+        self.stop.cancel();
+        let _ = self.task.await;
+        self.acks.lock().unwrap().clone()
+    }
+
+    /// Stops it and returns the source's revision then: read from etcd once no put is in flight, not taken
+    /// from the last ack (a put whose answer was given up on may still have committed).
+    pub async fn finish_at_source(self, client: &mut etcd_client::Client) -> i64 {
+        let acks = self.finish().await;
+        let revision = client.get("/registry/", None).await.unwrap().header().unwrap().revision();
+        assert!(acks.last().is_none_or(|a| revision >= a.revision), "the revision never goes back");
+        revision
+    }
 }

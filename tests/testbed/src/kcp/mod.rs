@@ -91,16 +91,7 @@ impl Kcp {
             "root-shard-admin.kubeconfig",
             &pki.kubeconfig_with_context(&root_url, "shard-admin", &["system:masters"], "shard-base")?,
         )?;
-        let lca = write(
-            &common,
-            "logical-cluster-admin.kubeconfig",
-            &pki.kubeconfig(&root_url, "logical-cluster-admin", &["system:kcp:logical-cluster-admin"])?,
-        )?;
-        let elca = write(
-            &common,
-            "external-logical-cluster-admin.kubeconfig",
-            &pki.kubeconfig(&fp_url, "external-logical-cluster-admin", &["system:kcp:external-logical-cluster-admin"])?,
-        )?;
+        let (lca, elca) = logical_cluster_admins(&pki, &common, &root_url, &fp_url)?;
 
         let mut shards = Vec::new();
         for (i, name) in SHARDS.into_iter().enumerate() {
@@ -233,12 +224,7 @@ impl Kcp {
         let port = free_port()?;
         let url = format!("https://127.0.0.1:{port}");
         let own = dir.join("credentials");
-        let lca = self.pki.kubeconfig(&url, "logical-cluster-admin", &["system:kcp:logical-cluster-admin"])?;
-        let elca = self.pki.kubeconfig(
-            &url,
-            "external-logical-cluster-admin",
-            &["system:kcp:external-logical-cluster-admin"],
-        )?;
+        let (lca, elca) = logical_cluster_admins(&self.pki, &own, &url, &url)?;
         let untrusted =
             KcpPki::new()?.client("kcp-shard-restored", &["system:masters"], Duration::from_secs(24 * 3600))?;
         let flags = args::ShardFlags {
@@ -256,8 +242,8 @@ impl Kcp {
             service_account_key: cas.join("service-account.key"),
             shard_client_cert: write(&own, "shard-client.crt", &untrusted.cert_pem)?,
             shard_client_key: write(&own, "shard-client.key", &untrusted.key_pem)?,
-            logical_cluster_admin_kubeconfig: write(&own, "logical-cluster-admin.kubeconfig", &lca)?,
-            external_logical_cluster_admin_kubeconfig: write(&own, "external-logical-cluster-admin.kubeconfig", &elca)?,
+            logical_cluster_admin_kubeconfig: lca,
+            external_logical_cluster_admin_kubeconfig: elca,
             root_shard_kubeconfig: None,
         };
         let admin = write(dir, "admin.kubeconfig", &self.pki.kubeconfig(&url, "shard-admin", &["system:masters"])?)?;
@@ -455,4 +441,17 @@ async fn start_shared() -> Result<Kcp> {
     std::fs::create_dir_all(&dir)?;
     progress(&format!("starting the shared kcp bed in {}", dir.display()));
     Kcp::start(&peers, &dir, &[]).await
+}
+
+/// The kubeconfigs kcp's controllers act through, written under `dir`: the logical-cluster-admin one at
+/// `shard_url`, the external one at `external_url` (the front proxy, or the shard itself when it must reach
+/// nothing else).
+fn logical_cluster_admins(pki: &KcpPki, dir: &Path, shard_url: &str, external_url: &str) -> Result<(PathBuf, PathBuf)> {
+    let lca = pki.kubeconfig(shard_url, "logical-cluster-admin", &["system:kcp:logical-cluster-admin"])?;
+    let elca =
+        pki.kubeconfig(external_url, "external-logical-cluster-admin", &["system:kcp:external-logical-cluster-admin"])?;
+    Ok((
+        write(dir, "logical-cluster-admin.kubeconfig", &lca)?,
+        write(dir, "external-logical-cluster-admin.kubeconfig", &elca)?,
+    ))
 }
