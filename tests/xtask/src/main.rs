@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod bed;
 mod child;
+mod house;
 mod images;
 mod lanes;
 mod prereqs;
@@ -25,13 +26,13 @@ struct Args {
 enum Task {
     /// Build the peers (real kube-apiserver, etcd, CoreDNS, S3, helm, promtool) that are missing and list them.
     Peers,
-    /// Run every check CI runs: format, clippy (warnings denied), the images, all tests. The test binaries run
-    /// two at a time (KCP_KEEPER_TEST_LANES=1: one at a time) and share one kcp bed (KCP_KEEPER_TEST_SHARED_KCP=0:
-    /// each starts its own); one line per binary, a failing binary's whole output.
+    /// Run every check CI runs: format, the house rules (`house`), clippy (warnings denied), the images, all
+    /// tests. The test binaries run two at a time (KCP_KEEPER_TEST_LANES=1: one at a time) and share one kcp bed
+    /// (KCP_KEEPER_TEST_SHARED_KCP=0: each starts its own); one line per binary, a failing binary's whole output.
     Test {
-        /// Only these test binaries, and no format, clippy or images (the images too when `chart:node` is
-        /// named): `<package>` (all its test binaries) or `<package>:<test>` (its `tests/<test>.rs`), e.g.
-        /// `kubeconfig-rotator:kcp`; repeat or separate with commas.
+        /// Only these test binaries, and no format, house rules, clippy or images (the images too when
+        /// `chart:node` is named): `<package>` (all its test binaries) or `<package>:<test>` (its
+        /// `tests/<test>.rs`), e.g. `kubeconfig-rotator:kcp`; repeat or separate with commas.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
         /// Passed to every test binary, e.g. a test name filter.
@@ -56,6 +57,9 @@ enum Task {
     /// Build the agents' container images (static binaries, FROM scratch) with buildah, run `--version` inside
     /// each and print their sizes.
     Images,
+    /// Check the house rules of the product code (agents/, tools/): no two modules import each other, directly or
+    /// around a ring, and every agent has its role files; `test` runs it before clippy.
+    House,
     /// Write the chart's values.schema.json and README.md from the agents' configuration types and
     /// values.yaml's comments (the chart's `schema` tests check that the committed files are these).
     Schema,
@@ -84,6 +88,7 @@ fn main() -> Result<()> {
         Task::Demo { once, cluster } => demo(once, cluster),
         Task::Images => images::images(),
         Task::Schema => schema(),
+        Task::House => house(),
         Task::Bench { name, quick } => {
             prereqs::ensure_protoc()?;
             ensure_peers()?;
@@ -112,6 +117,7 @@ fn test(only: &[String], args: &[String]) -> Result<()> {
     if everything {
         prereqs::warn_on_little_disk(&target_dir());
         step("format", cargo(&["fmt", "--all", "--check"]))?;
+        house()?;
         step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))?;
     }
     let named = |names: &[&str]| only.iter().any(|o| names.contains(&o.as_str()));
@@ -337,14 +343,29 @@ fn set_by_cargo_run(name: &str) -> bool {
 }
 
 pub(crate) fn step(name: &str, cmd: Command) -> Result<()> {
+    step_with(name, || {
+        let status = child::run(cmd, name)?;
+        if !status.success() {
+            bail!("{name} failed ({status})");
+        }
+        Ok(())
+    })
+}
+
+/// A step done by the xtask itself rather than by a command, announced and timed as [`step`]'s are.
+fn step_with(name: &str, work: impl FnOnce() -> Result<()>) -> Result<()> {
     eprintln!("xtask: == {name}");
     let started = Instant::now();
-    let status = child::run(cmd, name)?;
-    if !status.success() {
-        bail!("{name} failed ({status})");
-    }
+    work()?;
     eprintln!("xtask: {name} ok in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// The house rules (house.rs): no import circles in product code, every agent's role files; read from the
+/// sources in well under a second, so they fail before clippy's minutes.
+fn house() -> Result<()> {
+    let name = "house (import circles, role files)";
+    step_with(name, || house::check(&images::workspace_root()).with_context(|| format!("{name} failed")))
 }
 
 #[cfg(test)]
