@@ -15,6 +15,7 @@
 //! and the object keys that must not be written twice) and [`live_check`] (the endpoint a bundle must
 //! verify). This file holds the whole file and each bundle.
 
+mod field;
 mod formats;
 mod live_check;
 mod sources;
@@ -41,9 +42,10 @@ pub use targets::{
     RawTargetObject, Requirement, Selector, TRUST_BUNDLE_KEY, Target, TargetKind, TargetMetadata,
 };
 
+use field::check;
 use live_check::live_check_from_raw;
 use sources::source_from_raw;
-use targets::{Destination, check, may_overlap, target_from_raw};
+use targets::{Destination, may_overlap, target_from_raw};
 
 /// How often every bundle is reconciled without a change: file sources have no watch, and clocks move
 /// certificates out.

@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 pub use crate::keystore::Format;
 
-use super::targets::check;
+use super::field::check;
 
 /// trust-manager's default JKS password, Java's conventional one.
 pub const DEFAULT_JKS_PASSWORD: &str = "changeit";

@@ -9,7 +9,8 @@ use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer};
 
-use super::targets::{Destination, NamespaceSelector, Selector, TargetKind, check};
+use super::field::check;
+use super::targets::{Destination, NamespaceSelector, Selector, TargetKind};
 use crate::certs::{self, Certificate, EmptyPolicy};
 
 /// Where certificates come from.

@@ -11,6 +11,7 @@ use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::field::check;
 use super::formats::{AdditionalFormat, RawAdditionalFormats, formats_from_raw};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -180,13 +181,6 @@ pub(super) struct Destination<'a> {
     pub(super) namespace: Option<&'a str>,
     pub(super) name: &'a str,
     pub(super) key: &'a str,
-}
-
-/// Records `result`'s reason, if any, under `path`.
-pub(super) fn check(errors: &mut Vec<FieldError>, path: String, result: Result<(), String>) {
-    if let Err(reason) = result {
-        errors.push(FieldError::new(path, reason));
-    }
 }
 
 /// Two destinations can be the same object key: same kind, name and key, and either the same namespace or a
