@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 
-use crate::drill::report::{self, Report};
+use crate::drill_report::{self, Report};
 use crate::generation::{self, Own};
 use crate::manifest::{self, Location, Manifest};
 use crate::retention::{self, Policy, Trigger};
@@ -22,7 +22,7 @@ pub struct Listed {
     pub manifest: Manifest,
     /// The report beside the manifest (any outcome).
     pub report: Option<Report>,
-    /// Set only when a passing report proves this manifest and its object ([`report::verified_at`]).
+    /// Set only when a passing report proves this manifest and its object ([`drill_report::verified_at`]).
     pub verified_at: Option<DateTime<Utc>>,
 }
 
@@ -34,7 +34,8 @@ pub async fn list_with_drills(store: &Store, shard: Option<&str>) -> Result<Vec<
         None => format!("{}/", store.prefix),
     };
     let keys = store.list_keys(&dir).await?;
-    let reports: HashSet<&str> = keys.iter().filter(|k| k.ends_with(report::REPORT)).map(String::as_str).collect();
+    let reports: HashSet<&str> =
+        keys.iter().filter(|k| k.ends_with(drill_report::REPORT)).map(String::as_str).collect();
     let mut out = Vec::new();
     for key in &keys {
         let Some(id) = manifest::id_of_manifest_key(&store.prefix, key) else { continue };
@@ -50,7 +51,7 @@ pub async fn list_with_drills(store: &Store, shard: Option<&str>) -> Result<Vec<
                 continue;
             }
         };
-        let report_key = format!("{}{}", key.strip_suffix(manifest::MANIFEST).unwrap_or(key), report::REPORT);
+        let report_key = format!("{}{}", key.strip_suffix(manifest::MANIFEST).unwrap_or(key), drill_report::REPORT);
         let report = match reports.contains(report_key.as_str()) {
             true => match Report::from_json(&store.get_bytes(&report_key).await?) {
                 Ok(report) => Some(report),
@@ -61,7 +62,7 @@ pub async fn list_with_drills(store: &Store, shard: Option<&str>) -> Result<Vec<
             },
             false => None,
         };
-        let verified_at = report.as_ref().and_then(|r| report::verified_at(r, &manifest, &bytes));
+        let verified_at = report.as_ref().and_then(|r| drill_report::verified_at(r, &manifest, &bytes));
         out.push(Listed { manifest, report, verified_at });
     }
     out.sort_by(|a, b| {
@@ -130,7 +131,7 @@ pub async fn apply_retention(
             && store.delete_unless_locked(&location.manifest_key()).await?
         {
             // The report last: a snapshot without its manifest is gone whatever its report says.
-            store.delete_unless_locked(&format!("{}{}", location.dir(), report::REPORT)).await?;
+            store.delete_unless_locked(&format!("{}{}", location.dir(), drill_report::REPORT)).await?;
             tracing::info!(id, "retention deleted a snapshot");
             report.deleted.push(id);
         } else {

@@ -8,16 +8,19 @@ use std::process::ExitCode;
 use anyhow::Context;
 use kcp_keeper_runtime::config::load;
 use kcp_keeper_runtime::logging::{self, LogFormat};
+use kcp_keeper_runtime::shutdown::Grace;
+use tokio_util::sync::CancellationToken;
 
 use crate::catalog;
 use crate::config::{Config, KcpExpect};
 use crate::delta::replay::{self, Point};
 use crate::drill::run::{drill_and_record, summary};
+use crate::error::SnapshotError;
 use crate::generation;
 use crate::metrics::Metrics;
 use crate::restore::{self, MemberFlags};
 use crate::secondary::StoreChoice;
-use crate::snapshot::{self, Pending};
+use crate::snapshot;
 use crate::storage::Store;
 
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -110,6 +113,10 @@ fn progress_line(received: u64, total: u64) {
     eprint!("\r  {:>4}%  {:>8.1} MiB of {:.1} MiB", percent, received as f64 / 1048576.0, total as f64 / 1048576.0);
 }
 
+/// A one-shot's Ctrl-C: the run in flight is dropped at once, then up to 30 s to abort its upload and release
+/// the shard's lock.
+const NO_GRACE: Grace = Grace { finish: std::time::Duration::ZERO, abort: std::time::Duration::from_secs(30) };
+
 /// Takes one snapshot of each selected shard now, then applies retention as a scheduled tick does, each under
 /// the shard's lock (waiting up to `wait` for a run in progress). Fails if any failed.
 pub async fn snapshot(config: &Path, shards: &[String], wait: std::time::Duration) -> anyhow::Result<()> {
@@ -120,8 +127,17 @@ pub async fn snapshot(config: &Path, shards: &[String], wait: std::time::Duratio
     let metrics = Metrics::default();
     let terminal = std::io::stderr().is_terminal();
     let mut failed = 0;
+    // Ctrl-C aborts the upload in flight at once (no grace: the operator asked to stop) and releases the lock.
+    let interrupted = CancellationToken::new();
+    tokio::spawn({
+        let interrupted = interrupted.clone();
+        async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                interrupted.cancel();
+            }
+        }
+    });
     for shard in config.shards.iter().filter(|s| shards.is_empty() || shards.contains(&s.name)) {
-        let pending = Pending::default();
         let progress: Option<snapshot::Progress<'_>> = terminal.then_some(&progress_line);
         let name = shard.name.clone();
         let waiting = move |holder: &str| {
@@ -129,13 +145,10 @@ pub async fn snapshot(config: &Path, shards: &[String], wait: std::time::Duratio
         };
         let run =
             snapshot::Run { tick: None, progress, command: "snapshot", lock_wait: wait, waiting: &waiting, kcp: None };
-        let result = tokio::select! {
-            result = snapshot::take(&config, shard, &store, &metrics, &pending, run) => result,
-            _ = tokio::signal::ctrl_c() => {
-                pending.abort(&store).await;
-                anyhow::bail!("interrupted: the upload in flight was aborted");
-            }
-        };
+        let result = snapshot::take_until(&config, shard, &store, &metrics, run, &interrupted, NO_GRACE).await;
+        if let Err(SnapshotError::Interrupted) = result {
+            anyhow::bail!("interrupted: the upload in flight was aborted");
+        }
         if terminal {
             eprintln!();
         }
@@ -337,7 +350,7 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
     let dir = scratch(&config)?;
     let fetched = restore::fetch(&store, manifest, identities(args.identity_file.as_deref())?, dir.path()).await?;
     restore::check_structure(&args.etcdutl, &fetched)?;
-    restore::etcdutl_restore(&args.etcdutl, &fetched.db, &args.member)?;
+    restore::restore_member(&args.etcdutl, &fetched.db, &args.member).await?;
     if let Some(kcp) = &fetched.manifest.kcp {
         println!("{} was taken under {}", fetched.manifest.id, kcp.describe());
     }

@@ -3,10 +3,9 @@
 
 pub mod chain;
 pub mod kcp;
-pub mod report;
 pub mod run;
-pub mod scratch;
 
+pub use crate::drill_report::HashKvResult;
 use crate::error::DrillError;
 use crate::manifest::Manifest;
 
@@ -20,17 +19,6 @@ pub struct Observed {
     pub hash_kv: u32,
     /// The compact revision that HashKV began at: its hash covers the history after it.
     pub compact_revision: i64,
-}
-
-/// How HashKV compared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum HashKvResult {
-    Match,
-    /// The manifest holds no live HashKV (it could not be read when the snapshot was taken), or the live one
-    /// began at another compact revision than the snapshot's (a compaction came between the snapshot and its
-    /// HashKV read): the two hashes cover different histories, and a difference says nothing.
-    NotComparable,
 }
 
 /// Compares the restored member with the manifest: revision, then key count, then HashKV. The first

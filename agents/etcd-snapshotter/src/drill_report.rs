@@ -10,10 +10,38 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::HashKvResult;
 use crate::manifest::Manifest;
 
 pub const REPORT: &str = "drill.json";
+
+/// How HashKV compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum HashKvResult {
+    Match,
+    /// The manifest holds no live HashKV (it could not be read when the snapshot was taken), or the live one
+    /// began at another compact revision than the snapshot's (a compaction came between the snapshot and its
+    /// HashKV read): the two hashes cover different histories, and a difference says nothing.
+    NotComparable,
+}
+
+/// What the chain level proved (in the drill report as `chain`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ChainLevel {
+    /// Deltas replayed, all of the chain.
+    pub deltas: usize,
+    pub transactions: u64,
+    /// The source revision the replay reached.
+    pub revision: u64,
+    /// The revision compared with the live member's record (the end of the newest delta carrying one).
+    #[serde(default)]
+    pub compared_at: Option<u64>,
+    /// Keys at `compared_at`, equal to the live member's.
+    #[serde(default)]
+    pub key_count: Option<u64>,
+    pub hash_kv: HashKvResult,
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -50,7 +78,7 @@ pub struct Report {
     /// The chain level: the snapshot's deltas replayed and compared with the live member (absent when the
     /// snapshot has no deltas, or the drill stopped before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chain: Option<super::chain::ChainLevel>,
+    pub chain: Option<ChainLevel>,
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
     pub duration_seconds: f64,

@@ -9,7 +9,9 @@
 use std::time::Duration;
 
 use crate::config::Shard;
+use crate::labels::MemberLabels;
 use crate::member::Alarms;
+use crate::metrics::Metrics;
 
 /// How often each shard's members are read.
 pub const INTERVAL: Duration = Duration::from_secs(15);
@@ -68,7 +70,7 @@ impl Leader {
 }
 
 /// Reads the shard's members every [`INTERVAL`] into the metrics until `stop`.
-pub async fn run(shard: &Shard, metrics: &crate::metrics::Metrics, stop: &tokio_util::sync::CancellationToken) {
+pub async fn run(shard: &Shard, metrics: &Metrics, stop: &tokio_util::sync::CancellationToken) {
     let mut leader = Leader::default();
     let mut tick = tokio::time::interval(INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -89,7 +91,7 @@ pub async fn run(shard: &Shard, metrics: &crate::metrics::Metrics, stop: &tokio_
                 "etcd leader changed"
             );
         }
-        metrics.health_polled(&shard.name, &read, changed);
+        record(metrics, &shard.name, &read, changed);
     }
 }
 
@@ -123,6 +125,26 @@ async fn status(endpoint: &str, shard: &Shard, alarms: &mut Option<Alarms>) -> a
         quota: status.db_size_quota(),
         leader: status.leader(),
     })
+}
+
+/// Sets the health series of one poll of `shard`; `changed` counts a leader change.
+fn record(metrics: &Metrics, shard: &str, poll: &Poll, changed: bool) {
+    for (endpoint, status) in &poll.members {
+        let labels = MemberLabels { shard: shard.into(), member: endpoint.clone() };
+        metrics.health.up.get_or_create(&labels).set(status.is_some() as i64);
+        if let Some(status) = status {
+            metrics.health.db_size.get_or_create(&labels).set(status.db_size);
+            metrics.health.db_size_in_use.get_or_create(&labels).set(status.db_size_in_use);
+            metrics.health.quota.get_or_create(&labels).set(status.quota);
+        }
+    }
+    let changes = metrics.health.leader_changes.get_or_create(&metrics.shard(shard));
+    if changed {
+        changes.inc();
+    }
+    if let Some(alarms) = &poll.alarms {
+        metrics.alarms_seen(shard, alarms);
+    }
 }
 
 #[cfg(test)]

@@ -3,16 +3,20 @@
 //! Where the code is (the same roles in every agent; docs/etcd-snapshotter.md has the table):
 //! - [`config`]: the file as written and validated, one part per section in `config/`;
 //! - [`error`]: why a snapshot or a drill failed (the `reason` labels);
-//! - [`scope`]: what it names in Kubernetes (its own Lease), and [`scope::rbac`], the Role for it;
+//! - [`scope`]: what it names in Kubernetes (its own Lease; the operator's objects `beforeUpgrade` watches),
+//!   and [`scope::rbac`], the Role for it;
 //! - [`schedule`]: the daemon, every shard's snapshot and drill schedules;
-//! - [`metrics`]; [`cli`]: the one-shots (`snapshot`, `list`, `verify`, `drill`, `restore`).
+//! - [`metrics`] (composing each feature's own metrics; the label types are [`labels`], a leaf);
+//! - [`cli`]: the one-shots (`snapshot`, `list`, `verify`, `drill`, `restore`).
 //!
 //! The domain, pure logic: [`retention`], [`manifest`] (bucket layout and manifest format), [`parts`] (part
 //! sizes within S3's 10,000 parts), [`trailer`]
 //! (etcd's trailing sha256), [`encode`] (zstd, age and parts), [`cadence`] (a schedule's longest gap). The
 //! edges: [`member`] (etcd), [`storage`] (S3), [`shard_lock`] (one run per shard at a time, across processes),
 //! [`snapshot`] (one proven snapshot), [`catalog`] (listing, retention applied), [`generation`] (the etcd cluster
-//! a snapshot belongs to), [`restore`] and [`drill`] (restore drills), [`delta`] (delta snapshots: the format
+//! a snapshot belongs to), [`restore`] and [`drill`] (restore drills; [`drill_report`] is the report's format,
+//! beside the manifest), [`throwaway`] (the throwaway etcd and the one `etcdutl snapshot restore` wrapper every
+//! restore, drill and replay goes through), [`delta`] (delta snapshots: the format
 //! and chain, pure; `delta::writer` the leader's watch, `delta::replay` point-in-time restore), [`health`]
 //! (every member's database size, quota, alarms and leader changes, read every 15 s), [`defrag`] (scheduled
 //! defragmentation of the followers, one at a time: the decisions, pure; `defrag::run` the etcd calls),
@@ -26,11 +30,13 @@ pub mod config;
 pub mod defrag;
 pub mod delta;
 pub mod drill;
+pub mod drill_report;
 pub mod encode;
 pub mod error;
 pub mod generation;
 pub mod health;
 pub mod integrity;
+pub mod labels;
 pub mod manifest;
 pub mod member;
 pub mod metrics;
@@ -45,6 +51,7 @@ pub mod secondary;
 pub mod shard_lock;
 pub mod snapshot;
 pub mod storage;
+pub mod throwaway;
 pub mod trailer;
 pub mod upgrade;
 

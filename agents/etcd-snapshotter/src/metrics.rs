@@ -2,7 +2,6 @@
 //! reason at 0, last success at 0), so a shard that never succeeds is visible to alerts as `time() - 0`
 //! rather than missing.
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -12,39 +11,7 @@ use strum::VariantNames;
 use kcp_keeper_runtime::metrics::GaugeF64;
 
 use crate::error::{DrillError, SnapshotError};
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ShardLabel {
-    pub shard: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FailureLabels {
-    pub shard: String,
-    pub reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AlarmLabels {
-    pub shard: String,
-    /// `nospace` or `corrupt`.
-    pub alarm: String,
-}
-
-/// `etcd_snapshotter_retries_total`: `op` is `upload_part`, `s3_request` or `snapshot_run`; `reason` is why
-/// the attempt failed (`retries::Reason` for S3, the run's failure reason for a run).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RetryLabels {
-    pub op: String,
-    pub reason: String,
-}
-
-/// One member of a shard's etcd: `member` is its endpoint as configured.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MemberLabels {
-    pub shard: String,
-    pub member: String,
-}
+use crate::labels::{ALARMS, AlarmLabels, FailureLabels, MemberLabels, RetryLabels, ShardLabel};
 
 /// `etcd_snapshotter_member_*` and `leader_changes_total`: etcd health as `health` reads it.
 #[derive(Clone, Debug, Default)]
@@ -55,9 +22,6 @@ pub struct HealthMetrics {
     pub up: Family<MemberLabels, Gauge>,
     pub leader_changes: Family<ShardLabel, Counter>,
 }
-
-/// The alarms the `alarms` gauge counts, each exported at 0 for every shard from the start.
-pub const ALARMS: [&str; 2] = ["nospace", "corrupt"];
 
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
@@ -88,7 +52,7 @@ pub struct Metrics {
     pub delta: DeltaMetrics,
     pub health: HealthMetrics,
     pub secondary: crate::secondary::metrics::SecondaryMetrics,
-    pub upgrade: crate::upgrade::watch::UpgradeMetrics,
+    pub upgrade: crate::upgrade::metrics::UpgradeMetrics,
     pub defrag: crate::defrag::metrics::DefragMetrics,
 }
 
@@ -298,26 +262,6 @@ impl Metrics {
         m.secondary.register(registry);
         m.defrag.register(registry);
         m
-    }
-
-    /// Sets the health series of one poll of `shard`; `changed` counts a leader change.
-    pub fn health_polled(&self, shard: &str, poll: &crate::health::Poll, changed: bool) {
-        for (endpoint, status) in &poll.members {
-            let labels = MemberLabels { shard: shard.into(), member: endpoint.clone() };
-            self.health.up.get_or_create(&labels).set(status.is_some() as i64);
-            if let Some(status) = status {
-                self.health.db_size.get_or_create(&labels).set(status.db_size);
-                self.health.db_size_in_use.get_or_create(&labels).set(status.db_size_in_use);
-                self.health.quota.get_or_create(&labels).set(status.quota);
-            }
-        }
-        let changes = self.health.leader_changes.get_or_create(&self.shard(shard));
-        if changed {
-            changes.inc();
-        }
-        if let Some(alarms) = &poll.alarms {
-            self.alarms_seen(shard, alarms);
-        }
     }
 
     /// Creates every per-shard series with a value, so none is missing before the first run, and sets the

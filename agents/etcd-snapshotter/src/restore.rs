@@ -14,6 +14,7 @@ use tokio::io::AsyncWriteExt;
 use crate::encode::{self, Identity};
 use crate::manifest::{Location, Manifest};
 use crate::storage::Store;
+use crate::throwaway::{self, RestoredMember};
 use crate::trailer::TrailerCheck;
 
 /// A downloaded, proven etcd database file.
@@ -156,26 +157,23 @@ pub struct MemberFlags {
     pub bump_revision: u64,
 }
 
-/// Runs `etcdutl snapshot restore` for one member.
-pub fn etcdutl_restore(etcdutl: &Path, db: &Path, flags: &MemberFlags) -> anyhow::Result<()> {
+/// Restores `db` as the member `flags` describe, with `--bump-revision` and `--mark-compacted`, into a data
+/// directory that must not exist yet.
+pub async fn restore_member(etcdutl: &Path, db: &Path, flags: &MemberFlags) -> anyhow::Result<()> {
     ensure!(
         !flags.data_dir.exists(),
         "the data directory {} exists; restore never overwrites",
         flags.data_dir.display()
     );
-    let out = Command::new(etcdutl)
-        .args(["snapshot", "restore"])
-        .arg(db)
-        .arg(format!("--name={}", flags.name))
-        .arg(format!("--initial-cluster={}", flags.initial_cluster))
-        .arg(format!("--initial-advertise-peer-urls={}", flags.initial_advertise_peer_urls))
-        .arg(format!("--initial-cluster-token={}", flags.initial_cluster_token))
-        .arg(format!("--data-dir={}", flags.data_dir.display()))
-        .arg(format!("--bump-revision={}", flags.bump_revision))
-        .arg("--mark-compacted")
-        .output()
-        .with_context(|| format!("running {}", etcdutl.display()))?;
-    ensure!(out.status.success(), "etcdutl snapshot restore failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    let member = RestoredMember {
+        name: &flags.name,
+        initial_cluster: flags.initial_cluster.clone(),
+        peer_url: &flags.initial_advertise_peer_urls,
+        token: &flags.initial_cluster_token,
+        data_dir: &flags.data_dir,
+        bump_revision: Some(flags.bump_revision),
+    };
+    throwaway::etcdutl_restore(etcdutl, db, &member).await?;
     Ok(())
 }
 

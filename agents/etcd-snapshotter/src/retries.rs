@@ -14,7 +14,7 @@ use aws_smithy_types::config_bag::{Storable, StoreReplace};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use crate::metrics::RetryLabels;
+use crate::labels::RetryLabels;
 
 /// Why an S3 attempt failed: the `reason` of `etcd_snapshotter_retries_total` for the S3 ops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantNames)]

@@ -17,7 +17,7 @@ use kcp_keeper_runtime::events::{EventType, Recorder};
 use kcp_keeper_runtime::lease::Leadership;
 use kcp_keeper_runtime::metrics::unix_now;
 use kcp_keeper_runtime::schedule::{self, Schedule, Tick};
-use kcp_keeper_runtime::shutdown::{Grace, JobEnd, finish_or_abort};
+use kcp_keeper_runtime::shutdown::Grace;
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog;
@@ -25,13 +25,14 @@ use crate::config::{Config, Deltas, Shard};
 use crate::delta::writer::{End, Writer};
 use crate::drill::older_choice;
 use crate::drill::run::{self as drill_run, Outcome};
-use crate::drill::scratch;
 use crate::error::{DrillError, SnapshotError};
 use crate::generation;
-use crate::metrics::{FailureLabels, Metrics, RetryLabels};
+use crate::labels::{FailureLabels, RetryLabels};
+use crate::metrics::Metrics;
 use crate::scope::Lease;
-use crate::snapshot::{self, Pending};
+use crate::snapshot;
 use crate::storage::Store;
+use crate::throwaway as scratch;
 
 /// How long a scheduled snapshot waits while another run (a one-shot, an old leader in its grace) holds the
 /// shard's lock before it fails with reason `busy`.
@@ -201,13 +202,11 @@ impl Job {
         let _turn = self.one_at_a_time.lock().await;
         let shard = &self.shard.name;
         let started = std::time::Instant::now();
-        let label = self.metrics.shard(shard);
         // Credentials are read per run, so a rotated Secret is used without a restart.
         let store = match Store::new(&self.config.storage).map(|s| s.counting_retries(self.metrics.retries.clone())) {
             Ok(store) => store,
             Err(e) => return self.snapshot_failed(&SnapshotError::Storage(e), started).await,
         };
-        let pending = Pending::default();
         let waiting = |holder: &str| tracing::warn!(shard, holder, "another run holds the shard's lock; waiting");
         let run = snapshot::Run {
             tick: tick.map(|t| t.at),
@@ -217,22 +216,22 @@ impl Job {
             waiting: &waiting,
             kcp: None,
         };
-        let take = snapshot::take(&self.config, &self.shard, &store, &self.metrics, &pending, run);
-        let end = finish_or_abort(&self.shutdown, Grace::default(), take, || pending.abort(&store)).await;
+        let taken = snapshot::take_until(
+            &self.config,
+            &self.shard,
+            &store,
+            &self.metrics,
+            run,
+            &self.shutdown,
+            Grace::default(),
+        )
+        .await;
         // Until the next run, the process needs none of the run's code resident (`release_resident`: about 7 MiB less).
         kcp_keeper_runtime::release_resident::release();
-        let snapshot::Taken { manifest, retention } = match end {
-            JobEnd::Finished(Ok(taken)) => taken,
-            JobEnd::Finished(Err(error)) => return self.snapshot_failed(&error, started).await,
-            JobEnd::Aborted | JobEnd::AbortTimedOut => {
-                return self.snapshot_failed(&SnapshotError::Interrupted, started).await;
-            }
+        let snapshot::Taken { manifest, retention } = match taken {
+            Ok(taken) => taken,
+            Err(error) => return self.snapshot_failed(&error, started).await,
         };
-        self.metrics.last_success.get_or_create(&label).set(unix_now());
-        self.metrics.duration.get_or_create(&label).set(started.elapsed().as_secs_f64());
-        self.metrics.object_bytes.get_or_create(&label).set(manifest.object_size_bytes as i64);
-        self.metrics.db_bytes.get_or_create(&label).set(manifest.db_size_bytes as i64);
-        self.metrics.revision.get_or_create(&label).set(manifest.revision as i64);
         tracing::info!(
             shard, id = manifest.id, tick = ?tick.map(|t| t.at), revision = manifest.revision, keys = manifest.key_count,
             bytes = manifest.object_size_bytes, seconds = manifest.total_seconds, "snapshot published"
@@ -242,27 +241,16 @@ impl Job {
             manifest.id, manifest.revision, manifest.key_count, manifest.object_size_bytes, manifest.total_seconds
         );
         self.events.publish(&self.regarding, EventType::Normal, "SnapshotTaken", "Snapshot", &note).await;
-        match retention {
-            Ok(report) => {
-                self.metrics.kept.get_or_create(&label).set(report.kept as i64);
-                self.metrics.locked_skipped.get_or_create(&label).inc_by(report.locked.len() as u64);
-                if report.other_clusters > 0 {
-                    let note = format!(
-                        "{} snapshot(s) of other etcd clusters under shard {shard}'s directory (another \
-                         installation on the prefix, or the shard's etcd before it was re-created): not used by \
-                         latest, drills or retention, and never deleted; `list` shows them",
-                        report.other_clusters
-                    );
-                    self.events
-                        .publish(&self.regarding, EventType::Warning, "OtherClusterSnapshots", "Retention", &note)
-                        .await;
-                }
-            }
-            Err(error) => {
-                let error = SnapshotError::Retention(error);
-                tracing::warn!(shard, %error, "retention failed; nothing more was deleted");
-                self.metrics.failed(shard, &error);
-            }
+        if let Ok(report) = retention
+            && report.other_clusters > 0
+        {
+            let note = format!(
+                "{} snapshot(s) of other etcd clusters under shard {shard}'s directory (another installation on \
+                 the prefix, or the shard's etcd before it was re-created): not used by latest, drills or \
+                 retention, and never deleted; `list` shows them",
+                report.other_clusters
+            );
+            self.events.publish(&self.regarding, EventType::Warning, "OtherClusterSnapshots", "Retention", &note).await;
         }
         None
     }

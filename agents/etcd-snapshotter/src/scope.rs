@@ -1,7 +1,8 @@
-//! What the agent names in Kubernetes: its own Lease, and nothing else. Snapshots go to etcd and S3, drills to
-//! S3 and to processes on loopback, never through the apiserver; the Lease holds the leader election and each
-//! schedule's tick record, and the Events (the snapshots themselves are not Kubernetes objects) are about it.
-//! [`rbac`] grants exactly this, from the same [`Lease`].
+//! What the agent names in Kubernetes: its own Lease, and, for each shard with `beforeUpgrade`, the
+//! kcp-operator object whose kcp image it watches ([`crate::upgrade`]: read by name, Events in its namespace).
+//! Snapshots go to etcd and S3, drills to S3 and to processes on loopback, never through the apiserver; the
+//! Lease holds the leader election and each schedule's tick record, and the snapshots' Events are about it.
+//! [`rbac`] grants the Lease's part from the same [`Lease`]; `upgrade::rbac` adds the watched objects' part.
 
 pub mod rbac;
 

@@ -18,8 +18,10 @@ use std::time::{Duration, Instant};
 use aws_sdk_s3::types::CompletedPart;
 use bytes::Bytes;
 use chrono::Utc;
+use kcp_keeper_runtime::shutdown::{Grace, JobEnd, finish_or_abort};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{self, RetentionReport};
 use crate::config::{Config, Shard};
@@ -39,7 +41,7 @@ fn etcd(context: &str) -> impl Fn(etcd_client::Error) -> SnapshotError + '_ {
 
 /// The multipart upload in progress and the shard's lock, for the shutdown hook to abort and release.
 #[derive(Clone, Default)]
-pub struct Pending {
+struct Pending {
     upload: Arc<Mutex<Option<(String, String)>>>,
     lock: Arc<Mutex<Option<Held>>>,
 }
@@ -53,7 +55,7 @@ impl Pending {
     }
     /// Aborts the upload in progress, if any, and releases the shard's lock (the shutdown hook of
     /// `finish_or_abort`, and the end of every run).
-    pub async fn abort(&self, store: &Store) {
+    async fn abort(&self, store: &Store) {
         let taken = self.upload.lock().expect("pending lock").take();
         if let Some((key, upload_id)) = taken {
             match store.abort_upload(&key, &upload_id).await {
@@ -88,21 +90,70 @@ pub struct Run<'a> {
     pub kcp: Option<crate::upgrade::KcpVersion>,
 }
 
-/// A published snapshot and how retention went after it.
+/// A published snapshot and how retention went after it (a failed retention is logged and counted already).
 pub struct Taken {
     pub manifest: Manifest,
-    pub retention: Result<RetentionReport, StorageError>,
+    pub retention: Result<RetentionReport, SnapshotError>,
+}
+
+/// Takes, proves and publishes one snapshot of `shard` under the shard's lock, then applies retention: the one
+/// call of every caller (the schedule, the pre-upgrade watch, the `snapshot` one-shot). When `stop` is
+/// cancelled the run gets `grace.finish` to end; then it is dropped, its multipart upload aborted and the
+/// shard's lock released ([`Pending::abort`]), and it fails as `interrupted`. A published snapshot sets the
+/// shard's series here ([`published`]), so every path that publishes sets the same ones.
+pub async fn take_until(
+    config: &Config,
+    shard: &Shard,
+    store: &Store,
+    metrics: &Metrics,
+    run: Run<'_>,
+    stop: &CancellationToken,
+    grace: Grace,
+) -> Result<Taken, SnapshotError> {
+    let started = Instant::now();
+    let pending = Pending::default();
+    let take = take(config, shard, store, metrics, &pending, run);
+    let (manifest, retention) = match finish_or_abort(stop, grace, take, || pending.abort(store)).await {
+        JobEnd::Finished(result) => result?,
+        JobEnd::Aborted | JobEnd::AbortTimedOut => return Err(SnapshotError::Interrupted),
+    };
+    published(metrics, &shard.name, &manifest, started.elapsed());
+    let retention = match retention {
+        Ok(report) => {
+            let label = metrics.shard(&shard.name);
+            metrics.kept.get_or_create(&label).set(report.kept as i64);
+            metrics.locked_skipped.get_or_create(&label).inc_by(report.locked.len() as u64);
+            Ok(report)
+        }
+        Err(error) => {
+            let error = SnapshotError::Retention(error);
+            tracing::warn!(shard = shard.name, %error, "retention failed; nothing more was deleted");
+            metrics.failed(&shard.name, &error);
+            Err(error)
+        }
+    };
+    Ok(Taken { manifest, retention })
+}
+
+/// The series of a published snapshot of `shard`.
+fn published(metrics: &Metrics, shard: &str, manifest: &Manifest, took: Duration) {
+    let label = metrics.shard(shard);
+    metrics.last_success.get_or_create(&label).set(kcp_keeper_runtime::metrics::unix_now());
+    metrics.duration.get_or_create(&label).set(took.as_secs_f64());
+    metrics.object_bytes.get_or_create(&label).set(manifest.object_size_bytes as i64);
+    metrics.db_bytes.get_or_create(&label).set(manifest.db_size_bytes as i64);
+    metrics.revision.get_or_create(&label).set(manifest.revision as i64);
 }
 
 /// Takes, proves and publishes one snapshot of `shard` under the shard's lock, then applies retention.
-pub async fn take(
+async fn take(
     config: &Config,
     shard: &Shard,
     store: &Store,
     metrics: &Metrics,
     pending: &Pending,
     run: Run<'_>,
-) -> Result<Taken, SnapshotError> {
+) -> Result<(Manifest, Result<RetentionReport, StorageError>), SnapshotError> {
     store.reachable().await?;
     metrics.storage_reachable.set(1);
     let lock = shard_lock::acquire(store, &shard.name, run.command, run.lock_wait, run.waiting).await?;
@@ -122,7 +173,7 @@ async fn locked(
     pending: &Pending,
     run: &Run<'_>,
     lock: &Held,
-) -> Result<Taken, SnapshotError> {
+) -> Result<(Manifest, Result<RetentionReport, StorageError>), SnapshotError> {
     let started = Instant::now();
     let mut started_at = Utc::now();
     clean_interrupted(store, &shard.name, lock.acquired).await?;
@@ -262,7 +313,7 @@ async fn locked(
             );
         }
     }
-    Ok(Taken { manifest, retention })
+    Ok((manifest, retention))
 }
 
 /// The revisions a snapshot stream holds at least and at most.

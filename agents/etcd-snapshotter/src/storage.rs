@@ -24,7 +24,7 @@ use prometheus_client::metrics::family::Family;
 
 use crate::config::{ChecksumMode, Credentials, Integrity, ServerSideEncryption, Storage, WebIdentity};
 use crate::integrity;
-use crate::metrics::RetryLabels;
+use crate::labels::RetryLabels;
 use crate::retries::RetryCounter;
 
 mod mirror;

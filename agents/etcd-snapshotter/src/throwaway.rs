@@ -1,14 +1,18 @@
-//! A drill's scratch: its temporary directory and the processes it starts there (the throwaway etcd, kcp),
-//! cleaned up whatever happens to the drill, and the small helpers both drill levels use to start processes on
-//! loopback. Its own module because both levels, the etcd one and the kcp one, start processes in it.
+//! The throwaway etcd and its scratch: the temporary directory and the processes started there (a restored
+//! etcd, kcp), cleaned up whatever happens, the small helpers that start processes on loopback, and the one
+//! wrapper of `etcdutl snapshot restore`. Drills, chain drills, `restore` and `restore --at` all restore
+//! through [`etcdutl_restore`]; drills and point-in-time replays start their member with [`throwaway_etcd`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
 use crate::error::DrillError;
+
+/// How long a throwaway etcd may take to answer after its start.
+const ETCD_START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Prefix of every drill's temporary directory (so leftovers of a killed agent are recognised).
 pub const SCRATCH_PREFIX: &str = "drill-";
@@ -108,6 +112,127 @@ impl Drop for Scratch {
                 tracing::warn!(path = %path.display(), %error, "removing the drill's directory failed");
             }
         }
+    }
+}
+
+/// One member as `etcdutl snapshot restore` lays it out.
+#[derive(Debug, Clone)]
+pub struct RestoredMember<'a> {
+    pub name: &'a str,
+    /// `name=peerURL,...`: the new cluster's members.
+    pub initial_cluster: String,
+    pub peer_url: &'a str,
+    pub token: &'a str,
+    pub data_dir: &'a Path,
+    /// `--bump-revision` with `--mark-compacted`, for a member that serves watchers again (a real restore);
+    /// `None` for a throwaway member, whose revision must stay the snapshot's exact one.
+    pub bump_revision: Option<u64>,
+}
+
+/// The throwaway member of a drill or a replay: one member named `drill`, its revision untouched.
+pub fn drill_member<'a>(data_dir: &'a Path, peer_url: &'a str) -> RestoredMember<'a> {
+    RestoredMember {
+        name: "drill",
+        initial_cluster: format!("drill={peer_url}"),
+        peer_url,
+        token: "etcd-snapshotter-drill",
+        data_dir,
+        bump_revision: None,
+    }
+}
+
+/// Why `etcdutl snapshot restore` failed.
+#[derive(Debug)]
+pub enum RestoreFailed {
+    /// It could not be started: the binary and the I/O error's kind.
+    Start(PathBuf, std::io::ErrorKind),
+    /// It exited non-zero: its stderr, trimmed.
+    Exit(String),
+}
+
+impl RestoreFailed {
+    /// A drill's reason: `setup` when etcdutl did not start, `restore` with the end of its output when it failed.
+    pub fn into_drill_error(self) -> DrillError {
+        match self {
+            Self::Start(_, kind) => DrillError::Setup(format!("running etcdutl: {kind}")),
+            Self::Exit(stderr) => DrillError::Restore(last_lines(&stderr, 5)),
+        }
+    }
+}
+
+impl std::fmt::Display for RestoreFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Start(etcdutl, kind) => write!(f, "running {}: {kind}", etcdutl.display()),
+            Self::Exit(stderr) => write!(f, "etcdutl snapshot restore failed: {stderr}"),
+        }
+    }
+}
+
+impl std::error::Error for RestoreFailed {}
+
+/// Runs `etcdutl snapshot restore` of `db` for one member: the only place this agent restores a database.
+pub async fn etcdutl_restore(etcdutl: &Path, db: &Path, member: &RestoredMember<'_>) -> Result<(), RestoreFailed> {
+    let mut command = Command::new(etcdutl);
+    command
+        .args(["snapshot", "restore"])
+        .arg(db)
+        .arg(format!("--name={}", member.name))
+        .arg(format!("--initial-cluster={}", member.initial_cluster))
+        .arg(format!("--initial-advertise-peer-urls={}", member.peer_url))
+        .arg(format!("--initial-cluster-token={}", member.token))
+        .arg(format!("--data-dir={}", member.data_dir.display()));
+    if let Some(bump) = member.bump_revision {
+        command.arg(format!("--bump-revision={bump}")).arg("--mark-compacted");
+    }
+    let out =
+        command.kill_on_drop(true).output().await.map_err(|e| RestoreFailed::Start(etcdutl.to_path_buf(), e.kind()))?;
+    if !out.status.success() {
+        return Err(RestoreFailed::Exit(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+    }
+    Ok(())
+}
+
+/// A single-member etcd on a restored data directory, on loopback URLs only, its metrics off: the drill's and
+/// the point-in-time replay's throwaway member.
+pub(crate) fn throwaway_etcd(etcd: &Path, data_dir: &Path, client_url: &str, peer_url: &str, quota: u64) -> Command {
+    let mut command = Command::new(etcd);
+    command
+        .arg("--name=drill")
+        .arg(format!("--data-dir={}", data_dir.display()))
+        .arg(format!("--listen-client-urls={client_url}"))
+        .arg(format!("--advertise-client-urls={client_url}"))
+        .arg(format!("--listen-peer-urls={peer_url}"))
+        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+        .arg(format!("--initial-cluster=drill={peer_url}"))
+        .arg(format!("--quota-backend-bytes={quota}"))
+        .arg("--listen-metrics-urls=")
+        .arg("--log-level=warn");
+    command
+}
+
+/// Connects once the member answers; fails early if it exits (with the end of its log).
+pub(crate) async fn wait_for_etcd(
+    scratch: &mut Scratch,
+    etcd: usize,
+    url: &str,
+    log: &Path,
+) -> Result<etcd_client::Client, DrillError> {
+    let deadline = Instant::now() + ETCD_START_TIMEOUT;
+    loop {
+        if let Some(status) = scratch.exited(etcd) {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            return Err(DrillError::EtcdStart(format!("etcd exited ({status}): {}", last_lines(&log, 5))));
+        }
+        if let Ok(mut client) = crate::member::connect(url, None).await
+            && client.status().await.is_ok()
+        {
+            return Ok(client);
+        }
+        if Instant::now() > deadline {
+            return Err(DrillError::EtcdStart(format!("etcd did not answer within {ETCD_START_TIMEOUT:?}")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

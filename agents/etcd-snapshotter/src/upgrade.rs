@@ -13,6 +13,7 @@
 //! `spec.image.repository` and `spec.image.tag`, each checked), the recorded state and the step to take. The
 //! leader's watch is [`watch`]; the Role it needs is [`rbac`].
 
+pub mod metrics;
 pub mod rbac;
 pub mod watch;
 

@@ -297,3 +297,26 @@ async fn a_malformed_image_is_reported_with_its_field_and_takes_no_snapshot_unti
     assert_eq!(taken[0].0["kcp"]["upgradeTo"], format!("{KCP_REPOSITORY}:v0.33.0"));
     process.terminate(WAIT);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_before_a_kcp_upgrade_sets_every_published_series_a_scheduled_snapshot_sets() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let (ns, _etcd, mut process) = watching_root(&bed).await;
+    set_tag(&bed.cluster().client(), &ns, "RootShard", "root", "v0.32.3-upgrade").await;
+    let taken = snapshots(&bed, 1).await;
+    let manifest = &taken[0].0;
+    // The series a scheduled snapshot sets when it publishes (the schedule's path and this one share it): each
+    // is 0 from the start, so a path that skipped one leaves it there.
+    let series = |name: &str| format!("etcd_snapshotter_{name}{{shard=\"root\"}}");
+    let value = |name: &'static str| {
+        let (process, series) = (&process, series(name));
+        async move { process.wait_for_metric(&series, WAIT, |v| v > 0.0).await }
+    };
+    assert!(value("last_success_timestamp_seconds").await > 0.0);
+    assert!(value("duration_seconds").await > 0.0);
+    assert_eq!(value("object_bytes").await, manifest["objectSizeBytes"].as_f64().unwrap());
+    assert_eq!(value("database_bytes").await, manifest["dbSizeBytes"].as_f64().unwrap());
+    assert_eq!(value("revision").await, manifest["revision"].as_f64().unwrap());
+    assert_eq!(value("snapshots_kept").await, 1.0);
+    process.terminate(WAIT);
+}

@@ -10,7 +10,7 @@ use prometheus_client::registry::{Registry, Unit};
 use strum::VariantNames;
 
 use super::{Outcome, RESULTS, Report, Stopped};
-use crate::metrics::{FailureLabels, MemberLabels, ShardLabel};
+use crate::labels::{FailureLabels, MemberLabels, ShardLabel};
 
 /// One result of one member's last defragmentation ([`RESULTS`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -22,13 +22,12 @@ use etcd_client::{LeaseGrantOptions, PutOptions, Txn, TxnOp};
 use sha2::{Digest, Sha256};
 
 use super::{Expected, Kind, Live, Meta, by_revision, check_link, decode_payload, location_of, parse_name};
-use crate::drill::run::{etcdutl_restore, throwaway_etcd, wait_for_etcd};
-use crate::drill::scratch::{Scratch, loopback_url};
 use crate::encode::{self, Identity};
 use crate::generation::{self, Own};
 use crate::manifest::{Location, Manifest};
 use crate::restore::{self, CheckedFile, MemberFlags};
 use crate::storage::Store;
+use crate::throwaway::{self, Scratch, loopback_url, throwaway_etcd, wait_for_etcd};
 use crate::trailer::TrailerCheck;
 
 /// The TTL of a lease the replay grants (one the full snapshot does not hold): its owner is gone after a
@@ -155,7 +154,7 @@ pub async fn restore_at(
     let (client_url, peer_url) =
         (loopback_url().map_err(|e| anyhow::anyhow!("{e}"))?, loopback_url().map_err(|e| anyhow::anyhow!("{e}"))?);
     let member = scratch.path().join("member");
-    etcdutl_restore(tools.etcdutl, &fetched.db, &member, &peer_url).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    throwaway::etcdutl_restore(tools.etcdutl, &fetched.db, &throwaway::drill_member(&member, &peer_url)).await?;
     let _ = std::fs::remove_file(&fetched.db);
     let log = scratch.path().join("etcd.log");
     let quota = manifest.db_size_bytes.saturating_mul(4).max(4 << 30);
@@ -195,7 +194,7 @@ pub async fn restore_at(
     sink.check.finish()?;
     drop(client);
     scratch.finish().await;
-    restore::etcdutl_restore(tools.etcdutl, &db, flags)?;
+    restore::restore_member(tools.etcdutl, &db, flags).await?;
     Ok(outcome)
 }
 

@@ -6,33 +6,13 @@
 //! kube-apiserver compacts every few minutes: without this almost every chain would be "not comparable");
 //! it stays not comparable when the live one began earlier than the throwaway can, or no delta carries one.
 
-use serde::{Deserialize, Serialize};
-
-use super::HashKvResult;
 use crate::delta::Live;
 use crate::delta::replay::{self, Outcome, Point};
+pub use crate::drill_report::{ChainLevel, HashKvResult};
 use crate::encode::Identity;
 use crate::error::DrillError;
 use crate::manifest::{Location, Manifest};
 use crate::storage::Store;
-
-/// What the chain level proved (in the drill report as `chain`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ChainLevel {
-    /// Deltas replayed, all of the chain.
-    pub deltas: usize,
-    pub transactions: u64,
-    /// The source revision the replay reached.
-    pub revision: u64,
-    /// The revision compared with the live member's record (the end of the newest delta carrying one).
-    #[serde(default)]
-    pub compared_at: Option<u64>,
-    /// Keys at `compared_at`, equal to the live member's.
-    #[serde(default)]
-    pub key_count: Option<u64>,
-    pub hash_kv: HashKvResult,
-}
 
 /// What the replayed member says at the compared revision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

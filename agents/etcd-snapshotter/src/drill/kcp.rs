@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use tokio::process::Command;
 
-use super::report::KcpLevel;
-use super::scratch::{Scratch, free_port, last_lines};
 use crate::config::KcpExpect;
+use crate::drill_report::KcpLevel;
 use crate::error::DrillError;
+use crate::throwaway::{Scratch, free_port, last_lines};
 
 /// kcp takes tens of seconds to become ready (longer on a small node).
 const READY_TIMEOUT: Duration = Duration::from_secs(300);

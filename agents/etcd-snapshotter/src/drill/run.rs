@@ -6,27 +6,23 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use chrono::Utc;
 use etcd_client::GetOptions;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
-use tokio::process::Command;
 
-use super::report::{Failure, KcpLevel, Report, sha256_hex};
-use super::scratch::{Scratch, last_lines, loopback_url, setup};
 use super::{HashKvResult, Observed, compare};
 use crate::config::{Drills, KcpExpect};
+use crate::drill_report::{Failure, KcpLevel, Report, sha256_hex};
 use crate::encode::{self, Identity};
 use crate::error::DrillError;
 use crate::manifest::{Location, Manifest};
 use crate::restore::CheckedFile;
 use crate::storage::Store;
+use crate::throwaway::{self, Scratch, loopback_url, setup, throwaway_etcd, wait_for_etcd};
 use crate::trailer::TrailerCheck;
-
-/// How long the throwaway etcd may take to answer after it starts.
-const ETCD_START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A snapshot to drill, as read from the bucket.
 #[derive(Debug, Clone)]
@@ -46,7 +42,7 @@ struct Measured {
     sampled_keys: Option<u64>,
     restore_seconds: Option<f64>,
     kcp: Option<KcpLevel>,
-    chain: Option<super::chain::ChainLevel>,
+    chain: Option<crate::drill_report::ChainLevel>,
 }
 
 /// The drill's result and its report (written by the caller beside the manifest).
@@ -104,7 +100,7 @@ pub async fn drill(
 pub async fn write_report(store: &Store, report: &Report) -> Result<(), DrillError> {
     let location = Location::from_id(&store.prefix, &report.id)
         .ok_or_else(|| DrillError::Setup("the manifest's id is not valid".into()))?;
-    let key = format!("{}{}", location.dir(), super::report::REPORT);
+    let key = format!("{}{}", location.dir(), crate::drill_report::REPORT);
     store.put(&key, report.to_json()).await.map_err(|e| DrillError::Storage(e.to_string()))
 }
 
@@ -124,7 +120,9 @@ async fn steps(
     let restore_started = Instant::now();
     let (client_url, peer_url) = (loopback_url()?, loopback_url()?);
     let data_dir = scratch.path().join("member");
-    etcdutl_restore(&drills.etcdutl, &db, &data_dir, &peer_url).await?;
+    throwaway::etcdutl_restore(&drills.etcdutl, &db, &throwaway::drill_member(&data_dir, &peer_url))
+        .await
+        .map_err(|e| e.into_drill_error())?;
     // The download is no longer needed; free its space before etcd grows the restored copy.
     let _ = std::fs::remove_file(&db);
     let quota = manifest.db_size_bytes.saturating_mul(2).max(2 << 30);
@@ -217,74 +215,6 @@ async fn fetch(
         )));
     }
     Ok(db)
-}
-
-/// `etcdutl snapshot restore` as a one-member cluster, without `--bump-revision` and `--mark-compacted`.
-pub(crate) async fn etcdutl_restore(
-    etcdutl: &Path,
-    db: &Path,
-    data_dir: &Path,
-    peer_url: &str,
-) -> Result<(), DrillError> {
-    let out = Command::new(etcdutl)
-        .args(["snapshot", "restore"])
-        .arg(db)
-        .arg("--name=drill")
-        .arg(format!("--initial-cluster=drill={peer_url}"))
-        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-        .arg("--initial-cluster-token=etcd-snapshotter-drill")
-        .arg(format!("--data-dir={}", data_dir.display()))
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| DrillError::Setup(format!("running etcdutl: {}", e.kind())))?;
-    if !out.status.success() {
-        return Err(DrillError::Restore(last_lines(&String::from_utf8_lossy(&out.stderr), 5)));
-    }
-    Ok(())
-}
-
-/// A single-member etcd on a restored data directory, on loopback URLs only, its metrics off: the drill's and
-/// the point-in-time replay's throwaway member.
-pub(crate) fn throwaway_etcd(etcd: &Path, data_dir: &Path, client_url: &str, peer_url: &str, quota: u64) -> Command {
-    let mut command = Command::new(etcd);
-    command
-        .arg("--name=drill")
-        .arg(format!("--data-dir={}", data_dir.display()))
-        .arg(format!("--listen-client-urls={client_url}"))
-        .arg(format!("--advertise-client-urls={client_url}"))
-        .arg(format!("--listen-peer-urls={peer_url}"))
-        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-        .arg(format!("--initial-cluster=drill={peer_url}"))
-        .arg(format!("--quota-backend-bytes={quota}"))
-        .arg("--listen-metrics-urls=")
-        .arg("--log-level=warn");
-    command
-}
-
-/// Connects once the member answers; fails early if it exits (with the end of its log).
-pub(crate) async fn wait_for_etcd(
-    scratch: &mut Scratch,
-    etcd: usize,
-    url: &str,
-    log: &Path,
-) -> Result<etcd_client::Client, DrillError> {
-    let deadline = Instant::now() + ETCD_START_TIMEOUT;
-    loop {
-        if let Some(status) = scratch.exited(etcd) {
-            let log = std::fs::read_to_string(log).unwrap_or_default();
-            return Err(DrillError::EtcdStart(format!("etcd exited ({status}): {}", last_lines(&log, 5))));
-        }
-        if let Ok(mut client) = crate::member::connect(url, None).await
-            && client.status().await.is_ok()
-        {
-            return Ok(client);
-        }
-        if Instant::now() > deadline {
-            return Err(DrillError::EtcdStart(format!("etcd did not answer within {ETCD_START_TIMEOUT:?}")));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The restored revision (exact), keys at the manifest's revision and `HashKV` there.
@@ -388,7 +318,7 @@ pub async fn drill_and_record(drills: &Drills, kcp: Option<&KcpExpect>, store: &
     let mut outcome = drill(drills, kcp, store, &target, identities).await;
     let kept = match &outcome.result {
         Err(error) if !super::caused_by_snapshot(error) => still_proving(store, &target).await.map(|previous| Report {
-            last_failed_attempt: Some(super::report::FailedAttempt {
+            last_failed_attempt: Some(crate::drill_report::FailedAttempt {
                 reason: <&'static str>::from(error).into(),
                 message: error.to_string(),
                 finished_at: outcome.report.finished_at,
@@ -408,9 +338,9 @@ pub async fn drill_and_record(drills: &Drills, kcp: Option<&KcpExpect>, store: &
 /// The report beside `target` if it passed and still proves this manifest and its object.
 async fn still_proving(store: &Store, target: &Target) -> Option<Report> {
     let location = Location::from_id(&store.prefix, &target.manifest.id)?;
-    let bytes = store.get_bytes(&format!("{}{}", location.dir(), super::report::REPORT)).await.ok()?;
+    let bytes = store.get_bytes(&format!("{}{}", location.dir(), crate::drill_report::REPORT)).await.ok()?;
     let report = Report::from_json(&bytes).ok()?;
-    super::report::verified_at(&report, &target.manifest, &target.manifest_bytes)?;
+    crate::drill_report::verified_at(&report, &target.manifest, &target.manifest_bytes)?;
     Some(report)
 }
 

@@ -9,7 +9,7 @@ use prometheus_client::registry::{Registry, Unit};
 use kcp_keeper_runtime::metrics::GaugeF64;
 
 use super::plan::Kind;
-use crate::metrics::ShardLabel;
+use crate::labels::ShardLabel;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {

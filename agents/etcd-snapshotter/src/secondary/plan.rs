@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::drill::report;
+use crate::drill_report;
 use crate::manifest::{Location, MANIFEST, Manifest};
 use crate::retention::{self, Entry, Policy, Trigger};
 use crate::storage::StoredObject;
@@ -93,7 +93,7 @@ pub fn objects_of(primary_root: &str, manifest: &Manifest, listed: &[StoredObjec
         kind: Kind::Snapshot,
         expected: Expected::Sha256(manifest.object_sha256.clone()),
     }];
-    let report = format!("{dir}{}", report::REPORT);
+    let report = format!("{dir}{}", drill_report::REPORT);
     if present.contains(&report) {
         out.push(Object { relative: report, kind: Kind::DrillReport, expected: Expected::PrimaryBytes });
     }
@@ -190,7 +190,7 @@ mod tests {
             "deltas/notes.txt",
             "snapshot.db.zst",
             "manifest.json",
-            report::REPORT,
+            drill_report::REPORT,
         ]
         .iter()
         .map(|name| StoredObject { key: format!("{dir}{name}"), etag: "e".into(), size: 1 })
@@ -202,7 +202,7 @@ mod tests {
             order,
             [
                 (format!("{id}/snapshot.db.zst").as_str(), Kind::Snapshot),
-                (format!("{id}/{}", report::REPORT).as_str(), Kind::DrillReport),
+                (format!("{id}/{}", drill_report::REPORT).as_str(), Kind::DrillReport),
                 (format!("{id}/manifest.json").as_str(), Kind::Manifest),
                 (format!("{id}/deltas/00000000000000000011.delta.zst").as_str(), Kind::Delta),
                 (format!("{id}/deltas/00000000000000000100.delta.zst").as_str(), Kind::Delta),

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
 use kcp_keeper_runtime::lease::Leadership;
 use kcp_keeper_runtime::metrics::unix_now;
-use kcp_keeper_runtime::shutdown::{Grace, JobEnd, finish_or_abort};
+use kcp_keeper_runtime::shutdown::Grace;
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::WatchStreamExt;
@@ -20,6 +20,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use super::metrics::UpgradeLabels;
 use super::{KcpVersion, STATE, State, Step, Watched, image_of, records_change, step};
 use crate::catalog;
 use crate::config::{Config, Shard};
@@ -27,7 +28,7 @@ use crate::drill::run::{self as drill_run, Outcome};
 use crate::error::SnapshotError;
 use crate::manifest::{self, Manifest};
 use crate::metrics::Metrics;
-use crate::snapshot::{self, Pending};
+use crate::snapshot;
 use crate::storage::Store;
 
 /// Attempts at the snapshot of one change; after the last failure the change is recorded as seen (and counted
@@ -37,9 +38,6 @@ const ATTEMPTS: u32 = 3;
 const RETRY_PAUSE: Duration = Duration::from_secs(20);
 /// How long the snapshot waits while another run holds the shard's lock (as a scheduled one does).
 const LOCK_WAIT: Duration = Duration::from_secs(30 * 60);
-
-/// Results of `etcd_snapshotter_pre_upgrade_snapshots_total`.
-pub const RESULTS: [&str; 3] = ["passed", "drill_failed", "snapshot_failed"];
 
 /// Everything one shard's watch works with.
 pub struct Watch {
@@ -275,7 +273,6 @@ impl Watch {
     async fn snapshot(&self, store: &Store, kcp: KcpVersion) -> Result<Manifest, SnapshotError> {
         let _turn = self.snapshots_turn.lock().await;
         let shard = &self.shard.name;
-        let pending = Pending::default();
         let waiting = |holder: &str| tracing::warn!(shard, holder, "another run holds the shard's lock; waiting");
         let run = snapshot::Run {
             tick: None,
@@ -285,15 +282,17 @@ impl Watch {
             waiting: &waiting,
             kcp: Some(kcp),
         };
-        let take = snapshot::take(&self.config, &self.shard, store, &self.metrics, &pending, run);
-        let taken = match finish_or_abort(&self.shutdown, Grace::default(), take, || pending.abort(store)).await {
-            JobEnd::Finished(result) => result?,
-            JobEnd::Aborted | JobEnd::AbortTimedOut => return Err(SnapshotError::Interrupted),
-        };
+        let taken = snapshot::take_until(
+            &self.config,
+            &self.shard,
+            store,
+            &self.metrics,
+            run,
+            &self.shutdown,
+            Grace::default(),
+        )
+        .await?;
         let m = &taken.manifest;
-        let label = self.metrics.shard(shard);
-        self.metrics.last_success.get_or_create(&label).set(unix_now());
-        self.metrics.revision.get_or_create(&label).set(m.revision as i64);
         tracing::info!(
             shard,
             id = m.id,
@@ -301,9 +300,6 @@ impl Watch {
             upper = m.revision_upper_bound,
             "snapshot before the kcp upgrade published"
         );
-        if let Err(error) = &taken.retention {
-            tracing::warn!(shard, %error, "retention failed; nothing more was deleted");
-        }
         Ok(taken.manifest)
     }
 
@@ -327,79 +323,5 @@ impl Watch {
             }
         }
         Some(outcome)
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct UpgradeLabels {
-    pub shard: String,
-    /// `passed`, `drill_failed` or `snapshot_failed` ([`RESULTS`]).
-    pub result: String,
-}
-
-/// `etcd_snapshotter_pre_upgrade_*`: snapshots before kcp upgrades, by the leader only (followers export 0).
-#[derive(Clone, Debug, Default)]
-pub struct UpgradeMetrics {
-    pub snapshots:
-        prometheus_client::metrics::family::Family<UpgradeLabels, prometheus_client::metrics::counter::Counter>,
-    pub late: prometheus_client::metrics::family::Family<
-        crate::metrics::ShardLabel,
-        prometheus_client::metrics::counter::Counter,
-    >,
-    pub malformed: prometheus_client::metrics::family::Family<
-        crate::metrics::ShardLabel,
-        prometheus_client::metrics::counter::Counter,
-    >,
-    pub watch_errors: prometheus_client::metrics::family::Family<
-        crate::metrics::ShardLabel,
-        prometheus_client::metrics::counter::Counter,
-    >,
-    pub last:
-        prometheus_client::metrics::family::Family<crate::metrics::ShardLabel, kcp_keeper_runtime::metrics::GaugeF64>,
-}
-
-impl UpgradeMetrics {
-    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
-        registry.register(
-            "pre_upgrade_snapshots",
-            "Snapshots taken because the shard's kcp image changed, by result (passed, drill_failed, snapshot_failed)",
-            self.snapshots.clone(),
-        );
-        registry.register(
-            "pre_upgrade_late",
-            "kcp image changes found only when the watch (re)started: their snapshot may come after the roll began",
-            self.late.clone(),
-        );
-        registry.register(
-            "pre_upgrade_invalid_image",
-            "Readings of the operator's object whose kcp image is not valid (no snapshot was taken for them)",
-            self.malformed.clone(),
-        );
-        registry.register(
-            "pre_upgrade_watch_errors",
-            "Errors watching the operator's object (RBAC, the apiserver); the watch retries",
-            self.watch_errors.clone(),
-        );
-        registry.register_with_unit(
-            "pre_upgrade_last_snapshot_timestamp",
-            "When the shard's last snapshot before a kcp upgrade was published (0: none since start)",
-            prometheus_client::registry::Unit::Seconds,
-            self.last.clone(),
-        );
-    }
-
-    /// Every series of a shard with `beforeUpgrade`, at 0.
-    pub fn init(&self, shard: &Shard) {
-        if shard.before_upgrade.is_none() {
-            return;
-        }
-        let label = crate::metrics::ShardLabel { shard: shard.name.clone() };
-        for result in RESULTS {
-            let _ = self.snapshots.get_or_create(&UpgradeLabels { shard: shard.name.clone(), result: result.into() });
-        }
-        let _ = self.late.get_or_create(&label);
-        let _ = self.malformed.get_or_create(&label);
-        let _ = self.watch_errors.get_or_create(&label);
-        let _ = self.last.get_or_create(&label);
     }
 }
