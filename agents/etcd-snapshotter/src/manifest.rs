@@ -150,7 +150,7 @@ pub struct Manifest {
     /// Bytes that went through the local spill directory because S3 lagged.
     pub spilled_bytes: u64,
     /// Not written by this agent and never trusted: a manifest is editable, so "verified" comes only from a
-    /// passing drill report whose hashes match this manifest and its object (`drill::report`). Kept so that
+    /// passing drill report whose hashes match this manifest and its object (`drill_report`). Kept so that
     /// manifests carrying it still parse.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified_at: Option<DateTime<Utc>>,

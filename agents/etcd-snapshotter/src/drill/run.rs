@@ -2,7 +2,7 @@
 //! `--bump-revision`, no `--mark-compacted`, so revision and HashKV compare exactly; no watcher ever sees this
 //! copy), a throwaway etcd on loopback ports, the comparisons ([`super::compare`]) and a sample read, then the
 //! kcp level when configured. Everything lives in one [`Scratch`]: its drop kills every process it started and
-//! removes the directory ([`super::scratch`]), whether the drill passed, failed, timed out or was dropped by a shutdown.
+//! removes the directory ([`crate::throwaway`]), whether the drill passed, failed, timed out or was dropped by a shutdown.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

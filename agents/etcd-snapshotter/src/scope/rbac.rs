@@ -1,7 +1,7 @@
 //! The RBAC the daemon needs, printed by `etcd-snapshotter rbac`, for the [`Lease`] it names: get, update and
 //! patch on that Lease by name (leader election, and each schedule's tick patched onto it), create on Leases
-//! (a create cannot be limited by name: the name is not in its URL), and create on Events. Nothing depends on
-//! the configuration.
+//! (a create cannot be limited by name: the name is not in its URL), and create on Events: the part that does
+//! not depend on the configuration (`upgrade::rbac` adds reads of the objects `beforeUpgrade` watches).
 
 use kcp_keeper_runtime::rbac::{Rbac, Subjects, rule};
 
