@@ -9,7 +9,7 @@ use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::{Registry, Unit};
+pub use prometheus_client::registry::{Registry, Unit};
 
 /// Seconds since the Unix epoch, as freshness gauges hold them (alerts compute `time() - x`).
 pub fn unix_now() -> f64 {
@@ -19,44 +19,139 @@ pub fn unix_now() -> f64 {
 /// A gauge holding an f64 (timestamps, seconds).
 pub type GaugeF64 = Gauge<f64, AtomicU64>;
 
+/// Declares a metrics struct, one line per series, and its `register`: every agent's metrics are written this way,
+/// so a series' name, help, unit and label set (the `Family`'s label type) stand in one place and the
+/// registration cannot drift from the fields.
+///
+/// ```
+/// use kcp_keeper_runtime::metrics::GaugeF64;
+/// use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
+/// # #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+/// # pub struct ShardLabel { pub shard: String }
+/// kcp_keeper_runtime::metrics! {
+///     /// The parts of one feature.
+///     pub struct PartMetrics {
+///         pub in_flight: Gauge => "parts_in_flight", "Parts uploading now";
+///     }
+/// }
+/// kcp_keeper_runtime::metrics! {
+///     pub struct SnapshotMetrics {
+///         /// A field's doc comment stays on the field.
+///         pub last_success: Family<ShardLabel, GaugeF64> => "last_success_timestamp" [Seconds],
+///             "When the shard's last snapshot was published (0: never since start)";
+///         pub failures: Family<ShardLabel, Counter> => "failures", "Snapshot runs that failed";
+///         ..
+///         /// A composed part registers its own series.
+///         pub parts: PartMetrics;
+///     }
+/// }
+/// let mut registry = kcp_keeper_runtime::metrics::Registry::with_prefix("demo");
+/// let m = SnapshotMetrics::register(&mut registry);
+/// m.parts.in_flight.set(1);
+/// m.failures.get_or_create(&ShardLabel { shard: "root".into() }).inc();
+/// m.last_success.get_or_create(&ShardLabel { shard: "root".into() }).set(1.5);
+/// let text = kcp_keeper_runtime::metrics::encode(&registry);
+/// assert!(text.contains("# UNIT demo_last_success_timestamp_seconds seconds"), "{text}");
+/// assert!(text.contains("demo_failures_total{shard=\"root\"} 1"), "{text}");
+/// assert!(text.contains("demo_parts_in_flight 1"));
+/// ```
+///
+/// The unit in brackets is a `prometheus_client::registry::Unit` variant (`Seconds`, `Bytes`); the parts after
+/// `..` are other declarations (or anything with a `register(&mut Registry) -> Self`), registered first.
+#[macro_export]
+macro_rules! metrics {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $(
+                $(#[$field_meta:meta])*
+                pub $field:ident: $ty:ty => $metric:literal $([$unit:ident])?, $help:expr;
+            )*
+            $(
+                ..
+                $(
+                    $(#[$part_meta:meta])*
+                    pub $part:ident: $part_ty:ty;
+                )*
+            )?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, Default)]
+        $vis struct $name {
+            $( $(#[$field_meta])* pub $field: $ty, )*
+            $($( $(#[$part_meta])* pub $part: $part_ty, )*)?
+        }
+
+        impl $name {
+            /// Registers every series declared here, and the composed parts', in `registry`.
+            pub fn register(registry: &mut $crate::metrics::Registry) -> Self {
+                #[allow(clippy::needless_update)]
+                let m = Self { $($( $part: <$part_ty>::register(registry), )*)? ..Default::default() };
+                $(
+                    $crate::metrics::register_series(
+                        registry,
+                        $metric,
+                        $help,
+                        $crate::metrics!(@unit $($unit)?),
+                        m.$field.clone(),
+                    );
+                )*
+                m
+            }
+        }
+    };
+    (@unit) => { None };
+    (@unit $unit:ident) => { Some($crate::metrics::Unit::$unit) };
+}
+
+/// One series of a [`metrics!`] declaration.
+pub fn register_series(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    metric: impl prometheus_client::registry::Metric,
+) {
+    match unit {
+        Some(unit) => registry.register_with_unit(name, help, unit, metric),
+        None => registry.register(name, help, metric),
+    }
+}
+
+/// Creates the series of `family` for every label set in `labels` at 0, so each is exported before its first
+/// event (alerts see `0`, not a missing series).
+pub fn at_zero<L, M>(family: &Family<L, M>, labels: impl IntoIterator<Item = L>)
+where
+    L: Clone + std::hash::Hash + Eq,
+    M: Default,
+{
+    for label in labels {
+        let _ = family.get_or_create(&label);
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: String,
 }
 
-/// Configuration reload outcomes.
-#[derive(Clone, Debug, Default)]
-pub struct ConfigMetrics {
-    errors: Family<ReasonLabel, Counter>,
-    last_success: GaugeF64,
-    /// 1 from a rejected file until a valid one is applied: the state an alert needs, since a bad file is
-    /// counted once (not on every poll) and the counter alone cannot say whether it is still on disk.
-    rejected: Gauge,
+metrics! {
+    /// Configuration reload outcomes.
+    pub struct ConfigMetrics {
+        pub errors: Family<ReasonLabel, Counter> => "config_reload_errors",
+            "Configuration files that were not applied, by reason (read, parse, invalid)";
+        pub last_success: GaugeF64 => "config_last_applied_timestamp" [Seconds],
+            "When a valid configuration was last loaded";
+        /// 1 from a rejected file until a valid one is applied: the state an alert needs, since a bad file is
+        /// counted once (not on every poll) and the counter alone cannot say whether it is still on disk.
+        pub rejected: Gauge => "config_rejected",
+            "1 while the configuration file on disk was rejected and the agent runs on the last valid one \
+             (the next restart would fail on it)";
+    }
 }
 
 impl ConfigMetrics {
-    pub fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        registry.register(
-            "config_reload_errors",
-            "Configuration files that were not applied, by reason (read, parse, invalid)",
-            m.errors.clone(),
-        );
-        registry.register_with_unit(
-            "config_last_applied_timestamp",
-            "When a valid configuration was last loaded",
-            Unit::Seconds,
-            m.last_success.clone(),
-        );
-        registry.register(
-            "config_rejected",
-            "1 while the configuration file on disk was rejected and the agent runs on the last valid one \
-             (the next restart would fail on it)",
-            m.rejected.clone(),
-        );
-        m
-    }
-
     pub fn mark_applied(&self) {
         self.last_success.set(unix_now());
         self.rejected.set(0);
