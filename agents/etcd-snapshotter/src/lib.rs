@@ -76,7 +76,7 @@ impl Agent for EtcdSnapshotter {
     type RunFlags = NoFlags;
 
     fn metrics(registry: &mut Registry) -> metrics::Metrics {
-        metrics::Metrics::register(registry)
+        metrics::Metrics::start(registry)
     }
 
     /// The Role: the Lease and Events, whatever the shards; plus, for each shard's `beforeUpgrade`, reads of

@@ -5,262 +5,127 @@
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::{Registry, Unit};
 use strum::VariantNames;
 
-use kcp_keeper_runtime::metrics::GaugeF64;
+use kcp_keeper_runtime::metrics::{GaugeF64, Registry, at_zero};
 
 use crate::error::{DrillError, SnapshotError};
 use crate::labels::{ALARMS, AlarmLabels, FailureLabels, MemberLabels, RetryLabels, ShardLabel};
+use crate::retries::{OP_REQUEST, OP_RUN, OP_UPLOAD_PART, Reason};
 
-/// `etcd_snapshotter_member_*` and `leader_changes_total`: etcd health as `health` reads it.
-#[derive(Clone, Debug, Default)]
-pub struct HealthMetrics {
-    pub db_size: Family<MemberLabels, Gauge>,
-    pub db_size_in_use: Family<MemberLabels, Gauge>,
-    pub quota: Family<MemberLabels, Gauge>,
-    pub up: Family<MemberLabels, Gauge>,
-    pub leader_changes: Family<ShardLabel, Counter>,
+kcp_keeper_runtime::metrics! {
+    /// `etcd_snapshotter_member_*` and `leader_changes_total`: etcd health as `health` reads it.
+    pub struct HealthMetrics {
+        pub db_size: Family<MemberLabels, Gauge> => "member_db_size" [Bytes],
+            "Size of the member's database file (etcd's dbSize), read every 15 s";
+        pub db_size_in_use: Family<MemberLabels, Gauge> => "member_db_size_in_use" [Bytes],
+            "Bytes of the member's database in use (what a defragmentation would leave)";
+        pub quota: Family<MemberLabels, Gauge> => "member_db_quota" [Bytes],
+            "The member's --quota-backend-bytes as it reports it (0: not reported, etcd before 3.6)";
+        pub up: Family<MemberLabels, Gauge> => "member_up",
+            "Whether the member answered the last health read (1) or not (0)";
+        pub leader_changes: Family<ShardLabel, Counter> => "leader_changes",
+            "Changes of the shard's etcd leader seen by this replica's health reads";
+    }
 }
 
-#[derive(Clone, Debug, Default)]
-pub struct Metrics {
-    pub last_success: Family<ShardLabel, GaugeF64>,
-    pub duration: Family<ShardLabel, GaugeF64>,
-    pub object_bytes: Family<ShardLabel, Gauge>,
-    pub db_bytes: Family<ShardLabel, Gauge>,
-    pub revision: Family<ShardLabel, Gauge>,
-    pub failures: Family<FailureLabels, Counter>,
-    pub kept: Family<ShardLabel, Gauge>,
-    pub spilled: Family<ShardLabel, Counter>,
-    pub locked_skipped: Family<ShardLabel, Counter>,
-    pub storage_reachable: Gauge,
-    pub memory_budget: Gauge,
-    pub part_size: Gauge,
-    pub parts_in_flight_max: Gauge,
-    pub parts_in_flight: Gauge,
-    /// The longest gap between firings of the shard's snapshot schedule (alerts: "no success within 2x").
-    pub schedule_interval: Family<ShardLabel, GaugeF64>,
-    /// Members of the shard's etcd cluster with the alarm active, as the last run's member probe read them.
-    pub alarms: Family<AlarmLabels, Gauge>,
-    /// Snapshots of other etcd clusters under the shard's directory (another installation, or the shard's etcd
-    /// before it was re-created), as the last retention pass found them: never used or deleted.
-    pub other_clusters: Family<ShardLabel, Gauge>,
-    /// Retries of S3 requests and of whole runs, every label pair exported at 0 from the start.
-    pub retries: Family<RetryLabels, Counter>,
-    pub drill: DrillMetrics,
-    pub delta: DeltaMetrics,
-    pub health: HealthMetrics,
-    pub secondary: crate::secondary::metrics::SecondaryMetrics,
-    pub upgrade: crate::upgrade::metrics::UpgradeMetrics,
-    pub defrag: crate::defrag::metrics::DefragMetrics,
+kcp_keeper_runtime::metrics! {
+    pub struct Metrics {
+        pub last_success: Family<ShardLabel, GaugeF64> => "last_success_timestamp" [Seconds],
+            "When the shard's last snapshot was published (0: never since start)";
+        pub duration: Family<ShardLabel, GaugeF64> => "duration" [Seconds], "Duration of the shard's last snapshot run";
+        pub object_bytes: Family<ShardLabel, Gauge> => "object" [Bytes], "Size of the last published object";
+        pub db_bytes: Family<ShardLabel, Gauge> => "database" [Bytes], "Size of the last streamed etcd database";
+        pub revision: Family<ShardLabel, Gauge> => "revision", "Revision of the last published snapshot";
+        pub failures: Family<FailureLabels, Counter> => "failures", "Snapshot runs that failed, by reason";
+        pub kept: Family<ShardLabel, Gauge> => "snapshots_kept",
+            "Published snapshots left after the last retention pass";
+        pub spilled: Family<ShardLabel, Counter> => "spilled" [Bytes],
+            "Bytes written to the spill directory because S3 lagged";
+        pub locked_skipped: Family<ShardLabel, Counter> => "retention_locked_skipped",
+            "Snapshots retention would delete but object lock protects";
+        pub storage_reachable: Gauge => "storage_reachable",
+            "Whether the bucket answered the last request (1) or not (0)";
+        pub memory_budget: Gauge => "memory_budget" [Bytes], "Configured bound on snapshot bytes held in memory";
+        pub part_size: Gauge => "part_size" [Bytes], "Configured multipart part size";
+        pub parts_in_flight_max: Gauge => "parts_in_flight_max", "Configured bound on parts uploading at once";
+        pub parts_in_flight: Gauge => "parts_in_flight", "Parts uploading now";
+        /// The longest gap between firings of the shard's snapshot schedule (alerts: "no success within 2x").
+        pub schedule_interval: Family<ShardLabel, GaugeF64> => "schedule_interval" [Seconds],
+            "Longest gap between consecutive firings of the shard's snapshot schedule";
+        /// Members of the shard's etcd cluster with the alarm active, as the last run's member probe read them.
+        pub alarms: Family<AlarmLabels, Gauge> => "alarms",
+            "Members of the shard's etcd cluster with the alarm active (nospace, corrupt), read by the last run";
+        /// Snapshots of other etcd clusters under the shard's directory (another installation, or the shard's etcd
+        /// before it was re-created), as the last retention pass found them: never used or deleted.
+        pub other_clusters: Family<ShardLabel, Gauge> => "other_cluster_snapshots",
+            "Snapshots of other etcd clusters under the shard's directory, found by the last retention pass";
+        /// Retries of S3 requests and of whole runs, every label pair exported at 0 from the start.
+        pub retries: Family<RetryLabels, Counter> => "retries",
+            "Retries of S3 requests and of snapshot runs, by op and reason";
+        ..
+        pub drill: DrillMetrics;
+        pub delta: DeltaMetrics;
+        pub health: HealthMetrics;
+        pub secondary: crate::secondary::metrics::SecondaryMetrics;
+        pub upgrade: crate::upgrade::metrics::UpgradeMetrics;
+        pub defrag: crate::defrag::metrics::DefragMetrics;
+    }
 }
 
-/// `etcd_snapshotter_delta_*`: delta snapshots, written by the leader only (followers export 0).
-#[derive(Clone, Debug, Default)]
-pub struct DeltaMetrics {
-    /// The time up to which every write of the shard is in the bucket (a full snapshot and its deltas): the
-    /// recovery point is `time() - this`. 0 until the first delta session has caught up.
-    pub stored_through: Family<ShardLabel, GaugeF64>,
-    /// The newest source revision stored in a delta.
-    pub revision: Family<ShardLabel, Gauge>,
-    pub last_write_timestamp: Family<ShardLabel, GaugeF64>,
-    pub objects: Family<ShardLabel, Counter>,
-    pub bytes: Family<ShardLabel, Counter>,
-    /// Sessions whose start revision was compacted away (a full snapshot was taken to close the gap).
-    pub compacted: Family<ShardLabel, Counter>,
-    /// Sessions that ended on an error (etcd, the bucket); the next starts after an interval.
-    pub failures: Family<ShardLabel, Counter>,
-    /// `deltas.interval`; 0 when the shard has no deltas (the alert's yardstick and selector).
-    pub interval: Family<ShardLabel, GaugeF64>,
+kcp_keeper_runtime::metrics! {
+    /// `etcd_snapshotter_delta_*`: delta snapshots, written by the leader only (followers export 0).
+    pub struct DeltaMetrics {
+        /// The time up to which every write of the shard is in the bucket (a full snapshot and its deltas): the
+        /// recovery point is `time() - this`. 0 until the first delta session has caught up.
+        pub stored_through: Family<ShardLabel, GaugeF64> => "delta_stored_through_timestamp" [Seconds],
+            "Time up to which every write of the shard is stored (full snapshot and deltas); time() minus it is the RPO";
+        /// The newest source revision stored in a delta.
+        pub revision: Family<ShardLabel, Gauge> => "delta_revision", "Newest source revision stored in a delta";
+        pub last_write_timestamp: Family<ShardLabel, GaugeF64> => "delta_last_write_timestamp" [Seconds],
+            "When the shard's last delta object was written";
+        pub objects: Family<ShardLabel, Counter> => "delta_objects", "Delta objects written";
+        pub bytes: Family<ShardLabel, Counter> => "delta" [Bytes], "Bytes of delta objects written";
+        /// Sessions whose start revision was compacted away (a full snapshot was taken to close the gap).
+        pub compacted: Family<ShardLabel, Counter> => "delta_compacted",
+            "Delta sessions whose start revision was compacted away, each closed by a full snapshot";
+        /// Sessions that ended on an error (etcd, the bucket); the next starts after an interval.
+        pub failures: Family<ShardLabel, Counter> => "delta_failures", "Delta sessions that ended on an error";
+        /// `deltas.interval`; 0 when the shard has no deltas (the alert's yardstick and selector).
+        pub interval: Family<ShardLabel, GaugeF64> => "delta_interval" [Seconds],
+            "The shard's deltas.interval (0: no deltas)";
+    }
 }
 
-/// `etcd_snapshotter_drill_*`: restore drills (names fixed by contract with the chart's alerts).
-#[derive(Clone, Debug, Default)]
-pub struct DrillMetrics {
-    pub last_success: Family<ShardLabel, GaugeF64>,
-    pub last_failure: Family<ShardLabel, GaugeF64>,
-    pub duration: Family<ShardLabel, GaugeF64>,
-    /// The last measured restore time: `etcdutl snapshot restore` until the throwaway etcd answers.
-    pub restore: Family<ShardLabel, GaugeF64>,
-    pub failures: Family<FailureLabels, Counter>,
-    /// The longest gap between firings of the shard's drill schedule; 0 when drills are not scheduled.
-    pub schedule_interval: Family<ShardLabel, GaugeF64>,
+kcp_keeper_runtime::metrics! {
+    /// `etcd_snapshotter_drill_*`: restore drills (names fixed by contract with the chart's alerts).
+    pub struct DrillMetrics {
+        pub last_success: Family<ShardLabel, GaugeF64> => "drill_last_success_timestamp" [Seconds],
+            "When the shard's last restore drill passed (0: never since start)";
+        pub last_failure: Family<ShardLabel, GaugeF64> => "drill_last_failure_timestamp" [Seconds],
+            "When the shard's last restore drill failed (0: never since start)";
+        pub duration: Family<ShardLabel, GaugeF64> => "drill_duration" [Seconds],
+            "Wall time of the shard's last restore drill";
+        /// The last measured restore time: `etcdutl snapshot restore` until the throwaway etcd answers.
+        pub restore: Family<ShardLabel, GaugeF64> => "drill_restore" [Seconds],
+            "Restore time measured by the shard's last drill (etcdutl restore until etcd answers): the RTO";
+        pub failures: Family<FailureLabels, Counter> => "drill_failures", "Restore drills that failed, by reason";
+        /// The longest gap between firings of the shard's drill schedule; 0 when drills are not scheduled.
+        pub schedule_interval: Family<ShardLabel, GaugeF64> => "drill_schedule_interval" [Seconds],
+            "Longest gap between consecutive firings of the shard's drill schedule (0: not scheduled)";
+    }
 }
 
 impl Metrics {
-    pub fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        let seconds = Unit::Seconds;
-        registry.register_with_unit(
-            "last_success_timestamp",
-            "When the shard's last snapshot was published (0: never since start)",
-            seconds.clone(),
-            m.last_success.clone(),
-        );
-        registry.register_with_unit(
-            "duration",
-            "Duration of the shard's last snapshot run",
-            seconds,
-            m.duration.clone(),
-        );
-        registry.register_with_unit("object", "Size of the last published object", Unit::Bytes, m.object_bytes.clone());
-        registry.register_with_unit(
-            "database",
-            "Size of the last streamed etcd database",
-            Unit::Bytes,
-            m.db_bytes.clone(),
-        );
-        registry.register("revision", "Revision of the last published snapshot", m.revision.clone());
-        registry.register("failures", "Snapshot runs that failed, by reason", m.failures.clone());
-        registry.register("snapshots_kept", "Published snapshots left after the last retention pass", m.kept.clone());
-        registry.register_with_unit(
-            "spilled",
-            "Bytes written to the spill directory because S3 lagged",
-            Unit::Bytes,
-            m.spilled.clone(),
-        );
-        registry.register(
-            "retention_locked_skipped",
-            "Snapshots retention would delete but object lock protects",
-            m.locked_skipped.clone(),
-        );
-        registry.register(
-            "storage_reachable",
-            "Whether the bucket answered the last request (1) or not (0)",
-            m.storage_reachable.clone(),
-        );
-        registry.register_with_unit(
-            "memory_budget",
-            "Configured bound on snapshot bytes held in memory",
-            Unit::Bytes,
-            m.memory_budget.clone(),
-        );
-        registry.register_with_unit("part_size", "Configured multipart part size", Unit::Bytes, m.part_size.clone());
-        registry.register(
-            "parts_in_flight_max",
-            "Configured bound on parts uploading at once",
-            m.parts_in_flight_max.clone(),
-        );
-        registry.register("parts_in_flight", "Parts uploading now", m.parts_in_flight.clone());
-        registry.register_with_unit(
-            "schedule_interval",
-            "Longest gap between consecutive firings of the shard's snapshot schedule",
-            Unit::Seconds,
-            m.schedule_interval.clone(),
-        );
-        registry.register(
-            "alarms",
-            "Members of the shard's etcd cluster with the alarm active (nospace, corrupt), read by the last run",
-            m.alarms.clone(),
-        );
-        registry.register(
-            "other_cluster_snapshots",
-            "Snapshots of other etcd clusters under the shard's directory, found by the last retention pass",
-            m.other_clusters.clone(),
-        );
-        registry.register(
-            "retries",
-            "Retries of S3 requests and of snapshot runs, by op and reason",
-            m.retries.clone(),
-        );
-        for op in [crate::retries::OP_UPLOAD_PART, crate::retries::OP_REQUEST] {
-            for reason in crate::retries::Reason::VARIANTS {
-                let _ = m.retries.get_or_create(&RetryLabels { op: op.into(), reason: reason.to_string() });
-            }
-        }
-        for reason in SnapshotError::VARIANTS {
-            let labels = RetryLabels { op: crate::retries::OP_RUN.into(), reason: reason.to_string() };
-            let _ = m.retries.get_or_create(&labels);
-        }
-        let d = &m.drill;
-        registry.register_with_unit(
-            "drill_last_success_timestamp",
-            "When the shard's last restore drill passed (0: never since start)",
-            Unit::Seconds,
-            d.last_success.clone(),
-        );
-        registry.register_with_unit(
-            "drill_last_failure_timestamp",
-            "When the shard's last restore drill failed (0: never since start)",
-            Unit::Seconds,
-            d.last_failure.clone(),
-        );
-        registry.register_with_unit(
-            "drill_duration",
-            "Wall time of the shard's last restore drill",
-            Unit::Seconds,
-            d.duration.clone(),
-        );
-        registry.register_with_unit(
-            "drill_restore",
-            "Restore time measured by the shard's last drill (etcdutl restore until etcd answers): the RTO",
-            Unit::Seconds,
-            d.restore.clone(),
-        );
-        registry.register("drill_failures", "Restore drills that failed, by reason", d.failures.clone());
-        registry.register_with_unit(
-            "drill_schedule_interval",
-            "Longest gap between consecutive firings of the shard's drill schedule (0: not scheduled)",
-            Unit::Seconds,
-            d.schedule_interval.clone(),
-        );
-        let delta = &m.delta;
-        registry.register_with_unit(
-            "delta_stored_through_timestamp",
-            "Time up to which every write of the shard is stored (full snapshot and deltas); time() minus it is the RPO",
-            Unit::Seconds,
-            delta.stored_through.clone(),
-        );
-        registry.register("delta_revision", "Newest source revision stored in a delta", delta.revision.clone());
-        registry.register_with_unit(
-            "delta_last_write_timestamp",
-            "When the shard's last delta object was written",
-            Unit::Seconds,
-            delta.last_write_timestamp.clone(),
-        );
-        registry.register("delta_objects", "Delta objects written", delta.objects.clone());
-        registry.register_with_unit("delta", "Bytes of delta objects written", Unit::Bytes, delta.bytes.clone());
-        registry.register(
-            "delta_compacted",
-            "Delta sessions whose start revision was compacted away, each closed by a full snapshot",
-            delta.compacted.clone(),
-        );
-        registry.register("delta_failures", "Delta sessions that ended on an error", delta.failures.clone());
-        registry.register_with_unit(
-            "delta_interval",
-            "The shard's deltas.interval (0: no deltas)",
-            Unit::Seconds,
-            delta.interval.clone(),
-        );
-        let h = &m.health;
-        registry.register_with_unit(
-            "member_db_size",
-            "Size of the member's database file (etcd's dbSize), read every 15 s",
-            Unit::Bytes,
-            h.db_size.clone(),
-        );
-        registry.register_with_unit(
-            "member_db_size_in_use",
-            "Bytes of the member's database in use (what a defragmentation would leave)",
-            Unit::Bytes,
-            h.db_size_in_use.clone(),
-        );
-        registry.register_with_unit(
-            "member_db_quota",
-            "The member's --quota-backend-bytes as it reports it (0: not reported, etcd before 3.6)",
-            Unit::Bytes,
-            h.quota.clone(),
-        );
-        registry.register("member_up", "Whether the member answered the last health read (1) or not (0)", h.up.clone());
-        registry.register(
-            "leader_changes",
-            "Changes of the shard's etcd leader seen by this replica's health reads",
-            h.leader_changes.clone(),
-        );
-        m.upgrade.register(registry);
-        m.secondary.register(registry);
-        m.defrag.register(registry);
+    /// Every series of the daemon's metrics registered, and the retries' label pairs at 0 from the start.
+    pub fn start(registry: &mut Registry) -> Self {
+        let m = Self::register(registry);
+        let s3 = [OP_UPLOAD_PART, OP_REQUEST].into_iter().flat_map(|op| {
+            Reason::VARIANTS.iter().map(move |reason| RetryLabels { op: op.into(), reason: reason.to_string() })
+        });
+        let runs =
+            SnapshotError::VARIANTS.iter().map(|reason| RetryLabels { op: OP_RUN.into(), reason: reason.to_string() });
+        at_zero(&m.retries, s3.chain(runs));
         m
     }
 
@@ -274,49 +139,47 @@ impl Metrics {
         self.schedule_interval.get_or_create(&label).set(gap(&config.schedule));
         let drill_gap = config.drill.as_ref().map(|d| gap(&d.schedule)).unwrap_or(0.0);
         self.drill.schedule_interval.get_or_create(&label).set(drill_gap);
-        let _ = self.drill.last_success.get_or_create(&label);
-        let _ = self.drill.last_failure.get_or_create(&label);
-        let _ = self.drill.duration.get_or_create(&label);
-        let _ = self.drill.restore.get_or_create(&label);
-        for reason in DrillError::VARIANTS {
-            let _ =
-                self.drill.failures.get_or_create(&FailureLabels { shard: shard.into(), reason: reason.to_string() });
-        }
-        let _ = self.last_success.get_or_create(&label);
-        let _ = self.duration.get_or_create(&label);
-        let _ = self.object_bytes.get_or_create(&label);
-        let _ = self.db_bytes.get_or_create(&label);
-        let _ = self.revision.get_or_create(&label);
-        let _ = self.kept.get_or_create(&label);
-        let _ = self.spilled.get_or_create(&label);
-        let _ = self.locked_skipped.get_or_create(&label);
-        for reason in SnapshotError::VARIANTS {
-            let _ = self.failures.get_or_create(&FailureLabels { shard: shard.into(), reason: reason.to_string() });
-        }
-        for alarm in ALARMS {
-            let _ = self.alarms.get_or_create(&AlarmLabels { shard: shard.into(), alarm: alarm.into() });
-        }
-        let _ = self.other_clusters.get_or_create(&label);
         let interval = config.deltas.as_ref().map(|d| d.interval.as_secs_f64()).unwrap_or(0.0);
         self.delta.interval.get_or_create(&label).set(interval);
-        let _ = self.delta.stored_through.get_or_create(&label);
-        let _ = self.delta.revision.get_or_create(&label);
-        let _ = self.delta.last_write_timestamp.get_or_create(&label);
-        let _ = self.delta.objects.get_or_create(&label);
-        let _ = self.delta.bytes.get_or_create(&label);
-        let _ = self.delta.compacted.get_or_create(&label);
-        let _ = self.delta.failures.get_or_create(&label);
-        let _ = self.health.leader_changes.get_or_create(&label);
+        let one = || [label.clone()];
+        let reasons = |names: &'static [&'static str]| {
+            names.iter().map(|reason| FailureLabels { shard: shard.into(), reason: reason.to_string() })
+        };
+        for family in [&self.drill.last_success, &self.drill.last_failure, &self.drill.duration, &self.drill.restore] {
+            at_zero(family, one());
+        }
+        at_zero(&self.drill.failures, reasons(DrillError::VARIANTS));
+        at_zero(&self.failures, reasons(SnapshotError::VARIANTS));
+        for family in [&self.last_success, &self.duration, &self.delta.stored_through, &self.delta.last_write_timestamp]
+        {
+            at_zero(family, one());
+        }
+        for family in
+            [&self.object_bytes, &self.db_bytes, &self.revision, &self.kept, &self.other_clusters, &self.delta.revision]
+        {
+            at_zero(family, one());
+        }
+        for family in [
+            &self.spilled,
+            &self.locked_skipped,
+            &self.delta.objects,
+            &self.delta.bytes,
+            &self.delta.compacted,
+            &self.delta.failures,
+            &self.health.leader_changes,
+        ] {
+            at_zero(family, one());
+        }
+        at_zero(&self.alarms, ALARMS.map(|alarm| AlarmLabels { shard: shard.into(), alarm: alarm.into() }));
         // The second store's and defragmentation's series too, at 0 where neither is configured: every alert's
         // metric is exported (the chart test checks it), and 0 fires none of them.
         self.secondary.init_shard(&config.name);
-        let _ = self.defrag.last_success.get_or_create(&label);
-        let _ = self.defrag.last_failure.get_or_create(&label);
+        at_zero(&self.defrag.last_success, one());
+        at_zero(&self.defrag.last_failure, one());
         self.upgrade.init(config);
         self.defrag.init(config);
-        for endpoint in &config.endpoints {
-            let _ = self.health.up.get_or_create(&MemberLabels { shard: shard.into(), member: endpoint.clone() });
-        }
+        let members = config.endpoints.iter().map(|e| MemberLabels { shard: shard.into(), member: e.clone() });
+        at_zero(&self.health.up, members);
     }
 
     /// Sets the shard's alarm gauges from what a member listed: `(member id, alarm)` pairs.

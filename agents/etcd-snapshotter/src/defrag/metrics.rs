@@ -6,7 +6,6 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::{Registry, Unit};
 use strum::VariantNames;
 
 use super::{Outcome, RESULTS, Report, Stopped};
@@ -20,57 +19,27 @@ pub struct MemberResultLabels {
     pub result: String,
 }
 
-#[derive(Clone, Debug, Default)]
-pub struct DefragMetrics {
-    pub last_success: Family<ShardLabel, GaugeF64>,
-    pub last_failure: Family<ShardLabel, GaugeF64>,
-    /// Runs that stopped early, by [`Stopped`] reason.
-    pub failures: Family<FailureLabels, Counter>,
-    /// 1 for the result of the member's last defragmentation, 0 for the others.
-    pub member_result: Family<MemberResultLabels, Gauge>,
-    /// The member's database size before its last defragmentation less after.
-    pub reclaimed: Family<MemberLabels, Gauge>,
-    pub duration: Family<MemberLabels, GaugeF64>,
+kcp_keeper_runtime::metrics! {
+    pub struct DefragMetrics {
+        pub last_success: Family<ShardLabel, GaugeF64> => "defrag_last_success_timestamp" [Seconds],
+            "When the shard's last scheduled defragmentation run finished without stopping early (0: never since start)";
+        pub last_failure: Family<ShardLabel, GaugeF64> => "defrag_last_failure_timestamp" [Seconds],
+            "When the shard's last scheduled defragmentation run stopped early (0: never since start)";
+        /// Runs that stopped early, by [`Stopped`] reason.
+        pub failures: Family<FailureLabels, Counter> => "defrag_failures",
+            "Defragmentation runs that stopped early, by reason";
+        /// 1 for the result of the member's last defragmentation, 0 for the others.
+        pub member_result: Family<MemberResultLabels, Gauge> => "member_defrag_last_result",
+            "1 for the result of the member's last defragmentation (defragmented, skipped_leader, timeout, failed)";
+        /// The member's database size before its last defragmentation less after.
+        pub reclaimed: Family<MemberLabels, Gauge> => "member_defrag_reclaimed" [Bytes],
+            "The member's database size before its last defragmentation less after";
+        pub duration: Family<MemberLabels, GaugeF64> => "member_defrag_duration" [Seconds],
+            "How long the member's last defragmentation took";
+    }
 }
 
 impl DefragMetrics {
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register_with_unit(
-            "defrag_last_success_timestamp",
-            "When the shard's last scheduled defragmentation run finished without stopping early (0: never since start)",
-            Unit::Seconds,
-            self.last_success.clone(),
-        );
-        registry.register_with_unit(
-            "defrag_last_failure_timestamp",
-            "When the shard's last scheduled defragmentation run stopped early (0: never since start)",
-            Unit::Seconds,
-            self.last_failure.clone(),
-        );
-        registry.register(
-            "defrag_failures",
-            "Defragmentation runs that stopped early, by reason",
-            self.failures.clone(),
-        );
-        registry.register(
-            "member_defrag_last_result",
-            "1 for the result of the member's last defragmentation (defragmented, skipped_leader, timeout, failed)",
-            self.member_result.clone(),
-        );
-        registry.register_with_unit(
-            "member_defrag_reclaimed",
-            "The member's database size before its last defragmentation less after",
-            Unit::Bytes,
-            self.reclaimed.clone(),
-        );
-        registry.register_with_unit(
-            "member_defrag_duration",
-            "How long the member's last defragmentation took",
-            Unit::Seconds,
-            self.duration.clone(),
-        );
-    }
-
     /// Every series of a shard with `defrag`, at 0 from the start.
     pub fn init(&self, config: &crate::config::Shard) {
         if config.defrag.is_none() {
@@ -127,12 +96,12 @@ impl DefragMetrics {
 mod tests {
     use super::*;
     use crate::defrag::Done;
+    use kcp_keeper_runtime::metrics::Registry;
 
     #[test]
     fn a_run_sets_each_members_last_result_alone_and_a_stopped_run_counts_its_reason() {
         let mut registry = Registry::with_prefix("etcd_snapshotter");
-        let m = DefragMetrics::default();
-        m.register(&mut registry);
+        let m = DefragMetrics::register(&mut registry);
         let report = Report {
             members: vec![
                 Done { member: "a".into(), result: Outcome::Defragmented { before: 100, after: 30 }, seconds: 1.5 },

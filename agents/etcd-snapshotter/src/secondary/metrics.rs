@@ -4,7 +4,6 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::{Registry, Unit};
 
 use kcp_keeper_runtime::metrics::GaugeF64;
 
@@ -18,44 +17,25 @@ pub struct KindLabels {
     pub kind: String,
 }
 
-#[derive(Clone, Debug, Default)]
-pub struct SecondaryMetrics {
-    /// Failed attempts on the second store (listing it, copying or verifying an object, its retention).
-    pub failures: Family<KindLabels, Counter>,
-    /// Objects copied to the second store and verified there.
-    pub copied: Family<KindLabels, Counter>,
-    /// Objects of published snapshots the second store should hold and does not hold verified, as the last
-    /// pass left it: 0 when it is in sync.
-    pub behind: Family<ShardLabel, Gauge>,
-    /// When a pass last found the second store in sync for the shard (0: never since start).
-    pub in_sync: Family<ShardLabel, GaugeF64>,
+kcp_keeper_runtime::metrics! {
+    pub struct SecondaryMetrics {
+        /// Failed attempts on the second store (listing it, copying or verifying an object, its retention).
+        pub failures: Family<KindLabels, Counter> => "secondary_failures",
+            "Failures on the second store (listing, copying or verifying an object, retention), by kind";
+        /// Objects copied to the second store and verified there.
+        pub copied: Family<KindLabels, Counter> => "secondary_copied",
+            "Objects copied to the second store and verified there";
+        /// Objects of published snapshots the second store should hold and does not hold verified, as the last
+        /// pass left it: 0 when it is in sync.
+        pub behind: Family<ShardLabel, Gauge> => "secondary_objects_behind",
+            "Objects the second store should hold verified and does not, after the last copy pass";
+        /// When a pass last found the second store in sync for the shard (0: never since start).
+        pub in_sync: Family<ShardLabel, GaugeF64> => "secondary_in_sync_timestamp" [Seconds],
+            "When a copy pass last found the second store holding every object it should (0: never since start)";
+    }
 }
 
 impl SecondaryMetrics {
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "secondary_failures",
-            "Failures on the second store (listing, copying or verifying an object, retention), by kind",
-            self.failures.clone(),
-        );
-        registry.register(
-            "secondary_copied",
-            "Objects copied to the second store and verified there",
-            self.copied.clone(),
-        );
-        registry.register(
-            "secondary_objects_behind",
-            "Objects the second store should hold verified and does not, after the last copy pass",
-            self.behind.clone(),
-        );
-        registry.register_with_unit(
-            "secondary_in_sync_timestamp",
-            "When a copy pass last found the second store holding every object it should (0: never since start)",
-            Unit::Seconds,
-            self.in_sync.clone(),
-        );
-    }
-
     /// Every series of `shard` at 0, so alerts see the shard before its first pass.
     pub fn init_shard(&self, shard: &str) {
         for kind in Kind::ALL {

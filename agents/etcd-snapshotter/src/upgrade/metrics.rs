@@ -18,46 +18,23 @@ pub struct UpgradeLabels {
     pub result: String,
 }
 
-/// `etcd_snapshotter_pre_upgrade_*`: snapshots before kcp upgrades, by the leader only (followers export 0).
-#[derive(Clone, Debug, Default)]
-pub struct UpgradeMetrics {
-    pub snapshots: Family<UpgradeLabels, Counter>,
-    pub late: Family<ShardLabel, Counter>,
-    pub malformed: Family<ShardLabel, Counter>,
-    pub watch_errors: Family<ShardLabel, Counter>,
-    pub last: Family<ShardLabel, GaugeF64>,
+kcp_keeper_runtime::metrics! {
+    /// `etcd_snapshotter_pre_upgrade_*`: snapshots before kcp upgrades, by the leader only (followers export 0).
+    pub struct UpgradeMetrics {
+        pub snapshots: Family<UpgradeLabels, Counter> => "pre_upgrade_snapshots",
+            "Snapshots taken because the shard's kcp image changed, by result (passed, drill_failed, snapshot_failed)";
+        pub late: Family<ShardLabel, Counter> => "pre_upgrade_late",
+            "kcp image changes found only when the watch (re)started: their snapshot may come after the roll began";
+        pub malformed: Family<ShardLabel, Counter> => "pre_upgrade_invalid_image",
+            "Readings of the operator's object whose kcp image is not valid (no snapshot was taken for them)";
+        pub watch_errors: Family<ShardLabel, Counter> => "pre_upgrade_watch_errors",
+            "Errors watching the operator's object (RBAC, the apiserver); the watch retries";
+        pub last: Family<ShardLabel, GaugeF64> => "pre_upgrade_last_snapshot_timestamp" [Seconds],
+            "When the shard's last snapshot before a kcp upgrade was published (0: none since start)";
+    }
 }
 
 impl UpgradeMetrics {
-    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
-        registry.register(
-            "pre_upgrade_snapshots",
-            "Snapshots taken because the shard's kcp image changed, by result (passed, drill_failed, snapshot_failed)",
-            self.snapshots.clone(),
-        );
-        registry.register(
-            "pre_upgrade_late",
-            "kcp image changes found only when the watch (re)started: their snapshot may come after the roll began",
-            self.late.clone(),
-        );
-        registry.register(
-            "pre_upgrade_invalid_image",
-            "Readings of the operator's object whose kcp image is not valid (no snapshot was taken for them)",
-            self.malformed.clone(),
-        );
-        registry.register(
-            "pre_upgrade_watch_errors",
-            "Errors watching the operator's object (RBAC, the apiserver); the watch retries",
-            self.watch_errors.clone(),
-        );
-        registry.register_with_unit(
-            "pre_upgrade_last_snapshot_timestamp",
-            "When the shard's last snapshot before a kcp upgrade was published (0: none since start)",
-            prometheus_client::registry::Unit::Seconds,
-            self.last.clone(),
-        );
-    }
-
     /// Every series of a shard with `beforeUpgrade`, at 0.
     pub fn init(&self, shard: &Shard) {
         if shard.before_upgrade.is_none() {
