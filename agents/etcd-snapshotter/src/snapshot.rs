@@ -175,25 +175,11 @@ async fn locked(
     lock: &Held,
 ) -> Result<(Manifest, Result<RetentionReport, StorageError>), SnapshotError> {
     let started = Instant::now();
-    let mut started_at = Utc::now();
     clean_interrupted(store, &shard.name, lock.acquired).await?;
     let spill_root = config.spill.directory.join(&shard.name);
     clean_spill(&spill_root);
 
-    let (chosen, alarms) = member::choose(shard).await;
-    if let Some(alarms) = &alarms {
-        metrics.alarms_seen(&shard.name, alarms);
-        for (member, alarm) in alarms {
-            tracing::warn!(
-                shard = shard.name,
-                member = format!("{member:x}"),
-                alarm = alarm.as_str(),
-                "etcd alarm active"
-            );
-        }
-    }
-    let mut chosen = chosen?;
-    tracing::info!(shard = shard.name, member = chosen.name, endpoint = chosen.endpoint, "streaming from member");
+    let mut chosen = choose_member(shard, metrics).await?;
     let own = generation::of_member(&mut chosen.client)
         .await
         .map_err(|e| SnapshotError::Etcd(format!("reading the cluster id: {e:#}")))?;
@@ -206,17 +192,8 @@ async fn locked(
             "the shard was written to as the stream opened; revision is a lower bound"
         );
     }
-    let mut location = Location::new(&store.prefix, &shard.name, started_at, revision as u64);
-    // Two runs of an idle shard within one second would name the same directory (time and revision): the later
-    // one takes the next second rather than write over a published snapshot.
-    while store.get_versioned(&location.manifest_key()).await?.is_some() {
-        let rest = 1000 - u64::from(Utc::now().timestamp_subsec_millis()).min(999);
-        tokio::time::sleep(Duration::from_millis(rest)).await;
-        started_at = Utc::now();
-        location = Location::new(&store.prefix, &shard.name, started_at, revision as u64);
-    }
+    let (location, started_at) = free_location(store, &shard.name, revision as u64).await?;
     let encrypted = !config.recipients.is_empty();
-    let object = manifest::object_name(config.compression.as_str(), encrypted);
     let key = location.object_key(config.compression.as_str(), encrypted);
 
     // Keys and HashKV at the lower bound, which the snapshot holds: read once the stream is open, so a read
@@ -240,37 +217,20 @@ async fn locked(
     )
     .await;
     let stream_seconds = started.elapsed().as_secs_f64();
-    let result = async {
-        let mut streamed = streamed?;
-        lock.confirm().await?;
-        store.complete_upload(&key, &upload_id, std::mem::take(&mut streamed.parts)).await?;
-        pending.clear();
-        let stored = store.size(&key).await?;
-        if stored != streamed.object_size {
-            return Err(SnapshotError::SizeMismatch { stored, written: streamed.object_size });
-        }
-        store.read_back(&key, &streamed.object_sha256).await?;
-        let (key_count, hash_kv, compact_revision) = fingerprint
-            .await
-            .map_err(|e| SnapshotError::Etcd(format!("fingerprint task: {e}")))?
-            .map_err(|e| SnapshotError::Etcd(format!("{e:#}")))?;
-        lock.confirm().await?;
-        Ok((streamed, key_count, hash_kv, compact_revision))
-    }
-    .await;
-    let (streamed, key_count, hash_kv, compact_revision) = match result {
-        Ok(done) => done,
-        Err(error) => {
-            let upload = pending.upload.lock().expect("pending lock").take();
-            if let Some((key, upload_id)) = upload {
-                let _ = store.abort_upload(&key, &upload_id).await;
+    let (streamed, (key_count, hash_kv, compact_revision)) =
+        match stored(store, pending, lock, &key, &upload_id, streamed, fingerprint).await {
+            Ok(done) => done,
+            Err(error) => {
+                let upload = pending.upload.lock().expect("pending lock").take();
+                if let Some((key, upload_id)) = upload {
+                    let _ = store.abort_upload(&key, &upload_id).await;
+                }
+                // A completed object without a manifest is not a snapshot; remove it now rather than next run (it
+                // is this run's own object, at the key it just wrote).
+                let _ = store.delete_unless_locked(&key).await;
+                return Err(error);
             }
-            // A completed object without a manifest is not a snapshot; remove it now rather than next run (it is
-            // this run's own object, at the key it just wrote).
-            let _ = store.delete_unless_locked(&key).await;
-            return Err(error);
-        }
-    };
+        };
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         id: location.id.clone(),
@@ -283,7 +243,7 @@ async fn locked(
         compact_revision,
         key_count,
         hash_kv,
-        object,
+        object: manifest::object_name(config.compression.as_str(), encrypted),
         db_size_bytes: streamed.db_size,
         object_size_bytes: streamed.object_size,
         etcd_sha256: hex::encode(streamed.etcd_sha256),
@@ -301,19 +261,98 @@ async fn locked(
         verified_at: None,
     };
     store.put(&location.manifest_key(), manifest.to_json()).await?;
-    let retention = catalog::apply_retention(store, &shard.name, &config.retention, &manifest.id, &own).await;
-    if let Ok(report) = &retention {
-        metrics.other_clusters.get_or_create(&metrics.shard(&shard.name)).set(report.other_clusters as i64);
-        if report.other_clusters > 0 {
+    let retention = retention(config, store, metrics, &shard.name, &manifest, &own).await;
+    Ok((manifest, retention))
+}
+
+/// The member to stream from ([`member::choose`]), with the cluster's alarms counted and logged.
+async fn choose_member(shard: &Shard, metrics: &Metrics) -> Result<member::Chosen, SnapshotError> {
+    let (chosen, alarms) = member::choose(shard).await;
+    if let Some(alarms) = &alarms {
+        metrics.alarms_seen(&shard.name, alarms);
+        for (member, alarm) in alarms {
             tracing::warn!(
                 shard = shard.name,
+                member = format!("{member:x}"),
+                alarm = alarm.as_str(),
+                "etcd alarm active"
+            );
+        }
+    }
+    let chosen = chosen?;
+    tracing::info!(shard = shard.name, member = chosen.name, endpoint = chosen.endpoint, "streaming from member");
+    Ok(chosen)
+}
+
+/// The snapshot's directory, named by the time and `revision`, and that time. Two runs of an idle shard within
+/// one second would name the same directory: the later one takes the next second rather than write over a
+/// published snapshot.
+async fn free_location(
+    store: &Store,
+    shard: &str,
+    revision: u64,
+) -> Result<(Location, chrono::DateTime<Utc>), SnapshotError> {
+    let mut started_at = Utc::now();
+    let mut location = Location::new(&store.prefix, shard, started_at, revision);
+    while store.get_versioned(&location.manifest_key()).await?.is_some() {
+        let rest = 1000 - u64::from(Utc::now().timestamp_subsec_millis()).min(999);
+        tokio::time::sleep(Duration::from_millis(rest)).await;
+        started_at = Utc::now();
+        location = Location::new(&store.prefix, shard, started_at, revision);
+    }
+    Ok((location, started_at))
+}
+
+/// The streamed object completed, its size and hash read back from the store, and the fingerprint read at
+/// its revision, all under the shard's lock (confirmed before completing and after).
+async fn stored(
+    store: &Store,
+    pending: &Pending,
+    lock: &Held,
+    key: &str,
+    upload_id: &str,
+    streamed: Result<Streamed, SnapshotError>,
+    fingerprint: tokio::task::JoinHandle<anyhow::Result<(u64, Option<u32>, i64)>>,
+) -> Result<(Streamed, (u64, Option<u32>, i64)), SnapshotError> {
+    let mut streamed = streamed?;
+    lock.confirm().await?;
+    store.complete_upload(key, upload_id, std::mem::take(&mut streamed.parts)).await?;
+    pending.clear();
+    let stored = store.size(key).await?;
+    if stored != streamed.object_size {
+        return Err(SnapshotError::SizeMismatch { stored, written: streamed.object_size });
+    }
+    store.read_back(key, &streamed.object_sha256).await?;
+    let fingerprint = fingerprint
+        .await
+        .map_err(|e| SnapshotError::Etcd(format!("fingerprint task: {e}")))?
+        .map_err(|e| SnapshotError::Etcd(format!("{e:#}")))?;
+    lock.confirm().await?;
+    Ok((streamed, fingerprint))
+}
+
+/// Retention after a published snapshot, and the other clusters' snapshots it found counted and logged.
+async fn retention(
+    config: &Config,
+    store: &Store,
+    metrics: &Metrics,
+    shard: &str,
+    manifest: &Manifest,
+    own: &generation::Own,
+) -> Result<RetentionReport, StorageError> {
+    let retention = catalog::apply_retention(store, shard, &config.retention, &manifest.id, own).await;
+    if let Ok(report) = &retention {
+        metrics.other_clusters.get_or_create(&metrics.shard(shard)).set(report.other_clusters as i64);
+        if report.other_clusters > 0 {
+            tracing::warn!(
+                shard,
                 cluster = own.cluster_id,
                 others = report.other_clusters,
                 "snapshots of other etcd clusters under the shard's directory: not used, not deleted"
             );
         }
     }
-    Ok((manifest, retention))
+    retention
 }
 
 /// The revisions a snapshot stream holds at least and at most.
