@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex};
 
 use kcp_keeper_runtime::consumer_restart::{Consumer, ConsumerMetrics};
 use kcp_keeper_runtime::metrics::GaugeF64;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Registry;
 
 use crate::certs::Certificate;
 
@@ -82,17 +82,59 @@ impl SkipReason {
     }
 }
 
+kcp_keeper_runtime::metrics! {
+    /// The series of the bundles, their certificates and their targets.
+    pub struct BundleMetrics {
+        pub public_roots: PublicRoots => "public_roots",
+            "The public roots compiled in (publicRoots sources): package, release and certificates";
+        pub certificates: Family<BundleLabel, Gauge> => "bundle_certificates",
+            "Certificates in each bundle as last built (sources plus retained)";
+        pub not_after: Family<CertLabels, GaugeF64> => "certificate_not_after_timestamp" [Seconds],
+            "notAfter of each certificate in each bundle";
+        pub target_in_sync: Family<TargetLabels, Gauge> => "target_in_sync",
+            "1 when the target holds the bundle, 0 otherwise";
+        pub source_errors: Family<ReasonLabels, Counter> => "source_errors", "Sources that could not be used, by reason";
+        pub live_check_failures: Family<EndpointLabels, Counter> => "live_check_failures",
+            "Live-check endpoints that did not verify a bundle (which then was not published), by endpoint";
+        pub writes: Family<BundleLabel, Counter> => "target_writes",
+            "Writes to targets (a cycle with nothing to do writes nothing)";
+        pub last_sync: Family<BundleLabel, GaugeF64> => "last_sync_timestamp" [Seconds],
+            "When each bundle was last synced to all its targets";
+        /// Targets not attempted this cycle, by reason (`terminating`); every reason present from the first cycle.
+        pub skipped_targets: Family<ReasonLabels, Gauge> => "skipped_targets",
+            "Targets not attempted in the last cycle, by reason (terminating: the namespace is being deleted)";
+    }
+}
+
+/// `public_roots_info{package,version,certificates}`: the public roots compiled in, fixed for the process.
+#[derive(Clone, Debug)]
+pub struct PublicRoots(PublicRootsLabels);
+
+impl Default for PublicRoots {
+    fn default() -> Self {
+        Self(PublicRootsLabels {
+            package: crate::sources::PUBLIC_ROOTS_PACKAGE.into(),
+            version: crate::sources::PUBLIC_ROOTS_VERSION.into(),
+            certificates: crate::sources::public_roots().len().to_string(),
+        })
+    }
+}
+
+impl EncodeMetric for PublicRoots {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_info(&self.0)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Info
+    }
+}
+
+/// ca-syncer's metrics and the bookkeeping that keeps their series true.
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    pub certificates: Family<BundleLabel, Gauge>,
-    pub not_after: Family<CertLabels, GaugeF64>,
-    pub target_in_sync: Family<TargetLabels, Gauge>,
-    pub source_errors: Family<ReasonLabels, Counter>,
-    pub live_check_failures: Family<EndpointLabels, Counter>,
-    pub writes: Family<BundleLabel, Counter>,
-    pub last_sync: Family<BundleLabel, GaugeF64>,
-    /// Targets not attempted this cycle, by reason (`terminating`); every reason present from the first cycle.
-    pub skipped_targets: Family<ReasonLabels, Gauge>,
+    /// The `ca_syncer_*` series of the bundles (declared in [`BundleMetrics`]).
+    pub series: BundleMetrics,
     /// Read-once consumers of targets (the runtime's `consumer_restart_pending`,
     /// `consumer_restart_deferred_until_timestamp_seconds`), label `bundle`.
     pub consumers: ConsumerMetrics,
@@ -120,67 +162,12 @@ impl Published {
 
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
-        let m = Self {
-            certificates: Family::default(),
-            not_after: Family::default(),
-            target_in_sync: Family::default(),
-            source_errors: Family::default(),
-            live_check_failures: Family::default(),
-            writes: Family::default(),
-            last_sync: Family::default(),
-            skipped_targets: Family::default(),
+        Self {
+            series: BundleMetrics::register(registry),
             consumers: ConsumerMetrics::register(registry, "bundle"),
             configured_consumers: Arc::default(),
             published: Arc::default(),
-        };
-        registry.register(
-            "public_roots",
-            "The public roots compiled in (publicRoots sources): package, release and certificates",
-            Info::new(PublicRootsLabels {
-                package: crate::sources::PUBLIC_ROOTS_PACKAGE.into(),
-                version: crate::sources::PUBLIC_ROOTS_VERSION.into(),
-                certificates: crate::sources::public_roots().len().to_string(),
-            }),
-        );
-        registry.register(
-            "bundle_certificates",
-            "Certificates in each bundle as last built (sources plus retained)",
-            m.certificates.clone(),
-        );
-        registry.register_with_unit(
-            "certificate_not_after_timestamp",
-            "notAfter of each certificate in each bundle",
-            Unit::Seconds,
-            m.not_after.clone(),
-        );
-        registry.register(
-            "target_in_sync",
-            "1 when the target holds the bundle, 0 otherwise",
-            m.target_in_sync.clone(),
-        );
-        registry.register("source_errors", "Sources that could not be used, by reason", m.source_errors.clone());
-        registry.register(
-            "live_check_failures",
-            "Live-check endpoints that did not verify a bundle (which then was not published), by endpoint",
-            m.live_check_failures.clone(),
-        );
-        registry.register(
-            "target_writes",
-            "Writes to targets (a cycle with nothing to do writes nothing)",
-            m.writes.clone(),
-        );
-        registry.register_with_unit(
-            "last_sync_timestamp",
-            "When each bundle was last synced to all its targets",
-            Unit::Seconds,
-            m.last_sync.clone(),
-        );
-        registry.register(
-            "skipped_targets",
-            "Targets not attempted in the last cycle, by reason (terminating: the namespace is being deleted)",
-            m.skipped_targets.clone(),
-        );
-        m
+        }
     }
 
     fn published(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Published>> {
@@ -193,7 +180,7 @@ impl Metrics {
         let mut published = self.published();
         let entry = published.entry(bundle.to_string()).or_default();
         for labels in targets {
-            self.target_in_sync.get_or_create(&labels).set(0);
+            self.series.target_in_sync.get_or_create(&labels).set(0);
             entry.targets.insert(labels);
         }
     }
@@ -204,11 +191,11 @@ impl Metrics {
         for reason in SkipReason::ALL {
             let count = skipped.iter().filter(|(_, r)| *r == reason).count();
             let labels = ReasonLabels { bundle: bundle.to_string(), reason: reason.as_str().into() };
-            self.skipped_targets.get_or_create(&labels).set(count as i64);
+            self.series.skipped_targets.get_or_create(&labels).set(count as i64);
         }
         let mut published = self.published();
         for (labels, _) in skipped {
-            self.target_in_sync.remove(labels);
+            self.series.target_in_sync.remove(labels);
             if let Some(entry) = published.get_mut(bundle) {
                 entry.targets.remove(labels);
             }
@@ -219,8 +206,8 @@ impl Metrics {
     /// only from the next cycle on (which may be a resyncInterval away), and without an in-sync series.
     pub fn skipped_now(&self, bundle: &str, labels: &TargetLabels, reason: SkipReason, now: &mut Published) {
         let reason = reason.as_str().into();
-        self.skipped_targets.get_or_create(&ReasonLabels { bundle: bundle.to_string(), reason }).inc();
-        self.target_in_sync.remove(labels);
+        self.series.skipped_targets.get_or_create(&ReasonLabels { bundle: bundle.to_string(), reason }).inc();
+        self.series.target_in_sync.remove(labels);
         now.targets.remove(labels);
     }
 
@@ -232,7 +219,7 @@ impl Metrics {
                 subject: cert.subject().to_string(),
                 sha256: cert.fingerprint().to_string()[..16].to_string(),
             };
-            self.not_after.get_or_create(&labels).set(cert.not_after().unix_timestamp() as f64);
+            self.series.not_after.get_or_create(&labels).set(cert.not_after().unix_timestamp() as f64);
             now.certs.insert(labels);
         }
     }
@@ -269,10 +256,10 @@ impl Metrics {
                 now.certs.extend(before.certs.iter().cloned());
             }
             for gone in before.certs.difference(&now.certs) {
-                self.not_after.remove(gone);
+                self.series.not_after.remove(gone);
             }
             for gone in before.targets.difference(&now.targets) {
-                self.target_in_sync.remove(gone);
+                self.series.target_in_sync.remove(gone);
             }
         }
         published.insert(bundle.to_string(), now);

@@ -192,6 +192,7 @@ impl Syncer {
             Err((index, failure)) => {
                 // Targets keep their last good content: nothing is written for this bundle.
                 self.metrics
+                    .series
                     .source_errors
                     .get_or_create(&ReasonLabels { bundle: spec.name.clone(), reason: failure.metric_label().into() })
                     .inc();
@@ -254,7 +255,7 @@ impl Syncer {
             for EndpointFailure { url, error } in &failures.0 {
                 let labels =
                     EndpointLabels { bundle: spec.name.clone(), endpoint: url.clone(), reason: error.reason().into() };
-                self.metrics.live_check_failures.get_or_create(&labels).inc();
+                self.metrics.series.live_check_failures.get_or_create(&labels).inc();
                 tracing::warn!(bundle = %spec.name, endpoint = %url, reason = error.reason(), error = %error, "live check failed");
             }
             let note = format!("bundle {} not published: live check failed: {failures}", spec.name);
@@ -281,7 +282,11 @@ impl Syncer {
             true => Built::build(current, &BundleOptions { drop_expired: spec.drop_expired, now }).len(),
             false => plans.iter().flat_map(|p| p.fingerprints()).collect::<BTreeSet<_>>().len(),
         };
-        self.metrics.certificates.get_or_create(&BundleLabel { bundle: spec.name.clone() }).set(certificates as i64);
+        self.metrics
+            .series
+            .certificates
+            .get_or_create(&BundleLabel { bundle: spec.name.clone() })
+            .set(certificates as i64);
 
         let mut review = None;
         let mut published = Published::default();
@@ -319,7 +324,7 @@ impl Syncer {
         let mut failures = failures.into_iter();
         match failures.next() {
             None => {
-                self.metrics.last_sync.get_or_create(&BundleLabel { bundle: spec.name.clone() }).set(unix_now());
+                self.metrics.series.last_sync.get_or_create(&BundleLabel { bundle: spec.name.clone() }).set(unix_now());
                 match restart_failure {
                     None => Ok(review),
                     Some(RestartError::Missing(object)) => Err(SyncError::ConsumerMissing(object)),
@@ -511,7 +516,7 @@ impl Syncer {
         published.target(&labels);
         // A new series starts at 0; an existing one keeps its value until this pass knows better, so a target
         // that stays in sync never reads 0 mid-pass (an alert or a reader would see a flap).
-        let in_sync = self.metrics.target_in_sync.get_or_create(&labels).clone();
+        let in_sync = self.metrics.series.target_in_sync.get_or_create(&labels).clone();
         let metadata = target_metadata::decide(&target.metadata, plan.observed.meta());
         if !metadata.foreign.is_empty() {
             let keys = metadata.foreign.join(", ");
@@ -546,7 +551,7 @@ impl Syncer {
         match outcome {
             Ok(Outcome::Unchanged) => {}
             Ok(outcome) => {
-                self.metrics.writes.get_or_create(&BundleLabel { bundle: spec.name.clone() }).inc();
+                self.metrics.series.writes.get_or_create(&BundleLabel { bundle: spec.name.clone() }).inc();
                 let verb = if outcome == Outcome::Created { "created" } else { "updated" };
                 let note = format!("bundle {}: {verb} key {} with {count} certificates", spec.name, target.key);
                 tracing::info!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, certificates = count, "{verb}");

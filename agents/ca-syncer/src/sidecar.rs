@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 pub use notifier::NotifyMethod;
 
 use inputs::{InputError, Keys};
-use metrics::SidecarMetrics;
+use metrics::{Reason, SidecarMetrics};
 use notifier::{Notifier, Target};
 
 /// Prefix of every sidecar metric (`ca_syncer_sidecar_certificates`, ...): the sidecar is scraped apart from
@@ -134,7 +134,7 @@ pub async fn main(args: WatchArgs) -> anyhow::Result<()> {
 pub async fn run(args: WatchArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     let settings = Arc::new(Settings::from_args(&args)?);
     let mut registry = kcp_keeper_runtime::metrics::registry(METRICS_PREFIX);
-    let metrics = SidecarMetrics::register(registry.sub_registry_with_prefix(METRICS_PREFIX));
+    let metrics = SidecarMetrics::start(registry.sub_registry_with_prefix(METRICS_PREFIX));
     let health = Arc::new(Health::default());
     let _admin = match args.admin_addr {
         Some(addr) => Some(
@@ -150,7 +150,7 @@ pub async fn run(args: WatchArgs, shutdown: CancellationToken) -> anyhow::Result
         DirWatch::new(&settings.dir, WatchSettings { debounce: settings.debounce, poll: settings.poll_interval });
     if dirwatch.is_polling_only() {
         // Typically the inotify watch limit of the node. Polling still converges, only slower.
-        metrics.error("watch");
+        metrics.error(Reason::Watch.into());
     }
 
     output::remove_stale_temp_files(&settings.output);
@@ -289,7 +289,7 @@ impl SyncError {
     fn reason(&self) -> &'static str {
         match self {
             Self::Input(e) => e.reason(),
-            Self::Write { .. } | Self::Task(_) => "write",
+            Self::Write { .. } | Self::Task(_) => Reason::Write.into(),
         }
     }
 }

@@ -25,12 +25,12 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use kcp_keeper_runtime::metrics::{GaugeF64, ReasonLabel, unix_now};
+use kcp_keeper_runtime::metrics::{GaugeF64, ReasonLabel, at_zero, unix_now};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Registry;
 
 use crate::plan::{Plan, RuleError};
 use crate::verify::{HostCheck, Outcome};
@@ -40,17 +40,31 @@ pub struct HostLabel {
     pub host: String,
 }
 
+kcp_keeper_runtime::metrics! {
+    /// dns-rewriter's series; [`Metrics`] adds which hosts have series.
+    pub struct RewriterMetrics {
+        pub rules: Gauge => "rules", "Rules in the last planned value";
+        pub rule_errors: Family<ReasonLabel, Gauge> => "rule_errors", "Rules left out by the last plan, by reason";
+        pub write_timestamp: GaugeF64 => "write_timestamp" [Seconds],
+            "When the target key was last written successfully";
+        pub adopted: Counter => "adopted_lines",
+            "Rule lines found without kcp-keeper's markers (after a kubeadm CoreDNS upgrade) and adopted into the block";
+        pub node_local_detected: Gauge => "node_local_dns_detected",
+            "1 when node-local-dns's ConfigMap exists and its Corefile is managed";
+        pub node_local_written: GaugeF64 => "node_local_dns_write_timestamp" [Seconds],
+            "When node-local-dns's Corefile was last written successfully";
+        pub verified: GaugeF64 => "verify_timestamp" [Seconds],
+            "When verification through the cluster DNS last ran (a resolver known and answering)";
+        pub host_verified: Family<HostLabel, Gauge> => "host_verified",
+            "1 when the host last answered exactly its Service's ClusterIP under its own name";
+        pub host_checked: Family<HostLabel, GaugeF64> => "host_check_timestamp" [Seconds],
+            "When the host was last checked through the resolver";
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    rules: Gauge,
-    rule_errors: Family<ReasonLabel, Gauge>,
-    write_timestamp: GaugeF64,
-    adopted: Counter,
-    node_local_detected: Gauge,
-    node_local_written: GaugeF64,
-    verified: GaugeF64,
-    host_verified: Family<HostLabel, Gauge>,
-    host_checked: Family<HostLabel, GaugeF64>,
+    series: RewriterMetrics,
     /// The hosts with series, so a host that left the rules can be removed.
     hosts: Arc<Mutex<BTreeSet<HostLabel>>>,
 }
@@ -58,104 +72,48 @@ pub struct Metrics {
 impl Metrics {
     /// Registers under `registry` (the agent's prefixed sub-registry), every rule error reason at 0.
     pub fn register(registry: &mut Registry) -> Self {
-        let m = Self {
-            rules: Gauge::default(),
-            rule_errors: Family::default(),
-            write_timestamp: GaugeF64::default(),
-            adopted: Counter::default(),
-            node_local_detected: Gauge::default(),
-            node_local_written: GaugeF64::default(),
-            verified: GaugeF64::default(),
-            host_verified: Family::default(),
-            host_checked: Family::default(),
-            hosts: Arc::default(),
-        };
-        for reason in RuleError::REASONS {
-            let _ = m.rule_errors.get_or_create(&ReasonLabel { reason: (*reason).into() });
-        }
-        registry.register("rules", "Rules in the last planned value", m.rules.clone());
-        registry.register("rule_errors", "Rules left out by the last plan, by reason", m.rule_errors.clone());
-        registry.register_with_unit(
-            "write_timestamp",
-            "When the target key was last written successfully",
-            Unit::Seconds,
-            m.write_timestamp.clone(),
-        );
-        registry.register(
-            "adopted_lines",
-            "Rule lines found without kcp-keeper's markers (after a kubeadm CoreDNS upgrade) and adopted into the block",
-            m.adopted.clone(),
-        );
-        registry.register(
-            "node_local_dns_detected",
-            "1 when node-local-dns's ConfigMap exists and its Corefile is managed",
-            m.node_local_detected.clone(),
-        );
-        registry.register_with_unit(
-            "node_local_dns_write_timestamp",
-            "When node-local-dns's Corefile was last written successfully",
-            Unit::Seconds,
-            m.node_local_written.clone(),
-        );
-        registry.register_with_unit(
-            "verify_timestamp",
-            "When verification through the cluster DNS last ran (a resolver known and answering)",
-            Unit::Seconds,
-            m.verified.clone(),
-        );
-        registry.register(
-            "host_verified",
-            "1 when the host last answered exactly its Service's ClusterIP under its own name",
-            m.host_verified.clone(),
-        );
-        registry.register_with_unit(
-            "host_check_timestamp",
-            "When the host was last checked through the resolver",
-            Unit::Seconds,
-            m.host_checked.clone(),
-        );
-        m
+        let series = RewriterMetrics::register(registry);
+        at_zero(&series.rule_errors, RuleError::REASONS.iter().map(|reason| ReasonLabel { reason: (*reason).into() }));
+        Self { series, hosts: Arc::default() }
     }
 
     /// Records a plan: rule count, and errors by reason (every reason keeps a value).
     pub fn observe_plan(&self, plan: &Plan) {
-        self.rules.set(i64::try_from(plan.rules.len()).unwrap_or(i64::MAX));
+        self.series.rules.set(i64::try_from(plan.rules.len()).unwrap_or(i64::MAX));
         for reason in RuleError::REASONS {
             let n = plan.errors.iter().filter(|e| e.reason() == *reason).count();
-            self.rule_errors.get_or_create(&ReasonLabel { reason: (*reason).into() }).set(n as i64);
+            self.series.rule_errors.get_or_create(&ReasonLabel { reason: (*reason).into() }).set(n as i64);
         }
         let current: BTreeSet<HostLabel> =
             plan.rules.iter().map(|(host, _)| HostLabel { host: host.as_str().into() }).collect();
         let mut hosts = self.hosts.lock().unwrap_or_else(|e| e.into_inner());
         for gone in hosts.difference(&current) {
-            self.host_verified.remove(gone);
-            self.host_checked.remove(gone);
+            self.series.host_verified.remove(gone);
+            self.series.host_checked.remove(gone);
         }
-        for host in &current {
-            // A new host reads "not verified" until its first check.
-            let _ = self.host_verified.get_or_create(host);
-        }
+        // A new host reads "not verified" until its first check.
+        at_zero(&self.series.host_verified, current.iter().cloned());
         *hosts = current;
     }
 
     pub fn wrote(&self) {
-        self.write_timestamp.set(unix_now());
+        self.series.write_timestamp.set(unix_now());
     }
 
     pub fn node_local_detected(&self, detected: bool) {
-        self.node_local_detected.set(i64::from(detected));
+        self.series.node_local_detected.set(i64::from(detected));
     }
 
     pub fn node_local_wrote(&self) {
-        self.node_local_written.set(unix_now());
+        self.series.node_local_written.set(unix_now());
     }
 
     pub fn verification_ran(&self) {
-        self.verified.set(unix_now());
+        self.series.verified.set(unix_now());
     }
 
     pub fn adopted(&self, lines: usize) {
-        self.adopted.inc_by(lines as u64);
+        self.series.adopted.inc_by(lines as u64);
     }
 
     /// Records checks: 1 for a match, 0 for anything else, and the time of the check.
@@ -163,8 +121,8 @@ impl Metrics {
         let now = unix_now();
         for c in checks {
             let label = HostLabel { host: c.host.as_str().into() };
-            self.host_verified.get_or_create(&label).set(i64::from(c.outcome == Outcome::Match));
-            self.host_checked.get_or_create(&label).set(now);
+            self.series.host_verified.get_or_create(&label).set(i64::from(c.outcome == Outcome::Match));
+            self.series.host_checked.get_or_create(&label).set(now);
         }
     }
 }

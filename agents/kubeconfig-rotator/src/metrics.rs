@@ -5,12 +5,12 @@
 //! [`crate::error::SyncError`]) are the runtime's. The reconciler says what happened ([`Metrics::proven`],
 //! [`TargetSeries::holds`], ...); which series that moves is kept here.
 
-use kcp_keeper_runtime::metrics::{GaugeF64, unix_now};
+use kcp_keeper_runtime::metrics::{GaugeF64, at_zero, unix_now};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Registry;
 use time::OffsetDateTime;
 
 use std::collections::BTreeMap;
@@ -39,18 +39,34 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+kcp_keeper_runtime::metrics! {
+    /// kubeconfig-rotator's own series; [`Metrics`] adds the consumers' and the targets last seen.
+    pub struct RotatorMetrics {
+        pub not_after: Family<KubeconfigLabel, GaugeF64> => "certificate_not_after_timestamp" [Seconds],
+            "notAfter of the current source credential of each kubeconfig (0 while none is usable)";
+        pub expiry: Family<KubeconfigLabel, GaugeF64> => "certificate_expiry" [Seconds],
+            "Seconds until the current source credential expires, as of the last reconcile (0 while none is usable)";
+        pub target_not_after: Family<TargetLabels, GaugeF64> => "target_not_after_timestamp" [Seconds],
+            "notAfter of the credential each target holds (0 when it holds none usable)";
+        pub target_in_sync: Family<TargetLabels, Gauge> => "target_in_sync",
+            "1 when the target holds the current credential";
+        pub last_sync: Family<KubeconfigLabel, GaugeF64> => "last_sync_timestamp" [Seconds],
+            "When each kubeconfig was last proven and synced to all its targets";
+        pub rotations: Family<KubeconfigLabel, Counter> => "rotations", "Targets that received a new certificate";
+        pub verification_failures: Family<ReasonLabels, Counter> => "verification_failures",
+            "Candidates not published because they failed a check or the proof, by reason";
+        pub nudges: Family<KubeconfigLabel, Counter> => "nudges",
+            "Kubeconfig objects annotated to make the operator re-render";
+        pub forced_renewals: Family<KubeconfigLabel, Counter> => "forced_renewals",
+            "Renewals forced through the Certificate's Issuing condition";
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    pub not_after: Family<KubeconfigLabel, GaugeF64>,
-    pub expiry: Family<KubeconfigLabel, GaugeF64>,
-    pub target_not_after: Family<TargetLabels, GaugeF64>,
-    pub target_in_sync: Family<TargetLabels, Gauge>,
-    pub last_sync: Family<KubeconfigLabel, GaugeF64>,
-    pub rotations: Family<KubeconfigLabel, Counter>,
-    pub verification_failures: Family<ReasonLabels, Counter>,
-    pub nudges: Family<KubeconfigLabel, Counter>,
-    pub forced_renewals: Family<KubeconfigLabel, Counter>,
-    /// `consumer_restart_pending`, `consumer_restart_deferred_until_timestamp_seconds`, label `kubeconfig`.
+    pub series: RotatorMetrics,
+    /// `consumer_restart_pending`, `consumer_restart_deferred_until_timestamp_seconds`, label `kubeconfig`. Kept
+    /// out of [`RotatorMetrics`]: its `register` takes the owner label, and it has no `Default`.
     pub consumers: ConsumerMetrics,
     /// The targets each kubeconfig had at its last pass, to drop the series of those gone since.
     known: Arc<Mutex<BTreeMap<String, Vec<Target>>>>,
@@ -58,57 +74,8 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
-        let m = Self {
-            not_after: Family::default(),
-            expiry: Family::default(),
-            target_not_after: Family::default(),
-            target_in_sync: Family::default(),
-            last_sync: Family::default(),
-            rotations: Family::default(),
-            verification_failures: Family::default(),
-            nudges: Family::default(),
-            forced_renewals: Family::default(),
-            consumers: ConsumerMetrics::register(registry, "kubeconfig"),
-            known: Arc::default(),
-        };
-        registry.register_with_unit(
-            "certificate_not_after_timestamp",
-            "notAfter of the current source credential of each kubeconfig (0 while none is usable)",
-            Unit::Seconds,
-            m.not_after.clone(),
-        );
-        registry.register_with_unit(
-            "certificate_expiry",
-            "Seconds until the current source credential expires, as of the last reconcile (0 while none is usable)",
-            Unit::Seconds,
-            m.expiry.clone(),
-        );
-        registry.register_with_unit(
-            "target_not_after_timestamp",
-            "notAfter of the credential each target holds (0 when it holds none usable)",
-            Unit::Seconds,
-            m.target_not_after.clone(),
-        );
-        registry.register("target_in_sync", "1 when the target holds the current credential", m.target_in_sync.clone());
-        registry.register_with_unit(
-            "last_sync_timestamp",
-            "When each kubeconfig was last proven and synced to all its targets",
-            Unit::Seconds,
-            m.last_sync.clone(),
-        );
-        registry.register("rotations", "Targets that received a new certificate", m.rotations.clone());
-        registry.register(
-            "verification_failures",
-            "Candidates not published because they failed a check or the proof, by reason",
-            m.verification_failures.clone(),
-        );
-        registry.register("nudges", "Kubeconfig objects annotated to make the operator re-render", m.nudges.clone());
-        registry.register(
-            "forced_renewals",
-            "Renewals forced through the Certificate's Issuing condition",
-            m.forced_renewals.clone(),
-        );
-        m
+        let consumers = ConsumerMetrics::register(registry, "kubeconfig");
+        Self { series: RotatorMetrics::register(registry), consumers, known: Arc::default() }
     }
 
     /// Creates every series of a kubeconfig with a value, so none appears only on its first event (a kubeconfig
@@ -116,17 +83,17 @@ impl Metrics {
     pub fn touch(&self, kc: &Kubeconfig) {
         let kubeconfig = kc.name.as_str();
         let label = KubeconfigLabel { kubeconfig: kubeconfig.into() };
-        let _ = self.not_after.get_or_create(&label);
-        let _ = self.expiry.get_or_create(&label);
-        let _ = self.last_sync.get_or_create(&label);
-        let _ = self.rotations.get_or_create(&label);
-        let _ = self.nudges.get_or_create(&label);
-        let _ = self.forced_renewals.get_or_create(&label);
-        for reason in verification_reasons() {
-            let _ = self
-                .verification_failures
-                .get_or_create(&ReasonLabels { kubeconfig: kubeconfig.into(), reason: (*reason).into() });
-        }
+        let _ = self.series.not_after.get_or_create(&label);
+        let _ = self.series.expiry.get_or_create(&label);
+        let _ = self.series.last_sync.get_or_create(&label);
+        let _ = self.series.rotations.get_or_create(&label);
+        let _ = self.series.nudges.get_or_create(&label);
+        let _ = self.series.forced_renewals.get_or_create(&label);
+        at_zero(
+            &self.series.verification_failures,
+            verification_reasons()
+                .map(|reason| ReasonLabels { kubeconfig: kubeconfig.into(), reason: (*reason).into() }),
+        );
     }
 
     /// The targets of `kc` this pass (named ones, and a selector target in each namespace selected now): their
@@ -137,8 +104,8 @@ impl Metrics {
         for t in targets {
             let labels =
                 TargetLabels { kubeconfig: kubeconfig.into(), namespace: t.namespace.clone(), name: t.name.clone() };
-            let _ = self.target_in_sync.get_or_create(&labels);
-            let _ = self.target_not_after.get_or_create(&labels);
+            let _ = self.series.target_in_sync.get_or_create(&labels);
+            let _ = self.series.target_not_after.get_or_create(&labels);
             for c in &t.consumers {
                 self.consumers.touch(kubeconfig, &t.namespace, c);
             }
@@ -152,8 +119,8 @@ impl Metrics {
                 namespace: gone.namespace.clone(),
                 name: gone.name.clone(),
             };
-            self.target_in_sync.remove(&labels);
-            self.target_not_after.remove(&labels);
+            self.series.target_in_sync.remove(&labels);
+            self.series.target_not_after.remove(&labels);
             for c in &gone.consumers {
                 self.consumers.forget(kubeconfig, &gone.namespace, c);
             }
@@ -161,7 +128,8 @@ impl Metrics {
     }
 
     pub fn verification_failed(&self, kubeconfig: &str, reason: &str) {
-        self.verification_failures
+        self.series
+            .verification_failures
             .get_or_create(&ReasonLabels { kubeconfig: kubeconfig.into(), reason: reason.into() })
             .inc();
     }
@@ -169,28 +137,28 @@ impl Metrics {
     /// A candidate valid until `not_after` was proven at `now`: the source's notAfter and time left.
     pub fn proven(&self, kubeconfig: &str, not_after: OffsetDateTime, now: OffsetDateTime) {
         let label = label(kubeconfig);
-        self.not_after.get_or_create(&label).set(not_after.unix_timestamp() as f64);
-        self.expiry.get_or_create(&label).set((not_after - now).as_seconds_f64().max(0.0));
+        self.series.not_after.get_or_create(&label).set(not_after.unix_timestamp() as f64);
+        self.series.expiry.get_or_create(&label).set((not_after - now).as_seconds_f64().max(0.0));
     }
 
     /// Proven and written to every target, now.
     pub fn synced(&self, kubeconfig: &str) {
-        self.last_sync.get_or_create(&label(kubeconfig)).set(unix_now());
+        self.series.last_sync.get_or_create(&label(kubeconfig)).set(unix_now());
     }
 
     /// A target received a new certificate.
     pub fn rotated(&self, kubeconfig: &str) {
-        self.rotations.get_or_create(&label(kubeconfig)).inc();
+        self.series.rotations.get_or_create(&label(kubeconfig)).inc();
     }
 
     /// The Kubeconfig was annotated to re-render.
     pub fn nudged(&self, kubeconfig: &str) {
-        self.nudges.get_or_create(&label(kubeconfig)).inc();
+        self.series.nudges.get_or_create(&label(kubeconfig)).inc();
     }
 
     /// A renewal was forced through the Certificate's `Issuing` condition.
     pub fn renewal_forced(&self, kubeconfig: &str) {
-        self.forced_renewals.get_or_create(&label(kubeconfig)).inc();
+        self.series.forced_renewals.get_or_create(&label(kubeconfig)).inc();
     }
 
     /// The series of one target of `kc`, created if they were not.
@@ -201,8 +169,8 @@ impl Metrics {
             name: target.name.clone(),
         };
         TargetSeries {
-            in_sync: self.target_in_sync.get_or_create(&labels).clone(),
-            not_after: self.target_not_after.get_or_create(&labels).clone(),
+            in_sync: self.series.target_in_sync.get_or_create(&labels).clone(),
+            not_after: self.series.target_not_after.get_or_create(&labels).clone(),
         }
     }
 }

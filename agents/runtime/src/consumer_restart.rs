@@ -59,7 +59,7 @@ use kube::{Resource, ResourceExt};
 use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Registry;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -504,30 +504,35 @@ impl EncodeLabelSet for ConsumerLabels {
     }
 }
 
-/// `<prefix>consumer_restart_pending` and `<prefix>consumer_restart_deferred_until_timestamp_seconds`, under the
-/// prefix of the registry they are registered in (the agent's).
+crate::metrics! {
+    /// The series of [`ConsumerMetrics`], under the prefix of the registry they are registered in (the agent's).
+    pub struct ConsumerSeries {
+        pub pending: Family<ConsumerLabels, Gauge> => "consumer_restart_pending",
+            "1 while a consumer has not been restarted for the content its source holds (missing, or the restart failed)";
+        pub deferred_until: Family<ConsumerLabels, GaugeF64> => "consumer_restart_deferred_until_timestamp" [Seconds],
+            "While a consumer's restart waits for its restart window: when it happens at the latest (0 otherwise)";
+    }
+}
+
+/// `<prefix>consumer_restart_pending` and `<prefix>consumer_restart_deferred_until_timestamp_seconds` (the
+/// [`ConsumerSeries`], which it dereferences to), with the agent's owner label.
 #[derive(Clone, Debug)]
 pub struct ConsumerMetrics {
     owner_label: &'static str,
-    pub pending: Family<ConsumerLabels, Gauge>,
-    pub deferred_until: Family<ConsumerLabels, GaugeF64>,
+    series: ConsumerSeries,
+}
+
+impl std::ops::Deref for ConsumerMetrics {
+    type Target = ConsumerSeries;
+
+    fn deref(&self) -> &ConsumerSeries {
+        &self.series
+    }
 }
 
 impl ConsumerMetrics {
     pub fn register(registry: &mut Registry, owner_label: &'static str) -> Self {
-        let m = Self { owner_label, pending: Family::default(), deferred_until: Family::default() };
-        registry.register(
-            "consumer_restart_pending",
-            "1 while a consumer has not been restarted for the content its source holds (missing, or the restart failed)",
-            m.pending.clone(),
-        );
-        registry.register_with_unit(
-            "consumer_restart_deferred_until_timestamp",
-            "While a consumer's restart waits for its restart window: when it happens at the latest (0 otherwise)",
-            Unit::Seconds,
-            m.deferred_until.clone(),
-        );
-        m
+        Self { owner_label, series: ConsumerSeries::register(registry) }
     }
 
     pub fn labels(&self, owner: &str, namespace: &str, consumer: &Consumer) -> ConsumerLabels {

@@ -25,16 +25,18 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::StreamExt;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::context::Context;
-use crate::metrics::{GaugeF64, ReasonLabel, unix_now};
+use crate::metrics::{GaugeF64, ReasonLabel, at_zero, unix_now};
 use crate::watch::{Signal, Watches};
 
 /// An agent's error enum, mapped to a bounded metric label by its variant names, with no list of strings to
@@ -74,53 +76,69 @@ pub trait Reconciler: Send + Sync {
     fn reconcile(&self, item: &Self::Item) -> impl Future<Output = Result<Option<Duration>, Self::Error>> + Send;
 }
 
+crate::metrics! {
+    /// The series of [`ReconcileMetrics`], under the agent's prefix.
+    pub struct ReconcileSeries {
+        pub duration: ReconcileDuration => "reconcile_duration" [Seconds], "Time spent reconciling one item";
+        pub errors: Family<ReasonLabel, Counter> => "reconcile_errors", "Failed reconciles, by reason";
+        pub last_pass: GaugeF64 => "reconcile_pass_timestamp" [Seconds],
+            "When this replica, leading, last finished a full pass over every item";
+        pub leader: Gauge => "leader", "1 while this replica holds the lease";
+    }
+}
+
+/// The histogram of `<prefix>_reconcile_duration_seconds`, 1 ms to ~30 s: its own type so that its buckets are its
+/// `Default` (a [`Histogram`] has none), as a [`crate::metrics!`] field needs.
+#[derive(Clone, Debug)]
+pub struct ReconcileDuration(Histogram);
+
+impl Default for ReconcileDuration {
+    fn default() -> Self {
+        Self(Histogram::new(exponential_buckets(0.001, 2.0, 16)))
+    }
+}
+
+impl std::ops::Deref for ReconcileDuration {
+    type Target = Histogram;
+
+    fn deref(&self) -> &Histogram {
+        &self.0
+    }
+}
+
+impl EncodeMetric for ReconcileDuration {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+}
+
 /// `<prefix>_reconcile_duration_seconds`, `<prefix>_reconcile_errors_total{reason}`,
-/// `<prefix>_reconcile_pass_timestamp_seconds` (when the leader last finished a full pass).
+/// `<prefix>_reconcile_pass_timestamp_seconds` (when the leader last finished a full pass), `<prefix>_leader`.
+/// The series are [`ReconcileSeries`]; this adds registration with the reasons of the agent's error enum.
 #[derive(Clone, Debug)]
 pub struct ReconcileMetrics {
-    duration: Histogram,
-    errors: Family<ReasonLabel, Counter>,
-    last_pass: GaugeF64,
-    leader: Gauge,
+    series: ReconcileSeries,
 }
 
 impl ReconcileMetrics {
     /// Registers under the agent's prefix, with every reason `E` can give at 0.
     pub fn register<E: ErrorReason>(registry: &mut Registry) -> Self {
-        let m = Self {
-            // 1 ms to ~30 s.
-            duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
-            errors: Family::default(),
-            last_pass: GaugeF64::default(),
-            leader: Gauge::default(),
-        };
-        for reason in E::reasons() {
-            let _ = m.errors.get_or_create(&ReasonLabel { reason: (*reason).into() });
-        }
-        registry.register_with_unit(
-            "reconcile_duration",
-            "Time spent reconciling one item",
-            Unit::Seconds,
-            m.duration.clone(),
-        );
-        registry.register("reconcile_errors", "Failed reconciles, by reason", m.errors.clone());
-        registry.register_with_unit(
-            "reconcile_pass_timestamp",
-            "When this replica, leading, last finished a full pass over every item",
-            Unit::Seconds,
-            m.last_pass.clone(),
-        );
-        registry.register("leader", "1 while this replica holds the lease", m.leader.clone());
-        m
+        let series = ReconcileSeries::register(registry);
+        at_zero(&series.errors, E::reasons().iter().map(|reason| ReasonLabel { reason: (*reason).into() }));
+        Self { series }
     }
 
     /// Times `reconcile` and counts its error by reason.
     pub async fn observe<T, E: ErrorReason>(&self, reconcile: impl Future<Output = Result<T, E>>) -> Result<T, E> {
         let started = Instant::now();
         let result = reconcile.await;
-        self.duration.observe(started.elapsed().as_secs_f64());
+        self.series.duration.observe(started.elapsed().as_secs_f64());
         if let Err(e) = &result {
-            self.errors.get_or_create(&ReasonLabel { reason: e.reason().into() }).inc();
+            self.series.errors.get_or_create(&ReasonLabel { reason: e.reason().into() }).inc();
         }
         result
     }
@@ -203,7 +221,7 @@ where
             // Until the election has answered, this replica is neither leader nor follower: it counts as a
             // leader that has not reconciled, so it is not ready yet.
             health.set_leading(leading || !decided);
-            metrics.leader.set(i64::from(leading));
+            metrics.series.leader.set(i64::from(leading));
             if leading && watches.all_synced() {
                 let now = Instant::now();
                 let mut current: BTreeMap<R::Item, ItemState> = BTreeMap::new();
@@ -231,7 +249,7 @@ where
                     () = pass => {}
                 }
                 if everything || ran == items.len() {
-                    metrics.last_pass.set(unix_now());
+                    metrics.series.last_pass.set(unix_now());
                     health.mark_reconciled();
                 }
                 tracing::debug!(ran, full = everything, "pass done");

@@ -4,12 +4,11 @@
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicU64;
 
+use kcp_keeper_runtime::metrics::{GaugeF64, Registry};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 
 use crate::verdict::{Level, Report};
 
@@ -19,20 +18,25 @@ pub struct CheckLabels {
     pub result: String,
 }
 
+kcp_keeper_runtime::metrics! {
+    /// The series of [`Metrics`].
+    pub struct DoctorSeries {
+        pub check: Family<CheckLabels, Gauge> => "check", "Lines of each doctor check with each result in the last run";
+        pub last_run: GaugeF64 => "last_run_timestamp_seconds", "When the doctor last finished a run";
+    }
+}
+
+/// The [`DoctorSeries`] and the checks seen so far (each keeps its series, all three results, once seen).
 #[derive(Debug, Default)]
 pub struct Metrics {
-    check: Family<CheckLabels, Gauge>,
-    last_run: Gauge<f64, AtomicU64>,
+    series: DoctorSeries,
     seen: Mutex<BTreeSet<&'static str>>,
 }
 
 impl Metrics {
     /// Registers under `kcp_keeper_doctor_` in `registry` (made by `kcp_keeper_runtime::metrics::registry`).
     pub fn register(registry: &mut Registry) -> std::sync::Arc<Self> {
-        let m = std::sync::Arc::new(Self::default());
-        registry.register("check", "Lines of each doctor check with each result in the last run", m.check.clone());
-        registry.register("last_run_timestamp_seconds", "When the doctor last finished a run", m.last_run.clone());
-        m
+        std::sync::Arc::new(Self { series: DoctorSeries::register(registry), seen: Mutex::default() })
     }
 
     pub fn record(&self, report: &Report, now: f64) {
@@ -42,10 +46,10 @@ impl Metrics {
             for level in [Level::Ok, Level::Warn, Level::Fail] {
                 let n = report.checks.iter().filter(|v| v.check == *check && v.result == level).count();
                 let labels = CheckLabels { check: (*check).into(), result: level.label().into() };
-                self.check.get_or_create(&labels).set(n as i64);
+                self.series.check.get_or_create(&labels).set(n as i64);
             }
         }
-        self.last_run.set(now);
+        self.series.last_run.set(now);
     }
 }
 

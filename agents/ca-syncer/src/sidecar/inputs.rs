@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::ensure;
 use time::OffsetDateTime;
 
+use super::metrics::Reason;
 use crate::bundle::{Bundle, BundleOptions};
 use crate::certs::{EmptyPolicy, MAX_SOURCE_BYTES, SourceError, parse_certificates};
 
@@ -75,11 +76,11 @@ impl InputError {
     /// A bounded label for `errors_total{reason}`.
     pub(super) fn reason(&self) -> &'static str {
         match self {
-            Self::List { .. } | Self::Read { .. } => "read",
-            Self::Missing { .. } => "missing_key",
+            Self::List { .. } | Self::Read { .. } => Reason::Read.into(),
+            Self::Missing { .. } => Reason::MissingKey.into(),
             Self::Rejected { source, .. } => source.metric_label(),
-            Self::Empty { .. } => "no_certificates",
-            Self::AllExpired { .. } => "all_expired",
+            Self::Empty { .. } => Reason::NoCertificates.into(),
+            Self::AllExpired { .. } => Reason::AllExpired.into(),
         }
     }
 }

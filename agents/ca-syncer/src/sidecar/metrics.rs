@@ -1,78 +1,60 @@
 //! The sidecar's metrics, under `ca_syncer_sidecar_`. Freshness is exported as timestamps so alerts compute
 //! `time() - x`; error reasons are a closed set.
 
-use kcp_keeper_runtime::metrics::{GaugeF64, ReasonLabel, unix_now};
+use kcp_keeper_runtime::metrics::{GaugeF64, ReasonLabel, at_zero, unix_now};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::{Registry, Unit};
+use strum::VariantNames as _;
 
-/// Every `reason` label value, created at zero so `increase()` works from the first scrape.
-const REASONS: &[&str] = &[
+/// Every `reason` label value of `errors_total`, created at zero so `increase()` works from the first scrape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
+#[expect(dead_code, reason = "the parser's variants are only names: its labels come from `SourceError::metric_label`")]
+pub(super) enum Reason {
     // reading the keys
-    "read",
-    "missing_key",
-    "no_certificates",
-    "all_expired",
+    Read,
+    MissingKey,
+    NoCertificates,
+    AllExpired,
     // the strict parser (`SourceError::metric_label`)
-    "too_large",
-    "text_outside_blocks",
-    "private_key",
-    "forbidden_block",
-    "pem_headers",
-    "malformed_pem",
-    "invalid_base64",
-    "invalid_certificate",
+    TooLarge,
+    TextOutsideBlocks,
+    PrivateKey,
+    ForbiddenBlock,
+    PemHeaders,
+    MalformedPem,
+    InvalidBase64,
+    InvalidCertificate,
     // the output and the watch
-    "write",
-    "watch",
+    Write,
+    Watch,
     // telling the process
-    "signal",
-    "process_not_found",
-    "http",
-];
+    Signal,
+    ProcessNotFound,
+    Http,
+}
 
-#[derive(Clone, Debug, Default)]
-pub(super) struct SidecarMetrics {
-    certificates: Gauge,
-    earliest_not_after: GaugeF64,
-    last_write: GaugeF64,
-    last_sync: GaugeF64,
-    reloads: Counter,
-    errors: Family<ReasonLabel, Counter>,
+kcp_keeper_runtime::metrics! {
+    pub(super) struct SidecarMetrics {
+        pub certificates: Gauge => "certificates", "Certificates in the bundle file";
+        pub earliest_not_after: GaugeF64 => "earliest_not_after_timestamp" [Seconds],
+            "notAfter of the first certificate in the bundle to expire";
+        pub last_write: GaugeF64 => "last_write_timestamp" [Seconds],
+            "When the bundle file was last written with new content";
+        pub last_sync: GaugeF64 => "last_sync_timestamp" [Seconds],
+            "When the inputs were last read, valid, and the bundle file found or made up to date";
+        pub reloads: Counter => "reloads", "Notifications delivered to the process (signal or HTTP call)";
+        pub errors: Family<ReasonLabel, Counter> => "errors",
+            "Rejected updates, failed writes and failed notifications, by reason";
+    }
 }
 
 impl SidecarMetrics {
-    pub(super) fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        registry.register("certificates", "Certificates in the bundle file", m.certificates.clone());
-        registry.register_with_unit(
-            "earliest_not_after_timestamp",
-            "notAfter of the first certificate in the bundle to expire",
-            Unit::Seconds,
-            m.earliest_not_after.clone(),
-        );
-        registry.register_with_unit(
-            "last_write_timestamp",
-            "When the bundle file was last written with new content",
-            Unit::Seconds,
-            m.last_write.clone(),
-        );
-        registry.register_with_unit(
-            "last_sync_timestamp",
-            "When the inputs were last read, valid, and the bundle file found or made up to date",
-            Unit::Seconds,
-            m.last_sync.clone(),
-        );
-        registry.register("reloads", "Notifications delivered to the process (signal or HTTP call)", m.reloads.clone());
-        registry.register(
-            "errors",
-            "Rejected updates, failed writes and failed notifications, by reason",
-            m.errors.clone(),
-        );
-        for reason in REASONS {
-            let _ = m.errors.get_or_create(&label(reason));
-        }
+    /// The sidecar's series in `registry`, every error reason at 0.
+    pub(super) fn start(registry: &mut kcp_keeper_runtime::metrics::Registry) -> Self {
+        let m = Self::register(registry);
+        at_zero(&m.errors, Reason::VARIANTS.iter().copied().map(label));
         m
     }
 
@@ -96,7 +78,7 @@ impl SidecarMetrics {
     }
 
     pub(super) fn error(&self, reason: &'static str) {
-        debug_assert!(REASONS.contains(&reason), "unlisted reason {reason}");
+        debug_assert!(Reason::VARIANTS.contains(&reason), "unlisted reason {reason}");
         self.errors.get_or_create(&label(reason)).inc();
     }
 }
@@ -112,7 +94,7 @@ mod tests {
     #[test]
     fn metrics_carry_the_sidecar_prefix_units_and_zeroed_reasons() {
         let mut registry = kcp_keeper_runtime::metrics::registry(super::super::METRICS_PREFIX);
-        let m = SidecarMetrics::register(registry.sub_registry_with_prefix(super::super::METRICS_PREFIX));
+        let m = SidecarMetrics::start(registry.sub_registry_with_prefix(super::super::METRICS_PREFIX));
         m.set_bundle(3, None);
         m.mark_written();
         m.mark_reloaded();
@@ -145,7 +127,7 @@ mod tests {
             SourceError::NoCertificates,
         ];
         for e in errors {
-            assert!(REASONS.contains(&e.metric_label()), "{}", e.metric_label());
+            assert!(Reason::VARIANTS.contains(&e.metric_label()), "{}", e.metric_label());
         }
     }
 }

@@ -17,6 +17,8 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use super::metrics::Reason;
+
 /// HTTP method of `--notify-url`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum NotifyMethod {
@@ -77,9 +79,9 @@ impl NotifyError {
     /// A bounded label for `errors_total{reason}`.
     pub(super) fn reason(&self) -> &'static str {
         match self {
-            Self::Signal { .. } | Self::SignalAll { .. } => "signal",
-            Self::ProcessNotFound { .. } => "process_not_found",
-            Self::Http { .. } | Self::HttpStatus { .. } | Self::HttpTimeout { .. } => "http",
+            Self::Signal { .. } | Self::SignalAll { .. } => Reason::Signal.into(),
+            Self::ProcessNotFound { .. } => Reason::ProcessNotFound.into(),
+            Self::Http { .. } | Self::HttpStatus { .. } | Self::HttpTimeout { .. } => Reason::Http.into(),
         }
     }
 }
