@@ -16,6 +16,7 @@ pub mod dirwatch;
 pub mod driver;
 pub mod duration;
 pub mod events;
+pub mod field;
 pub mod foreign;
 pub mod label_selector;
 pub mod lease;
