@@ -269,8 +269,8 @@ pub async fn verify(
     let (config, store) = open_store(config, choice)?;
     let manifest = catalog::find(&store, None, id, None).await?;
     let dir = scratch(&config)?;
-    let fetched = restore::fetch(&store, manifest, identities(identity_file)?, dir.path()).await?;
-    let status = restore::check_structure(etcdutl, &fetched)?;
+    let (fetched, status) =
+        restore::fetch_proven(&store, manifest, identities(identity_file)?, dir.path(), etcdutl).await?;
     println!(
         "ok {}: object sha256 and etcd's sha256 match the manifest; etcdutl reads revision {} ({} bytes)",
         fetched.manifest.id, status.revision, status.total_size
@@ -348,8 +348,8 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
     }
     let manifest = catalog::find(&store, args.shard.as_deref(), &args.id, own.as_ref()).await?;
     let dir = scratch(&config)?;
-    let fetched = restore::fetch(&store, manifest, identities(args.identity_file.as_deref())?, dir.path()).await?;
-    restore::check_structure(&args.etcdutl, &fetched)?;
+    let identities = identities(args.identity_file.as_deref())?;
+    let (fetched, _) = restore::fetch_proven(&store, manifest, identities, dir.path(), &args.etcdutl).await?;
     restore::restore_member(&args.etcdutl, &fetched.db, &args.member).await?;
     if let Some(kcp) = &fetched.manifest.kcp {
         println!("{} was taken under {}", fetched.manifest.id, kcp.describe());

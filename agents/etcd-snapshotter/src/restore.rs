@@ -7,14 +7,15 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
 use crate::encode::{self, Identity};
+use crate::error::DrillError;
 use crate::manifest::{Location, Manifest};
 use crate::storage::Store;
-use crate::throwaway::{self, RestoredMember};
+use crate::throwaway::{self, RestoredMember, setup};
 use crate::trailer::TrailerCheck;
 
 /// A downloaded, proven etcd database file.
@@ -30,59 +31,92 @@ pub fn read_identities(path: &Path) -> anyhow::Result<Vec<Identity>> {
     Ok(file.into_identities()?)
 }
 
-/// Downloads the snapshot of `manifest` into `dir` and proves both hashes; returns the database path.
+/// What a fetch measured, each hash recorded before it is compared (a drill's report keeps them when they
+/// differ from the manifest's).
+#[derive(Debug, Default)]
+pub struct Hashes {
+    pub object_sha256: Option<String>,
+    pub etcd_sha256: Option<String>,
+}
+
+/// Downloads the snapshot of `manifest` into `dir` while hashing it, then decrypts and decompresses it into
+/// `snapshot.db` while checking etcd's trailing sha256: the one download of every restore, verify, drill and
+/// replay. Each hash is recorded in `hashes` before it is compared with the manifest's.
 pub async fn fetch(
     store: &Store,
     manifest: Manifest,
     identities: Option<Vec<Identity>>,
     dir: &Path,
-) -> anyhow::Result<Fetched> {
-    let location = Location::from_id(&store.prefix, &manifest.id).context("the manifest's id is not valid")?;
+    hashes: &mut Hashes,
+) -> Result<Fetched, DrillError> {
+    let storage = |e: &dyn std::fmt::Display| DrillError::Storage(e.to_string());
+    let location =
+        Location::from_id(&store.prefix, &manifest.id).ok_or_else(|| DrillError::Setup("invalid id".into()))?;
     let encrypted = !manifest.encryption_recipients.is_empty();
     if encrypted && identities.is_none() {
-        bail!("the snapshot is encrypted with age: give --identity-file");
+        return Err(DrillError::Setup("the snapshot is encrypted with age: an identity file is needed".into()));
     }
     let object_path = dir.join("object");
-    let mut body = store.get(&format!("{}{}", location.dir(), manifest.object)).await?;
-    let mut file = tokio::fs::File::create(&object_path).await?;
+    let mut body = store.get(&format!("{}{}", location.dir(), manifest.object)).await.map_err(|e| storage(&e))?;
+    let mut file = tokio::fs::File::create(&object_path).await.map_err(|e| setup("creating the download", &e))?;
     let mut hasher = Sha256::new();
     let mut size = 0u64;
-    while let Some(chunk) = body.try_next().await.context("downloading the snapshot object")? {
+    while let Some(chunk) = body.try_next().await.map_err(|e| storage(&e))? {
         hasher.update(&chunk);
         size += chunk.len() as u64;
-        file.write_all(&chunk).await?;
+        file.write_all(&chunk).await.map_err(|e| setup("writing the download", &e))?;
     }
-    file.flush().await?;
+    file.flush().await.map_err(|e| setup("writing the download", &e))?;
     drop(file);
     let object_sha256 = hex::encode(hasher.finalize());
-    ensure!(
-        object_sha256 == manifest.object_sha256 && size == manifest.object_size_bytes,
-        "the object's sha256 {object_sha256} ({size} bytes) is not the manifest's {} ({} bytes)",
-        manifest.object_sha256,
-        manifest.object_size_bytes
-    );
+    hashes.object_sha256 = Some(object_sha256.clone());
+    if object_sha256 != manifest.object_sha256 || size != manifest.object_size_bytes {
+        return Err(DrillError::ObjectHashMismatch(format!(
+            "the stored object's sha256 is {object_sha256} ({size} bytes), the manifest's objectSha256 is {} ({} bytes)",
+            manifest.object_sha256, manifest.object_size_bytes
+        )));
+    }
 
     let db = dir.join("snapshot.db");
     let (db_path, compression) = (db.clone(), manifest.compression.clone());
-    let verified = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        let input = std::io::BufReader::new(std::fs::File::open(&object_path)?);
-        let mut sink = CheckedFile {
-            file: std::io::BufWriter::new(std::fs::File::create(&db_path)?),
-            check: TrailerCheck::default(),
-        };
-        encode::decode(input, &compression, identities.as_deref().filter(|_| encrypted), &mut sink)?;
-        sink.file.flush()?;
+    let decoded = tokio::task::spawn_blocking(move || {
+        let open =
+            || -> std::io::Result<_> { Ok((std::fs::File::open(&object_path)?, std::fs::File::create(&db_path)?)) };
+        let (input, output) = open().map_err(|e| DrillError::Setup(format!("opening the download: {}", e.kind())))?;
+        let mut sink = CheckedFile { file: std::io::BufWriter::new(output), check: TrailerCheck::default() };
+        let ids = identities.as_deref().filter(|_| encrypted);
+        encode::decode(std::io::BufReader::new(input), &compression, ids, &mut sink)
+            .map_err(|e| DrillError::Decode(format!("{e:#}")))?;
+        sink.file.flush().map_err(|e| DrillError::Setup(format!("writing the database: {}", e.kind())))?;
         let _ = std::fs::remove_file(&object_path);
-        Ok(sink.check.finish()?)
+        Ok::<_, DrillError>(sink.check.finish())
     })
-    .await??;
+    .await
+    .map_err(|e| DrillError::Setup(format!("decoding task: {e}")))??;
+    let verified = decoded.map_err(|e| DrillError::EtcdHashMismatch(e.to_string()))?;
     let etcd_sha256 = hex::encode(verified.sha256);
-    ensure!(
-        etcd_sha256 == manifest.etcd_sha256 && verified.total_bytes == manifest.db_size_bytes,
-        "the database's trailing sha256 {etcd_sha256} is not the manifest's {}",
-        manifest.etcd_sha256
-    );
+    hashes.etcd_sha256 = Some(etcd_sha256.clone());
+    if etcd_sha256 != manifest.etcd_sha256 || verified.total_bytes != manifest.db_size_bytes {
+        return Err(DrillError::EtcdHashMismatch(format!(
+            "the database's trailing sha256 is {etcd_sha256} ({} bytes), the manifest's etcdSha256 is {} ({} bytes)",
+            verified.total_bytes, manifest.etcd_sha256, manifest.db_size_bytes
+        )));
+    }
     Ok(Fetched { db, manifest })
+}
+
+/// [`fetch`], then etcdutl reads the database's structure and its revision ([`check_structure`]): what
+/// `verify` proves, and what `restore` proves before it restores.
+pub async fn fetch_proven(
+    store: &Store,
+    manifest: Manifest,
+    identities: Option<Vec<Identity>>,
+    dir: &Path,
+    etcdutl: &Path,
+) -> anyhow::Result<(Fetched, Status)> {
+    let fetched = fetch(store, manifest, identities, dir, &mut Hashes::default()).await?;
+    let status = check_structure(etcdutl, &fetched)?;
+    Ok((fetched, status))
 }
 
 pub(crate) struct CheckedFile {

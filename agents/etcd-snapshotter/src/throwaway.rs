@@ -195,7 +195,7 @@ pub async fn etcdutl_restore(etcdutl: &Path, db: &Path, member: &RestoredMember<
 
 /// A single-member etcd on a restored data directory, on loopback URLs only, its metrics off: the drill's and
 /// the point-in-time replay's throwaway member.
-pub(crate) fn throwaway_etcd(etcd: &Path, data_dir: &Path, client_url: &str, peer_url: &str, quota: u64) -> Command {
+fn throwaway_etcd(etcd: &Path, data_dir: &Path, client_url: &str, peer_url: &str, quota: u64) -> Command {
     let mut command = Command::new(etcd);
     command
         .arg("--name=drill")
@@ -212,7 +212,7 @@ pub(crate) fn throwaway_etcd(etcd: &Path, data_dir: &Path, client_url: &str, pee
 }
 
 /// Connects once the member answers; fails early if it exits (with the end of its log).
-pub(crate) async fn wait_for_etcd(
+async fn wait_for_etcd(
     scratch: &mut Scratch,
     etcd: usize,
     url: &str,
@@ -234,6 +234,28 @@ pub(crate) async fn wait_for_etcd(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Restores `db` as a one-member throwaway etcd in `scratch` (`<scratch>/member`, the database file removed
+/// once restored) and starts it on loopback with `quota`, accepting any source transaction whole (a replay or a
+/// chain applies each as the source committed it): its client and client URL once it answers.
+pub async fn restore_and_start(
+    scratch: &mut Scratch,
+    (etcdutl, etcd): (&Path, &Path),
+    db: &Path,
+    quota: u64,
+) -> Result<(etcd_client::Client, String), DrillError> {
+    let (client_url, peer_url) = (loopback_url()?, loopback_url()?);
+    let data_dir = scratch.path().join("member");
+    etcdutl_restore(etcdutl, db, &drill_member(&data_dir, &peer_url)).await.map_err(RestoreFailed::into_drill_error)?;
+    // The download is no longer needed; free its space before etcd grows the restored copy.
+    let _ = std::fs::remove_file(db);
+    let log = scratch.path().join("etcd.log");
+    let mut command = throwaway_etcd(etcd, &data_dir, &client_url, &peer_url, quota);
+    command.arg("--max-txn-ops=1000000").arg("--max-request-bytes=268435456");
+    let index = scratch.spawn(&mut command, &log, "etcd")?;
+    let client = wait_for_etcd(scratch, index, &client_url, &log).await?;
+    Ok((client, client_url))
 }
 
 /// Removes what drills of a killed agent left in `root` (a process that was SIGKILLed cannot clean up).

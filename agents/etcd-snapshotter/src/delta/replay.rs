@@ -27,7 +27,7 @@ use crate::generation::{self, Own};
 use crate::manifest::{Location, Manifest};
 use crate::restore::{self, CheckedFile, MemberFlags};
 use crate::storage::Store;
-use crate::throwaway::{self, Scratch, loopback_url, throwaway_etcd, wait_for_etcd};
+use crate::throwaway::{self, Scratch};
 use crate::trailer::TrailerCheck;
 
 /// The TTL of a lease the replay grants (one the full snapshot does not hold): its owner is gone after a
@@ -143,26 +143,16 @@ pub async fn restore_at(
     let mut scratch = Scratch::new(tools.scratch_root, &manifest.shard).map_err(|e| anyhow::anyhow!("{e}"))?;
     let read = || tools.identity_file.map(restore::read_identities).transpose();
     let identities = read()?;
-    let fetched = restore::fetch(store, manifest, read()?, scratch.path()).await?;
-    let status = restore::check_structure(tools.etcdutl, &fetched)?;
+    let (fetched, status) = restore::fetch_proven(store, manifest, read()?, scratch.path(), tools.etcdutl).await?;
     let manifest = fetched.manifest.clone();
     let exact = status.revision as u64;
     if let Point::Revision(n) = point {
         ensure!(exact <= n, "snapshot {} holds revision {exact}, past the point {n}", manifest.id);
     }
 
-    let (client_url, peer_url) =
-        (loopback_url().map_err(|e| anyhow::anyhow!("{e}"))?, loopback_url().map_err(|e| anyhow::anyhow!("{e}"))?);
-    let member = scratch.path().join("member");
-    throwaway::etcdutl_restore(tools.etcdutl, &fetched.db, &throwaway::drill_member(&member, &peer_url)).await?;
-    let _ = std::fs::remove_file(&fetched.db);
-    let log = scratch.path().join("etcd.log");
     let quota = manifest.db_size_bytes.saturating_mul(4).max(4 << 30);
-    let mut command = throwaway_etcd(tools.etcd, &member, &client_url, &peer_url, quota);
-    // A source transaction is replayed whole whatever the source's limits were.
-    command.arg("--max-txn-ops=1000000").arg("--max-request-bytes=268435456");
-    let etcd = scratch.spawn(&mut command, &log, "etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut client = wait_for_etcd(&mut scratch, etcd, &client_url, &log).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (mut client, _) =
+        throwaway::restore_and_start(&mut scratch, (tools.etcdutl, tools.etcd), &fetched.db, quota).await?;
 
     let mut outcome = Outcome {
         snapshot: manifest.id.clone(),

@@ -4,25 +4,21 @@
 //! kcp level when configured. Everything lives in one [`Scratch`]: its drop kills every process it started and
 //! removes the directory ([`crate::throwaway`]), whether the drill passed, failed, timed out or was dropped by a shutdown.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use chrono::Utc;
 use etcd_client::GetOptions;
-use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 
 use super::{HashKvResult, Observed, compare};
 use crate::config::{Drills, KcpExpect};
 use crate::drill_report::{Failure, KcpLevel, Report, sha256_hex};
-use crate::encode::{self, Identity};
+use crate::encode::Identity;
 use crate::error::DrillError;
 use crate::manifest::{Location, Manifest};
-use crate::restore::CheckedFile;
+use crate::restore;
 use crate::storage::Store;
-use crate::throwaway::{self, Scratch, loopback_url, setup, throwaway_etcd, wait_for_etcd};
-use crate::trailer::TrailerCheck;
+use crate::throwaway::{self, Scratch};
 
 /// A snapshot to drill, as read from the bucket.
 #[derive(Debug, Clone)]
@@ -118,20 +114,9 @@ async fn steps(
 
     // Restore time: from etcdutl's start until the restored member answers.
     let restore_started = Instant::now();
-    let (client_url, peer_url) = (loopback_url()?, loopback_url()?);
-    let data_dir = scratch.path().join("member");
-    throwaway::etcdutl_restore(&drills.etcdutl, &db, &throwaway::drill_member(&data_dir, &peer_url))
-        .await
-        .map_err(|e| e.into_drill_error())?;
-    // The download is no longer needed; free its space before etcd grows the restored copy.
-    let _ = std::fs::remove_file(&db);
     let quota = manifest.db_size_bytes.saturating_mul(2).max(2 << 30);
-    let log = scratch.path().join("etcd.log");
-    let mut command = throwaway_etcd(&drills.etcd, &data_dir, &client_url, &peer_url, quota);
-    // The chain level replays each source transaction whole, whatever the source's limits were.
-    command.arg("--max-txn-ops=1000000").arg("--max-request-bytes=268435456");
-    let etcd = scratch.spawn(&mut command, &log, "etcd")?;
-    let mut client = wait_for_etcd(&mut scratch, etcd, &client_url, &log).await?;
+    let (mut client, client_url) =
+        throwaway::restore_and_start(&mut scratch, (&drills.etcdutl, &drills.etcd), &db, quota).await?;
     measured.restore_seconds = Some(restore_started.elapsed().as_secs_f64());
 
     let observed = observe(&mut client, manifest).await?;
@@ -152,8 +137,8 @@ async fn steps(
     Ok(())
 }
 
-/// Downloads the object while hashing it, then decrypts and decompresses it into `snapshot.db` while checking
-/// etcd's trailing sha256. Each hash is recorded as measured before it is compared.
+/// The snapshot downloaded and proven ([`restore::fetch`]), each hash recorded as measured before it is
+/// compared.
 async fn fetch(
     store: &Store,
     manifest: &Manifest,
@@ -161,60 +146,11 @@ async fn fetch(
     dir: &Path,
     measured: &mut Measured,
 ) -> Result<PathBuf, DrillError> {
-    let storage = |e: &dyn std::fmt::Display| DrillError::Storage(e.to_string());
-    let location =
-        Location::from_id(&store.prefix, &manifest.id).ok_or_else(|| DrillError::Setup("invalid id".into()))?;
-    let encrypted = !manifest.encryption_recipients.is_empty();
-    if encrypted && identities.is_none() {
-        return Err(DrillError::Setup("the snapshot is encrypted with age: an identity file is needed".into()));
-    }
-    let object_path = dir.join("object");
-    let mut body = store.get(&format!("{}{}", location.dir(), manifest.object)).await.map_err(|e| storage(&e))?;
-    let mut file = tokio::fs::File::create(&object_path).await.map_err(|e| setup("creating the download", &e))?;
-    let mut hasher = Sha256::new();
-    let mut size = 0u64;
-    while let Some(chunk) = body.try_next().await.map_err(|e| storage(&e))? {
-        hasher.update(&chunk);
-        size += chunk.len() as u64;
-        file.write_all(&chunk).await.map_err(|e| setup("writing the download", &e))?;
-    }
-    file.flush().await.map_err(|e| setup("writing the download", &e))?;
-    drop(file);
-    let object_sha256 = hex::encode(hasher.finalize());
-    measured.object_sha256 = Some(object_sha256.clone());
-    if object_sha256 != manifest.object_sha256 || size != manifest.object_size_bytes {
-        return Err(DrillError::ObjectHashMismatch(format!(
-            "the stored object's sha256 is {object_sha256} ({size} bytes), the manifest's objectSha256 is {} ({} bytes)",
-            manifest.object_sha256, manifest.object_size_bytes
-        )));
-    }
-
-    let db = dir.join("snapshot.db");
-    let (db_path, compression) = (db.clone(), manifest.compression.clone());
-    let decoded = tokio::task::spawn_blocking(move || {
-        let open =
-            || -> std::io::Result<_> { Ok((std::fs::File::open(&object_path)?, std::fs::File::create(&db_path)?)) };
-        let (input, output) = open().map_err(|e| DrillError::Setup(format!("opening the download: {}", e.kind())))?;
-        let mut sink = CheckedFile { file: std::io::BufWriter::new(output), check: TrailerCheck::default() };
-        let ids = identities.as_deref().filter(|_| encrypted);
-        encode::decode(std::io::BufReader::new(input), &compression, ids, &mut sink)
-            .map_err(|e| DrillError::Decode(format!("{e:#}")))?;
-        sink.file.flush().map_err(|e| DrillError::Setup(format!("writing the database: {}", e.kind())))?;
-        let _ = std::fs::remove_file(&object_path);
-        Ok::<_, DrillError>(sink.check.finish())
-    })
-    .await
-    .map_err(|e| DrillError::Setup(format!("decoding task: {e}")))??;
-    let verified = decoded.map_err(|e| DrillError::EtcdHashMismatch(e.to_string()))?;
-    let etcd_sha256 = hex::encode(verified.sha256);
-    measured.etcd_sha256 = Some(etcd_sha256.clone());
-    if etcd_sha256 != manifest.etcd_sha256 || verified.total_bytes != manifest.db_size_bytes {
-        return Err(DrillError::EtcdHashMismatch(format!(
-            "the database's trailing sha256 is {etcd_sha256} ({} bytes), the manifest's etcdSha256 is {} ({} bytes)",
-            verified.total_bytes, manifest.etcd_sha256, manifest.db_size_bytes
-        )));
-    }
-    Ok(db)
+    let mut hashes = restore::Hashes::default();
+    let fetched = restore::fetch(store, manifest.clone(), identities, dir, &mut hashes).await;
+    measured.object_sha256 = hashes.object_sha256;
+    measured.etcd_sha256 = hashes.etcd_sha256;
+    Ok(fetched?.db)
 }
 
 /// The restored revision (exact), keys at the manifest's revision and `HashKV` there.
