@@ -80,13 +80,9 @@ impl Agent for EtcdSnapshotter {
     }
 
     /// The Role: the Lease and Events, whatever the shards; plus, for each shard's `beforeUpgrade`, reads of
-    /// the operator's object by name and Events in its namespace ([`upgrade::rbac`]).
+    /// the operator's object by name and Events in its namespace ([`scope::rbac`]).
     fn rbac(config: Option<&config::Config>, who: &Subjects) -> anyhow::Result<Rbac> {
-        let mut rbac = scope::rbac::render(Self::NAME, who);
-        if let Some(config) = config {
-            upgrade::rbac::add(&mut rbac, config, Self::NAME, who);
-        }
-        Ok(rbac)
+        Ok(scope::rbac::render(Self::NAME, who, config))
     }
 
     async fn daemon(daemon: Daemon<Self>) -> anyhow::Result<()> {

@@ -29,7 +29,7 @@ use crate::error::{DrillError, SnapshotError};
 use crate::generation;
 use crate::labels::{FailureLabels, RetryLabels};
 use crate::metrics::Metrics;
-use crate::scope::Lease;
+use crate::scope::{self, Lease};
 use crate::snapshot;
 use crate::storage::Store;
 use crate::throwaway as scratch;
@@ -97,13 +97,13 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
                     async move { job.defrag(tick, &defrag).await }
                 });
             }
-            if let Some(watched) = shard.before_upgrade.clone() {
+            if let Some((_, watched)) = scope::watched(&config).find(|(s, _)| s.name == shard.name) {
                 // A snapshot before every kcp upgrade (`crate::upgrade`), by the leader, in the snapshots' turn.
                 let drills_turn = if config.drills.alongside_snapshots { &one_drill_at_a_time } else { &one_at_a_time };
                 let watch = crate::upgrade::watch::Watch {
                     config: config.clone(),
                     shard: shard.clone(),
-                    watched,
+                    watched: watched.clone(),
                     metrics: metrics.clone(),
                     events: ctx.events.clone(),
                     client: ctx.client.clone(),

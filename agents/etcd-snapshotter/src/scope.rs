@@ -1,8 +1,8 @@
-//! What the agent names in Kubernetes: its own Lease, and, for each shard with `beforeUpgrade`, the
-//! kcp-operator object whose kcp image it watches ([`crate::upgrade`]: read by name, Events in its namespace).
-//! Snapshots go to etcd and S3, drills to S3 and to processes on loopback, never through the apiserver; the
-//! Lease holds the leader election and each schedule's tick record, and the snapshots' Events are about it.
-//! [`rbac`] grants the Lease's part from the same [`Lease`]; `upgrade::rbac` adds the watched objects' part.
+//! What the agent names in Kubernetes: its own [`Lease`], and, for each shard with `beforeUpgrade`, the
+//! kcp-operator object whose kcp image it watches ([`watched`]: by name, Events in its namespace; the leader's
+//! watch is `upgrade::watch`). Snapshots go to etcd and S3, drills to S3 and to processes on loopback, never
+//! through the apiserver; the Lease holds the leader election and each schedule's tick record, and the
+//! snapshots' Events are about it. [`rbac`] grants exactly this, from the same plan.
 
 pub mod rbac;
 
@@ -10,7 +10,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::rbac::Subjects;
 
-use crate::config::Config;
+use crate::config::{Config, Shard};
+use crate::upgrade::Watched;
 
 /// The agent's Lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +41,11 @@ impl Lease {
             ..Default::default()
         }
     }
+}
+
+/// The objects the daemon watches: each shard with `beforeUpgrade` and the operator's object it names.
+pub fn watched(config: &Config) -> impl Iterator<Item = (&Shard, &Watched)> {
+    config.shards.iter().filter_map(|shard| shard.before_upgrade.as_ref().map(|watched| (shard, watched)))
 }
 
 #[cfg(test)]

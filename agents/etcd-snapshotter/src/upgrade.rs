@@ -14,7 +14,6 @@
 //! leader's watch is [`watch`]; the Role it needs is [`rbac`].
 
 pub mod metrics;
-pub mod rbac;
 pub mod watch;
 
 use chrono::{DateTime, Utc};
