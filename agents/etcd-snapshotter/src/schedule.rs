@@ -97,23 +97,6 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
                     async move { job.defrag(tick, &defrag).await }
                 });
             }
-            if let Some((_, watched)) = scope::watched(&config).find(|(s, _)| s.name == shard.name) {
-                // A snapshot before every kcp upgrade (`crate::upgrade`), by the leader, in the snapshots' turn.
-                let drills_turn = if config.drills.alongside_snapshots { &one_drill_at_a_time } else { &one_at_a_time };
-                let watch = crate::upgrade::watch::Watch {
-                    config: config.clone(),
-                    shard: shard.clone(),
-                    watched: watched.clone(),
-                    metrics: metrics.clone(),
-                    events: ctx.events.clone(),
-                    client: ctx.client.clone(),
-                    snapshots_turn: one_at_a_time.clone(),
-                    drills_turn: drills_turn.clone(),
-                    shutdown: ctx.shutdown.clone(),
-                };
-                let (leadership, token) = (ctx.leadership.clone(), schedules.clone());
-                tasks.spawn(watch.while_leading(leadership, token));
-            }
             let Some(drill) = shard.drill.clone() else { continue };
             // By default a drill takes the snapshots' turn: a drill restores a whole database beside the
             // snapshot's memory budget and spill, and a pod sized for one of them would be OOM-killed or evicted
@@ -124,6 +107,8 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
                 async move { job.drill(tick).await }
             });
         }
+        let drills_turn = if config.drills.alongside_snapshots { &one_drill_at_a_time } else { &one_at_a_time };
+        spawn_upgrade_watches(&mut tasks, &ctx, &config, &metrics, (&one_at_a_time, drills_turn), &schedules);
         if config.secondary.is_some() {
             // The second store's copy passes: on their own, never in the snapshots' turn or their way.
             let (config, metrics, leadership) = (config.clone(), metrics.clone(), ctx.leadership.clone());
@@ -141,6 +126,32 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
         if ctx.shutdown.is_cancelled() {
             return Ok(());
         }
+    }
+}
+
+/// A snapshot before every kcp upgrade (`crate::upgrade`) of each object the scope watches, by the leader, in
+/// the snapshots' turn (its drill in the drills' turn), until `schedules` is cancelled.
+fn spawn_upgrade_watches(
+    tasks: &mut tokio::task::JoinSet<()>,
+    ctx: &Context<Config>,
+    config: &Arc<Config>,
+    metrics: &Metrics,
+    (snapshots_turn, drills_turn): (&Arc<tokio::sync::Mutex<()>>, &Arc<tokio::sync::Mutex<()>>),
+    schedules: &CancellationToken,
+) {
+    for (shard, watched) in scope::watched(config) {
+        let watch = crate::upgrade::watch::Watch {
+            config: config.clone(),
+            shard: shard.clone(),
+            watched: watched.clone(),
+            metrics: metrics.clone(),
+            events: ctx.events.clone(),
+            client: ctx.client.clone(),
+            snapshots_turn: snapshots_turn.clone(),
+            drills_turn: drills_turn.clone(),
+            shutdown: ctx.shutdown.clone(),
+        };
+        tasks.spawn(watch.while_leading(ctx.leadership.clone(), schedules.clone()));
     }
 }
 

@@ -201,17 +201,10 @@ pub(crate) async fn replay(
 ) -> anyhow::Result<()> {
     let location = Location::from_id(&store.prefix, &manifest.id).context("the manifest's id is not valid")?;
     let cluster = generation::cluster_of(manifest).to_string();
-    let mut keys: Vec<(u64, String)> = store
-        .list_keys(&super::dir(&location))
-        .await?
-        .into_iter()
-        .filter_map(|key| Some((location_of(&store.prefix, &manifest.shard, &key)?.1, key)))
-        .collect();
-    keys.sort();
     let mut from = manifest.revision + 1;
     let mut previous: Option<String> = None;
     let mut leases = std::collections::HashSet::new();
-    for (start, key) in keys {
+    for (start, key) in chain_keys(store, manifest, &location).await? {
         if start < from {
             // Not on the chain (a link already passed by this start): never replayed.
             tracing::warn!(key, "a delta off the chain; skipped");
@@ -224,45 +217,15 @@ pub(crate) async fn replay(
             stop(outcome, format!("the delta starting there is missing (the next stored starts at {start})"));
             return Ok(());
         }
-        let Some(object) = store.get_with_metadata(&key).await? else {
-            stop(outcome, "the delta starting there is missing".into());
-            return Ok(());
-        };
-        let actual = hex::encode(Sha256::digest(&object.body));
-        let meta = match Meta::from_metadata(&object.metadata) {
-            Ok(meta) => meta,
-            Err(e) => {
-                stop(outcome, format!("its metadata: {e}"));
-                return Ok(());
-            }
-        };
-        let name = key.rsplit('/').next().unwrap_or_default();
-        let (_, compression, encrypted) = parse_name(name).context("a delta name")?;
-        if encrypted && identities.is_none() {
-            anyhow::bail!("the deltas are encrypted with age: give --identity-file");
-        }
-        let mut payload = Vec::new();
-        let ids = identities.filter(|_| encrypted);
-        // Only a sha256 that matches may be decoded: the payload is then what the writer wrote.
-        if meta.sha256 == actual
-            && let Err(e) = encode::decode(&object.body[..], compression, ids, &mut payload)
-        {
-            stop(outcome, format!("its payload does not decode: {e:#}"));
-            return Ok(());
-        }
-        let decoded = match meta.sha256 == actual {
-            true => decode_payload(&payload),
-            false => Err(format!("its object's sha256 is {actual}, its metadata says {}", meta.sha256)),
-        };
-        let (header, events) = match decoded {
-            Ok(decoded) => decoded,
-            Err(e) => {
-                stop(outcome, e);
+        let (meta, header, events) = match read_delta(store, &key, identities).await? {
+            Ok(read) => read,
+            Err(why) => {
+                stop(outcome, why);
                 return Ok(());
             }
         };
         let expected = Expected { from, previous: previous.as_deref(), snapshot: &manifest.id, cluster_id: &cluster };
-        if let Err(e) = check_link(&expected, &meta, &actual, &header) {
+        if let Err(e) = check_link(&expected, &meta, &meta.sha256, &header) {
             stop(outcome, e);
             return Ok(());
         }
@@ -282,25 +245,7 @@ pub(crate) async fn replay(
                 );
                 return Ok(());
             }
-            for e in group.iter().filter(|e| e.lease != 0) {
-                if leases.insert(e.lease) {
-                    grant(client, e.lease).await?;
-                }
-            }
-            let ops: Vec<TxnOp> = group
-                .iter()
-                .map(|e| match e.kind {
-                    Kind::Put if e.lease != 0 => {
-                        TxnOp::put(e.key.clone(), e.value.clone(), Some(PutOptions::new().with_lease(e.lease)))
-                    }
-                    Kind::Put => TxnOp::put(e.key.clone(), e.value.clone(), None),
-                    Kind::Delete => TxnOp::delete(e.key.clone(), None),
-                })
-                .collect();
-            let response =
-                client.txn(Txn::new().and_then(ops)).await.with_context(|| format!("replaying revision {revision}"))?;
-            let replayed = response.header().map(|h| h.revision()).unwrap_or_default() as u64;
-            ensure!(replayed == revision, "revision {revision} of the source replayed as {replayed}");
+            apply(client, revision, group, &mut leases).await?;
             outcome.revision = revision;
             outcome.received_at = DateTime::from_timestamp_millis(group[0].received_ms);
             outcome.transactions += 1;
@@ -311,6 +256,78 @@ pub(crate) async fn replay(
         from = meta.to + 1;
         previous = Some(meta.sha256);
     }
+    Ok(())
+}
+
+/// The snapshot's delta objects by the revision each starts at, in order.
+async fn chain_keys(store: &Store, manifest: &Manifest, location: &Location) -> anyhow::Result<Vec<(u64, String)>> {
+    let mut keys: Vec<(u64, String)> = store
+        .list_keys(&super::dir(location))
+        .await?
+        .into_iter()
+        .filter_map(|key| Some((location_of(&store.prefix, &manifest.shard, &key)?.1, key)))
+        .collect();
+    keys.sort();
+    Ok(keys)
+}
+
+/// One delta object read and proven by its own sha256 (only a payload whose sha256 matches is decoded: it is
+/// then what the writer wrote): its metadata, header and events, or why the chain breaks at it.
+async fn read_delta(
+    store: &Store,
+    key: &str,
+    identities: Option<&[Identity]>,
+) -> anyhow::Result<Result<(Meta, super::Header, Vec<super::Event>), String>> {
+    let Some(object) = store.get_with_metadata(key).await? else {
+        return Ok(Err("the delta starting there is missing".into()));
+    };
+    let actual = hex::encode(Sha256::digest(&object.body));
+    let meta = match Meta::from_metadata(&object.metadata) {
+        Ok(meta) => meta,
+        Err(e) => return Ok(Err(format!("its metadata: {e}"))),
+    };
+    let name = key.rsplit('/').next().unwrap_or_default();
+    let (_, compression, encrypted) = parse_name(name).context("a delta name")?;
+    if encrypted && identities.is_none() {
+        anyhow::bail!("the deltas are encrypted with age: give --identity-file");
+    }
+    if meta.sha256 != actual {
+        return Ok(Err(format!("its object's sha256 is {actual}, its metadata says {}", meta.sha256)));
+    }
+    let mut payload = Vec::new();
+    if let Err(e) = encode::decode(&object.body[..], compression, identities.filter(|_| encrypted), &mut payload) {
+        return Ok(Err(format!("its payload does not decode: {e:#}")));
+    }
+    Ok(decode_payload(&payload).map(|(header, events)| (meta, header, events)))
+}
+
+/// Replays one source transaction (every event at `revision`) as one transaction, its leases granted first;
+/// fails unless the member commits it at the source's revision.
+async fn apply(
+    client: &mut etcd_client::Client,
+    revision: u64,
+    group: &[super::Event],
+    leases: &mut std::collections::HashSet<i64>,
+) -> anyhow::Result<()> {
+    for e in group.iter().filter(|e| e.lease != 0) {
+        if leases.insert(e.lease) {
+            grant(client, e.lease).await?;
+        }
+    }
+    let ops: Vec<TxnOp> = group
+        .iter()
+        .map(|e| match e.kind {
+            Kind::Put if e.lease != 0 => {
+                TxnOp::put(e.key.clone(), e.value.clone(), Some(PutOptions::new().with_lease(e.lease)))
+            }
+            Kind::Put => TxnOp::put(e.key.clone(), e.value.clone(), None),
+            Kind::Delete => TxnOp::delete(e.key.clone(), None),
+        })
+        .collect();
+    let response =
+        client.txn(Txn::new().and_then(ops)).await.with_context(|| format!("replaying revision {revision}"))?;
+    let replayed = response.header().map(|h| h.revision()).unwrap_or_default() as u64;
+    ensure!(replayed == revision, "revision {revision} of the source replayed as {replayed}");
     Ok(())
 }
 

@@ -209,27 +209,7 @@ impl Watch {
             };
             match self.snapshot(store, kcp).await {
                 Ok(manifest) => {
-                    self.metrics.upgrade.last.get_or_create(&label).set(unix_now());
-                    let drilled = self.drill(store, &manifest).await;
-                    let result =
-                        if drilled.as_ref().is_some_and(|o| o.result.is_ok()) { "passed" } else { "drill_failed" };
-                    self.count(result);
-                    let drill = match &drilled {
-                        Some(outcome) => drill_run::summary(outcome),
-                        None => "drill stopped by shutdown".into(),
-                    };
-                    let kcp = manifest.kcp.as_ref().map(KcpVersion::describe).unwrap_or_default();
-                    let note = format!(
-                        "snapshot {} (revision {}) under {kcp}; {drill}",
-                        manifest.id,
-                        manifest.revision_bounds()
-                    );
-                    let (kind, reason) = match result {
-                        "passed" => (EventType::Normal, "PreUpgradeSnapshotTaken"),
-                        _ => (EventType::Warning, "PreUpgradeDrillFailed"),
-                    };
-                    self.events.publish(&regarding, kind, reason, "PreUpgradeSnapshot", &note).await;
-                    self.record(store, recorded, State::new(&described, &now, Some(manifest.id.clone()))).await;
+                    self.drill_and_record(store, recorded, &regarding, (&described, &now), &manifest).await;
                     return;
                 }
                 Err(error) => {
@@ -262,6 +242,35 @@ impl Watch {
                 }
             }
         }
+    }
+
+    /// After the snapshot before an upgrade was published: its drill, the result counted, the Event on the
+    /// operator's object, and the change recorded with the snapshot's id.
+    async fn drill_and_record(
+        &self,
+        store: &Store,
+        recorded: &mut Option<State>,
+        regarding: &ObjectReference,
+        (described, now): (&str, &str),
+        manifest: &Manifest,
+    ) {
+        let label = self.metrics.shard(&self.shard.name);
+        self.metrics.upgrade.last.get_or_create(&label).set(unix_now());
+        let drilled = self.drill(store, manifest).await;
+        let result = if drilled.as_ref().is_some_and(|o| o.result.is_ok()) { "passed" } else { "drill_failed" };
+        self.count(result);
+        let drill = match &drilled {
+            Some(outcome) => drill_run::summary(outcome),
+            None => "drill stopped by shutdown".into(),
+        };
+        let kcp = manifest.kcp.as_ref().map(KcpVersion::describe).unwrap_or_default();
+        let note = format!("snapshot {} (revision {}) under {kcp}; {drill}", manifest.id, manifest.revision_bounds());
+        let (kind, reason) = match result {
+            "passed" => (EventType::Normal, "PreUpgradeSnapshotTaken"),
+            _ => (EventType::Warning, "PreUpgradeDrillFailed"),
+        };
+        self.events.publish(regarding, kind, reason, "PreUpgradeSnapshot", &note).await;
+        self.record(store, recorded, State::new(described, now, Some(manifest.id.clone()))).await;
     }
 
     fn count(&self, result: &str) {
