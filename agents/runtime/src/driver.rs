@@ -199,122 +199,211 @@ where
     R: Reconciler,
     B: FnMut(Arc<C>) -> (R, Watches),
 {
-    let mut config = ctx.config.clone();
-    let mut leadership = ctx.leadership.subscribe();
-    let health = &ctx.health;
-    // Kept across wake-ups, so a stream of watch failures does not keep postponing the probe.
-    let mut next_probe = Instant::now();
+    let mut driver = Driver {
+        ctx,
+        metrics,
+        settings,
+        config: ctx.config.clone(),
+        leadership: ctx.leadership.subscribe(),
+        next_probe: Instant::now(),
+    };
     'generation: loop {
-        let (reconciler, watches) = build(config.borrow_and_update().clone());
-        let mut watches = watches.start();
-        health.set_watches_synced(watches.all_synced());
-        let mut items: BTreeMap<R::Item, ItemState> = BTreeMap::new();
-        // Set by anything that makes every item due: a change, a new configuration, leadership.
-        let mut everything = true;
-        // When the last pass ended: a change within the debounce of it is part of a burst.
-        let mut last_pass_end: Option<Instant> = None;
+        let mut generation = driver.start(&mut build);
         loop {
-            // "Decided" is read first: the election sets leadership before it marks itself decided, so a decided
-            // election read here comes with the leadership it decided.
-            let decided = ctx.leadership.is_decided();
-            let leading = ctx.leadership.is_leader();
-            // Until the election has answered, this replica is neither leader nor follower: it counts as a
-            // leader that has not reconciled, so it is not ready yet.
-            health.set_leading(leading || !decided);
-            metrics.series.leader.set(i64::from(leading));
-            if leading && watches.all_synced() {
-                let now = Instant::now();
-                let mut current: BTreeMap<R::Item, ItemState> = BTreeMap::new();
-                let mut ran = 0;
-                for item in reconciler.items() {
-                    let state = items.remove(&item).unwrap_or(ItemState { due: now, backoff: None });
-                    current.insert(item, state);
+            if driver.read_leadership() && generation.watches.all_synced() {
+                match driver.pass(&mut generation).await {
+                    Pass::Finished => {}
+                    Pass::Abandoned => continue,
+                    Pass::Shutdown => return,
                 }
-                items = current;
-                let pass = async {
-                    for (item, state) in items.iter_mut() {
-                        if everything || state.due <= Instant::now() {
-                            run_item(&reconciler, item, state, metrics, &settings).await;
-                            ran += 1;
-                        }
-                    }
-                };
-                // A pass in flight is abandoned on shutdown or a lost lease: writes are idempotent applies, and
-                // a replica that may no longer hold the lease must not write on.
-                let mut lost = ctx.leadership.subscribe();
-                tokio::select! {
-                    biased;
-                    () = ctx.shutdown.cancelled() => return,
-                    Ok(_) = lost.wait_for(|leading| !*leading) => continue,
-                    () = pass => {}
-                }
-                if everything || ran == items.len() {
-                    metrics.series.last_pass.set(unix_now());
-                    health.mark_reconciled();
-                }
-                tracing::debug!(ran, full = everything, "pass done");
-                everything = false;
-                last_pass_end = Some(Instant::now());
             }
-            let next_due = items.values().map(|s| s.due).min();
-            let probe_at = next_probe;
-            let probe = async move {
-                tokio::time::sleep_until(probe_at).await;
-                ctx.client.apiserver_version().await
-            };
-            // Wait for the next reason to run.
-            tokio::select! {
-                biased;
-                () = ctx.shutdown.cancelled() => return,
-                changed = config.changed() => {
-                    if changed.is_ok() {
-                        tracing::info!("configuration changed: rebuilding watches");
-                        continue 'generation;
-                    }
-                    // The configuration task ended: only at shutdown.
-                    ctx.shutdown.cancelled().await;
-                    return;
-                }
-                changed = leadership.changed() => {
-                    if changed.is_err() {
-                        // The election ended: only at shutdown (or after a lost lease, which shuts down).
-                        ctx.shutdown.cancelled().await;
-                        return;
-                    }
-                    everything = true;
-                }
-                Some(signal) = watches.next() => match signal {
-                    Signal::Failed(_) => {
-                        if health.is_reachable() {
-                            next_probe = Instant::now() + settings.probe_interval;
-                        }
-                        health.set_reachable(false);
-                        continue;
-                    }
-                    Signal::Synced(_) => {
-                        health.set_watches_synced(watches.all_synced());
-                        everything = true;
-                        debounce(&mut watches, &settings, health).await;
-                    }
-                    Signal::Changed(_) => {
-                        everything = true;
-                        let quiet = last_pass_end.is_none_or(|at| at.elapsed() >= settings.debounce);
-                        if settings.leading_edge && quiet {
-                            take_queued(&mut watches, health);
-                        } else {
-                            debounce(&mut watches, &settings, health).await;
-                        }
-                    }
-                },
-                answer = probe, if !health.is_reachable() => {
-                    next_probe = Instant::now() + settings.probe_interval;
-                    if answer.is_ok() {
-                        health.set_reachable(true);
-                    }
-                }
-                () = until(next_due) => {}
+            match driver.wait(&mut generation).await {
+                Wake::Again => {}
+                Wake::Reconfigured => continue 'generation,
+                Wake::Shutdown => return,
             }
         }
+    }
+}
+
+/// What [`run`] keeps across configurations.
+struct Driver<'a, C> {
+    ctx: &'a Context<C>,
+    metrics: &'a ReconcileMetrics,
+    settings: Settings,
+    config: tokio::sync::watch::Receiver<Arc<C>>,
+    leadership: tokio::sync::watch::Receiver<bool>,
+    /// Kept across wake-ups, so a stream of watch failures does not keep postponing the probe.
+    next_probe: Instant,
+}
+
+/// One configuration's reconciler, its started watches, and what the driver knows of its items.
+struct Generation<R: Reconciler> {
+    /// Declared before the reconciler, so the watches stop before the stores they fill are dropped.
+    watches: crate::watch::WatchSet,
+    reconciler: R,
+    items: BTreeMap<R::Item, ItemState>,
+    /// Set by anything that makes every item due: a change, a new configuration, leadership.
+    everything: bool,
+    /// When the last pass ended: a change within the debounce of it is part of a burst.
+    last_pass_end: Option<Instant>,
+}
+
+/// How [`Driver::pass`] ended.
+enum Pass {
+    /// Every item it took up ran.
+    Finished,
+    /// The lease was lost mid-pass: leadership is read again before anything else.
+    Abandoned,
+    /// Shutdown, mid-pass.
+    Shutdown,
+}
+
+/// Why [`Driver::wait`] returned.
+enum Wake {
+    /// A reason to look again: a pass runs if this replica leads and its watches are synced.
+    Again,
+    /// A new configuration: the reconciler and its watches are built again.
+    Reconfigured,
+    /// Shutdown.
+    Shutdown,
+}
+
+impl<C: Send + Sync + 'static> Driver<'_, C> {
+    /// Builds the reconciler and its watches from the current configuration, marking it seen, and starts the
+    /// watches; every item is due in the first pass.
+    fn start<R: Reconciler>(&mut self, build: &mut impl FnMut(Arc<C>) -> (R, Watches)) -> Generation<R> {
+        let (reconciler, watches) = build(self.config.borrow_and_update().clone());
+        let watches = watches.start();
+        self.ctx.health.set_watches_synced(watches.all_synced());
+        Generation { watches, reconciler, items: BTreeMap::new(), everything: true, last_pass_end: None }
+    }
+
+    /// Reads the election and publishes it to readiness and `<prefix>_leader`; returns whether this replica leads.
+    fn read_leadership(&self) -> bool {
+        // "Decided" is read first: the election sets leadership before it marks itself decided, so a decided
+        // election read here comes with the leadership it decided.
+        let decided = self.ctx.leadership.is_decided();
+        let leading = self.ctx.leadership.is_leader();
+        // Until the election has answered, this replica is neither leader nor follower: it counts as a
+        // leader that has not reconciled, so it is not ready yet.
+        self.ctx.health.set_leading(leading || !decided);
+        self.metrics.series.leader.set(i64::from(leading));
+        leading
+    }
+
+    /// Runs a pass as leader: every item after a trigger that made them all due, else the items whose time has
+    /// come; a pass that covered every item is recorded as a full pass.
+    async fn pass<R: Reconciler>(&self, generation: &mut Generation<R>) -> Pass {
+        generation.refresh_items();
+        // A pass in flight is abandoned on shutdown or a lost lease: writes are idempotent applies, and
+        // a replica that may no longer hold the lease must not write on.
+        let mut lost = self.ctx.leadership.subscribe();
+        let ran = tokio::select! {
+            biased;
+            () = self.ctx.shutdown.cancelled() => return Pass::Shutdown,
+            Ok(_) = lost.wait_for(|leading| !*leading) => return Pass::Abandoned,
+            ran = generation.run_due(self.metrics, &self.settings) => ran,
+        };
+        if generation.everything || ran == generation.items.len() {
+            self.metrics.series.last_pass.set(unix_now());
+            self.ctx.health.mark_reconciled();
+        }
+        tracing::debug!(ran, full = generation.everything, "pass done");
+        generation.everything = false;
+        generation.last_pass_end = Some(Instant::now());
+        Pass::Finished
+    }
+
+    /// Waits for the next reason to run: a configuration or leadership change, a watch's signal (a change waits
+    /// out its burst), an item's due time; meanwhile, while the apiserver is unreachable, probes it.
+    async fn wait<R: Reconciler>(&mut self, generation: &mut Generation<R>) -> Wake {
+        let ctx = self.ctx;
+        let health = &ctx.health;
+        let next_due = generation.items.values().map(|s| s.due).min();
+        let probe_at = self.next_probe;
+        let probe = async move {
+            tokio::time::sleep_until(probe_at).await;
+            ctx.client.apiserver_version().await
+        };
+        tokio::select! {
+            biased;
+            () = ctx.shutdown.cancelled() => return Wake::Shutdown,
+            changed = self.config.changed() => {
+                if changed.is_ok() {
+                    tracing::info!("configuration changed: rebuilding watches");
+                    return Wake::Reconfigured;
+                }
+                // The configuration task ended: only at shutdown.
+                ctx.shutdown.cancelled().await;
+                return Wake::Shutdown;
+            }
+            changed = self.leadership.changed() => {
+                if changed.is_err() {
+                    // The election ended: only at shutdown (or after a lost lease, which shuts down).
+                    ctx.shutdown.cancelled().await;
+                    return Wake::Shutdown;
+                }
+                generation.everything = true;
+            }
+            Some(signal) = generation.watches.next() => match signal {
+                Signal::Failed(_) => {
+                    if health.is_reachable() {
+                        self.next_probe = Instant::now() + self.settings.probe_interval;
+                    }
+                    health.set_reachable(false);
+                }
+                Signal::Synced(_) => {
+                    health.set_watches_synced(generation.watches.all_synced());
+                    generation.everything = true;
+                    debounce(&mut generation.watches, &self.settings, health).await;
+                }
+                Signal::Changed(_) => {
+                    generation.everything = true;
+                    let quiet = generation.last_pass_end.is_none_or(|at| at.elapsed() >= self.settings.debounce);
+                    if self.settings.leading_edge && quiet {
+                        take_queued(&mut generation.watches, health);
+                    } else {
+                        debounce(&mut generation.watches, &self.settings, health).await;
+                    }
+                }
+            },
+            answer = probe, if !health.is_reachable() => {
+                self.next_probe = Instant::now() + self.settings.probe_interval;
+                if answer.is_ok() {
+                    health.set_reachable(true);
+                }
+            }
+            () = until(next_due) => {}
+        }
+        Wake::Again
+    }
+}
+
+impl<R: Reconciler> Generation<R> {
+    /// Brings the items to the reconciler's current list: a new item is due now, an item no longer listed is
+    /// dropped, and the rest keep their due time and backoff.
+    fn refresh_items(&mut self) {
+        let now = Instant::now();
+        let mut current: BTreeMap<R::Item, ItemState> = BTreeMap::new();
+        for item in self.reconciler.items() {
+            let state = self.items.remove(&item).unwrap_or(ItemState { due: now, backoff: None });
+            current.insert(item, state);
+        }
+        self.items = current;
+    }
+
+    /// Reconciles, in order, every item when `everything` is set, else each item due by the time its turn
+    /// comes; returns how many ran.
+    async fn run_due(&mut self, metrics: &ReconcileMetrics, settings: &Settings) -> usize {
+        let mut ran = 0;
+        for (item, state) in self.items.iter_mut() {
+            if self.everything || state.due <= Instant::now() {
+                run_item(&self.reconciler, item, state, metrics, settings).await;
+                ran += 1;
+            }
+        }
+        ran
     }
 }
 

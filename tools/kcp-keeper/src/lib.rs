@@ -27,52 +27,71 @@ fn now() -> i64 {
 /// Every check `options` asks for. A read that fails is a FAIL line of its own; the other checks still run.
 pub async fn run(client: &kube::Client, options: &Options) -> Report {
     let mut checks = Vec::new();
-    let layout = match read::layout(client, &options.namespace).await {
-        Ok(l) => Some(l),
-        Err(e) => {
-            checks.push(Verdict::fail(
-                "read",
-                "kcp-operator objects",
-                format!("{e:#}"),
-                "check --namespace and the doctor's RBAC",
-            ));
-            None
-        }
-    };
-    if let Some(layout) = &layout {
-        let hub = match &options.hub_oidc {
-            None => Ok(None),
-            Some(source) => read::hub_oidc(client, source).await.map(Some),
-        };
-        match hub {
-            Ok(hub) => checks.extend(rules::objects(layout, hub.as_ref())),
-            Err(e) => {
-                checks.push(Verdict::fail(
-                    rules::oidc::CHECK,
-                    "hub",
-                    format!("{e:#}"),
-                    "fix --hub-oidc or the hub's settings",
-                ));
-                checks.extend(rules::objects(layout, None).into_iter().filter(|v| v.check != rules::oidc::CHECK));
-            }
-        }
-        if options.operator_deployment.is_some() || options.provider_deployment.is_some() {
-            let tags: Vec<String> = layout.components.iter().filter_map(|c| c.image.tag.clone()).collect();
-            let operator = match &options.operator_deployment {
-                Some(r) => Some(read::deployment_image(client, r).await),
-                None => None,
-            };
-            let provider = match &options.provider_deployment {
-                Some(r) => Some(read::deployment_image(client, r).await),
-                None => None,
-            };
-            checks.extend(rules::pairing::judge(&tags, operator.as_ref(), provider.as_ref()));
-        }
-        if options.verify {
-            checks.extend(verify::run(client, layout, options).await);
-        }
+    match read::layout(client, &options.namespace).await {
+        Ok(layout) => checks.extend(layout_checks(client, &layout, options).await),
+        Err(e) => checks.push(Verdict::fail(
+            "read",
+            "kcp-operator objects",
+            format!("{e:#}"),
+            "check --namespace and the doctor's RBAC",
+        )),
     }
     let now = now();
+    checks.extend(expiry_checks(client, options, now).await);
+    if let Some(r) = &options.kcp_kubeconfig {
+        checks.extend(endpoint_slices(client, r, options.endpoint_ca.as_ref()).await);
+    }
+    checks.extend(agent_checks(options, now as f64).await);
+    Report { checks }
+}
+
+/// The checks on the kcp-operator objects read: the rules on the objects, the operator's and provider's pairing
+/// with kcp's version (when `--operator-deployment` or `--provider-deployment` names them), and `--verify`'s.
+async fn layout_checks(client: &kube::Client, layout: &layout::Layout, options: &Options) -> Vec<Verdict> {
+    let mut checks = object_checks(client, layout, options).await;
+    if options.operator_deployment.is_some() || options.provider_deployment.is_some() {
+        let tags: Vec<String> = layout.components.iter().filter_map(|c| c.image.tag.clone()).collect();
+        let operator = match &options.operator_deployment {
+            Some(r) => Some(read::deployment_image(client, r).await),
+            None => None,
+        };
+        let provider = match &options.provider_deployment {
+            Some(r) => Some(read::deployment_image(client, r).await),
+            None => None,
+        };
+        checks.extend(rules::pairing::judge(&tags, operator.as_ref(), provider.as_ref()));
+    }
+    if options.verify {
+        checks.extend(verify::run(client, layout, options).await);
+    }
+    checks
+}
+
+/// The rules on the objects alone, with the hub's OIDC settings when `--hub-oidc` names them; when those cannot
+/// be read, a FAIL line for the OIDC check in place of its verdicts, and every other rule still judged.
+async fn object_checks(client: &kube::Client, layout: &layout::Layout, options: &Options) -> Vec<Verdict> {
+    let hub = match &options.hub_oidc {
+        None => Ok(None),
+        Some(source) => read::hub_oidc(client, source).await.map(Some),
+    };
+    match hub {
+        Ok(hub) => rules::objects(layout, hub.as_ref()),
+        Err(e) => {
+            let mut checks = vec![Verdict::fail(
+                rules::oidc::CHECK,
+                "hub",
+                format!("{e:#}"),
+                "fix --hub-oidc or the hub's settings",
+            )];
+            checks.extend(rules::objects(layout, None).into_iter().filter(|v| v.check != rules::oidc::CHECK));
+            checks
+        }
+    }
+}
+
+/// The expiry checks at `now` (Unix seconds): the hub's kubeconfig (`--hub-kubeconfig`) and every CA (`--ca`).
+async fn expiry_checks(client: &kube::Client, options: &Options, now: i64) -> Vec<Verdict> {
+    let mut checks = Vec::new();
     if let Some(r) = &options.hub_kubeconfig {
         let subject = format!("secret {r}");
         let todo = "renew the hub's kubeconfig (kubeconfig-rotator rotate) before it expires";
@@ -97,20 +116,20 @@ pub async fn run(client: &kube::Client, options: &Options) -> Report {
             },
         );
     }
-    if let Some(r) = &options.kcp_kubeconfig {
-        checks.extend(endpoint_slices(client, r, options.endpoint_ca.as_ref()).await);
-    }
-    let now = now as f64;
-    checks.extend(
-        agent_metrics(
-            &options.snapshotter_metrics,
-            "--snapshotter-metrics",
-            rules::restore::DRILL,
-            "etcd-snapshotter",
-            |texts| rules::restore::judge(&rules::restore::parse(texts.iter().map(String::as_str)), now),
-        )
-        .await,
-    );
+    checks
+}
+
+/// The checks judged from the agents' own metrics at `now` (Unix seconds): etcd-snapshotter's restore drill
+/// (`--snapshotter-metrics`) and dns-rewriter's rules (`--rewriter-metrics`).
+async fn agent_checks(options: &Options, now: f64) -> Vec<Verdict> {
+    let mut checks = agent_metrics(
+        &options.snapshotter_metrics,
+        "--snapshotter-metrics",
+        rules::restore::DRILL,
+        "etcd-snapshotter",
+        |texts| rules::restore::judge(&rules::restore::parse(texts.iter().map(String::as_str)), now),
+    )
+    .await;
     checks.extend(
         agent_metrics(
             &options.rewriter_metrics,
@@ -124,7 +143,7 @@ pub async fn run(client: &kube::Client, options: &Options) -> Report {
         )
         .await,
     );
-    Report { checks }
+    checks
 }
 
 /// Every replica's metrics: each URL's host resolved to all its addresses and read at each; the bodies, and one
