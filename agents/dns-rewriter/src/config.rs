@@ -47,7 +47,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::{AgentConfig, FieldError};
-use kcp_keeper_runtime::duration::parse_go_duration;
+use kcp_keeper_runtime::duration::{DurationError, parse_go_duration};
+use kcp_keeper_runtime::field::{Checked, GoDuration, Parse};
 use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -83,7 +84,7 @@ pub struct RawConfig {
     /// Where the rules go: `k3s` (a key of our own in k3s's `coredns-custom`, imported into the main server
     /// block) or `corefile` (a marked block inside one server block of a Corefile someone else owns).
     #[schemars(extend("enum" = ["k3s", "corefile"]))]
-    pub mode: String,
+    pub mode: Checked<Mode>,
     /// k3s mode's ConfigMap key (defaults: `kube-system`, `coredns-custom`, `kcp-split-horizon.override`);
     /// not allowed in corefile mode.
     #[serde(default)]
@@ -111,7 +112,10 @@ pub struct RawConfig {
     pub node_local_dns: Option<RawNodeLocalDns>,
     /// How often a cycle runs without a change to wake it (a Go duration, default `5m`, at least `10s`).
     #[serde(default)]
-    pub resync_interval: Option<String>,
+    // schemars writes a `#[serde(default)]` field's default only for a type that is `Serialize`, which
+    // `Checked` is not: the schema keeps its `"default": null` (the chart's values.schema.json) through this.
+    #[schemars(extend("default" = null))]
+    pub resync_interval: Option<Checked<ReadDuration>>,
 }
 
 /// node-local-dns's Corefile, managed when its ConfigMap exists.
@@ -203,13 +207,82 @@ pub struct RawVerify {
     /// The cluster DNS to ask: an IP address with an optional port (default 53). Without it the agent asks
     /// the cluster DNS Service, `kube-system/kube-dns`'s ClusterIP on port 53 (what kubeadm, k3s and most
     /// distributions name it).
-    pub resolver: Option<String>,
+    pub resolver: Option<Checked<Resolver>>,
     /// How long one query may take (a Go duration, default `2s`).
-    pub timeout: Option<String>,
+    pub timeout: Option<Checked<ReadDuration>>,
     /// After a write, how long until every name must answer (a Go duration, default `2m`: the kubelet's
     /// projection delay plus CoreDNS's reload interval).
     #[serde(default)]
-    pub settle: Option<String>,
+    // schemars writes a `#[serde(default)]` field's default only for a type that is `Serialize`, which
+    // `Checked` is not: the schema keeps its `"default": null` (the chart's values.schema.json) through this.
+    #[schemars(extend("default" = null))]
+    pub settle: Option<Checked<ReadDuration>>,
+}
+
+/// `mode` as read: where the rules go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    K3s,
+    Corefile,
+}
+
+impl Parse for Mode {
+    const EXPECTED: &'static str = "must be k3s or corefile";
+
+    fn parse(text: &str) -> Option<Self> {
+        match text {
+            "k3s" => Some(Mode::K3s),
+            "corefile" => Some(Mode::Corefile),
+            _ => None,
+        }
+    }
+}
+
+/// `verify.resolver` as read: an IP address with an optional port ([`parse_resolver`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resolver(pub SocketAddr);
+
+impl Parse for Resolver {
+    const EXPECTED: &'static str = "must be an IP address with an optional port, e.g. 10.43.0.10:53";
+
+    fn parse(text: &str) -> Option<Self> {
+        parse_resolver(text).map(Resolver)
+    }
+}
+
+/// A Go duration field as read: the duration, or why its text is not one (the reason, such as `has an unknown
+/// unit`, never the text). Unlike [`GoDuration`], which keeps only whether the text was a duration, it keeps
+/// that reason: the file's errors say what is wrong with a duration, not just what one looks like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadDuration(Result<Duration, DurationError>);
+
+impl Parse for ReadDuration {
+    /// Never reported: every text reads as a duration or as the reason it is not one.
+    const EXPECTED: &'static str = GoDuration::EXPECTED;
+
+    fn parse(text: &str) -> Option<Self> {
+        Some(ReadDuration(parse_go_duration(text)))
+    }
+}
+
+impl ReadDuration {
+    /// The field's duration; `default` when it is absent, and `default` after an error at `path` with the
+    /// reason when its text is not a duration.
+    fn or_default(
+        field: Option<Checked<Self>>,
+        path: &str,
+        default: Duration,
+        errors: &mut Vec<FieldError>,
+    ) -> Duration {
+        match field.and_then(|f| f.value(path, errors)) {
+            None => default,
+            Some(ReadDuration(Ok(d))) => d,
+            Some(ReadDuration(Err(e))) => {
+                errors.push(FieldError::new(path, e.to_string()));
+                default
+            }
+        }
+    }
 }
 
 /// The validated configuration.
@@ -307,13 +380,13 @@ impl Config {
     /// problems are not among them: they leave that rule out ([`Config::rejected`]), not the file.
     pub fn from_raw(raw: RawConfig) -> Result<Self, Vec<FieldError>> {
         let mut errors = Vec::new();
-        let target = target(&mut errors, &raw.mode, raw.k3s, raw.corefile);
+        let target = target(&mut errors, raw.mode, raw.k3s, raw.corefile);
         let cluster_domain = cluster_domain(&mut errors, raw.cluster_domain.as_deref());
         let (rules, rejected) = rules(raw.rules, cluster_domain.as_ref());
         let discovery = raw.discovery.map(|d| discovery(&mut errors, d));
         let verify = verify(&mut errors, raw.verify.unwrap_or_default());
         let node_local_dns = node_local_dns(&mut errors, raw.node_local_dns.unwrap_or_default());
-        let resync_interval = resync_interval(&mut errors, raw.resync_interval.as_deref());
+        let resync_interval = resync_interval(&mut errors, raw.resync_interval);
         match (target, cluster_domain) {
             (Some(target), Some(cluster_domain)) if errors.is_empty() => Ok(Config {
                 target,
@@ -333,18 +406,18 @@ impl Config {
 /// `mode` with its section: `k3s` (optional) or `corefile` (required), never the other one.
 fn target(
     errors: &mut Vec<FieldError>,
-    mode: &str,
+    mode: Checked<Mode>,
     k3s: Option<RawK3s>,
     corefile: Option<RawCorefile>,
 ) -> Option<Target> {
-    match mode {
-        "k3s" => {
+    match mode.value("mode", errors)? {
+        Mode::K3s => {
             if corefile.is_some() {
                 errors.push(FieldError::new("corefile", "only allowed when mode is corefile"));
             }
             Some(k3s_target(errors, k3s.unwrap_or_default()))
         }
-        "corefile" => {
+        Mode::Corefile => {
             if k3s.is_some() {
                 errors.push(FieldError::new("k3s", "only allowed when mode is k3s"));
             }
@@ -356,10 +429,6 @@ fn target(
                 return None;
             };
             Some(corefile_target(errors, corefile))
-        }
-        _ => {
-            errors.push(FieldError::new("mode", "must be k3s or corefile"));
-            None
         }
     }
 }
@@ -490,18 +559,9 @@ fn discovery(errors: &mut Vec<FieldError>, raw: RawDiscovery) -> Discovery {
 }
 
 fn verify(errors: &mut Vec<FieldError>, raw: RawVerify) -> Verify {
-    let resolver = raw.resolver.as_deref().and_then(|text| {
-        let addr = parse_resolver(text);
-        if addr.is_none() {
-            errors.push(FieldError::new(
-                "verify.resolver",
-                "must be an IP address with an optional port, e.g. 10.43.0.10:53",
-            ));
-        }
-        addr
-    });
-    let timeout = positive_duration(errors, "verify.timeout", raw.timeout.as_deref(), DEFAULT_TIMEOUT);
-    let settle = positive_duration(errors, "verify.settle", raw.settle.as_deref(), DEFAULT_SETTLE);
+    let resolver = raw.resolver.and_then(|r| r.value("verify.resolver", errors)).map(|r| r.0);
+    let timeout = positive_duration(errors, "verify.timeout", raw.timeout, DEFAULT_TIMEOUT);
+    let settle = positive_duration(errors, "verify.settle", raw.settle, DEFAULT_SETTLE);
     Verify { resolver, timeout, settle }
 }
 
@@ -511,32 +571,25 @@ fn node_local_dns(errors: &mut Vec<FieldError>, raw: RawNodeLocalDns) -> Option<
     raw.enabled.unwrap_or(true).then_some(key)
 }
 
-fn resync_interval(errors: &mut Vec<FieldError>, text: Option<&str>) -> Duration {
-    let interval = duration(errors, "resyncInterval", text, DEFAULT_RESYNC);
+fn resync_interval(errors: &mut Vec<FieldError>, field: Option<Checked<ReadDuration>>) -> Duration {
+    let interval = ReadDuration::or_default(field, "resyncInterval", DEFAULT_RESYNC, errors);
     if interval < MIN_RESYNC {
         errors.push(FieldError::new("resyncInterval", "must be at least 10s"));
     }
     interval
 }
 
-fn positive_duration(errors: &mut Vec<FieldError>, path: &str, text: Option<&str>, default: Duration) -> Duration {
-    let d = duration(errors, path, text, default);
+fn positive_duration(
+    errors: &mut Vec<FieldError>,
+    path: &str,
+    field: Option<Checked<ReadDuration>>,
+    default: Duration,
+) -> Duration {
+    let d = ReadDuration::or_default(field, path, default, errors);
     if d.is_zero() {
         errors.push(FieldError::new(path, "must be more than 0"));
     }
     d
-}
-
-/// A Go duration, `default` when absent (and, after its error, when invalid).
-fn duration(errors: &mut Vec<FieldError>, path: &str, text: Option<&str>, default: Duration) -> Duration {
-    match text.map(parse_go_duration) {
-        None => default,
-        Some(Ok(d)) => d,
-        Some(Err(e)) => {
-            errors.push(FieldError::new(path, e.to_string()));
-            default
-        }
-    }
 }
 
 /// `10.43.0.10`, `10.43.0.10:53`, `[fd00::10]:53` or `fd00::10`.

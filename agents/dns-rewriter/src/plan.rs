@@ -140,150 +140,209 @@ pub fn plan(
     objects: &[OperatorObject],
     services: Option<&[ServiceFacts]>,
 ) -> Plan {
-    let mut errors = Vec::new();
-    let mut warnings = Vec::new();
-    let mut chosen: BTreeMap<Hostname, Entry> = BTreeMap::new();
+    let mut out = Plan::default();
+    let mut chosen = configured_entries(configured, services, &mut out.errors);
+    let discovered = discovered_entries(domain, configured, &chosen, objects, services, &mut out);
+    chosen.extend(discovered.entries);
+    out.rules = rule_set(chosen, &mut out.warnings);
+    out
+}
 
+/// The configured rules by name: as written without a cluster; with one, each whose Service can be its
+/// target, and an error for each other.
+fn configured_entries(
+    configured: &[Rule],
+    services: Option<&[ServiceFacts]>,
+    errors: &mut Vec<RuleError>,
+) -> BTreeMap<Hostname, Entry> {
+    let mut chosen = BTreeMap::new();
     for (i, rule) in configured.iter().enumerate() {
         let origin = Origin::Rule(i);
-        let entry = match services {
-            None => Some(Entry {
-                service: rule.service.clone(),
-                cluster_ip: None,
-                origin,
-                ports: rule.port.into_iter().collect(),
-                service_ports: None,
-            }),
+        let (cluster_ip, service_ports) = match services {
+            None => (None, None),
             Some(services) => {
                 let facts =
                     services.iter().find(|s| s.namespace == rule.service.namespace() && s.name == rule.service.name());
                 match usable(&rule.host, &rule.service, facts, &origin) {
-                    Ok((ip, service_ports)) => Some(Entry {
-                        service: rule.service.clone(),
-                        cluster_ip: Some(ip),
-                        origin,
-                        ports: rule.port.into_iter().collect(),
-                        service_ports: Some(service_ports),
-                    }),
+                    Ok((ip, service_ports)) => (Some(ip), Some(service_ports)),
                     Err(e) => {
                         errors.push(*e);
-                        None
+                        continue;
                     }
                 }
             }
         };
-        if let Some(entry) = entry {
-            // The configuration refuses duplicate hosts, so this never replaces anything.
-            chosen.insert(rule.host.clone(), entry);
-        }
+        let entry = Entry {
+            service: rule.service.clone(),
+            cluster_ip,
+            origin,
+            ports: rule.port.into_iter().collect(),
+            service_ports,
+        };
+        // The configuration refuses duplicate hosts, so this never replaces anything.
+        chosen.insert(rule.host.clone(), entry);
     }
+    chosen
+}
+
+/// The rules the operator's objects ask for, reading the objects in one order (kind, namespace, name) whatever
+/// order they came in. A name a configured rule has stays the configured rule's (a warning when `chosen`
+/// points it at another Service); a name objects claim for different Services is a conflict.
+fn discovered_entries(
+    domain: &Domain,
+    configured: &[Rule],
+    chosen: &BTreeMap<Hostname, Entry>,
+    objects: &[OperatorObject],
+    services: Option<&[ServiceFacts]>,
+    out: &mut Plan,
+) -> Discovered {
     let configured_hosts: BTreeMap<&Hostname, usize> =
         configured.iter().enumerate().map(|(i, r)| (&r.host, i)).collect();
-
     let mut objects: Vec<&OperatorObject> = objects.iter().collect();
     objects.sort_by(|a, b| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)));
-    let mut discovered: BTreeMap<Hostname, Entry> = BTreeMap::new();
-    let mut conflicted: BTreeSet<Hostname> = BTreeSet::new();
+    let mut discovered = Discovered::default();
     for obj in objects {
-        let (candidates, unreadable) = discovery::public_names(obj);
-        errors.extend(unreadable.into_iter().map(|u| RuleError::InvalidUrl { origin: u.0 }));
-        let mut hosts: Vec<(Hostname, Candidate)> = Vec::new();
-        for c in candidates {
-            // An operator's spelling in another case or with the FQDN dot is the same name.
-            let (text, normalized) = hostname::normalize(&c.host);
-            match Hostname::parse(&text) {
-                Ok(host) if host.is_within(domain) && c.from_certificate => {
-                    warnings.push(RuleWarning::Skipped { origin: c.origin, reason: "an in-cluster name" })
-                }
-                Ok(host) if host.is_within(domain) => errors.push(RuleError::InClusterDomain { origin: c.origin }),
-                Ok(host) => {
-                    if normalized {
-                        warnings.push(RuleWarning::Normalized { origin: c.origin.clone(), host: host.clone() });
-                    }
-                    hosts.push((host, c))
-                }
-                Err(HostnameError::Wildcard) if c.from_certificate => warnings
-                    .push(RuleWarning::Skipped { origin: c.origin, reason: "a wildcard name needs no single rule" }),
-                Err(HostnameError::SingleLabel) if c.from_certificate => {
-                    warnings.push(RuleWarning::Skipped { origin: c.origin, reason: "a single-label name" })
-                }
-                Err(reason) => errors.push(RuleError::InvalidHostname { origin: c.origin, reason }),
-            }
-        }
+        let hosts = object_hosts(domain, obj, out);
         if hosts.is_empty() {
             continue;
         }
         let Some(services) = services else { continue };
-        let found = discovery::services_of(obj, services);
-        let facts = match found.as_slice() {
-            [one] => *one,
-            [] => {
-                errors.push(RuleError::ServiceNotFound {
-                    origin: obj.origin(""),
-                    component: obj.kind.component(),
-                    instance: obj.name.clone(),
-                });
-                continue;
-            }
-            many => {
-                errors.push(RuleError::ServiceAmbiguous { origin: obj.origin(""), count: many.len() });
-                continue;
-            }
-        };
+        let Some(facts) = object_service(obj, services, &mut out.errors) else { continue };
         let Ok(service) = ServiceRef::parse(&facts.namespace, &facts.name) else { continue };
         for (host, c) in hosts {
-            if let Some(&rule) = configured_hosts.get(&host) {
-                if let Some(entry) = chosen.get(&host)
-                    && entry.service != service
-                {
-                    warnings.push(RuleWarning::OverriddenByConfig {
-                        host,
-                        rule,
-                        configured: entry.service.clone(),
-                        origin: c.origin,
-                        discovered: service.clone(),
-                    });
-                }
+            let Some(&rule) = configured_hosts.get(&host) else {
+                discovered.claim(host, c, &service, facts, &mut out.errors);
                 continue;
-            }
-            if conflicted.contains(&host) {
-                continue;
-            }
-            match discovered.get_mut(&host) {
-                Some(entry) if entry.service == service => entry.ports.extend(c.port),
-                Some(entry) => {
-                    errors.push(RuleError::Conflict {
-                        host: host.clone(),
-                        first: entry.service.clone(),
-                        first_origin: entry.origin.clone(),
-                        second: service.clone(),
-                        second_origin: c.origin,
-                    });
-                    discovered.remove(&host);
-                    conflicted.insert(host);
-                }
-                None => match usable(&host, &service, Some(facts), &c.origin) {
-                    Ok((ip, service_ports)) => {
-                        discovered.insert(
-                            host,
-                            Entry {
-                                service: service.clone(),
-                                cluster_ip: Some(ip),
-                                origin: c.origin,
-                                ports: c.port.into_iter().collect(),
-                                service_ports: Some(service_ports),
-                            },
-                        );
-                    }
-                    // One error per object and Service, not one per name.
-                    Err(e) if errors.contains(&*e) => {}
-                    Err(e) => errors.push(*e),
-                },
+            };
+            if let Some(entry) = chosen.get(&host)
+                && entry.service != service
+            {
+                out.warnings.push(RuleWarning::OverriddenByConfig {
+                    host,
+                    rule,
+                    configured: entry.service.clone(),
+                    origin: c.origin,
+                    discovered: service.clone(),
+                });
             }
         }
     }
-    chosen.extend(discovered);
+    discovered
+}
 
+/// The public names `obj` declares that a rule can carry, normalized; an error or a warning (a certificate's
+/// name no rule serves is skipped) for each of the others.
+fn object_hosts(domain: &Domain, obj: &OperatorObject, out: &mut Plan) -> Vec<(Hostname, Candidate)> {
+    let (candidates, unreadable) = discovery::public_names(obj);
+    out.errors.extend(unreadable.into_iter().map(|u| RuleError::InvalidUrl { origin: u.0 }));
+    let (errors, warnings) = (&mut out.errors, &mut out.warnings);
+    let mut hosts: Vec<(Hostname, Candidate)> = Vec::new();
+    for c in candidates {
+        // An operator's spelling in another case or with the FQDN dot is the same name.
+        let (text, normalized) = hostname::normalize(&c.host);
+        match Hostname::parse(&text) {
+            Ok(host) if host.is_within(domain) && c.from_certificate => {
+                warnings.push(RuleWarning::Skipped { origin: c.origin, reason: "an in-cluster name" })
+            }
+            Ok(host) if host.is_within(domain) => errors.push(RuleError::InClusterDomain { origin: c.origin }),
+            Ok(host) => {
+                if normalized {
+                    warnings.push(RuleWarning::Normalized { origin: c.origin.clone(), host: host.clone() });
+                }
+                hosts.push((host, c))
+            }
+            Err(HostnameError::Wildcard) if c.from_certificate => {
+                warnings.push(RuleWarning::Skipped { origin: c.origin, reason: "a wildcard name needs no single rule" })
+            }
+            Err(HostnameError::SingleLabel) if c.from_certificate => {
+                warnings.push(RuleWarning::Skipped { origin: c.origin, reason: "a single-label name" })
+            }
+            Err(reason) => errors.push(RuleError::InvalidHostname { origin: c.origin, reason }),
+        }
+    }
+    hosts
+}
+
+/// The one Service carrying the operator's labels for `obj`, or an error saying there is none or more than one.
+fn object_service<'a>(
+    obj: &OperatorObject,
+    services: &'a [ServiceFacts],
+    errors: &mut Vec<RuleError>,
+) -> Option<&'a ServiceFacts> {
+    match discovery::services_of(obj, services).as_slice() {
+        [one] => Some(*one),
+        [] => {
+            errors.push(RuleError::ServiceNotFound {
+                origin: obj.origin(""),
+                component: obj.kind.component(),
+                instance: obj.name.clone(),
+            });
+            None
+        }
+        many => {
+            errors.push(RuleError::ServiceAmbiguous { origin: obj.origin(""), count: many.len() });
+            None
+        }
+    }
+}
+
+/// The rules discovered so far, and the names lost to a conflict (no later object claims them again).
+#[derive(Default)]
+struct Discovered {
+    entries: BTreeMap<Hostname, Entry>,
+    conflicted: BTreeSet<Hostname>,
+}
+
+impl Discovered {
+    /// `c` claims `host` for `service`: a port more for the same Service, a conflict (neither written) for
+    /// another, or a new rule when the Service can be its target.
+    fn claim(
+        &mut self,
+        host: Hostname,
+        c: Candidate,
+        service: &ServiceRef,
+        facts: &ServiceFacts,
+        errors: &mut Vec<RuleError>,
+    ) {
+        if self.conflicted.contains(&host) {
+            return;
+        }
+        match self.entries.get_mut(&host) {
+            Some(entry) if entry.service == *service => entry.ports.extend(c.port),
+            Some(entry) => {
+                errors.push(RuleError::Conflict {
+                    host: host.clone(),
+                    first: entry.service.clone(),
+                    first_origin: entry.origin.clone(),
+                    second: service.clone(),
+                    second_origin: c.origin,
+                });
+                self.entries.remove(&host);
+                self.conflicted.insert(host);
+            }
+            None => match usable(&host, service, Some(facts), &c.origin) {
+                Ok((ip, service_ports)) => {
+                    self.entries.insert(
+                        host,
+                        Entry {
+                            service: service.clone(),
+                            cluster_ip: Some(ip),
+                            origin: c.origin,
+                            ports: c.port.into_iter().collect(),
+                            service_ports: Some(service_ports),
+                        },
+                    );
+                }
+                // One error per object and Service, not one per name.
+                Err(e) if errors.contains(&*e) => {}
+                Err(e) => errors.push(*e),
+            },
+        }
+    }
+}
+
+/// The rules to write, with a warning for each public port a rule's Service does not expose.
+fn rule_set(chosen: BTreeMap<Hostname, Entry>, warnings: &mut Vec<RuleWarning>) -> RuleSet {
     let mut rules = RuleSet::new();
     for (host, entry) in chosen {
         if let Some(service_ports) = &entry.service_ports {
@@ -293,7 +352,7 @@ pub fn plan(
         }
         let _ = rules.insert(host, Target { service: entry.service, cluster_ip: entry.cluster_ip });
     }
-    Plan { rules, errors, warnings }
+    rules
 }
 
 /// The errors for the configured rules the configuration left out, first in a plan's errors (they are the
