@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::{AgentConfig, FieldError};
-use kcp_keeper_runtime::duration::ConfigDuration;
+use kcp_keeper_runtime::field::{Checked, GoDuration};
 use kcp_keeper_runtime::label_selector::{NamespaceSelector, Selector};
 use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
@@ -200,8 +200,7 @@ impl Config {
 pub struct RawConfig {
     /// How often every kubeconfig is looked at (a duration such as 60s; at least 1s; default 60s).
     #[serde(default)]
-    #[schemars(with = "Option<String>")]
-    resync_interval: Option<ConfigDuration>,
+    resync_interval: Option<Checked<GoDuration>>,
     /// The kubeconfigs to keep fresh.
     kubeconfigs: Vec<RawKubeconfig>,
 }
@@ -222,8 +221,7 @@ struct RawKubeconfig {
     /// kubeconfig source only: force a renewal (Issuing=True, the cmctl way) when less than this is left and
     /// none is under way. Default: the Certificate's spec.renewBefore, else a quarter of the lifetime.
     #[serde(default)]
-    #[schemars(with = "Option<String>")]
-    renew_before: Option<ConfigDuration>,
+    renew_before: Option<Checked<GoDuration>>,
     /// Rewrite every cluster's scheme, host and port to this one (https://host:port, no path: paths such as
     /// /clusters/root are kept); the candidate is proven with it.
     #[serde(default)]
@@ -335,191 +333,258 @@ impl AgentConfig for Config {
 
     fn from_raw(raw: RawConfig) -> Result<Self, Vec<FieldError>> {
         let mut errors = Vec::new();
-        let mut names = BTreeSet::new();
-        let mut targets_seen: BTreeSet<(Option<String>, String)> = BTreeSet::new();
+        let mut seen = Seen::default();
         let mut kubeconfigs = Vec::new();
         for (i, k) in raw.kubeconfigs.into_iter().enumerate() {
             let at = format!("kubeconfigs[{i}]");
             let mut err = |field: &str, reason: String| errors.push(FieldError::new(format!("{at}.{field}"), reason));
-            // Kept short: it is part of a Deployment annotation key (63 characters at most).
-            if let Err(e) = names::check_dns_label(&k.name) {
-                err("name", e);
-            } else if k.name.len() > 40 {
-                err("name", "must be at most 40 characters".into());
-            } else if !names.insert(k.name.clone()) {
-                err("name", "is used by another kubeconfig".into());
-            }
-            let source = match (k.source.kubeconfig, k.source.secret, k.source.certificate_secret) {
-                (Some(o), None, None) => {
-                    check_object(&mut err, "source.kubeconfig", &o.namespace, &o.name);
-                    if let Err(e) = names::check_dns_subdomain(&o.rendered_secret) {
-                        err("source.kubeconfig.renderedSecret", e);
-                    }
-                    if let Some(ca) = &o.server_ca {
-                        check_key_ref(&mut err, "source.kubeconfig.serverCA", ca);
-                    }
-                    Some(Source::Operator {
-                        namespace: o.namespace,
-                        name: o.name,
-                        rendered_secret: o.rendered_secret,
-                        server_ca: o.server_ca,
-                    })
-                }
-                (None, Some(s), None) => {
-                    check_key_ref(&mut err, "source.secret", &s);
-                    Some(Source::Secret(s))
-                }
-                (None, None, Some(c)) => {
-                    check_object(&mut err, "source.certificateSecret", &c.namespace, &c.name);
-                    if let Err(e) = check_server(&c.server, true) {
-                        err("source.certificateSecret.server", e);
-                    }
-                    check_key_ref(&mut err, "source.certificateSecret.ca", &c.ca);
-                    Some(Source::CertificateSecret { namespace: c.namespace, name: c.name, server: c.server, ca: c.ca })
-                }
-                _ => {
-                    err("source", "set exactly one of kubeconfig, secret, certificateSecret".into());
-                    None
-                }
-            };
-            if let Some(source) = &source {
-                if k.expect.is_none() && !matches!(source, Source::Operator { .. }) {
-                    err("expect", "required for this source: the username (and groups) a candidate must prove".into());
-                }
-                if k.renew_before.is_some() && !matches!(source, Source::Operator { .. }) {
-                    err("renewBefore", "only a kubeconfig source can be renewed by the agent".into());
-                }
-            }
-            if let Some(expect) = &k.expect
-                && expect.username.is_empty()
-            {
-                err("expect.username", "must not be empty".into());
-            }
-            if let Some(server) = &k.server
-                && let Err(e) = check_server(server, false)
-            {
-                err("server", e);
-            }
-            let rights = k.verify.map(|v| v.rights).unwrap_or_default();
-            for (r, right) in rights.iter().enumerate() {
-                let field = |f: &str| format!("verify.rights[{r}].{f}");
-                for (name, value) in [("verb", &right.verb), ("resource", &right.resource)] {
-                    if value.is_empty() || !value.chars().all(|c| c.is_ascii_alphanumeric() || "-_./*".contains(c)) {
-                        err(&field(name), "must be a non-empty Kubernetes name".into());
-                    }
-                }
-                if !right.group.chars().all(|c| c.is_ascii_alphanumeric() || "-.*".contains(c)) {
-                    err(&field("group"), "must be an API group name".into());
-                }
-                if let Some(ws) = &right.workspace
-                    && (ws.is_empty() || !ws.split(':').all(|p| names::check_dns_label(p).is_ok()))
-                {
-                    err(&field("workspace"), "must be a workspace path such as root or root:org".into());
-                }
-            }
-            if k.targets.is_empty() {
-                err("targets", "at least one target is needed".into());
-            }
-            let mut targets = Vec::new();
-            for (j, t) in k.targets.into_iter().enumerate() {
-                let tat = format!("targets[{j}]");
-                if let Err(e) = names::check_dns_subdomain(&t.name) {
-                    err(&format!("{tat}.name"), e);
-                }
-                let placement = match (t.namespace, &t.namespace_selector) {
-                    (Some(ns), None) => {
-                        if let Err(e) = names::check_dns_label(&ns) {
-                            err(&format!("{tat}.namespace"), e);
-                        }
-                        Placement::Namespace(ns)
-                    }
-                    (None, Some(selector)) => {
-                        let mut selector_errors = Vec::new();
-                        let selector = selector.validate(&format!("{tat}.namespaceSelector"), &mut selector_errors);
-                        for e in selector_errors {
-                            err(&e.path, e.reason);
-                        }
-                        Placement::Selector(selector)
-                    }
-                    (ns, _) => {
-                        let has = if ns.is_some() { "; has both" } else { "" };
-                        err(&tat, format!("set exactly one of namespace, namespaceSelector{has}"));
-                        continue;
-                    }
-                };
-                let namespace = match &placement {
-                    Placement::Namespace(ns) => Some(ns.clone()),
-                    Placement::Selector(_) => None,
-                };
-                let key = t.key.unwrap_or_else(|| KUBECONFIG_KEY.into());
-                if let Err(e) = names::check_data_key(&key) {
-                    err(&format!("{tat}.key"), e);
-                } else if t.split_keys && ["tls.crt", "tls.key", "ca.crt"].contains(&key.as_str()) {
-                    err(&format!("{tat}.key"), "collides with a split key (tls.crt, tls.key, ca.crt)".into());
-                }
-                // A selector may select any namespace, so a selector target shares its name with no other target.
-                let clash = targets_seen.iter().any(|(ns, name): &(Option<String>, String)| {
-                    *name == t.name && (ns.is_none() || namespace.is_none() || *ns == namespace)
-                });
-                if clash {
-                    err(&tat, "this Secret is already a target (of this or another kubeconfig)".into());
-                }
-                targets_seen.insert((namespace, t.name.clone()));
-                let mut consumers = Vec::new();
-                for (field, kind, list) in [
-                    ("restartDeployments", ConsumerKind::Deployment, t.restart_deployments),
-                    ("restartStatefulSets", ConsumerKind::StatefulSet, t.restart_stateful_sets),
-                    ("restartDaemonSets", ConsumerKind::DaemonSet, t.restart_daemon_sets),
-                ] {
-                    for (d, name) in list.into_iter().enumerate() {
-                        if let Err(e) = names::check_dns_subdomain(&name) {
-                            err(&format!("{tat}.{field}[{d}]"), e);
-                        }
-                        consumers.push(Consumer { kind, name });
-                    }
-                }
-                let mut window_errors = Vec::new();
-                let restart_window =
-                    t.restart_window.and_then(|w| w.validate(&format!("{tat}.restartWindow"), &mut window_errors));
-                for e in window_errors {
-                    err(&e.path, e.reason);
-                }
-                let namespace = match &placement {
-                    Placement::Namespace(ns) => ns.clone(),
-                    Placement::Selector(_) => String::new(),
-                };
-                targets.push(TargetSpec {
-                    placement,
-                    target: Target {
-                        namespace,
-                        name: t.name,
-                        key,
-                        split_keys: t.split_keys,
-                        adopt: t.adopt,
-                        consumers,
-                        restart_window,
-                    },
-                });
-            }
-            if let Some(source) = source {
-                kubeconfigs.push(Kubeconfig {
-                    name: k.name,
-                    source,
-                    expect: k.expect,
-                    renew_before: k.renew_before.map(|d| d.0),
-                    server: k.server.map(|s| s.trim_end_matches('/').to_string()),
-                    ca_overlap: k.ca_overlap.unwrap_or(true),
-                    rights,
-                    targets,
-                });
-            }
+            kubeconfigs.extend(kubeconfig(k, &mut seen, &mut err));
         }
-        let resync_interval = raw.resync_interval.map_or(DEFAULT_RESYNC, |d| d.0);
-        if resync_interval < Duration::from_secs(1) {
-            errors.push(FieldError::new("resyncInterval", "must be at least 1s"));
-        }
+        let resync_interval = resync_interval(raw.resync_interval, &mut errors);
         if errors.is_empty() { Ok(Config { resync_interval, kubeconfigs }) } else { Err(errors) }
     }
+}
+
+/// What the kubeconfigs checked so far use, which a later one may not use again.
+#[derive(Default)]
+struct Seen {
+    names: BTreeSet<String>,
+    /// Every target Secret: its namespace (`None` for a selector, which may select any) and name.
+    targets: BTreeSet<(Option<String>, String)>,
+}
+
+/// `resyncInterval`: a Go duration of at least 1s; [`DEFAULT_RESYNC`] when absent (or when it is not one).
+fn resync_interval(field: Option<Checked<GoDuration>>, errors: &mut Vec<FieldError>) -> Duration {
+    let resync_interval = field.and_then(|f| f.value("resyncInterval", errors)).map_or(DEFAULT_RESYNC, |d| d.0);
+    if resync_interval < Duration::from_secs(1) {
+        errors.push(FieldError::new("resyncInterval", "must be at least 1s"));
+    }
+    resync_interval
+}
+
+/// One kubeconfig, its errors reported through `err` with paths relative to it; `None` when its source is not
+/// one (every other field is checked all the same).
+fn kubeconfig(k: RawKubeconfig, seen: &mut Seen, err: &mut impl FnMut(&str, String)) -> Option<Kubeconfig> {
+    check_name(&k.name, &mut seen.names, err);
+    let source = source(k.source, err);
+    if let Some(source) = &source {
+        if k.expect.is_none() && !matches!(source, Source::Operator { .. }) {
+            err("expect", "required for this source: the username (and groups) a candidate must prove".into());
+        }
+        if k.renew_before.is_some() && !matches!(source, Source::Operator { .. }) {
+            err("renewBefore", "only a kubeconfig source can be renewed by the agent".into());
+        }
+    }
+    let renew_before = relay(err, |errors| k.renew_before.and_then(|d| d.value("renewBefore", errors)));
+    if let Some(expect) = &k.expect
+        && expect.username.is_empty()
+    {
+        err("expect.username", "must not be empty".into());
+    }
+    if let Some(server) = &k.server
+        && let Err(e) = check_server(server, false)
+    {
+        err("server", e);
+    }
+    let rights = k.verify.map(|v| v.rights).unwrap_or_default();
+    check_rights(&rights, err);
+    if k.targets.is_empty() {
+        err("targets", "at least one target is needed".into());
+    }
+    let mut targets = Vec::new();
+    for (j, t) in k.targets.into_iter().enumerate() {
+        targets.extend(target_spec(&format!("targets[{j}]"), t, &mut seen.targets, err));
+    }
+    let source = source?;
+    Some(Kubeconfig {
+        name: k.name,
+        source,
+        expect: k.expect,
+        renew_before: renew_before.map(|d| d.0),
+        server: k.server.map(|s| s.trim_end_matches('/').to_string()),
+        ca_overlap: k.ca_overlap.unwrap_or(true),
+        rights,
+        targets,
+    })
+}
+
+/// A kubeconfig's name: a DNS label, kept short (it is part of a Deployment annotation key, 63 characters at
+/// most), used by no other kubeconfig.
+fn check_name(name: &str, names: &mut BTreeSet<String>, err: &mut impl FnMut(&str, String)) {
+    if let Err(e) = names::check_dns_label(name) {
+        err("name", e);
+    } else if name.len() > 40 {
+        err("name", "must be at most 40 characters".into());
+    } else if !names.insert(name.to_string()) {
+        err("name", "is used by another kubeconfig".into());
+    }
+}
+
+/// Exactly one of the source's keys, checked.
+fn source(raw: RawSource, err: &mut impl FnMut(&str, String)) -> Option<Source> {
+    match (raw.kubeconfig, raw.secret, raw.certificate_secret) {
+        (Some(o), None, None) => {
+            check_object(err, "source.kubeconfig", &o.namespace, &o.name);
+            if let Err(e) = names::check_dns_subdomain(&o.rendered_secret) {
+                err("source.kubeconfig.renderedSecret", e);
+            }
+            if let Some(ca) = &o.server_ca {
+                check_key_ref(err, "source.kubeconfig.serverCA", ca);
+            }
+            Some(Source::Operator {
+                namespace: o.namespace,
+                name: o.name,
+                rendered_secret: o.rendered_secret,
+                server_ca: o.server_ca,
+            })
+        }
+        (None, Some(s), None) => {
+            check_key_ref(err, "source.secret", &s);
+            Some(Source::Secret(s))
+        }
+        (None, None, Some(c)) => {
+            check_object(err, "source.certificateSecret", &c.namespace, &c.name);
+            if let Err(e) = check_server(&c.server, true) {
+                err("source.certificateSecret.server", e);
+            }
+            check_key_ref(err, "source.certificateSecret.ca", &c.ca);
+            Some(Source::CertificateSecret { namespace: c.namespace, name: c.name, server: c.server, ca: c.ca })
+        }
+        _ => {
+            err("source", "set exactly one of kubeconfig, secret, certificateSecret".into());
+            None
+        }
+    }
+}
+
+/// `verify.rights`: each a verb and a resource, an API group and a workspace path as Kubernetes and kcp spell them.
+fn check_rights(rights: &[Right], err: &mut impl FnMut(&str, String)) {
+    for (r, right) in rights.iter().enumerate() {
+        let field = |f: &str| format!("verify.rights[{r}].{f}");
+        for (name, value) in [("verb", &right.verb), ("resource", &right.resource)] {
+            if value.is_empty() || !value.chars().all(|c| c.is_ascii_alphanumeric() || "-_./*".contains(c)) {
+                err(&field(name), "must be a non-empty Kubernetes name".into());
+            }
+        }
+        if !right.group.chars().all(|c| c.is_ascii_alphanumeric() || "-.*".contains(c)) {
+            err(&field("group"), "must be an API group name".into());
+        }
+        if let Some(ws) = &right.workspace
+            && (ws.is_empty() || !ws.split(':').all(|p| names::check_dns_label(p).is_ok()))
+        {
+            err(&field("workspace"), "must be a workspace path such as root or root:org".into());
+        }
+    }
+}
+
+/// One target at `tat` (`targets[j]`), a Secret no other target names (`seen`, which it is added to); `None`
+/// when its placement is not exactly one of namespace, namespaceSelector (then nothing more is checked).
+fn target_spec(
+    tat: &str,
+    t: RawTarget,
+    seen: &mut BTreeSet<(Option<String>, String)>,
+    err: &mut impl FnMut(&str, String),
+) -> Option<TargetSpec> {
+    if let Err(e) = names::check_dns_subdomain(&t.name) {
+        err(&format!("{tat}.name"), e);
+    }
+    let placement = placement(tat, t.namespace, t.namespace_selector.as_ref(), err)?;
+    let namespace = match &placement {
+        Placement::Namespace(ns) => Some(ns.clone()),
+        Placement::Selector(_) => None,
+    };
+    let key = t.key.unwrap_or_else(|| KUBECONFIG_KEY.into());
+    if let Err(e) = names::check_data_key(&key) {
+        err(&format!("{tat}.key"), e);
+    } else if t.split_keys && ["tls.crt", "tls.key", "ca.crt"].contains(&key.as_str()) {
+        err(&format!("{tat}.key"), "collides with a split key (tls.crt, tls.key, ca.crt)".into());
+    }
+    // A selector may select any namespace, so a selector target shares its name with no other target.
+    let clash = seen.iter().any(|(ns, name): &(Option<String>, String)| {
+        *name == t.name && (ns.is_none() || namespace.is_none() || *ns == namespace)
+    });
+    if clash {
+        err(tat, "this Secret is already a target (of this or another kubeconfig)".into());
+    }
+    seen.insert((namespace.clone(), t.name.clone()));
+    let consumers = consumers(
+        tat,
+        [
+            ("restartDeployments", ConsumerKind::Deployment, t.restart_deployments),
+            ("restartStatefulSets", ConsumerKind::StatefulSet, t.restart_stateful_sets),
+            ("restartDaemonSets", ConsumerKind::DaemonSet, t.restart_daemon_sets),
+        ],
+        err,
+    );
+    let restart_window =
+        relay(err, |errors| t.restart_window.and_then(|w| w.validate(&format!("{tat}.restartWindow"), errors)));
+    Some(TargetSpec {
+        placement,
+        target: Target {
+            namespace: namespace.unwrap_or_default(),
+            name: t.name,
+            key,
+            split_keys: t.split_keys,
+            adopt: t.adopt,
+            consumers,
+            restart_window,
+        },
+    })
+}
+
+/// Exactly one of a target's namespace and namespaceSelector, checked; `None` (and an error at `tat`) otherwise.
+fn placement(
+    tat: &str,
+    namespace: Option<String>,
+    selector: Option<&NamespaceSelector>,
+    err: &mut impl FnMut(&str, String),
+) -> Option<Placement> {
+    match (namespace, selector) {
+        (Some(ns), None) => {
+            if let Err(e) = names::check_dns_label(&ns) {
+                err(&format!("{tat}.namespace"), e);
+            }
+            Some(Placement::Namespace(ns))
+        }
+        (None, Some(selector)) => {
+            let selector = relay(err, |errors| selector.validate(&format!("{tat}.namespaceSelector"), errors));
+            Some(Placement::Selector(selector))
+        }
+        (ns, _) => {
+            let has = if ns.is_some() { "; has both" } else { "" };
+            err(tat, format!("set exactly one of namespace, namespaceSelector{has}"));
+            None
+        }
+    }
+}
+
+/// A target's workloads to restart, each list under its field, each name a DNS subdomain.
+fn consumers(
+    tat: &str,
+    lists: [(&str, ConsumerKind, Vec<String>); 3],
+    err: &mut impl FnMut(&str, String),
+) -> Vec<Consumer> {
+    let mut consumers = Vec::new();
+    for (field, kind, list) in lists {
+        for (d, name) in list.into_iter().enumerate() {
+            if let Err(e) = names::check_dns_subdomain(&name) {
+                err(&format!("{tat}.{field}[{d}]"), e);
+            }
+            consumers.push(Consumer { kind, name });
+        }
+    }
+    consumers
+}
+
+/// Runs a check that collects its own [`FieldError`]s (the runtime's validators, a [`Checked`] field) and reports
+/// each through `err`, whose paths are relative to the same place.
+fn relay<T>(err: &mut impl FnMut(&str, String), check: impl FnOnce(&mut Vec<FieldError>) -> T) -> T {
+    let mut errors = Vec::new();
+    let value = check(&mut errors);
+    for e in errors {
+        err(&e.path, e.reason);
+    }
+    value
 }
 
 fn check_object(err: &mut impl FnMut(&str, String), at: &str, namespace: &str, name: &str) {
@@ -606,6 +671,21 @@ mod tests {
         ] {
             assert!(err.contains(expected), "missing {expected:?} in {err}");
         }
+    }
+
+    #[test]
+    fn a_bad_duration_is_reported_with_its_path_beside_every_other_mistake_and_never_echoed() {
+        let err = parse_err(
+            "resyncInterval: s3cr3t-token\nkubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  renewBefore: forever\n  targets: []\n",
+        );
+        for expected in [
+            "kubeconfigs[0].renewBefore: a Go duration like 30s, 10m or 1h",
+            "kubeconfigs[0].targets: at least one",
+            "resyncInterval: a Go duration like 30s, 10m or 1h",
+        ] {
+            assert!(err.contains(expected), "missing {expected:?} in {err}");
+        }
+        assert!(!err.contains("s3cr3t") && !err.contains("forever"), "{err}");
     }
 
     #[test]

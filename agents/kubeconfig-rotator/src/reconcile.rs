@@ -225,6 +225,9 @@ impl Rotator {
         Ok(true)
     }
 
+    /// One target: read it, decide what it holds after this pass (what it holds, proven, when that lasts longer;
+    /// otherwise the candidate, written), then restart its consumers for that. Returns when a deferred restart
+    /// wants another look.
     async fn sync_target(
         &self,
         kc: &Kubeconfig,
@@ -236,24 +239,10 @@ impl Rotator {
     ) -> Result<Option<OffsetDateTime>, TargetFailure> {
         let series = self.metrics.target(kc, target);
         let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
-        // A target the store does not hold yet is read once more: creating it carries no resourceVersion
-        // precondition, so a store that lags (our own write, or someone else's) must not decide a blind write.
-        let fetched = match snap.secret(&target.namespace, &target.name) {
-            Some(_) => None,
-            None => api.get_opt(&target.name).await.map_err(|source| {
-                let object = format!("{}/{}", target.namespace, target.name);
-                TargetFailure::Write(ApplyError::Kube { kind: "Secret".into(), object, source })
-            })?,
-        };
+        let fetched = read_unstored(&api, target, snap).await?;
         let live_secret = snap.secret(&target.namespace, &target.name).or(fetched.as_ref());
         let live = live_state(live_secret, target, now);
-        // What this target is offered: the candidate, with the previous server CAs it holds that are still valid.
-        let overlapped = kc
-            .ca_overlap
-            .then(|| published_ca(live_secret, target))
-            .flatten()
-            .and_then(|held| overlap::overlap(&candidate.ca_pem, &held, now))
-            .map(|ca| candidate.with_ca(ca));
+        let overlapped = with_held_cas(kc, candidate, live_secret, target, now);
         let candidate = overlapped.as_ref().unwrap_or(candidate);
         let complete = split_keys_current(live_secret, target, candidate);
         let regarding = reference("v1", "Secret", &target.namespace, &target.name, None);
@@ -288,17 +277,7 @@ impl Rotator {
                     Ok(_) => self.published(kc, target, candidate, &live, &regarding).await,
                     Err(e) => {
                         series.not_in_sync();
-                        let reason = if e.metric_label() == "not_owned" { "NotOwned" } else { "WriteFailed" };
-                        tracing::warn!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, error = %e, "target not written");
-                        self.events
-                            .publish(
-                                &regarding,
-                                EventType::Warning,
-                                reason,
-                                "Publish",
-                                &format!("kubeconfig {}: {e}", kc.name),
-                            )
-                            .await;
+                        self.write_failed(kc, target, &e, &regarding).await;
                         return Err(TargetFailure::Write(e));
                     }
                 }
@@ -306,17 +285,39 @@ impl Rotator {
                 (candidate.hash(), candidate.cert.not_after)
             }
         };
-        // Every pass, whether it wrote or not: a consumer not yet restarted for what the target holds (created
-        // later, or its restart failed) is restarted now; until then it is pending, and the error retries it.
+        self.restart_consumers(kc, target, &held_hash, held_not_after, &regarding, now).await
+    }
+
+    /// A target not written: log and Event (NotOwned when it is someone else's, else WriteFailed).
+    async fn write_failed(&self, kc: &Kubeconfig, target: &Target, e: &ApplyError, regarding: &ObjectReference) {
+        let reason = if e.metric_label() == "not_owned" { "NotOwned" } else { "WriteFailed" };
+        tracing::warn!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, error = %e, "target not written");
+        self.events
+            .publish(regarding, EventType::Warning, reason, "Publish", &format!("kubeconfig {}: {e}", kc.name))
+            .await;
+    }
+
+    /// Every pass, whether it wrote or not: a consumer not yet restarted for what the target holds (`held_hash`,
+    /// valid until `held_until`; created later, or its restart failed) is restarted now; until then it is pending,
+    /// and the error retries it. Returns when a restart deferred to its window wants another look.
+    async fn restart_consumers(
+        &self,
+        kc: &Kubeconfig,
+        target: &Target,
+        held_hash: &str,
+        held_until: OffsetDateTime,
+        regarding: &ObjectReference,
+        now: OffsetDateTime,
+    ) -> Result<Option<OffsetDateTime>, TargetFailure> {
         let keys = restart_keys(&kc.name);
         let owner = format!("kubeconfig {}", kc.name);
         let restarter = Restarter { client: &self.client, events: &self.events, keys: &keys, owner: &owner };
         // The deadline of a deferred restart is the notAfter of the credential the consumer was restarted for.
-        let wanted = Wanted { hash: &held_hash, held_until: held_not_after, deadline: None };
+        let wanted = Wanted { hash: held_hash, held_until, deadline: None };
         let (mut first, mut wake) = (None, None);
         for consumer in &target.consumers {
             let window = target.restart_window.as_ref();
-            let result = restarter.converge(&target.namespace, consumer, &wanted, window, &regarding, now).await;
+            let result = restarter.converge(&target.namespace, consumer, &wanted, window, regarding, now).await;
             self.metrics.consumers.record(&kc.name, &target.namespace, consumer, &result);
             match result {
                 Err(e) => {
@@ -387,6 +388,35 @@ impl Rotator {
         tracing::info!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, serial = %candidate.cert.serial, not_after = %rfc3339(candidate.cert.not_after), "{}", reason.to_lowercase());
         self.events.publish(regarding, EventType::Normal, reason, "Publish", &note).await;
     }
+}
+
+/// A target the store does not hold yet is read once more: creating it carries no resourceVersion precondition,
+/// so a store that lags (our own write, or someone else's) must not decide a blind write. `None` when the store
+/// holds it (or it does not exist).
+async fn read_unstored(api: &Api<Secret>, target: &Target, snap: &Snapshot) -> Result<Option<Secret>, TargetFailure> {
+    match snap.secret(&target.namespace, &target.name) {
+        Some(_) => Ok(None),
+        None => api.get_opt(&target.name).await.map_err(|source| {
+            let object = format!("{}/{}", target.namespace, target.name);
+            TargetFailure::Write(ApplyError::Kube { kind: "Secret".into(), object, source })
+        }),
+    }
+}
+
+/// What this target is offered (with CA overlap on): the candidate, with the previous server CAs the target holds
+/// that are still valid. `None` when there is nothing to carry: the candidate as it is.
+fn with_held_cas(
+    kc: &Kubeconfig,
+    candidate: &Credential,
+    live_secret: Option<&Secret>,
+    target: &Target,
+    now: OffsetDateTime,
+) -> Option<Credential> {
+    kc.ca_overlap
+        .then(|| published_ca(live_secret, target))
+        .flatten()
+        .and_then(|held| overlap::overlap(&candidate.ca_pem, &held, now))
+        .map(|ca| candidate.with_ca(ca))
 }
 
 enum TargetFailure {
