@@ -26,11 +26,12 @@ use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::{AgentConfig, FieldError};
-use kcp_keeper_runtime::duration::parse_go_duration;
+use kcp_keeper_runtime::field::Checked;
 use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+pub use field::ParsedDuration;
 pub use formats::{
     AdditionalFormat, DEFAULT_JKS_PASSWORD, DEFAULT_PKCS12_PASSWORD, Format, MAX_PASSWORD, PasswordFrom, Profile,
     RawAdditionalFormats, RawJks, RawPkcs12, RawSecretKeyRef, check_password,
@@ -42,7 +43,7 @@ pub use targets::{
     RawTargetObject, Requirement, Selector, TRUST_BUNDLE_KEY, Target, TargetKind, TargetMetadata,
 };
 
-use field::check;
+use field::{check, go_duration};
 use live_check::live_check_from_raw;
 use sources::source_from_raw;
 use targets::{Destination, may_overlap, target_from_raw};
@@ -75,6 +76,9 @@ pub struct Bundle {
 }
 
 // ---- The file as written ---------------------------------------------------------------------------------
+//
+// A duration is an `Option<Checked<ParsedDuration>>`: its schema is an optional string's, and its
+// `"default": null` is written by hand, as schemars writes a default only for a type it can serialize.
 
 /// ca-syncer's configuration (the agent checks it again, with field paths, at start).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -84,7 +88,8 @@ pub struct RawConfig {
     pub bundles: Vec<RawBundle>,
     /// How often every bundle is re-checked without a change (Go duration, at least 1s); default 60s.
     #[serde(default)]
-    pub resync_interval: Option<String>,
+    #[schemars(extend("default" = null))]
+    pub resync_interval: Option<Checked<ParsedDuration>>,
 }
 
 /// One CA bundle: its sources combined, deduplicated and written to every target.
@@ -100,7 +105,8 @@ pub struct RawBundle {
     /// How long a CA that left the sources stays published at most (Go duration); without it, until its
     /// notAfter.
     #[serde(default)]
-    pub rotation_grace: Option<String>,
+    #[schemars(extend("default" = null))]
+    pub rotation_grace: Option<Checked<ParsedDuration>>,
     /// Drop certificates past their notAfter; default true.
     #[serde(default = "default_true")]
     pub drop_expired: bool,
@@ -127,15 +133,12 @@ impl AgentConfig for Config {
         if raw.bundles.is_empty() {
             errors.push(FieldError::new("bundles", "at least one bundle is required"));
         }
-        let resync_interval = match raw.resync_interval.as_deref().map(parse_go_duration).transpose() {
-            Ok(None) => DEFAULT_RESYNC,
-            Ok(Some(d)) if d >= Duration::from_secs(1) => d,
-            Ok(Some(_)) => {
+        // A text that is not a duration is an error already; the default stands in for it.
+        let resync_interval = match go_duration(raw.resync_interval, "resyncInterval".into(), &mut errors) {
+            None => DEFAULT_RESYNC,
+            Some(d) if d >= Duration::from_secs(1) => d,
+            Some(_) => {
                 errors.push(FieldError::new("resyncInterval", "must be at least 1s"));
-                DEFAULT_RESYNC
-            }
-            Err(e) => {
-                errors.push(FieldError::new("resyncInterval", e.to_string()));
                 DEFAULT_RESYNC
             }
         };
@@ -171,6 +174,30 @@ fn bundle_from_raw<'a>(
     errors: &mut Vec<FieldError>,
 ) -> Option<Bundle> {
     let errors_before = errors.len();
+    let (sources, read) = bundle_sources(bundle, path, errors);
+    let targets = bundle_targets(bundle, path, &read, written, errors);
+    let rotation_grace = go_duration(bundle.rotation_grace.clone(), format!("{path}.rotationGrace"), errors);
+    let live_check =
+        bundle.live_check.as_ref().and_then(|live| live_check_from_raw(live, &format!("{path}.liveCheck"), errors));
+    check_together(bundle, &targets, path, errors);
+    (errors.len() == errors_before).then(|| Bundle {
+        name: bundle.name.clone(),
+        sources,
+        targets,
+        rotation_grace,
+        drop_expired: bundle.drop_expired,
+        live_check,
+        empty_means_public_roots: bundle.empty_means_public_roots,
+    })
+}
+
+/// The bundle's validated sources, and the object keys they read with each one's path (a target must not
+/// write them).
+fn bundle_sources<'a>(
+    bundle: &'a RawBundle,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) -> (Vec<Source>, Vec<(Destination<'a>, String)>) {
     if bundle.sources.is_empty() {
         errors.push(FieldError::new(format!("{path}.sources"), "at least one source is required"));
     }
@@ -185,7 +212,18 @@ fn bundle_from_raw<'a>(
             }
         }
     }
+    (sources, read)
+}
 
+/// The bundle's validated targets. Each object key a target writes is added to `written` (every bundle's so
+/// far), once checked against the keys the bundle's sources `read` and those earlier targets write.
+fn bundle_targets<'a>(
+    bundle: &'a RawBundle,
+    path: &str,
+    read: &[(Destination<'a>, String)],
+    written: &mut Vec<(Destination<'a>, String)>,
+    errors: &mut Vec<FieldError>,
+) -> Vec<Target> {
     if bundle.targets.is_empty() {
         errors.push(FieldError::new(format!("{path}.targets"), "at least one target is required"));
     }
@@ -197,40 +235,50 @@ fn bundle_from_raw<'a>(
         targets.push(target);
         let before = written.len();
         for destination in destinations {
-            if let Some((_, source)) = read.iter().find(|(d, _)| *d == destination) {
-                errors.push(FieldError::new(
-                    path.clone(),
-                    format!("writes the object and key that {source} reads; the bundle would feed on itself"),
-                ));
-            }
-            // A target's own keys are distinct (checked with its formats); only earlier targets' count.
-            for (index, (other, other_path)) in written[..before].iter().enumerate() {
-                let same_bundle = index >= earlier_bundles;
-                if same_bundle && *other == destination {
-                    errors.push(FieldError::new(path.clone(), format!("duplicate of {other_path}")));
-                } else if !same_bundle && may_overlap(other, &destination) {
-                    errors.push(FieldError::new(
-                        path.clone(),
-                        format!(
-                            "may write the same {} and key as {other_path}; two bundles would overwrite each other",
-                            destination.kind.field()
-                        ),
-                    ));
-                }
-            }
+            check_destination(&destination, &path, read, &written[..before], earlier_bundles, errors);
             written.push((destination, path.clone()));
         }
     }
+    targets
+}
 
-    let rotation_grace = match bundle.rotation_grace.as_deref().map(parse_go_duration).transpose() {
-        Ok(grace) => grace,
-        Err(reason) => {
-            errors.push(FieldError::new(format!("{path}.rotationGrace"), reason.to_string()));
-            None
+/// Checks one object key the target at `path` writes against the keys the bundle's sources `read` and those
+/// `earlier` targets write: its own bundle's (from index `earlier_bundles` on) must not write the same key,
+/// other bundles' must not possibly write it.
+fn check_destination(
+    destination: &Destination<'_>,
+    path: &str,
+    read: &[(Destination<'_>, String)],
+    earlier: &[(Destination<'_>, String)],
+    earlier_bundles: usize,
+    errors: &mut Vec<FieldError>,
+) {
+    if let Some((_, source)) = read.iter().find(|(d, _)| d == destination) {
+        errors.push(FieldError::new(
+            path,
+            format!("writes the object and key that {source} reads; the bundle would feed on itself"),
+        ));
+    }
+    // A target's own keys are distinct (checked with its formats); only earlier targets' count.
+    for (index, (other, other_path)) in earlier.iter().enumerate() {
+        let same_bundle = index >= earlier_bundles;
+        if same_bundle && other == destination {
+            errors.push(FieldError::new(path, format!("duplicate of {other_path}")));
+        } else if !same_bundle && may_overlap(other, destination) {
+            errors.push(FieldError::new(
+                path,
+                format!(
+                    "may write the same {} and key as {other_path}; two bundles would overwrite each other",
+                    destination.kind.field()
+                ),
+            ));
         }
-    };
-    let live_check =
-        bundle.live_check.as_ref().and_then(|live| live_check_from_raw(live, &format!("{path}.liveCheck"), errors));
+    }
+}
+
+/// Checks what the bundle's settings and targets allow together: `emptyMeansPublicRoots` needs `liveCheck`
+/// and no ClusterTrustBundle or trust store target, restart consumers a short enough bundle name.
+fn check_together(bundle: &RawBundle, targets: &[Target], path: &str, errors: &mut Vec<FieldError>) {
     if bundle.empty_means_public_roots
         && let Some(j) = targets.iter().position(|t: &Target| t.kind == TargetKind::ClusterTrustBundle)
     {
@@ -263,15 +311,6 @@ fn bundle_from_raw<'a>(
             "requires liveCheck: an empty key is written only when the public roots verify the live endpoint",
         ));
     }
-    (errors.len() == errors_before).then(|| Bundle {
-        name: bundle.name.clone(),
-        sources,
-        targets,
-        rotation_grace,
-        drop_expired: bundle.drop_expired,
-        live_check,
-        empty_means_public_roots: bundle.empty_means_public_roots,
-    })
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use crate::observed::{ObjectKey, Observed, Written};
 use crate::rotation::{self, DropReason, RetentionPlan, RotationState, STATE_ANNOTATION, plan_retention};
 use crate::scope::Scope;
 use crate::sources::{self, Reader};
-use crate::state::StateStore;
+use crate::state::{StateStore, Stored};
 use crate::target_metadata::{self, Decided};
 
 /// `ca-syncer run`'s own flag.
@@ -183,12 +183,41 @@ impl Reconciler for Syncer {
 }
 
 impl Syncer {
+    /// One pass over a bundle: read and check its sources, record and password, plan every target, verify the
+    /// live check, write the record, then the targets and their consumers. Any step that fails before the
+    /// writes leaves every target as it is. `Ok`: when to look again at the latest.
     async fn sync_bundle(&self, spec: &Bundle, now: OffsetDateTime) -> Result<Option<OffsetDateTime>, SyncError> {
         let (targets, skipped) = self.resolve_targets(spec);
         let skipped: Vec<_> = skipped.iter().map(|(t, reason)| (t.labels(&spec.name), *reason)).collect();
         self.metrics.record_skipped(&spec.name, &skipped);
-        let current = match sources::read_bundle(&Reader::Stores(&self.scope), spec).await {
-            Ok(certs) => certs,
+        let current = self.read_sources(spec, &targets).await?;
+        let stored = match self.state.read(&spec.name).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                self.out_of_sync(spec, &targets);
+                return Err(SyncError::StateUnavailable(e));
+            }
+        };
+        let passwords = self.read_passwords(spec, &targets).await?;
+        for problem in &stored.decoded.problems {
+            tracing::warn!(bundle = %spec.name, problem = %problem, "rotation record partly ignored");
+        }
+        let plans = self.plan_targets(spec, &current, &stored.decoded.state, &targets, &passwords, now).await?;
+        if let Some(check) = &spec.live_check
+            && let Err(failures) = self.live_check(check, &current, &plans).await
+        {
+            return Err(self.live_check_failed(spec, &targets, failures));
+        }
+        self.write_record(spec, &current, &plans, &stored, &targets).await?;
+        self.count_certificates(spec, current, &plans, now);
+        self.publish(spec, plans, targets.len(), now).await
+    }
+
+    /// The bundle's certificates from its sources as the stores hold them. A source that cannot be used is
+    /// counted, logged and told in an Event (on its object, else on the agent's Lease), and nothing is written.
+    async fn read_sources(&self, spec: &Bundle, targets: &[Resolved]) -> Result<Vec<Certificate>, SyncError> {
+        match sources::read_bundle(&Reader::Stores(&self.scope), spec).await {
+            Ok(certs) => Ok(certs),
             Err((index, failure)) => {
                 // Targets keep their last good content: nothing is written for this bundle.
                 self.metrics
@@ -205,31 +234,43 @@ impl Syncer {
                     None => self.own_object.clone(),
                 };
                 self.events.publish(&regarding, EventType::Warning, "SourceRejected", "Sync", &note).await;
-                self.out_of_sync(spec, &targets);
-                return Err(SyncError::SourceUnusable { index, failure });
+                self.out_of_sync(spec, targets);
+                Err(SyncError::SourceUnusable { index, failure })
             }
-        };
-        let stored = match self.state.read(&spec.name).await {
-            Ok(stored) => stored,
-            Err(e) => {
-                self.out_of_sync(spec, &targets);
-                return Err(SyncError::StateUnavailable(e));
-            }
-        };
-        let passwords = match self.passwords(spec) {
-            Ok(passwords) => passwords,
+        }
+    }
+
+    /// The trust store passwords ([`Syncer::passwords`]). One that cannot be used is logged and told in an
+    /// Event on the agent's Lease, and nothing is written.
+    async fn read_passwords<'a>(
+        &self,
+        spec: &'a Bundle,
+        targets: &[Resolved],
+    ) -> Result<BTreeMap<&'a PasswordFrom, String>, SyncError> {
+        match self.passwords(spec) {
+            Ok(passwords) => Ok(passwords),
             Err(e) => {
                 // Names the Secret and key, never what it holds.
                 tracing::warn!(bundle = %spec.name, error = %e, "trust store password unusable");
                 let note = format!("bundle {} not published: {e}", spec.name);
                 self.events.publish(&self.own_object, EventType::Warning, "PasswordUnusable", "Sync", &note).await;
-                self.out_of_sync(spec, &targets);
-                return Err(SyncError::PasswordUnusable(e));
+                self.out_of_sync(spec, targets);
+                Err(SyncError::PasswordUnusable(e))
             }
-        };
-        for problem in &stored.decoded.problems {
-            tracing::warn!(bundle = %spec.name, problem = %problem, "rotation record partly ignored");
         }
+    }
+
+    /// Every target's plan ([`Syncer::plan_target`]) with its trust stores, from the objects as they are now
+    /// (read fresh where the stores have not shown our last write yet).
+    async fn plan_targets<'a>(
+        &self,
+        spec: &Bundle,
+        current: &[Certificate],
+        record: &RotationState,
+        targets: &'a [Resolved],
+        passwords: &BTreeMap<&PasswordFrom, String>,
+        now: OffsetDateTime,
+    ) -> Result<Vec<TargetPlan<'a>>, SyncError> {
         let (written, client, scope) = (&self.written, &self.client, &self.scope);
         let observed: Vec<Observed> = futures::stream::iter(targets.iter().map(Resolved::key))
             .map(|key| async move { written.observe(client, scope, &key).await })
@@ -238,46 +279,71 @@ impl Syncer {
             .await;
         let mut plans = Vec::with_capacity(targets.len());
         for (target, observed) in targets.iter().zip(observed) {
-            match self.plan_target(spec, &current, &stored.decoded.state, target, observed, now) {
+            match self.plan_target(spec, current, record, target, observed, now) {
                 Some(mut plan) => {
-                    plan.stores = self.stores(&plan, &passwords);
+                    plan.stores = self.stores(&plan, passwords);
                     plans.push(plan);
                 }
                 None => {
-                    self.out_of_sync(spec, &targets);
+                    self.out_of_sync(spec, targets);
                     return Err(SyncError::RotationStateTooLarge);
                 }
             }
         }
-        if let Some(check) = &spec.live_check
-            && let Err(failures) = self.live_check(check, &current, &plans).await
-        {
-            for EndpointFailure { url, error } in &failures.0 {
-                let labels =
-                    EndpointLabels { bundle: spec.name.clone(), endpoint: url.clone(), reason: error.reason().into() };
-                self.metrics.series.live_check_failures.get_or_create(&labels).inc();
-                tracing::warn!(bundle = %spec.name, endpoint = %url, reason = error.reason(), error = %error, "live check failed");
-            }
-            let note = format!("bundle {} not published: live check failed: {failures}", spec.name);
-            for t in &targets {
-                self.event(t, EventType::Warning, "LiveCheckFailed", &note);
-            }
-            self.out_of_sync(spec, &targets);
-            return Err(SyncError::LiveCheckFailed(failures));
+        Ok(plans)
+    }
+
+    /// Counts and logs each endpoint that failed the live check and tells every target in an Event: the
+    /// bundle is not published.
+    fn live_check_failed(&self, spec: &Bundle, targets: &[Resolved], failures: Failures) -> SyncError {
+        for EndpointFailure { url, error } in &failures.0 {
+            let labels =
+                EndpointLabels { bundle: spec.name.clone(), endpoint: url.clone(), reason: error.reason().into() };
+            self.metrics.series.live_check_failures.get_or_create(&labels).inc();
+            tracing::warn!(bundle = %spec.name, endpoint = %url, reason = error.reason(), error = %error, "live check failed");
         }
-        // The record is written before any target, so a target never holds a certificate the record does not
-        // know came from the sources (else it would be dropped the cycle after it leaves them).
+        let note = format!("bundle {} not published: live check failed: {failures}", spec.name);
+        for t in targets {
+            self.event(t, EventType::Warning, "LiveCheckFailed", &note);
+        }
+        self.out_of_sync(spec, targets);
+        SyncError::LiveCheckFailed(failures)
+    }
+
+    /// Writes the bundle's rotation record when this pass changes it. The record is written before any target,
+    /// so a target never holds a certificate the record does not know came from the sources (else it would be
+    /// dropped the cycle after it leaves them).
+    async fn write_record(
+        &self,
+        spec: &Bundle,
+        current: &[Certificate],
+        plans: &[TargetPlan<'_>],
+        stored: &Stored,
+        targets: &[Resolved],
+    ) -> Result<(), SyncError> {
         let record = if current.is_empty() {
             RotationState::default()
         } else {
-            rotation::next_state(&current, plans.iter().filter_map(|p| p.retention.as_ref()))
+            rotation::next_state(current, plans.iter().filter_map(|p| p.retention.as_ref()))
         };
         if record != stored.decoded.state
-            && let Err(e) = self.state.write(&spec.name, &stored, &record).await
+            && let Err(e) = self.state.write(&spec.name, stored, &record).await
         {
-            self.out_of_sync(spec, &targets);
+            self.out_of_sync(spec, targets);
             return Err(SyncError::StateUnavailable(e));
         }
+        Ok(())
+    }
+
+    /// Sets how many distinct certificates the bundle publishes across its targets (with no target, what its
+    /// sources would give).
+    fn count_certificates(
+        &self,
+        spec: &Bundle,
+        current: Vec<Certificate>,
+        plans: &[TargetPlan<'_>],
+        now: OffsetDateTime,
+    ) {
         let certificates = match plans.is_empty() {
             true => Built::build(current, &BundleOptions { drop_expired: spec.drop_expired, now }).len(),
             false => plans.iter().flat_map(|p| p.fingerprints()).collect::<BTreeSet<_>>().len(),
@@ -287,7 +353,17 @@ impl Syncer {
             .certificates
             .get_or_create(&BundleLabel { bundle: spec.name.clone() })
             .set(certificates as i64);
+    }
 
+    /// Writes every planned target (of `total`) and brings its consumers to what it now holds; the Events go out
+    /// once every target is written. `Ok`: when to look again at the latest.
+    async fn publish(
+        &self,
+        spec: &Bundle,
+        plans: Vec<TargetPlan<'_>>,
+        total: usize,
+        now: OffsetDateTime,
+    ) -> Result<Option<OffsetDateTime>, SyncError> {
         let mut review = None;
         let mut published = Published::default();
         let mut failures: Vec<ApplyError> = Vec::new();
@@ -318,9 +394,10 @@ impl Syncer {
         }
         self.keystores.end_pass();
         self.send(notices);
-        let total = targets.len();
         let failed = failures.len();
         self.metrics.forget_stale(&spec.name, published, failed > 0);
+        // The first write that failed (with how many did), else the first consumer that could not be
+        // restarted; a pass with no failed write records its time.
         let mut failures = failures.into_iter();
         match failures.next() {
             None => {
