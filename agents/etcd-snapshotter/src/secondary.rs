@@ -35,8 +35,10 @@ use tokio_util::sync::CancellationToken;
 use crate::catalog::{self, Listed};
 use crate::config::{Config, Secondary, Shard};
 use crate::generation::{self, Own};
+use crate::labels::ShardLabel;
 use crate::manifest;
 use crate::metrics::Metrics;
+use crate::retention::Entry;
 use crate::storage::{MAX_SINGLE_PUT, Store, StoredObject};
 use plan::{Expected, Kind, Object, Verified};
 
@@ -136,6 +138,13 @@ pub async fn pass(
     out
 }
 
+/// Where one pass finds each object: the primary's listing by key below its prefix, and the second store's
+/// (`None` when it could not be listed).
+struct Sources<'a> {
+    by_relative: &'a HashMap<String, &'a StoredObject>,
+    secondary: Option<&'a HashMap<String, StoredObject>>,
+}
+
 struct ShardRun<'a> {
     config: &'a Config,
     secondary: &'a Secondary,
@@ -157,27 +166,64 @@ impl ShardRun<'_> {
                 return;
             }
         };
-        let own = match generation::live(self.shard).await {
-            Some(own) => own,
-            None => {
-                let manifests: Vec<_> = primary_listed.iter().map(|l| l.manifest.clone()).collect();
-                match generation::only_cluster(&manifests) {
-                    Ok(Some(cluster)) => Own { cluster_id: cluster, member_ids: Vec::new() },
-                    Ok(None) => {
-                        self.metrics.secondary.behind.get_or_create(&label).set(0);
-                        self.metrics.secondary.in_sync.get_or_create(&label).set(unix_now());
-                        return;
-                    }
-                    Err(error) => {
-                        report.failures.push(format!("which etcd cluster is the shard's: {error}"));
-                        return;
-                    }
-                }
-            }
-        };
+        let Some(own) = self.own_cluster(&primary_listed, &label, report).await else { return };
         let primary_own: Vec<&Listed> = primary_listed.iter().filter(|l| own.owns(&l.manifest)).collect();
-        let secondary_listing = self.listing(self.second).await;
-        let (secondary_entries, secondary_objects) = match &secondary_listing {
+        let (secondary_entries, secondary_objects) = self.second_state(&own, report).await;
+        let primary_entries: Vec<_> = primary_own.iter().map(|l| l.manifest.entry(l.verified_at.is_some())).collect();
+        let (kept, newest) = plan::kept(&primary_entries, &secondary_entries, &self.secondary.retention);
+        let primary_root = plan::root(&self.primary.prefix);
+        let by_relative: HashMap<String, &StoredObject> =
+            primary_objects.iter().filter_map(|o| Some((o.key.strip_prefix(&primary_root)?.to_string(), o))).collect();
+        let sources = Sources { by_relative: &by_relative, secondary: secondary_objects.as_ref() };
+        let mut newest_in_sync = false;
+        for listed in primary_own.iter().filter(|l| kept.contains(&l.manifest.id) && plan::valid_id(&l.manifest.id)) {
+            let objects = plan::objects_of(&primary_root, &listed.manifest, &primary_objects);
+            let is_newest = Some(&listed.manifest.id) == newest.as_ref();
+            newest_in_sync |= self.copy_snapshot(&objects, &sources, is_newest, verified, report).await;
+        }
+        let present: HashSet<String> = by_relative.keys().cloned().collect();
+        verified.retain_shard(shard, &present);
+        // Retention only once the newest snapshot is on the second store: a pass that could not copy it deletes
+        // nothing there (as a primary run that did not publish deletes nothing).
+        if let (true, Some(newest)) = (newest_in_sync, &newest) {
+            self.second_retention(newest, &own, report).await;
+        }
+        self.metrics.secondary.behind.get_or_create(&label).set(report.behind as i64);
+        if report.behind == 0 && secondary_objects.is_some() {
+            self.metrics.secondary.in_sync.get_or_create(&label).set(unix_now());
+        }
+    }
+
+    /// The etcd cluster whose snapshots are the shard's: the live one, else the only one the primary holds.
+    /// `None` ends the pass: with no snapshot at all the second store is in sync (`label`'s gauges say so), and
+    /// with several clusters and none live which one is the shard's is a failure in `report`.
+    async fn own_cluster(&self, primary_listed: &[Listed], label: &ShardLabel, report: &mut ShardPass) -> Option<Own> {
+        if let Some(own) = generation::live(self.shard).await {
+            return Some(own);
+        }
+        let manifests: Vec<_> = primary_listed.iter().map(|l| l.manifest.clone()).collect();
+        match generation::only_cluster(&manifests) {
+            Ok(Some(cluster)) => Some(Own { cluster_id: cluster, member_ids: Vec::new() }),
+            Ok(None) => {
+                self.metrics.secondary.behind.get_or_create(label).set(0);
+                self.metrics.secondary.in_sync.get_or_create(label).set(unix_now());
+                None
+            }
+            Err(error) => {
+                report.failures.push(format!("which etcd cluster is the shard's: {error}"));
+                None
+            }
+        }
+    }
+
+    /// The second store's side of the shard: its retention entries of `own`'s snapshots, and its objects by
+    /// their key below the store's prefix (`None` when it could not be listed: a failure in `report`).
+    async fn second_state(
+        &self,
+        own: &Own,
+        report: &mut ShardPass,
+    ) -> (Vec<Entry>, Option<HashMap<String, StoredObject>>) {
+        match self.listing(self.second).await {
             Ok((listed, objects)) => {
                 let entries: Vec<_> = listed
                     .iter()
@@ -186,88 +232,89 @@ impl ShardRun<'_> {
                     .collect();
                 let root = plan::root(&self.second.prefix);
                 let objects: HashMap<String, StoredObject> =
-                    objects.iter().filter_map(|o| Some((o.key.strip_prefix(&root)?.to_string(), o.clone()))).collect();
+                    objects.into_iter().filter_map(|o| Some((o.key.strip_prefix(&root)?.to_string(), o))).collect();
                 (entries, Some(objects))
             }
             Err(error) => {
-                self.metrics.secondary.failed(shard, Kind::Listing);
+                self.metrics.secondary.failed(&self.shard.name, Kind::Listing);
                 report.failures.push(format!("listing the second store: {error:#}"));
                 (Vec::new(), None)
             }
-        };
-        let primary_entries: Vec<_> = primary_own.iter().map(|l| l.manifest.entry(l.verified_at.is_some())).collect();
-        let (kept, newest) = plan::kept(&primary_entries, &secondary_entries, &self.secondary.retention);
-        let primary_root = plan::root(&self.primary.prefix);
-        let by_relative: HashMap<String, &StoredObject> =
-            primary_objects.iter().filter_map(|o| Some((o.key.strip_prefix(&primary_root)?.to_string(), o))).collect();
+        }
+    }
+
+    /// Brings one kept snapshot's `objects` (data object first) onto the second store, counting in `report`;
+    /// whether its manifest is there, proven, when it is the newest snapshot (`is_newest`).
+    async fn copy_snapshot(
+        &self,
+        objects: &[Object],
+        sources: &Sources<'_>,
+        is_newest: bool,
+        verified: &mut Verified,
+        report: &mut ShardPass,
+    ) -> bool {
+        let shard = self.shard.name.as_str();
         let mut newest_in_sync = false;
-        for listed in primary_own.iter().filter(|l| kept.contains(&l.manifest.id) && plan::valid_id(&l.manifest.id)) {
-            let objects = plan::objects_of(&primary_root, &listed.manifest, &primary_objects);
-            let mut skip_rest = false;
-            for (i, object) in objects.iter().enumerate() {
-                let Some(source) = by_relative.get(&object.relative) else {
-                    // Gone from the primary since it was listed (its retention): nothing to copy.
-                    continue;
-                };
-                if skip_rest {
+        let mut skip_rest = false;
+        for (i, object) in objects.iter().enumerate() {
+            let Some(source) = sources.by_relative.get(&object.relative) else {
+                // Gone from the primary since it was listed (its retention): nothing to copy.
+                continue;
+            };
+            if skip_rest {
+                report.behind += 1;
+                continue;
+            }
+            let Some(secondary_objects) = sources.secondary else {
+                if !verified.in_sync(&object.relative, &source.etag, None) {
                     report.behind += 1;
-                    continue;
                 }
-                let Some(secondary_objects) = &secondary_objects else {
-                    if !verified.in_sync(&object.relative, &source.etag, None) {
-                        report.behind += 1;
+                continue;
+            };
+            let there = secondary_objects.get(&object.relative).map(|o| o.etag.as_str());
+            if verified.in_sync(&object.relative, &source.etag, there) {
+                if object.kind == Kind::Manifest && is_newest {
+                    newest_in_sync = true;
+                }
+                continue;
+            }
+            match self.sync(object, there).await {
+                Ok((etag, copied)) => {
+                    verified.record(&object.relative, &source.etag, &etag);
+                    if copied {
+                        self.metrics.secondary.copied(shard, object.kind);
+                        report.copied += 1;
+                    } else {
+                        report.checked += 1;
                     }
-                    continue;
-                };
-                let there = secondary_objects.get(&object.relative).map(|o| o.etag.as_str());
-                if verified.in_sync(&object.relative, &source.etag, there) {
-                    if object.kind == Kind::Manifest && Some(&listed.manifest.id) == newest.as_ref() {
+                    if object.kind == Kind::Manifest && is_newest {
                         newest_in_sync = true;
                     }
-                    continue;
                 }
-                match self.sync(object, there).await {
-                    Ok((etag, copied)) => {
-                        verified.record(&object.relative, &source.etag, &etag);
-                        if copied {
-                            self.metrics.secondary.copied(shard, object.kind);
-                            report.copied += 1;
-                        } else {
-                            report.checked += 1;
-                        }
-                        if object.kind == Kind::Manifest && Some(&listed.manifest.id) == newest.as_ref() {
-                            newest_in_sync = true;
-                        }
-                    }
-                    Err(error) => {
-                        self.metrics.secondary.failed(shard, object.kind);
-                        report.failures.push(format!("{} {}: {error:#}", object.kind.as_str(), object.relative));
-                        report.behind += 1;
-                        // Nothing after a data object whose copy is not proven (its manifest would publish it),
-                        // and no delta after a missing one (the chain on the second store never has a hole).
-                        if i == 0 || object.kind == Kind::Delta {
-                            skip_rest = true;
-                        }
-                    }
-                }
-            }
-        }
-        let present: HashSet<String> = by_relative.keys().cloned().collect();
-        verified.retain_shard(shard, &present);
-        // Retention only once the newest snapshot is on the second store: a pass that could not copy it deletes
-        // nothing there (as a primary run that did not publish deletes nothing).
-        if let (true, Some(newest)) = (newest_in_sync, &newest) {
-            match catalog::apply_retention(self.second, shard, &self.secondary.retention, newest, &own).await {
-                Ok(retention) => report.deleted = retention.deleted,
                 Err(error) => {
-                    self.metrics.secondary.failed(shard, Kind::Retention);
-                    report.failures.push(format!("retention on the second store: {error}"));
+                    self.metrics.secondary.failed(shard, object.kind);
+                    report.failures.push(format!("{} {}: {error:#}", object.kind.as_str(), object.relative));
+                    report.behind += 1;
+                    // Nothing after a data object whose copy is not proven (its manifest would publish it),
+                    // and no delta after a missing one (the chain on the second store never has a hole).
+                    if i == 0 || object.kind == Kind::Delta {
+                        skip_rest = true;
+                    }
                 }
             }
         }
-        self.metrics.secondary.behind.get_or_create(&label).set(report.behind as i64);
-        if report.behind == 0 && secondary_objects.is_some() {
-            self.metrics.secondary.in_sync.get_or_create(&label).set(unix_now());
+        newest_in_sync
+    }
+
+    /// The second store's retention, kept from `newest`; what it deleted (or its failure) in `report`.
+    async fn second_retention(&self, newest: &str, own: &Own, report: &mut ShardPass) {
+        let shard = self.shard.name.as_str();
+        match catalog::apply_retention(self.second, shard, &self.secondary.retention, newest, own).await {
+            Ok(retention) => report.deleted = retention.deleted,
+            Err(error) => {
+                self.metrics.secondary.failed(shard, Kind::Retention);
+                report.failures.push(format!("retention on the second store: {error}"));
+            }
         }
     }
 

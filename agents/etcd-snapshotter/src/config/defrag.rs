@@ -6,10 +6,12 @@
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::FieldError;
-use kcp_keeper_runtime::duration::parse_go_duration;
+use kcp_keeper_runtime::field::{Checked, GoDuration, duration_within};
 use kcp_keeper_runtime::schedule::{Schedule, ScheduleSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
+
+use super::default_null;
 
 /// Scheduled defragmentation of one shard's etcd members: a full snapshot first, then each follower alone,
 /// never the leader while followers exist.
@@ -25,7 +27,8 @@ pub struct RawDefrag {
     /// Go-style duration: how long one member's defragmentation may take (etcd blocks the member meanwhile);
     /// past it the run stops and reports, and no further member is defragmented (1s to 1h; 5m when absent).
     #[serde(default)]
-    pub timeout: Option<String>,
+    #[serde(serialize_with = "default_null")]
+    pub timeout: Option<Checked<GoDuration>>,
     /// A single-member etcd is its own leader and blocks the whole shard while it defragments: only then
     /// defragmented, and only when this is true (false when absent; required for a shard with one endpoint).
     #[serde(default)]
@@ -58,14 +61,14 @@ pub(super) fn defrag(
     errors: &mut Vec<FieldError>,
 ) -> Option<Defrag> {
     let raw = raw.filter(|r| r.enabled)?;
-    let timeout = match raw.timeout.as_deref().map(parse_go_duration) {
-        None => DEFAULT_TIMEOUT,
-        Some(Ok(d)) if (Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) => d,
-        Some(_) => {
-            errors.push(FieldError::new(at("defrag.timeout"), "a Go duration from 1s to 1h"));
-            DEFAULT_TIMEOUT
-        }
-    };
+    let timeout = duration_within(
+        raw.timeout,
+        Duration::from_secs(1)..=Duration::from_secs(3600),
+        DEFAULT_TIMEOUT,
+        at("defrag.timeout"),
+        "a Go duration from 1s to 1h",
+        errors,
+    );
     if endpoints == 1 && !raw.single_member {
         errors.push(FieldError::new(
             at("defrag.singleMember"),
@@ -108,7 +111,11 @@ mod tests {
         assert_eq!((on.timeout, on.single_member, on.schedule.name()), (DEFAULT_TIMEOUT, false, "defrag-root"));
         assert!(errors.is_empty(), "{errors:?}");
 
-        let bad = RawDefrag { enabled: true, timeout: Some("2h".into()), ..Default::default() };
+        let bad = RawDefrag {
+            enabled: true,
+            timeout: Some(Checked::of(GoDuration(Duration::from_secs(2 * 3600)))),
+            ..Default::default()
+        };
         assert_eq!(defrag("root", 1, Some(bad), &at, &mut errors), None);
         let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
         assert_eq!(text.len(), 3, "{text:?}");

@@ -5,11 +5,12 @@
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::FieldError;
-use kcp_keeper_runtime::duration::parse_go_duration;
+use kcp_keeper_runtime::field::{Checked, GoDuration, duration_within};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::spill::parse_size;
+use super::default_null;
+use super::spill::{Size, size_within};
 
 /// Delta snapshots of one shard: its etcd's watch events between full snapshots, for a recovery point of
 /// seconds and restores to a point in time.
@@ -22,16 +23,19 @@ pub struct RawDeltas {
     /// Go-style duration: how often buffered events are written as a delta object, the recovery point under
     /// a steady write load (1s to 10m; 10s when absent).
     #[serde(default)]
-    pub interval: Option<String>,
+    #[serde(serialize_with = "default_null")]
+    pub interval: Option<Checked<GoDuration>>,
     /// Bytes of events held in memory at most (`8Mi`, plain bytes; 64Ki to 256Mi; 16Mi when absent): a delta
     /// is written as soon as this much is buffered, before the interval ends.
     #[serde(default)]
-    pub max_bytes: Option<String>,
+    #[serde(serialize_with = "default_null")]
+    pub max_bytes: Option<Checked<Size>>,
     /// Go-style duration: how often at most a delta also carries the live member's HashKV and key count at
     /// its last revision, what drills compare the replayed chain with (0s: every delta; up to 1h; 1m when
     /// absent). HashKV reads the member's whole database, so not every 10 s on a large one.
     #[serde(default)]
-    pub hash_kv_interval: Option<String>,
+    #[serde(serialize_with = "default_null")]
+    pub hash_kv_interval: Option<Checked<GoDuration>>,
 }
 
 /// Deltas as validated: present on a shard only when enabled.
@@ -52,30 +56,30 @@ pub(super) fn deltas(
     errors: &mut Vec<FieldError>,
 ) -> Option<Deltas> {
     let raw = raw.filter(|r| r.enabled)?;
-    let interval = match raw.interval.as_deref().map(parse_go_duration) {
-        None => DEFAULT_INTERVAL,
-        Some(Ok(d)) if (Duration::from_secs(1)..=Duration::from_secs(600)).contains(&d) => d,
-        Some(_) => {
-            errors.push(FieldError::new(at("deltas.interval"), "a Go duration from 1s to 10m"));
-            DEFAULT_INTERVAL
-        }
-    };
-    let max_bytes = match raw.max_bytes.as_deref().map(parse_size) {
-        None => DEFAULT_MAX_BYTES,
-        Some(Ok(n)) if ((64 << 10)..=(256 << 20)).contains(&n) => n,
-        Some(_) => {
-            errors.push(FieldError::new(at("deltas.maxBytes"), "a size from 64Ki to 256Mi"));
-            DEFAULT_MAX_BYTES
-        }
-    };
-    let hash_kv_interval = match raw.hash_kv_interval.as_deref().map(parse_go_duration) {
-        None => DEFAULT_HASH_KV_INTERVAL,
-        Some(Ok(d)) if d <= Duration::from_secs(3600) => d,
-        Some(_) => {
-            errors.push(FieldError::new(at("deltas.hashKvInterval"), "a Go duration from 0s to 1h"));
-            DEFAULT_HASH_KV_INTERVAL
-        }
-    };
+    let interval = duration_within(
+        raw.interval,
+        Duration::from_secs(1)..=Duration::from_secs(600),
+        DEFAULT_INTERVAL,
+        at("deltas.interval"),
+        "a Go duration from 1s to 10m",
+        errors,
+    );
+    let max_bytes = size_within(
+        raw.max_bytes,
+        (64 << 10)..=(256 << 20),
+        DEFAULT_MAX_BYTES,
+        at("deltas.maxBytes"),
+        "a size from 64Ki to 256Mi",
+        errors,
+    );
+    let hash_kv_interval = duration_within(
+        raw.hash_kv_interval,
+        Duration::ZERO..=Duration::from_secs(3600),
+        DEFAULT_HASH_KV_INTERVAL,
+        at("deltas.hashKvInterval"),
+        "a Go duration from 0s to 1h",
+        errors,
+    );
     Some(Deltas { interval, max_bytes, hash_kv_interval })
 }
 
@@ -104,9 +108,9 @@ mod tests {
         assert!(errors.is_empty());
         let bad = RawDeltas {
             enabled: true,
-            interval: Some("1h".into()),
-            max_bytes: Some("1Gi".into()),
-            hash_kv_interval: Some("2h".into()),
+            interval: Some(Checked::of(GoDuration(Duration::from_secs(3600)))),
+            max_bytes: Some(Checked::of(Size(1 << 30))),
+            hash_kv_interval: Some(Checked::of(GoDuration(Duration::from_secs(2 * 3600)))),
         };
         deltas(Some(bad), &at, &mut errors);
         let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();

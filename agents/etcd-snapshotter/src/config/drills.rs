@@ -4,13 +4,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::FieldError;
-use kcp_keeper_runtime::duration::parse_go_duration;
+use kcp_keeper_runtime::field::{Checked, GoDuration, duration_within};
 use kcp_keeper_runtime::names::check_dns_label;
 use kcp_keeper_runtime::schedule::{Schedule, ScheduleSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::spill::Spill;
+use super::{POSITIVE, default_null};
 
 /// How drills run (the tools and where); which shards drill when is each shard's `drill`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -35,7 +36,8 @@ pub struct RawDrills {
     pub sample_keys: usize,
     /// Go-style duration: the longest a whole drill may take before it is stopped and fails.
     #[serde(default)]
-    pub timeout: Option<String>,
+    #[serde(serialize_with = "default_null")]
+    pub timeout: Option<Checked<GoDuration>>,
     /// The kcp binary for the kcp level; without it no shard can ask for the kcp level.
     #[serde(default)]
     pub kcp: Option<PathBuf>,
@@ -216,14 +218,14 @@ pub(super) fn drills(
     if raw.sample_keys == 0 {
         errors.push(FieldError::new("drills.sampleKeys", "must be at least 1"));
     }
-    let timeout = match raw.timeout.as_deref().map(parse_go_duration) {
-        None => Duration::from_secs(30 * 60),
-        Some(Ok(d)) if !d.is_zero() => d,
-        Some(_) => {
-            errors.push(FieldError::new("drills.timeout", "must be a positive Go duration like 30m"));
-            Duration::ZERO
-        }
-    };
+    let timeout = duration_within(
+        raw.timeout,
+        POSITIVE,
+        Duration::from_secs(30 * 60),
+        "drills.timeout",
+        "must be a positive Go duration like 30m",
+        errors,
+    );
     Drills {
         etcd: raw.etcd,
         etcdutl: raw.etcdutl,

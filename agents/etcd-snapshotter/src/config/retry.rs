@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kcp_keeper_runtime::config::FieldError;
-use kcp_keeper_runtime::duration::parse_go_duration;
+use kcp_keeper_runtime::field::{Checked, GoDuration, duration_within};
 use schemars::JsonSchema;
 use serde::Deserialize;
+
+use super::{POSITIVE, default_null};
 
 /// How a failed scheduled snapshot run is run again within its tick.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -22,7 +24,8 @@ pub struct RawRetry {
     /// Go-style duration: the wait after the first failed run, doubled after each one, at most 10m (30s when
     /// absent).
     #[serde(default)]
-    pub initial_backoff: Option<String>,
+    #[serde(serialize_with = "default_null")]
+    pub initial_backoff: Option<Checked<GoDuration>>,
     /// Runs per tick at most, the first included (5 when absent).
     #[serde(default)]
     #[schemars(range(min = 1, max = 20))]
@@ -72,14 +75,14 @@ pub(super) fn retry(raw: Option<RawRetry>, errors: &mut Vec<FieldError>) -> Retr
     if !(0.0..=0.9).contains(&window_fraction) {
         errors.push(FieldError::new("retry.windowFraction", "must be 0 to 0.9 (of the time to the next tick)"));
     }
-    let initial_backoff = match raw.initial_backoff.as_deref().map(parse_go_duration) {
-        None => default.initial_backoff,
-        Some(Ok(d)) if !d.is_zero() => d,
-        Some(_) => {
-            errors.push(FieldError::new("retry.initialBackoff", "must be a positive Go duration like 30s"));
-            default.initial_backoff
-        }
-    };
+    let initial_backoff = duration_within(
+        raw.initial_backoff,
+        POSITIVE,
+        default.initial_backoff,
+        "retry.initialBackoff",
+        "must be a positive Go duration like 30s",
+        errors,
+    );
     let max_runs = raw.max_runs.unwrap_or(default.max_runs);
     if !(1..=20).contains(&max_runs) {
         errors.push(FieldError::new("retry.maxRuns", "must be 1 to 20"));
@@ -117,7 +120,8 @@ mod tests {
     #[test]
     fn bad_values_are_named() {
         let mut errors = Vec::new();
-        let raw = RawRetry { window_fraction: Some(1.5), initial_backoff: Some("soon".into()), max_runs: Some(0) };
+        let raw: RawRetry =
+            serde_yaml::from_str("windowFraction: 1.5\ninitialBackoff: soon\nmaxRuns: 0\n").expect("the fields parse");
         retry(Some(raw), &mut errors);
         let text = format!("{errors:?}");
         for field in ["retry.windowFraction", "retry.initialBackoff", "retry.maxRuns"] {

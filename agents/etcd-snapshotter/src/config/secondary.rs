@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::FieldError;
-use kcp_keeper_runtime::duration::parse_go_duration;
+use kcp_keeper_runtime::field::{Checked, GoDuration, duration_within};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::default_null;
 use super::retention::{self, RawRetention};
 use super::storage::{self, RawStorage, Storage};
 use crate::retention::Policy;
@@ -24,7 +25,8 @@ pub struct RawSecondary {
     /// Go-style duration: how often a copy pass compares both stores and copies what the second one lacks
     /// (default 1m).
     #[serde(default)]
-    pub interval: Option<String>,
+    #[serde(serialize_with = "default_null")]
+    pub interval: Option<Checked<GoDuration>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -45,14 +47,14 @@ pub(super) fn secondary(
     let mut own = Vec::new();
     let storage = storage::storage(raw.storage, &mut own);
     let retention = retention::retention(&raw.retention, drills_scheduled, &mut own);
-    let interval = match raw.interval.as_deref().map(parse_go_duration) {
-        None => Duration::from_secs(60),
-        Some(Ok(d)) if d >= Duration::from_secs(1) => d,
-        Some(_) => {
-            own.push(FieldError::new("interval", "must be a Go duration of at least 1s, like 1m"));
-            Duration::ZERO
-        }
-    };
+    let interval = duration_within(
+        raw.interval,
+        Duration::from_secs(1)..=Duration::MAX,
+        Duration::from_secs(60),
+        "interval",
+        "must be a Go duration of at least 1s, like 1m",
+        &mut own,
+    );
     let failed = !own.is_empty();
     errors.extend(own.into_iter().map(|e| FieldError::new(format!("secondary.{}", e.path), e.reason)));
     if failed {

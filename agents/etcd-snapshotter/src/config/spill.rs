@@ -1,12 +1,15 @@
 //! `spill`: the memory and disk bounds of the streaming upload.
 
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::FieldError;
-use kcp_keeper_runtime::duration::parse_go_duration;
+use kcp_keeper_runtime::field::{Checked, GoDuration, Parse, duration_within};
 use schemars::JsonSchema;
 use serde::Deserialize;
+
+use super::default_null;
 
 /// S3 refuses parts below 5 MiB (except the last).
 pub const MIN_PART_SIZE: u64 = 5 * 1024 * 1024;
@@ -29,7 +32,8 @@ pub struct RawSpill {
     pub parts_in_flight: usize,
     /// Go-style duration: how long a finished part may wait for memory before it goes to disk instead.
     #[serde(default)]
-    pub spill_after: Option<String>,
+    #[serde(serialize_with = "default_null")]
+    pub spill_after: Option<Checked<GoDuration>>,
     /// Bytes of parts a run may hold in the spill directory at once (`2Gi`; at least one part); set it below
     /// the volume's size (an emptyDir's `sizeLimit`). At the cap a finished part waits for memory instead, which
     /// holds etcd's stream back rather than letting the kubelet evict the pod. Unbounded when absent.
@@ -83,14 +87,15 @@ pub(super) fn spill(raw: RawSpill, errors: &mut Vec<FieldError>) -> Option<Spill
     if raw.parts_in_flight == 0 {
         errors.push(FieldError::new("spill.partsInFlight", "must be at least 1"));
     }
-    let spill_after = match raw.spill_after.as_deref().map(parse_go_duration) {
-        None => Duration::from_secs(1),
-        Some(Ok(d)) => d,
-        Some(Err(_)) => {
-            errors.push(FieldError::new("spill.spillAfter", "must be a Go duration like 500ms"));
-            Duration::ZERO
-        }
-    };
+    // Any duration: the range is the whole type, so the message stays this field's own.
+    let spill_after = duration_within(
+        raw.spill_after,
+        Duration::ZERO..=Duration::MAX,
+        Duration::from_secs(1),
+        "spill.spillAfter",
+        "must be a Go duration like 500ms",
+        errors,
+    );
     if let Some(max) = max_bytes
         && max != 0
         && max < part_size
@@ -114,6 +119,40 @@ pub(super) fn spill(raw: RawSpill, errors: &mut Vec<FieldError>) -> Option<Spill
         spill_after,
         max_bytes,
     })
+}
+
+/// A size as [`parse_size`] reads it (`64Mi`, plain bytes), for a [`Checked`] raw field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl Parse for Size {
+    const EXPECTED: &'static str = "a size like 64Mi";
+
+    fn parse(text: &str) -> Option<Self> {
+        parse_size(text).ok().map(Size)
+    }
+}
+
+/// An optional size field within `range`, as [`duration_within`] is for durations: `default` when absent; the
+/// value when it is a size in the range; otherwise `default` and an error at `path` with `expected`, the field's
+/// own words for what it must be (`a size from 64Ki to 256Mi`).
+pub(super) fn size_within(
+    field: Option<Checked<Size>>,
+    range: RangeInclusive<u64>,
+    default: u64,
+    path: impl Into<String>,
+    expected: &str,
+    errors: &mut Vec<FieldError>,
+) -> u64 {
+    // Not a size and out of range are one error, in the field's words: the type's own is set aside.
+    match field.map(|f| f.value("", &mut Vec::new())) {
+        None => default,
+        Some(Some(Size(n))) if range.contains(&n) => n,
+        Some(_) => {
+            errors.push(FieldError::new(path, expected));
+            default
+        }
+    }
 }
 
 /// `64Mi`, `1Gi`, `512Ki`, `10M`, or plain bytes.

@@ -4,9 +4,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::FieldError;
-use kcp_keeper_runtime::duration::parse_go_duration;
+use kcp_keeper_runtime::field::{Checked, GoDuration, duration_within};
 use schemars::JsonSchema;
 use serde::Deserialize;
+
+use super::{POSITIVE, default_null};
 
 /// The S3-compatible bucket snapshots go to.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -44,7 +46,8 @@ pub struct RawStorage {
     pub part_max_attempts: u32,
     /// Go-style duration: how long one S3 request attempt may take.
     #[serde(default)]
-    pub attempt_timeout: Option<String>,
+    #[serde(serialize_with = "default_null")]
+    pub attempt_timeout: Option<Checked<GoDuration>>,
     /// How the stored object is proven to be the bytes streamed before its manifest is written: `checksums`
     /// (the default: every part carries its SHA-256, which the store checks, and the completed object's
     /// checksum is compared with ours) or `readBack` (the object is downloaded and its sha256 compared with
@@ -203,14 +206,14 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
     if !(1..=20).contains(&raw.part_max_attempts) {
         errors.push(FieldError::new("storage.partMaxAttempts", "must be 1 to 20"));
     }
-    let attempt_timeout = match raw.attempt_timeout.as_deref().map(parse_go_duration) {
-        None => Duration::from_secs(120),
-        Some(Ok(d)) if !d.is_zero() => d,
-        Some(_) => {
-            errors.push(FieldError::new("storage.attemptTimeout", "must be a positive Go duration like 2m"));
-            Duration::ZERO
-        }
-    };
+    let attempt_timeout = duration_within(
+        raw.attempt_timeout,
+        POSITIVE,
+        Duration::from_secs(120),
+        "storage.attemptTimeout",
+        "must be a positive Go duration like 2m",
+        errors,
+    );
     let c = raw.credentials;
     let credentials = match (c.secret_directory, c.environment, c.web_identity) {
         (Some(dir), None, None) if dir.is_absolute() => Some(Credentials::SecretDirectory(dir)),

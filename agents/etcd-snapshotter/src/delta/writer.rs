@@ -26,7 +26,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{EventType, WatchOptions};
+use etcd_client::{EventType, WatchOptions, WatchResponse, WatchStream};
 use kcp_keeper_runtime::metrics::unix_now;
 use tokio_util::sync::CancellationToken;
 
@@ -35,6 +35,7 @@ use crate::catalog;
 use crate::config::{Config, Deltas, Shard};
 use crate::encode::Encoder;
 use crate::generation::{self, Own};
+use crate::labels::ShardLabel;
 use crate::manifest::{self, Location, Manifest};
 use crate::metrics::Metrics;
 use crate::storage::Store;
@@ -116,127 +117,137 @@ impl Writer {
     /// One session: from the store's state until it ends (see [`End`]); `stop` ends it after writing what is
     /// buffered.
     pub async fn session(&self, stop: &CancellationToken) -> anyhow::Result<End> {
-        let store = Store::new(&self.config.storage)?.counting_retries(self.metrics.retries.clone());
-        let own = generation::live(&self.shard)
-            .await
-            .ok_or_else(|| anyhow::anyhow!("no member of the shard's etcd answers"))?;
-        let Some(mut chain) = chain_of(&store, &self.shard.name, &own).await? else { return Ok(End::NoSnapshot) };
-        let label = self.metrics.shard(&self.shard.name);
-        let client = connect(&self.shard).await?;
-        let mut live = LiveReader { client: client.clone(), every: self.deltas.hash_kv_interval, last: None };
-        let options = WatchOptions::new().with_all_keys().with_start_revision(chain.next as i64).with_progress_notify();
-        let mut watch = client.watch_client().max_decoding_message_size(256 << 20).watch("", Some(options)).await?;
-        tracing::info!(shard = self.shard.name, snapshot = chain.snapshot.id, from = chain.next, "watching for deltas");
-
-        let mut buffer: Vec<Event> = Vec::new();
-        let mut buffered = 0u64;
-        // The progress request in flight: when it was sent.
-        let mut asked: Option<SystemAndMono> = None;
+        let Some((mut session, mut watch)) = self.start().await? else { return Ok(End::NoSnapshot) };
         let mut tick = tokio::time::interval(self.deltas.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = stop.cancelled() => {
-                    self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await?;
+                    self.flush(&mut session).await?;
                     return Ok(End::Stopped);
                 }
                 _ = tick.tick() => {
-                    if newer_snapshot(&store, &self.shard.name, &own, &chain.snapshot).await? {
-                        let end = self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await?;
-                        return Ok(end.unwrap_or(End::NewSnapshot));
-                    }
-                    // An unanswered request (etcd busy catching the watcher up): write what is here anyway, so the
-                    // buffer never waits longer than an interval or two.
-                    if asked.as_ref().is_some_and(|a| a.mono.elapsed() >= self.deltas.interval) {
-                        if let Some(end) = self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await? {
-                            return Ok(end);
-                        }
-                        // etcd answers no progress request while the watch's start revision is ahead of its own
-                        // (a shard with no write since the last stored revision), so an idle shard would never
-                        // prove a point. There a linearizable read says the same: nothing after what is stored
-                        // was committed when it was sent.
-                        let sent = SystemAndMono::now();
-                        if current_revision(&client).await.is_some_and(|revision| revision < chain.next) {
-                            self.metrics.delta.stored_through.get_or_create(&label).set(sent.unix);
-                        }
-                    }
-                    if asked.is_none() || asked.as_ref().is_some_and(|a| a.mono.elapsed() >= self.deltas.interval * 3) {
-                        watch.request_progress().await?;
-                        asked = Some(SystemAndMono::now());
+                    if let Some(end) = self.on_tick(&mut session, &mut watch).await? {
+                        return Ok(end);
                     }
                 }
                 message = watch.message() => {
-                    let response = match message {
-                        Ok(Some(response)) => response,
-                        ended => {
-                            // etcd went away (a crashed member, a network cut): what arrived is written first.
-                            self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await?;
-                            match ended {
-                                Err(e) => anyhow::bail!("the watch failed: {e}"),
-                                Ok(_) => anyhow::bail!("the watch ended"),
-                            }
-                        }
-                    };
-                    if response.canceled() {
-                        if response.compact_revision() > 0 {
-                            tracing::warn!(
-                                shard = self.shard.name, from = chain.next, compacted = response.compact_revision(),
-                                "the deltas' start revision was compacted away: a full snapshot closes the gap"
-                            );
-                            return Ok(End::Compacted);
-                        }
-                        anyhow::bail!("etcd canceled the watch: {}", response.cancel_reason());
-                    }
-                    let received_ms = chrono::Utc::now().timestamp_millis();
-                    for event in response.events() {
-                        let Some(kv) = event.kv() else { continue };
-                        let kind = match event.event_type() {
-                            EventType::Put => Kind::Put,
-                            EventType::Delete => Kind::Delete,
-                        };
-                        let value = if kind == Kind::Put { kv.value().to_vec() } else { Vec::new() };
-                        let lease = if kind == Kind::Put { kv.lease() } else { 0 };
-                        let event = Event {
-                            kind, revision: kv.mod_revision() as u64, received_ms, key: kv.key().to_vec(), value, lease,
-                        };
-                        buffered += event.size();
-                        buffer.push(event);
-                    }
-                    // The memory bound: written at the size limit, whole revisions only (a transaction is never
-                    // split across two deltas).
-                    if buffered >= self.deltas.max_bytes
-                        && let Some(end) = self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await?
-                    {
+                    if let Some(end) = self.on_message(&mut session, message).await? {
                         return Ok(end);
-                    }
-                    if response.events().is_empty() && !response.created()
-                        && let Some(sent) = asked.take()
-                    {
-                        // A progress answer: every event up to its revision has arrived.
-                        if let Some(end) = self.flush(&store, &own, &mut live, &mut chain, &mut buffer, &mut buffered).await? {
-                            return Ok(end);
-                        }
-                        let through = response.header().map(|h| h.revision()).unwrap_or_default();
-                        if through as u64 + 1 >= chain.next {
-                            self.metrics.delta.stored_through.get_or_create(&label).set(sent.unix);
-                        }
                     }
                 }
             }
         }
     }
 
+    /// The session's start: the store's chain of the live cluster's newest full snapshot, and a watch from its
+    /// next revision; `None` when the shard has no full snapshot of its own cluster to chain to.
+    async fn start(&self) -> anyhow::Result<Option<(Session, WatchStream)>> {
+        let store = Store::new(&self.config.storage)?.counting_retries(self.metrics.retries.clone());
+        let own = generation::live(&self.shard)
+            .await
+            .ok_or_else(|| anyhow::anyhow!("no member of the shard's etcd answers"))?;
+        let Some(chain) = chain_of(&store, &self.shard.name, &own).await? else { return Ok(None) };
+        let label = self.metrics.shard(&self.shard.name);
+        let client = connect(&self.shard).await?;
+        let live = LiveReader { client: client.clone(), every: self.deltas.hash_kv_interval, last: None };
+        let options = WatchOptions::new().with_all_keys().with_start_revision(chain.next as i64).with_progress_notify();
+        let watch = client.watch_client().max_decoding_message_size(256 << 20).watch("", Some(options)).await?;
+        tracing::info!(shard = self.shard.name, snapshot = chain.snapshot.id, from = chain.next, "watching for deltas");
+
+        let session = Session { store, own, client, live, chain, label, buffer: Vec::new(), buffered: 0, asked: None };
+        Ok(Some((session, watch)))
+    }
+
+    /// Every `interval`: ends the session when a newer full snapshot is published, writes the buffer when the
+    /// progress request in flight goes unanswered, and asks for the watch's progress.
+    async fn on_tick(&self, session: &mut Session, watch: &mut WatchStream) -> anyhow::Result<Option<End>> {
+        if newer_snapshot(&session.store, &self.shard.name, &session.own, &session.chain.snapshot).await? {
+            let end = self.flush(session).await?;
+            return Ok(Some(end.unwrap_or(End::NewSnapshot)));
+        }
+        // An unanswered request (etcd busy catching the watcher up): write what is here anyway, so the
+        // buffer never waits longer than an interval or two.
+        if session.asked.as_ref().is_some_and(|a| a.mono.elapsed() >= self.deltas.interval) {
+            if let Some(end) = self.flush(session).await? {
+                return Ok(Some(end));
+            }
+            // etcd answers no progress request while the watch's start revision is ahead of its own
+            // (a shard with no write since the last stored revision), so an idle shard would never
+            // prove a point. There a linearizable read says the same: nothing after what is stored
+            // was committed when it was sent.
+            let sent = SystemAndMono::now();
+            if current_revision(&session.client).await.is_some_and(|revision| revision < session.chain.next) {
+                self.metrics.delta.stored_through.get_or_create(&session.label).set(sent.unix);
+            }
+        }
+        if session.asked.is_none()
+            || session.asked.as_ref().is_some_and(|a| a.mono.elapsed() >= self.deltas.interval * 3)
+        {
+            watch.request_progress().await?;
+            session.asked = Some(SystemAndMono::now());
+        }
+        Ok(None)
+    }
+
+    /// One message of the watch: its events buffered (and written at `maxBytes`), or a progress answer that
+    /// writes the buffer and proves a point; the session ends when the watch does.
+    async fn on_message(
+        &self,
+        session: &mut Session,
+        message: Result<Option<WatchResponse>, etcd_client::Error>,
+    ) -> anyhow::Result<Option<End>> {
+        let response = match message {
+            Ok(Some(response)) => response,
+            ended => {
+                // etcd went away (a crashed member, a network cut): what arrived is written first.
+                self.flush(session).await?;
+                match ended {
+                    Err(e) => anyhow::bail!("the watch failed: {e}"),
+                    Ok(_) => anyhow::bail!("the watch ended"),
+                }
+            }
+        };
+        if response.canceled() {
+            if response.compact_revision() > 0 {
+                tracing::warn!(
+                    shard = self.shard.name,
+                    from = session.chain.next,
+                    compacted = response.compact_revision(),
+                    "the deltas' start revision was compacted away: a full snapshot closes the gap"
+                );
+                return Ok(Some(End::Compacted));
+            }
+            anyhow::bail!("etcd canceled the watch: {}", response.cancel_reason());
+        }
+        session.push_events(&response);
+        // The memory bound: written at the size limit, whole revisions only (a transaction is never
+        // split across two deltas).
+        if session.buffered >= self.deltas.max_bytes
+            && let Some(end) = self.flush(session).await?
+        {
+            return Ok(Some(end));
+        }
+        if response.events().is_empty()
+            && !response.created()
+            && let Some(sent) = session.asked.take()
+        {
+            // A progress answer: every event up to its revision has arrived.
+            if let Some(end) = self.flush(session).await? {
+                return Ok(Some(end));
+            }
+            let through = response.header().map(|h| h.revision()).unwrap_or_default();
+            if through as u64 + 1 >= session.chain.next {
+                self.metrics.delta.stored_through.get_or_create(&session.label).set(sent.unix);
+            }
+        }
+        Ok(None)
+    }
+
     /// Writes the buffer as the chain's next delta (nothing when empty): `Some(Raced)` when another writer
     /// stored that link first.
-    async fn flush(
-        &self,
-        store: &Store,
-        own: &Own,
-        live: &mut LiveReader,
-        chain: &mut Chain,
-        buffer: &mut Vec<Event>,
-        buffered: &mut u64,
-    ) -> anyhow::Result<Option<End>> {
+    async fn flush(&self, session: &mut Session) -> anyhow::Result<Option<End>> {
+        let Session { store, own, live, chain, buffer, buffered, .. } = session;
         let Some(last) = buffer.last() else { return Ok(None) };
         let header = Header {
             from: chain.next,
@@ -298,6 +309,40 @@ impl Writer {
         buffer.clear();
         *buffered = 0;
         Ok(None)
+    }
+}
+
+/// One session's state: the store and the chain it extends, the member it watches, and what is buffered.
+struct Session {
+    store: Store,
+    own: Own,
+    client: etcd_client::Client,
+    live: LiveReader,
+    chain: Chain,
+    label: ShardLabel,
+    buffer: Vec<Event>,
+    buffered: u64,
+    /// The progress request in flight: when it was sent.
+    asked: Option<SystemAndMono>,
+}
+
+impl Session {
+    /// Buffers a watch response's events, each stamped with when it was received.
+    fn push_events(&mut self, response: &WatchResponse) {
+        let received_ms = chrono::Utc::now().timestamp_millis();
+        for event in response.events() {
+            let Some(kv) = event.kv() else { continue };
+            let kind = match event.event_type() {
+                EventType::Put => Kind::Put,
+                EventType::Delete => Kind::Delete,
+            };
+            let value = if kind == Kind::Put { kv.value().to_vec() } else { Vec::new() };
+            let lease = if kind == Kind::Put { kv.lease() } else { 0 };
+            let event =
+                Event { kind, revision: kv.mod_revision() as u64, received_ms, key: kv.key().to_vec(), value, lease };
+            self.buffered += event.size();
+            self.buffer.push(event);
+        }
     }
 }
 
