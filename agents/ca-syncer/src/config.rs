@@ -26,12 +26,11 @@ use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::{AgentConfig, FieldError};
-use kcp_keeper_runtime::field::Checked;
+use kcp_keeper_runtime::field::{Checked, GoDuration};
 use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-pub use field::ParsedDuration;
 pub use formats::{
     AdditionalFormat, DEFAULT_JKS_PASSWORD, DEFAULT_PKCS12_PASSWORD, Format, MAX_PASSWORD, PasswordFrom, Profile,
     RawAdditionalFormats, RawJks, RawPkcs12, RawSecretKeyRef, check_password,
@@ -77,7 +76,7 @@ pub struct Bundle {
 
 // ---- The file as written ---------------------------------------------------------------------------------
 //
-// A duration is an `Option<Checked<ParsedDuration>>`: its schema is an optional string's, and its
+// A duration is an `Option<Checked<GoDuration>>`: its schema is an optional string's, and its
 // `"default": null` is written by hand, as schemars writes a default only for a type it can serialize.
 
 /// ca-syncer's configuration (the agent checks it again, with field paths, at start).
@@ -88,8 +87,7 @@ pub struct RawConfig {
     pub bundles: Vec<RawBundle>,
     /// How often every bundle is re-checked without a change (Go duration, at least 1s); default 60s.
     #[serde(default)]
-    #[schemars(extend("default" = null))]
-    pub resync_interval: Option<Checked<ParsedDuration>>,
+    pub resync_interval: Option<Checked<GoDuration>>,
 }
 
 /// One CA bundle: its sources combined, deduplicated and written to every target.
@@ -105,8 +103,7 @@ pub struct RawBundle {
     /// How long a CA that left the sources stays published at most (Go duration); without it, until its
     /// notAfter.
     #[serde(default)]
-    #[schemars(extend("default" = null))]
-    pub rotation_grace: Option<Checked<ParsedDuration>>,
+    pub rotation_grace: Option<Checked<GoDuration>>,
     /// Drop certificates past their notAfter; default true.
     #[serde(default = "default_true")]
     pub drop_expired: bool,

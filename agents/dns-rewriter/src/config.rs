@@ -47,7 +47,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::{AgentConfig, FieldError};
-use kcp_keeper_runtime::duration::{DurationError, parse_go_duration};
 use kcp_keeper_runtime::field::{Checked, GoDuration, Parse};
 use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
@@ -113,9 +112,7 @@ pub struct RawConfig {
     /// How often a cycle runs without a change to wake it (a Go duration, default `5m`, at least `10s`).
     #[serde(default)]
     // schemars writes a `#[serde(default)]` field's default only for a type that is `Serialize`, which
-    // `Checked` is not: the schema keeps its `"default": null` (the chart's values.schema.json) through this.
-    #[schemars(extend("default" = null))]
-    pub resync_interval: Option<Checked<ReadDuration>>,
+    pub resync_interval: Option<Checked<GoDuration>>,
 }
 
 /// node-local-dns's Corefile, managed when its ConfigMap exists.
@@ -209,14 +206,12 @@ pub struct RawVerify {
     /// distributions name it).
     pub resolver: Option<Checked<Resolver>>,
     /// How long one query may take (a Go duration, default `2s`).
-    pub timeout: Option<Checked<ReadDuration>>,
+    pub timeout: Option<Checked<GoDuration>>,
     /// After a write, how long until every name must answer (a Go duration, default `2m`: the kubelet's
     /// projection delay plus CoreDNS's reload interval).
     #[serde(default)]
     // schemars writes a `#[serde(default)]` field's default only for a type that is `Serialize`, which
-    // `Checked` is not: the schema keeps its `"default": null` (the chart's values.schema.json) through this.
-    #[schemars(extend("default" = null))]
-    pub settle: Option<Checked<ReadDuration>>,
+    pub settle: Option<Checked<GoDuration>>,
 }
 
 /// `mode` as read: where the rules go.
@@ -227,13 +222,11 @@ pub enum Mode {
 }
 
 impl Parse for Mode {
-    const EXPECTED: &'static str = "must be k3s or corefile";
-
-    fn parse(text: &str) -> Option<Self> {
+    fn parse(text: &str) -> Result<Self, String> {
         match text {
-            "k3s" => Some(Mode::K3s),
-            "corefile" => Some(Mode::Corefile),
-            _ => None,
+            "k3s" => Ok(Mode::K3s),
+            "corefile" => Ok(Mode::Corefile),
+            _ => Err("must be k3s or corefile".into()),
         }
     }
 }
@@ -243,46 +236,22 @@ impl Parse for Mode {
 pub struct Resolver(pub SocketAddr);
 
 impl Parse for Resolver {
-    const EXPECTED: &'static str = "must be an IP address with an optional port, e.g. 10.43.0.10:53";
-
-    fn parse(text: &str) -> Option<Self> {
-        parse_resolver(text).map(Resolver)
+    fn parse(text: &str) -> Result<Self, String> {
+        parse_resolver(text)
+            .map(Resolver)
+            .ok_or_else(|| "must be an IP address with an optional port, e.g. 10.43.0.10:53".into())
     }
 }
 
-/// A Go duration field as read: the duration, or why its text is not one (the reason, such as `has an unknown
-/// unit`, never the text). Unlike [`GoDuration`], which keeps only whether the text was a duration, it keeps
-/// that reason: the file's errors say what is wrong with a duration, not just what one looks like.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadDuration(Result<Duration, DurationError>);
-
-impl Parse for ReadDuration {
-    /// Never reported: every text reads as a duration or as the reason it is not one.
-    const EXPECTED: &'static str = GoDuration::EXPECTED;
-
-    fn parse(text: &str) -> Option<Self> {
-        Some(ReadDuration(parse_go_duration(text)))
-    }
-}
-
-impl ReadDuration {
-    /// The field's duration; `default` when it is absent, and `default` after an error at `path` with the
-    /// reason when its text is not a duration.
-    fn or_default(
-        field: Option<Checked<Self>>,
-        path: &str,
-        default: Duration,
-        errors: &mut Vec<FieldError>,
-    ) -> Duration {
-        match field.and_then(|f| f.value(path, errors)) {
-            None => default,
-            Some(ReadDuration(Ok(d))) => d,
-            Some(ReadDuration(Err(e))) => {
-                errors.push(FieldError::new(path, e.to_string()));
-                default
-            }
-        }
-    }
+/// The field's duration; `default` when it is absent, and `default` after an error at `path` with the parser's
+/// reason when its text is not a duration.
+fn duration_or(
+    field: Option<Checked<GoDuration>>,
+    path: &str,
+    default: Duration,
+    errors: &mut Vec<FieldError>,
+) -> Duration {
+    field.and_then(|f| f.value(path, errors)).map_or(default, |GoDuration(d)| d)
 }
 
 /// The validated configuration.
@@ -571,8 +540,8 @@ fn node_local_dns(errors: &mut Vec<FieldError>, raw: RawNodeLocalDns) -> Option<
     raw.enabled.unwrap_or(true).then_some(key)
 }
 
-fn resync_interval(errors: &mut Vec<FieldError>, field: Option<Checked<ReadDuration>>) -> Duration {
-    let interval = ReadDuration::or_default(field, "resyncInterval", DEFAULT_RESYNC, errors);
+fn resync_interval(errors: &mut Vec<FieldError>, field: Option<Checked<GoDuration>>) -> Duration {
+    let interval = duration_or(field, "resyncInterval", DEFAULT_RESYNC, errors);
     if interval < MIN_RESYNC {
         errors.push(FieldError::new("resyncInterval", "must be at least 10s"));
     }
@@ -582,10 +551,10 @@ fn resync_interval(errors: &mut Vec<FieldError>, field: Option<Checked<ReadDurat
 fn positive_duration(
     errors: &mut Vec<FieldError>,
     path: &str,
-    field: Option<Checked<ReadDuration>>,
+    field: Option<Checked<GoDuration>>,
     default: Duration,
 ) -> Duration {
-    let d = ReadDuration::or_default(field, path, default, errors);
+    let d = duration_or(field, path, default, errors);
     if d.is_zero() {
         errors.push(FieldError::new(path, "must be more than 0"));
     }

@@ -42,15 +42,6 @@ use crate::retention::Policy;
 
 /// Every duration above zero: the range of a field that must be positive (`0s` is not).
 const POSITIVE: RangeInclusive<Duration> = Duration::from_nanos(1)..=Duration::MAX;
-
-/// A raw [`Checked`](kcp_keeper_runtime::field::Checked) field's default (absent) as the schema's `null`, for the
-/// schema alone (the raw types are only ever deserialized): schemars writes a field's `default` only when it can
-/// serialize the field, and a `Checked` keeps no value to serialize, so without this the chart's schema would
-/// lose the `"default": null` it had while these fields were `Option<String>`.
-fn default_null<T, S: serde::Serializer>(_absent: &Option<T>, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.serialize_none()
-}
-
 /// etcd-snapshotter's configuration: the shards to snapshot, the bucket, and how snapshots are encoded, kept
 /// and drilled.
 #[derive(Debug, Deserialize, JsonSchema)]

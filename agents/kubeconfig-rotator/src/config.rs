@@ -679,9 +679,9 @@ mod tests {
             "resyncInterval: s3cr3t-token\nkubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  renewBefore: forever\n  targets: []\n",
         );
         for expected in [
-            "kubeconfigs[0].renewBefore: a Go duration like 30s, 10m or 1h",
+            "kubeconfigs[0].renewBefore: is not a duration like 720h, 1h30m or 90s",
             "kubeconfigs[0].targets: at least one",
-            "resyncInterval: a Go duration like 30s, 10m or 1h",
+            "resyncInterval: is not a duration like 720h, 1h30m or 90s",
         ] {
             assert!(err.contains(expected), "missing {expected:?} in {err}");
         }

@@ -1,7 +1,8 @@
 //! Typed raw configuration fields: a value as written that deserializes straight into a checked one, or into
-//! the fact that it is not one. Deserializing never fails on the value itself (a string is still required), so
-//! `from_raw` collects every bad field with its path instead of serde stopping at the first, and the value is
-//! never kept: a secret pasted into the wrong field cannot reach a log, an Event or an error.
+//! the reason it is not one (`has an unknown unit (use ns, us, ms, s, m or h)`), never the text itself.
+//! Deserializing never fails on the value (a string is still required), so `from_raw` collects every bad field
+//! with its path instead of serde stopping at the first, and the value is never kept: a secret pasted into the
+//! wrong field cannot reach a log, an Event or an error.
 //!
 //! In a raw struct, `pub interval: Option<Checked<GoDuration>>` replaces `pub interval: Option<String>`; its JSON
 //! schema (and so the chart's `values.schema.json`) is a string's, as before. In `from_raw`,
@@ -16,31 +17,25 @@ use serde::{Deserialize, Deserializer};
 use crate::config::FieldError;
 use crate::duration::parse_go_duration;
 
-/// What a [`Checked`] field holds once read: parsed from the text as written, or nothing.
+/// What a [`Checked`] field holds once read: parsed from the text as written.
 pub trait Parse: Sized {
-    /// What the field must be, in an error's words (`a Go duration like 30s, 10m or 1h`).
-    const EXPECTED: &'static str;
-    fn parse(text: &str) -> Option<Self>;
+    /// The value, or why `text` is not one, in an error's words (`must be k3s or corefile`): never the text.
+    fn parse(text: &str) -> Result<Self, String>;
 }
 
-/// A raw field's value, parsed as it was deserialized: `None` inside when the text was not a `T`.
+/// A raw field's value, parsed as it was deserialized, or the reason its text was not a `T`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Checked<T>(Option<T>);
+pub struct Checked<T>(Result<T, String>);
 
 impl<T> Checked<T> {
     /// A field that holds `value` (for configuration built in code, such as tests and defaults).
     pub fn of(value: T) -> Self {
-        Self(Some(value))
+        Self(Ok(value))
     }
-}
 
-impl<T: Parse> Checked<T> {
-    /// The value, or an error at `path` saying what the field must be.
+    /// The value, or an error at `path` with the reason.
     pub fn value(self, path: impl Into<String>, errors: &mut Vec<FieldError>) -> Option<T> {
-        if self.0.is_none() {
-            errors.push(FieldError::new(path, T::EXPECTED));
-        }
-        self.0
+        self.0.map_err(|reason| errors.push(FieldError::new(path, reason))).ok()
     }
 }
 
@@ -48,6 +43,14 @@ impl<'de, T: Parse> Deserialize<'de> for Checked<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
         Ok(Self(T::parse(&text)))
+    }
+}
+
+/// For the schema alone (raw types are only deserialized): schemars writes a `#[serde(default)]` field's
+/// `"default": null` only when it can serialize the field. A field serializes as nothing, never its value.
+impl<T> serde::Serialize for Checked<T> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_none()
     }
 }
 
@@ -70,10 +73,9 @@ impl<T> schemars::JsonSchema for Checked<T> {
 pub struct GoDuration(pub Duration);
 
 impl Parse for GoDuration {
-    const EXPECTED: &'static str = "a Go duration like 30s, 10m or 1h";
-
-    fn parse(text: &str) -> Option<Self> {
-        parse_go_duration(text).ok().map(GoDuration)
+    /// The parser's reason (`must not have a sign`, `is not a duration like 720h, 1h30m or 90s`, ...).
+    fn parse(text: &str) -> Result<Self, String> {
+        parse_go_duration(text).map(GoDuration).map_err(|e| e.to_string())
     }
 }
 
@@ -90,7 +92,7 @@ pub fn duration_within(
 ) -> Duration {
     match field.map(|f| f.0) {
         None => default,
-        Some(Some(GoDuration(d))) if range.contains(&d) => d,
+        Some(Ok(GoDuration(d))) if range.contains(&d) => d,
         Some(_) => {
             errors.push(FieldError::new(path, expected));
             default
@@ -128,6 +130,7 @@ mod tests {
         assert_eq!((a, b), (Duration::from_secs(10), None));
         let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
         assert_eq!(text.len(), 2, "{text:?}");
+        assert_eq!(text[1], "x.b: is not a duration like 720h, 1h30m or 90s", "the parser's reason");
         assert!(text[0].starts_with("x.a") && text[1].starts_with("x.b"), "{text:?}");
         assert!(text.iter().all(|t| !t.contains("s3cr3t") && !t.contains("forever")), "{text:?}");
     }
@@ -151,5 +154,7 @@ mod tests {
         assert_eq!(checked["type"], string["type"]);
         let raw = serde_json::to_value(schemars::schema_for!(Raw)).unwrap();
         assert_eq!(raw["properties"]["a"]["type"], serde_json::json!(["string", "null"]), "{raw}");
+        assert_eq!(raw["properties"]["a"]["default"], serde_json::Value::Null, "{raw}");
+        assert!(raw["properties"]["a"].as_object().unwrap().contains_key("default"), "{raw}");
     }
 }

@@ -11,8 +11,6 @@ use kcp_keeper_runtime::schedule::{Schedule, ScheduleSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::default_null;
-
 /// Scheduled defragmentation of one shard's etcd members: a full snapshot first, then each follower alone,
 /// never the leader while followers exist.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -27,7 +25,6 @@ pub struct RawDefrag {
     /// Go-style duration: how long one member's defragmentation may take (etcd blocks the member meanwhile);
     /// past it the run stops and reports, and no further member is defragmented (1s to 1h; 5m when absent).
     #[serde(default)]
-    #[serde(serialize_with = "default_null")]
     pub timeout: Option<Checked<GoDuration>>,
     /// A single-member etcd is its own leader and blocks the whole shard while it defragments: only then
     /// defragmented, and only when this is true (false when absent; required for a shard with one endpoint).

@@ -9,7 +9,6 @@ use kcp_keeper_runtime::field::{Checked, GoDuration, duration_within};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::default_null;
 use super::spill::{Size, size_within};
 
 /// Delta snapshots of one shard: its etcd's watch events between full snapshots, for a recovery point of
@@ -23,18 +22,15 @@ pub struct RawDeltas {
     /// Go-style duration: how often buffered events are written as a delta object, the recovery point under
     /// a steady write load (1s to 10m; 10s when absent).
     #[serde(default)]
-    #[serde(serialize_with = "default_null")]
     pub interval: Option<Checked<GoDuration>>,
     /// Bytes of events held in memory at most (`8Mi`, plain bytes; 64Ki to 256Mi; 16Mi when absent): a delta
     /// is written as soon as this much is buffered, before the interval ends.
     #[serde(default)]
-    #[serde(serialize_with = "default_null")]
     pub max_bytes: Option<Checked<Size>>,
     /// Go-style duration: how often at most a delta also carries the live member's HashKV and key count at
     /// its last revision, what drills compare the replayed chain with (0s: every delta; up to 1h; 1m when
     /// absent). HashKV reads the member's whole database, so not every 10 s on a large one.
     #[serde(default)]
-    #[serde(serialize_with = "default_null")]
     pub hash_kv_interval: Option<Checked<GoDuration>>,
 }
 

@@ -10,8 +10,8 @@ use kcp_keeper_runtime::schedule::{Schedule, ScheduleSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::POSITIVE;
 use super::spill::Spill;
-use super::{POSITIVE, default_null};
 
 /// How drills run (the tools and where); which shards drill when is each shard's `drill`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -36,7 +36,6 @@ pub struct RawDrills {
     pub sample_keys: usize,
     /// Go-style duration: the longest a whole drill may take before it is stopped and fails.
     #[serde(default)]
-    #[serde(serialize_with = "default_null")]
     pub timeout: Option<Checked<GoDuration>>,
     /// The kcp binary for the kcp level; without it no shard can ask for the kcp level.
     #[serde(default)]

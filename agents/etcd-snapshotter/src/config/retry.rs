@@ -10,7 +10,7 @@ use kcp_keeper_runtime::field::{Checked, GoDuration, duration_within};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{POSITIVE, default_null};
+use super::POSITIVE;
 
 /// How a failed scheduled snapshot run is run again within its tick.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -24,7 +24,6 @@ pub struct RawRetry {
     /// Go-style duration: the wait after the first failed run, doubled after each one, at most 10m (30s when
     /// absent).
     #[serde(default)]
-    #[serde(serialize_with = "default_null")]
     pub initial_backoff: Option<Checked<GoDuration>>,
     /// Runs per tick at most, the first included (5 when absent).
     #[serde(default)]

@@ -8,7 +8,6 @@ use kcp_keeper_runtime::field::{Checked, GoDuration, duration_within};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::default_null;
 use super::retention::{self, RawRetention};
 use super::storage::{self, RawStorage, Storage};
 use crate::retention::Policy;
@@ -25,7 +24,6 @@ pub struct RawSecondary {
     /// Go-style duration: how often a copy pass compares both stores and copies what the second one lacks
     /// (default 1m).
     #[serde(default)]
-    #[serde(serialize_with = "default_null")]
     pub interval: Option<Checked<GoDuration>>,
 }
 

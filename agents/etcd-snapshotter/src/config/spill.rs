@@ -9,8 +9,6 @@ use kcp_keeper_runtime::field::{Checked, GoDuration, Parse, duration_within};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::default_null;
-
 /// S3 refuses parts below 5 MiB (except the last).
 pub const MIN_PART_SIZE: u64 = 5 * 1024 * 1024;
 
@@ -32,7 +30,6 @@ pub struct RawSpill {
     pub parts_in_flight: usize,
     /// Go-style duration: how long a finished part may wait for memory before it goes to disk instead.
     #[serde(default)]
-    #[serde(serialize_with = "default_null")]
     pub spill_after: Option<Checked<GoDuration>>,
     /// Bytes of parts a run may hold in the spill directory at once (`2Gi`; at least one part); set it below
     /// the volume's size (an emptyDir's `sizeLimit`). At the cap a finished part waits for memory instead, which
@@ -126,10 +123,8 @@ pub(super) fn spill(raw: RawSpill, errors: &mut Vec<FieldError>) -> Option<Spill
 pub struct Size(pub u64);
 
 impl Parse for Size {
-    const EXPECTED: &'static str = "a size like 64Mi";
-
-    fn parse(text: &str) -> Option<Self> {
-        parse_size(text).ok().map(Size)
+    fn parse(text: &str) -> Result<Self, String> {
+        parse_size(text).map(Size).map_err(Into::into)
     }
 }
 

@@ -8,7 +8,7 @@ use kcp_keeper_runtime::field::{Checked, GoDuration, duration_within};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{POSITIVE, default_null};
+use super::POSITIVE;
 
 /// The S3-compatible bucket snapshots go to.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -46,7 +46,6 @@ pub struct RawStorage {
     pub part_max_attempts: u32,
     /// Go-style duration: how long one S3 request attempt may take.
     #[serde(default)]
-    #[serde(serialize_with = "default_null")]
     pub attempt_timeout: Option<Checked<GoDuration>>,
     /// How the stored object is proven to be the bytes streamed before its manifest is written: `checksums`
     /// (the default: every part carries its SHA-256, which the store checks, and the completed object's
