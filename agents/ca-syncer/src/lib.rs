@@ -41,7 +41,6 @@ use std::process::ExitCode;
 
 use kcp_keeper_runtime::agent::{Agent, Daemon, Driven};
 use kcp_keeper_runtime::rbac::{Rbac, Subjects, needs_config};
-use prometheus_client::registry::Registry;
 
 /// The agent.
 pub struct CaSyncer;
@@ -56,10 +55,6 @@ impl Agent for CaSyncer {
     type Metrics = metrics::Metrics;
     type Command = cli::Command;
     type RunFlags = reconcile::RunFlags;
-
-    fn metrics(registry: &mut Registry) -> metrics::Metrics {
-        metrics::Metrics::register(registry)
-    }
 
     /// Secrets only by name: without `--config` there is nothing to name.
     fn rbac(config: Option<&config::Config>, who: &Subjects) -> anyhow::Result<Rbac> {

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use kcp_keeper_runtime::consumer_restart::{Consumer, ConsumerMetrics};
-use kcp_keeper_runtime::metrics::GaugeF64;
+use kcp_keeper_runtime::metrics::{GaugeF64, Register};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
@@ -160,8 +160,8 @@ impl Published {
     }
 }
 
-impl Metrics {
-    pub fn register(registry: &mut Registry) -> Self {
+impl Register for Metrics {
+    fn register(registry: &mut Registry) -> Self {
         Self {
             series: BundleMetrics::register(registry),
             consumers: ConsumerMetrics::register(registry, "bundle"),
@@ -169,7 +169,9 @@ impl Metrics {
             published: Arc::default(),
         }
     }
+}
 
+impl Metrics {
     fn published(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Published>> {
         self.published.lock().unwrap_or_else(|e| e.into_inner())
     }

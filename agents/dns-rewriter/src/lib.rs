@@ -23,7 +23,6 @@ use std::process::ExitCode;
 
 use kcp_keeper_runtime::agent::{Agent, Daemon, Driven, NoFlags};
 use kcp_keeper_runtime::rbac::{Rbac, Subjects, needs_config};
-use prometheus_client::registry::Registry;
 
 pub mod block;
 pub mod cleanup;
@@ -58,10 +57,6 @@ impl Agent for DnsRewriter {
     type Metrics = metrics::Metrics;
     type Command = cli::Command;
     type RunFlags = NoFlags;
-
-    fn metrics(registry: &mut Registry) -> metrics::Metrics {
-        metrics::Metrics::register(registry)
-    }
 
     /// The Roles name the one ConfigMap and the namespaces the configuration names, so `--config` is needed.
     fn rbac(config: Option<&config::Config>, who: &Subjects) -> anyhow::Result<Rbac> {

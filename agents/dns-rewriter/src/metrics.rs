@@ -25,7 +25,7 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use kcp_keeper_runtime::metrics::{GaugeF64, ReasonLabel, at_zero, unix_now};
+use kcp_keeper_runtime::metrics::{GaugeF64, ReasonLabel, Register, at_zero, unix_now};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -69,14 +69,16 @@ pub struct Metrics {
     hosts: Arc<Mutex<BTreeSet<HostLabel>>>,
 }
 
-impl Metrics {
+impl Register for Metrics {
     /// Registers under `registry` (the agent's prefixed sub-registry), every rule error reason at 0.
-    pub fn register(registry: &mut Registry) -> Self {
+    fn register(registry: &mut Registry) -> Self {
         let series = RewriterMetrics::register(registry);
         at_zero(&series.rule_errors, RuleError::REASONS.iter().map(|reason| ReasonLabel { reason: (*reason).into() }));
         Self { series, hosts: Arc::default() }
     }
+}
 
+impl Metrics {
     /// Records a plan: rule count, and errors by reason (every reason keeps a value).
     pub fn observe_plan(&self, plan: &Plan) {
         self.series.rules.set(i64::try_from(plan.rules.len()).unwrap_or(i64::MAX));

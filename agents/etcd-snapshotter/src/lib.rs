@@ -59,7 +59,6 @@ use std::process::ExitCode;
 
 use kcp_keeper_runtime::agent::{Agent, Daemon, NoFlags, Scheduled};
 use kcp_keeper_runtime::rbac::{Rbac, Subjects};
-use prometheus_client::registry::Registry;
 
 /// The agent: snapshots on the runtime's schedules ([`Scheduled`]), failures counted per shard by itself.
 pub struct EtcdSnapshotter;
@@ -74,10 +73,6 @@ impl Agent for EtcdSnapshotter {
     type Metrics = metrics::Metrics;
     type Command = cli::Command;
     type RunFlags = NoFlags;
-
-    fn metrics(registry: &mut Registry) -> metrics::Metrics {
-        metrics::Metrics::start(registry)
-    }
 
     /// The Role: the Lease and Events, whatever the shards; plus, for each shard's `beforeUpgrade`, reads of
     /// the operator's object by name and Events in its namespace ([`scope::rbac`]).

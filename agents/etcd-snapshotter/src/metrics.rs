@@ -7,7 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use strum::VariantNames;
 
-use kcp_keeper_runtime::metrics::{GaugeF64, Registry, at_zero};
+use kcp_keeper_runtime::metrics::{GaugeF64, at_zero};
 
 use crate::error::{DrillError, SnapshotError};
 use crate::labels::{ALARMS, AlarmLabels, FailureLabels, MemberLabels, RetryLabels, ShardLabel};
@@ -117,18 +117,6 @@ kcp_keeper_runtime::metrics! {
 }
 
 impl Metrics {
-    /// Every series of the daemon's metrics registered, and the retries' label pairs at 0 from the start.
-    pub fn start(registry: &mut Registry) -> Self {
-        let m = Self::register(registry);
-        let s3 = [OP_UPLOAD_PART, OP_REQUEST].into_iter().flat_map(|op| {
-            Reason::VARIANTS.iter().map(move |reason| RetryLabels { op: op.into(), reason: reason.to_string() })
-        });
-        let runs =
-            SnapshotError::VARIANTS.iter().map(|reason| RetryLabels { op: OP_RUN.into(), reason: reason.to_string() });
-        at_zero(&m.retries, s3.chain(runs));
-        m
-    }
-
     /// Creates every per-shard series with a value, so none is missing before the first run, and sets the
     /// schedule intervals.
     pub fn init_shard(&self, config: &crate::config::Shard) {
@@ -190,7 +178,14 @@ impl Metrics {
         }
     }
 
+    /// The configured bounds, and every retries label pair at 0, before the first run.
     pub fn configure(&self, spill: &crate::config::Spill) {
+        let s3 = [OP_UPLOAD_PART, OP_REQUEST].into_iter().flat_map(|op| {
+            Reason::VARIANTS.iter().map(move |reason| RetryLabels { op: op.into(), reason: reason.to_string() })
+        });
+        let runs =
+            SnapshotError::VARIANTS.iter().map(|reason| RetryLabels { op: OP_RUN.into(), reason: reason.to_string() });
+        at_zero(&self.retries, s3.chain(runs));
         self.memory_budget.set(spill.memory_budget as i64);
         self.part_size.set(spill.part_size as i64);
         self.parts_in_flight_max.set(spill.parts_in_flight as i64);
@@ -217,6 +212,8 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
+    use kcp_keeper_runtime::metrics::Registry;
+
     use super::*;
     use crate::member::Alarm;
 

@@ -21,7 +21,6 @@ use std::process::ExitCode;
 
 use kcp_keeper_runtime::agent::{Agent, Daemon, Driven, NoFlags};
 use kcp_keeper_runtime::rbac::{Rbac, Subjects, needs_config};
-use prometheus_client::registry::Registry;
 
 pub mod cli;
 pub mod config;
@@ -51,10 +50,6 @@ impl Agent for KubeconfigRotator {
     type Metrics = metrics::Metrics;
     type Command = cli::Command;
     type RunFlags = NoFlags;
-
-    fn metrics(registry: &mut Registry) -> metrics::Metrics {
-        metrics::Metrics::register(registry)
-    }
 
     /// Every object is granted by name, so the Roles need the configuration.
     fn rbac(config: Option<&config::Config>, who: &Subjects) -> anyhow::Result<Rbac> {

@@ -5,7 +5,7 @@
 //! [`crate::error::SyncError`]) are the runtime's. The reconciler says what happened ([`Metrics::proven`],
 //! [`TargetSeries::holds`], ...); which series that moves is kept here.
 
-use kcp_keeper_runtime::metrics::{GaugeF64, at_zero, unix_now};
+use kcp_keeper_runtime::metrics::{GaugeF64, Register, at_zero, unix_now};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -72,12 +72,14 @@ pub struct Metrics {
     known: Arc<Mutex<BTreeMap<String, Vec<Target>>>>,
 }
 
-impl Metrics {
-    pub fn register(registry: &mut Registry) -> Self {
+impl Register for Metrics {
+    fn register(registry: &mut Registry) -> Self {
         let consumers = ConsumerMetrics::register(registry, "kubeconfig");
         Self { series: RotatorMetrics::register(registry), consumers, known: Arc::default() }
     }
+}
 
+impl Metrics {
     /// Creates every series of a kubeconfig with a value, so none appears only on its first event (a kubeconfig
     /// whose candidates are all rejected still shows); its targets' series are [`Metrics::targets`]'.
     pub fn touch(&self, kc: &Kubeconfig) {

@@ -42,15 +42,13 @@ pub trait Agent: Sized + 'static {
     type Error: ErrorReason;
     /// Which of the runtime's two forms the daemon's work takes.
     type Form: Form;
-    /// The agent's own metrics, registered under [`Agent::METRICS_PREFIX`].
-    type Metrics: Send + Sync + 'static;
+    /// The agent's own metrics, registered under [`Agent::METRICS_PREFIX`] (the reconcile metrics of [`Driven`]
+    /// agents are the runtime's).
+    type Metrics: crate::metrics::Register + Send + Sync + 'static;
     /// The one-shot subcommands, beside the runtime's `run` and `rbac`.
     type Command: clap::Subcommand;
     /// Flags of `run` only this agent has ([`NoFlags`] when there are none).
     type RunFlags: clap::Args + Send + 'static;
-
-    /// Registers the agent's metrics (the reconcile metrics of [`Driven`] agents are the runtime's).
-    fn metrics(registry: &mut Registry) -> Self::Metrics;
 
     /// Every Role and ClusterRole this configuration needs. `None` when `rbac` ran without `--config`:
     /// an agent whose grants name what its configuration names answers [`crate::rbac::needs_config`].
@@ -118,7 +116,7 @@ impl AgentInfo {
 pub async fn run<A: Agent>(args: RunArgs, flags: A::RunFlags) -> anyhow::Result<()> {
     let register = |registry: &mut Registry| {
         let form = <A::Form as Form>::register::<A::Error>(registry);
-        (A::metrics(registry), form)
+        (<A::Metrics as crate::metrics::Register>::register(registry), form)
     };
     run_with(AgentInfo::of::<A>(), args, register, |ctx, (metrics, form)| {
         A::daemon(Daemon { ctx, metrics, form, flags })

@@ -83,6 +83,12 @@ macro_rules! metrics {
             $($( $(#[$part_meta])* pub $part: $part_ty, )*)?
         }
 
+        impl $crate::metrics::Register for $name {
+            fn register(registry: &mut $crate::metrics::Registry) -> Self {
+                <$name>::register(registry)
+            }
+        }
+
         impl $name {
             /// Registers every series declared here, and the composed parts', in `registry`.
             pub fn register(registry: &mut $crate::metrics::Registry) -> Self {
@@ -103,6 +109,12 @@ macro_rules! metrics {
     };
     (@unit) => { None };
     (@unit $unit:ident) => { Some($crate::metrics::Unit::$unit) };
+}
+
+/// Metrics that register themselves: every [`metrics!`] declaration, and an agent's metrics (`Agent::Metrics`),
+/// which the runtime registers under the agent's prefix.
+pub trait Register {
+    fn register(registry: &mut Registry) -> Self;
 }
 
 /// One series of a [`metrics!`] declaration.
