@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::{self, ApplyError, Outcome, Ownership};
 use kcp_keeper_runtime::consumer_restart::{Consumer, Done, RestartError, RestartWindow, Restarter, Wanted};
-use kcp_keeper_runtime::driver::{self, ErrorReason, ReconcileMetrics, Reconciler, Settings};
+use kcp_keeper_runtime::driver::{self, ErrorReason, Named, ReconcileMetrics, Reconciler, Settings};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
 use kcp_keeper_runtime::metrics::unix_now;
 use kube::api::Api;
@@ -104,16 +104,6 @@ pub async fn daemon(
     Ok(())
 }
 
-/// A bundle, as the driver names it in spans and logs.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct BundleName(String);
-
-impl fmt::Display for BundleName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "bundle/{}", self.0)
-    }
-}
-
 /// One configuration's reconciler.
 struct Syncer {
     client: kube::Client,
@@ -165,15 +155,15 @@ impl Resolved {
 }
 
 impl Reconciler for Syncer {
-    type Item = BundleName;
+    type Item = Named;
     type Error = SyncError;
 
-    fn items(&self) -> Vec<BundleName> {
-        self.config.bundles.iter().map(|b| BundleName(b.name.clone())).collect()
+    fn items(&self) -> Vec<Named> {
+        self.config.bundles.iter().map(|b| Named::new("bundle", b.name.clone())).collect()
     }
 
-    async fn reconcile(&self, item: &BundleName) -> Result<Option<Duration>, SyncError> {
-        let Some(bundle) = self.config.bundles.iter().find(|b| b.name == item.0) else { return Ok(None) };
+    async fn reconcile(&self, item: &Named) -> Result<Option<Duration>, SyncError> {
+        let Some(bundle) = self.config.bundles.iter().find(|b| b.name == item.name) else { return Ok(None) };
         let now = OffsetDateTime::now_utc();
         let review = self.sync_bundle(bundle, now).await?;
         let resync = self.config.resync_interval;

@@ -24,7 +24,6 @@
 //! install time instead (the chart, or `kubectl -n kube-system create configmap coredns-custom`).
 
 use std::collections::BTreeSet;
-use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,7 +34,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kcp_keeper_runtime::admin::Health;
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::Outcome;
-use kcp_keeper_runtime::driver::{self, ReconcileMetrics, Reconciler, Settings};
+use kcp_keeper_runtime::driver::{self, Named, ReconcileMetrics, Reconciler, Settings};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
 use kcp_keeper_runtime::marked_block::configmap::write_key;
 use kube::Api;
@@ -87,16 +86,6 @@ pub async fn daemon(ctx: Context<Config>, metrics: Metrics, reconcile: Reconcile
     Ok(())
 }
 
-/// The driver's one item: the managed key.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ManagedKey(String);
-
-impl fmt::Display for ManagedKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "configmap/{}", self.0)
-    }
-}
-
 struct Rewriter {
     client: kube::Client,
     events: Arc<Recorder>,
@@ -113,15 +102,15 @@ struct Rewriter {
 }
 
 impl Reconciler for Rewriter {
-    type Item = ManagedKey;
+    type Item = Named;
     type Error = CycleError;
 
-    fn items(&self) -> Vec<ManagedKey> {
+    fn items(&self) -> Vec<Named> {
         let key = self.config.target.configmap();
-        vec![ManagedKey(format!("{}/{}/{}", key.namespace, key.name, key.key))]
+        vec![Named::new("configmap", format!("{}/{}/{}", key.namespace, key.name, key.key))]
     }
 
-    async fn reconcile(&self, _: &ManagedKey) -> Result<Option<Duration>, CycleError> {
+    async fn reconcile(&self, _: &Named) -> Result<Option<Duration>, CycleError> {
         let mut plan = crate::cluster::plan_with(&self.config, &self.scope.view());
         let resolver = self.resolver().await;
         if let Some((_, resolver)) = &resolver {

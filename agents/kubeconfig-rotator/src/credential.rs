@@ -485,18 +485,21 @@ mod tests {
         testbed::assert_no_secret_material(&text, &[key]);
     }
 
-    macro_rules! refused_user_field {
-        ($($test:ident: $field:literal = $value:expr;)*) => {$(
+    /// One test per field of a kubeconfig's `users[].user` or `clusters[].cluster` that is refused, naming the
+    /// field and never its value.
+    macro_rules! refused_field {
+        ($list:literal . $item:literal: $($test:ident: $field:literal = $value:expr;)*) => {$(
             #[test]
             fn $test() {
                 let value: Value = serde_yaml::from_str($value).unwrap();
-                let (bytes, key) = shaped(|d| set(d, "users", "user", $field, value));
-                refused(&bytes, &format!("users.user.{}", $field), "s3cr3t", &key);
+                let (bytes, key) = shaped(|d| set(d, $list, $item, $field, value));
+                refused(&bytes, &format!("{}.{}.{}", $list, $item, $field), "s3cr3t", &key);
             }
         )*};
     }
 
-    refused_user_field! {
+    refused_field! {
+        "users"."user":
         an_exec_plugin_is_refused_so_no_command_runs: "exec" = "{command: /bin/s3cr3t, apiVersion: client.authentication.k8s.io/v1}";
         an_auth_provider_is_refused: "auth-provider" = "{name: oidc, config: {id-token: s3cr3t}}";
         a_token_is_refused_naming_the_field_not_the_token: "token" = "s3cr3t";
@@ -508,18 +511,8 @@ mod tests {
         impersonation_is_refused: "as" = "s3cr3t";
     }
 
-    macro_rules! refused_cluster_field {
-        ($($test:ident: $field:literal = $value:expr;)*) => {$(
-            #[test]
-            fn $test() {
-                let value: Value = serde_yaml::from_str($value).unwrap();
-                let (bytes, key) = shaped(|d| set(d, "clusters", "cluster", $field, value));
-                refused(&bytes, &format!("clusters.cluster.{}", $field), "s3cr3t", &key);
-            }
-        )*};
-    }
-
-    refused_cluster_field! {
+    refused_field! {
+        "clusters"."cluster":
         insecure_skip_tls_verify_is_refused_so_a_proof_always_verifies_the_server: "insecure-skip-tls-verify" = "true";
         a_proxy_url_is_refused: "proxy-url" = "http://s3cr3t.example:3128";
         a_tls_server_name_is_refused: "tls-server-name" = "s3cr3t";

@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::{self, ApplyError, Outcome, Ownership};
-use kcp_keeper_runtime::driver::{self, ErrorReason, ReconcileMetrics, Reconciler, Settings};
+use kcp_keeper_runtime::driver::{self, ErrorReason, Named, ReconcileMetrics, Reconciler, Settings};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
 use kube::api::Api;
 use time::OffsetDateTime;
@@ -48,16 +48,6 @@ pub async fn daemon(ctx: Context<Config>, metrics: Metrics, reconcile: Reconcile
     Ok(())
 }
 
-/// A kubeconfig, as the driver names it in spans and logs.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct KubeconfigName(String);
-
-impl std::fmt::Display for KubeconfigName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "kubeconfig/{}", self.0)
-    }
-}
-
 /// The reconciler for one configuration: rebuilt, with its watches and stores, whenever the configuration changes.
 pub struct Rotator {
     pub client: kube::Client,
@@ -68,15 +58,15 @@ pub struct Rotator {
 }
 
 impl Reconciler for Rotator {
-    type Item = KubeconfigName;
+    type Item = Named;
     type Error = SyncError;
 
-    fn items(&self) -> Vec<KubeconfigName> {
-        self.config.kubeconfigs.iter().map(|k| KubeconfigName(k.name.clone())).collect()
+    fn items(&self) -> Vec<Named> {
+        self.config.kubeconfigs.iter().map(|k| Named::new("kubeconfig", k.name.clone())).collect()
     }
 
-    async fn reconcile(&self, item: &KubeconfigName) -> Result<Option<Duration>, SyncError> {
-        let Some(kc) = self.config.find(&item.0) else { return Ok(None) };
+    async fn reconcile(&self, item: &Named) -> Result<Option<Duration>, SyncError> {
+        let Some(kc) = self.config.find(&item.name) else { return Ok(None) };
         self.metrics.touch(kc);
         let snap = Reader::Stores(&self.stores).snapshot(kc).await.map_err(SyncError::ReadFailed)?;
         let targets = snap.targets(kc);

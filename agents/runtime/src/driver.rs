@@ -467,6 +467,25 @@ async fn until(deadline: Option<Instant>) {
     }
 }
 
+/// An item as the driver names it in spans and logs: `<kind>/<name>` (`bundle/kcp-ca`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Named {
+    pub kind: &'static str,
+    pub name: String,
+}
+
+impl Named {
+    pub fn new(kind: &'static str, name: impl Into<String>) -> Self {
+        Self { kind, name: name.into() }
+    }
+}
+
+impl std::fmt::Display for Named {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.kind, self.name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
