@@ -3,7 +3,9 @@
 //! an object of the shard's directory, `<prefix>/<shard>/run.lock`, written with S3's conditional puts:
 //!
 //! - taken with `If-None-Match: *` (created only where none is), then read back (our token, or we lost);
-//! - renewed by its holder every [`RENEW_EVERY`] with `If-Match: <its ETag>`, and confirmed the same way right
+//! - renewed by its holder every [`RENEW_EVERY`] with `If-Match: <its ETag>`, each renewal writing the next
+//!   renewal count (so the ETag changes with every renewal, which is what tells a waiter the holder lives), and
+//!   confirmed the same way right
 //!   before an upload is completed and before a manifest is written: a holder that finds another ETag has lost
 //!   the lock and publishes nothing;
 //! - released by a conditional rewrite marking it free (`If-Match`), so a holder that lost it never frees its
@@ -59,6 +61,11 @@ pub struct Holder {
     /// versioned bucket, which some stores count as present for `If-None-Match`), marked free.
     #[serde(default)]
     pub released: bool,
+    /// How many times the holder has renewed the lock: every renewal writes another body, so the object's
+    /// ETag changes with each one and a waiter sees a live holder renewing (the same body would keep the same
+    /// ETag, and a waiter would read a renewing lock as stale and take it over).
+    #[serde(default)]
+    pub renewals: u64,
 }
 
 impl Holder {
@@ -74,6 +81,7 @@ impl Holder {
             start_ticks: start_ticks(pid),
             acquired_at: Utc::now(),
             released: false,
+            renewals: 0,
         }
     }
 
@@ -122,6 +130,8 @@ pub enum LockError {
 struct State {
     etag: String,
     lost: Option<String>,
+    /// Renewals written so far (the body's `renewals`).
+    renewals: u64,
 }
 
 /// The lock, held: renewed in the background until released or the last clone is dropped.
@@ -230,13 +240,13 @@ fn start(
     etag: String,
     acquired: aws_smithy_types::DateTime,
 ) -> Held {
-    let state = Arc::new(Mutex::new(State { etag, lost: None }));
-    let body = serde_json::to_vec_pretty(&holder).expect("a holder serializes");
-    let (renew_store, renew_key, renew_state) = (store.clone(), key.clone(), state.clone());
+    let state = Arc::new(Mutex::new(State { etag, lost: None, renewals: 0 }));
+    let (renew_store, renew_key, renew_state, renew_holder) =
+        (store.clone(), key.clone(), state.clone(), holder.clone());
     let renewer = tokio::spawn(async move {
         loop {
             tokio::time::sleep(RENEW_EVERY).await;
-            if let Err(error) = renew(&renew_store, &renew_key, &body, &renew_state).await {
+            if let Err(error) = renew(&renew_store, &renew_key, &renew_holder, &renew_state).await {
                 // Not lost, just not renewed: the next attempt or the confirmation decides.
                 tracing::warn!(key = renew_key, %error, "renewing the shard's lock failed; retrying");
             }
@@ -256,17 +266,22 @@ fn start(
     }
 }
 
-/// One conditional rewrite of the lock; marks it lost when the store holds another version.
-async fn renew(store: &Store, key: &str, body: &[u8], state: &Mutex<State>) -> Result<(), StorageError> {
-    let etag = {
+/// One conditional rewrite of the lock with the next renewal count (a new body, so a new ETag); marks it lost
+/// when the store holds another version.
+async fn renew(store: &Store, key: &str, holder: &Holder, state: &Mutex<State>) -> Result<(), StorageError> {
+    let (etag, renewals) = {
         let state = state.lock().expect("lock state");
         if state.lost.is_some() {
             return Ok(());
         }
-        state.etag.clone()
+        (state.etag.clone(), state.renewals + 1)
     };
-    match store.put_conditional(key, body.to_vec(), Condition::Matches(&etag)).await? {
-        Some(next) => state.lock().expect("lock state").etag = next,
+    let body = serde_json::to_vec_pretty(&Holder { renewals, ..holder.clone() }).expect("a holder serializes");
+    match store.put_conditional(key, body, Condition::Matches(&etag)).await? {
+        Some(next) => {
+            let mut state = state.lock().expect("lock state");
+            (state.etag, state.renewals) = (next, renewals);
+        }
         None => state.lock().expect("lock state").lost = Some("its ETag changed".into()),
     }
     Ok(())
@@ -276,8 +291,7 @@ impl Held {
     /// Proves the lock is still ours now (a conditional renewal): called before an upload is completed and
     /// before a manifest is written.
     pub async fn confirm(&self) -> Result<(), LockError> {
-        let body = serde_json::to_vec_pretty(&self.holder).expect("a holder serializes");
-        renew(&self.store, &self.key, &body, &self.state).await?;
+        renew(&self.store, &self.key, &self.holder, &self.state).await?;
         match self.state.lock().expect("lock state").lost.clone() {
             None => Ok(()),
             Some(detail) => Err(LockError::Lost { shard: self.shard.clone(), detail }),

@@ -64,6 +64,24 @@ async fn a_second_run_waits_while_the_shard_is_held_refuses_naming_the_holder_an
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn every_renewal_changes_the_lock_objects_etag_so_a_waiter_never_reads_a_renewing_lock_as_stale() {
+    let bed = Bed::start().await.unwrap();
+    let store = store(&bed).await;
+    let held = shard_lock::acquire(&store, "root", "run", Duration::ZERO, nothing).await.unwrap();
+    let (s3, key) = (bed.s3.client(), shard_lock::key(&store.prefix, "root"));
+    let etag = || async { s3.head_object().bucket(&bed.s3.bucket).key(&key).send().await.unwrap().e_tag.unwrap() };
+    // A waiter takes over a lock whose ETag stays the same for STALE_AFTER: each renewal must change it.
+    let mut seen = vec![etag().await];
+    for _ in 0..3 {
+        held.confirm().await.expect("still ours");
+        seen.push(etag().await);
+    }
+    let distinct: std::collections::HashSet<&String> = seen.iter().collect();
+    assert_eq!(distinct.len(), seen.len(), "an ETag repeated across renewals: {seen:?}");
+    held.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_lock_left_by_a_process_that_no_longer_runs_is_taken_over_at_once_and_its_holder_publishes_nothing() {
     let bed = Bed::start().await.unwrap();
     let store = store(&bed).await;
@@ -83,6 +101,7 @@ async fn a_lock_left_by_a_process_that_no_longer_runs_is_taken_over_at_once_and_
         start_ticks: Some(1),
         acquired_at: chrono::Utc::now(),
         released: false,
+        renewals: 0,
     };
     let key = shard_lock::key(&store.prefix, "root");
     s3.put_object()
