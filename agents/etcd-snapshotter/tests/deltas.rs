@@ -241,6 +241,31 @@ async fn a_corrupted_or_deleted_middle_delta_stops_restore_at_the_last_good_revi
     assert_up_to(&mut restored, snapshot_revision, good.to).await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_at_a_revision_stops_at_it_before_a_broken_link_and_exits_2_when_the_chain_ends_before_it() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let s3 = bed.s3.client();
+    let chain = FlippedChain::build(&bed, |bed, endpoint| deltas_config(bed, endpoint, "1s")).await;
+    let FlippedChain { config, id, snapshot_revision, good, .. } = &chain;
+    // The point is the last intact delta's end: reached, though a broken delta follows it.
+    let at = good.to.to_string();
+    let (_p, mut restored, out) = restored_allowing(&bed, config, &at, "at-good-end", Some(0)).await;
+    assert!(!out.contains("STOPPED"), "{out}");
+    assert_eq!(revision_and_keys(&mut restored).await.0, good.to as i64 + BUMP);
+    assert_up_to(&mut restored, *snapshot_revision, good.to).await;
+
+    // Every delta after the intact one gone (retention, an outage): the chain ends at its end, and a point past
+    // it is not restored short in silence.
+    for stored in deltas_of(&s3, &bed.s3.bucket, id).await.into_iter().filter(|d| d.from > good.to) {
+        s3.delete_object().bucket(&bed.s3.bucket).key(&stored.key).send().await.unwrap();
+    }
+    let past = (good.to + 1).to_string();
+    let (_p, mut restored, out) = restored_allowing(&bed, config, &past, "past-the-end", Some(2)).await;
+    assert!(out.contains(&format!("ends at revision {}, before the point {past}", good.to)), "{out}");
+    assert!(out.contains(&format!("STOPPED AT THE LAST GOOD POINT, revision {}", good.to)), "{out}");
+    assert_eq!(revision_and_keys(&mut restored).await.0, good.to as i64 + BUMP);
+}
+
 /// A full snapshot and three deltas after it (three bursts of writes, each stored before the next: the first burst
 /// wholly before the second delta), then a byte flipped in versitygw's file of the second delta.
 struct FlippedChain {

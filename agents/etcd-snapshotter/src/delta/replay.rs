@@ -71,6 +71,12 @@ impl Point {
         }
     }
 
+    /// Whether replaying up to `revision` has reached the point: a revision point only (a time or `latest` is
+    /// reached by the first event past it or the end of the chain).
+    fn reached(&self, revision: u64) -> bool {
+        matches!(self, Point::Revision(n) if revision >= *n)
+    }
+
     /// Whether a source revision whose events arrived at `received_ms` is past the point.
     fn past(&self, revision: u64, received_ms: i64) -> bool {
         match self {
@@ -205,6 +211,10 @@ pub(crate) async fn replay(
     let mut previous: Option<String> = None;
     let mut leases = std::collections::HashSet::new();
     for (start, key) in chain_keys(store, manifest, &location).await? {
+        if point.reached(outcome.revision) {
+            // What follows (even a broken link) is past the point.
+            return Ok(());
+        }
         if start < from {
             // Not on the chain (a link already passed by this start): never replayed.
             tracing::warn!(key, "a delta off the chain; skipped");
@@ -255,6 +265,16 @@ pub(crate) async fn replay(
         }
         from = meta.to + 1;
         previous = Some(meta.sha256);
+    }
+    if let Point::Revision(n) = point
+        && outcome.revision < n
+    {
+        // The chain ends before the point: nothing stored reaches it (a revision not written yet, or deltas
+        // that retention, a compaction gap or an outage left out). Never a silent short restore.
+        outcome.broken = Some(format!(
+            "the delta chain of {} ends at revision {}, before the point {n}: no stored delta reaches it",
+            manifest.id, outcome.revision
+        ));
     }
     Ok(())
 }
