@@ -266,6 +266,36 @@ async fn restore_at_a_revision_stops_at_it_before_a_broken_link_and_exits_2_when
     assert_eq!(revision_and_keys(&mut restored).await.0, good.to as i64 + BUMP);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_full_snapshot_at_the_same_revision_carries_the_delta_chain_and_restore_at_latest_holds_every_write() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/base", 5, 100).await.unwrap();
+    let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
+    snapshot_ok(&config);
+    let s3 = bed.s3.client();
+    let agent = agent(cluster, &config, &ns).start().await.unwrap();
+    // The writer's session runs under the first snapshot once it has caught up.
+    let caught_up = "etcd_snapshotter_delta_stored_through_timestamp_seconds{shard=\"root\"}";
+    agent.wait_for_metric(caught_up, WAIT, |v| v > 0.0).await;
+    // The idle shard snapshotted again: the same revision, a later id, the base every restore now takes.
+    snapshot_ok(&config);
+    let listed = manifests(&s3, &bed.s3.bucket).await;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed[0]["revision"], listed[1]["revision"], "{listed:?}");
+    let newer = listed.iter().map(|m| m["id"].as_str().unwrap().to_string()).max().unwrap();
+    load(&mut client, "/registry/after", 10, 100).await.unwrap();
+    let (now, _) = revision_and_keys(&mut client).await;
+    wait_until_stored(&s3, &bed.s3.bucket, &newer, now).await;
+    drop(agent);
+    let (_p, mut restored, out) = restore_and_start(&bed, &config, "latest", "same-revision").await;
+    assert!(out.contains(&newer), "{out}");
+    assert_eq!(revision_and_keys(&mut restored).await.0, now + BUMP, "every write: {out}");
+}
+
 /// A full snapshot and three deltas after it (three bursts of writes, each stored before the next: the first burst
 /// wholly before the second delta), then a byte flipped in versitygw's file of the second delta.
 struct FlippedChain {

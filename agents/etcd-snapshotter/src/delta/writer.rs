@@ -413,13 +413,16 @@ async fn chain_of(store: &Store, shard: &str, own: &Own) -> anyhow::Result<Optio
 }
 
 /// Whether a full snapshot of the shard's own cluster newer than `current` is published: the directories
-/// whose name says a higher revision, their manifests read (one listing with a delimiter, however many deltas).
+/// whose name says a higher revision, or the same revision taken later (an idle shard snapshotted twice: restore
+/// takes the later one as the base, so the chain must continue under it), their manifests read (one listing
+/// with a delimiter, however many deltas).
 async fn newer_snapshot(store: &Store, shard: &str, own: &Own, current: &Manifest) -> anyhow::Result<bool> {
     for dir in store.list_dirs(&manifest::shard_dir(&store.prefix, shard)).await? {
         let Some(name) = dir.strip_suffix('/').and_then(|d| d.rsplit('/').next()) else { continue };
         let Some(location) = Location::from_id(&store.prefix, &format!("{shard}/{name}")) else { continue };
         let revision = name.rsplit_once("-r").and_then(|(_, r)| r.parse::<u64>().ok()).unwrap_or(0);
-        if revision <= current.revision || location.id == current.id {
+        // Ids of one revision differ by their time (`<time>-r<revision>`), which sorts as it runs.
+        if revision < current.revision || (revision == current.revision && location.id <= current.id) {
             continue;
         }
         let Some(read) = store.get_versioned(&location.manifest_key()).await? else { continue };
