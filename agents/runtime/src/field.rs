@@ -69,7 +69,7 @@ impl<T> schemars::JsonSchema for Checked<T> {
 }
 
 /// A Go-style duration (`720h`, `1h30m`), as kcp and cert-manager users write them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct GoDuration(pub Duration);
 
 impl Parse for GoDuration {
@@ -79,9 +79,28 @@ impl Parse for GoDuration {
     }
 }
 
-/// An optional duration field within `range`: `default` when absent; the value when it is a duration in the
-/// range; otherwise `default` and an error at `path` with `expected`, the field's own words for what it must be
-/// (`a Go duration from 1s to 10m`).
+/// An optional field within `range`: `default` when absent; the value when it parsed and is in the range;
+/// otherwise `default` and an error at `path` with `expected`, the field's own words for what it must be (`a Go
+/// duration from 1s to 10m`): not parsing and out of range are one error.
+pub fn within<T: PartialOrd>(
+    field: Option<Checked<T>>,
+    range: RangeInclusive<T>,
+    default: T,
+    path: impl Into<String>,
+    expected: &str,
+    errors: &mut Vec<FieldError>,
+) -> T {
+    match field.map(|f| f.0) {
+        None => default,
+        Some(Ok(value)) if range.contains(&value) => value,
+        Some(_) => {
+            errors.push(FieldError::new(path, expected));
+            default
+        }
+    }
+}
+
+/// [`within`] for a Go duration.
 pub fn duration_within(
     field: Option<Checked<GoDuration>>,
     range: RangeInclusive<Duration>,
@@ -90,14 +109,8 @@ pub fn duration_within(
     expected: &str,
     errors: &mut Vec<FieldError>,
 ) -> Duration {
-    match field.map(|f| f.0) {
-        None => default,
-        Some(Ok(GoDuration(d))) if range.contains(&d) => d,
-        Some(_) => {
-            errors.push(FieldError::new(path, expected));
-            default
-        }
-    }
+    let range = GoDuration(*range.start())..=GoDuration(*range.end());
+    within(field, range, GoDuration(default), path, expected, errors).0
 }
 
 #[cfg(test)]

@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::FieldError;
-use kcp_keeper_runtime::field::{Checked, GoDuration, duration_within};
+use kcp_keeper_runtime::field::{Checked, GoDuration, duration_within, within};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::spill::{Size, size_within};
+use super::spill::Size;
 
 /// Delta snapshots of one shard: its etcd's watch events between full snapshots, for a recovery point of
 /// seconds and restores to a point in time.
@@ -60,14 +60,15 @@ pub(super) fn deltas(
         "a Go duration from 1s to 10m",
         errors,
     );
-    let max_bytes = size_within(
+    let max_bytes = within(
         raw.max_bytes,
-        (64 << 10)..=(256 << 20),
-        DEFAULT_MAX_BYTES,
+        Size(64 << 10)..=Size(256 << 20),
+        Size(DEFAULT_MAX_BYTES),
         at("deltas.maxBytes"),
         "a size from 64Ki to 256Mi",
         errors,
-    );
+    )
+    .0;
     let hash_kv_interval = duration_within(
         raw.hash_kv_interval,
         Duration::ZERO..=Duration::from_secs(3600),

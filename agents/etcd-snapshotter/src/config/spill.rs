@@ -1,6 +1,5 @@
 //! `spill`: the memory and disk bounds of the streaming upload.
 
-use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -119,34 +118,12 @@ pub(super) fn spill(raw: RawSpill, errors: &mut Vec<FieldError>) -> Option<Spill
 }
 
 /// A size as [`parse_size`] reads it (`64Mi`, plain bytes), for a [`Checked`] raw field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Size(pub u64);
 
 impl Parse for Size {
     fn parse(text: &str) -> Result<Self, String> {
         parse_size(text).map(Size).map_err(Into::into)
-    }
-}
-
-/// An optional size field within `range`, as [`duration_within`] is for durations: `default` when absent; the
-/// value when it is a size in the range; otherwise `default` and an error at `path` with `expected`, the field's
-/// own words for what it must be (`a size from 64Ki to 256Mi`).
-pub(super) fn size_within(
-    field: Option<Checked<Size>>,
-    range: RangeInclusive<u64>,
-    default: u64,
-    path: impl Into<String>,
-    expected: &str,
-    errors: &mut Vec<FieldError>,
-) -> u64 {
-    // Not a size and out of range are one error, in the field's words: the type's own is set aside.
-    match field.map(|f| f.value("", &mut Vec::new())) {
-        None => default,
-        Some(Some(Size(n))) if range.contains(&n) => n,
-        Some(_) => {
-            errors.push(FieldError::new(path, expected));
-            default
-        }
     }
 }
 
