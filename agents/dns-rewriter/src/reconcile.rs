@@ -36,7 +36,7 @@ use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::Outcome;
 use kcp_keeper_runtime::driver::{self, Named, ReconcileMetrics, Reconciler, Settings};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
-use kcp_keeper_runtime::marked_block::configmap::write_key;
+use kcp_keeper_runtime::marked_block::configmap::{OwnWrite, fresher, write_key};
 use kube::Api;
 use tokio::time::Instant;
 
@@ -63,6 +63,7 @@ pub async fn daemon(ctx: Context<Config>, metrics: Metrics, reconcile: Reconcile
     let settings = Settings { resync: Duration::from_secs(3600), ..Settings::default() };
     let (client, events) = (ctx.client.clone(), ctx.events.clone());
     let reported = Arc::new(Mutex::new(BTreeSet::new()));
+    let own_write = Arc::new(Mutex::new(None));
     // One item whose whole job fails together: a leader is ready once it has written (or found nothing to
     // write), not merely after a pass that failed.
     ctx.health.require_success();
@@ -78,6 +79,7 @@ pub async fn daemon(ctx: Context<Config>, metrics: Metrics, reconcile: Reconcile
             config,
             scope,
             reported: reported.clone(),
+            own_write: own_write.clone(),
             started,
         };
         (rewriter, watches)
@@ -99,6 +101,10 @@ struct Rewriter {
     /// When this process started (Unix seconds): a `cleanup` marked after it means uninstalling, so nothing
     /// more is written ([`crate::cleanup::cleaned_since`]).
     started: u64,
+    /// The key's last write: the version written over and the object written. Until the store shows that
+    /// write, a pass compares with it, so a settled agent sends nothing (a store that lags its own write would
+    /// make a pass write again, refused as a conflict).
+    own_write: Arc<Mutex<Option<OwnWrite>>>,
 }
 
 impl Reconciler for Rewriter {
@@ -168,6 +174,7 @@ impl Rewriter {
             None => Err(CycleError::ConfigMapMissing(format!("{}/{}", key.namespace, key.name))),
             Some(live) if self.cleaned(&live) => Ok((Outcome::Unchanged, 0)),
             Some(live) => {
+                let live = fresher(live, self.own_write.lock().expect("own write").as_ref());
                 let adopted = self.unmarked_lines(&live);
                 self.write_key(key, live, rules).await.map(|outcome| (outcome, adopted))
             }
@@ -306,6 +313,9 @@ impl Rewriter {
         let written = write_key(&api, &key.name, &key.key, Some(live), compute).await?;
         if written.conflicts > 0 {
             tracing::info!(conflicts = written.conflicts, "the ConfigMap changed since it was read; recomputed");
+        }
+        if written.written.is_some() {
+            *self.own_write.lock().expect("own write") = written.written;
         }
         Ok(written.outcome)
     }

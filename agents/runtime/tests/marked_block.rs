@@ -212,10 +212,11 @@ async fn a_whole_key_of_our_own_is_added_computed_again_after_a_conflict_and_the
         ours(text)
     })
     .await?;
-    assert_eq!(
-        written,
-        kcp_keeper_runtime::marked_block::configmap::Written { outcome: Outcome::Updated, conflicts: 1 }
-    );
+    assert_eq!((written.outcome, written.conflicts), (Outcome::Updated, 1));
+    let own = written.written.expect("written");
+    let now = api.get("coredns-custom").await?;
+    assert_eq!(own.after.metadata.resource_version, now.metadata.resource_version, "the object written is returned");
+    assert_ne!(own.over, own.after.metadata.resource_version, "over the fresh version, not its own");
     assert_eq!(given, [None, None], "computed again from the fresh object, where the key is still absent");
     let data = api.get("coredns-custom").await?.data.unwrap();
     assert_eq!(data["theirs.server"], "two\n", "their change is kept");

@@ -63,12 +63,32 @@ impl WriteError {
 }
 
 /// What a write did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Written {
     /// [`Outcome::Updated`] or [`Outcome::Unchanged`] (never created).
     pub outcome: Outcome,
     /// How many writes the apiserver refused because the object had moved on (each followed by a re-read).
     pub conflicts: u32,
+    /// When written: the resourceVersion written over and the object as the apiserver returned it. A caller
+    /// whose store still shows the version written over has not seen its own write yet, and can take this one
+    /// instead ([`fresher`]) rather than write again.
+    pub written: Option<OwnWrite>,
+}
+
+/// A write of ours: the resourceVersion it was written over and the object as the apiserver returned it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnWrite {
+    pub over: Option<String>,
+    pub after: ConfigMap,
+}
+
+/// `seen` (e.g. from a reflector store), unless it is the version `own` was written over: then the store has not
+/// caught up with that write yet, and the object the write returned is the fresher.
+pub fn fresher(seen: ConfigMap, own: Option<&OwnWrite>) -> ConfigMap {
+    match own {
+        Some(own) if own.over.is_some() && seen.metadata.resource_version == own.over => own.after.clone(),
+        _ => seen,
+    }
 }
 
 /// Sets `key` of ConfigMap `name` to what `compute` makes of its current text (`None` when the key is absent).
@@ -99,7 +119,7 @@ pub async fn write_key<E>(
         let text = live.data.as_ref().and_then(|data| data.get(key)).map(String::as_str);
         let desired = compute(text).map_err(KeyError::Refused)?;
         if text == Some(desired.as_str()) {
-            return Ok(Written { outcome: Outcome::Unchanged, conflicts });
+            return Ok(Written { outcome: Outcome::Unchanged, conflicts, written: None });
         }
         // The resourceVersion makes the patch conditional: the apiserver refuses it if the object moved on.
         let patch = json!({
@@ -107,7 +127,10 @@ pub async fn write_key<E>(
             "data": {key: desired},
         });
         match api.patch(name, &params, &Patch::Merge(&patch)).await {
-            Ok(_) => return Ok(Written { outcome: Outcome::Updated, conflicts }),
+            Ok(after) => {
+                let over = live.metadata.resource_version;
+                return Ok(Written { outcome: Outcome::Updated, conflicts, written: Some(OwnWrite { over, after }) });
+            }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 tracing::debug!(configmap = %object, "the ConfigMap changed since it was read; reading it again");
             }
@@ -141,4 +164,25 @@ pub async fn write_block(
         KeyError::Conflict(object, n) => WriteError::Conflict(object, n),
         KeyError::Kube(object, e) => WriteError::Kube(object, e),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(version: &str, text: &str) -> ConfigMap {
+        let mut object = ConfigMap::default();
+        object.metadata.resource_version = Some(version.into());
+        object.data = Some([("k".to_string(), text.to_string())].into());
+        object
+    }
+
+    #[test]
+    fn a_store_still_at_the_version_our_write_replaced_yields_our_write_and_any_other_version_is_taken() {
+        let own = OwnWrite { over: Some("7".into()), after: at("8", "ours") };
+        assert_eq!(fresher(at("7", "old"), Some(&own)), at("8", "ours"), "the store lags our own write");
+        assert_eq!(fresher(at("9", "theirs"), Some(&own)), at("9", "theirs"), "someone wrote after us");
+        assert_eq!(fresher(at("8", "ours"), Some(&own)), at("8", "ours"), "the store caught up");
+        assert_eq!(fresher(at("7", "old"), None), at("7", "old"), "nothing written yet");
+    }
 }
