@@ -156,7 +156,17 @@ async fn take(
 ) -> Result<(Manifest, Result<RetentionReport, StorageError>), SnapshotError> {
     store.reachable().await?;
     metrics.storage_reachable.set(1);
-    let lock = shard_lock::acquire(store, &shard.name, run.command, run.lock_wait, run.waiting).await?;
+    let waited = std::sync::atomic::AtomicBool::new(false);
+    let waiting = |holder: &str| {
+        waited.store(true, Ordering::Relaxed);
+        (run.waiting)(holder)
+    };
+    let lock = shard_lock::acquire(store, &shard.name, run.command, run.lock_wait, waiting).await?;
+    let mut run = run;
+    if let Some(kcp) = run.kcp.as_mut().filter(|_| waited.load(Ordering::Relaxed)) {
+        // A snapshot before an upgrade that waited for another run may come after the roll began.
+        kcp.after_roll_may_have_begun = true;
+    }
     // In `pending` from now on: a shutdown that drops this run releases the lock in its abort hook.
     *pending.lock.lock().expect("pending lock") = Some(lock.clone());
     let result = locked(config, shard, store, metrics, pending, &run, &lock).await;

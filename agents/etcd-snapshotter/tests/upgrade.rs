@@ -320,3 +320,34 @@ async fn a_snapshot_before_a_kcp_upgrade_sets_every_published_series_a_scheduled
     assert_eq!(value("snapshots_kept").await, 1.0);
     process.terminate(WAIT);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_before_an_upgrade_that_waited_for_the_shards_lock_is_marked_after_roll_may_have_begun() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    operator_objects(cluster, &ns).await;
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let config = config(&bed, &etcd.members[0].client_url, "RootShard", &ns, "root");
+    let mut process = started(cluster, &config, &ns).await;
+    state_names(&bed, OLD).await;
+    // Another run (a one-shot, an old leader in its grace) holds the shard while the image changes.
+    let loaded: etcd_snapshotter::config::Config = kcp_keeper_runtime::config::load(&config).unwrap();
+    let store = etcd_snapshotter::storage::Store::new(&loaded.storage).unwrap();
+    let held =
+        etcd_snapshotter::shard_lock::acquire(&store, "root", "snapshot", Duration::ZERO, |_: &str| {}).await.unwrap();
+    let admin = cluster.client();
+    set_tag(&admin, &ns, "RootShard", "root", "v0.32.3-upgrade").await;
+    // The agent finds the lock held and says so on the RootShard; the snapshot comes once it is released.
+    let waiting = testbed::eventually(WAIT, "the PreUpgradeSnapshotWaiting Event", || async {
+        let found = events(&admin, &ns, "PreUpgradeSnapshotWaiting").await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    assert!(waiting[0].note.as_deref().unwrap().contains("snapshot (pid"), "names the holder: {waiting:?}");
+    held.release().await;
+    let taken = snapshots(&bed, 1).await;
+    let kcp = &taken[0].0["kcp"];
+    assert_eq!(kcp["afterRollMayHaveBegun"], true, "it waited for another run: {kcp}");
+    process.terminate(WAIT);
+}

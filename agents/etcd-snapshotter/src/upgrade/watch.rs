@@ -207,7 +207,7 @@ impl Watch {
                 upgrade_to: Some(now.clone()),
                 after_roll_may_have_begun: late || attempt > 1,
             };
-            match self.snapshot(store, kcp).await {
+            match self.snapshot(store, kcp, &regarding).await {
                 Ok(manifest) => {
                     self.drill_and_record(store, recorded, &regarding, (&described, &now), &manifest).await;
                     return;
@@ -278,11 +278,32 @@ impl Watch {
         self.metrics.upgrade.snapshots.get_or_create(&labels).inc();
     }
 
-    /// One full snapshot labelled `kcp`, in the snapshots' turn, aborted cleanly by a shutdown.
-    async fn snapshot(&self, store: &Store, kcp: KcpVersion) -> Result<Manifest, SnapshotError> {
-        let _turn = self.snapshots_turn.lock().await;
+    /// One full snapshot labelled `kcp`, in the snapshots' turn, aborted cleanly by a shutdown. Waiting for the
+    /// shard's lock is told on the operator's object (`PreUpgradeSnapshotWaiting`).
+    async fn snapshot(
+        &self,
+        store: &Store,
+        mut kcp: KcpVersion,
+        regarding: &ObjectReference,
+    ) -> Result<Manifest, SnapshotError> {
+        // Waiting for another run (the snapshots' turn here, the shard's lock in `take`) may let the roll begin.
+        let _turn = match self.snapshots_turn.try_lock() {
+            Ok(turn) => turn,
+            Err(_) => {
+                kcp.after_roll_may_have_begun = true;
+                self.snapshots_turn.lock().await
+            }
+        };
         let shard = &self.shard.name;
-        let waiting = |holder: &str| tracing::warn!(shard, holder, "another run holds the shard's lock; waiting");
+        let waiting = |holder: &str| {
+            tracing::warn!(shard, holder, "another run holds the shard's lock; waiting");
+            let note = format!(
+                "the snapshot of shard {shard} before the kcp upgrade waits for another run ({holder}): it may come \
+                 after the roll began, and its manifest says so"
+            );
+            let (kind, reason) = (EventType::Warning, "PreUpgradeSnapshotWaiting");
+            self.events.publish_detached(regarding.clone(), kind, reason, "PreUpgradeSnapshot", note);
+        };
         let run = snapshot::Run {
             tick: None,
             progress: None,
