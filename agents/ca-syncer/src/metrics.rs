@@ -299,7 +299,7 @@ mod tests {
         let out = text(&registry);
         assert!(out.contains(&format!("{} 0", series("hub"))), "{out}");
         let gone = Consumer { kind: kcp_keeper_runtime::consumer_restart::Kind::Deployment, name: "gone".into() };
-        metrics.consumers.pending.get_or_create(&metrics.consumers.labels("kcp", "hub", &gone)).set(1);
+        metrics.consumers.series.pending.get_or_create(&metrics.consumers.labels("kcp", "hub", &gone)).set(1);
         metrics.consumers_configured(&config(", restartDeployments: [hub]"));
         let out = text(&registry);
         assert!(out.contains(&format!("{} 0", series("hub"))), "{out}");

@@ -515,19 +515,11 @@ crate::metrics! {
 }
 
 /// `<prefix>consumer_restart_pending` and `<prefix>consumer_restart_deferred_until_timestamp_seconds` (the
-/// [`ConsumerSeries`], which it dereferences to), with the agent's owner label.
+/// [`ConsumerSeries`]), with the agent's owner label.
 #[derive(Clone, Debug)]
 pub struct ConsumerMetrics {
     owner_label: &'static str,
-    series: ConsumerSeries,
-}
-
-impl std::ops::Deref for ConsumerMetrics {
-    type Target = ConsumerSeries;
-
-    fn deref(&self) -> &ConsumerSeries {
-        &self.series
-    }
+    pub series: ConsumerSeries,
 }
 
 impl ConsumerMetrics {
@@ -548,26 +540,26 @@ impl ConsumerMetrics {
     /// Creates a consumer's series at 0, so it shows before its first restart.
     pub fn touch(&self, owner: &str, namespace: &str, consumer: &Consumer) {
         let labels = self.labels(owner, namespace, consumer);
-        let _ = self.pending.get_or_create(&labels);
-        let _ = self.deferred_until.get_or_create(&labels);
+        let _ = self.series.pending.get_or_create(&labels);
+        let _ = self.series.deferred_until.get_or_create(&labels);
     }
 
     /// Records what [`Restarter::converge`] returned: pending on an error, deferred until when.
     pub fn record(&self, owner: &str, namespace: &str, consumer: &Consumer, result: &Result<Done, RestartError>) {
         let labels = self.labels(owner, namespace, consumer);
-        self.pending.get_or_create(&labels).set(i64::from(result.is_err()));
+        self.series.pending.get_or_create(&labels).set(i64::from(result.is_err()));
         let until = match result {
             Ok(Done::Deferred { until }) => until.unix_timestamp() as f64,
             _ => 0.0,
         };
-        self.deferred_until.get_or_create(&labels).set(until);
+        self.series.deferred_until.get_or_create(&labels).set(until);
     }
 
     /// Drops the series of a consumer no longer configured (or of a target namespace no longer selected).
     pub fn forget(&self, owner: &str, namespace: &str, consumer: &Consumer) {
         let labels = self.labels(owner, namespace, consumer);
-        self.pending.remove(&labels);
-        self.deferred_until.remove(&labels);
+        self.series.pending.remove(&labels);
+        self.series.deferred_until.remove(&labels);
     }
 }
 
