@@ -53,7 +53,17 @@ pub struct NoMember {
 }
 
 pub async fn connect(endpoint: &str, tls: Option<&TlsFiles>) -> anyhow::Result<Client> {
-    let mut options = ConnectOptions::new().with_connect_timeout(CONNECT_TIMEOUT);
+    connect_with(endpoint, tls, ConnectOptions::new()).await
+}
+
+/// As [`connect`], every call marked as needing a leader: a member that has lost its leader (cut off from its
+/// peers) refuses them at once, and ends its watches, rather than answering from what it alone holds.
+pub async fn connect_led(endpoint: &str, tls: Option<&TlsFiles>) -> anyhow::Result<Client> {
+    connect_with(endpoint, tls, ConnectOptions::new().with_require_leader(true)).await
+}
+
+async fn connect_with(endpoint: &str, tls: Option<&TlsFiles>, options: ConnectOptions) -> anyhow::Result<Client> {
+    let mut options = options.with_connect_timeout(CONNECT_TIMEOUT);
     if let Some(tls) = tls {
         let read = |p: &std::path::Path| {
             std::fs::read(p).map_err(|e| anyhow::anyhow!("reading a TLS file of the shard: {}", e.kind()))

@@ -152,7 +152,13 @@ pub fn etcdutl_status(etcdutl: &Path, db: &Path) -> anyhow::Result<Status> {
         .output()
         .with_context(|| format!("running {}", etcdutl.display()))?;
     ensure!(out.status.success(), "etcdutl snapshot status failed: {}", String::from_utf8_lossy(&out.stderr).trim());
-    serde_json::from_slice(&out.stdout).context("reading etcdutl's JSON")
+    let mut status: Status = serde_json::from_slice(&out.stdout).context("reading etcdutl's JSON")?;
+    // A cluster never written to stores no revision (etcdutl reads 0), while it answers, and a member
+    // restored from it serves, revision 1: the revision everything else compares with.
+    if status.revision == 0 {
+        status.revision = 1;
+    }
+    Ok(status)
 }
 
 /// Proves a fetched snapshot: both hashes (done by [`fetch`]), then etcdutl reads its structure and finds

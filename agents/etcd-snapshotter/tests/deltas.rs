@@ -564,3 +564,71 @@ async fn an_idle_shard_with_no_write_after_its_full_snapshot_reports_a_recovery_
     let (id, _) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
     assert!(deltas_of(&s3, &bed.s3.bucket, &id).await.is_empty(), "no write, so no delta object");
 }
+
+/// The stored chain's newest revision under `id` (the snapshot's own when no delta is stored yet).
+async fn stored_revision(s3: &aws_sdk_s3::Client, bucket: &str, id: &str, snapshot_revision: u64) -> i64 {
+    deltas_of(s3, bucket, id).await.last().map_or(snapshot_revision, |d| d.to) as i64
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_cut_off_from_its_peers_neither_stalls_the_deltas_nor_lets_the_recovery_point_claim_writes_not_stored()
+{
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd =
+        testbed::Etcd::start_partitionable(&bed.peers.path("etcd"), &bed.path("root-etcd"), "root").await.unwrap();
+    // Member 0 is listed first: the writer watches it until it is cut off.
+    let endpoints = etcd.members.iter().map(|m| m.client_url.clone()).collect();
+    let mut options = Options::new(&bed, "root", endpoints);
+    options.shard_extra = "deltas:\n  enabled: true\n  interval: 1s\n  maxBytes: 64Ki\n".into();
+    let config = write_config(&bed, &options).unwrap();
+    snapshot_ok(&config);
+    let s3 = bed.s3.client();
+    let (id, snapshot_revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+    let agent = agent(cluster, &config, &ns).start().await.unwrap();
+    // The load goes to the two members that keep their quorum.
+    let urls = [etcd.members[1].client_url.clone(), etcd.members[2].client_url.clone()];
+    let writes = Load::start(
+        etcd_client::Client::connect(urls, None).await.unwrap(),
+        "/registry/load",
+        Duration::from_millis(20),
+    );
+    wait_for_deltas(&s3, &bed.s3.bucket, &id, 2).await;
+    let series = "etcd_snapshotter_delta_stored_through_timestamp_seconds{shard=\"root\"}";
+
+    etcd.cut(0);
+    let cut_at = kcp_keeper_runtime::metrics::unix_now();
+    // For 30 s, every claim of the metric is checked against the bucket right after it is read: every write
+    // acknowledged before the claimed time must be stored.
+    let (mut samples, mut claims_after_cut) = (0, 0);
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(30) {
+        let claimed = agent.metric(series).await.unwrap();
+        let stored = stored_revision(&s3, &bed.s3.bucket, &id, snapshot_revision).await;
+        let acked = writes.acked();
+        let missing: Vec<&Ack> = acked.iter().filter(|a| a.unix <= claimed && a.revision > stored).collect();
+        assert!(
+            missing.is_empty(),
+            "the metric claims the shard stored through {claimed:.3} ({:.1}s after the cut), but {} writes acknowledged before then are not stored (stored through revision {stored}, first missing {:?})",
+            claimed - cut_at,
+            missing.len(),
+            missing.first().map(|a| a.revision),
+        );
+        samples += 1;
+        claims_after_cut += usize::from(claimed > cut_at);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The deltas went on through the members with a quorum: everything acknowledged is stored, and restores.
+    let mut source = etcd.member_client(1).await.unwrap();
+    let through = writes.finish_at_source(&mut source).await;
+    wait_until_stored(&s3, &bed.s3.bucket, &id, through).await;
+    println!(
+        "{samples} samples of the recovery point after the cut, {claims_after_cut} of them claiming a time after it"
+    );
+    assert!(claims_after_cut > 0, "the recovery point moved past the cut once the deltas went on elsewhere");
+    etcd.heal(0);
+    let (_p, mut restored, _) = restore_and_start(&bed, &config, "latest", "after-the-cut").await;
+    let served = mod_revisions(&mut restored, "/registry/load/").await;
+    assert_eq!(served, mod_revisions(&mut source, "/registry/load/").await, "restore --at latest serves the source");
+}

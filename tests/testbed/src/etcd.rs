@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 
+use crate::peer_net::PeerNet;
 use crate::process::{Process, free_port, wait_until};
 
 pub struct EtcdMember {
@@ -16,6 +17,18 @@ pub struct EtcdMember {
 
 pub struct Etcd {
     pub members: Vec<EtcdMember>,
+    /// The peer network, when the members' peer traffic goes through proxies ([`Etcd::start_partitionable`]).
+    pub peers: Option<PeerNet>,
+}
+
+/// How a cluster is started: its size, extra flags, fsync, and whether its peers talk through [`PeerNet`].
+#[derive(Default, Clone)]
+pub struct Layout<'a> {
+    pub size: usize,
+    pub extra: &'a [&'a str],
+    /// fsync on every commit, as in production (off by default: a shared 2-core machine stays responsive).
+    pub fsync: bool,
+    pub peer_proxies: bool,
 }
 
 impl Etcd {
@@ -26,18 +39,68 @@ impl Etcd {
 
     /// As [`Etcd::start`], each member with `extra` flags too (a small `--quota-backend-bytes`, say).
     pub async fn start_with(etcd: &Path, dir: &Path, name: &str, size: usize, extra: &[&str]) -> Result<Self> {
+        Self::start_laid_out(etcd, dir, name, Layout { size, extra, ..Default::default() }).await
+    }
+
+    /// Three members with fsync on, whose peer traffic goes through [`PeerNet`]: any member can be cut off
+    /// from its peers ([`Etcd::cut`]) while its clients still reach it.
+    pub async fn start_partitionable(etcd: &Path, dir: &Path, name: &str) -> Result<Self> {
+        let layout = Layout { size: 3, fsync: true, peer_proxies: true, ..Default::default() };
+        let cluster = Self::start_laid_out(etcd, dir, name, layout).await?;
+        let listed = cluster.member_client(0).await?.member_list().await?;
+        let ids = cluster
+            .members
+            .iter()
+            .map(|m| {
+                let listed = listed.members().iter().find(|l| l.name() == m.name);
+                listed.map(|l| format!("{:x}", l.id())).with_context(|| format!("{} is not in the member list", m.name))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        cluster.peers.as_ref().expect("started with peer proxies").learn_ids(ids);
+        Ok(cluster)
+    }
+
+    /// Cuts member `i` off from its peers (both directions); its clients still reach it.
+    pub fn cut(&self, i: usize) {
+        self.peers.as_ref().expect("a partitionable cluster").cut(i);
+    }
+
+    /// Lets member `i` reach its peers again.
+    pub fn heal(&self, i: usize) {
+        self.peers.as_ref().expect("a partitionable cluster").heal(i);
+    }
+
+    /// Starts the cluster `layout` describes and waits until every member answers.
+    pub async fn start_laid_out(etcd: &Path, dir: &Path, name: &str, layout: Layout<'_>) -> Result<Self> {
+        let Layout { size, extra, fsync, peer_proxies } = layout;
         ensure!(size == 1 || size == 3, "an etcd cluster here has 1 or 3 members, not {size}");
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let ports: Vec<(u16, u16)> = (0..size).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_>>()?;
+        // (client, peer as advertised, peer as listened): the two peer ports differ only behind proxies.
+        let ports: Vec<(u16, u16, u16)> = (0..size)
+            .map(|_| {
+                let (client, peer) = (free_port()?, free_port()?);
+                Ok((client, peer, if peer_proxies { free_port()? } else { peer }))
+            })
+            .collect::<Result<_>>()?;
+        let net = if peer_proxies {
+            Some(
+                PeerNet::start(
+                    &ports.iter().map(|&(_, advertised, listened)| (advertised, listened)).collect::<Vec<_>>(),
+                )
+                .await?,
+            )
+        } else {
+            None
+        };
         let initial_cluster = ports
             .iter()
             .enumerate()
-            .map(|(i, (_, peer))| format!("{name}-{i}=http://127.0.0.1:{peer}"))
+            .map(|(i, (_, peer, _))| format!("{name}-{i}=http://127.0.0.1:{peer}"))
             .collect::<Vec<_>>()
             .join(",");
         let token = format!("{name}-{}", rand::random::<u32>());
         let mut members = Vec::new();
-        for (i, (client, peer)) in ports.into_iter().enumerate() {
+        for (i, (client, peer, listened)) in ports.into_iter().enumerate() {
             let member = format!("{name}-{i}");
             let client_url = format!("http://127.0.0.1:{client}");
             let peer_url = format!("http://127.0.0.1:{peer}");
@@ -47,20 +110,21 @@ impl Etcd {
                 format!("--data-dir={}", data_dir.display()),
                 format!("--listen-client-urls={client_url}"),
                 format!("--advertise-client-urls={client_url}"),
-                format!("--listen-peer-urls={peer_url}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{listened}"),
                 format!("--initial-advertise-peer-urls={peer_url}"),
                 format!("--initial-cluster={initial_cluster}"),
                 "--initial-cluster-state=new".into(),
                 format!("--initial-cluster-token={token}"),
-                // Tests need no fsync durability; this keeps a shared 2-core machine responsive.
-                "--unsafe-no-fsync".into(),
                 "--log-level=warn".into(),
             ];
+            if !fsync {
+                args.push("--unsafe-no-fsync".into());
+            }
             args.extend(extra.iter().map(|f| f.to_string()));
             let process = Process::start(&member, etcd, args, dir.join(format!("{member}.log")))?;
             members.push(EtcdMember { name: member, client_url, peer_url, process });
         }
-        let mut cluster = Self { members };
+        let mut cluster = Self { members, peers: net };
         for i in 0..cluster.members.len() {
             cluster.wait_healthy(i).await?;
         }

@@ -25,6 +25,7 @@ pub mod leaks;
 pub mod metrics;
 pub mod node;
 pub mod operators;
+pub mod peer_net;
 pub mod process;
 pub mod projection;
 pub mod s3;

@@ -13,16 +13,20 @@
 //! published) between the read and a write: the delta then has no manifest, carries this agent's `written-by`
 //! and is older than the next run's lock, so that run's clean-up removes it (`snapshot::clean_interrupted`).
 //!
-//! Every `interval` the writer asks etcd for the watch's progress; the answer's revision is one every event up
-//! to which has arrived, so once the buffer is written the store holds the shard as it was when the request
-//! was sent: that time is `delta_stored_through_timestamp_seconds`, and `time() - it` is the recovery point.
-//! etcd leaves that request unanswered while the watch starts past its revision (no write since the last stored
-//! one); then a linearizable read of the revision below the chain's next one proves the same point.
-//!
+//! The recovery point is proven from what is stored, never from the watch being alive: every `interval` the
+//! writer reads the cluster's revision linearizably (a quorum read, which a member cut off from its peers
+//! cannot serve) and notes when it sent the read. Every write acknowledged before then has a revision at most
+//! the one read, so once the chain stored reaches that revision the store holds the shard as it was at that
+//! time: that time is `delta_stored_through_timestamp_seconds`, and `time() - it` is the recovery point. The
+//! watch's progress answers only say when the buffer holds every event up to a revision and may be written.
+//! The watch and every read are marked as needing a leader: a member that loses its peers ends the watch
+//! within a few election timeouts, and the next session watches a member that still has a quorum.
+
 //! A flush at most every `deltas.hashKvInterval` (and the session's first) also asks the member for `HashKV(to)` and
 //! the key count at `to`, and the delta carries them ([`super::Live`]) for drills to compare with. Not every
 //! flush: HashKV reads the member's whole database, as etcd's own corruption check does.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -155,7 +159,18 @@ impl Writer {
         let watch = client.watch_client().max_decoding_message_size(256 << 20).watch("", Some(options)).await?;
         tracing::info!(shard = self.shard.name, snapshot = chain.snapshot.id, from = chain.next, "watching for deltas");
 
-        let session = Session { store, own, client, live, chain, label, buffer: Vec::new(), buffered: 0, asked: None };
+        let session = Session {
+            store,
+            own,
+            client,
+            live,
+            chain,
+            label,
+            buffer: Vec::new(),
+            buffered: 0,
+            asked: None,
+            claims: VecDeque::new(),
+        };
         Ok(Some((session, watch)))
     }
 
@@ -168,24 +183,15 @@ impl Writer {
         }
         // An unanswered request (etcd busy catching the watcher up): write what is here anyway, so the
         // buffer never waits longer than an interval or two.
-        if session.asked.as_ref().is_some_and(|a| a.mono.elapsed() >= self.deltas.interval) {
+        if session.asked.as_ref().is_some_and(|a| a.elapsed() >= self.deltas.interval) {
             if let Some(end) = self.flush(session).await? {
                 return Ok(Some(end));
             }
-            // etcd answers no progress request while the watch's start revision is ahead of its own
-            // (a shard with no write since the last stored revision), so an idle shard would never
-            // prove a point. There a linearizable read says the same: nothing after what is stored
-            // was committed when it was sent.
-            let sent = SystemAndMono::now();
-            if current_revision(&session.client).await.is_some_and(|revision| revision < session.chain.next) {
-                self.metrics.delta.stored_through.get_or_create(&session.label).set(sent.unix);
-            }
         }
-        if session.asked.is_none()
-            || session.asked.as_ref().is_some_and(|a| a.mono.elapsed() >= self.deltas.interval * 3)
-        {
+        session.claim(&self.metrics).await;
+        if session.asked.is_none() || session.asked.as_ref().is_some_and(|a| a.elapsed() >= self.deltas.interval * 3) {
             watch.request_progress().await?;
-            session.asked = Some(SystemAndMono::now());
+            session.asked = Some(Instant::now());
         }
         Ok(None)
     }
@@ -228,17 +234,10 @@ impl Writer {
         {
             return Ok(Some(end));
         }
-        if response.events().is_empty()
-            && !response.created()
-            && let Some(sent) = session.asked.take()
-        {
-            // A progress answer: every event up to its revision has arrived.
+        if response.events().is_empty() && !response.created() && session.asked.take().is_some() {
+            // A progress answer: every event up to its revision has arrived, so the buffer is whole.
             if let Some(end) = self.flush(session).await? {
                 return Ok(Some(end));
-            }
-            let through = response.header().map(|h| h.revision()).unwrap_or_default();
-            if through as u64 + 1 >= session.chain.next {
-                self.metrics.delta.stored_through.get_or_create(&session.label).set(sent.unix);
             }
         }
         Ok(None)
@@ -308,6 +307,7 @@ impl Writer {
         chain.previous = Some(sha256);
         buffer.clear();
         *buffered = 0;
+        session.prove(&self.metrics);
         Ok(None)
     }
 }
@@ -323,10 +323,44 @@ struct Session {
     buffer: Vec<Event>,
     buffered: u64,
     /// The progress request in flight: when it was sent.
-    asked: Option<SystemAndMono>,
+    asked: Option<Instant>,
+    /// Quorum reads not yet proven stored, oldest first: when each was sent and the revision it read.
+    claims: VecDeque<(f64, u64)>,
 }
 
+/// Claims kept waiting for the chain to reach them; a newer one proven proves every older one.
+const CLAIMS: usize = 16;
+
 impl Session {
+    /// Reads the cluster's revision through a quorum and keeps it as a claim for [`Session::prove`]; nothing
+    /// when the read fails (a member without a leader refuses it): no point is proven until one succeeds.
+    async fn claim(&mut self, metrics: &Metrics) {
+        let sent = unix_now();
+        if let Some(revision) = current_revision(&self.client).await {
+            if self.claims.len() == CLAIMS {
+                self.claims.pop_front();
+            }
+            self.claims.push_back((sent, revision));
+        }
+        self.prove(metrics);
+    }
+
+    /// Sets the recovery point to the newest claim the stored chain reaches: everything committed before it
+    /// was sent is in the store.
+    fn prove(&mut self, metrics: &Metrics) {
+        let stored = self.chain.next - 1;
+        let mut proven = None;
+        while let Some(&(sent, revision)) = self.claims.front()
+            && revision <= stored
+        {
+            proven = Some(sent);
+            self.claims.pop_front();
+        }
+        if let Some(sent) = proven {
+            metrics.delta.stored_through.get_or_create(&self.label).set(sent);
+        }
+    }
+
     /// Buffers a watch response's events, each stamped with when it was received.
     fn push_events(&mut self, response: &WatchResponse) {
         let received_ms = chrono::Utc::now().timestamp_millis();
@@ -346,18 +380,6 @@ impl Session {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct SystemAndMono {
-    unix: f64,
-    mono: Instant,
-}
-
-impl SystemAndMono {
-    fn now() -> Self {
-        Self { unix: unix_now(), mono: Instant::now() }
-    }
-}
-
 /// The cluster's revision now, from a linearizable count of one key (no value read); `None` when the read fails
 /// (the next tick asks again).
 async fn current_revision(client: &etcd_client::Client) -> Option<u64> {
@@ -367,15 +389,15 @@ async fn current_revision(client: &etcd_client::Client) -> Option<u64> {
     Some(response.header()?.revision() as u64)
 }
 
-/// The first member of the shard that answers (any member serves the watch of the whole cluster).
+/// The first member of the shard that serves a quorum read (any member with a leader serves the watch of the
+/// whole cluster; one cut off from its peers answers Status, but not this).
 async fn connect(shard: &Shard) -> anyhow::Result<etcd_client::Client> {
     let mut last = None;
     for endpoint in &shard.endpoints {
-        match crate::member::connect(endpoint, shard.tls.as_ref()).await {
-            Ok(mut client) => match tokio::time::timeout(Duration::from_secs(10), client.status()).await {
-                Ok(Ok(_)) => return Ok(client),
-                Ok(Err(e)) => last = Some(anyhow::anyhow!("{e}")),
-                Err(_) => last = Some(anyhow::anyhow!("status timed out")),
+        match crate::member::connect_led(endpoint, shard.tls.as_ref()).await {
+            Ok(client) => match current_revision(&client).await {
+                Some(_) => return Ok(client),
+                None => last = Some(anyhow::anyhow!("{endpoint} serves no quorum read")),
             },
             Err(e) => last = Some(e),
         }

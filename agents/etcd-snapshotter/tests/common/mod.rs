@@ -350,6 +350,8 @@ pub struct Ack {
     pub key: String,
     pub revision: i64,
     pub at: Instant,
+    /// The wall clock when the answer came (the agent's metrics speak in it).
+    pub unix: f64,
 }
 
 /// A writer at a steady rate (one put every `every`) until stopped or etcd fails; the acks it got.
@@ -378,7 +380,8 @@ impl Load {
                 match put.await {
                     Ok(Ok(response)) => {
                         let revision = response.header().unwrap().revision();
-                        acks_in.lock().unwrap().push(Ack { key, revision, at: Instant::now() });
+                        let (at, unix) = (Instant::now(), kcp_keeper_runtime::metrics::unix_now());
+                        acks_in.lock().unwrap().push(Ack { key, revision, at, unix });
                     }
                     // etcd is gone (the node-loss test): the load ends with it.
                     _ => return,

@@ -120,7 +120,7 @@ impl Kcp {
             shards.push(Shard {
                 name,
                 url: entry.url,
-                etcd: Etcd { members },
+                etcd: Etcd { members, peers: None },
                 process: Process::elsewhere(&format!("kcp {name} shard"), shard_dir.join("kcp.log")),
                 admin_kubeconfig: entry.admin_kubeconfig,
             });
