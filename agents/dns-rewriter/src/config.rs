@@ -243,17 +243,6 @@ impl Parse for Resolver {
     }
 }
 
-/// The field's duration; `default` when it is absent, and `default` after an error at `path` with the parser's
-/// reason when its text is not a duration.
-fn duration_or(
-    field: Option<Checked<GoDuration>>,
-    path: &str,
-    default: Duration,
-    errors: &mut Vec<FieldError>,
-) -> Duration {
-    field.and_then(|f| f.value(path, errors)).map_or(default, |GoDuration(d)| d)
-}
-
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -355,7 +344,9 @@ impl Config {
         let discovery = raw.discovery.map(|d| discovery(&mut errors, d));
         let verify = verify(&mut errors, raw.verify.unwrap_or_default());
         let node_local_dns = node_local_dns(&mut errors, raw.node_local_dns.unwrap_or_default());
-        let resync_interval = resync_interval(&mut errors, raw.resync_interval);
+        let min_resync = (MIN_RESYNC, "must be at least 10s");
+        let resync_interval =
+            duration_at_least(&mut errors, "resyncInterval", raw.resync_interval, DEFAULT_RESYNC, min_resync);
         match (target, cluster_domain) {
             (Some(target), Some(cluster_domain)) if errors.is_empty() => Ok(Config {
                 target,
@@ -529,8 +520,9 @@ fn discovery(errors: &mut Vec<FieldError>, raw: RawDiscovery) -> Discovery {
 
 fn verify(errors: &mut Vec<FieldError>, raw: RawVerify) -> Verify {
     let resolver = raw.resolver.and_then(|r| r.value("verify.resolver", errors)).map(|r| r.0);
-    let timeout = positive_duration(errors, "verify.timeout", raw.timeout, DEFAULT_TIMEOUT);
-    let settle = positive_duration(errors, "verify.settle", raw.settle, DEFAULT_SETTLE);
+    let more_than_0 = (Duration::from_nanos(1), "must be more than 0");
+    let timeout = duration_at_least(errors, "verify.timeout", raw.timeout, DEFAULT_TIMEOUT, more_than_0);
+    let settle = duration_at_least(errors, "verify.settle", raw.settle, DEFAULT_SETTLE, more_than_0);
     Verify { resolver, timeout, settle }
 }
 
@@ -540,23 +532,18 @@ fn node_local_dns(errors: &mut Vec<FieldError>, raw: RawNodeLocalDns) -> Option<
     raw.enabled.unwrap_or(true).then_some(key)
 }
 
-fn resync_interval(errors: &mut Vec<FieldError>, field: Option<Checked<GoDuration>>) -> Duration {
-    let interval = duration_or(field, "resyncInterval", DEFAULT_RESYNC, errors);
-    if interval < MIN_RESYNC {
-        errors.push(FieldError::new("resyncInterval", "must be at least 10s"));
-    }
-    interval
-}
-
-fn positive_duration(
+/// The field's duration: `default` when it is absent, and `default` after an error at `path` with the parser's
+/// reason when its text is not a duration; shorter than `min`, an error at `path` with `reason` too.
+fn duration_at_least(
     errors: &mut Vec<FieldError>,
     path: &str,
     field: Option<Checked<GoDuration>>,
     default: Duration,
+    (min, reason): (Duration, &str),
 ) -> Duration {
-    let d = duration_or(field, path, default, errors);
-    if d.is_zero() {
-        errors.push(FieldError::new(path, "must be more than 0"));
+    let d = field.and_then(|f| f.value(path, errors)).map_or(default, |GoDuration(d)| d);
+    if d < min {
+        errors.push(FieldError::new(path, reason));
     }
     d
 }

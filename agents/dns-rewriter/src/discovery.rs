@@ -36,42 +36,33 @@ pub enum Kind {
 impl Kind {
     pub const ALL: [Kind; 3] = [Kind::RootShard, Kind::Shard, Kind::FrontProxy];
 
-    /// The `app.kubernetes.io/component` label value of the operator's Service for this kind.
-    pub fn component(self) -> &'static str {
+    /// The kind's name, plural, and the `app.kubernetes.io/component` label value of the operator's Service
+    /// for it.
+    fn names(self) -> (&'static str, &'static str, &'static str) {
         match self {
-            Kind::RootShard => "rootshard",
-            Kind::Shard => "shard",
-            Kind::FrontProxy => "front-proxy",
-        }
-    }
-
-    pub fn plural(self) -> &'static str {
-        match self {
-            Kind::RootShard => "rootshards",
-            Kind::Shard => "shards",
-            Kind::FrontProxy => "frontproxies",
+            Kind::RootShard => ("RootShard", "rootshards", "rootshard"),
+            Kind::Shard => ("Shard", "shards", "shard"),
+            Kind::FrontProxy => ("FrontProxy", "frontproxies", "front-proxy"),
         }
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Kind::RootShard => "RootShard",
-            Kind::Shard => "Shard",
-            Kind::FrontProxy => "FrontProxy",
-        }
+        self.names().0
+    }
+
+    pub fn plural(self) -> &'static str {
+        self.names().1
+    }
+
+    pub fn component(self) -> &'static str {
+        self.names().2
     }
 }
 
 /// Which kinds a discovery configuration asks for, in [`Kind::ALL`]'s order.
 pub fn wanted_kinds(root_shards: bool, shards: bool, front_proxies: bool) -> Vec<Kind> {
-    Kind::ALL
-        .into_iter()
-        .filter(|k| match k {
-            Kind::RootShard => root_shards,
-            Kind::Shard => shards,
-            Kind::FrontProxy => front_proxies,
-        })
-        .collect()
+    let wanted = [root_shards, shards, front_proxies];
+    Kind::ALL.into_iter().zip(wanted).filter_map(|(kind, on)| on.then_some(kind)).collect()
 }
 
 /// One RootShard, Shard or FrontProxy as read from the cluster.

@@ -50,16 +50,6 @@ pub enum NodeLocalError {
     NoCorefile,
 }
 
-impl NodeLocalError {
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::Block(e) => e.metric_label(),
-            Self::Grammar(_) | Self::ForeignBytesChanged => "grammar",
-            _ => "cluster_block",
-        }
-    }
-}
-
 /// What the cluster domain's server block says, checked: where node-local-dns listens and where it forwards.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterBlock {

@@ -15,7 +15,8 @@ use crate::rules::{RuleSet, ServiceRef, Target};
 use crate::services::{ClusterIp, ServiceFacts};
 
 /// Why one rule is not written.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
 pub enum RuleError {
     #[error("{origin}: invalid hostname: {reason}")]
     InvalidHostname { origin: Origin, reason: HostnameError },
@@ -34,12 +35,12 @@ pub enum RuleError {
     ServiceNoClusterIp { origin: Origin, host: Hostname, service: ServiceRef },
     #[error("{origin}: no Service in its namespace is labelled {component_label}={component}, {instance_label}={instance}", component_label = discovery::COMPONENT_LABEL, instance_label = discovery::INSTANCE_LABEL)]
     ServiceNotFound { origin: Origin, component: &'static str, instance: String },
+    #[error("{origin}: {count} Services carry the operator's labels for it; expected one")]
+    ServiceAmbiguous { origin: Origin, count: usize },
     /// The rule's target name does not resolve through the cluster DNS (a wrong `clusterDomain`, a namespace
     /// the `kubernetes` plugin does not serve): written, the public name would answer NXDOMAIN in-cluster.
     #[error("{host}: the target {target} does not resolve through the cluster DNS; the rule is not written")]
     TargetUnresolved { host: Hostname, target: String },
-    #[error("{origin}: {count} Services carry the operator's labels for it; expected one")]
-    ServiceAmbiguous { origin: Origin, count: usize },
     #[error(
         "{host}: claimed for Service {first} by {first_origin} and for Service {second} by {second_origin}; neither is written"
     )]
@@ -48,35 +49,11 @@ pub enum RuleError {
 
 impl RuleError {
     /// Every label [`RuleError::reason`] can give, so metric series exist (at 0) from the start.
-    pub const REASONS: &'static [&'static str] = &[
-        "invalid_hostname",
-        "in_cluster_domain",
-        "invalid_rule",
-        "invalid_url",
-        "service_missing",
-        "service_headless",
-        "service_no_cluster_ip",
-        "service_not_found",
-        "service_ambiguous",
-        "target_unresolved",
-        "conflict",
-    ];
+    pub const REASONS: &'static [&'static str] = <Self as strum::VariantNames>::VARIANTS;
 
-    /// A low-cardinality label for metrics and Event reasons.
+    /// A low-cardinality label for metrics and Event reasons: the variant's name in snake case.
     pub fn reason(&self) -> &'static str {
-        match self {
-            Self::InvalidHostname { .. } => "invalid_hostname",
-            Self::InClusterDomain { .. } => "in_cluster_domain",
-            Self::InvalidRule { .. } => "invalid_rule",
-            Self::InvalidUrl { .. } => "invalid_url",
-            Self::ServiceMissing { .. } => "service_missing",
-            Self::ServiceHeadless { .. } => "service_headless",
-            Self::ServiceNoClusterIp { .. } => "service_no_cluster_ip",
-            Self::ServiceNotFound { .. } => "service_not_found",
-            Self::ServiceAmbiguous { .. } => "service_ambiguous",
-            Self::TargetUnresolved { .. } => "target_unresolved",
-            Self::Conflict { .. } => "conflict",
-        }
+        self.into()
     }
 }
 

@@ -247,7 +247,7 @@ impl Rewriter {
                     key.key,
                     rules.len() - taken.len()
                 );
-                self.event_on(key, EventType::Normal, "NodeLocalDnsWritten", &note).await;
+                self.event_on(key, "", EventType::Normal, "NodeLocalDnsWritten", &note).await;
                 Ok((true, cluster.listen_addresses()))
             }
             Err(e) => Err(self.node_local_failed(key, &object, &e.to_string()).await),
@@ -258,6 +258,7 @@ impl Rewriter {
         tracing::warn!(configmap = %object, %error, "node-local-dns not written");
         self.event_on(
             key,
+            "",
             EventType::Warning,
             "NodeLocalDnsNotWritten",
             &format!("key {}: nothing written: {error}", key.key),
@@ -448,25 +449,18 @@ impl Rewriter {
         // One rate-limit bucket per note (each names its rule): a sixth rule error of one reason is not lost to
         // the runtime's burst of five per object and reason.
         for (kind, reason, note) in new {
-            self.event_about(note, *kind, reason, note).await;
+            self.event_on(self.key(), note, *kind, reason, note).await;
         }
     }
 
-    /// An Event about another ConfigMap than the managed one (node-local-dns's).
-    async fn event_on(&self, key: &ConfigMapKey, kind: EventType, reason: &str, note: &str) {
+    /// An Event about ConfigMap `key` (the managed one, or node-local-dns's) whose rate limit is `subject`'s own.
+    async fn event_on(&self, key: &ConfigMapKey, subject: &str, kind: EventType, reason: &str, note: &str) {
         let regarding = reference("v1", "ConfigMap", &key.namespace, &key.name, None);
-        self.events.publish_about(&regarding, "", kind, reason, "Rewrite", note).await;
+        self.events.publish_about(&regarding, subject, kind, reason, "Rewrite", note).await;
     }
 
     async fn event(&self, kind: EventType, reason: &str, note: &str) {
-        self.event_about("", kind, reason, note).await;
-    }
-
-    /// An Event whose rate limit is `subject`'s own.
-    async fn event_about(&self, subject: &str, kind: EventType, reason: &str, note: &str) {
-        let key = self.key();
-        let regarding = reference("v1", "ConfigMap", &key.namespace, &key.name, None);
-        self.events.publish_about(&regarding, subject, kind, reason, "Rewrite", note).await;
+        self.event_on(self.key(), "", kind, reason, note).await;
     }
 }
 

@@ -9,16 +9,20 @@
 //! (and the one write) are [`rbac`]'s, from the same [`service_scopes`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
 
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kcp_keeper_runtime::watch::{Watches, by_name};
+use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
+use serde::de::DeserializeOwned;
 
 use crate::cluster::ClusterView;
 use crate::config::Config;
-use crate::discovery::{COMPONENT_LABEL, Kind};
+use crate::discovery::COMPONENT_LABEL;
 use crate::operator::{FrontProxy, OperatorKind, RootShard, Shard};
 use crate::services::ServiceFacts;
 
@@ -92,27 +96,10 @@ impl Scope {
                 watches.add(format!("services in {ns}"), api, scope.watcher_config())
             })
             .collect();
-        let mut scope = Self { configmap, node_local, services, root_shards: None, shards: None, front_proxies: None };
-        if let Some(d) = &config.discovery {
-            for kind in &d.kinds {
-                let name = format!("{} in {}", kind.plural(), d.namespace);
-                match kind {
-                    Kind::RootShard => {
-                        scope.root_shards =
-                            Some(watches.add(name, Api::namespaced(client.clone(), &d.namespace), Default::default()))
-                    }
-                    Kind::Shard => {
-                        scope.shards =
-                            Some(watches.add(name, Api::namespaced(client.clone(), &d.namespace), Default::default()))
-                    }
-                    Kind::FrontProxy => {
-                        scope.front_proxies =
-                            Some(watches.add(name, Api::namespaced(client.clone(), &d.namespace), Default::default()))
-                    }
-                }
-            }
-        }
-        (scope, watches)
+        let root_shards = operator_watch(&mut watches, client, config);
+        let shards = operator_watch(&mut watches, client, config);
+        let front_proxies = operator_watch(&mut watches, client, config);
+        (Self { configmap, node_local, services, root_shards, shards, front_proxies }, watches)
     }
 
     /// The managed ConfigMap as last seen, if it exists.
@@ -141,6 +128,23 @@ impl Scope {
         objects.extend(objects_of(self.front_proxies.as_ref()));
         ClusterView { services: services.into_values().collect(), objects }
     }
+}
+
+/// The watch of the operator's kind `K` in the discovery namespace, when discovery reads that kind.
+fn operator_watch<K>(watches: &mut Watches, client: &kube::Client, config: &Config) -> Option<Store<K>>
+where
+    K: OperatorKind
+        + Resource<Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let d = config.discovery.as_ref().filter(|d| d.kinds.contains(&K::KIND))?;
+    let name = format!("{} in {}", K::KIND.plural(), d.namespace);
+    Some(watches.add(name, Api::namespaced(client.clone(), &d.namespace), Default::default()))
 }
 
 fn objects_of<K>(store: Option<&Store<K>>) -> Vec<crate::discovery::OperatorObject>

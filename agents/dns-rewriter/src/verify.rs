@@ -2,7 +2,6 @@
 //! answer must hold exactly that address, under the public name (an exact rewrite rule renames the answer
 //! back; a client that saw the Service's name would not match it against its query).
 
-use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -14,10 +13,12 @@ use hickory_resolver::proto::rr::{RData, RecordType};
 use crate::hostname::{Domain, Hostname};
 use crate::rules::RuleSet;
 
-/// What one name answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What one name answered; its label (and `Display`) is the variant's name in snake case, `ok` for a match.
+#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr, strum::Display)]
+#[strum(serialize_all = "snake_case")]
 pub enum Outcome {
     /// Exactly the expected address, under the public name.
+    #[strum(serialize = "ok")]
     Match,
     /// Addresses, but not (only) the expected one, or under another name.
     Mismatch,
@@ -31,19 +32,7 @@ pub enum Outcome {
 
 impl Outcome {
     pub fn label(&self) -> &'static str {
-        match self {
-            Outcome::Match => "ok",
-            Outcome::Mismatch => "mismatch",
-            Outcome::NoAnswer => "no_answer",
-            Outcome::Error => "error",
-            Outcome::Unknown => "unknown",
-        }
-    }
-}
-
-impl fmt::Display for Outcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.label())
+        self.into()
     }
 }
 
@@ -161,4 +150,17 @@ pub async fn check_one(resolver: &TokioResolver, host: &Hostname, expected: Opti
         Err(_) => check.outcome = Outcome::Error,
     }
     check
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_outcome_reads_as_its_label() {
+        let all = [Outcome::Match, Outcome::Mismatch, Outcome::NoAnswer, Outcome::Error, Outcome::Unknown];
+        let labels: Vec<&str> = all.iter().map(Outcome::label).collect();
+        assert_eq!(labels, ["ok", "mismatch", "no_answer", "error", "unknown"]);
+        assert!(all.iter().all(|o| o.to_string() == o.label()));
+    }
 }

@@ -98,14 +98,6 @@ pub enum Source {
 }
 
 impl Source {
-    /// The namespace the source objects live in.
-    pub fn namespace(&self) -> &str {
-        match self {
-            Source::Operator { namespace, .. } | Source::CertificateSecret { namespace, .. } => namespace,
-            Source::Secret(r) => &r.namespace,
-        }
-    }
-
     pub fn kind(&self) -> &'static str {
         match self {
             Source::Operator { .. } => "kubeconfig",

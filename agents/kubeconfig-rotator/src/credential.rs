@@ -212,9 +212,10 @@ const USER_FIELDS: &[&str] = &["client-certificate-data", "client-key-data"];
 const CONTEXT_FIELDS: &[&str] = &["cluster", "user", "namespace"];
 const ENTRY_FIELDS: &[&str] = &["name", "cluster", "user", "context"];
 
-/// Field names a refusal may echo: kubeconfig's own (a key an attacker made up is named "an unknown field", so a
-/// refusal never carries text from the candidate).
-const KNOWN_FIELDS: &[&str] = &[
+/// Kubeconfig's own fields that no candidate may carry. These and the allowed ones are the field names a refusal
+/// may echo (a key an attacker made up is named "an unknown field", so a refusal never carries text from the
+/// candidate).
+const REFUSED_FIELDS: &[&str] = &[
     "exec",
     "auth-provider",
     "token",
@@ -233,27 +234,12 @@ const KNOWN_FIELDS: &[&str] = &[
     "tls-server-name",
     "disable-compression",
     "extensions",
-    "server",
-    "certificate-authority-data",
-    "client-certificate-data",
-    "client-key-data",
-    "cluster",
-    "user",
-    "namespace",
-    "context",
-    "name",
-    "apiVersion",
-    "kind",
-    "preferences",
-    "clusters",
-    "contexts",
-    "users",
-    "current-context",
 ];
 
 /// `where.field`, the field named only if kubeconfig knows it.
 fn unsupported(place: &str, field: &str) -> CredentialError {
-    let field = KNOWN_FIELDS.iter().find(|k| **k == field).copied().unwrap_or("an unknown field");
+    let known = [REFUSED_FIELDS, TOP_FIELDS, CLUSTER_FIELDS, USER_FIELDS, CONTEXT_FIELDS, ENTRY_FIELDS];
+    let field = known.into_iter().flatten().find(|k| **k == field).copied().unwrap_or("an unknown field");
     CredentialError::UnsupportedField(format!("{place}.{field}"))
 }
 

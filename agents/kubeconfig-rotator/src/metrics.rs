@@ -33,6 +33,12 @@ pub struct TargetLabels {
     pub name: String,
 }
 
+impl TargetLabels {
+    fn of(kubeconfig: &str, target: &Target) -> Self {
+        Self { kubeconfig: kubeconfig.into(), namespace: target.namespace.clone(), name: target.name.clone() }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub kubeconfig: String,
@@ -84,7 +90,7 @@ impl Metrics {
     /// whose candidates are all rejected still shows); its targets' series are [`Metrics::targets`]'.
     pub fn touch(&self, kc: &Kubeconfig) {
         let kubeconfig = kc.name.as_str();
-        let label = KubeconfigLabel { kubeconfig: kubeconfig.into() };
+        let label = label(kubeconfig);
         let _ = self.series.not_after.get_or_create(&label);
         let _ = self.series.expiry.get_or_create(&label);
         let _ = self.series.last_sync.get_or_create(&label);
@@ -104,8 +110,7 @@ impl Metrics {
     pub fn targets(&self, kc: &Kubeconfig, targets: &[Target]) {
         let kubeconfig = kc.name.as_str();
         for t in targets {
-            let labels =
-                TargetLabels { kubeconfig: kubeconfig.into(), namespace: t.namespace.clone(), name: t.name.clone() };
+            let labels = TargetLabels::of(kubeconfig, t);
             let _ = self.series.target_in_sync.get_or_create(&labels);
             let _ = self.series.target_not_after.get_or_create(&labels);
             for c in &t.consumers {
@@ -116,11 +121,7 @@ impl Metrics {
         let previous = known.insert(kubeconfig.to_string(), targets.to_vec()).unwrap_or_default();
         for gone in previous.iter().filter(|p| !targets.iter().any(|t| t.namespace == p.namespace && t.name == p.name))
         {
-            let labels = TargetLabels {
-                kubeconfig: kubeconfig.into(),
-                namespace: gone.namespace.clone(),
-                name: gone.name.clone(),
-            };
+            let labels = TargetLabels::of(kubeconfig, gone);
             self.series.target_in_sync.remove(&labels);
             self.series.target_not_after.remove(&labels);
             for c in &gone.consumers {
@@ -165,11 +166,7 @@ impl Metrics {
 
     /// The series of one target of `kc`, created if they were not.
     pub fn target(&self, kc: &Kubeconfig, target: &Target) -> TargetSeries {
-        let labels = TargetLabels {
-            kubeconfig: kc.name.clone(),
-            namespace: target.namespace.clone(),
-            name: target.name.clone(),
-        };
+        let labels = TargetLabels::of(&kc.name, target);
         TargetSeries {
             in_sync: self.series.target_in_sync.get_or_create(&labels).clone(),
             not_after: self.series.target_not_after.get_or_create(&labels).clone(),

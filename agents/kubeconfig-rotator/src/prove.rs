@@ -48,17 +48,9 @@ pub enum ProofError {
 
 /// Sends the review with `candidate` and checks the identity it proves.
 pub async fn prove(candidate: &Credential, expected: &Expected) -> Result<(), ProofError> {
-    let client = client(candidate)?;
-    let body = serde_json::to_vec(&serde_json::json!({
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "SelfSubjectReview",
-    }))
-    .map_err(|_| ProofError::BadAnswer)?;
-    let request = http::Request::post(REVIEW_PATH)
-        .header("content-type", "application/json")
-        .body(body)
-        .map_err(|_| ProofError::ClientConfig("request"))?;
-    let answer = send(&client, request).await?;
+    let client = client_at(candidate, &candidate.server)?;
+    let review = serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
+    let answer = send(&client, REVIEW_PATH, review).await?;
     let user = &answer["status"]["userInfo"];
     let username = user["username"].as_str().ok_or(ProofError::BadAnswer)?;
     let groups: Vec<String> = user["groups"]
@@ -81,19 +73,14 @@ async fn prove_right(candidate: &Credential, right: &Right) -> Result<(), ProofE
     };
     let client = client_at(candidate, &at)?;
     let (resource, subresource) = right.resource.split_once('/').unwrap_or((&right.resource, ""));
-    let body = serde_json::to_vec(&serde_json::json!({
+    let review = serde_json::json!({
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
         "spec": {"resourceAttributes": {
             "verb": right.verb, "group": right.group, "resource": resource, "subresource": subresource,
         }},
-    }))
-    .map_err(|_| ProofError::BadAnswer)?;
-    let request = http::Request::post(ACCESS_REVIEW_PATH)
-        .header("content-type", "application/json")
-        .body(body)
-        .map_err(|_| ProofError::ClientConfig("request"))?;
-    let answer: serde_json::Value = send(&client, request).await?;
+    });
+    let answer = send(&client, ACCESS_REVIEW_PATH, review).await?;
     match answer["status"]["allowed"].as_bool() {
         Some(true) => Ok(()),
         Some(false) => Err(ProofError::MissingRight(right.to_string())),
@@ -101,8 +88,13 @@ async fn prove_right(candidate: &Credential, right: &Right) -> Result<(), ProofE
     }
 }
 
-/// Sends `request`, mapping every failure to a reason that carries nothing from the candidate.
-async fn send(client: &kube::Client, request: http::Request<Vec<u8>>) -> Result<serde_json::Value, ProofError> {
+/// Posts `review` to `path`, mapping every failure to a reason that carries nothing from the candidate.
+async fn send(client: &kube::Client, path: &str, review: serde_json::Value) -> Result<serde_json::Value, ProofError> {
+    let body = serde_json::to_vec(&review).map_err(|_| ProofError::BadAnswer)?;
+    let request = http::Request::post(path)
+        .header("content-type", "application/json")
+        .body(body)
+        .map_err(|_| ProofError::ClientConfig("request"))?;
     match tokio::time::timeout(TIMEOUT, client.request(request)).await {
         Err(_) => Err(ProofError::Unreachable),
         Ok(Ok(answer)) => Ok(answer),
@@ -121,14 +113,9 @@ fn base_of(server: &str) -> &str {
     }
 }
 
-/// A client built from the candidate's parts alone, never from a kubeconfig: the server, trusted through exactly
-/// the CA data, authenticating with exactly the client certificate and key. No proxy, no TLS override, no other
-/// authentication (a token, an exec plugin) can be in it.
-fn client(candidate: &Credential) -> Result<kube::Client, ProofError> {
-    client_at(candidate, &candidate.server)
-}
-
-/// The same client, at `server` (the candidate's server in another workspace).
+/// A client built from the candidate's parts alone, never from a kubeconfig: `server` (the candidate's, or it in
+/// another workspace), trusted through exactly the CA data, authenticating with exactly the client certificate and
+/// key. No proxy, no TLS override, no other authentication (a token, an exec plugin) can be in it.
 fn client_at(candidate: &Credential, server: &str) -> Result<kube::Client, ProofError> {
     let url = server.parse::<http::Uri>().map_err(|_| ProofError::ClientConfig("server is not a URL"))?;
     let mut config = kube::Config::new(url);

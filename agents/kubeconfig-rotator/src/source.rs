@@ -28,7 +28,18 @@ pub struct Resolved {
 
 /// Reads the source out of `snap`; pure apart from building the candidate.
 pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> {
-    let secret_ref = |ns: &str, name: &str| reference("v1", "Secret", ns, name, None);
+    let key = |ns: &str, name: &str, key: &str| {
+        snap.key(ns, name, key).ok_or_else(|| SyncError::SourceMissing(format!("Secret {ns}/{name} key {key}")))
+    };
+    // A Secret alone: no Certificate, nothing to wait for; Events go to the Secret.
+    let secret = |bytes, expected, ns: &str, name: &str| Resolved {
+        bytes,
+        expected,
+        regarding: reference("v1", "Secret", ns, name, None),
+        issued: None,
+        certificate: None,
+        missing: None,
+    };
     match &kc.source {
         Source::Operator { namespace, name, rendered_secret, .. } => {
             let object = format!("{namespace}/{name}");
@@ -38,10 +49,11 @@ pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> 
                 return Err(SyncError::SecretRefMismatch(object));
             }
             let expected = match &kc.expect {
-                Some(e) => Expected { username: e.username.clone(), groups: e.groups.clone(), rights: Vec::new() },
-                None => {
-                    policy::operator_identity(name, kubeconfig.username().unwrap_or_default(), &kubeconfig.groups())
-                }
+                Some(_) => expected_of(kc),
+                None => Expected {
+                    rights: kc.rights.clone(),
+                    ..policy::operator_identity(name, kubeconfig.username().unwrap_or_default(), &kubeconfig.groups())
+                },
             };
             let cert_secret = certificate_name(name);
             let issued = snap.key(namespace, &cert_secret, "tls.crt").and_then(|pem| credential::cert_info(pem).ok());
@@ -51,46 +63,21 @@ pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> 
             let bytes = bytes.unwrap_or_default();
             let regarding =
                 reference("operator.kcp.io/v1alpha1", "Kubeconfig", namespace, name, kubeconfig.metadata.uid.clone());
-            let expected = Expected { rights: kc.rights.clone(), ..expected };
             Ok(Resolved { bytes, expected, regarding, issued, certificate: snap.certificate.clone(), missing })
         }
         Source::Secret(r) => {
-            let bytes = snap
-                .key(&r.namespace, &r.name, &r.key)
-                .ok_or_else(|| SyncError::SourceMissing(format!("Secret {}/{} key {}", r.namespace, r.name, r.key)))?;
-            Ok(Resolved {
-                bytes: bytes.to_vec(),
-                expected: expected_of(kc),
-                regarding: secret_ref(&r.namespace, &r.name),
-                issued: None,
-                certificate: None,
-                missing: None,
-            })
+            Ok(secret(key(&r.namespace, &r.name, &r.key)?.to_vec(), expected_of(kc), &r.namespace, &r.name))
         }
         Source::CertificateSecret { namespace, name, server, ca } => {
-            let missing = |what: String| SyncError::SourceMissing(what);
-            let crt = snap
-                .key(namespace, name, "tls.crt")
-                .ok_or_else(|| missing(format!("Secret {namespace}/{name} key tls.crt")))?;
-            let key = snap
-                .key(namespace, name, "tls.key")
-                .ok_or_else(|| missing(format!("Secret {namespace}/{name} key tls.key")))?;
-            let ca_pem = snap
-                .key(&ca.namespace, &ca.name, &ca.key)
-                .ok_or_else(|| missing(format!("Secret {}/{} key {}", ca.namespace, ca.name, ca.key)))?;
+            let (crt, tls_key) = (key(namespace, name, "tls.crt")?, key(namespace, name, "tls.key")?);
+            let ca_pem = key(&ca.namespace, &ca.name, &ca.key)?;
             let expected = expected_of(kc);
-            Ok(Resolved {
-                bytes: credential::build(server, ca_pem, crt, key, &expected.username),
-                expected,
-                regarding: secret_ref(namespace, name),
-                issued: None,
-                certificate: None,
-                missing: None,
-            })
+            Ok(secret(credential::build(server, ca_pem, crt, tls_key, &expected.username), expected, namespace, name))
         }
     }
 }
 
+/// The identity configured in `expect`, and the rights.
 fn expected_of(kc: &Kubeconfig) -> Expected {
     // Validation guarantees `expect` for every source but the operator's.
     let e = kc.expect.clone().unwrap_or(Identity { username: String::new(), groups: vec![] });
