@@ -245,7 +245,8 @@ impl fmt::Display for BlockKind {
 
 /// Why a source was rejected. Each variant says what kind of problem and where; none holds or prints source
 /// content, so the error can go to logs, Events and status as it is.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum SourceError {
     #[error("source is over the {limit}-byte limit ({size} bytes read before stopping)")]
     TooLarge { size: usize, limit: usize },
@@ -258,8 +259,10 @@ pub enum SourceError {
     )]
     ForbiddenBlock { block: usize, line: usize, kind: BlockKind },
     #[error("block {block} (line {line}) carries PEM headers (like Proc-Type); a certificate block has none")]
+    #[strum(serialize = "pem_headers")]
     HeadersPresent { block: usize, line: usize },
     #[error("block {block} (line {line}) is malformed: {problem}")]
+    #[strum(serialize = "malformed_pem")]
     MalformedBlock { block: usize, line: usize, problem: FramingProblem },
     #[error("block {block} (line {line}) is not valid base64")]
     InvalidBase64 { block: usize, line: usize },
@@ -270,18 +273,11 @@ pub enum SourceError {
 }
 
 impl SourceError {
-    /// A low-cardinality label for metrics and Event reasons.
+    /// A low-cardinality label for metrics and Event reasons: the variant's name, a private key told apart.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::TooLarge { .. } => "too_large",
-            Self::TextOutsideBlocks { .. } => "text_outside_blocks",
             Self::ForbiddenBlock { kind: BlockKind::PrivateKey, .. } => "private_key",
-            Self::ForbiddenBlock { .. } => "forbidden_block",
-            Self::HeadersPresent { .. } => "pem_headers",
-            Self::MalformedBlock { .. } => "malformed_pem",
-            Self::InvalidBase64 { .. } => "invalid_base64",
-            Self::InvalidCertificate { .. } => "invalid_certificate",
-            Self::NoCertificates => "no_certificates",
+            other => other.into(),
         }
     }
 }

@@ -38,8 +38,8 @@ pub use formats::{
 pub use live_check::{Endpoint, LiveCheck, RawEndpoint, RawLiveCheck};
 pub use sources::{KeyRef, Keys, Pick, PublicRoots, RawObjectSource, RawSource, Selection, Source};
 pub use targets::{
-    NamespaceSelector, Operator, Placement, RawClusterTrustBundle, RawRequirement, RawTarget, RawTargetMetadata,
-    RawTargetObject, Requirement, Selector, TRUST_BUNDLE_KEY, Target, TargetKind, TargetMetadata,
+    NamespaceSelector, Operator, Placement, RawClusterTrustBundle, RawRequirement, RawTarget, RawTargetObject,
+    Requirement, Selector, TRUST_BUNDLE_KEY, Target, TargetKind, TargetMetadata,
 };
 
 use field::{check, go_duration};

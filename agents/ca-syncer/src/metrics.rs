@@ -12,12 +12,13 @@ use std::sync::{Arc, Mutex};
 
 use kcp_keeper_runtime::consumer_restart::{Consumer, ConsumerMetrics};
 use kcp_keeper_runtime::metrics::{GaugeF64, Register};
-use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
-use prometheus_client::metrics::MetricType;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
+use strum::VariantArray as _;
 
 use crate::certs::Certificate;
 
@@ -64,29 +65,18 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
-/// Why a target was not attempted this cycle; `ca_syncer_skipped_targets{reason}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a target was not attempted this cycle; `ca_syncer_skipped_targets{reason}` (every reason's series exists,
+/// at 0, before anything is skipped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum SkipReason {
     /// Its namespace is being deleted: new objects are refused there.
     Terminating,
 }
 
-impl SkipReason {
-    /// Every reason, so each series exists (at 0) before anything is skipped.
-    const ALL: [SkipReason; 1] = [SkipReason::Terminating];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Terminating => "terminating",
-        }
-    }
-}
-
 kcp_keeper_runtime::metrics! {
     /// The series of the bundles, their certificates and their targets.
     pub struct BundleMetrics {
-        pub public_roots: PublicRoots => "public_roots",
-            "The public roots compiled in (publicRoots sources): package, release and certificates";
         pub certificates: Family<BundleLabel, Gauge> => "bundle_certificates",
             "Certificates in each bundle as last built (sources plus retained)";
         pub not_after: Family<CertLabels, GaugeF64> => "certificate_not_after_timestamp" [Seconds],
@@ -103,30 +93,6 @@ kcp_keeper_runtime::metrics! {
         /// Targets not attempted this cycle, by reason (`terminating`); every reason present from the first cycle.
         pub skipped_targets: Family<ReasonLabels, Gauge> => "skipped_targets",
             "Targets not attempted in the last cycle, by reason (terminating: the namespace is being deleted)";
-    }
-}
-
-/// `public_roots_info{package,version,certificates}`: the public roots compiled in, fixed for the process.
-#[derive(Clone, Debug)]
-pub struct PublicRoots(PublicRootsLabels);
-
-impl Default for PublicRoots {
-    fn default() -> Self {
-        Self(PublicRootsLabels {
-            package: crate::sources::PUBLIC_ROOTS_PACKAGE.into(),
-            version: crate::sources::PUBLIC_ROOTS_VERSION.into(),
-            certificates: crate::sources::public_roots().len().to_string(),
-        })
-    }
-}
-
-impl EncodeMetric for PublicRoots {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        encoder.encode_info(&self.0)
-    }
-
-    fn metric_type(&self) -> MetricType {
-        MetricType::Info
     }
 }
 
@@ -162,6 +128,14 @@ impl Published {
 
 impl Register for Metrics {
     fn register(registry: &mut Registry) -> Self {
+        // Fixed for the process: `public_roots_info{package,version,certificates}`.
+        let roots = PublicRootsLabels {
+            package: crate::sources::PUBLIC_ROOTS_PACKAGE.into(),
+            version: crate::sources::PUBLIC_ROOTS_VERSION.into(),
+            certificates: crate::sources::public_roots().len().to_string(),
+        };
+        let help = "The public roots compiled in (publicRoots sources): package, release and certificates";
+        registry.register("public_roots", help, Info::new(roots));
         Self {
             series: BundleMetrics::register(registry),
             consumers: ConsumerMetrics::register(registry, "bundle"),
@@ -190,9 +164,9 @@ impl Metrics {
     /// Sets `skipped_targets{bundle,reason}` (every reason, 0 when none) and drops the in-sync series of the
     /// skipped targets: a target in a namespace being deleted is neither in sync nor out of it.
     pub fn record_skipped(&self, bundle: &str, skipped: &[(TargetLabels, SkipReason)]) {
-        for reason in SkipReason::ALL {
+        for &reason in SkipReason::VARIANTS {
             let count = skipped.iter().filter(|(_, r)| *r == reason).count();
-            let labels = ReasonLabels { bundle: bundle.to_string(), reason: reason.as_str().into() };
+            let labels = ReasonLabels { bundle: bundle.to_string(), reason: <&str>::from(reason).into() };
             self.series.skipped_targets.get_or_create(&labels).set(count as i64);
         }
         let mut published = self.published();
@@ -207,7 +181,7 @@ impl Metrics {
     /// A target found skipped in the middle of this pass (its namespace refused the create): counted now, not
     /// only from the next cycle on (which may be a resyncInterval away), and without an in-sync series.
     pub fn skipped_now(&self, bundle: &str, labels: &TargetLabels, reason: SkipReason, now: &mut Published) {
-        let reason = reason.as_str().into();
+        let reason = <&str>::from(reason).into();
         self.series.skipped_targets.get_or_create(&ReasonLabels { bundle: bundle.to_string(), reason }).inc();
         self.series.target_in_sync.remove(labels);
         now.targets.remove(labels);
@@ -226,8 +200,6 @@ impl Metrics {
         }
     }
 
-    /// Removes the series this bundle set last time and not this time. After a failed write the certificates
-    /// published before may still be in that target, so none of their series is removed then.
     /// A configuration was applied: every consumer it names has its series (0 until a pass says otherwise), and
     /// those of consumers it no longer names are removed.
     pub fn consumers_configured(&self, config: &crate::config::Config) {
@@ -251,6 +223,8 @@ impl Metrics {
         *last = now;
     }
 
+    /// Removes the series this bundle set last time and not this time. After a failed write the certificates
+    /// published before may still be in that target, so none of their series is removed then.
     pub fn forget_stale(&self, bundle: &str, mut now: Published, some_failed: bool) {
         let mut published = self.published();
         if let Some(before) = published.get(bundle) {

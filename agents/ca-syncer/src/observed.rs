@@ -30,11 +30,7 @@ pub enum Observed {
 
 impl Observed {
     pub fn exists(&self) -> bool {
-        match self {
-            Observed::Secret(s) => s.is_some(),
-            Observed::ConfigMap(c) => c.is_some(),
-            Observed::ClusterTrustBundle(b) => b.is_some(),
-        }
+        self.meta().is_some()
     }
 
     /// The key's content if the object exists (empty when the key is absent).
@@ -59,11 +55,7 @@ impl Observed {
     }
 
     pub fn resource_version(&self) -> Option<&str> {
-        match self {
-            Observed::Secret(s) => s.as_ref().and_then(|s| s.metadata.resource_version.as_deref()),
-            Observed::ConfigMap(c) => c.as_ref().and_then(|c| c.metadata.resource_version.as_deref()),
-            Observed::ClusterTrustBundle(b) => b.as_ref().and_then(|b| b.metadata.resource_version.as_deref()),
-        }
+        self.meta()?.resource_version.as_deref()
     }
 }
 
@@ -99,19 +91,11 @@ impl Written {
             self.map().remove(key);
             return cached;
         }
+        let client = client.clone();
         let fresh = match kind {
-            TargetKind::Secret => Api::<Secret>::namespaced(client.clone(), namespace)
-                .get_opt(name)
-                .await
-                .map(|s| Observed::Secret(s.map(Arc::new))),
-            TargetKind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), namespace)
-                .get_opt(name)
-                .await
-                .map(|c| Observed::ConfigMap(c.map(Arc::new))),
-            TargetKind::ClusterTrustBundle => Api::<ClusterTrustBundle>::all(client.clone())
-                .get_opt(name)
-                .await
-                .map(|b| Observed::ClusterTrustBundle(b.map(Arc::new))),
+            TargetKind::Secret => get(Api::namespaced(client, namespace), name).await.map(Observed::Secret),
+            TargetKind::ConfigMap => get(Api::namespaced(client, namespace), name).await.map(Observed::ConfigMap),
+            TargetKind::ClusterTrustBundle => get(Api::all(client), name).await.map(Observed::ClusterTrustBundle),
         };
         match fresh {
             Ok(fresh) => {
@@ -127,4 +111,11 @@ impl Written {
             }
         }
     }
+}
+
+async fn get<K>(api: Api<K>, name: &str) -> kube::Result<Option<Arc<K>>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api.get_opt(name).await?.map(Arc::new))
 }

@@ -17,7 +17,7 @@ use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::{self, ApplyError, Outcome, Ownership};
-use kcp_keeper_runtime::consumer_restart::{Consumer, Done, RestartError, RestartWindow, Restarter, Wanted};
+use kcp_keeper_runtime::consumer_restart::{Done, RestartError, Restarter, Wanted};
 use kcp_keeper_runtime::driver::{self, ErrorReason, Named, ReconcileMetrics, Reconciler, Settings};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
 use kcp_keeper_runtime::metrics::unix_now;
@@ -27,7 +27,7 @@ use time::OffsetDateTime;
 
 use crate::bundle::{Bundle as Built, BundleOptions};
 use crate::certs::{Certificate, EmptyPolicy, Fingerprint, parse_certificates};
-use crate::config::{AdditionalFormat, Bundle, Config, LiveCheck, PasswordFrom, Placement, TargetKind, TargetMetadata};
+use crate::config::{Bundle, Config, LiveCheck, PasswordFrom, Placement, Target, TargetKind};
 use crate::consumers;
 use crate::error::{PasswordError, SyncError};
 use crate::keystore::Memo;
@@ -125,31 +125,23 @@ struct Syncer {
 /// How many targets are read fresh at once when the stores lag behind our writes.
 const FRESH_READS: usize = 16;
 
-/// One object a target resolves to.
+/// One object a target resolves to: the target as configured, in one namespace.
 struct Resolved {
-    kind: TargetKind,
     namespace: String,
-    name: String,
-    key: String,
-    adopt: bool,
-    metadata: TargetMetadata,
-    signer_name: Option<String>,
-    consumers: Vec<Consumer>,
-    restart_window: Option<RestartWindow>,
-    formats: Vec<AdditionalFormat>,
+    config: Target,
 }
 
 impl Resolved {
     fn key(&self) -> ObjectKey {
-        (self.kind, self.namespace.clone(), self.name.clone())
+        (self.config.kind, self.namespace.clone(), self.config.name.clone())
     }
 
     fn labels(&self, bundle: &str) -> TargetLabels {
         TargetLabels {
             bundle: bundle.to_string(),
-            kind: self.kind.as_str().into(),
+            kind: self.config.kind.as_str().into(),
             namespace: self.namespace.clone(),
-            name: self.name.clone(),
+            name: self.config.name.clone(),
         }
     }
 }
@@ -358,7 +350,7 @@ impl Syncer {
         let mut published = Published::default();
         let mut failures: Vec<ApplyError> = Vec::new();
         let mut restart_failure: Option<RestartError> = None;
-        let mut notices = Notices::default();
+        let mut notices = Vec::new();
         for plan in plans {
             let (target, hash) = (plan.target, consumers::content_hash(&plan.pem));
             let held_until = consumers::held_until(plan.bundle.as_ref().and_then(|(b, _)| b.earliest_not_after()), now);
@@ -487,18 +479,7 @@ impl Syncer {
                 // Cluster-scoped: no namespace.
                 Placement::Cluster => (vec![String::new()], vec![]),
             };
-            let resolved = |namespace: String| Resolved {
-                kind: target.kind,
-                namespace,
-                name: target.name.clone(),
-                key: target.key.clone(),
-                adopt: target.adopt,
-                metadata: target.metadata.clone(),
-                signer_name: target.signer_name.clone(),
-                consumers: target.consumers.clone(),
-                restart_window: target.restart_window.clone(),
-                formats: target.formats.clone(),
-            };
+            let resolved = |namespace: String| Resolved { namespace, config: target.clone() };
             out.extend(namespaces.into_iter().map(resolved));
             skipped.extend(terminating.into_iter().map(|ns| (resolved(ns), SkipReason::Terminating)));
         }
@@ -516,41 +497,38 @@ impl Syncer {
         observed: Observed,
         now: OffsetDateTime,
     ) -> Option<TargetPlan<'a>> {
-        let live = observed.content(&target.key);
+        let live = observed.content(&target.config.key);
+        let mut plan = TargetPlan {
+            target,
+            observed,
+            pem: String::new(),
+            stores: Vec::new(),
+            cache: String::new(),
+            bundle: None,
+            retention: None,
+        };
         if current.is_empty() {
             // Empty-means-public mode: the key is written empty, with nothing retained, because a consumer
             // holding any CA would stop trusting the public roots.
-            return Some(TargetPlan {
-                target,
-                observed,
-                pem: String::new(),
-                stores: Vec::new(),
-                cache: String::new(),
-                bundle: None,
-                retention: None,
-            });
+            return Some(plan);
         }
         // A target we cannot parse is simply replaced; nothing from it is retained.
         let previous = parse_certificates(&live.unwrap_or_default(), EmptyPolicy::Allow).unwrap_or_default();
-        let plan = plan_retention(current, &previous, record, now, spec.rotation_grace);
-        let bundle = Built::build(plan.certificates.clone(), &BundleOptions { drop_expired: spec.drop_expired, now });
-        let cache = match plan.state_for(&bundle).encode() {
+        let retention = plan_retention(current, &previous, record, now, spec.rotation_grace);
+        let bundle =
+            Built::build(retention.certificates.clone(), &BundleOptions { drop_expired: spec.drop_expired, now });
+        plan.cache = match retention.state_for(&bundle).encode() {
             Ok(cache) => cache,
             Err(e) => {
                 tracing::warn!(bundle = %spec.name, error = %e, "rotation state too large; not written");
                 return None;
             }
         };
-        let review = min_time(plan.next_review_at(), bundle.earliest_not_after().filter(|_| spec.drop_expired));
-        Some(TargetPlan {
-            target,
-            observed,
-            pem: bundle.render(),
-            stores: Vec::new(),
-            cache,
-            bundle: Some((bundle, review)),
-            retention: Some(plan),
-        })
+        let review = min_time(retention.next_review_at(), bundle.earliest_not_after().filter(|_| spec.drop_expired));
+        plan.pem = bundle.render();
+        plan.bundle = Some((bundle, review));
+        plan.retention = Some(retention);
+        Some(plan)
     }
 
     /// The trust stores of a planned target: the same certificates as its PEM key, in the same order. None in
@@ -561,7 +539,7 @@ impl Syncer {
         passwords: &BTreeMap<&PasswordFrom, String>,
     ) -> Vec<(String, Arc<Vec<u8>>)> {
         let Some((bundle, _)) = &plan.bundle else { return Vec::new() };
-        let formats = &plan.target.formats;
+        let formats = &plan.target.config.formats;
         formats
             .iter()
             .map(|f| {
@@ -576,7 +554,7 @@ impl Syncer {
         spec: &Bundle,
         plan: TargetPlan<'_>,
         published: &mut Published,
-        notices: &mut Notices,
+        notices: &mut Vec<Notice>,
     ) -> Result<Option<OffsetDateTime>, ApplyError> {
         let target = plan.target;
         let labels = target.labels(&spec.name);
@@ -584,16 +562,16 @@ impl Syncer {
         // A new series starts at 0; an existing one keeps its value until this pass knows better, so a target
         // that stays in sync never reads 0 mid-pass (an alert or a reader would see a flap).
         let in_sync = self.metrics.series.target_in_sync.get_or_create(&labels).clone();
-        let metadata = target_metadata::decide(&target.metadata, plan.observed.meta());
+        let metadata = target_metadata::decide(&target.config.metadata, plan.observed.meta());
         if !metadata.foreign.is_empty() {
             let keys = metadata.foreign.join(", ");
-            tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, keys = %keys, "metadata keys held by another manager left alone");
+            tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.config.name, keys = %keys, "metadata keys held by another manager left alone");
             let note = format!("bundle {}: {keys} set by someone else to another value; left as it is", spec.name);
             notices.push(self.notice(target, EventType::Warning, "MetadataNotOwned", &note));
         }
         let content = Content { pem: &plan.pem, stores: &plan.stores };
         let desired = desired_object(target, &content, &plan.cache, !plan.observed.exists(), &metadata);
-        let ownership = Ownership::Owned { adopt: target.adopt };
+        let ownership = Ownership::Owned { adopt: target.config.adopt };
         let written = match &plan.observed {
             Observed::Secret(live) => {
                 let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
@@ -620,16 +598,16 @@ impl Syncer {
             Ok(outcome) => {
                 self.metrics.series.writes.get_or_create(&BundleLabel { bundle: spec.name.clone() }).inc();
                 let verb = if outcome == Outcome::Created { "created" } else { "updated" };
-                let note = format!("bundle {}: {verb} key {} with {count} certificates", spec.name, target.key);
-                tracing::info!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, certificates = count, "{verb}");
+                let note = format!("bundle {}: {verb} key {} with {count} certificates", spec.name, target.config.key);
+                tracing::info!(bundle = %spec.name, namespace = %target.namespace, name = %target.config.name, certificates = count, "{verb}");
                 notices.push(self.notice(target, EventType::Normal, "Published", &note));
                 let removed = plan.foreign_removed();
                 if removed > 0 {
                     let note = format!(
                         "bundle {}: removed {removed} certificates from key {} that its sources never held",
-                        spec.name, target.key
+                        spec.name, target.config.key
                     );
-                    tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, removed, "foreign certificates removed");
+                    tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.config.name, removed, "foreign certificates removed");
                     notices.push(self.notice(target, EventType::Warning, "ForeignCertificateRemoved", &note));
                 }
             }
@@ -646,7 +624,7 @@ impl Syncer {
                 } else {
                     "WriteFailed"
                 };
-                tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.name, error = %e, "target not written");
+                tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.config.name, error = %e, "target not written");
                 in_sync.set(0);
                 // A conflict (the object changed since it was read, often only the cache lagging behind our own
                 // last write) is retried at once with a fresh read; it is not worth a Warning on the object.
@@ -676,16 +654,16 @@ impl Syncer {
         wanted: &Wanted<'_>,
         now: OffsetDateTime,
     ) -> Result<Option<OffsetDateTime>, RestartError> {
-        if target.consumers.is_empty() {
+        if target.config.consumers.is_empty() {
             return Ok(None);
         }
         let keys = consumers::keys(&spec.name);
         let owner = format!("bundle {}", spec.name);
         let restarter = Restarter { client: &self.client, events: &self.events, keys: &keys, owner: &owner };
-        let regarding = reference("v1", target.kind.as_str(), &target.namespace, &target.name, None);
+        let regarding = reference("v1", target.config.kind.as_str(), &target.namespace, &target.config.name, None);
         let (mut first, mut review) = (None, None);
-        for consumer in &target.consumers {
-            let window = target.restart_window.as_ref();
+        for consumer in &target.config.consumers {
+            let window = target.config.restart_window.as_ref();
             let result = restarter.converge(&target.namespace, consumer, wanted, window, &regarding, now).await;
             self.metrics.consumers.record(&spec.name, &target.namespace, consumer, &result);
             match result {
@@ -711,13 +689,13 @@ impl Syncer {
     /// costs it about what a target's apply does), which held up the last target by most of the time its
     /// Events took (`cargo xtask bench ca-sync`, docs/benchmarks.md). Like a detached Event, one still queued
     /// when the process exits is lost.
-    fn send(&self, notices: Notices) {
-        if notices.0.is_empty() {
+    fn send(&self, notices: Vec<Notice>) {
+        if notices.is_empty() {
             return;
         }
         let events = self.events.clone();
         tokio::spawn(async move {
-            for Notice { regarding, kind, reason, note } in notices.0 {
+            for Notice { regarding, kind, reason, note } in notices {
                 events.publish(&regarding, kind, reason, "Sync", &note).await;
             }
         });
@@ -725,14 +703,15 @@ impl Syncer {
 
     /// What an Event on a target says, and on which object.
     fn notice(&self, target: &Resolved, kind: EventType, reason: &'static str, note: &str) -> Notice {
-        let (regarding, note) = match target.kind {
-            TargetKind::Secret | TargetKind::ConfigMap => {
-                (reference("v1", target.kind.as_str(), &target.namespace, &target.name, None), note.to_string())
-            }
+        let (regarding, note) = match target.config.kind {
+            TargetKind::Secret | TargetKind::ConfigMap => (
+                reference("v1", target.config.kind.as_str(), &target.namespace, &target.config.name, None),
+                note.to_string(),
+            ),
             // A cluster-scoped object has no namespace to hold its Events: they go on the agent's Lease (whose
             // namespace the agent may write Events in), naming the bundle object.
             TargetKind::ClusterTrustBundle => {
-                (self.own_object.clone(), format!("ClusterTrustBundle {}: {note}", target.name))
+                (self.own_object.clone(), format!("ClusterTrustBundle {}: {note}", target.config.name))
             }
         };
         Notice { regarding, kind, reason, note }
@@ -745,16 +724,6 @@ struct Notice {
     kind: EventType,
     reason: &'static str,
     note: String,
-}
-
-/// The Events a pass's target writes produced, in order ([`Syncer::send`]).
-#[derive(Default)]
-struct Notices(Vec<Notice>);
-
-impl Notices {
-    fn push(&mut self, notice: Notice) {
-        self.0.push(notice);
-    }
 }
 
 /// Applies `desired` over `live` (as the cache last saw it) with `live`'s `resourceVersion` as a precondition:
@@ -860,14 +829,14 @@ fn desired_object(
     if !state.is_empty() {
         annotations.insert(STATE_ANNOTATION, state);
     }
-    let mut metadata = json!({"name": target.name, "namespace": target.namespace, "annotations": annotations});
+    let mut metadata = json!({"name": target.config.name, "namespace": target.namespace, "annotations": annotations});
     if !extra.labels.is_empty() {
         metadata["labels"] = json!(extra.labels);
     }
-    match target.kind {
+    match target.config.kind {
         TargetKind::Secret => {
             let mut data = stores;
-            data.insert(target.key.clone(), json!(B64.encode(pem)));
+            data.insert(target.config.key.clone(), json!(B64.encode(pem)));
             let mut secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "data": data});
             if creating {
                 secret["type"] = json!("Opaque");
@@ -877,7 +846,7 @@ fn desired_object(
         TargetKind::ConfigMap => {
             let mut config_map = json!({
                 "apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
-                "data": {target.key.as_str(): pem},
+                "data": {target.config.key.as_str(): pem},
             });
             // Binary keys go in binaryData, as trust-manager writes them.
             if !stores.is_empty() {
@@ -890,7 +859,7 @@ fn desired_object(
                 meta.remove("namespace");
             }
             let mut spec = json!({"trustBundle": pem});
-            if let Some(signer) = &target.signer_name {
+            if let Some(signer) = &target.config.signer_name {
                 spec["signerName"] = json!(signer);
             }
             json!({"apiVersion": "certificates.k8s.io/v1", "kind": "ClusterTrustBundle", "metadata": metadata, "spec": spec})
@@ -899,8 +868,5 @@ fn desired_object(
 }
 
 fn min_time(a: Option<OffsetDateTime>, b: Option<OffsetDateTime>) -> Option<OffsetDateTime> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    a.into_iter().chain(b).min()
 }

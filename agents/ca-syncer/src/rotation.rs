@@ -108,14 +108,6 @@ impl RotationState {
         }
     }
 
-    pub fn published(&self) -> &BTreeSet<Fingerprint> {
-        &self.published
-    }
-
-    pub fn left_sources(&self) -> &BTreeMap<Fingerprint, OffsetDateTime> {
-        &self.left_sources
-    }
-
     /// The annotation value: compact JSON, keys sorted, so the same state always gives the same bytes and a
     /// no-op sync writes nothing.
     pub fn encode(&self) -> Result<String, StateTooLarge> {
@@ -203,16 +195,6 @@ pub enum DropReason {
     /// In the target but not in the bundle's record of what its sources held (hand-edited in, or there before
     /// adoption).
     NotPublishedByUs,
-}
-
-impl DropReason {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Expired => "expired",
-            Self::GraceElapsed => "grace_elapsed",
-            Self::NotPublishedByUs => "not_published_by_us",
-        }
-    }
 }
 
 /// A certificate kept although it left the sources.
@@ -364,13 +346,13 @@ mod tests {
         assert_eq!(plan.retained.len(), 1);
         assert_eq!(plan.retained[0].left_sources_at, rotated_at);
         assert_eq!(plan.retained[0].drop_at, old.not_after + time::Duration::SECOND);
-        assert_eq!(state.left_sources().get(&old.cert().fingerprint()), Some(&rotated_at));
+        assert_eq!(state.left_sources.get(&old.cert().fingerprint()), Some(&rotated_at));
 
         // A day before the old CA expires: still there, with the recorded "left" time unchanged.
         let previous = bundle.certificates().to_vec();
         let (_, bundle, state) = sync(&[&new], &previous, &state, old.not_after - time::Duration::DAY, None);
         assert_eq!(bundle.len(), 2);
-        assert_eq!(state.left_sources().get(&old.cert().fingerprint()), Some(&rotated_at));
+        assert_eq!(state.left_sources.get(&old.cert().fingerprint()), Some(&rotated_at));
 
         // Its last valid second: still there.
         let (_, bundle, _) = sync(&[&new], &previous, &state, old.not_after, None);
@@ -380,8 +362,8 @@ mod tests {
         let (plan, bundle, state) = sync(&[&new], &previous, &state, old.not_after + time::Duration::SECOND, None);
         assert_eq!(bundle.certificates(), [new.cert()]);
         assert_eq!(plan.dropped, [Dropped { certificate: old.cert(), reason: DropReason::Expired }]);
-        assert!(state.left_sources().is_empty());
-        assert_eq!(state.published().len(), 1);
+        assert!(state.left_sources.is_empty());
+        assert_eq!(state.published.len(), 1);
     }
 
     #[test]
@@ -472,12 +454,12 @@ mod tests {
         let grace = Some(Duration::from_secs(10 * HOUR));
         let t0 = at(T2025 + DAY);
         let (_, bundle, state) = sync(&[&new], &[old.cert(), new.cert()], &published(&[&old, &new]), t0, grace);
-        assert!(state.left_sources().contains_key(&old.cert().fingerprint()));
+        assert!(state.left_sources.contains_key(&old.cert().fingerprint()));
 
         // It comes back: no longer "left".
         let t1 = t0 + time::Duration::hours(5);
         let (_, bundle, state) = sync(&[&old, &new], bundle.certificates(), &state, t1, grace);
-        assert!(state.left_sources().is_empty());
+        assert!(state.left_sources.is_empty());
 
         // It leaves again: the grace counts from now, not from t0.
         let t2 = t0 + time::Duration::hours(9);
@@ -593,7 +575,7 @@ mod tests {
         };
         let text = serde_json::to_string(&wire).expect("json");
         let decoded = RotationState::decode(&text);
-        assert_eq!(decoded.state.published().len(), MAX_STATE_ENTRIES);
+        assert_eq!(decoded.state.published.len(), MAX_STATE_ENTRIES);
         assert_eq!(
             decoded.problems,
             [StateProblem::TooManyEntries { count: MAX_STATE_ENTRIES + 1, limit: MAX_STATE_ENTRIES }]
@@ -615,8 +597,8 @@ mod tests {
         let now = at(T2025 + DAY);
         let (_, bundle, state) = sync(&[&new], &[old.cert()], &published(&[&old]), now, None);
         let expected: BTreeSet<Fingerprint> = bundle.fingerprints().collect();
-        assert_eq!(state.published(), &expected);
-        assert_eq!(state.left_sources().keys().copied().collect::<Vec<_>>(), [old.cert().fingerprint()]);
+        assert_eq!(state.published, expected);
+        assert_eq!(state.left_sources.keys().copied().collect::<Vec<_>>(), [old.cert().fingerprint()]);
     }
 
     #[test]

@@ -33,6 +33,12 @@ pub struct Named {
     pub name: String,
 }
 
+impl Named {
+    fn new(kind: TargetKind, namespace: &str, name: &str) -> Self {
+        Self { kind, namespace: Some(namespace.to_string()), name: name.to_string() }
+    }
+}
+
 /// Everything the configuration reads or writes, deduplicated.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -64,26 +70,18 @@ impl Plan {
                     }
                     Source::Inline(_) | Source::File(_) | Source::PublicRoots => continue,
                 };
-                plan.named.insert(Named { kind, namespace: Some(namespace.clone()), name: name.clone() });
+                plan.named.insert(Named::new(kind, namespace, name));
             }
             for target in &bundle.targets {
                 // A trust store's password Secret is read like a source: watched by name in its namespace.
                 for format in &target.formats {
                     if let PasswordFrom::Secret { namespace, name, .. } = &format.password {
-                        plan.named.insert(Named {
-                            kind: TargetKind::Secret,
-                            namespace: Some(namespace.clone()),
-                            name: name.clone(),
-                        });
+                        plan.named.insert(Named::new(TargetKind::Secret, namespace, name));
                     }
                 }
                 match &target.placement {
                     Placement::Namespace(ns) => {
-                        plan.named.insert(Named {
-                            kind: target.kind,
-                            namespace: Some(ns.clone()),
-                            name: target.name.clone(),
-                        });
+                        plan.named.insert(Named::new(target.kind, ns, &target.name));
                     }
                     Placement::Selector(selector) => {
                         plan.cluster_wide.insert((target.kind, target.name.clone()));
@@ -100,6 +98,7 @@ impl Plan {
 }
 
 /// The stores ca-syncer reads through.
+#[derive(Default)]
 pub struct Scope {
     secrets: BTreeMap<(Option<String>, String), Store<Secret>>,
     config_maps: BTreeMap<(Option<String>, String), Store<ConfigMap>>,
@@ -116,14 +115,7 @@ impl Scope {
     pub fn build(client: &kube::Client, config: &Config) -> (Self, Watches) {
         let plan = Plan::of(config);
         let mut watches = Watches::new();
-        let mut scope = Scope {
-            secrets: BTreeMap::new(),
-            config_maps: BTreeMap::new(),
-            namespaces: BTreeMap::new(),
-            selected_secrets: BTreeMap::new(),
-            selected_config_maps: BTreeMap::new(),
-            trust_bundles: BTreeMap::new(),
-        };
+        let mut scope = Scope::default();
         let objects = plan
             .named
             .iter()

@@ -156,13 +156,10 @@ pub async fn run(args: WatchArgs, shutdown: CancellationToken) -> anyhow::Result
     output::remove_stale_temp_files(&settings.output);
     // What the process may have loaded already: an output file left by our previous run. Without one, the
     // process reads our first file itself when it starts, so that first write is not announced.
-    let announced = match output::read_current(&settings.output) {
-        Ok(current) => current,
-        Err(e) => {
-            tracing::warn!(error = %e, output = %settings.output.display(), "cannot read the existing output");
-            None
-        }
-    };
+    let announced = output::read_current(&settings.output).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, output = %settings.output.display(), "cannot read the existing output");
+        None
+    });
     tracing::info!(
         dir = %settings.dir.display(),
         output = %settings.output.display(),
@@ -378,14 +375,11 @@ fn sync_files(settings: &Settings) -> Result<Synced, SyncError> {
     let now = time::OffsetDateTime::now_utc();
     let bundle = inputs::load(&settings.dir, &settings.keys, settings.allow_empty, settings.drop_expired, now)?;
     let rendered = bundle.render().into_bytes();
-    let current = match output::read_current(&settings.output) {
-        Ok(current) => current,
-        Err(e) => {
-            // Unreadable is as good as different: the write below replaces it or says why it cannot.
-            tracing::warn!(error = %e, "cannot read the current output; rewriting it");
-            None
-        }
-    };
+    let current = output::read_current(&settings.output).unwrap_or_else(|e| {
+        // Unreadable is as good as different: the write below replaces it or says why it cannot.
+        tracing::warn!(error = %e, "cannot read the current output; rewriting it");
+        None
+    });
     let written = current.as_deref() != Some(rendered.as_slice());
     if written {
         output::write_atomic(&settings.output, &rendered)

@@ -52,10 +52,6 @@ impl StateStore {
         Self { api: Api::namespaced(client, namespace), namespace: namespace.to_string() }
     }
 
-    pub fn namespace(&self) -> &str {
-        &self.namespace
-    }
-
     pub async fn read(&self, bundle: &str) -> Result<Stored, StateError> {
         let name = object_name(bundle);
         let object = self.api.get_opt(&name).await.map_err(|source| StateError::Read {

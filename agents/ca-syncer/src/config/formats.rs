@@ -67,13 +67,11 @@ pub fn check_password(format: Format, password: &str) -> Result<(), String> {
 
 /// The trust stores a target also holds (trust-manager's `target.additionalFormats`).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawAdditionalFormats {
     /// A JKS trust store in another key of the object.
-    #[serde(default)]
     pub jks: Option<RawJks>,
     /// A PKCS#12 trust store in another key of the object.
-    #[serde(default)]
     pub pkcs12: Option<RawPkcs12>,
 }
 

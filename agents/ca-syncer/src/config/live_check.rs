@@ -28,18 +28,15 @@ pub struct Endpoint {
 /// Publish the bundle only if it verifies every endpoint's certificate chain (a TLS handshake trusting only the
 /// bundle as it will be published). Exactly one of `url` (one endpoint) and `endpoints`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawLiveCheck {
     /// One endpoint, `https://host[:port][/path]` (the short form of `endpoints` with one entry).
-    #[serde(default)]
     pub url: Option<String>,
     /// With `url`: the name to verify the server's certificate for, when it differs from the URL's host (a DNS
     /// hostname or an IP address).
-    #[serde(default)]
     pub server_name: Option<String>,
     /// Every endpoint the bundle must verify, e.g. the front proxy and each shard, each with its own serving
     /// certificate. One that fails keeps every target as it is.
-    #[serde(default)]
     pub endpoints: Vec<RawEndpoint>,
 }
 

@@ -9,7 +9,7 @@ use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer};
 
-use super::field::check;
+use super::field::{check, exactly_one};
 use super::targets::{Destination, NamespaceSelector, Selector, TargetKind};
 use crate::certs::{self, Certificate, EmptyPolicy};
 
@@ -28,8 +28,7 @@ pub enum Source {
 }
 
 /// A key of a Secret or ConfigMap in a named namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KeyRef {
     /// The object's namespace (a DNS label).
     pub namespace: String,
@@ -93,23 +92,19 @@ pub struct RawObjectSource {
 /// One source of certificates: exactly one of its keys is set. Every source is parsed strictly: only
 /// CERTIFICATE blocks, and a source holding anything else is rejected whole.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawSource {
     /// A key (or every key) of a Secret, or of every Secret a label selector matches in one namespace.
-    #[serde(default)]
     pub secret: Option<RawObjectSource>,
     /// A key (or every key) of a ConfigMap (`data` or `binaryData`), or of every ConfigMap a label selector
     /// matches in one namespace.
-    #[serde(default)]
     pub config_map: Option<RawObjectSource>,
     /// PEM certificates written into the configuration, checked at load time.
-    #[serde(default)]
     pub inline: Option<String>,
     /// An absolute path to a PEM file, re-read every cycle (at most 4 MiB).
-    #[serde(default)]
     pub file: Option<PathBuf>,
     /// `{}`: the public roots (Mozilla's list, compiled in).
-    #[serde(default, deserialize_with = "present")]
+    #[serde(deserialize_with = "present")]
     pub public_roots: Option<PublicRoots>,
 }
 
@@ -129,23 +124,14 @@ pub(super) fn source_from_raw<'a>(
     path: &str,
     errors: &mut Vec<FieldError>,
 ) -> Option<(Source, Option<Destination<'a>>)> {
-    let set: Vec<&str> = [
-        source.secret.as_ref().map(|_| "secret"),
-        source.config_map.as_ref().map(|_| "configMap"),
-        source.inline.as_ref().map(|_| "inline"),
-        source.file.as_ref().map(|_| "file"),
-        source.public_roots.map(|_| "publicRoots"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if set.len() != 1 {
-        let reason = if set.is_empty() {
-            "must set one of secret, configMap, inline, file, publicRoots".to_owned()
-        } else {
-            format!("must set exactly one of secret, configMap, inline, file, publicRoots; has {}", set.join(", "))
-        };
-        errors.push(FieldError::new(path, reason));
+    let keys = [
+        ("secret", source.secret.is_some()),
+        ("configMap", source.config_map.is_some()),
+        ("inline", source.inline.is_some()),
+        ("file", source.file.is_some()),
+        ("publicRoots", source.public_roots.is_some()),
+    ];
+    if !exactly_one(path, &keys, errors) {
         return None;
     }
     for (kind, object) in [(TargetKind::Secret, &source.secret), (TargetKind::ConfigMap, &source.config_map)] {

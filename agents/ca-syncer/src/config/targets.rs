@@ -11,10 +11,10 @@ use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::field::check;
+use super::field::{check, exactly_one};
 use super::formats::{AdditionalFormat, RawAdditionalFormats, formats_from_raw};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, strum::IntoStaticStr)]
 pub enum TargetKind {
     Secret,
     ConfigMap,
@@ -23,12 +23,9 @@ pub enum TargetKind {
 }
 
 impl TargetKind {
+    /// The object's kind (`Secret`, `ConfigMap`).
     pub fn as_str(&self) -> &'static str {
-        match self {
-            TargetKind::Secret => "Secret",
-            TargetKind::ConfigMap => "ConfigMap",
-            TargetKind::ClusterTrustBundle => "ClusterTrustBundle",
-        }
+        self.into()
     }
 
     /// The key naming this kind in the file (`secret`, `configMap`).
@@ -65,10 +62,16 @@ pub struct Target {
 /// The field of a ClusterTrustBundle the bundle is written to (its `key` for comparisons and metrics).
 pub const TRUST_BUNDLE_KEY: &str = "trustBundle";
 
-/// Labels and annotations of a target object, as configured (keys checked).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// Labels and annotations of a target object.
+// As written and as validated (`metadata_from_raw` checks the keys): one type, keeping the name the chart's
+// values.schema.json gives its definition.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(rename = "RawTargetMetadata")]
 pub struct TargetMetadata {
+    /// Labels (valid label keys and values).
     pub labels: BTreeMap<String, String>,
+    /// Annotations (valid annotation keys).
     pub annotations: BTreeMap<String, String>,
 }
 
@@ -83,21 +86,17 @@ pub enum Placement {
 
 /// One target: exactly one of `secret` / `configMap`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawTarget {
     /// Write the bundle into a key of a Secret.
-    #[serde(default)]
     pub secret: Option<RawTargetObject>,
     /// Write the bundle into a key of a ConfigMap.
-    #[serde(default)]
     pub config_map: Option<RawTargetObject>,
     /// Write the bundle into a ClusterTrustBundle's `spec.trustBundle` (certificates.k8s.io/v1), which pods
     /// project with `projected.sources[].clusterTrustBundle` without any Secret RBAC.
-    #[serde(default)]
     pub cluster_trust_bundle: Option<RawClusterTrustBundle>,
     /// Take over an existing object (or key) kcp-keeper did not create; without it such a target is left
     /// alone and reported.
-    #[serde(default)]
     pub adopt: bool,
 }
 
@@ -119,7 +118,7 @@ pub struct RawTargetObject {
     /// Labels and annotations the object gets (for GitOps tools and policy engines), applied as kcp-keeper's
     /// fields; a key someone else set to another value is left alone and reported.
     #[serde(default)]
-    pub metadata: Option<RawTargetMetadata>,
+    pub metadata: Option<TargetMetadata>,
     /// Deployments in `namespace` that read the bundle once at start: rolled (a pod-template annotation)
     /// once per real change of what this target holds. Only with `namespace`, not `namespaceSelector`.
     #[serde(default)]
@@ -154,23 +153,11 @@ pub struct RawClusterTrustBundle {
     pub signer_name: Option<String>,
     /// Labels and annotations the object gets, applied as kcp-keeper's fields.
     #[serde(default)]
-    pub metadata: Option<RawTargetMetadata>,
+    pub metadata: Option<TargetMetadata>,
     /// Not for a ClusterTrustBundle (it holds PEM only): refused with a reason. Taken as any value, so the
     /// refusal says why instead of "unknown field".
     #[serde(default)]
     pub additional_formats: Option<serde_json::Value>,
-}
-
-/// Labels and annotations of a target object.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RawTargetMetadata {
-    /// Labels (valid label keys and values).
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    /// Annotations (valid annotation keys).
-    #[serde(default)]
-    pub annotations: BTreeMap<String, String>,
 }
 
 /// One place an object key is read or written, for finding two targets that would fight over it.
@@ -201,21 +188,12 @@ pub(super) fn target_from_raw<'a>(
     path: &str,
     errors: &mut Vec<FieldError>,
 ) -> Option<(Target, Vec<Destination<'a>>)> {
-    let set: Vec<&str> = [
-        target.secret.as_ref().map(|_| "secret"),
-        target.config_map.as_ref().map(|_| "configMap"),
-        target.cluster_trust_bundle.as_ref().map(|_| "clusterTrustBundle"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if set.len() != 1 {
-        let reason = if set.is_empty() {
-            "must set one of secret, configMap, clusterTrustBundle".to_owned()
-        } else {
-            format!("must set exactly one of secret, configMap, clusterTrustBundle; has {}", set.join(", "))
-        };
-        errors.push(FieldError::new(path, reason));
+    let keys = [
+        ("secret", target.secret.is_some()),
+        ("configMap", target.config_map.is_some()),
+        ("clusterTrustBundle", target.cluster_trust_bundle.is_some()),
+    ];
+    if !exactly_one(path, &keys, errors) {
         return None;
     }
     if let Some(bundle) = &target.cluster_trust_bundle {
@@ -372,7 +350,7 @@ fn cluster_trust_bundle_from_raw<'a>(
 const RESERVED_PREFIXES: [&str; 2] = ["kcp-keeper.io/", "ca-syncer.kcp-keeper.io/"];
 const RESERVED_KEYS: [&str; 1] = ["app.kubernetes.io/managed-by"];
 
-fn metadata_from_raw(raw: Option<&RawTargetMetadata>, path: &str, errors: &mut Vec<FieldError>) -> TargetMetadata {
+fn metadata_from_raw(raw: Option<&TargetMetadata>, path: &str, errors: &mut Vec<FieldError>) -> TargetMetadata {
     let Some(raw) = raw else { return TargetMetadata::default() };
     let reserved = |key: &str| RESERVED_KEYS.contains(&key) || RESERVED_PREFIXES.iter().any(|p| key.starts_with(p));
     for (field, map) in [("labels", &raw.labels), ("annotations", &raw.annotations)] {
@@ -387,5 +365,5 @@ fn metadata_from_raw(raw: Option<&RawTargetMetadata>, path: &str, errors: &mut V
             }
         }
     }
-    TargetMetadata { labels: raw.labels.clone(), annotations: raw.annotations.clone() }
+    raw.clone()
 }
