@@ -30,8 +30,7 @@ pub struct Listed {
 pub async fn list_with_drills(store: &Store, shard: Option<&str>) -> Result<Vec<Listed>, StorageError> {
     let dir = match shard {
         Some(shard) => manifest::shard_dir(&store.prefix, shard),
-        None if store.prefix.is_empty() => String::new(),
-        None => format!("{}/", store.prefix),
+        None => manifest::root(&store.prefix),
     };
     let keys = store.list_keys(&dir).await?;
     let reports: HashSet<&str> =
@@ -53,13 +52,11 @@ pub async fn list_with_drills(store: &Store, shard: Option<&str>) -> Result<Vec<
         };
         let report_key = format!("{}{}", key.strip_suffix(manifest::MANIFEST).unwrap_or(key), drill_report::REPORT);
         let report = match reports.contains(report_key.as_str()) {
-            true => match Report::from_json(&store.get_bytes(&report_key).await?) {
-                Ok(report) => Some(report),
-                Err(error) => {
+            true => Report::from_json(&store.get_bytes(&report_key).await?)
+                .inspect_err(|error| {
                     tracing::warn!(key = report_key, %error, "a drill report that does not parse; not verified");
-                    None
-                }
-            },
+                })
+                .ok(),
             false => None,
         };
         let verified_at = report.as_ref().and_then(|r| drill_report::verified_at(r, &manifest, &bytes));

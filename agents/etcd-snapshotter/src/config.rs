@@ -22,6 +22,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use kcp_keeper_runtime::config::{AgentConfig, FieldError};
+use kcp_keeper_runtime::schedule::{Schedule, ScheduleSpec};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -74,8 +75,9 @@ pub struct RawConfig {
 }
 
 /// How snapshots are compressed before encryption.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema, strum::IntoStaticStr)]
 #[serde(rename_all = "camelCase")]
+#[strum(serialize_all = "camelCase")]
 pub enum Compression {
     #[default]
     Zstd,
@@ -83,11 +85,9 @@ pub enum Compression {
 }
 
 impl Compression {
+    /// As written in the configuration and in manifests: `zstd` or `none`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Compression::Zstd => "zstd",
-            Compression::None => "none",
-        }
+        self.into()
     }
 }
 
@@ -162,6 +162,11 @@ impl AgentConfig for Config {
             _ => Err(errors),
         }
     }
+}
+
+/// The schedule `name` as `spec` writes it, or `None` and why not at `path`.
+fn schedule(name: &str, spec: &ScheduleSpec, path: String, errors: &mut Vec<FieldError>) -> Option<Schedule> {
+    Schedule::new(name, spec).map_err(|e| errors.push(FieldError::new(path, e.to_string()))).ok()
 }
 
 fn recipients(raw: Option<RawEncryption>, errors: &mut Vec<FieldError>) -> Vec<Recipient> {

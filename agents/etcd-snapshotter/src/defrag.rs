@@ -16,23 +16,14 @@
 pub mod metrics;
 pub mod run;
 
+use crate::health::MemberStatus;
 use crate::member::{Alarm, Alarms};
-
-/// One member as read right before a decision.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Seen {
-    pub endpoint: String,
-    pub id: u64,
-    /// The leader this member names (0: none).
-    pub leader: u64,
-    pub db_size: i64,
-}
 
 /// The cluster as read right before defragmenting a member: every configured endpoint's answer (an error
 /// text when it did not answer), the cluster's alarms, and how many voting members its member list has.
 #[derive(Debug, Clone, Default)]
 pub struct Cluster {
-    pub members: Vec<(String, Result<Seen, String>)>,
+    pub members: Vec<(String, Result<MemberStatus, String>)>,
     pub alarms: Alarms,
     pub voting_members: usize,
 }
@@ -57,7 +48,7 @@ pub fn decide(cluster: &Cluster, endpoint: &str, single_member: bool) -> Decisio
     if let Some((id, _)) = cluster.alarms.iter().find(|(_, alarm)| *alarm == Alarm::Corrupt) {
         return Decision::Stop(format!("member {id:x} has a CORRUPT alarm"));
     }
-    let seen: Vec<&Seen> = cluster.members.iter().filter_map(|(_, a)| a.as_ref().ok()).collect();
+    let seen: Vec<&MemberStatus> = cluster.members.iter().filter_map(|(_, a)| a.as_ref().ok()).collect();
     let leaders: Vec<u64> = seen.iter().map(|s| s.leader).collect();
     let Some(&leader) = leaders.first().filter(|l| **l != 0 && leaders.iter().all(|x| x == *l)) else {
         return Decision::Stop(format!("the members do not agree on a leader ({leaders:x?}): no stable quorum"));
@@ -93,8 +84,10 @@ pub enum Stopped {
     Failed { member: String, error: String },
 }
 
-/// What happened to one member.
-#[derive(Debug, Clone, PartialEq)]
+/// What happened to one member; its name is the `result` label of `member_defrag_last_result`, each of
+/// [`Outcome::VARIANTS`] exported at 0 from the start.
+#[derive(Debug, Clone, PartialEq, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
 pub enum Outcome {
     /// Its database file went from `before` to `after` bytes.
     Defragmented {
@@ -109,12 +102,7 @@ pub enum Outcome {
 impl Outcome {
     /// The `result` label of `member_defrag_last_result`.
     pub fn as_str(&self) -> &'static str {
-        match self {
-            Outcome::Defragmented { .. } => "defragmented",
-            Outcome::SkippedLeader => "skipped_leader",
-            Outcome::Timeout => "timeout",
-            Outcome::Failed => "failed",
-        }
+        self.into()
     }
 
     /// Bytes given back: the file's size before less after (0 when writes grew it meanwhile).
@@ -125,9 +113,6 @@ impl Outcome {
         }
     }
 }
-
-/// Every value of the `result` label, each exported at 0 from the start.
-pub const RESULTS: [&str; 4] = ["defragmented", "skipped_leader", "timeout", "failed"];
 
 /// One member's outcome, in the order the run reached it.
 #[derive(Debug, Clone, PartialEq)]
@@ -169,8 +154,9 @@ impl Report {
 mod tests {
     use super::*;
 
-    fn seen(endpoint: &str, id: u64, leader: u64) -> (String, Result<Seen, String>) {
-        (endpoint.into(), Ok(Seen { endpoint: endpoint.into(), id, leader, db_size: 1 }))
+    fn seen(endpoint: &str, id: u64, leader: u64) -> (String, Result<MemberStatus, String>) {
+        let status = MemberStatus { endpoint: endpoint.into(), id, leader, db_size: 1, db_size_in_use: 1, quota: 0 };
+        (endpoint.into(), Ok(status))
     }
 
     fn three(leader: u64) -> Cluster {

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::error::DrillError;
 use crate::manifest::Manifest;
 
 pub const REPORT: &str = "drill.json";
@@ -43,7 +44,7 @@ pub struct ChainLevel {
     pub hash_kv: HashKvResult,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Report {
     pub format_version: u32,
@@ -116,7 +117,26 @@ pub struct KcpLevel {
     pub objects: Vec<String>,
 }
 
+impl From<&DrillError> for Failure {
+    fn from(error: &DrillError) -> Self {
+        let reason: &'static str = error.into();
+        Self { reason: reason.into(), message: error.to_string() }
+    }
+}
+
 impl Report {
+    /// A report of a drill of `id` begun at `started_at` (and, until it is told otherwise, finished then).
+    pub fn started(id: &str, started_at: DateTime<Utc>) -> Self {
+        Self {
+            format_version: 1,
+            id: id.into(),
+            started_at,
+            finished_at: started_at,
+            agent_version: kcp_keeper_runtime::VERSION.into(),
+            ..Self::default()
+        }
+    }
+
     pub fn to_json(&self) -> Vec<u8> {
         let mut text = serde_json::to_vec_pretty(self).expect("a report always serializes");
         text.push(b'\n');

@@ -60,9 +60,11 @@ impl Stage for PartSink {
     }
 }
 
-struct ZstdStage(zstd::stream::write::Encoder<'static, Box<dyn Stage>>);
+/// zstd or age over the next stage: writes go through it, and finishing it hands the next stage back (`finish`,
+/// which zstd's encoder and age's writer both have) to be finished in turn.
+struct Layer<W>(W, fn(W) -> io::Result<Box<dyn Stage>>);
 
-impl Write for ZstdStage {
+impl<W: Write + Send> Write for Layer<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.0.write(buf)
     }
@@ -71,26 +73,9 @@ impl Write for ZstdStage {
     }
 }
 
-impl Stage for ZstdStage {
+impl<W: Write + Send> Stage for Layer<W> {
     fn finish(self: Box<Self>) -> io::Result<()> {
-        self.0.finish()?.finish()
-    }
-}
-
-struct AgeStage(age::stream::StreamWriter<Box<dyn Stage>>);
-
-impl Write for AgeStage {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.write(buf)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.0.flush()
-    }
-}
-
-impl Stage for AgeStage {
-    fn finish(self: Box<Self>) -> io::Result<()> {
-        self.0.finish()?.finish()
+        (self.1)(self.0)?.finish()
     }
 }
 
@@ -116,10 +101,11 @@ impl Encoder {
         if !recipients.is_empty() {
             let keys: Vec<&dyn age::Recipient> = recipients.iter().map(|r| &r.key as &dyn age::Recipient).collect();
             let encryptor = age::Encryptor::with_recipients(keys.into_iter()).map_err(io::Error::other)?;
-            stage = Box::new(AgeStage(encryptor.wrap_output(stage)?));
+            stage = Box::new(Layer(encryptor.wrap_output(stage)?, age::stream::StreamWriter::finish));
         }
         if compression == Compression::Zstd {
-            stage = Box::new(ZstdStage(zstd::stream::write::Encoder::new(stage, ZSTD_LEVEL)?));
+            let zstd = zstd::stream::write::Encoder::new(stage, ZSTD_LEVEL)?;
+            stage = Box::new(Layer(zstd, zstd::stream::write::Encoder::finish));
         }
         Ok(Self { stage, out })
     }

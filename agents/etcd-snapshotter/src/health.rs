@@ -15,8 +15,10 @@ use crate::metrics::Metrics;
 
 /// How often each shard's members are read.
 pub const INTERVAL: Duration = Duration::from_secs(15);
+/// Bounds each Status, alarm and member-list read (a member that takes longer is not healthy).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What one member said.
+/// What one member said (as it was read, also right before a defragmentation decision).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberStatus {
     /// The endpoint as configured: the `member` label.
@@ -26,6 +28,7 @@ pub struct MemberStatus {
     pub db_size_in_use: i64,
     /// `--quota-backend-bytes` (0: not reported).
     pub quota: i64,
+    /// The leader this member names (0: none).
     pub leader: u64,
 }
 
@@ -99,32 +102,46 @@ pub async fn run(shard: &Shard, metrics: &Metrics, stop: &tokio_util::sync::Canc
 pub async fn poll(shard: &Shard) -> Poll {
     let mut out = Poll::default();
     for endpoint in &shard.endpoints {
-        match status(endpoint, shard, &mut out.alarms).await {
-            Ok(status) => out.members.push((endpoint.clone(), Some(status))),
-            Err(e) => {
-                tracing::debug!(shard = shard.name, endpoint, error = %format!("{e:#}"), "health: member did not answer");
-                out.members.push((endpoint.clone(), None));
-            }
-        }
+        // The alarms as the first member that answers lists them; one that does not is not answering.
+        let answer = match status(shard, endpoint).await {
+            Ok((mut client, status)) if out.alarms.is_none() => match crate::member::alarms(&mut client).await {
+                Ok(alarms) => {
+                    out.alarms = Some(alarms);
+                    Ok(status)
+                }
+                Err(e) => Err(format!("{e:#}")),
+            },
+            answer => answer.map(|(_, status)| status),
+        };
+        let answer = answer
+            .inspect_err(|error| tracing::debug!(shard = shard.name, endpoint, error, "health: member did not answer"));
+        out.members.push((endpoint.clone(), answer.ok()));
     }
     out
 }
 
-async fn status(endpoint: &str, shard: &Shard, alarms: &mut Option<Alarms>) -> anyhow::Result<MemberStatus> {
-    let timeout = Duration::from_secs(10);
-    let mut client = crate::member::connect(endpoint, shard.tls.as_ref()).await?;
-    let status = tokio::time::timeout(timeout, client.status()).await??;
-    if alarms.is_none() {
-        *alarms = Some(crate::member::alarms(&mut client).await?);
-    }
-    Ok(MemberStatus {
+/// The Status of the member at `endpoint` (within [`READ_TIMEOUT`]) and a client connected to it alone, or
+/// why not as text.
+pub async fn status(shard: &Shard, endpoint: &str) -> Result<(etcd_client::Client, MemberStatus), String> {
+    let mut client = crate::member::connect(endpoint, shard.tls.as_ref()).await.map_err(|e| format!("{e:#}"))?;
+    let status = bounded("status", client.status()).await?;
+    let member = MemberStatus {
         endpoint: endpoint.to_string(),
         id: status.header().map(|h| h.member_id()).unwrap_or_default(),
         db_size: status.db_size(),
         db_size_in_use: status.raft_used_db_size(),
         quota: status.db_size_quota(),
         leader: status.leader(),
-    })
+    };
+    Ok((client, member))
+}
+
+/// `call` within [`READ_TIMEOUT`], its error as text (`<what> timed out after 10s` when it takes longer).
+pub async fn bounded<T>(what: &str, call: impl Future<Output = Result<T, etcd_client::Error>>) -> Result<T, String> {
+    match tokio::time::timeout(READ_TIMEOUT, call).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("{what} timed out after {READ_TIMEOUT:?}")),
+    }
 }
 
 /// Sets the health series of one poll of `shard`; `changed` counts a leader change.

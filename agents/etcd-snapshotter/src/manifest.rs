@@ -75,7 +75,8 @@ pub fn data_object_location(prefix: &str, shard: &str, key: &str) -> Option<Loca
     OBJECT_NAMES.contains(&object).then_some(location)
 }
 
-fn root(prefix: &str) -> String {
+/// `<prefix>/` or empty: what every key in a store starts with.
+pub fn root(prefix: &str) -> String {
     if prefix.is_empty() { String::new() } else { format!("{prefix}/") }
 }
 

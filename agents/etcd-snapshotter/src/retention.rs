@@ -74,10 +74,8 @@ pub fn plan(entries: &[Entry], policy: &Policy, trigger: &Trigger) -> Decision {
     let mut add = |i: usize, reason: Reason| reasons.entry(i).or_default().push(reason);
 
     // Only a run that just published the newest snapshot may delete anything.
-    let may_delete = match trigger {
-        Trigger::AfterSuccess(id) => sorted.first().is_some_and(|newest| &newest.id == id),
-        Trigger::Other => false,
-    };
+    let may_delete =
+        matches!(trigger, Trigger::AfterSuccess(id) if sorted.first().is_some_and(|newest| &newest.id == id));
     if !may_delete {
         for i in 0..sorted.len() {
             add(i, Reason::NoSuccess);

@@ -52,14 +52,12 @@ pub enum StoreChoice {
 
 /// The store `choice` names; the second one only when the configuration has a `secondary` section.
 pub fn open(config: &Config, choice: StoreChoice) -> anyhow::Result<Store> {
-    match choice {
-        StoreChoice::Primary => Ok(Store::new(&config.storage)?),
-        StoreChoice::Secondary => {
-            let secondary =
-                config.secondary.as_ref().context("--store secondary: the configuration has no secondary section")?;
-            Ok(Store::new(&secondary.storage)?)
-        }
-    }
+    let storage = match (choice, &config.secondary) {
+        (StoreChoice::Primary, _) => &config.storage,
+        (StoreChoice::Secondary, Some(secondary)) => &secondary.storage,
+        (StoreChoice::Secondary, None) => bail!("--store secondary: the configuration has no secondary section"),
+    };
+    Ok(Store::new(storage)?)
 }
 
 /// What one pass did for one shard.
@@ -171,7 +169,7 @@ impl ShardRun<'_> {
         let (secondary_entries, secondary_objects) = self.second_state(&own, report).await;
         let primary_entries: Vec<_> = primary_own.iter().map(|l| l.manifest.entry(l.verified_at.is_some())).collect();
         let (kept, newest) = plan::kept(&primary_entries, &secondary_entries, &self.secondary.retention);
-        let primary_root = plan::root(&self.primary.prefix);
+        let primary_root = manifest::root(&self.primary.prefix);
         let by_relative: HashMap<String, &StoredObject> =
             primary_objects.iter().filter_map(|o| Some((o.key.strip_prefix(&primary_root)?.to_string(), o))).collect();
         let sources = Sources { by_relative: &by_relative, secondary: secondary_objects.as_ref() };
@@ -230,7 +228,7 @@ impl ShardRun<'_> {
                     .filter(|l| own.owns(&l.manifest))
                     .map(|l| l.manifest.entry(l.verified_at.is_some()))
                     .collect();
-                let root = plan::root(&self.second.prefix);
+                let root = manifest::root(&self.second.prefix);
                 let objects: HashMap<String, StoredObject> =
                     objects.into_iter().filter_map(|o| Some((o.key.strip_prefix(&root)?.to_string(), o))).collect();
                 (entries, Some(objects))
@@ -272,36 +270,29 @@ impl ShardRun<'_> {
                 continue;
             };
             let there = secondary_objects.get(&object.relative).map(|o| o.etag.as_str());
-            if verified.in_sync(&object.relative, &source.etag, there) {
-                if object.kind == Kind::Manifest && is_newest {
-                    newest_in_sync = true;
-                }
-                continue;
-            }
-            match self.sync(object, there).await {
-                Ok((etag, copied)) => {
-                    verified.record(&object.relative, &source.etag, &etag);
-                    if copied {
-                        self.metrics.secondary.copied(shard, object.kind);
-                        report.copied += 1;
-                    } else {
-                        report.checked += 1;
+            if !verified.in_sync(&object.relative, &source.etag, there) {
+                match self.sync(object, there).await {
+                    Ok((etag, copied)) => {
+                        verified.record(&object.relative, &source.etag, &etag);
+                        if copied {
+                            self.metrics.secondary.copied(shard, object.kind);
+                            report.copied += 1;
+                        } else {
+                            report.checked += 1;
+                        }
                     }
-                    if object.kind == Kind::Manifest && is_newest {
-                        newest_in_sync = true;
-                    }
-                }
-                Err(error) => {
-                    self.metrics.secondary.failed(shard, object.kind);
-                    report.failures.push(format!("{} {}: {error:#}", object.kind.as_str(), object.relative));
-                    report.behind += 1;
-                    // Nothing after a data object whose copy is not proven (its manifest would publish it),
-                    // and no delta after a missing one (the chain on the second store never has a hole).
-                    if i == 0 || object.kind == Kind::Delta {
-                        skip_rest = true;
+                    Err(error) => {
+                        self.metrics.secondary.failed(shard, object.kind);
+                        report.failures.push(format!("{} {}: {error:#}", object.kind.as_str(), object.relative));
+                        report.behind += 1;
+                        // Nothing after a data object whose copy is not proven (its manifest would publish it),
+                        // and no delta after a missing one (the chain on the second store never has a hole).
+                        skip_rest = i == 0 || object.kind == Kind::Delta;
+                        continue;
                     }
                 }
             }
+            newest_in_sync |= object.kind == Kind::Manifest && is_newest;
         }
         newest_in_sync
     }
@@ -330,7 +321,7 @@ impl ShardRun<'_> {
     /// one (`there`), copied when it has none or other bytes. The second store's ETag of the proven copy, and
     /// whether it was copied.
     async fn sync(&self, object: &Object, there: Option<&str>) -> anyhow::Result<(String, bool)> {
-        let key = |store: &Store| format!("{}{}", plan::root(&store.prefix), object.relative);
+        let key = |store: &Store| format!("{}{}", manifest::root(&store.prefix), object.relative);
         let (primary_key, secondary_key) = (key(self.primary), key(self.second));
         if let Some(etag) = there {
             let expected = self.expected(object, &primary_key).await?;
@@ -356,11 +347,7 @@ impl ShardRun<'_> {
         let sha256 = hex::encode(downloaded.sha256);
         let expected = match &object.expected {
             Expected::Sha256(hex) => hex.clone(),
-            Expected::DeltaMetadata => {
-                crate::delta::Meta::from_metadata(&downloaded.metadata)
-                    .map_err(|e| anyhow::anyhow!("the primary's delta metadata: {e}"))?
-                    .sha256
-            }
+            Expected::DeltaMetadata => delta_sha256(&downloaded.metadata)?,
             Expected::PrimaryBytes => sha256.clone(),
         };
         ensure!(
@@ -390,14 +377,17 @@ impl ShardRun<'_> {
         Ok(match &object.expected {
             Expected::Sha256(hex) => hex.clone(),
             Expected::DeltaMetadata => {
-                let metadata = self.primary.head_metadata(primary_key).await?.context("gone from the primary")?;
-                crate::delta::Meta::from_metadata(&metadata)
-                    .map_err(|e| anyhow::anyhow!("the primary's delta metadata: {e}"))?
-                    .sha256
+                delta_sha256(&self.primary.head_metadata(primary_key).await?.context("gone from the primary")?)?
             }
             Expected::PrimaryBytes => hex::encode(Sha256::digest(self.primary.get_bytes(primary_key).await?)),
         })
     }
+}
+
+/// The sha256 (hex) a delta's own metadata states (`delta-sha256`).
+fn delta_sha256(metadata: &HashMap<String, String>) -> anyhow::Result<String> {
+    let meta = crate::delta::Meta::from_metadata(metadata);
+    Ok(meta.map_err(|e| anyhow::anyhow!("the primary's delta metadata: {e}"))?.sha256)
 }
 
 /// `etcd-snapshotter sync-secondary`: one pass now; prints a line per shard. Fails when any shard is behind.

@@ -31,7 +31,7 @@ pub const DEFAULT_TAG: &str = "v0.32.3";
 pub const STATE: &str = "kcp-image.json";
 
 /// Which of the kcp-operator's objects runs the shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema, strum::IntoStaticStr)]
 pub enum Kind {
     RootShard,
     Shard,
@@ -39,10 +39,7 @@ pub enum Kind {
 
 impl Kind {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::RootShard => "RootShard",
-            Kind::Shard => "Shard",
-        }
+        self.into()
     }
 
     pub fn plural(self) -> &'static str {
@@ -55,7 +52,7 @@ impl Kind {
 
 /// A snapshot and a drill of the shard whenever the kcp image of the operator's object that runs it changes,
 /// before the operator rolls the shard's pods (a race the agent cannot win every time: see the docs).
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RawBeforeUpgrade {
     /// `RootShard` or `Shard` (`operator.kcp.io/v1alpha1`).
@@ -66,13 +63,8 @@ pub struct RawBeforeUpgrade {
     pub name: String,
 }
 
-/// The object a shard's upgrades are watched on, as validated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Watched {
-    pub kind: Kind,
-    pub namespace: String,
-    pub name: String,
-}
+/// The object a shard's upgrades are watched on, as validated: the section as written, once its names are.
+pub type Watched = RawBeforeUpgrade;
 
 impl Watched {
     /// `RootShard kcp-system/root`: how manifests, Events and errors name it.
@@ -86,17 +78,14 @@ pub fn before_upgrade(
     at: &dyn Fn(&str) -> String,
     errors: &mut Vec<FieldError>,
 ) -> Option<Watched> {
-    let raw = raw?;
-    let mut ok = true;
+    let (raw, before) = (raw?, errors.len());
     if check_dns_label(&raw.namespace).is_err() {
         errors.push(FieldError::new(at("beforeUpgrade.namespace"), "must be a namespace name (a DNS label)"));
-        ok = false;
     }
     if check_dns_subdomain(&raw.name).is_err() {
         errors.push(FieldError::new(at("beforeUpgrade.name"), "must be an object name (a DNS subdomain)"));
-        ok = false;
     }
-    ok.then_some(Watched { kind: raw.kind, namespace: raw.namespace, name: raw.name })
+    (errors.len() == before).then_some(raw)
 }
 
 /// Why an object's image cannot be read: a field path and what is wrong with it, never the value (the object is
@@ -133,10 +122,9 @@ pub fn image_of(object: &str, spec: &serde_json::Value) -> Result<String, Malfor
         serde_json::Value::Object(_) => match spec.get("image") {
             None | Some(serde_json::Value::Null) => Spec { image: None },
             Some(serde_json::Value::Object(image)) => {
-                for field in ["repository", "tag"] {
+                for (field, path) in [("repository", "spec.image.repository"), ("tag", "spec.image.tag")] {
                     if image.get(field).is_some_and(|v| !v.is_string() && !v.is_null()) {
-                        let field = if field == "tag" { "spec.image.tag" } else { "spec.image.repository" };
-                        return Err(malformed(field, "not a string"));
+                        return Err(malformed(path, "not a string"));
                     }
                 }
                 serde_json::from_value(serde_json::json!({"image": image}))

@@ -76,13 +76,8 @@ pub(super) fn defrag(
         errors.push(FieldError::new(at("defrag.schedule"), "required when defrag is enabled"));
         return None;
     };
-    match Schedule::new(&format!("defrag-{shard}"), &spec) {
-        Ok(schedule) => Some(Defrag { schedule, schedule_spec: spec, timeout, single_member: raw.single_member }),
-        Err(e) => {
-            errors.push(FieldError::new(at("defrag.schedule"), e.to_string()));
-            None
-        }
-    }
+    let schedule = super::schedule(&format!("defrag-{shard}"), &spec, at("defrag.schedule"), errors)?;
+    Some(Defrag { schedule, schedule_spec: spec, timeout, single_member: raw.single_member })
 }
 
 #[cfg(test)]

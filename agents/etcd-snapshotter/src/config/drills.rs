@@ -156,13 +156,7 @@ pub(super) fn shard_drill(
             }
         }
     }
-    let schedule = match Schedule::new(&format!("drill-{name}"), &raw.schedule) {
-        Ok(schedule) => Some(schedule),
-        Err(e) => {
-            errors.push(FieldError::new(at("drill.schedule"), e.to_string()));
-            None
-        }
-    };
+    let schedule = super::schedule(&format!("drill-{name}"), &raw.schedule, at("drill.schedule"), errors);
     (errors.len() == before).then_some(ShardDrill {
         schedule: schedule?,
         schedule_spec: raw.schedule,
@@ -186,16 +180,8 @@ pub(super) fn drills(
     encrypted: bool,
     errors: &mut Vec<FieldError>,
 ) -> Drills {
-    let raw = raw.unwrap_or(RawDrills {
-        etcd: default_etcd(),
-        etcdutl: default_etcdutl(),
-        directory: None,
-        identity_file: None,
-        sample_keys: default_sample_keys(),
-        timeout: None,
-        kcp: None,
-        alongside_snapshots: false,
-    });
+    // Absent: every field as serde defaults it.
+    let raw = raw.unwrap_or_else(|| serde_json::from_value(serde_json::json!({})).expect("every field has a default"));
     let directory = match (raw.directory, spill) {
         (Some(dir), _) if dir.is_absolute() => dir,
         (Some(_), _) => {

@@ -53,12 +53,9 @@ pub(super) fn secondary(
         "must be a Go duration of at least 1s, like 1m",
         &mut own,
     );
-    let failed = !own.is_empty();
+    let ok = own.is_empty();
     errors.extend(own.into_iter().map(|e| FieldError::new(format!("secondary.{}", e.path), e.reason)));
-    if failed {
-        return None;
-    }
-    Some(Secondary { storage: storage?, retention, interval })
+    ok.then_some(Secondary { storage: storage?, retention, interval })
 }
 
 #[cfg(test)]

@@ -114,20 +114,19 @@ pub(super) fn shards(raw: Vec<RawShard>, kcp_binary: bool, errors: &mut Vec<Fiel
         let deltas = deltas(shard.deltas, &at, errors);
         let before_upgrade = crate::upgrade::before_upgrade(shard.before_upgrade, &at, errors);
         let defrag = defrag(&shard.name, shard.endpoints.len(), shard.defrag, &at, errors);
-        match Schedule::new(&format!("snapshot-{}", shard.name), &shard.schedule) {
-            Ok(schedule) => out.push(Shard {
-                name: shard.name,
-                endpoints: shard.endpoints,
-                tls: shard.tls,
-                schedule,
-                schedule_spec: shard.schedule,
-                drill,
-                deltas,
-                before_upgrade,
-                defrag,
-            }),
-            Err(e) => errors.push(FieldError::new(at("schedule"), e.to_string())),
-        }
+        let name = format!("snapshot-{}", shard.name);
+        let Some(schedule) = super::schedule(&name, &shard.schedule, at("schedule"), errors) else { continue };
+        out.push(Shard {
+            name: shard.name,
+            endpoints: shard.endpoints,
+            tls: shard.tls,
+            schedule,
+            schedule_spec: shard.schedule,
+            drill,
+            deltas,
+            before_upgrade,
+            defrag,
+        });
     }
     out
 }

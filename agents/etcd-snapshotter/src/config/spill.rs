@@ -19,10 +19,10 @@ pub struct RawSpill {
     /// `drills.directory` says otherwise).
     pub directory: PathBuf,
     /// Bytes of snapshot parts held in memory at most (`64Mi`, `256Mi`, plain bytes).
-    pub memory_budget: String,
+    pub memory_budget: Checked<Size>,
     /// Multipart part size (5Mi to 5Gi); 8Mi when absent.
     #[serde(default)]
-    pub part_size: Option<String>,
+    pub part_size: Option<Checked<Size>>,
     /// Parts uploading at once; the budget must hold one more than this.
     #[serde(default = "default_in_flight")]
     #[schemars(range(min = 1))]
@@ -34,7 +34,7 @@ pub struct RawSpill {
     /// the volume's size (an emptyDir's `sizeLimit`). At the cap a finished part waits for memory instead, which
     /// holds etcd's stream back rather than letting the kubelet evict the pod. Unbounded when absent.
     #[serde(default)]
-    pub max_bytes: Option<String>,
+    pub max_bytes: Option<Checked<Size>>,
 }
 
 fn default_in_flight() -> usize {
@@ -60,17 +60,10 @@ pub struct Spill {
 
 pub(super) fn spill(raw: RawSpill, errors: &mut Vec<FieldError>) -> Option<Spill> {
     let before = errors.len();
-    let mut size = |field: &str, text: Option<&str>, default: u64| match text.map(parse_size) {
-        None => default,
-        Some(Ok(n)) => n,
-        Some(Err(reason)) => {
-            errors.push(FieldError::new(format!("spill.{field}"), reason));
-            0
-        }
-    };
-    let memory_budget = size("memoryBudget", Some(&raw.memory_budget), 0);
-    let part_size = size("partSize", raw.part_size.as_deref(), 8 * 1024 * 1024);
-    let max_bytes = raw.max_bytes.as_deref().map(|text| size("maxBytes", Some(text), 0));
+    // A size that does not parse is an error, and 0 for the checks below.
+    let memory_budget = raw.memory_budget.value("spill.memoryBudget", errors).map_or(0, |s| s.0);
+    let part_size = raw.part_size.map_or(8 * 1024 * 1024, |s| s.value("spill.partSize", errors).map_or(0, |s| s.0));
+    let max_bytes = raw.max_bytes.map(|s| s.value("spill.maxBytes", errors).map_or(0, |s| s.0));
     if !raw.directory.is_absolute() {
         errors.push(FieldError::new("spill.directory", "must be an absolute path"));
     }

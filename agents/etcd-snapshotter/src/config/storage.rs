@@ -186,15 +186,13 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
     if prefix.split('/').any(|p| p == "." || p == "..") || prefix.contains("//") {
         errors.push(FieldError::new("storage.prefix", "must not contain empty, '.' or '..' segments"));
     }
-    if let Some(endpoint) = &raw.endpoint
-        && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
-    {
-        errors.push(FieldError::new("storage.endpoint", "must start with http:// or https://"));
-    }
-    if let Some(endpoint) = &raw.endpoint
-        && endpoint.contains('@')
-    {
-        errors.push(FieldError::new("storage.endpoint", "must not carry credentials"));
+    if let Some(endpoint) = &raw.endpoint {
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            errors.push(FieldError::new("storage.endpoint", "must start with http:// or https://"));
+        }
+        if endpoint.contains('@') {
+            errors.push(FieldError::new("storage.endpoint", "must not carry credentials"));
+        }
     }
     if raw.region.is_empty() {
         errors.push(FieldError::new("storage.region", "must not be empty (the SDK must never guess it)"));
@@ -238,10 +236,7 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
         SseKind::Aes256 => ServerSideEncryption::Aes256,
         SseKind::AwsKms => ServerSideEncryption::AwsKms { key_id: sse.kms_key_id },
     });
-    if errors.len() != before {
-        return None;
-    }
-    Some(Storage {
+    (errors.len() == before).then_some(Storage {
         bucket: raw.bucket,
         prefix,
         endpoint: raw.endpoint.map(|e| e.trim_end_matches('/').to_string()),

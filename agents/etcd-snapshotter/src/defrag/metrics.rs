@@ -8,10 +8,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use strum::VariantNames;
 
-use super::{Outcome, RESULTS, Report, Stopped};
+use super::{Outcome, Report, Stopped};
 use crate::labels::{FailureLabels, MemberLabels, ShardLabel};
 
-/// One result of one member's last defragmentation ([`RESULTS`]).
+/// One result of one member's last defragmentation ([`Outcome::VARIANTS`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MemberResultLabels {
     pub shard: String,
@@ -56,7 +56,7 @@ impl DefragMetrics {
             let member = MemberLabels { shard: shard.into(), member: endpoint.clone() };
             let _ = self.reclaimed.get_or_create(&member);
             let _ = self.duration.get_or_create(&member);
-            for result in RESULTS {
+            for &result in Outcome::VARIANTS {
                 let labels =
                     MemberResultLabels { shard: shard.into(), member: endpoint.clone(), result: result.into() };
                 let _ = self.member_result.get_or_create(&labels);
@@ -67,7 +67,7 @@ impl DefragMetrics {
     /// Records a run of `shard` (a snapshot failure before it included).
     pub fn finished(&self, shard: &str, report: &Report) {
         for done in &report.members {
-            for result in RESULTS {
+            for &result in Outcome::VARIANTS {
                 let labels =
                     MemberResultLabels { shard: shard.into(), member: done.member.clone(), result: result.into() };
                 self.member_result.get_or_create(&labels).set((result == done.result.as_str()) as i64);

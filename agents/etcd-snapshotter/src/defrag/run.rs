@@ -6,11 +6,9 @@ use std::time::{Duration, Instant};
 
 use etcd_client::Client;
 
-use super::{Cluster, Decision, Done, Outcome, Report, Seen, Stopped, decide};
+use super::{Cluster, Decision, Done, Outcome, Report, Stopped, decide};
 use crate::config::Shard;
-
-/// Bounds each Status, alarm and member-list read (a member that takes longer is not healthy).
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::health::{READ_TIMEOUT, bounded, status};
 
 /// How one run is bounded.
 #[derive(Debug, Clone, Copy)]
@@ -112,17 +110,6 @@ async fn size_after(shard: &Shard, endpoint: &str, timeout: Duration) -> Result<
     }
 }
 
-async fn status(shard: &Shard, endpoint: &str) -> Result<(Client, Seen), String> {
-    let mut client = crate::member::connect(endpoint, shard.tls.as_ref()).await.map_err(|e| format!("{e:#}"))?;
-    let status = match tokio::time::timeout(READ_TIMEOUT, client.status()).await {
-        Ok(Ok(status)) => status,
-        Ok(Err(e)) => return Err(e.to_string()),
-        Err(_) => return Err(format!("status timed out after {READ_TIMEOUT:?}")),
-    };
-    let id = status.header().map(|h| h.member_id()).unwrap_or_default();
-    Ok((client, Seen { endpoint: endpoint.to_string(), id, leader: status.leader(), db_size: status.db_size() }))
-}
-
 /// Every configured member's status, and the alarms and voting members as the first that answers lists
 /// them (a member that answers Status but not those is counted as not answering).
 pub async fn read(shard: &Shard) -> Cluster {
@@ -130,15 +117,11 @@ pub async fn read(shard: &Shard) -> Cluster {
     let mut listed = false;
     for endpoint in &shard.endpoints {
         let answer = match status(shard, endpoint).await {
-            Ok((mut client, seen)) if !listed => match lists(&mut client).await {
-                Ok((alarms, voting)) => {
-                    (cluster.alarms, cluster.voting_members, listed) = (alarms, voting, true);
-                    Ok(seen)
-                }
-                Err(e) => Err(e),
-            },
-            Ok((_, seen)) => Ok(seen),
-            Err(e) => Err(e),
+            Ok((mut client, seen)) if !listed => lists(&mut client).await.map(|(alarms, voting)| {
+                (cluster.alarms, cluster.voting_members, listed) = (alarms, voting, true);
+                seen
+            }),
+            answer => answer.map(|(_, seen)| seen),
         };
         cluster.members.push((endpoint.clone(), answer));
     }
@@ -147,10 +130,6 @@ pub async fn read(shard: &Shard) -> Cluster {
 
 async fn lists(client: &mut Client) -> Result<(crate::member::Alarms, usize), String> {
     let alarms = crate::member::alarms(client).await.map_err(|e| format!("{e:#}"))?;
-    let members = match tokio::time::timeout(READ_TIMEOUT, client.member_list()).await {
-        Ok(Ok(list)) => list,
-        Ok(Err(e)) => return Err(e.to_string()),
-        Err(_) => return Err(format!("member list timed out after {READ_TIMEOUT:?}")),
-    };
+    let members = bounded("member list", client.member_list()).await?;
     Ok((alarms, members.members().iter().filter(|m| !m.is_learner()).count()))
 }

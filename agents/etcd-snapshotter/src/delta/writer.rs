@@ -183,10 +183,10 @@ impl Writer {
         }
         // An unanswered request (etcd busy catching the watcher up): write what is here anyway, so the
         // buffer never waits longer than an interval or two.
-        if session.asked.as_ref().is_some_and(|a| a.elapsed() >= self.deltas.interval) {
-            if let Some(end) = self.flush(session).await? {
-                return Ok(Some(end));
-            }
+        if session.asked.as_ref().is_some_and(|a| a.elapsed() >= self.deltas.interval)
+            && let Some(end) = self.flush(session).await?
+        {
+            return Ok(Some(end));
         }
         session.claim(&self.metrics).await;
         if session.asked.is_none() || session.asked.as_ref().is_some_and(|a| a.elapsed() >= self.deltas.interval * 3) {

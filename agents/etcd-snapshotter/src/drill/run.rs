@@ -12,7 +12,7 @@ use etcd_client::GetOptions;
 
 use super::{HashKvResult, Observed, compare};
 use crate::config::{Drills, KcpExpect};
-use crate::drill_report::{Failure, KcpLevel, Report, sha256_hex};
+use crate::drill_report::{Failure, Report, sha256_hex};
 use crate::encode::Identity;
 use crate::error::DrillError;
 use crate::manifest::{Location, Manifest};
@@ -26,19 +26,6 @@ pub struct Target {
     pub manifest: Manifest,
     /// `manifest.json` exactly as stored: the report records its hash.
     pub manifest_bytes: Vec<u8>,
-}
-
-/// What a drill measured along the way (each `Some` once that step ran).
-#[derive(Debug, Default)]
-struct Measured {
-    object_sha256: Option<String>,
-    etcd_sha256: Option<String>,
-    observed: Option<Observed>,
-    hash_kv: Option<HashKvResult>,
-    sampled_keys: Option<u64>,
-    restore_seconds: Option<f64>,
-    kcp: Option<KcpLevel>,
-    chain: Option<crate::drill_report::ChainLevel>,
 }
 
 /// The drill's result and its report (written by the caller beside the manifest).
@@ -55,40 +42,22 @@ pub async fn drill(
     target: &Target,
     identities: Option<Vec<Identity>>,
 ) -> Outcome {
-    let started_at = Utc::now();
+    let manifest = &target.manifest;
+    let mut report = Report {
+        manifest_sha256: sha256_hex(&target.manifest_bytes),
+        kcp_version: manifest.kcp.as_ref().map(crate::upgrade::KcpVersion::describe),
+        ..Report::started(&manifest.id, Utc::now())
+    };
     let started = Instant::now();
-    let mut measured = Measured::default();
-    let steps = steps(drills, kcp, store, target, identities, &mut measured);
+    let steps = steps(drills, kcp, store, target, identities, &mut report);
     let result = match tokio::time::timeout(drills.timeout, steps).await {
         Ok(result) => result,
         Err(_) => Err(DrillError::Timeout(format!("the drill did not finish within {:?}", drills.timeout))),
     };
-    let failure = result.as_ref().err().map(|e| {
-        let reason: &'static str = e.into();
-        Failure { reason: reason.into(), message: e.to_string() }
-    });
-    let report = Report {
-        format_version: 1,
-        id: target.manifest.id.clone(),
-        passed: result.is_ok(),
-        failure,
-        manifest_sha256: sha256_hex(&target.manifest_bytes),
-        object_sha256: measured.object_sha256,
-        etcd_sha256: measured.etcd_sha256,
-        revision: measured.observed.as_ref().map(|o| o.revision),
-        key_count: measured.observed.as_ref().map(|o| o.key_count),
-        hash_kv: measured.hash_kv,
-        sampled_keys: measured.sampled_keys,
-        restore_seconds: measured.restore_seconds,
-        kcp: measured.kcp,
-        chain: measured.chain,
-        started_at,
-        finished_at: Utc::now(),
-        duration_seconds: started.elapsed().as_secs_f64(),
-        agent_version: kcp_keeper_runtime::VERSION.into(),
-        kcp_version: target.manifest.kcp.as_ref().map(crate::upgrade::KcpVersion::describe),
-        last_failed_attempt: None,
-    };
+    report.passed = result.is_ok();
+    report.failure = result.as_ref().err().map(Failure::from);
+    report.finished_at = Utc::now();
+    report.duration_seconds = started.elapsed().as_secs_f64();
     Outcome { result, report }
 }
 
@@ -100,13 +69,15 @@ pub async fn write_report(store: &Store, report: &Report) -> Result<(), DrillErr
     store.put(&key, report.to_json()).await.map_err(|e| DrillError::Storage(e.to_string()))
 }
 
+/// The drill's steps; what each measures goes into `measured` as it is taken (a field stays `None` when its step
+/// did not run).
 async fn steps(
     drills: &Drills,
     kcp: Option<&KcpExpect>,
     store: &Store,
     target: &Target,
     identities: Option<Vec<Identity>>,
-    measured: &mut Measured,
+    measured: &mut Report,
 ) -> Result<(), DrillError> {
     let manifest = &target.manifest;
     let mut scratch = Scratch::new(&drills.directory, &manifest.shard)?;
@@ -120,7 +91,7 @@ async fn steps(
     measured.restore_seconds = Some(restore_started.elapsed().as_secs_f64());
 
     let observed = observe(&mut client, manifest).await?;
-    measured.observed = Some(observed.clone());
+    (measured.revision, measured.key_count) = (Some(observed.revision), Some(observed.key_count));
     measured.hash_kv = Some(compare(manifest, &observed)?);
     measured.sampled_keys = Some(sample(&mut client, manifest, drills.sample_keys).await?);
 
@@ -144,7 +115,7 @@ async fn fetch(
     manifest: &Manifest,
     identities: Option<Vec<Identity>>,
     dir: &Path,
-    measured: &mut Measured,
+    measured: &mut Report,
 ) -> Result<PathBuf, DrillError> {
     let mut hashes = restore::Hashes::default();
     let fetched = restore::fetch(store, manifest.clone(), identities, dir, &mut hashes).await;
@@ -243,13 +214,15 @@ pub fn identities(path: Option<&Path>) -> Result<Option<Vec<Identity>>, DrillErr
 /// passing report that still proves this manifest and object in place, with the failed attempt recorded
 /// beside it, so a verified snapshot stays verified while its object is unchanged.
 pub async fn drill_and_record(drills: &Drills, kcp: Option<&KcpExpect>, store: &Store, id: &str) -> Outcome {
-    let target = match read_target(store, id).await {
-        Ok(target) => target,
-        Err(error) => return Outcome { report: failed_before_start(id, &error), result: Err(error) },
-    };
-    let identities = match identities(drills.identity_file.as_deref()) {
-        Ok(ids) => ids,
-        Err(error) => return Outcome { report: failed_before_start(id, &error), result: Err(error) },
+    let ready =
+        async { Ok::<_, DrillError>((read_target(store, id).await?, identities(drills.identity_file.as_deref())?)) };
+    let (target, identities) = match ready.await {
+        Ok(ready) => ready,
+        // A report for a drill that never reached its snapshot (not written: there is no manifest to stand beside).
+        Err(error) => {
+            let report = Report { failure: Some((&error).into()), ..Report::started(id, Utc::now()) };
+            return Outcome { report, result: Err(error) };
+        }
     };
     let mut outcome = drill(drills, kcp, store, &target, identities).await;
     let kept = match &outcome.result {
@@ -278,34 +251,6 @@ async fn still_proving(store: &Store, target: &Target) -> Option<Report> {
     let report = Report::from_json(&bytes).ok()?;
     crate::drill_report::verified_at(&report, &target.manifest, &target.manifest_bytes)?;
     Some(report)
-}
-
-/// A report for a drill that never reached its snapshot (not written: there is no manifest to stand beside).
-fn failed_before_start(id: &str, error: &DrillError) -> Report {
-    let reason: &'static str = error.into();
-    let now = Utc::now();
-    Report {
-        format_version: 1,
-        id: id.into(),
-        passed: false,
-        failure: Some(Failure { reason: reason.into(), message: error.to_string() }),
-        manifest_sha256: String::new(),
-        object_sha256: None,
-        etcd_sha256: None,
-        revision: None,
-        key_count: None,
-        hash_kv: None,
-        sampled_keys: None,
-        restore_seconds: None,
-        kcp: None,
-        chain: None,
-        started_at: now,
-        finished_at: now,
-        duration_seconds: 0.0,
-        agent_version: kcp_keeper_runtime::VERSION.into(),
-        kcp_version: None,
-        last_failed_attempt: None,
-    }
 }
 
 /// One line saying what a drill proved or why it failed.

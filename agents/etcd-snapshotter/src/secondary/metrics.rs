@@ -5,7 +5,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
-use kcp_keeper_runtime::metrics::GaugeF64;
+use kcp_keeper_runtime::metrics::{GaugeF64, at_zero};
+use strum::VariantNames;
 
 use super::plan::Kind;
 use crate::labels::ShardLabel;
@@ -38,11 +39,9 @@ kcp_keeper_runtime::metrics! {
 impl SecondaryMetrics {
     /// Every series of `shard` at 0, so alerts see the shard before its first pass.
     pub fn init_shard(&self, shard: &str) {
-        for kind in Kind::ALL {
-            let labels = KindLabels { shard: shard.into(), kind: kind.as_str().into() };
-            let _ = self.failures.get_or_create(&labels);
-            let _ = self.copied.get_or_create(&labels);
-        }
+        let kinds = Kind::VARIANTS.iter().map(|kind| KindLabels { shard: shard.into(), kind: kind.to_string() });
+        at_zero(&self.failures, kinds.clone());
+        at_zero(&self.copied, kinds);
         let _ = self.behind.get_or_create(&ShardLabel { shard: shard.into() });
         let _ = self.in_sync.get_or_create(&ShardLabel { shard: shard.into() });
     }

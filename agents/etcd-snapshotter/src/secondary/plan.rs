@@ -9,8 +9,10 @@ use crate::manifest::{Location, MANIFEST, Manifest};
 use crate::retention::{self, Entry, Policy, Trigger};
 use crate::storage::StoredObject;
 
-/// What an object of the second store is, or what failed on it: the `kind` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What an object of the second store is, or what failed on it: the `kind` label, each of [`Kind::VARIANTS`]
+/// exported at 0 from the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
 pub enum Kind {
     /// Listing the second store (it does not answer, or refuses the credentials).
     Listing,
@@ -24,18 +26,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] =
-        [Kind::Listing, Kind::Snapshot, Kind::Delta, Kind::Manifest, Kind::DrillReport, Kind::Retention];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Listing => "listing",
-            Kind::Snapshot => "snapshot",
-            Kind::Delta => "delta",
-            Kind::Manifest => "manifest",
-            Kind::DrillReport => "drill_report",
-            Kind::Retention => "retention",
-        }
+        self.into()
     }
 }
 
@@ -57,11 +49,6 @@ pub struct Object {
     pub relative: String,
     pub kind: Kind,
     pub expected: Expected,
-}
-
-/// `<prefix>/` or empty: what keys start with in a store.
-pub fn root(prefix: &str) -> String {
-    if prefix.is_empty() { String::new() } else { format!("{prefix}/") }
 }
 
 /// The snapshots the second store keeps, newest first, and the newest of them: its own policy applied to every

@@ -153,6 +153,11 @@ impl Watch {
         reference("operator.kcp.io/v1alpha1", w.kind.as_str(), &w.namespace, &w.name, object.metadata.uid.clone())
     }
 
+    /// An Event of the `PreUpgradeSnapshot` action on the operator's object.
+    async fn tell(&self, regarding: &ObjectReference, kind: EventType, reason: &str, note: &str) {
+        self.events.publish(regarding, kind, reason, "PreUpgradeSnapshot", note).await;
+    }
+
     async fn observe(&self, store: &Store, recorded: &mut Option<State>, object: &DynamicObject, live: bool) {
         let shard = &self.shard.name;
         let label = self.metrics.shard(shard);
@@ -163,11 +168,7 @@ impl Watch {
             Err(error) => {
                 self.metrics.upgrade.malformed.get_or_create(&label).inc();
                 tracing::error!(shard, %error, "the operator's object names no valid kcp image");
-                let note = error.to_string();
-                let regarding = self.regarding(object);
-                self.events
-                    .publish(&regarding, EventType::Warning, "KcpImageInvalid", "PreUpgradeSnapshot", &note)
-                    .await;
+                self.tell(&self.regarding(object), EventType::Warning, "KcpImageInvalid", &error.to_string()).await;
                 return;
             }
         };
@@ -221,15 +222,7 @@ impl Watch {
                     let note = format!(
                         "snapshot of shard {shard} before the upgrade to {now} failed ({reason}), attempt {attempt} of {ATTEMPTS}: {error}; {then}"
                     );
-                    self.events
-                        .publish(
-                            &regarding,
-                            EventType::Warning,
-                            "PreUpgradeSnapshotFailed",
-                            "PreUpgradeSnapshot",
-                            &note,
-                        )
-                        .await;
+                    self.tell(&regarding, EventType::Warning, "PreUpgradeSnapshotFailed", &note).await;
                     if last {
                         self.count("snapshot_failed");
                         self.record(store, recorded, State::new(&described, &now, None)).await;
@@ -269,7 +262,7 @@ impl Watch {
             "passed" => (EventType::Normal, "PreUpgradeSnapshotTaken"),
             _ => (EventType::Warning, "PreUpgradeDrillFailed"),
         };
-        self.events.publish(regarding, kind, reason, "PreUpgradeSnapshot", &note).await;
+        self.tell(regarding, kind, reason, &note).await;
         self.record(store, recorded, State::new(described, now, Some(manifest.id.clone()))).await;
     }
 
