@@ -40,6 +40,7 @@ pub const META_EVENTS: &str = "delta-events";
 pub const META_LIVE_HASH_KV: &str = "delta-live-hash-kv";
 pub const META_LIVE_COMPACT: &str = "delta-live-compact-revision";
 pub const META_LIVE_KEYS: &str = "delta-live-key-count";
+pub const META_WATCHING_SINCE: &str = "delta-watching-since-ms";
 /// The previous hash of a chain's first delta.
 const NO_PREVIOUS: &str = "none";
 
@@ -147,6 +148,11 @@ pub struct Header {
     /// What the live member reported at `to` (absent when it was not read for this delta).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<Live>,
+    /// When the watch that delivered these events opened (Unix ms): events of revisions committed before then
+    /// (an agent restart, a new leader, a new full snapshot) were delivered then, so their receipt time says
+    /// only that they were committed before it. Absent in deltas written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watching_since_ms: Option<i64>,
 }
 
 /// The payload before compression and encryption.
@@ -259,6 +265,8 @@ pub struct Meta {
     pub cluster_id: String,
     pub events: u64,
     pub live: Option<Live>,
+    /// The header's `watchingSinceMs`, repeated so a restore picks its base without reading payloads.
+    pub watching_since_ms: Option<i64>,
 }
 
 impl Meta {
@@ -278,6 +286,9 @@ impl Meta {
                 (META_LIVE_COMPACT, live.compact_revision.to_string()),
                 (META_LIVE_KEYS, live.key_count.to_string()),
             ]);
+        }
+        if let Some(since) = self.watching_since_ms {
+            metadata.push((META_WATCHING_SINCE, since.to_string()));
         }
         metadata
     }
@@ -304,6 +315,10 @@ impl Meta {
             cluster_id: get(META_CLUSTER)?.to_string(),
             events: number(META_EVENTS)?,
             live: live(metadata)?,
+            watching_since_ms: match metadata.get(META_WATCHING_SINCE) {
+                None => None,
+                Some(text) => Some(text.parse::<i64>().map_err(|_| format!("{META_WATCHING_SINCE} is not a time"))?),
+            },
         };
         if meta.from > meta.to {
             return Err(format!("the range {}..{} is empty", meta.from, meta.to));
@@ -371,6 +386,7 @@ pub fn check_link(expected: &Expected<'_>, meta: &Meta, actual_sha256: &str, hea
         cluster_id: meta.cluster_id.clone(),
         previous_sha256: meta.previous.clone(),
         live: meta.live,
+        watching_since_ms: meta.watching_since_ms,
     };
     if &stated != header {
         return Err("its payload's header does not repeat its metadata".into());
@@ -417,6 +433,7 @@ mod tests {
             cluster_id: "c1".into(),
             events: 4,
             live: None,
+            watching_since_ms: None,
         }
     }
 
@@ -428,6 +445,7 @@ mod tests {
             cluster_id: "c1".into(),
             previous_sha256: None,
             live: None,
+            watching_since_ms: None,
         }
     }
 

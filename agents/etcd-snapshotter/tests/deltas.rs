@@ -577,7 +577,7 @@ async fn a_member_cut_off_from_its_peers_neither_stalls_the_deltas_nor_lets_the_
     let cluster = bed.cluster();
     let ns = cluster.namespace().await.unwrap();
     let etcd =
-        testbed::Etcd::start_partitionable(&bed.peers.path("etcd"), &bed.path("root-etcd"), "root").await.unwrap();
+        testbed::Etcd::start_partitionable(bed.peers.path("etcd"), &bed.path("root-etcd"), "root").await.unwrap();
     // Member 0 is listed first: the writer watches it until it is cut off.
     let endpoints = etcd.members.iter().map(|m| m.client_url.clone()).collect();
     let mut options = Options::new(&bed, "root", endpoints);

@@ -54,6 +54,20 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
+    /// Run etcd-snapshotter's robustness suite longer than CI does: each scenario a real 3-member etcd (fsync on),
+    /// the daemon with deltas, traffic recorded against etcd's history and a seeded fault schedule, then every
+    /// validator. A failing scenario prints its seed; `--seed N --scenarios 1` replays it.
+    Robustness {
+        /// The first scenario's seed (the next ones count up from it); default: drawn from the clock.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// How many scenarios.
+        #[arg(long, default_value_t = 5)]
+        scenarios: u64,
+        /// Minutes of faults per scenario.
+        #[arg(long, default_value_t = 3)]
+        minutes: u64,
+    },
     /// Build the agents' container images (static binaries, FROM scratch) with buildah, run `--version` inside
     /// each and print their sizes.
     Images,
@@ -89,6 +103,7 @@ fn main() -> Result<()> {
         Task::Images => images::images(),
         Task::Schema => schema(),
         Task::House => house(),
+        Task::Robustness { seed, scenarios, minutes } => robustness(seed, scenarios, minutes),
         Task::Bench { name, quick } => {
             prereqs::ensure_protoc()?;
             ensure_peers()?;
@@ -106,6 +121,29 @@ fn main() -> Result<()> {
             step("bench", bench)
         }
     }
+}
+
+fn robustness(seed: Option<u64>, scenarios: u64, minutes: u64) -> Result<()> {
+    prereqs::ensure_protoc()?;
+    ensure_peers()?;
+    let first = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs() % 1_000_000)
+    });
+    let seeds: Vec<String> = (first..first + scenarios).map(|s| s.to_string()).collect();
+    eprintln!("xtask: robustness, {scenarios} scenario(s) of {minutes} min of faults, seeds {}", seeds.join(","));
+    let mut run = cargo(&[
+        "test",
+        "--locked",
+        "-p",
+        "etcd-snapshotter",
+        "--test",
+        "robustness",
+        "--",
+        "--nocapture",
+        "every_restore_under_random_faults",
+    ]);
+    run.env("ROBUSTNESS_SEEDS", seeds.join(",")).env("ROBUSTNESS_SECONDS", (minutes * 60).to_string());
+    step("robustness", run)
 }
 
 fn test(only: &[String], args: &[String]) -> Result<()> {

@@ -67,7 +67,9 @@ impl Point {
         match self {
             Point::Latest => true,
             Point::Revision(n) => manifest.revision <= *n,
-            Point::Time(t) => manifest.started_at <= *t,
+            // Its content is fixed somewhere between its start and its end: only a snapshot finished by the
+            // point holds nothing written after it.
+            Point::Time(t) => manifest.finished_at <= *t,
         }
     }
 
@@ -124,13 +126,37 @@ pub async fn base(store: &Store, shard: &str, own: Option<&Own>, point: Point) -
         Some(own) => Some(own.cluster_id.clone()),
         None => generation::only_cluster(&all).map_err(|e| anyhow::anyhow!(e))?,
     };
-    all.into_iter()
+    let admitted: Vec<Manifest> = all
+        .into_iter()
         .filter(|m| match own {
             Some(own) => own.owns(m),
             None => Some(generation::cluster_of(m)) == cluster.as_deref(),
         })
-        .find(|m| point.admits(m))
-        .ok_or_else(|| anyhow::anyhow!("no full snapshot of shard {shard}'s etcd cluster at or before {point:?}"))
+        .filter(|m| point.admits(m))
+        .collect();
+    let Point::Time(t) = point else {
+        return admitted.into_iter().next().ok_or_else(|| none_before(shard, point));
+    };
+    // A time between a snapshot's end and the moment the deltas' watch moved under it is covered by the chain
+    // before it, whose watch still ran: the newest base whose chain was watched at the point.
+    for manifest in &admitted {
+        if watched_from(store, manifest).await?.is_none_or(|since| since <= t.timestamp_millis()) {
+            return Ok(manifest.clone());
+        }
+    }
+    admitted.into_iter().next().ok_or_else(|| none_before(shard, point))
+}
+
+fn none_before(shard: &str, point: Point) -> anyhow::Error {
+    anyhow::anyhow!("no full snapshot of shard {shard}'s etcd cluster at or before {point:?}")
+}
+
+/// When the watch that wrote the first delta of `manifest`'s chain opened (`None`: no delta, or not recorded).
+async fn watched_from(store: &Store, manifest: &Manifest) -> anyhow::Result<Option<i64>> {
+    let location = Location::from_id(&store.prefix, &manifest.id).context("the manifest's id is not valid")?;
+    let Some((_, first)) = chain_keys(store, manifest, &location).await?.into_iter().next() else { return Ok(None) };
+    let metadata = store.head_metadata(&first).await?.unwrap_or_default();
+    Ok(Meta::from_metadata(&metadata).ok().and_then(|meta| meta.watching_since_ms))
 }
 
 /// Restores `manifest` and its deltas up to `point` into `flags.data_dir` (see the module).
@@ -246,6 +272,20 @@ pub(crate) async fn replay(
                 continue;
             }
             if point.past(revision, group[0].received_ms) {
+                if let (Point::Time(t), Some(since)) = (point, header.watching_since_ms)
+                    && since > t.timestamp_millis()
+                {
+                    // Delivered by a watch that opened after the point: its events' commit times are unknown
+                    // (the agent was down, or leadership moved), so the point cannot be placed among them.
+                    let at = outcome.received_at.map_or_else(|| "the snapshot".into(), |t| t.to_rfc3339());
+                    let since = DateTime::from_timestamp_millis(since).map_or_else(String::new, |t| t.to_rfc3339());
+                    outcome.broken = Some(format!(
+                        "no watch of the shard ran at the point: the last revision received before it is {} ({at}), \
+                         the next ones were delivered by a watch opened at {since}, after writes of unknown time; \
+                         restore --at {} or a time from {since} on",
+                        outcome.revision, outcome.revision
+                    ));
+                }
                 return Ok(());
             }
             if revision != outcome.revision + 1 {

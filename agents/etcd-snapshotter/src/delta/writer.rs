@@ -157,6 +157,8 @@ impl Writer {
         let live = LiveReader { client: client.clone(), every: self.deltas.hash_kv_interval, last: None };
         let options = WatchOptions::new().with_all_keys().with_start_revision(chain.next as i64).with_progress_notify();
         let watch = client.watch_client().max_decoding_message_size(256 << 20).watch("", Some(options)).await?;
+        // Taken once the watch is open: every event it delivers was committed before this or is received after.
+        let watching_since_ms = chrono::Utc::now().timestamp_millis();
         tracing::info!(shard = self.shard.name, snapshot = chain.snapshot.id, from = chain.next, "watching for deltas");
 
         let session = Session {
@@ -170,6 +172,7 @@ impl Writer {
             buffered: 0,
             asked: None,
             claims: VecDeque::new(),
+            watching_since_ms,
         };
         Ok(Some((session, watch)))
     }
@@ -246,7 +249,7 @@ impl Writer {
     /// Writes the buffer as the chain's next delta (nothing when empty): `Some(Raced)` when another writer
     /// stored that link first.
     async fn flush(&self, session: &mut Session) -> anyhow::Result<Option<End>> {
-        let Session { store, own, live, chain, buffer, buffered, .. } = session;
+        let Session { store, own, live, chain, buffer, buffered, watching_since_ms, .. } = session;
         let Some(last) = buffer.last() else { return Ok(None) };
         let header = Header {
             from: chain.next,
@@ -255,6 +258,7 @@ impl Writer {
             cluster_id: own.cluster_id.clone(),
             previous_sha256: chain.previous.clone(),
             live: live.read(&self.shard.name, last.revision).await,
+            watching_since_ms: Some(*watching_since_ms),
         };
         let payload = super::encode_payload(&header, buffer);
         let compression = self.config.compression;
@@ -274,6 +278,7 @@ impl Writer {
             cluster_id: header.cluster_id.clone(),
             events: buffer.len() as u64,
             live: header.live,
+            watching_since_ms: header.watching_since_ms,
         };
         let name = super::object_name(header.from, compression.as_str(), !self.config.recipients.is_empty());
         let key = format!("{}{name}", super::dir(&chain.location));
@@ -326,6 +331,8 @@ struct Session {
     asked: Option<Instant>,
     /// Quorum reads not yet proven stored, oldest first: when each was sent and the revision it read.
     claims: VecDeque<(f64, u64)>,
+    /// When the watch opened (Unix ms), carried by every delta of the session.
+    watching_since_ms: i64,
 }
 
 /// Claims kept waiting for the chain to reach them; a newer one proven proves every older one.

@@ -1,0 +1,775 @@
+//! The robustness suite: the agent's daemon (deltas on, a full snapshot every minute) against a real 3-member
+//! etcd with fsync on and a real versitygw behind the fault proxy, while a traffic generator writes and records
+//! every put and delete with its outcome, and a seeded schedule injects faults: a member killed and restarted,
+//! a member cut off from its peers, the leader moved, an aggressive compaction, a defragmentation, the agent
+//! SIGKILLed and restarted, a one-shot snapshot beside the daemon, and S3 answering 503, resetting, stalling or
+//! being down on each kind of request. The truth is etcd's own history, read by a watch of the test's own.
+//!
+//! Validators, after every scenario:
+//! - the recovery-point metric, sampled through the run, never claims a time before which a write was
+//!   acknowledged that the bucket does not hold;
+//! - `restore --at latest`, once the faults stop, serves exactly the history's last state: no acknowledged
+//!   write lost;
+//! - `restore --at REV` for sampled revisions serves exactly the history's state at REV, or exits 2 naming the
+//!   gap;
+//! - `restore --at TIME` for sampled times serves exactly the history's state at some revision r, no write of
+//!   it sent after TIME, and nothing acknowledged more than the recovery point before TIME missing;
+//! - every full snapshot listed restores to exactly the history's state at its revision;
+//! - no multipart upload is left once the daemon stopped.
+//!
+//! Seeds: `ROBUSTNESS_SEEDS` (comma-separated; the fixed CI set by default) and `ROBUSTNESS_SECONDS` (the fault
+//! phase per scenario). A scenario prints its seed and schedule first; its history, schedule, bucket listing and
+//! the agent's log are kept under `$TMPDIR/kcp-keeper-robustness/seed-<n>/`. `cargo xtask robustness` runs
+//! longer and more seeds.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use etcd_client::{ConnectOptions, EventType, WatchOptions};
+use kcp_keeper_runtime::metrics::unix_now;
+use testbed::fault_proxy::{Fault, FaultProxy};
+
+/// Every scenario of CI applies every fault kind at least once: these seeds run in `cargo xtask test`.
+const CI_SEEDS: &[u64] = &[1, 2];
+const CI_SECONDS: u64 = 75;
+const KEYS: u64 = 64;
+/// The deltas' interval; the recovery point allowed for a time point is a few of it.
+const INTERVAL: Duration = Duration::from_secs(1);
+const RPO: f64 = 4.0;
+
+/// A small deterministic generator (splitmix64): a seed replays the same schedule.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn secs(&mut self, from: u64, to: u64) -> Duration {
+        Duration::from_millis(from * 1000 + self.below((to - from) * 1000 + 1))
+    }
+}
+
+/// One fault of the schedule.
+#[derive(Debug, Clone)]
+enum FaultKind {
+    KillMember(usize),
+    CutMember(usize),
+    MoveLeader,
+    Compact,
+    Defragment(usize),
+    KillAgent,
+    OneShot,
+    /// A fault on one kind of S3 request, `times` times.
+    S3 {
+        request: &'static str,
+        fault: S3Fault,
+        times: usize,
+    },
+    S3Down,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum S3Fault {
+    SlowDown,
+    Reset,
+    Stall,
+}
+
+/// The kinds of S3 request, as the fault proxy matches them: (name, method, part of the path and query).
+const S3_REQUESTS: &[(&str, &str, &str)] = &[
+    ("part", "PUT", "partNumber="),
+    ("complete", "POST", "uploadId="),
+    ("put", "PUT", ""),
+    ("list", "GET", "list-type="),
+    ("get", "GET", ""),
+    ("delete", "DELETE", ""),
+];
+
+#[derive(Debug, Clone)]
+struct Step {
+    /// Pause before it.
+    gap: Duration,
+    kind: FaultKind,
+    /// How long it lasts before it is healed (a restart, a heal, a clear).
+    hold: Duration,
+}
+
+/// The schedule a seed draws: every kind once in a seeded order, then random ones until `seconds` are used.
+fn schedule(seed: u64, seconds: u64) -> Vec<Step> {
+    let mut rng = Rng(seed);
+    let kind = |rng: &mut Rng, i: u64| match i {
+        0 => FaultKind::KillMember(rng.below(3) as usize),
+        1 => FaultKind::CutMember(rng.below(3) as usize),
+        2 => FaultKind::MoveLeader,
+        3 => FaultKind::Compact,
+        4 => FaultKind::Defragment(rng.below(3) as usize),
+        5 => FaultKind::KillAgent,
+        6 => FaultKind::OneShot,
+        7 => FaultKind::S3Down,
+        _ => {
+            let (request, _, _) = S3_REQUESTS[rng.below(S3_REQUESTS.len() as u64) as usize];
+            let fault = [S3Fault::SlowDown, S3Fault::Reset, S3Fault::Stall][rng.below(3) as usize];
+            FaultKind::S3 { request, fault, times: 1 + rng.below(3) as usize }
+        }
+    };
+    let mut order: Vec<u64> = (0..9).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut steps = Vec::new();
+    let mut used = Duration::ZERO;
+    let mut draws = order.into_iter();
+    while used < Duration::from_secs(seconds) {
+        let i = draws.next().unwrap_or_else(|| rng.below(9));
+        let step = Step { gap: rng.secs(1, 4), kind: kind(&mut rng, i), hold: rng.secs(2, 8) };
+        used += step.gap + step.hold;
+        steps.push(step);
+    }
+    steps
+}
+
+/// One operation of the traffic and what came of it.
+#[derive(Debug, Clone)]
+struct Op {
+    key: String,
+    /// `None`: a delete.
+    value: Option<String>,
+    sent: f64,
+    /// `(revision, when the answer came)` when acknowledged; `None` when it failed or its answer was lost (it
+    /// may still have committed: the history says).
+    acked: Option<(i64, f64)>,
+}
+
+/// etcd's history as a watch of the test's own reads it: every event in revision order.
+#[derive(Debug, Clone)]
+struct Event {
+    revision: i64,
+    key: String,
+    value: Option<String>,
+}
+
+type Keyspace = BTreeMap<String, (String, i64)>;
+
+fn state_at(history: &[Event], revision: i64) -> Keyspace {
+    let mut state = Keyspace::new();
+    for event in history.iter().take_while(|e| e.revision <= revision) {
+        match &event.value {
+            Some(value) => state.insert(event.key.clone(), (value.clone(), event.revision)),
+            None => state.remove(&event.key),
+        };
+    }
+    state
+}
+
+async fn connect_all(etcd: &testbed::Etcd) -> etcd_client::Client {
+    let urls: Vec<String> = etcd.members.iter().map(|m| m.client_url.clone()).collect();
+    let options = ConnectOptions::new().with_require_leader(true).with_timeout(Duration::from_secs(5));
+    etcd_client::Client::connect(urls, Some(options)).await.unwrap()
+}
+
+/// The traffic: a put or a delete of one of [`KEYS`] keys every 20 ms, each recorded with its outcome.
+fn traffic(
+    seed: u64,
+    client: etcd_client::Client,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<Vec<Op>> {
+    tokio::spawn(async move {
+        let mut ops = Vec::new();
+        let mut rng = Rng(seed ^ 0x5eed);
+        let mut kv = client.kv_client();
+        for i in 0u64.. {
+            if stop.is_cancelled() {
+                return ops;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let key = format!("/registry/r/{:03}", rng.below(KEYS));
+            let delete = rng.below(10) == 0;
+            let value = (!delete).then(|| format!("v{i}"));
+            let sent = unix_now();
+            let answer = match &value {
+                Some(v) => tokio::time::timeout(Duration::from_secs(10), kv.put(key.clone(), v.clone(), None))
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok())
+                    .and_then(|r| r.header().map(|h| h.revision())),
+                None => tokio::time::timeout(Duration::from_secs(10), kv.delete(key.clone(), None))
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok())
+                    .and_then(|r| r.header().map(|h| h.revision())),
+            };
+            ops.push(Op { key, value, sent, acked: answer.map(|r| (r, unix_now())) });
+        }
+        ops
+    })
+}
+
+/// The test's own watch of every key from revision 1, resumed after every failure from the next revision.
+fn watch_history(
+    etcd: &testbed::Etcd,
+    stop: tokio_util::sync::CancellationToken,
+) -> (Arc<Mutex<Vec<Event>>>, tokio::task::JoinHandle<()>) {
+    let history = Arc::new(Mutex::new(Vec::<Event>::new()));
+    let urls: Vec<String> = etcd.members.iter().map(|m| m.client_url.clone()).collect();
+    let out = history.clone();
+    let task = tokio::spawn(async move {
+        let mut next = 1i64;
+        while !stop.is_cancelled() {
+            let options = ConnectOptions::new().with_require_leader(true);
+            let Ok(mut client) = etcd_client::Client::connect(urls.clone(), Some(options)).await else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            let watch_options = WatchOptions::new().with_prefix().with_start_revision(next);
+            let Ok(mut stream) = client.watch("/registry/r/", Some(watch_options)).await else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            loop {
+                let message = tokio::select! {
+                    () = stop.cancelled() => return,
+                    m = stream.message() => m,
+                };
+                let Ok(Some(response)) = message else { break };
+                assert!(response.compact_revision() == 0, "the history's watch fell behind a compaction");
+                for event in response.events() {
+                    let kv = event.kv().unwrap();
+                    let value = (event.event_type() == EventType::Put).then(|| kv.value_str().unwrap().to_string());
+                    let revision = kv.mod_revision();
+                    out.lock().unwrap().push(Event { revision, key: kv.key_str().unwrap().to_string(), value });
+                    next = revision + 1;
+                }
+            }
+        }
+    });
+    (history, task)
+}
+
+/// The bucket's newest stored revision of the shard: the newest delta's end under each snapshot, or the
+/// snapshot's own.
+async fn stored_revision(s3: &aws_sdk_s3::Client, bucket: &str) -> i64 {
+    let mut newest_per_snapshot: BTreeMap<String, (u64, String)> = BTreeMap::new();
+    let mut stored = 0i64;
+    for key in keys(s3, bucket).await {
+        if let Some((location, from)) = etcd_snapshotter::delta::location_of(PREFIX, "root", &key) {
+            let entry = newest_per_snapshot.entry(location.id).or_insert((0, String::new()));
+            if from >= entry.0 {
+                *entry = (from, key);
+            }
+        } else if key.ends_with("manifest.json")
+            && let Some(revision) = key.rsplit_once("-r").and_then(|(_, r)| r.split('/').next()?.parse::<i64>().ok())
+        {
+            stored = stored.max(revision);
+        }
+    }
+    for (_, key) in newest_per_snapshot.values() {
+        if let Ok(head) = s3.head_object().bucket(bucket).key(key).send().await
+            && let Some(to) = head.metadata().and_then(|m| m.get("delta-to")).and_then(|t| t.parse::<i64>().ok())
+        {
+            stored = stored.max(to);
+        }
+    }
+    stored
+}
+
+/// Samples the recovery-point metric with the bucket right after it, until stopped: every violation found.
+fn sample_recovery_point(
+    admin_url: String,
+    s3: aws_sdk_s3::Client,
+    bucket: String,
+    acks: Arc<Mutex<Vec<(i64, f64)>>>,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<(usize, Vec<String>)> {
+    tokio::spawn(async move {
+        let series = "etcd_snapshotter_delta_stored_through_timestamp_seconds{shard=\"root\"}";
+        let (mut samples, mut violations) = (0, Vec::new());
+        while !stop.is_cancelled() {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let Ok(claimed) = testbed::metrics::value(&testbed::metrics::scrape(&admin_url).await, series) else {
+                continue;
+            };
+            let stored = stored_revision(&s3, &bucket).await;
+            let acked = acks.lock().unwrap().clone();
+            if let Some((revision, at)) = acked.iter().find(|(r, at)| *at <= claimed && *r > stored) {
+                violations.push(format!(
+                    "the metric claimed {claimed:.3}, but revision {revision} acknowledged at {at:.3} is not stored (stored through {stored})"
+                ));
+            }
+            samples += 1;
+        }
+        (samples, violations)
+    })
+}
+
+/// Where a scenario keeps what it leaves for a reader.
+fn artefacts(seed: u64) -> PathBuf {
+    let dir = std::env::temp_dir().join("kcp-keeper-robustness").join(format!("seed-{seed}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[derive(Default, Debug)]
+struct Figures {
+    faults: BTreeMap<String, usize>,
+    restores: usize,
+    gaps: usize,
+    writes_checked: usize,
+    samples: usize,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_restore_under_random_faults_matches_etcds_history_and_the_recovery_point_never_claims_unstored_writes() {
+    let seeds: Vec<u64> = match std::env::var("ROBUSTNESS_SEEDS") {
+        Ok(list) => list.split(',').map(|s| s.trim().parse().expect("ROBUSTNESS_SEEDS: numbers")).collect(),
+        Err(_) => CI_SEEDS.to_vec(),
+    };
+    let seconds = std::env::var("ROBUSTNESS_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(CI_SECONDS);
+    let mut total = Figures::default();
+    for seed in seeds {
+        let figures = scenario(seed, seconds).await;
+        for (kind, n) in figures.faults {
+            *total.faults.entry(kind).or_default() += n;
+        }
+        total.restores += figures.restores;
+        total.gaps += figures.gaps;
+        total.writes_checked += figures.writes_checked;
+        total.samples += figures.samples;
+    }
+    println!("robustness: {total:?}");
+}
+
+async fn scenario(seed: u64, seconds: u64) -> Figures {
+    let steps = schedule(seed, seconds);
+    let kept = artefacts(seed);
+    let plan = steps.iter().fold(String::new(), |mut text, s| {
+        let _ = writeln!(text, "after {:?}: {:?} for {:?}", s.gap, s.kind, s.hold);
+        text
+    });
+    println!(
+        "robustness seed {seed} ({seconds} s), replay with ROBUSTNESS_SEEDS={seed}; artefacts in {}\n{plan}",
+        kept.display()
+    );
+    std::fs::write(kept.join("schedule.txt"), &plan).unwrap();
+
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let mut etcd = testbed::Etcd::start_partitionable(bed.peers.path("etcd"), &bed.path("etcd"), "root").await.unwrap();
+    let proxy = FaultProxy::start(&bed.s3.endpoint).await.unwrap();
+    let endpoints = etcd.members.iter().map(|m| m.client_url.clone()).collect();
+    let mut options = Options::new(&bed, "root", endpoints);
+    options.s3_endpoint = proxy.url.clone();
+    options.cron = "* * * * *";
+    options.keep_last = 4;
+    options.shard_extra = format!("deltas:\n  enabled: true\n  interval: {}s\n  maxBytes: 64Ki\n", INTERVAL.as_secs());
+    let config = write_config(&bed, &options).unwrap();
+    let text = std::fs::read_to_string(&config).unwrap().replace("attemptTimeout: 30s", "attemptTimeout: 3s");
+    std::fs::write(&config, text).unwrap();
+    let s3 = bed.s3.client();
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let watching = tokio_util::sync::CancellationToken::new();
+    let (history, watcher) = watch_history(&etcd, watching.clone());
+    let client = connect_all(&etcd).await;
+    let writes = traffic(seed, client.clone(), stop.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    snapshot_ok(&config);
+    let mut agent = agent(cluster, &config, &ns).start().await.unwrap();
+    let acks = Arc::new(Mutex::new(Vec::new()));
+    let sampling = tokio_util::sync::CancellationToken::new();
+    let sampler = sample_recovery_point(
+        agent.admin_url.clone(),
+        s3.clone(),
+        bed.s3.bucket.clone(),
+        acks.clone(),
+        sampling.clone(),
+    );
+    // The sampler learns the acknowledged writes from the history as it grows (the traffic's own record is
+    // read once it stops): an acknowledged write is in etcd's history at its revision, with the time its
+    // answer came no earlier than its commit.
+    let acks_feed = {
+        let (history, acks, stop) = (history.clone(), acks.clone(), sampling.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let now = unix_now();
+                let mut acks = acks.lock().unwrap();
+                let known = acks.len();
+                // Every event seen by the test's watch was committed by now: acknowledged at the latest now.
+                for event in history.lock().unwrap().iter().skip(known) {
+                    acks.push((event.revision, now));
+                }
+            }
+        })
+    };
+
+    let mut figures = Figures::default();
+    let mut rig = Rig {
+        etcd: &mut etcd,
+        admin: client.clone(),
+        proxy: &proxy,
+        agent: &mut agent,
+        config: &config,
+        history: history.clone(),
+        outages: Vec::new(),
+    };
+    for step in &steps {
+        tokio::time::sleep(step.gap).await;
+        let name = format!("{:?}", step.kind).split(['(', ' ']).next().unwrap().to_string();
+        *figures.faults.entry(name).or_default() += 1;
+        apply(step, &mut rig).await;
+    }
+    let outages = rig.outages;
+    proxy.clear();
+
+    // Quiet: the traffic stops, the bucket catches up with the history, and the sampler stops.
+    stop.cancel();
+    let ops = writes.await.unwrap();
+    let mut reader = connect_all(&etcd).await;
+    let last = reader.get("/registry/r/", None).await.unwrap().header().unwrap().revision();
+    testbed::eventually(Duration::from_secs(60), "the history's watch to reach the end", || async {
+        (history.lock().unwrap().last().map_or(0, |e| e.revision) >= last).then_some(())
+    })
+    .await;
+    watching.cancel();
+    watcher.await.unwrap();
+    let history = history.lock().unwrap().clone();
+    testbed::eventually(Duration::from_secs(180), &format!("the bucket to hold revision {last}"), || async {
+        (stored_revision(&s3, &bed.s3.bucket).await >= last).then_some(())
+    })
+    .await;
+    sampling.cancel();
+    acks_feed.await.unwrap();
+    let (samples, violations) = sampler.await.unwrap();
+    figures.samples = samples;
+    keep(&kept, &ops, &history, &s3, &bed.s3.bucket, &agent).await;
+    assert!(
+        violations.is_empty(),
+        "seed {seed}: the recovery point claimed writes not stored:\n{}",
+        violations.join("\n")
+    );
+    assert_history_true(seed, &ops, &history);
+    figures.writes_checked = ops.iter().filter(|o| o.acked.is_some()).count();
+
+    // The restores, each compared key by key with the history.
+    let mut rng = Rng(seed ^ 0xa11);
+    let mut restores = Restores { bed: &bed, config: &config, history: &history, seed, n: 0, gaps: 0 };
+    restores.at("latest", Some(last)).await;
+    // Points from the oldest full snapshot retention kept to the end, revisions the history holds.
+    let listed = manifests(&s3, &bed.s3.bucket).await;
+    let oldest = listed.iter().filter_map(|m| m["revision"].as_i64()).min().unwrap();
+    let revisions: Vec<i64> = history.iter().map(|e| e.revision).filter(|r| *r >= oldest).collect();
+    for _ in 0..3 {
+        let revision = revisions[rng.below(revisions.len() as u64) as usize];
+        restores.at(&revision.to_string(), Some(revision)).await;
+    }
+    let acked: Vec<&Op> = ops.iter().filter(|o| o.acked.is_some()).collect();
+    // Time points from the oldest kept snapshot's end (before it, exit 1 "no full snapshot at or before" is the
+    // right answer): two at random, one just after a newer full snapshot started, one late in each agent outage.
+    let unix = |m: &serde_json::Value, field: &str| {
+        chrono::DateTime::parse_from_rfc3339(m[field].as_str()?).ok().map(|t| t.timestamp_millis() as f64 / 1000.0)
+    };
+    let oldest_end = listed.iter().filter_map(|m| unix(m, "finishedAt")).fold(f64::MAX, f64::min);
+    let later: Vec<&&Op> = acked.iter().filter(|o| o.sent > oldest_end + 1.0).collect();
+    let mut times: Vec<f64> = (0..2).map(|_| later[rng.below(later.len() as u64) as usize].sent).collect();
+    times.extend(
+        listed.iter().filter_map(|m| unix(m, "startedAt")).filter(|t| *t > oldest_end).map(|t| t + 0.01).take(1),
+    );
+    times.extend(outages.iter().map(|(_, restarted)| restarted - 0.5).filter(|t| *t > oldest_end));
+    for time in times {
+        let reached = restores.at(&rfc3339(time), None).await;
+        if let Some(r) = reached {
+            let at_r = ops.iter().find(|o| o.acked.is_some_and(|(rev, _)| rev == r));
+            assert!(
+                at_r.is_none_or(|o| o.sent <= time),
+                "seed {seed}: --at {} includes revision {r}, sent after it",
+                rfc3339(time)
+            );
+            let owed = acked.iter().filter(|o| o.acked.unwrap().1 <= time - RPO).map(|o| o.acked.unwrap().0).max();
+            assert!(
+                owed.is_none_or(|o| o <= r),
+                "seed {seed}: --at {} stops at {r}, before {owed:?}, acknowledged more than {RPO} s before it",
+                rfc3339(time)
+            );
+        }
+    }
+    for manifest in listed.iter().take(3) {
+        let id = manifest["id"].as_str().unwrap();
+        let revision = manifest["revision"].as_i64().unwrap();
+        restores.snapshot(id, revision).await;
+    }
+    figures.restores = restores.n;
+    figures.gaps = restores.gaps;
+
+    // The daemon stops cleanly: nothing half-uploaded is left.
+    agent.terminate(Duration::from_secs(60)).expect("the daemon stops on SIGTERM");
+    let left = uploads(&s3, &bed.s3.bucket).await;
+    assert!(left.is_empty(), "seed {seed}: multipart uploads left: {left:?}");
+    println!("robustness seed {seed}: {figures:?}");
+    figures
+}
+
+/// What the faults act on.
+struct Rig<'a> {
+    etcd: &'a mut testbed::Etcd,
+    admin: etcd_client::Client,
+    proxy: &'a FaultProxy,
+    agent: &'a mut testbed::agent_process::AgentProcess,
+    config: &'a Path,
+    history: Arc<Mutex<Vec<Event>>>,
+    /// The agent's outages so far: when it was killed and when it was started again.
+    outages: Vec<(f64, f64)>,
+}
+
+/// Applies one fault and heals it after its hold.
+async fn apply(step: &Step, rig: &mut Rig<'_>) {
+    let Rig { etcd, admin, proxy, agent, config, history, outages } = rig;
+    match &step.kind {
+        FaultKind::KillMember(i) => {
+            etcd.kill_member(*i);
+            tokio::time::sleep(step.hold).await;
+            etcd.members[*i].process.restart().unwrap();
+        }
+        FaultKind::CutMember(i) => {
+            etcd.cut(*i);
+            tokio::time::sleep(step.hold).await;
+            etcd.heal(*i);
+        }
+        FaultKind::MoveLeader => {
+            // MoveLeader is the leader's to do: asked of the member that leads now.
+            if let Ok(status) = admin.status().await {
+                let leader = status.leader();
+                let members = admin.member_list().await.map(|l| l.members().to_vec()).unwrap_or_default();
+                let leader_url =
+                    members.iter().find(|m| m.id() == leader).and_then(|m| m.client_urls().first().cloned());
+                if let (Some(url), Some(target)) = (leader_url, members.iter().find(|m| m.id() != leader))
+                    && let Ok(mut client) = etcd_client::Client::connect([url], None).await
+                {
+                    let moved = client.move_leader(target.id()).await;
+                    println!("leader moved to {}: {:?}", target.name(), moved.map(|_| ()));
+                }
+            }
+            tokio::time::sleep(step.hold).await;
+        }
+        FaultKind::Compact => {
+            // Aggressive, but never past the history's own watch (the truth must stay whole).
+            let seen = history.lock().unwrap().last().map_or(0, |e| e.revision);
+            if seen > 20 {
+                let _ = admin.compact(seen - 10, None).await;
+            }
+            tokio::time::sleep(step.hold).await;
+        }
+        FaultKind::Defragment(i) => {
+            if let Ok(mut member) = etcd.member_client(*i).await {
+                let _ = member.defragment().await;
+            }
+            tokio::time::sleep(step.hold).await;
+        }
+        FaultKind::KillAgent => {
+            agent.process.kill();
+            let killed = unix_now();
+            tokio::time::sleep(step.hold).await;
+            outages.push((killed, unix_now()));
+            agent.process.restart().unwrap();
+            agent.wait_ready(Duration::from_secs(60)).await.unwrap();
+        }
+        FaultKind::OneShot => {
+            let config = config.to_path_buf();
+            let out = tokio::task::spawn_blocking(move || cli(&["snapshot", "--config", config.to_str().unwrap()]))
+                .await
+                .unwrap();
+            println!("one-shot beside the daemon: exit {:?}", out.status.code());
+            tokio::time::sleep(step.hold).await;
+        }
+        FaultKind::S3 { request, fault, times } => {
+            let (_, method, path) = S3_REQUESTS.iter().find(|(name, _, _)| name == request).unwrap();
+            let fault = match fault {
+                S3Fault::SlowDown => Fault::SlowDown,
+                S3Fault::Reset => Fault::Reset,
+                S3Fault::Stall => Fault::Stall(Duration::from_secs(5)),
+            };
+            proxy.inject(method, path, fault, *times);
+            tokio::time::sleep(step.hold).await;
+            proxy.clear();
+        }
+        FaultKind::S3Down => {
+            for method in ["GET", "PUT", "POST", "DELETE", "HEAD"] {
+                proxy.inject(method, "", Fault::Reset, 100_000);
+            }
+            tokio::time::sleep(step.hold).await;
+            proxy.clear();
+        }
+    }
+}
+
+/// Every acknowledged write is in etcd's history at its revision with its value; the history has no
+/// revision twice.
+fn assert_history_true(seed: u64, ops: &[Op], history: &[Event]) {
+    let by_revision: BTreeMap<i64, &Event> = history.iter().map(|e| (e.revision, e)).collect();
+    assert_eq!(by_revision.len(), history.len(), "seed {seed}: the history's watch saw a revision twice");
+    for op in ops {
+        if let Some((revision, _)) = op.acked {
+            let event = by_revision.get(&revision);
+            // A delete of an absent key is acknowledged at the current revision without an event.
+            if op.value.is_some() {
+                let event = event.unwrap_or_else(|| panic!("seed {seed}: acknowledged {op:?} is not in the history"));
+                assert_eq!((&event.key, &event.value), (&op.key, &op.value), "seed {seed}: revision {revision}");
+            }
+        }
+    }
+}
+
+fn rfc3339(unix: f64) -> String {
+    let t = chrono::DateTime::from_timestamp_millis((unix * 1000.0) as i64).unwrap();
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The restores of one scenario, each into a fresh data directory, compared with the history.
+struct Restores<'a> {
+    bed: &'a Bed,
+    config: &'a Path,
+    history: &'a [Event],
+    seed: u64,
+    n: usize,
+    gaps: usize,
+}
+
+impl Restores<'_> {
+    /// `restore --at point`: exactly the history's state at the revision reached (`expect` when known). Exit 2
+    /// is a gap the agent names; the revision reached is returned when it exits 0.
+    async fn at(&mut self, point: &str, expect: Option<i64>) -> Option<i64> {
+        self.n += 1;
+        let name = format!("restored-{}", self.n);
+        let (etcdutl, etcd) = (self.bed.etcdutl().to_str().unwrap().to_string(), self.bed.peers.path("etcd"));
+        let args = ["--at", point, "--etcdutl", &etcdutl, "--etcd", etcd.to_str().unwrap()];
+        let (out, mut restored, _process) = self.restore(&name, &args).await;
+        let log = text(&out);
+        let gap = match out.status.code() {
+            Some(0) => false,
+            Some(2) => {
+                assert!(
+                    log.contains("STOPPED AT THE LAST GOOD POINT"),
+                    "seed {}: exit 2 without naming the gap: {log}",
+                    self.seed
+                );
+                println!("seed {}: --at {point}: a gap, as the agent says: {log}", self.seed);
+                self.gaps += 1;
+                true
+            }
+            code => panic!("seed {}: restore --at {point} exited {code:?}: {log}", self.seed),
+        };
+        let reached = log
+            .split("the source's revision ")
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<i64>().ok())
+            .unwrap_or_else(|| panic!("seed {}: no revision in: {log}", self.seed));
+        if let Some(expect) = expect
+            && !gap
+        {
+            assert_eq!(reached, expect, "seed {}: restore --at {point} reached {reached}: {log}", self.seed);
+        }
+        // Even short of the point, what is restored is exactly the history at the revision it says.
+        self.compare(&mut restored, reached, &format!("--at {point}")).await;
+        (!gap).then_some(reached)
+    }
+
+    /// A full snapshot restored on its own: exactly the history's state at its revision.
+    async fn snapshot(&mut self, id: &str, revision: i64) {
+        self.n += 1;
+        let name = format!("restored-{}", self.n);
+        let etcdutl = self.bed.etcdutl().to_str().unwrap().to_string();
+        let (out, mut restored, _process) = self.restore(&name, &["--id", id, "--etcdutl", &etcdutl]).await;
+        assert_eq!(out.status.code(), Some(0), "seed {}: restore of {id}: {}", self.seed, text(&out));
+        self.compare(&mut restored, revision, id).await;
+    }
+
+    async fn restore(
+        &self,
+        name: &str,
+        args: &[&str],
+    ) -> (std::process::Output, etcd_client::Client, testbed::process::Process) {
+        let data_dir = self.bed.path(name);
+        let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let (config, args_owned) = (self.config.to_path_buf(), args.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+        let (dir, url) = (data_dir.clone(), peer_url.clone());
+        let out = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args_owned.iter().map(String::as_str).collect();
+            restore_root(&config, &args, &dir, &url)
+        })
+        .await
+        .unwrap();
+        if !matches!(out.status.code(), Some(0 | 2)) {
+            panic!("seed {}: restore {args:?} exited {:?}: {}", self.seed, out.status.code(), text(&out));
+        }
+        let (process, client) = serve_restored(self.bed, name, &data_dir, client_port, &peer_url).await;
+        (out, client, process)
+    }
+
+    async fn compare(&self, restored: &mut etcd_client::Client, revision: i64, what: &str) {
+        let options = etcd_client::GetOptions::new().with_prefix();
+        let response = restored.get("/registry/r/", Some(options)).await.unwrap();
+        let served: Keyspace = response
+            .kvs()
+            .iter()
+            .map(|kv| (kv.key_str().unwrap().to_string(), (kv.value_str().unwrap().to_string(), kv.mod_revision())))
+            .collect();
+        let expected = state_at(self.history, revision);
+        if served != expected {
+            let differing: Vec<&String> =
+                expected.keys().chain(served.keys()).filter(|k| expected.get(*k) != served.get(*k)).take(5).collect();
+            panic!(
+                "seed {}: {what}: the restored keyspace is not the history's at revision {revision}; first keys that differ: {differing:?}",
+                self.seed
+            );
+        }
+    }
+}
+
+/// Keeps the history, the traffic, the bucket's listing and the agent's log for a reader.
+async fn keep(
+    dir: &Path,
+    ops: &[Op],
+    history: &[Event],
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    agent: &testbed::agent_process::AgentProcess,
+) {
+    let ops_text = ops.iter().fold(String::new(), |mut t, o| {
+        let _ = writeln!(t, "{:.3} {} {:?} {:?}", o.sent, o.key, o.value, o.acked);
+        t
+    });
+    std::fs::write(dir.join("traffic.txt"), ops_text).unwrap();
+    let history_text = history.iter().fold(String::new(), |mut t, e| {
+        let _ = writeln!(t, "{} {} {:?}", e.revision, e.key, e.value);
+        t
+    });
+    std::fs::write(dir.join("history.txt"), history_text).unwrap();
+    std::fs::write(dir.join("bucket.txt"), keys(s3, bucket).await.join("\n")).unwrap();
+    std::fs::write(dir.join("agent.log"), agent.process.log()).unwrap();
+}
+
+#[test]
+fn a_seed_draws_every_fault_kind_and_replays_the_same_schedule() {
+    for seed in CI_SEEDS {
+        let steps = schedule(*seed, CI_SECONDS);
+        let kinds: std::collections::BTreeSet<String> =
+            steps.iter().map(|s| format!("{:?}", s.kind).split(['(', ' ']).next().unwrap().to_string()).collect();
+        assert_eq!(kinds.len(), 9, "seed {seed}: {kinds:?}");
+        assert_eq!(format!("{steps:?}"), format!("{:?}", schedule(*seed, CI_SECONDS)));
+    }
+}
