@@ -632,3 +632,41 @@ async fn a_member_cut_off_from_its_peers_neither_stalls_the_deltas_nor_lets_the_
     let served = mod_revisions(&mut restored, "/registry/load/").await;
     assert_eq!(served, mod_revisions(&mut source, "/registry/load/").await, "restore --at latest serves the source");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_at_a_time_inside_a_deleted_last_delta_exits_2_since_the_next_snapshot_proves_the_chain_went_on() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    load(&mut etcd.member_client(0).await.unwrap(), "/base", 5, 100).await.unwrap();
+    let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
+    snapshot_ok(&config);
+    let s3 = bed.s3.client();
+    let (id, snapshot_revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+    let agent = agent(cluster, &config, &ns).start().await.unwrap();
+    let writes = Load::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(20));
+    wait_for_deltas(&s3, &bed.s3.bucket, &id, 4).await;
+    // A second full snapshot: the writer moves its chain under it, so the first chain ends past its revision.
+    snapshot_ok(&config);
+    let newer = manifests(&s3, &bed.s3.bucket).await.into_iter().find(|m| m["id"] != id.as_str()).unwrap();
+    let newer_id = newer["id"].as_str().unwrap().to_string();
+    wait_for_deltas(&s3, &bed.s3.bucket, &newer_id, 1).await;
+    let acks = writes.finish().await;
+    drop(agent);
+
+    // The first chain's last delta goes (a bucket writer, a mistaken clean-up).
+    let chain = deltas_of(&s3, &bed.s3.bucket, &id).await;
+    assert_chain(&chain, snapshot_revision);
+    let (last, kept) = chain.split_last().unwrap();
+    s3.delete_object().bucket(&bed.s3.bucket).key(&last.key).send().await.unwrap();
+    // A point inside what it held: just after a write it held was acknowledged.
+    let inside = acks.iter().find(|a| a.revision as u64 >= last.from).expect("a write the deleted delta held");
+    let at = chrono::DateTime::from_timestamp_millis((inside.unix * 1000.0) as i64 + 10).unwrap();
+    let at = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let (_p, mut restored, out) = restored_allowing(&bed, &config, &at, "inside-the-deleted", Some(2)).await;
+    let good = kept.last().map_or(snapshot_revision, |d| d.to);
+    assert!(out.contains("the deltas between are missing") && out.contains(&newer_id), "{out}");
+    assert!(out.contains(&format!("STOPPED AT THE LAST GOOD POINT, revision {good}")), "{out}");
+    assert_up_to(&mut restored, snapshot_revision, good).await;
+}

@@ -67,9 +67,9 @@ impl Point {
         match self {
             Point::Latest => true,
             Point::Revision(n) => manifest.revision <= *n,
-            // Its content is fixed somewhere between its start and its end: only a snapshot finished by the
-            // point holds nothing written after it.
-            Point::Time(t) => manifest.finished_at <= *t,
+            // Its revision bounds are read, and its content fixed, before `startedAt` is taken: a snapshot
+            // started by the point holds nothing written after it.
+            Point::Time(t) => manifest.started_at <= *t,
         }
     }
 
@@ -306,6 +306,26 @@ pub(crate) async fn replay(
         from = meta.to + 1;
         previous = Some(meta.sha256);
     }
+    if let Point::Time(t) = point
+        && let Some(newer) = newer_than(store, manifest, outcome.revision).await?
+    {
+        // The chain ends before a revision a newer snapshot holds: while its writer ran, the chain reached at least
+        // that far, so deltas are missing (deleted, or never written while no watch ran), and the point may lie
+        // among them. Never a silent short restore.
+        outcome.broken = Some(format!(
+            "the delta chain of {} ends at revision {}, but the newer snapshot {} holds revision {}: the deltas \
+             between are missing, and the point {} may lie among them; the nearest points are revision {} and \
+             snapshot {} (started {})",
+            manifest.id,
+            outcome.revision,
+            newer.id,
+            newer.revision,
+            t.to_rfc3339(),
+            outcome.revision,
+            newer.id,
+            newer.started_at.to_rfc3339()
+        ));
+    }
     if let Point::Revision(n) = point
         && outcome.revision < n
     {
@@ -317,6 +337,16 @@ pub(crate) async fn replay(
         ));
     }
     Ok(())
+}
+
+/// The oldest snapshot of `manifest`'s cluster past `reached`.
+async fn newer_than(store: &Store, manifest: &Manifest, reached: u64) -> anyhow::Result<Option<Manifest>> {
+    let cluster = generation::cluster_of(manifest);
+    Ok(crate::catalog::list(store, Some(&manifest.shard))
+        .await?
+        .into_iter()
+        .filter(|m| generation::cluster_of(m) == cluster && m.revision > reached)
+        .min_by_key(|m| m.revision))
 }
 
 /// The snapshot's delta objects by the revision each starts at, in order.
