@@ -293,6 +293,11 @@ impl Job {
                     self.metrics.delta.compacted.get_or_create(&label).inc();
                     if self.snapshot(None).await.is_some() { deltas.interval } else { Duration::ZERO }
                 }
+                Ok(End::Blocked) => {
+                    self.metrics.delta.failures.get_or_create(&label).inc();
+                    tracing::error!(shard, "the delta chain is blocked: taking a full snapshot to start a new one");
+                    if self.snapshot(None).await.is_some() { deltas.interval } else { Duration::ZERO }
+                }
                 Ok(End::NoSnapshot) => {
                     // Continuous protection needs a base: the first full snapshot now, not at the next tick.
                     tracing::info!(shard, "no full snapshot of the shard yet: taking one for the deltas to chain to");

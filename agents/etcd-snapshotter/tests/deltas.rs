@@ -670,3 +670,63 @@ async fn restore_at_a_time_inside_a_deleted_last_delta_exits_2_since_the_next_sn
     assert!(out.contains(&format!("STOPPED AT THE LAST GOOD POINT, revision {good}")), "{out}");
     assert_up_to(&mut restored, snapshot_revision, good).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stray_delta_past_the_chain_is_passed_over_and_one_squatting_on_the_next_link_is_counted_and_a_full_snapshot_restarts_the_chain()
+ {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
+    snapshot_ok(&config);
+    let s3 = bed.s3.client();
+    let (id, snapshot_revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+    let mut agent = agent(cluster, &config, &ns).start().await.unwrap();
+    let writes = Load::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(20));
+    let chain = wait_for_deltas(&s3, &bed.s3.bucket, &id, 2).await;
+    agent.process.kill();
+
+    // A stray with a huge `from` whose metadata claims the chain (a bucket writer, a bug elsewhere): the writer
+    // starts again after the chain's real end, not after the stray.
+    let last = chain.last().unwrap().clone();
+    let dir = format!("{PREFIX}/{id}/deltas/");
+    let head = s3.head_object().bucket(&bed.s3.bucket).key(&last.key).send().await.unwrap();
+    let mut claimed = head.metadata().unwrap().clone();
+    claimed.insert("delta-from".into(), "90000000000".into());
+    claimed.insert("delta-to".into(), "90000000010".into());
+    claimed.insert("delta-previous-sha256".into(), last.sha256.clone());
+    let stray = format!("{dir}{:020}.delta.zst", 90_000_000_000u64);
+    s3.put_object()
+        .bucket(&bed.s3.bucket)
+        .key(&stray)
+        .set_metadata(Some(claimed))
+        .body(b"stray".to_vec().into())
+        .send()
+        .await
+        .unwrap();
+    agent.process.restart().unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+    let seen = writes.acked().last().unwrap().revision;
+    let chain = wait_until_stored(&s3, &bed.s3.bucket, &id, seen).await;
+    let on_chain: Vec<Stored> = chain.into_iter().filter(|d| d.key != stray).collect();
+    assert_chain(&on_chain, snapshot_revision);
+
+    // An object squatting on the next link's key that is not a link: counted, and a full snapshot starts a new
+    // chain under which the deltas go on.
+    agent.process.kill();
+    let end =
+        deltas_of(&s3, &bed.s3.bucket, &id).await.into_iter().filter(|d| d.key != stray).map(|d| d.to).max().unwrap();
+    put_by_hand(&s3, &bed.s3.bucket, format!("{dir}{:020}.delta.zst", end + 1), true).await;
+    agent.process.restart().unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+    agent.wait_for_metric("etcd_snapshotter_delta_failures_total{shard=\"root\"}", WAIT, |v| v >= 1.0).await;
+    let newer = testbed::eventually(WAIT, "a new full snapshot", || async {
+        manifests(&s3, &bed.s3.bucket).await.into_iter().find(|m| m["id"] != id.as_str())
+    })
+    .await;
+    let newer_id = newer["id"].as_str().unwrap().to_string();
+    let under_newer = wait_for_deltas(&s3, &bed.s3.bucket, &newer_id, 1).await;
+    assert_chain(&under_newer, newer["revision"].as_u64().unwrap());
+    drop(writes);
+}

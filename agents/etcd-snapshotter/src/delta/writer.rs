@@ -96,6 +96,9 @@ pub enum End {
     NoSnapshot,
     /// Another writer stored the next link first (an old leader's last seconds): read the store again.
     Raced,
+    /// The chain's next link is taken by an object that is not a link of it (a stray or damaged delta): no
+    /// delta can follow, only a full snapshot starts a new chain.
+    Blocked,
     /// Leadership or the process ended; what was buffered was written.
     Stopped,
 }
@@ -121,7 +124,10 @@ impl Writer {
     /// One session: from the store's state until it ends (see [`End`]); `stop` ends it after writing what is
     /// buffered.
     pub async fn session(&self, stop: &CancellationToken) -> anyhow::Result<End> {
-        let Some((mut session, mut watch)) = self.start().await? else { return Ok(End::NoSnapshot) };
+        let (mut session, mut watch) = match self.start().await? {
+            Ok(started) => started,
+            Err(end) => return Ok(end),
+        };
         let mut tick = tokio::time::interval(self.deltas.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -146,12 +152,15 @@ impl Writer {
 
     /// The session's start: the store's chain of the live cluster's newest full snapshot, and a watch from its
     /// next revision; `None` when the shard has no full snapshot of its own cluster to chain to.
-    async fn start(&self) -> anyhow::Result<Option<(Session, WatchStream)>> {
+    async fn start(&self) -> anyhow::Result<Result<(Session, WatchStream), End>> {
         let store = Store::new(&self.config.storage)?.counting_retries(self.metrics.retries.clone());
         let own = generation::live(&self.shard)
             .await
             .ok_or_else(|| anyhow::anyhow!("no member of the shard's etcd answers"))?;
-        let Some(chain) = chain_of(&store, &self.shard.name, &own).await? else { return Ok(None) };
+        let chain = match chain_of(&store, &self.shard.name, &own).await? {
+            Ok(chain) => chain,
+            Err(end) => return Ok(Err(end)),
+        };
         let label = self.metrics.shard(&self.shard.name);
         let client = connect(&self.shard).await?;
         let live = LiveReader { client: client.clone(), every: self.deltas.hash_kv_interval, last: None };
@@ -174,7 +183,7 @@ impl Writer {
             claims: VecDeque::new(),
             watching_since_ms,
         };
-        Ok(Some((session, watch)))
+        Ok(Ok((session, watch)))
     }
 
     /// Every `interval`: ends the session when a newer full snapshot is published, writes the buffer when the
@@ -412,33 +421,64 @@ async fn connect(shard: &Shard) -> anyhow::Result<etcd_client::Client> {
     Err(last.unwrap_or_else(|| anyhow::anyhow!("no endpoints")))
 }
 
-/// The newest full snapshot of the shard's own cluster and where its chain of deltas stands.
-async fn chain_of(store: &Store, shard: &str, own: &Own) -> anyhow::Result<Option<Chain>> {
+/// The newest full snapshot of the shard's own cluster and where its chain of deltas stands: `Err(NoSnapshot)`
+/// without one, `Err(Blocked)` when the chain's next link is taken by something else.
+async fn chain_of(store: &Store, shard: &str, own: &Own) -> anyhow::Result<Result<Chain, End>> {
     let Some(snapshot) = catalog::list(store, Some(shard)).await?.into_iter().find(|m| own.owns(m)) else {
-        return Ok(None);
+        return Ok(Err(End::NoSnapshot));
     };
     let location = Location::from_id(&store.prefix, &snapshot.id).ok_or_else(|| anyhow::anyhow!("invalid id"))?;
     let dir = super::dir(&location);
-    let mut starts: Vec<(u64, String)> = store
+    let starts: std::collections::BTreeMap<u64, String> = store
         .list_keys(&dir)
         .await?
         .into_iter()
         .filter_map(|key| Some((super::location_of(&store.prefix, shard, &key)?.1, key)))
         .collect();
-    starts.sort();
-    // The last delta the chain can continue from: its metadata (a HEAD) says where it ends and its hash.
-    for (_, key) in starts.iter().rev() {
-        let Some(metadata) = store.head_metadata(key).await? else { continue };
-        match Meta::from_metadata(&metadata) {
-            Ok(meta) if meta.snapshot == snapshot.id && meta.cluster_id == own.cluster_id => {
-                return Ok(Some(Chain { next: meta.to + 1, previous: Some(meta.sha256), snapshot, location }));
-            }
-            Ok(_) | Err(_) => {
-                tracing::warn!(key, "a delta whose metadata is not this chain's; not continued from");
+    let link = |meta: &Meta, from: u64, previous: Option<&str>| {
+        meta.from == from
+            && meta.previous.as_deref() == previous
+            && meta.snapshot == snapshot.id
+            && meta.cluster_id == own.cluster_id
+    };
+    // Usually the newest delta continues the one before it (or is the first): continue after it, two reads.
+    let mut newest = starts.iter().rev();
+    if let Some((&from, key)) = newest.next() {
+        let meta = read_meta(store, key).await?;
+        let before = match newest.next() {
+            Some((_, key)) => read_meta(store, key).await?,
+            None => None,
+        };
+        let linked = match (&meta, &before) {
+            (Some(meta), Some(before)) => link(meta, before.to + 1, Some(&before.sha256)),
+            (Some(meta), None) => link(meta, snapshot.revision + 1, None),
+            _ => false,
+        };
+        if linked && let Some(meta) = meta {
+            debug_assert_eq!(meta.from, from);
+            return Ok(Ok(Chain { next: meta.to + 1, previous: Some(meta.sha256), snapshot, location }));
+        }
+    }
+    // Otherwise (a stray or damaged newest object), the links walked from the snapshot.
+    let (mut next, mut previous) = (snapshot.revision + 1, None::<String>);
+    while let Some(key) = starts.get(&next) {
+        match read_meta(store, key).await? {
+            Some(meta) if link(&meta, next, previous.as_deref()) => (next, previous) = (meta.to + 1, Some(meta.sha256)),
+            _ => {
+                tracing::error!(key, "the delta chain's next link is taken by an object not on the chain");
+                return Ok(Err(End::Blocked));
             }
         }
     }
-    Ok(Some(Chain { next: snapshot.revision + 1, previous: None, snapshot, location }))
+    if starts.range(next..).next().is_some() {
+        tracing::warn!(shard, next, "objects past the delta chain's end that are not on it; the chain continues");
+    }
+    Ok(Ok(Chain { next, previous, snapshot, location }))
+}
+
+/// A delta's metadata, `None` when it is gone or does not parse.
+async fn read_meta(store: &Store, key: &str) -> anyhow::Result<Option<Meta>> {
+    Ok(store.head_metadata(key).await?.and_then(|metadata| Meta::from_metadata(&metadata).ok()))
 }
 
 /// Whether a full snapshot of the shard's own cluster newer than `current` is published: the directories
