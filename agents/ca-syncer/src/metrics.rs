@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 
 use kcp_keeper_runtime::consumer_restart::{Consumer, ConsumerMetrics};
 use kcp_keeper_runtime::metrics::{GaugeF64, Register};
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use strum::VariantArray as _;
 
@@ -77,6 +77,8 @@ pub enum SkipReason {
 kcp_keeper_runtime::metrics! {
     /// The series of the bundles, their certificates and their targets.
     pub struct BundleMetrics {
+        pub public_roots: PublicRoots => "public_roots",
+            "The public roots compiled in (publicRoots sources): package, release and certificates";
         pub certificates: Family<BundleLabel, Gauge> => "bundle_certificates",
             "Certificates in each bundle as last built (sources plus retained)";
         pub not_after: Family<CertLabels, GaugeF64> => "certificate_not_after_timestamp" [Seconds],
@@ -93,6 +95,30 @@ kcp_keeper_runtime::metrics! {
         /// Targets not attempted this cycle, by reason (`terminating`); every reason present from the first cycle.
         pub skipped_targets: Family<ReasonLabels, Gauge> => "skipped_targets",
             "Targets not attempted in the last cycle, by reason (terminating: the namespace is being deleted)";
+    }
+}
+
+/// `public_roots_info{package,version,certificates}`: the public roots compiled in, fixed for the process.
+#[derive(Clone, Debug)]
+pub struct PublicRoots(PublicRootsLabels);
+
+impl Default for PublicRoots {
+    fn default() -> Self {
+        Self(PublicRootsLabels {
+            package: crate::sources::PUBLIC_ROOTS_PACKAGE.into(),
+            version: crate::sources::PUBLIC_ROOTS_VERSION.into(),
+            certificates: crate::sources::public_roots().len().to_string(),
+        })
+    }
+}
+
+impl EncodeMetric for PublicRoots {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_info(&self.0)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Info
     }
 }
 
@@ -128,14 +154,6 @@ impl Published {
 
 impl Register for Metrics {
     fn register(registry: &mut Registry) -> Self {
-        // Fixed for the process: `public_roots_info{package,version,certificates}`.
-        let roots = PublicRootsLabels {
-            package: crate::sources::PUBLIC_ROOTS_PACKAGE.into(),
-            version: crate::sources::PUBLIC_ROOTS_VERSION.into(),
-            certificates: crate::sources::public_roots().len().to_string(),
-        };
-        let help = "The public roots compiled in (publicRoots sources): package, release and certificates";
-        registry.register("public_roots", help, Info::new(roots));
         Self {
             series: BundleMetrics::register(registry),
             consumers: ConsumerMetrics::register(registry, "bundle"),

@@ -16,7 +16,7 @@
 pub mod metrics;
 pub mod run;
 
-use crate::health::MemberStatus;
+use crate::member::MemberStatus;
 use crate::member::{Alarm, Alarms};
 
 /// The cluster as read right before defragmenting a member: every configured endpoint's answer (an error

@@ -10,28 +10,11 @@ use std::time::Duration;
 
 use crate::config::Shard;
 use crate::labels::MemberLabels;
-use crate::member::Alarms;
+use crate::member::{Alarms, MemberStatus, status};
 use crate::metrics::Metrics;
 
 /// How often each shard's members are read.
 pub const INTERVAL: Duration = Duration::from_secs(15);
-/// Bounds each Status, alarm and member-list read (a member that takes longer is not healthy).
-pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What one member said (as it was read, also right before a defragmentation decision).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberStatus {
-    /// The endpoint as configured: the `member` label.
-    pub endpoint: String,
-    pub id: u64,
-    pub db_size: i64,
-    pub db_size_in_use: i64,
-    /// `--quota-backend-bytes` (0: not reported).
-    pub quota: i64,
-    /// The leader this member names (0: none).
-    pub leader: u64,
-}
-
 /// One poll of a shard: each endpoint's status (`None`: it did not answer) and the cluster's alarms as the
 /// first member that answered listed them.
 #[derive(Debug, Default)]
@@ -118,30 +101,6 @@ pub async fn poll(shard: &Shard) -> Poll {
         out.members.push((endpoint.clone(), answer.ok()));
     }
     out
-}
-
-/// The Status of the member at `endpoint` (within [`READ_TIMEOUT`]) and a client connected to it alone, or
-/// why not as text.
-pub async fn status(shard: &Shard, endpoint: &str) -> Result<(etcd_client::Client, MemberStatus), String> {
-    let mut client = crate::member::connect(endpoint, shard.tls.as_ref()).await.map_err(|e| format!("{e:#}"))?;
-    let status = bounded("status", client.status()).await?;
-    let member = MemberStatus {
-        endpoint: endpoint.to_string(),
-        id: status.header().map(|h| h.member_id()).unwrap_or_default(),
-        db_size: status.db_size(),
-        db_size_in_use: status.raft_used_db_size(),
-        quota: status.db_size_quota(),
-        leader: status.leader(),
-    };
-    Ok((client, member))
-}
-
-/// `call` within [`READ_TIMEOUT`], its error as text (`<what> timed out after 10s` when it takes longer).
-pub async fn bounded<T>(what: &str, call: impl Future<Output = Result<T, etcd_client::Error>>) -> Result<T, String> {
-    match tokio::time::timeout(READ_TIMEOUT, call).await {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(_) => Err(format!("{what} timed out after {READ_TIMEOUT:?}")),
-    }
 }
 
 /// Sets the health series of one poll of `shard`; `changed` counts a leader change.

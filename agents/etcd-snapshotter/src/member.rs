@@ -175,3 +175,47 @@ pub async fn fingerprint(client: &mut Client, revision: i64) -> anyhow::Result<(
         }
     }
 }
+
+/// Bounds each Status, alarm and member-list read (a member that takes longer is not healthy).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What one member said, as health reads it and as defragmentation reads it right before deciding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStatus {
+    /// The endpoint as configured: the `member` label.
+    pub endpoint: String,
+    pub id: u64,
+    pub db_size: i64,
+    pub db_size_in_use: i64,
+    /// `--quota-backend-bytes` (0: not reported).
+    pub quota: i64,
+    /// The leader this member names (0: none).
+    pub leader: u64,
+}
+
+/// The Status of the member at `endpoint` (within [`READ_TIMEOUT`]) and a client connected to it alone, or
+/// why not as text.
+pub async fn status(shard: &Shard, endpoint: &str) -> Result<(etcd_client::Client, MemberStatus), String> {
+    let mut client = connect(endpoint, shard.tls.as_ref()).await.map_err(|e| format!("{e:#}"))?;
+    let status = read_within("status", client.status()).await?;
+    let member = MemberStatus {
+        endpoint: endpoint.to_string(),
+        id: status.header().map(|h| h.member_id()).unwrap_or_default(),
+        db_size: status.db_size(),
+        db_size_in_use: status.raft_used_db_size(),
+        quota: status.db_size_quota(),
+        leader: status.leader(),
+    };
+    Ok((client, member))
+}
+
+/// `call` within [`READ_TIMEOUT`], its error as text (`<what> timed out after 10s` when it takes longer).
+pub async fn read_within<T>(
+    what: &str,
+    call: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(READ_TIMEOUT, call).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("{what} timed out after {READ_TIMEOUT:?}")),
+    }
+}

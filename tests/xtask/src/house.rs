@@ -9,6 +9,10 @@
 //! - **Role files.** Every agent has the same files for the same roles (docs/architecture.md, "The same files in
 //!   every agent"), so whoever knows one agent finds their way in the others, and its `main.rs` only hands over
 //!   to the runtime.
+//! - **One way to declare a metric.** Every series of an agent or tool is declared with
+//!   `kcp_keeper_runtime::metrics!` (one line per series: name, help, unit, type); only the runtime registers
+//!   series on a `Registry` by hand. A `.register("name", ...)` or `.register_with_unit("name", ...)` elsewhere in
+//!   product code (test modules aside) fails.
 //!
 //! The module graph is read from the source text, not from the compiler: after comments and literals are
 //! dropped, every `crate::...` and `super::...` path, in `use` trees and in code, is an edge from its file to the
@@ -51,6 +55,9 @@ pub fn check(root: &Path) -> Result<()> {
         circles.extend(circles_in(root, dir)?);
         if dir.starts_with("agents/") && dir != "agents/runtime" {
             problems.extend(role_problems(root, dir));
+        }
+        if dir != "agents/runtime" {
+            problems.extend(metric_problems(root, dir)?);
         }
     }
     for circle in &circles {
@@ -115,6 +122,30 @@ fn role_problems(root: &Path, dir: &str) -> Vec<String> {
         }
     }
     problems
+}
+
+/// Series registered by hand in the crate at `dir` (outside its test modules), instead of with `metrics!`.
+fn metric_problems(root: &Path, dir: &str) -> Result<Vec<String>> {
+    let src = root.join(dir).join("src");
+    let mut paths = Vec::new();
+    rust_files(&src, &mut paths)?;
+    paths.sort();
+    let mut problems = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let product = text.split("\n#[cfg(test)]\nmod tests").next().unwrap_or_default();
+        for (n, line) in product.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            if code.contains(".register(\"") || code.contains(".register_with_unit(\"") {
+                let file = path.strip_prefix(root).unwrap_or(&path).display().to_string();
+                problems.push(format!(
+                    "{file}:{} registers a series by hand: declare it with kcp_keeper_runtime::metrics!",
+                    n + 1
+                ));
+            }
+        }
+    }
+    Ok(problems)
 }
 
 /// Modules of one crate that import each other, with what ties them.
@@ -606,6 +637,26 @@ mod tests {
             "xtask: house: import circle in tools/krate/src (2 files): plan.rs, store.rs\n    \
              plan.rs -> store.rs: Store::new\n    store.rs -> plan.rs: Plan, Step"
         );
+    }
+
+    #[test]
+    fn a_series_registered_by_hand_outside_the_runtime_fails_naming_its_line() {
+        let workspace = "[workspace]\nmembers = [\"tools/krate\", \"agents/runtime\"]\n";
+        let by_hand = "pub fn m(r: &mut Registry) {\n    r.register(\"up\", \"help\", Gauge::default());\n}\n";
+        let dir = tree(&[
+            ("Cargo.toml", workspace),
+            ("tools/krate/src/lib.rs", "pub mod metrics;\n"),
+            ("tools/krate/src/metrics.rs", by_hand),
+            // The runtime is where the declaration form registers: not a finding.
+            ("agents/runtime/src/lib.rs", by_hand),
+        ]);
+        let error = check(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("tools/krate/src/metrics.rs:2 registers a series by hand"), "{error}");
+        assert!(!error.contains("agents/runtime"), "{error}");
+        // The same call in a test module is a fixture, not a declaration.
+        let in_tests = format!("pub fn m() {{}}\n#[cfg(test)]\nmod tests {{\n{by_hand}}}\n");
+        std::fs::write(dir.path().join("tools/krate/src/metrics.rs"), in_tests).unwrap();
+        check(dir.path()).unwrap();
     }
 
     #[test]

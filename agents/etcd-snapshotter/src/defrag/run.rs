@@ -8,7 +8,7 @@ use etcd_client::Client;
 
 use super::{Cluster, Decision, Done, Outcome, Report, Stopped, decide};
 use crate::config::Shard;
-use crate::health::{READ_TIMEOUT, bounded, status};
+use crate::member::{READ_TIMEOUT, read_within, status};
 
 /// How one run is bounded.
 #[derive(Debug, Clone, Copy)]
@@ -130,6 +130,6 @@ pub async fn read(shard: &Shard) -> Cluster {
 
 async fn lists(client: &mut Client) -> Result<(crate::member::Alarms, usize), String> {
     let alarms = crate::member::alarms(client).await.map_err(|e| format!("{e:#}"))?;
-    let members = bounded("member list", client.member_list()).await?;
+    let members = read_within("member list", client.member_list()).await?;
     Ok((alarms, members.members().iter().filter(|m| !m.is_learner()).count()))
 }
