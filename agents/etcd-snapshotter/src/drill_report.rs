@@ -138,9 +138,7 @@ impl Report {
     }
 
     pub fn to_json(&self) -> Vec<u8> {
-        let mut text = serde_json::to_vec_pretty(self).expect("a report always serializes");
-        text.push(b'\n');
-        text
+        crate::json::object(self)
     }
 
     pub fn from_json(bytes: &[u8]) -> Result<Self, serde_json::Error> {

@@ -36,6 +36,7 @@ pub mod error;
 pub mod generation;
 pub mod health;
 pub mod integrity;
+pub mod json;
 pub mod labels;
 pub mod manifest;
 pub mod member;

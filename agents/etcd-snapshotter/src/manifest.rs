@@ -181,9 +181,7 @@ impl Manifest {
     }
 
     pub fn to_json(&self) -> Vec<u8> {
-        let mut text = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
-        text.push(b'\n');
-        text
+        crate::json::object(self)
     }
 
     /// Parses a manifest read from the bucket. `object` must be one of the names this agent writes: retention

@@ -7,7 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use strum::VariantNames;
 
-use kcp_keeper_runtime::metrics::{GaugeF64, at_zero};
+use kcp_keeper_runtime::metrics::{GaugeF64, at_zero, unix_now};
 
 use crate::error::{DrillError, SnapshotError};
 use crate::labels::{ALARMS, AlarmLabels, FailureLabels, MemberLabels, RetryLabels, ShardLabel};
@@ -195,10 +195,19 @@ impl Metrics {
         ShardLabel { shard: shard.into() }
     }
 
+    /// A drill that ran: its duration, and its pass or its failure (by reason).
+    pub fn drill_outcome(&self, shard: &str, outcome: &crate::drill::run::Outcome) {
+        self.drill.duration.get_or_create(&self.shard(shard)).set(outcome.report.duration_seconds);
+        match &outcome.result {
+            Ok(()) => _ = self.drill.last_success.get_or_create(&self.shard(shard)).set(unix_now()),
+            Err(error) => self.drill_failed(shard, error),
+        }
+    }
+
     pub fn drill_failed(&self, shard: &str, error: &DrillError) {
         let reason: &'static str = error.into();
         self.drill.failures.get_or_create(&FailureLabels { shard: shard.into(), reason: reason.into() }).inc();
-        self.drill.last_failure.get_or_create(&self.shard(shard)).set(kcp_keeper_runtime::metrics::unix_now());
+        self.drill.last_failure.get_or_create(&self.shard(shard)).set(unix_now());
     }
 
     pub fn failed(&self, shard: &str, error: &SnapshotError) {

@@ -15,7 +15,6 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::events::{EventType, Recorder};
 use kcp_keeper_runtime::lease::Leadership;
-use kcp_keeper_runtime::metrics::unix_now;
 use kcp_keeper_runtime::schedule::{self, Schedule, Tick};
 use kcp_keeper_runtime::shutdown::Grace;
 use tokio_util::sync::CancellationToken;
@@ -411,23 +410,23 @@ impl Job {
         let shard = &self.shard.name;
         let store = match Store::new(&self.config.storage).map(|s| s.counting_retries(self.metrics.retries.clone())) {
             Ok(store) => store,
-            Err(e) => return self.drill_failed(&tick, shard, &DrillError::Storage(e.to_string()), 0.0).await,
+            Err(e) => return self.drill_failed(&tick, shard, &DrillError::Storage(e.to_string())).await,
         };
         let listed = match catalog::list(&store, Some(shard)).await {
             Ok(listed) => listed,
-            Err(e) => return self.drill_failed(&tick, shard, &DrillError::Storage(e.to_string()), 0.0).await,
+            Err(e) => return self.drill_failed(&tick, shard, &DrillError::Storage(e.to_string())).await,
         };
         // Only the shard's own cluster's snapshots: another installation's newest is not this shard's.
         let listed: Vec<_> = match generation::live(&self.shard).await {
             Some(own) => listed.into_iter().filter(|m| own.owns(m)).collect(),
             None => match generation::only_cluster(&listed) {
                 Ok(_) => listed,
-                Err(e) => return self.drill_failed(&tick, shard, &DrillError::NoSnapshot(e), 0.0).await,
+                Err(e) => return self.drill_failed(&tick, shard, &DrillError::NoSnapshot(e)).await,
             },
         };
         let Some(newest) = listed.first() else {
             let error = DrillError::NoSnapshot(format!("shard {shard} has no published snapshot"));
-            return self.drill_failed(&tick, shard, &error, 0.0).await;
+            return self.drill_failed(&tick, shard, &error).await;
         };
         let mut ids = vec![newest.id.clone()];
         let rate = self.shard.drill.as_ref().map(|d| d.older_rate).unwrap_or(0.0);
@@ -457,30 +456,27 @@ impl Job {
 
     async fn drill_finished(&self, tick: &Tick, outcome: &Outcome) {
         let shard = &self.shard.name;
-        let label = self.metrics.shard(shard);
         let report = &outcome.report;
-        self.metrics.drill.duration.get_or_create(&label).set(report.duration_seconds);
+        self.metrics.drill_outcome(shard, outcome);
         if let Some(seconds) = report.restore_seconds {
-            self.metrics.drill.restore.get_or_create(&label).set(seconds);
+            self.metrics.drill.restore.get_or_create(&self.metrics.shard(shard)).set(seconds);
         }
-        let summary = drill_run::summary(outcome);
-        match &outcome.result {
-            Ok(()) => {
-                self.metrics.drill.last_success.get_or_create(&label).set(unix_now());
-                tracing::info!(shard, id = report.id, tick = %tick.at, restore_seconds = report.restore_seconds, "drill passed");
-                let note = format!("drill of tick {}: {summary}", tick.at.to_rfc3339());
-                self.events.publish(&self.regarding, EventType::Normal, "DrillPassed", "Drill", &note).await;
-            }
-            Err(error) => self.drill_failed(tick, shard, error, report.duration_seconds).await,
-        }
+        let Err(error) = &outcome.result else {
+            tracing::info!(shard, id = report.id, tick = %tick.at, restore_seconds = report.restore_seconds, "drill passed");
+            let note = format!("drill of tick {}: {}", tick.at.to_rfc3339(), drill_run::summary(outcome));
+            return self.events.publish(&self.regarding, EventType::Normal, "DrillPassed", "Drill", &note).await;
+        };
+        self.tell_drill_failed(tick, shard, error).await;
     }
 
-    async fn drill_failed(&self, tick: &Tick, shard: &str, error: &DrillError, seconds: f64) {
-        let reason: &'static str = error.into();
+    /// A drill that failed before it ran.
+    async fn drill_failed(&self, tick: &Tick, shard: &str, error: &DrillError) {
         self.metrics.drill_failed(shard, error);
-        if seconds > 0.0 {
-            self.metrics.drill.duration.get_or_create(&self.metrics.shard(shard)).set(seconds);
-        }
+        self.tell_drill_failed(tick, shard, error).await;
+    }
+
+    async fn tell_drill_failed(&self, tick: &Tick, shard: &str, error: &DrillError) {
+        let reason: &'static str = error.into();
         tracing::error!(shard, reason, error = %error, tick = %tick.at, "restore drill failed");
         let note = format!("drill of shard {shard} (tick {}) failed ({reason}): {error}", tick.at.to_rfc3339());
         self.events.publish(&self.regarding, EventType::Warning, "DrillFailed", "Drill", &note).await;

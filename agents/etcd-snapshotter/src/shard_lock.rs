@@ -172,7 +172,7 @@ pub async fn acquire(
 ) -> Result<Held, LockError> {
     let key = key(&store.prefix, shard);
     let holder = Holder::this_process(command);
-    let body = serde_json::to_vec_pretty(&holder).expect("a holder serializes");
+    let body = crate::json::object(&holder);
     let started = Instant::now();
     // The ETag last seen and since when (our monotonic clock), for the staleness rule.
     let mut seen: Option<(String, Instant)> = None;
@@ -276,7 +276,7 @@ async fn renew(store: &Store, key: &str, holder: &Holder, state: &Mutex<State>) 
         }
         (state.etag.clone(), state.renewals + 1)
     };
-    let body = serde_json::to_vec_pretty(&Holder { renewals, ..holder.clone() }).expect("a holder serializes");
+    let body = crate::json::object(&Holder { renewals, ..holder.clone() });
     match store.put_conditional(key, body, Condition::Matches(&etag)).await? {
         Some(next) => {
             let mut state = state.lock().expect("lock state");
@@ -308,8 +308,7 @@ impl Held {
         if lost {
             return;
         }
-        let free = Holder { released: true, ..self.holder.clone() };
-        let body = serde_json::to_vec_pretty(&free).expect("a holder serializes");
+        let body = crate::json::object(&Holder { released: true, ..self.holder.clone() });
         match self.store.put_conditional(&self.key, body, Condition::Matches(&etag)).await {
             Ok(Some(_)) => {}
             Ok(None) => tracing::warn!(key = self.key, "the shard's lock was no longer ours at release; left alone"),

@@ -238,9 +238,7 @@ impl State {
     }
 
     pub fn to_json(&self) -> Vec<u8> {
-        let mut text = serde_json::to_vec_pretty(self).expect("a state always serializes");
-        text.push(b'\n');
-        text
+        crate::json::object(self)
     }
 
     /// Parses the state read from the bucket; the image in it is checked as an image of the operator's object.

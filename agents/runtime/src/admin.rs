@@ -21,29 +21,16 @@ use tokio::net::TcpListener;
 /// - for an agent that asked for it ([`Health::require_success`]), while it leads, a cycle has succeeded (an
 ///   agent with one item, whose whole job fails together, is not ready until it has done that job once), and
 /// - shutdown has not started.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Health {
     watches_synced: AtomicBool,
-    reachable: AtomicBool,
+    /// Cleared at start: the apiserver counts as reachable until a watch fails.
+    unreachable: AtomicBool,
     leading: AtomicBool,
     reconciled: AtomicBool,
     needs_success: AtomicBool,
     succeeded: AtomicBool,
     draining: AtomicBool,
-}
-
-impl Default for Health {
-    fn default() -> Self {
-        Self {
-            watches_synced: AtomicBool::new(false),
-            reachable: AtomicBool::new(true),
-            leading: AtomicBool::new(false),
-            reconciled: AtomicBool::new(false),
-            needs_success: AtomicBool::new(false),
-            succeeded: AtomicBool::new(false),
-            draining: AtomicBool::new(false),
-        }
-    }
 }
 
 impl Health {
@@ -62,13 +49,13 @@ impl Health {
 
     /// Whether the apiserver answered the last time we asked.
     pub fn set_reachable(&self, reachable: bool) {
-        if self.reachable.swap(reachable, Ordering::SeqCst) != reachable {
+        if self.unreachable.swap(!reachable, Ordering::SeqCst) == reachable {
             tracing::info!(reachable, "apiserver reachability changed");
         }
     }
 
     pub fn is_reachable(&self) -> bool {
-        self.reachable.load(Ordering::SeqCst)
+        !self.unreachable.load(Ordering::SeqCst)
     }
 
     /// Whether this replica leads; a leader is ready only once it has reconciled.
@@ -107,7 +94,7 @@ impl Health {
             Some("shutting down")
         } else if !get(&self.watches_synced) {
             Some("watches have not delivered their initial list")
-        } else if !get(&self.reachable) {
+        } else if get(&self.unreachable) {
             Some("the apiserver is not reachable")
         } else if get(&self.leading) && !get(&self.reconciled) {
             Some("leading, but the first reconcile has not run")

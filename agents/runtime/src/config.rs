@@ -6,7 +6,6 @@
 //! written), and [`AgentConfig::from_raw`] turns it into the validated configuration (enums, durations, parsed
 //! URLs) or every error at once. The agent never sees the raw form.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +27,8 @@ pub trait AgentConfig: Sized + PartialEq + Send + Sync + 'static {
 }
 
 /// One invalid field.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {reason}")]
 pub struct FieldError {
     pub path: String,
     pub reason: String,
@@ -40,13 +40,8 @@ impl FieldError {
     }
 }
 
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.reason)
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum ConfigError {
     #[error("reading {file}: {source}")]
     Read { file: PathBuf, source: std::io::Error },
@@ -61,11 +56,7 @@ pub enum ConfigError {
 impl ConfigError {
     /// A low-cardinality label for the error counter.
     pub fn metric_label(&self) -> &'static str {
-        match self {
-            ConfigError::Read { .. } => "read",
-            ConfigError::Parse { .. } => "parse",
-            ConfigError::Invalid { .. } => "invalid",
-        }
+        self.into()
     }
 }
 

@@ -76,7 +76,7 @@ use crate::schedule::{Schedule, ScheduleSpec};
 // ---- what a consumer is ---------------------------------------------------------------------------------------
 
 /// The workload kinds a consumer can be: each rolls its pods when its pod template changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, strum::IntoStaticStr)]
 pub enum Kind {
     Deployment,
     StatefulSet,
@@ -87,11 +87,7 @@ impl Kind {
     pub const ALL: [Kind; 3] = [Kind::Deployment, Kind::StatefulSet, Kind::DaemonSet];
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Deployment => "Deployment",
-            Kind::StatefulSet => "StatefulSet",
-            Kind::DaemonSet => "DaemonSet",
-        }
+        self.into()
     }
 
     /// The resource name, as RBAC grants it (group `apps`).
@@ -125,23 +121,17 @@ pub trait Workload:
     fn template(&self) -> &PodTemplateSpec;
 }
 
-impl Workload for Deployment {
-    fn template(&self) -> &PodTemplateSpec {
-        &self.spec.template
-    }
+macro_rules! workloads {
+    ($($kind:ty),*) => {$(
+        impl Workload for $kind {
+            fn template(&self) -> &PodTemplateSpec {
+                &self.spec.template
+            }
+        }
+    )*};
 }
 
-impl Workload for StatefulSet {
-    fn template(&self) -> &PodTemplateSpec {
-        &self.spec.template
-    }
-}
-
-impl Workload for DaemonSet {
-    fn template(&self) -> &PodTemplateSpec {
-        &self.spec.template
-    }
-}
+workloads!(Deployment, StatefulSet, DaemonSet);
 
 // ---- the annotations ------------------------------------------------------------------------------------------
 
@@ -204,21 +194,12 @@ fn rfc3339(t: OffsetDateTime) -> String {
 
 /// When restarts may happen: from each tick of `schedule` for `duration`, but never later than the deadline of
 /// what a consumer holds minus `margin` ([`plan`]).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestartWindow {
-    pub spec: ScheduleSpec,
     pub schedule: Schedule,
     pub duration: Duration,
     pub margin: Duration,
 }
-
-impl PartialEq for RestartWindow {
-    fn eq(&self, other: &Self) -> bool {
-        (&self.spec, self.duration, self.margin) == (&other.spec, other.duration, other.margin)
-    }
-}
-
-impl Eq for RestartWindow {}
 
 /// The default `restartWindow.margin`.
 pub const DEFAULT_MARGIN: Duration = Duration::from_secs(24 * 3600);
@@ -259,7 +240,6 @@ impl RawRestartWindow {
         }
         match Schedule::new("restart-window", &spec) {
             Ok(schedule) => ok.then(|| RestartWindow {
-                spec,
                 schedule,
                 duration: self.duration.0,
                 margin: self.margin.map_or(DEFAULT_MARGIN, |m| m.0),
@@ -579,7 +559,6 @@ mod tests {
         };
         RestartWindow {
             schedule: Schedule::new("restart-window", &spec).unwrap(),
-            spec,
             duration: Duration::from_secs(duration_h * 3600),
             margin: Duration::from_secs(margin_h * 3600),
         }

@@ -25,17 +25,16 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::StreamExt;
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
-use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Registry, Unit};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::context::Context;
+use crate::lease::until;
 use crate::metrics::{GaugeF64, ReasonLabel, at_zero, unix_now};
 use crate::watch::{Signal, Watches};
 
@@ -77,9 +76,8 @@ pub trait Reconciler: Send + Sync {
 }
 
 crate::metrics! {
-    /// The series of [`ReconcileMetrics`], under the agent's prefix.
+    /// The series of [`ReconcileMetrics`] but its histogram, under the agent's prefix.
     pub struct ReconcileSeries {
-        pub duration: ReconcileDuration => "reconcile_duration" [Seconds], "Time spent reconciling one item";
         pub errors: Family<ReasonLabel, Counter> => "reconcile_errors", "Failed reconciles, by reason";
         pub last_pass: GaugeF64 => "reconcile_pass_timestamp" [Seconds],
             "When this replica, leading, last finished a full pass over every item";
@@ -87,56 +85,33 @@ crate::metrics! {
     }
 }
 
-/// The histogram of `<prefix>_reconcile_duration_seconds`, 1 ms to ~30 s: its own type so that its buckets are its
-/// `Default` (a [`Histogram`] has none), as a [`crate::metrics!`] field needs.
-#[derive(Clone, Debug)]
-pub struct ReconcileDuration(Histogram);
-
-impl Default for ReconcileDuration {
-    fn default() -> Self {
-        Self(Histogram::new(exponential_buckets(0.001, 2.0, 16)))
-    }
-}
-
-impl std::ops::Deref for ReconcileDuration {
-    type Target = Histogram;
-
-    fn deref(&self) -> &Histogram {
-        &self.0
-    }
-}
-
-impl EncodeMetric for ReconcileDuration {
-    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        self.0.encode(encoder)
-    }
-
-    fn metric_type(&self) -> MetricType {
-        self.0.metric_type()
-    }
-}
-
 /// `<prefix>_reconcile_duration_seconds`, `<prefix>_reconcile_errors_total{reason}`,
 /// `<prefix>_reconcile_pass_timestamp_seconds` (when the leader last finished a full pass), `<prefix>_leader`.
-/// The series are [`ReconcileSeries`]; this adds registration with the reasons of the agent's error enum.
+/// The histogram is registered here beside the [`ReconcileSeries`] (its buckets are no `Default`, which a
+/// [`crate::metrics!`] field needs), and so are the reasons of the agent's error enum, at 0.
 #[derive(Clone, Debug)]
 pub struct ReconcileMetrics {
+    duration: Histogram,
     series: ReconcileSeries,
 }
 
 impl ReconcileMetrics {
     /// Registers under the agent's prefix, with every reason `E` can give at 0.
     pub fn register<E: ErrorReason>(registry: &mut Registry) -> Self {
+        // 1 ms to ~30 s.
+        let duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let help = "Time spent reconciling one item";
+        registry.register_with_unit("reconcile_duration", help, Unit::Seconds, duration.clone());
         let series = ReconcileSeries::register(registry);
         at_zero(&series.errors, E::reasons().iter().map(|reason| ReasonLabel { reason: (*reason).into() }));
-        Self { series }
+        Self { duration, series }
     }
 
     /// Times `reconcile` and counts its error by reason.
     pub async fn observe<T, E: ErrorReason>(&self, reconcile: impl Future<Output = Result<T, E>>) -> Result<T, E> {
         let started = Instant::now();
         let result = reconcile.await;
-        self.series.duration.observe(started.elapsed().as_secs_f64());
+        self.duration.observe(started.elapsed().as_secs_f64());
         if let Err(e) = &result {
             self.series.errors.get_or_create(&ReasonLabel { reason: e.reason().into() }).inc();
         }
@@ -457,13 +432,6 @@ async fn run_item<R: Reconciler>(
             });
             state.due = now + delay;
         }
-    }
-}
-
-async fn until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }
 

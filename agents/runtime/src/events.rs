@@ -24,7 +24,7 @@ const REFILL_EVERY: Duration = Duration::from_secs(60);
 /// (object, reason, subject): what one token bucket limits.
 type BucketKey = (String, String, String);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
 pub enum EventType {
     Normal,
     Warning,
@@ -90,10 +90,7 @@ impl Recorder {
         let event = Event {
             metadata: ObjectMeta { name: Some(name), namespace: Some(namespace.clone()), ..Default::default() },
             event_time: Some(MicroTime(now)),
-            type_: Some(match kind {
-                EventType::Normal => "Normal".into(),
-                EventType::Warning => "Warning".into(),
-            }),
+            type_: Some(<&str>::from(kind).into()),
             reason: Some(reason.into()),
             action: Some(action.into()),
             note: Some(note),
@@ -146,15 +143,7 @@ fn sanitize(note: &str) -> String {
     if note.contains("-----BEGIN") {
         return "(message withheld: it contained PEM data)".into();
     }
-    let mut note = note.to_string();
-    if note.len() > 1000 {
-        let mut cut = 1000;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-    }
-    note
+    note[..note.floor_char_boundary(1000)].to_string()
 }
 
 /// The first 8 bytes of a SHA-256 over the parts (NUL-separated): stable across processes and versions, unlike

@@ -506,7 +506,7 @@ impl Elector {
 }
 
 /// Sleeps until `deadline`, or forever without one.
-async fn until(deadline: Option<Instant>) {
+pub(crate) async fn until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,

@@ -219,21 +219,12 @@ struct ProcessCollector;
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let Some(stats) = read_proc_stats() else { return Ok(()) };
+        let mut encode = |name, help, unit, metric: &dyn EncodeMetric| {
+            metric.encode(encoder.encode_descriptor(name, help, Some(&unit), metric.metric_type())?)
+        };
         let rss = ConstGauge::new(stats.resident_bytes as i64);
-        rss.encode(encoder.encode_descriptor(
-            "process_resident_memory",
-            "Resident memory size",
-            Some(&Unit::Bytes),
-            rss.metric_type(),
-        )?)?;
-        let cpu = ConstCounter::new(stats.cpu_seconds);
-        cpu.encode(encoder.encode_descriptor(
-            "process_cpu",
-            "User and system CPU time spent",
-            Some(&Unit::Seconds),
-            cpu.metric_type(),
-        )?)?;
-        Ok(())
+        encode("process_resident_memory", "Resident memory size", Unit::Bytes, &rss)?;
+        encode("process_cpu", "User and system CPU time spent", Unit::Seconds, &ConstCounter::new(stats.cpu_seconds))
     }
 }
 

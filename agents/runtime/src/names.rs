@@ -5,12 +5,7 @@ use std::net::IpAddr;
 
 /// A namespace name, a bundle name: RFC 1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63).
 pub fn check_dns_label(value: &str) -> Result<(), String> {
-    if value.is_empty() {
-        return Err("must not be empty".into());
-    }
-    if value.len() > 63 {
-        return Err(format!("must be at most 63 characters, is {}", value.len()));
-    }
+    check_length(value, 63)?;
     if !is_label(value, |c| c.is_ascii_lowercase() || c.is_ascii_digit()) {
         return Err(
             "must be a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit".into(),
@@ -21,12 +16,7 @@ pub fn check_dns_label(value: &str) -> Result<(), String> {
 
 /// A Secret or ConfigMap name: RFC 1123 subdomain (dot-separated labels, at most 253).
 pub fn check_dns_subdomain(value: &str) -> Result<(), String> {
-    if value.is_empty() {
-        return Err("must not be empty".into());
-    }
-    if value.len() > 253 {
-        return Err(format!("must be at most 253 characters, is {}", value.len()));
-    }
+    check_length(value, 253)?;
     if !value.split('.').all(|l| is_label(l, |c| c.is_ascii_lowercase() || c.is_ascii_digit())) {
         return Err("must be a DNS subdomain: lowercase letters, digits, '-' and '.', each part starting and ending \
                     with a letter or digit"
@@ -37,12 +27,7 @@ pub fn check_dns_subdomain(value: &str) -> Result<(), String> {
 
 /// A key in a Secret's or ConfigMap's data: `[-._a-zA-Z0-9]+`, at most 253, not `.` or `..`.
 pub fn check_data_key(value: &str) -> Result<(), String> {
-    if value.is_empty() {
-        return Err("must not be empty".into());
-    }
-    if value.len() > 253 {
-        return Err(format!("must be at most 253 characters, is {}", value.len()));
-    }
+    check_length(value, 253)?;
     if value == "." || value == ".." {
         return Err("must not be '.' or '..'".into());
     }
@@ -94,6 +79,17 @@ pub fn check_server_name(value: &str) -> Result<(), String> {
         && host.split('.').all(|l| l.len() <= 63 && is_label(l, |c| c.is_ascii_alphanumeric()));
     if !valid {
         return Err("must be a DNS hostname or an IP address".into());
+    }
+    Ok(())
+}
+
+/// Not empty, and at most `max` characters.
+fn check_length(value: &str, max: usize) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if value.len() > max {
+        return Err(format!("must be at most {max} characters, is {}", value.len()));
     }
     Ok(())
 }

@@ -120,6 +120,16 @@ impl fmt::Debug for Schedule {
     }
 }
 
+/// Equal when name, cron expression, time zone, jitter, missed-tick policy and starting deadline are.
+impl PartialEq for Schedule {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.name, self.cron.source(), self.tz, self.jitter, self.missed, self.starting_deadline)
+            == (&other.name, other.cron.source(), other.tz, other.jitter, other.missed, other.starting_deadline)
+    }
+}
+
+impl Eq for Schedule {}
+
 /// What to do now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Plan {

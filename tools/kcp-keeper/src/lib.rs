@@ -51,14 +51,12 @@ async fn layout_checks(client: &kube::Client, layout: &layout::Layout, options: 
     let mut checks = object_checks(client, layout, options).await;
     if options.operator_deployment.is_some() || options.provider_deployment.is_some() {
         let tags: Vec<String> = layout.components.iter().filter_map(|c| c.image.tag.clone()).collect();
-        let operator = match &options.operator_deployment {
+        let image = async |r: &Option<options::ObjectRef>| match r {
             Some(r) => Some(read::deployment_image(client, r).await),
             None => None,
         };
-        let provider = match &options.provider_deployment {
-            Some(r) => Some(read::deployment_image(client, r).await),
-            None => None,
-        };
+        let (operator, provider) =
+            (image(&options.operator_deployment).await, image(&options.provider_deployment).await);
         checks.extend(rules::pairing::judge(&tags, operator.as_ref(), provider.as_ref()));
     }
     if options.verify {
@@ -91,28 +89,27 @@ async fn object_checks(client: &kube::Client, layout: &layout::Layout, options: 
 
 /// The expiry checks at `now` (Unix seconds): the hub's kubeconfig (`--hub-kubeconfig`) and every CA (`--ca`).
 async fn expiry_checks(client: &kube::Client, options: &Options, now: i64) -> Vec<Verdict> {
+    type NotAfters = fn(&[u8]) -> Result<Vec<i64>, String>;
+    let kubeconfig: (_, NotAfters, _, _) = (
+        expiry::KUBECONFIG,
+        expiry::kubeconfig_not_afters,
+        "check --hub-kubeconfig",
+        "renew the hub's kubeconfig (kubeconfig-rotator rotate) before it expires",
+    );
+    let ca: (_, NotAfters, _, _) = (
+        expiry::CA,
+        expiry::not_afters,
+        "check --ca",
+        "renew the CA (its cert-manager Certificate) and let ca-syncer carry old and new",
+    );
+    let secrets = options.hub_kubeconfig.iter().map(|r| (r, kubeconfig)).chain(options.cas.iter().map(|r| (r, ca)));
     let mut checks = Vec::new();
-    if let Some(r) = &options.hub_kubeconfig {
+    for (r, (check, not_afters, fix, todo)) in secrets {
         let subject = format!("secret {r}");
-        let todo = "renew the hub's kubeconfig (kubeconfig-rotator rotate) before it expires";
         checks.push(
-            match read::secret_key(client, r)
-                .await
-                .map_err(|e| format!("{e:#}"))
-                .and_then(|b| expiry::kubeconfig_not_afters(&b))
-            {
-                Ok(ends) => expiry::judge(expiry::KUBECONFIG, &subject, &ends, now, options.margins, todo),
-                Err(e) => Verdict::fail(expiry::KUBECONFIG, subject, e, "check --hub-kubeconfig"),
-            },
-        );
-    }
-    for r in &options.cas {
-        let subject = format!("secret {r}");
-        let todo = "renew the CA (its cert-manager Certificate) and let ca-syncer carry old and new";
-        checks.push(
-            match read::secret_key(client, r).await.map_err(|e| format!("{e:#}")).and_then(|b| expiry::not_afters(&b)) {
-                Ok(ends) => expiry::judge(expiry::CA, &subject, &ends, now, options.margins, todo),
-                Err(e) => Verdict::fail(expiry::CA, subject, e, "check --ca"),
+            match read::secret_key(client, r).await.map_err(|e| format!("{e:#}")).and_then(|b| not_afters(&b)) {
+                Ok(ends) => expiry::judge(check, &subject, &ends, now, options.margins, todo),
+                Err(e) => Verdict::fail(check, subject, e, fix),
             },
         );
     }

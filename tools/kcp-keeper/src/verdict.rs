@@ -16,11 +16,7 @@ pub enum Level {
 impl Level {
     /// As printed: `ok`, `warn`, `FAIL` (capitals so a failure stands out in a terminal).
     pub fn word(self) -> &'static str {
-        match self {
-            Level::Ok => "ok",
-            Level::Warn => "warn",
-            Level::Fail => "FAIL",
-        }
+        if self == Level::Fail { "FAIL" } else { self.label() }
     }
 
     /// The `result` label of `kcp_keeper_doctor_check`.

@@ -33,19 +33,11 @@ pub struct RawDefrag {
 }
 
 /// Defragmentation as validated: present on a shard only when enabled.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Defrag {
     pub schedule: Schedule,
-    schedule_spec: ScheduleSpec,
     pub timeout: Duration,
     pub single_member: bool,
-}
-
-impl PartialEq for Defrag {
-    fn eq(&self, other: &Self) -> bool {
-        (&self.schedule_spec, self.timeout, self.single_member)
-            == (&other.schedule_spec, other.timeout, other.single_member)
-    }
 }
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
@@ -77,7 +69,7 @@ pub(super) fn defrag(
         return None;
     };
     let schedule = super::schedule(&format!("defrag-{shard}"), &spec, at("defrag.schedule"), errors)?;
-    Some(Defrag { schedule, schedule_spec: spec, timeout, single_member: raw.single_member })
+    Some(Defrag { schedule, timeout, single_member: raw.single_member })
 }
 
 #[cfg(test)]

@@ -57,13 +57,12 @@ pub struct TlsFiles {
     pub key_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Shard {
     pub name: String,
     pub endpoints: Vec<String>,
     pub tls: Option<TlsFiles>,
     pub schedule: Schedule,
-    schedule_spec: ScheduleSpec,
     pub drill: Option<ShardDrill>,
     /// Present when deltas are enabled.
     pub deltas: Option<Deltas>,
@@ -71,15 +70,6 @@ pub struct Shard {
     pub before_upgrade: Option<crate::upgrade::Watched>,
     /// Present when scheduled defragmentation is enabled.
     pub defrag: Option<Defrag>,
-}
-
-impl PartialEq for Shard {
-    fn eq(&self, other: &Self) -> bool {
-        (&self.name, &self.endpoints, &self.tls, &self.schedule_spec, &self.drill, &self.deltas)
-            == (&other.name, &other.endpoints, &other.tls, &other.schedule_spec, &other.drill, &other.deltas)
-            && self.before_upgrade == other.before_upgrade
-            && self.defrag == other.defrag
-    }
 }
 
 pub(super) fn shards(raw: Vec<RawShard>, kcp_binary: bool, errors: &mut Vec<FieldError>) -> Vec<Shard> {
@@ -121,7 +111,6 @@ pub(super) fn shards(raw: Vec<RawShard>, kcp_binary: bool, errors: &mut Vec<Fiel
             endpoints: shard.endpoints,
             tls: shard.tls,
             schedule,
-            schedule_spec: shard.schedule,
             drill,
             deltas,
             before_upgrade,

@@ -1,7 +1,7 @@
 //! `etcd_snapshotter_pre_upgrade_*`: the metrics of snapshots before kcp upgrades ([`super::watch`] records
 //! them), declared here so the crate's metrics can compose them without importing the watch.
 
-use kcp_keeper_runtime::metrics::GaugeF64;
+use kcp_keeper_runtime::metrics::{GaugeF64, at_zero};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
@@ -40,13 +40,12 @@ impl UpgradeMetrics {
         if shard.before_upgrade.is_none() {
             return;
         }
-        let label = ShardLabel { shard: shard.name.clone() };
-        for result in RESULTS {
-            let _ = self.snapshots.get_or_create(&UpgradeLabels { shard: shard.name.clone(), result: result.into() });
+        let results = RESULTS.map(|result| UpgradeLabels { shard: shard.name.clone(), result: result.into() });
+        at_zero(&self.snapshots, results);
+        let one = || [ShardLabel { shard: shard.name.clone() }];
+        for family in [&self.late, &self.malformed, &self.watch_errors] {
+            at_zero(family, one());
         }
-        let _ = self.late.get_or_create(&label);
-        let _ = self.malformed.get_or_create(&label);
-        let _ = self.watch_errors.get_or_create(&label);
-        let _ = self.last.get_or_create(&label);
+        at_zero(&self.last, one());
     }
 }

@@ -334,16 +334,9 @@ impl Watch {
             outcome = drill_run::drill_and_record(&self.config.drills, kcp, store, &manifest.id) => outcome,
             () = self.shutdown.cancelled() => return None,
         };
-        let label = self.metrics.shard(&self.shard.name);
-        self.metrics.drill.duration.get_or_create(&label).set(outcome.report.duration_seconds);
-        match &outcome.result {
-            Ok(()) => {
-                self.metrics.drill.last_success.get_or_create(&label).set(unix_now());
-            }
-            Err(error) => {
-                self.metrics.drill_failed(&self.shard.name, error);
-                tracing::error!(shard = self.shard.name, id = manifest.id, %error, "the drill of the snapshot before the kcp upgrade failed");
-            }
+        self.metrics.drill_outcome(&self.shard.name, &outcome);
+        if let Err(error) = &outcome.result {
+            tracing::error!(shard = self.shard.name, id = manifest.id, %error, "the drill of the snapshot before the kcp upgrade failed");
         }
         Some(outcome)
     }
