@@ -333,6 +333,7 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
             etcd: &etcd,
             scratch_root: &config.drills.directory,
             identity_file: args.identity_file.as_deref(),
+            signing: config.delta_key.as_ref(),
         };
         let outcome = replay::restore_at(&store, base.clone(), point, tools, &args.member).await?;
         print!("{}", replay::summary(&outcome, point));

@@ -72,6 +72,12 @@ pub struct RawConfig {
     /// retention; none when absent.
     #[serde(default)]
     pub secondary: Option<RawSecondary>,
+    /// A file holding the installation's delta signing key (at least 32 bytes, mounted from a Secret): every
+    /// delta is signed with it (HMAC-SHA256), and restores and drills refuse a delta without its signature.
+    /// Without it, deltas are checked for integrity and order but not for who wrote them: whoever can write the
+    /// bucket can append one.
+    #[serde(default)]
+    pub delta_signing_key_file: Option<std::path::PathBuf>,
 }
 
 /// How snapshots are compressed before encryption.
@@ -111,6 +117,8 @@ pub struct Config {
     pub drills: Drills,
     pub retry: Retry,
     pub secondary: Option<Secondary>,
+    /// The delta signing key, read from `deltaSigningKeyFile` at load.
+    pub delta_key: Option<crate::delta::SigningKey>,
 }
 
 /// An age recipient with the text it was written as (its id in manifests).
@@ -147,6 +155,12 @@ impl AgentConfig for Config {
         let drills = drills::drills(raw.drills, spill.as_ref(), scheduled, !recipients.is_empty(), &mut errors);
         let retry = retry::retry(raw.retry, &mut errors);
         let secondary = secondary::secondary(raw.secondary, scheduled, &mut errors);
+        let delta_key = raw.delta_signing_key_file.and_then(|path| {
+            crate::delta::SigningKey::read(&path)
+                .map_err(|e| errors.push(FieldError::new("deltaSigningKeyFile", e)))
+                .ok()
+        });
+        let drills = Drills { delta_key: delta_key.clone(), ..drills };
         match (storage, spill) {
             (Some(storage), Some(spill)) if errors.is_empty() => Ok(Config {
                 shards,
@@ -158,6 +172,7 @@ impl AgentConfig for Config {
                 drills,
                 retry,
                 secondary,
+                delta_key,
             }),
             _ => Err(errors),
         }

@@ -41,6 +41,7 @@ pub const META_LIVE_HASH_KV: &str = "delta-live-hash-kv";
 pub const META_LIVE_COMPACT: &str = "delta-live-compact-revision";
 pub const META_LIVE_KEYS: &str = "delta-live-key-count";
 pub const META_WATCHING_SINCE: &str = "delta-watching-since-ms";
+pub const META_HMAC: &str = "delta-hmac-sha256";
 /// The previous hash of a chain's first delta.
 const NO_PREVIOUS: &str = "none";
 
@@ -267,6 +268,9 @@ pub struct Meta {
     pub live: Option<Live>,
     /// The header's `watchingSinceMs`, repeated so a restore picks its base without reading payloads.
     pub watching_since_ms: Option<i64>,
+    /// HMAC-SHA256 by the installation's delta key over the delta's chain identity and object hash
+    /// ([`SigningKey`]); absent when no key is configured.
+    pub hmac: Option<String>,
 }
 
 impl Meta {
@@ -289,6 +293,9 @@ impl Meta {
         }
         if let Some(since) = self.watching_since_ms {
             metadata.push((META_WATCHING_SINCE, since.to_string()));
+        }
+        if let Some(hmac) = &self.hmac {
+            metadata.push((META_HMAC, hmac.clone()));
         }
         metadata
     }
@@ -319,6 +326,7 @@ impl Meta {
                 None => None,
                 Some(text) => Some(text.parse::<i64>().map_err(|_| format!("{META_WATCHING_SINCE} is not a time"))?),
             },
+            hmac: metadata.get(META_HMAC).map(|text| hash(META_HMAC, text)).transpose()?,
         };
         if meta.from > meta.to {
             return Err(format!("the range {}..{} is empty", meta.from, meta.to));
@@ -394,6 +402,75 @@ pub fn check_link(expected: &Expected<'_>, meta: &Meta, actual_sha256: &str, hea
     Ok(())
 }
 
+/// The installation's delta key (`deltas.signingKeyFile`): the writer signs every delta with it, and restores and
+/// drills that hold it refuse a delta without a valid signature. A bucket writer can add, replace or extend
+/// objects and rewrite their metadata, but cannot sign a delta without the key, so with it a chain cannot be
+/// extended or altered by anyone who only holds the bucket's write credentials.
+#[derive(Clone)]
+pub struct SigningKey(std::sync::Arc<[u8]>);
+
+impl std::fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigningKey(redacted)")
+    }
+}
+
+impl PartialEq for SigningKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for SigningKey {}
+
+impl SigningKey {
+    /// At least 32 bytes, as written (whitespace at the ends dropped, so a key file ending in a newline is the
+    /// same key); the error never shows any of it.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
+        let key = bytes.trim_ascii();
+        if key.len() < 32 {
+            return Err(format!("a delta signing key needs at least 32 bytes, this one has {}", key.len()));
+        }
+        Ok(Self(key.into()))
+    }
+
+    /// Reads the key file (mounted from a Secret).
+    pub fn read(path: &std::path::Path) -> Result<Self, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("reading the delta signing key: {}", e.kind()))?;
+        Self::from_bytes(&bytes)
+    }
+
+    fn mac(&self, meta: &Meta) -> hmac::Hmac<sha2::Sha256> {
+        use hmac::Mac;
+        let mut mac = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        let signed = format!(
+            "kcp-keeper-delta-v1\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n",
+            meta.snapshot,
+            meta.cluster_id,
+            meta.from,
+            meta.to,
+            meta.previous.as_deref().unwrap_or(NO_PREVIOUS),
+            meta.sha256,
+            meta.events
+        );
+        mac.update(signed.as_bytes());
+        mac
+    }
+
+    /// The signature of a delta whose metadata (its object's sha256 included) is `meta`, as hex.
+    pub fn sign(&self, meta: &Meta) -> String {
+        use hmac::Mac;
+        hex::encode(self.mac(meta).finalize().into_bytes())
+    }
+
+    /// Whether `meta` carries this key's signature of itself (compared in constant time).
+    pub fn verifies(&self, meta: &Meta) -> bool {
+        use hmac::Mac;
+        let Some(tag) = meta.hmac.as_deref().and_then(|t| hex::decode(t).ok()) else { return false };
+        self.mac(meta).verify_slice(&tag).is_ok()
+    }
+}
+
 /// Events grouped by revision, in order: each group was one transaction in the source and is replayed as one.
 pub fn by_revision(events: &[Event]) -> Vec<(u64, &[Event])> {
     let mut out = Vec::new();
@@ -434,7 +511,26 @@ mod tests {
             events: 4,
             live: None,
             watching_since_ms: None,
+            hmac: None,
         }
+    }
+
+    #[test]
+    fn a_signed_delta_verifies_only_with_its_key_and_unchanged() {
+        let key = SigningKey::from_bytes(&[7u8; 32]).unwrap();
+        let mut signed = meta();
+        signed.hmac = Some(key.sign(&signed));
+        assert!(key.verifies(&signed));
+        let parsed = Meta::from_metadata(&signed.to_metadata().into_iter().map(|(k, v)| (k.into(), v)).collect());
+        assert!(key.verifies(&parsed.unwrap()), "the signature survives the object's metadata");
+        assert!(!SigningKey::from_bytes(&[8u8; 32]).unwrap().verifies(&signed), "another key");
+        for altered in [Meta { to: 15, ..signed.clone() }, Meta { sha256: "cd".repeat(32), ..signed.clone() }] {
+            assert!(!key.verifies(&altered), "{altered:?}");
+        }
+        assert!(!key.verifies(&meta()), "unsigned");
+        let short = SigningKey::from_bytes(b"only sixteen byt").unwrap_err();
+        assert!(short.contains("at least 32 bytes") && !short.contains("sixteen"), "{short}");
+        assert_eq!(format!("{key:?}"), "SigningKey(redacted)");
     }
 
     fn header() -> Header {

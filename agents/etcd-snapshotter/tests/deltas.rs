@@ -730,3 +730,95 @@ async fn a_stray_delta_past_the_chain_is_passed_over_and_one_squatting_on_the_ne
     assert_chain(&under_newer, newer["revision"].as_u64().unwrap());
     drop(writes);
 }
+
+/// A delta a bucket writer appends to the chain under `id`: well formed, linked by hash to the last one, with a
+/// write of its own, but not signed by the installation's key.
+async fn forge_next_delta(s3: &aws_sdk_s3::Client, bucket: &str, id: &str, cluster_id: &str) -> u64 {
+    use etcd_snapshotter::delta::{self, Event, Header, Kind, Meta};
+    let last = deltas_of(s3, bucket, id).await.pop().expect("a chain to extend");
+    let from = last.to + 1;
+    let event = Event {
+        kind: Kind::Put,
+        revision: from,
+        received_ms: chrono::Utc::now().timestamp_millis(),
+        key: b"/registry/forged".to_vec(),
+        value: b"planted".to_vec(),
+        lease: 0,
+    };
+    let header = Header {
+        from,
+        to: from,
+        snapshot: id.into(),
+        cluster_id: cluster_id.into(),
+        previous_sha256: Some(last.sha256.clone()),
+        live: None,
+        watching_since_ms: None,
+    };
+    let mut encoder =
+        etcd_snapshotter::encode::Encoder::new(etcd_snapshotter::config::Compression::Zstd, &[], 1 << 20).unwrap();
+    encoder.write(&delta::encode_payload(&header, &[event])).unwrap();
+    let mut parts = encoder.take_parts();
+    parts.extend(encoder.finish().unwrap().0);
+    let object: Vec<u8> = parts.concat();
+    let meta = Meta {
+        from,
+        to: from,
+        sha256: hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&object)),
+        previous: Some(last.sha256),
+        snapshot: id.into(),
+        cluster_id: cluster_id.into(),
+        events: 1,
+        live: None,
+        watching_since_ms: None,
+        hmac: None,
+    };
+    let key = format!("{PREFIX}/{id}/deltas/{}", delta::object_name(from, "zstd", false));
+    let mut request =
+        s3.put_object().bucket(bucket).key(key).body(object.into()).metadata("written-by", "etcd-snapshotter");
+    for (name, value) in meta.to_metadata() {
+        request = request.metadata(name, value);
+    }
+    request.send().await.unwrap();
+    from
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_delta_key_a_delta_appended_by_a_bucket_writer_is_refused_by_restore_which_applies_it_without_one() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    load(&mut etcd.member_client(0).await.unwrap(), "/registry/base", 20, 100).await.unwrap();
+    let key_file = bed.path("delta-key");
+    std::fs::write(&key_file, "a-secret-only-the-agent-and-its-restores-hold\n").unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.shard_extra = "deltas:\n  enabled: true\n  interval: 1s\n".into();
+    let unsigned = write_config(&bed, &options).unwrap();
+    let signed = bed.path("signed.yaml");
+    let text = std::fs::read_to_string(&unsigned).unwrap();
+    std::fs::write(&signed, format!("{text}deltaSigningKeyFile: {}\n", key_file.display())).unwrap();
+    snapshot_ok(&signed);
+    let s3 = bed.s3.client();
+    let (id, _) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+    let agent = agent(cluster, &signed, &ns).start().await.unwrap();
+    load(&mut etcd.member_client(0).await.unwrap(), "/registry/after", 30, 100).await.unwrap();
+    let written = etcd.member_client(0).await.unwrap().get("/", None).await.unwrap().header().unwrap().revision();
+    let chain = wait_until_stored(&s3, &bed.s3.bucket, &id, written).await;
+    drop(agent);
+    let signed_by_agent = s3.head_object().bucket(&bed.s3.bucket).key(&chain[0].key).send().await.unwrap();
+    assert!(signed_by_agent.metadata().unwrap().contains_key("delta-hmac-sha256"), "the agent signs its deltas");
+
+    let manifest = &manifests(&s3, &bed.s3.bucket).await[0];
+    let cluster_id = manifest["clusterId"].as_str().unwrap().to_string();
+    let forged = forge_next_delta(&s3, &bed.s3.bucket, &id, &cluster_id).await;
+
+    // With the key: the chain stops before the forged link, and says so.
+    let (_p, mut restored, out) = restored_allowing(&bed, &signed, "latest", "with-the-key", Some(2)).await;
+    assert!(out.contains(&format!("breaks at revision {forged}")) && out.contains("not signed"), "{out}");
+    assert!(restored.get("/registry/forged", None).await.unwrap().kvs().is_empty(), "the planted key is not restored");
+    let source = mod_revisions(&mut etcd.member_client(0).await.unwrap(), "/registry/").await;
+    assert_eq!(mod_revisions(&mut restored, "/registry/").await, source, "every signed delta, up to {written}");
+    // The control: without the key the same forged link passes every other check and is applied.
+    let (_p, mut restored, _) = restored_allowing(&bed, &unsigned, "latest", "without-the-key", Some(0)).await;
+    assert_eq!(restored.get("/registry/forged", None).await.unwrap().kvs().len(), 1, "the forgery is well formed");
+}

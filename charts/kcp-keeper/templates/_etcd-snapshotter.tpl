@@ -9,6 +9,7 @@ restore drills (each downloads and restores a whole database), so a drill can ne
 {{- define "kcp-keeper.snapshotter.s3Dir" -}}/var/run/secrets/etcd-snapshotter/s3{{- end }}
 {{- define "kcp-keeper.snapshotter.s3SecondaryDir" -}}/var/run/secrets/etcd-snapshotter/s3-secondary{{- end }}
 {{- define "kcp-keeper.snapshotter.ageDir" -}}/var/run/secrets/etcd-snapshotter/age{{- end }}
+{{- define "kcp-keeper.snapshotter.deltaKeyDir" -}}/var/run/secrets/etcd-snapshotter/delta-key{{- end }}
 {{- define "kcp-keeper.snapshotter.tlsDir" -}}/etc/etcd-tls{{- end }}
 {{/* Where drills run: config.drills.directory, or the agent's default <spill.directory>/drills (then the drills
 volume is mounted inside the spill volume's path, still a volume of its own). */}}
@@ -59,6 +60,14 @@ volume is mounted inside the spill volume's path, still a volume of its own). */
 {{- if and (eq $identity $mounted) (not $v.ageIdentity.existingSecret) }}
 {{- fail "etcdSnapshotter.ageIdentity.existingSecret: name the Secret holding the age identity (config.drills.identityFile reads it)" }}
 {{- end }}
+{{- $deltaKey := dig "deltaSigningKeyFile" "" $v.config }}
+{{- $deltaKeyMounted := printf "%s/key" (include "kcp-keeper.snapshotter.deltaKeyDir" .) }}
+{{- if and $v.deltaSigningKey.existingSecret (ne $deltaKey $deltaKeyMounted) }}
+{{- fail (printf "etcdSnapshotter.config.deltaSigningKeyFile: must be %s, where the chart mounts deltaSigningKey.existingSecret" $deltaKeyMounted) }}
+{{- end }}
+{{- if and (eq $deltaKey $deltaKeyMounted) (not $v.deltaSigningKey.existingSecret) }}
+{{- fail "etcdSnapshotter.deltaSigningKey.existingSecret: name the Secret holding the delta signing key (config.deltaSigningKeyFile reads it)" }}
+{{- end }}
 {{- end }}
 
 {{- define "kcp-keeper.snapshotter.env" -}}
@@ -101,6 +110,11 @@ volume is mounted inside the spill volume's path, still a volume of its own). */
 {{- if $v.ageIdentity.existingSecret }}
 - name: age-identity
   mountPath: {{ include "kcp-keeper.snapshotter.ageDir" . }}
+  readOnly: true
+{{- end }}
+{{- if $v.deltaSigningKey.existingSecret }}
+- name: delta-signing-key
+  mountPath: {{ include "kcp-keeper.snapshotter.deltaKeyDir" . }}
   readOnly: true
 {{- end }}
 {{- end }}
@@ -147,5 +161,13 @@ volume is mounted inside the spill volume's path, still a volume of its own). */
     defaultMode: 0440  # group-readable: the pod's fsGroup
     items:
     - {key: {{ $v.ageIdentity.key }}, path: identity.txt}
+{{- end }}
+{{- if $v.deltaSigningKey.existingSecret }}
+- name: delta-signing-key
+  secret:
+    secretName: {{ $v.deltaSigningKey.existingSecret }}
+    defaultMode: 0440  # group-readable: the pod's fsGroup
+    items:
+    - {key: {{ $v.deltaSigningKey.key }}, path: key}
 {{- end }}
 {{- end }}

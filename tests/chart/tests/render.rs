@@ -206,6 +206,19 @@ fn the_snapshotter_mounts_the_named_s3_secret_and_the_age_identity_only_when_con
         mounts.iter().any(|m| m["name"] == "age-identity" && m["mountPath"] == "/var/run/secrets/etcd-snapshotter/age")
     );
 
+    let mut with_key = values.clone();
+    with_key["etcdSnapshotter"]["deltaSigningKey"] = json!({"existingSecret": "etcd-backup-delta-key"});
+    with_key["etcdSnapshotter"]["config"]["deltaSigningKeyFile"] =
+        json!("/var/run/secrets/etcd-snapshotter/delta-key/key");
+    let pod = snapshotter_pod(&with_key)?;
+    let key = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "delta-signing-key").expect("key volume");
+    assert_eq!(key["secret"]["secretName"], "etcd-backup-delta-key");
+    assert_eq!(key["secret"]["items"], json!([{"key": "key", "path": "key"}]));
+    let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+    assert!(mounts.iter().any(|m| m["name"] == "delta-signing-key"
+        && m["mountPath"] == "/var/run/secrets/etcd-snapshotter/delta-key"
+        && m["readOnly"] == true));
+
     // Environment credentials: the keys come from the same named Secret, as references.
     let mut env_creds = values.clone();
     env_creds["etcdSnapshotter"]["config"]["storage"]["credentials"] = json!({"environment": {}});
@@ -258,6 +271,18 @@ fn snapshotter_credentials_the_pod_could_not_read_fail_the_render_naming_the_val
         json!({"identityFile": "/var/run/secrets/etcd-snapshotter/age/identity.txt"});
     let err = format!("{:#}", template(&unmounted, &[]).expect_err("identity without its Secret"));
     assert!(err.contains("etcdSnapshotter.ageIdentity.existingSecret: name the Secret"), "{err}");
+
+    let mut elsewhere = all_agents();
+    elsewhere["etcdSnapshotter"]["deltaSigningKey"] = json!({"existingSecret": "delta-key"});
+    elsewhere["etcdSnapshotter"]["config"]["deltaSigningKeyFile"] = json!("/keys/delta");
+    let err = format!("{:#}", template(&elsewhere, &[]).expect_err("key elsewhere"));
+    assert!(err.contains("deltaSigningKeyFile: must be /var/run/secrets/etcd-snapshotter/delta-key/key"), "{err}");
+
+    let mut unmounted = all_agents();
+    unmounted["etcdSnapshotter"]["config"]["deltaSigningKeyFile"] =
+        json!("/var/run/secrets/etcd-snapshotter/delta-key/key");
+    let err = format!("{:#}", template(&unmounted, &[]).expect_err("key without its Secret"));
+    assert!(err.contains("etcdSnapshotter.deltaSigningKey.existingSecret: name the Secret"), "{err}");
 
     let mut no_spill = all_agents();
     no_spill["etcdSnapshotter"]["config"]["spill"] = json!(null);

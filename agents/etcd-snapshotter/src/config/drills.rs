@@ -108,21 +108,16 @@ pub struct Drills {
     pub timeout: Duration,
     pub kcp: Option<PathBuf>,
     pub alongside_snapshots: bool,
+    /// The installation's delta key (`deltaSigningKeyFile`): chain drills refuse a delta without its signature.
+    pub delta_key: Option<crate::delta::SigningKey>,
 }
 
 /// A shard's drill schedule and level.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ShardDrill {
     pub schedule: Schedule,
-    schedule_spec: ScheduleSpec,
     pub older_rate: f64,
     pub kcp: Option<KcpExpect>,
-}
-
-impl PartialEq for ShardDrill {
-    fn eq(&self, other: &Self) -> bool {
-        (&self.schedule_spec, self.older_rate, &self.kcp) == (&other.schedule_spec, other.older_rate, &other.kcp)
-    }
 }
 
 pub(super) fn shard_drill(
@@ -157,12 +152,7 @@ pub(super) fn shard_drill(
         }
     }
     let schedule = super::schedule(&format!("drill-{name}"), &raw.schedule, at("drill.schedule"), errors);
-    (errors.len() == before).then_some(ShardDrill {
-        schedule: schedule?,
-        schedule_spec: raw.schedule,
-        older_rate: raw.older_rate,
-        kcp: raw.kcp,
-    })
+    (errors.len() == before).then_some(ShardDrill { schedule: schedule?, older_rate: raw.older_rate, kcp: raw.kcp })
 }
 
 const WORKSPACE_PATH: &str = "must be a workspace path like root or root:team-a";
@@ -220,5 +210,6 @@ pub(super) fn drills(
         timeout,
         kcp: raw.kcp,
         alongside_snapshots: raw.alongside_snapshots,
+        delta_key: None,
     }
 }

@@ -21,7 +21,7 @@ use chrono::{DateTime, Utc};
 use etcd_client::{LeaseGrantOptions, PutOptions, Txn, TxnOp};
 use sha2::{Digest, Sha256};
 
-use super::{Expected, Kind, Live, Meta, by_revision, check_link, decode_payload, location_of, parse_name};
+use super::{Expected, Kind, Live, Meta, SigningKey, by_revision, check_link, decode_payload, location_of, parse_name};
 use crate::encode::{self, Identity};
 use crate::generation::{self, Own};
 use crate::manifest::{Location, Manifest};
@@ -116,6 +116,8 @@ pub struct Tools<'a> {
     pub scratch_root: &'a Path,
     /// The age identity file, for encrypted snapshots and deltas (read once for each).
     pub identity_file: Option<&'a Path>,
+    /// The installation's delta key: every delta replayed must carry its signature.
+    pub signing: Option<&'a SigningKey>,
 }
 
 /// The newest full snapshot of the shard's own cluster (`own`, or the only cluster when its etcd does not
@@ -196,7 +198,7 @@ pub async fn restore_at(
         broken: None,
         live: None,
     };
-    replay(store, &manifest, point, identities.as_deref(), &mut client, &mut outcome).await?;
+    replay(store, &manifest, point, (identities.as_deref(), tools.signing), &mut client, &mut outcome).await?;
     let live = crate::member::revision(&mut client).await?;
     ensure!(
         live as u64 == outcome.revision,
@@ -227,7 +229,7 @@ pub(crate) async fn replay(
     store: &Store,
     manifest: &Manifest,
     point: Point,
-    identities: Option<&[Identity]>,
+    (identities, signing): (Option<&[Identity]>, Option<&SigningKey>),
     client: &mut etcd_client::Client,
     outcome: &mut Outcome,
 ) -> anyhow::Result<()> {
@@ -263,6 +265,10 @@ pub(crate) async fn replay(
         let expected = Expected { from, previous: previous.as_deref(), snapshot: &manifest.id, cluster_id: &cluster };
         if let Err(e) = check_link(&expected, &meta, &meta.sha256, &header) {
             stop(outcome, e);
+            return Ok(());
+        }
+        if signing.is_some_and(|key| !key.verifies(&meta)) {
+            stop(outcome, "it is not signed with this installation's delta key (deltaSigningKeyFile)".into());
             return Ok(());
         }
         outcome.deltas += 1;

@@ -288,7 +288,9 @@ impl Writer {
             events: buffer.len() as u64,
             live: header.live,
             watching_since_ms: header.watching_since_ms,
+            hmac: None,
         };
+        let meta = Meta { hmac: self.config.delta_key.as_ref().map(|key| key.sign(&meta)), ..meta };
         let name = super::object_name(header.from, compression.as_str(), !self.config.recipients.is_empty());
         let key = format!("{}{name}", super::dir(&chain.location));
         let bytes = object.len() as u64;

@@ -6,8 +6,8 @@
 //! kube-apiserver compacts every few minutes: without this almost every chain would be "not comparable");
 //! it stays not comparable when the live one began earlier than the throwaway can, or no delta carries one.
 
-use crate::delta::Live;
 use crate::delta::replay::{self, Outcome, Point};
+use crate::delta::{Live, SigningKey};
 pub use crate::drill_report::{ChainLevel, HashKvResult};
 use crate::encode::Identity;
 use crate::error::DrillError;
@@ -57,7 +57,7 @@ pub async fn prove(
     store: &Store,
     manifest: &Manifest,
     revision: u64,
-    identities: Option<&[Identity]>,
+    keys: (Option<&[Identity]>, Option<&SigningKey>),
 ) -> Result<Option<ChainLevel>, DrillError> {
     let location = Location::from_id(&store.prefix, &manifest.id)
         .ok_or_else(|| DrillError::Setup("the manifest's id is not valid".into()))?;
@@ -78,7 +78,7 @@ pub async fn prove(
         broken: None,
         live: None,
     };
-    replay::replay(store, manifest, Point::Latest, identities, client, &mut outcome)
+    replay::replay(store, manifest, Point::Latest, keys, client, &mut outcome)
         .await
         .map_err(|e| DrillError::DeltaReplay(format!("{e:#}")))?;
     if let Some(broken) = &outcome.broken {

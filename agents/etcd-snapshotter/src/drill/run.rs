@@ -97,8 +97,14 @@ async fn steps(
 
     // The chain: the deltas replayed on top, compared with the live member; kcp then starts on the result.
     let chain_identities = self::identities(drills.identity_file.as_deref())?;
-    measured.chain =
-        super::chain::prove(&mut client, store, manifest, observed.revision, chain_identities.as_deref()).await?;
+    measured.chain = super::chain::prove(
+        &mut client,
+        store,
+        manifest,
+        observed.revision,
+        (chain_identities.as_deref(), drills.delta_key.as_ref()),
+    )
+    .await?;
 
     if let (Some(expect), Some(binary)) = (kcp, drills.kcp.as_deref()) {
         measured.kcp = Some(super::kcp::check(&mut scratch, binary, &client_url, expect).await?);
