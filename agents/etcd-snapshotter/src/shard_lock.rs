@@ -177,10 +177,17 @@ pub async fn acquire(
     // The ETag last seen and since when (our monotonic clock), for the staleness rule.
     let mut seen: Option<(String, Instant)> = None;
     let mut told = false;
+    let mut reread = false;
     loop {
         let (written, description) = match store.get_versioned(&key).await? {
             None => {
                 let written = store.put_conditional(&key, body.clone(), Condition::Absent).await?;
+                if written.is_none() && !reread {
+                    // Refused: another run got there first, or our own put took effect and lost its answer (the
+                    // SDK's retry then found the object). Read it again before telling anyone we wait.
+                    reread = true;
+                    continue;
+                }
                 // Refused although absent: a store that counts a delete marker as an object (versitygw on a
                 // versioned bucket). Only a lock released by its holder, never deleted, is taken from there.
                 (written, "a lock the store reports deleted but still holds (a delete marker?)".to_string())
@@ -191,6 +198,15 @@ pub async fn acquire(
                 }
                 let since = seen.as_ref().map(|(_, since)| *since).unwrap_or_else(Instant::now);
                 let other = serde_json::from_slice::<Holder>(&current.body).ok();
+                if other.as_ref().is_some_and(|h| h.token == holder.token && !h.released) {
+                    // Our own put took effect though its answer was lost (the retry then found the object
+                    // there): the lock is ours, not another run's to wait out.
+                    tracing::info!(shard, "the shard's lock is this run's own: its put's answer was lost");
+                    let acquired = current
+                        .last_modified
+                        .unwrap_or_else(|| aws_smithy_types::DateTime::from(std::time::SystemTime::now()));
+                    return Ok(start(store, key, shard, holder, current.etag, acquired));
+                }
                 let released = other.as_ref().is_some_and(|h| h.released);
                 let gone = other.as_ref().is_some_and(Holder::is_provably_gone);
                 let description = match &other {

@@ -133,3 +133,30 @@ async fn a_lock_left_by_a_process_that_no_longer_runs_is_taken_over_at_once_and_
     let refused = shard_lock::acquire(&store, "root", "snapshot", Duration::from_secs(2), nothing).await;
     assert!(matches!(refused, Err(LockError::Busy { .. })), "another host's fresh lock is waited for");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_whose_first_lock_put_took_effect_but_lost_its_answer_holds_its_lock_at_once_not_after_waiting_itself_out()
+ {
+    use testbed::fault_proxy::{Fault, FaultProxy};
+    let bed = Bed::start().await.unwrap();
+    let proxy = FaultProxy::start(&bed.s3.endpoint).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec!["http://127.0.0.1:1".into()]);
+    options.s3_endpoint = proxy.url.clone();
+    let config: Config = kcp_keeper_runtime::config::load(&write_config(&bed, &options).unwrap()).unwrap();
+    let store = Store::new(&config.storage).unwrap();
+    // The first put of the lock is carried out by the store, and its answer never arrives: the SDK retries, and
+    // the store refuses the retry (the object is there now).
+    proxy.inject("PUT", "run.lock", Fault::LoseAnswer, 1);
+    let told = std::sync::Mutex::new(Vec::new());
+    let held = shard_lock::acquire(&store, "root", "snapshot", Duration::from_secs(5), |h: &str| {
+        told.lock().unwrap().push(h.to_string())
+    })
+    .await
+    .expect("its own lock, not another run's");
+    assert_eq!(proxy.injected().len(), 1, "the answer was lost once: {:?}", proxy.injected());
+    assert!(told.lock().unwrap().is_empty(), "it never waited for itself: {told:?}");
+    held.confirm().await.expect("and it holds it");
+    held.release().await;
+    let again = shard_lock::acquire(&store, "root", "snapshot", Duration::ZERO, nothing).await.unwrap();
+    again.release().await;
+}

@@ -29,6 +29,9 @@ pub enum Fault {
     /// Read the request, then forward it only after this long (a store slow to take it): the server never sees
     /// it if the client gave up meanwhile, as a request cut off mid-body never reaches a real server.
     Delay(Duration),
+    /// Forward the request and let the server carry it out, then drop its answer and reset the connection: the
+    /// client never learns that its request took effect (a lost response).
+    LoseAnswer,
 }
 
 struct Rule {
@@ -275,6 +278,11 @@ async fn serve(mut client: TcpStream, upstream: String, state: Arc<Mutex<State>>
     }
     // The response: its head with `Connection: close` (the server closes after it), then the rest as it comes.
     let Some((raw, rest)) = read_head(&mut server).await else { return };
+    if fault == Some(Fault::LoseAnswer) {
+        // The server has answered, so it has acted; the client hears nothing but a reset.
+        let _ = client.set_zero_linger();
+        return;
+    }
     let text = String::from_utf8_lossy(&raw);
     let mut out = String::new();
     for line in text.split("\r\n").filter(|l| !l.is_empty()) {
