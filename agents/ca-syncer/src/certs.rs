@@ -195,17 +195,25 @@ pub enum EmptyPolicy {
 
 /// What a non-certificate block is, as far as its label tells. A closed set so that an error can say what was
 /// found without repeating text from the source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::Display)]
 pub enum BlockKind {
+    #[strum(to_string = "private key")]
     PrivateKey,
+    #[strum(to_string = "public key")]
     PublicKey,
+    #[strum(to_string = "certificate request")]
     CertificateRequest,
+    #[strum(to_string = "certificate revocation list")]
     RevocationList,
     /// `TRUSTED CERTIFICATE` (OpenSSL's certificate plus trust settings) and the legacy `X509 CERTIFICATE`:
     /// certificates, but not in the plain form consumers read.
+    #[strum(to_string = "non-standard certificate (TRUSTED/X509 CERTIFICATE)")]
     NonStandardCertificate,
+    #[strum(to_string = "PKCS#7/CMS")]
     Pkcs7,
+    #[strum(to_string = "key parameters")]
     Parameters,
+    #[strum(to_string = "unrecognised")]
     Unrecognised,
 }
 
@@ -225,21 +233,6 @@ impl BlockKind {
             "EC PARAMETERS" | "DH PARAMETERS" | "X9.42 DH PARAMETERS" => Self::Parameters,
             _ => Self::Unrecognised,
         }
-    }
-}
-
-impl fmt::Display for BlockKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::PrivateKey => "private key",
-            Self::PublicKey => "public key",
-            Self::CertificateRequest => "certificate request",
-            Self::RevocationList => "certificate revocation list",
-            Self::NonStandardCertificate => "non-standard certificate (TRUSTED/X509 CERTIFICATE)",
-            Self::Pkcs7 => "PKCS#7/CMS",
-            Self::Parameters => "key parameters",
-            Self::Unrecognised => "unrecognised",
-        })
     }
 }
 

@@ -31,16 +31,10 @@ use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-pub use formats::{
-    AdditionalFormat, DEFAULT_JKS_PASSWORD, DEFAULT_PKCS12_PASSWORD, Format, MAX_PASSWORD, PasswordFrom, Profile,
-    RawAdditionalFormats, RawJks, RawPkcs12, RawSecretKeyRef, check_password,
-};
-pub use live_check::{Endpoint, LiveCheck, RawEndpoint, RawLiveCheck};
-pub use sources::{KeyRef, Keys, Pick, PublicRoots, RawObjectSource, RawSource, Selection, Source};
-pub use targets::{
-    NamespaceSelector, Operator, Placement, RawClusterTrustBundle, RawRequirement, RawTarget, RawTargetObject,
-    Requirement, Selector, TRUST_BUNDLE_KEY, Target, TargetKind, TargetMetadata,
-};
+pub use formats::{AdditionalFormat, DEFAULT_JKS_PASSWORD, Format, MAX_PASSWORD, PasswordFrom, check_password};
+pub use live_check::{Endpoint, LiveCheck, RawLiveCheck};
+pub use sources::{KeyRef, Keys, Pick, PublicRoots, RawSource, Selection, Source};
+pub use targets::{Placement, RawTarget, Selector, TRUST_BUNDLE_KEY, Target, TargetKind, TargetMetadata};
 
 use field::{check, go_duration};
 use live_check::live_check_from_raw;

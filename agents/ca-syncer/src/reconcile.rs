@@ -4,7 +4,6 @@
 //! endpoint, and writes only what changed. The series it sets are kept true by [`crate::metrics`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -731,16 +730,12 @@ struct Notice {
 /// instead of letting a forced apply take over what may now be someone else's. The next cycle reads the change
 /// and checks ownership again. An object that does not exist yet has no version to hold the write to; see
 /// docs/ca-syncer.md.
-pub async fn write_checked<K>(
+pub async fn write_checked<K: apply::Object>(
     api: &Api<K>,
     mut desired: serde_json::Value,
     ownership: Ownership,
     live: Option<&K>,
-) -> Result<(Outcome, Option<String>), ApplyError>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + fmt::Debug,
-    K::DynamicType: Default,
-{
+) -> Result<(Outcome, Option<String>), ApplyError> {
     if let Some(version) = live.and_then(|l| l.meta().resource_version.clone()) {
         desired["metadata"]["resourceVersion"] = json!(version);
     }

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kcp_keeper_runtime::watch::Namespaced;
 use kube::api::{Api, ListParams};
 
 use crate::certs::{Certificate, EmptyPolicy, MAX_SOURCE_BYTES, SourceError, parse_certificates};
@@ -253,33 +254,19 @@ pub async fn read_bundle(reader: &Reader<'_>, bundle: &Bundle) -> Result<Vec<Cer
     Ok(certs)
 }
 
-async fn get<K>(client: Option<&kube::Client>, kind: &'static str, r: &KeyRef) -> Result<Option<K>, SourceFailure>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
+async fn get<K: Namespaced>(
+    client: Option<&kube::Client>,
+    kind: &'static str,
+    r: &KeyRef,
+) -> Result<Option<K>, SourceFailure> {
     let client = client.ok_or(SourceFailure::NoClient)?;
     let api: Api<K> = Api::namespaced(client.clone(), &r.namespace);
-    api.get_opt(&r.name).await.map_err(|source| SourceFailure::Api {
-        kind,
-        namespace: r.namespace.clone(),
-        name: r.name.clone(),
-        source,
-    })
+    let (namespace, name) = (r.namespace.clone(), r.name.clone());
+    api.get_opt(&r.name).await.map_err(|source| SourceFailure::Api { kind, namespace, name, source })
 }
 
 /// The objects of a selection, listed (by label selector, or by a `metadata.name` field selector).
-async fn list<K>(client: Option<&kube::Client>, selection: &Selection) -> Result<Vec<K>, SourceFailure>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
+async fn list<K: Namespaced>(client: Option<&kube::Client>, selection: &Selection) -> Result<Vec<K>, SourceFailure> {
     let client = client.ok_or(SourceFailure::NoClient)?;
     let api: Api<K> = Api::namespaced(client.clone(), &selection.namespace);
     let (params, name) = match &selection.pick {
@@ -289,13 +276,8 @@ where
             (ListParams::default().labels(&selector), selector)
         }
     };
-    let kind = selection.kind.as_str();
-    let listed = api.list(&params).await.map_err(|source| SourceFailure::Api {
-        kind,
-        namespace: selection.namespace.clone(),
-        name,
-        source,
-    })?;
+    let (kind, namespace) = (selection.kind.as_str(), selection.namespace.clone());
+    let listed = api.list(&params).await.map_err(|source| SourceFailure::Api { kind, namespace, name, source })?;
     Ok(listed.items)
 }
 

@@ -9,16 +9,12 @@
 //! (and the one write) are [`rbac`]'s, from the same [`service_scopes`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Debug;
 
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kcp_keeper_runtime::watch::{Watches, by_name};
-use kube::Resource;
+use kcp_keeper_runtime::watch::{Namespaced, Watches, by_name};
 use kube::api::Api;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use serde::de::DeserializeOwned;
 
 use crate::cluster::ClusterView;
 use crate::config::Config;
@@ -131,17 +127,11 @@ impl Scope {
 }
 
 /// The watch of the operator's kind `K` in the discovery namespace, when discovery reads that kind.
-fn operator_watch<K>(watches: &mut Watches, client: &kube::Client, config: &Config) -> Option<Store<K>>
-where
-    K: OperatorKind
-        + Resource<Scope = NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + 'static,
-{
+fn operator_watch<K: OperatorKind + Namespaced>(
+    watches: &mut Watches,
+    client: &kube::Client,
+    config: &Config,
+) -> Option<Store<K>> {
     let d = config.discovery.as_ref().filter(|d| d.kinds.contains(&K::KIND))?;
     let name = format!("{} in {}", K::KIND.plural(), d.namespace);
     Some(watches.add(name, Api::namespaced(client.clone(), &d.namespace), Default::default()))

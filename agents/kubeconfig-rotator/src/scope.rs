@@ -10,7 +10,7 @@ pub mod rbac;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kcp_keeper_runtime::watch::{Watches, by_name};
+use kcp_keeper_runtime::watch::{Namespaced, Watches, by_name};
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -233,18 +233,11 @@ impl Reader<'_> {
         Ok(names)
     }
 
-    async fn get<K>(
+    async fn get<K: Namespaced>(
         &self,
         key: &Key,
         store: impl Fn(&Stores) -> &BTreeMap<Key, Store<K>>,
-    ) -> Result<Option<K>, kube::Error>
-    where
-        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug
-            + 'static,
-    {
+    ) -> Result<Option<K>, kube::Error> {
         let (ns, name) = key;
         match self {
             Reader::Stores(stores) => {

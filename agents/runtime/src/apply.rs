@@ -66,13 +66,14 @@ impl ApplyError {
     }
 }
 
+/// What [`apply`] writes: a kind whose `DynamicType` is known without a lookup, read and written whole.
+pub trait Object: Resource<DynamicType: Default> + Clone + DeserializeOwned + Serialize + Debug {}
+
+impl<K: Resource<DynamicType: Default> + Clone + DeserializeOwned + Serialize + Debug> Object for K {}
+
 /// Applies `desired` (a partial object with `apiVersion`, `kind` and `metadata.name`) through `api`, reading
 /// the live object first.
-pub async fn apply<K>(api: &Api<K>, desired: Value, ownership: Ownership) -> Result<Outcome, ApplyError>
-where
-    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
-    K::DynamicType: Default,
-{
+pub async fn apply<K: Object>(api: &Api<K>, desired: Value, ownership: Ownership) -> Result<Outcome, ApplyError> {
     let name = desired.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
     let live = if name.is_empty() {
         None
@@ -88,31 +89,23 @@ where
 
 /// Like [`apply`], comparing with `live` as the caller last saw it (from a reflector store) instead of reading
 /// it again. A stale `live` costs at most one write the apiserver finds to be a no-op.
-pub async fn apply_over<K>(
+pub async fn apply_over<K: Object>(
     api: &Api<K>,
     desired: Value,
     ownership: Ownership,
     live: Option<&K>,
-) -> Result<Outcome, ApplyError>
-where
-    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
-    K::DynamicType: Default,
-{
+) -> Result<Outcome, ApplyError> {
     apply_over_versioned(api, desired, ownership, live).await.map(|(outcome, _)| outcome)
 }
 
 /// [`apply_over`], also returning the `resourceVersion` the write produced (`None` when nothing was written), so
 /// a caller reading through a cache can tell whether the cache has seen its own write yet.
-pub async fn apply_over_versioned<K>(
+pub async fn apply_over_versioned<K: Object>(
     api: &Api<K>,
     desired: Value,
     ownership: Ownership,
     live: Option<&K>,
-) -> Result<(Outcome, Option<String>), ApplyError>
-where
-    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
-    K::DynamicType: Default,
-{
+) -> Result<(Outcome, Option<String>), ApplyError> {
     let name = desired
         .pointer("/metadata/name")
         .and_then(Value::as_str)

@@ -47,21 +47,18 @@
 //! Configuration: [`RawRestartWindow`] is the file's shape (its doc comments are the chart schema's text) and
 //! [`RawRestartWindow::validate`] turns it into a [`RestartWindow`], every mistake with its field path.
 
-use std::fmt::Debug;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ObjectReference, PodTemplateSpec};
+use kube::ResourceExt;
 use kube::api::Api;
-use kube::{Resource, ResourceExt};
 use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::json;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -72,6 +69,7 @@ use crate::duration::ConfigDuration;
 use crate::events::{EventType, Recorder, reference};
 use crate::metrics::GaugeF64;
 use crate::schedule::{Schedule, ScheduleSpec};
+use crate::watch::Namespaced;
 
 // ---- what a consumer is ---------------------------------------------------------------------------------------
 
@@ -108,16 +106,7 @@ pub struct Consumer {
 }
 
 /// A workload kind whose pod template rolls its pods.
-pub trait Workload:
-    Resource<DynamicType = (), Scope = NamespaceResourceScope>
-    + Clone
-    + DeserializeOwned
-    + Serialize
-    + Debug
-    + Send
-    + Sync
-    + 'static
-{
+pub trait Workload: Namespaced + Serialize {
     fn template(&self) -> &PodTemplateSpec;
 }
 

@@ -12,12 +12,25 @@ use std::hash::Hash;
 
 use futures::stream::{BoxStream, SelectAll};
 use futures::{Stream, StreamExt};
+use k8s_openapi::NamespaceResourceScope;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
+
+/// A namespaced kind with a static `DynamicType` (every k8s-openapi kind, every [`crate::foreign_kind!`]): what
+/// a watch by name, a store and a read of one object by namespace and name take.
+pub trait Namespaced:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
+impl<K: Resource<DynamicType = (), Scope = NamespaceResourceScope>> Namespaced for K where
+    K: Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
 
 /// What one watch reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,22 +59,8 @@ impl Watches {
     /// selector ([`by_name`]), so a role granting that name by `resourceNames` is all it needs and nothing else of
     /// the kind (every Secret in the cluster, say) is ever listed. How an agent
     /// watches a namespaced kind across the cluster.
-    pub fn add_named_everywhere<K>(&mut self, client: &kube::Client, name: &str) -> Store<K>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + DeserializeOwned
-            + Debug
-            + Send
-            + Sync
-            + 'static,
-        K::DynamicType: Default + Eq + Hash + Clone,
-    {
-        self.add(
-            format!("{} */{name}", K::kind(&K::DynamicType::default()).to_lowercase()),
-            Api::<K>::all(client.clone()),
-            by_name(name),
-        )
+    pub fn add_named_everywhere<K: Namespaced>(&mut self, client: &kube::Client, name: &str) -> Store<K> {
+        self.add(format!("{} */{name}", K::kind(&()).to_lowercase()), Api::<K>::all(client.clone()), by_name(name))
     }
 
     /// Adds a watch of `api` (namespaced or all) with `config` (field and label selectors), served into the

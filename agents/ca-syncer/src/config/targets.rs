@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use kcp_keeper_runtime::config::FieldError;
 use kcp_keeper_runtime::consumer_restart::{Consumer, Kind as ConsumerKind, RawRestartWindow, RestartWindow};
-pub use kcp_keeper_runtime::label_selector::{NamespaceSelector, Operator, RawRequirement, Requirement, Selector};
+pub use kcp_keeper_runtime::label_selector::{NamespaceSelector, Selector};
 use kcp_keeper_runtime::names;
 use schemars::JsonSchema;
 use serde::Deserialize;
