@@ -118,7 +118,7 @@ pub struct Config {
     pub retry: Retry,
     pub secondary: Option<Secondary>,
     /// The delta signing key, read from `deltaSigningKeyFile` at load.
-    pub delta_key: Option<crate::delta::SigningKey>,
+    pub delta_key: Option<crate::signing::SigningKey>,
 }
 
 /// An age recipient with the text it was written as (its id in manifests).
@@ -156,7 +156,7 @@ impl AgentConfig for Config {
         let retry = retry::retry(raw.retry, &mut errors);
         let secondary = secondary::secondary(raw.secondary, scheduled, &mut errors);
         let delta_key = raw.delta_signing_key_file.and_then(|path| {
-            crate::delta::SigningKey::read(&path)
+            crate::signing::SigningKey::read(&path)
                 .map_err(|e| errors.push(FieldError::new("deltaSigningKeyFile", e)))
                 .ok()
         });

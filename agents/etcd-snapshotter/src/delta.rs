@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::manifest::{self, Location};
+pub use crate::signing::SigningKey;
 
 /// The directory of a snapshot's deltas, inside the snapshot's directory.
 pub const DELTAS_DIR: &str = "deltas/";
@@ -402,73 +403,36 @@ pub fn check_link(expected: &Expected<'_>, meta: &Meta, actual_sha256: &str, hea
     Ok(())
 }
 
-/// The installation's delta key (`deltas.signingKeyFile`): the writer signs every delta with it, and restores and
-/// drills that hold it refuse a delta without a valid signature. A bucket writer can add, replace or extend
-/// objects and rewrite their metadata, but cannot sign a delta without the key, so with it a chain cannot be
-/// extended or altered by anyone who only holds the bucket's write credentials.
-#[derive(Clone)]
-pub struct SigningKey(std::sync::Arc<[u8]>);
-
-impl std::fmt::Debug for SigningKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SigningKey(redacted)")
-    }
-}
-
-impl PartialEq for SigningKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.0 == other.0
-    }
-}
-
-impl Eq for SigningKey {}
-
-impl SigningKey {
-    /// At least 32 bytes, as written (whitespace at the ends dropped, so a key file ending in a newline is the
-    /// same key); the error never shows any of it.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
-        let key = bytes.trim_ascii();
-        if key.len() < 32 {
-            return Err(format!("a delta signing key needs at least 32 bytes, this one has {}", key.len()));
-        }
-        Ok(Self(key.into()))
-    }
-
-    /// Reads the key file (mounted from a Secret).
-    pub fn read(path: &std::path::Path) -> Result<Self, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("reading the delta signing key: {}", e.kind()))?;
-        Self::from_bytes(&bytes)
-    }
-
-    fn mac(&self, meta: &Meta) -> hmac::Hmac<sha2::Sha256> {
-        use hmac::Mac;
-        let mut mac = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes any key length");
-        let signed = format!(
+impl Meta {
+    /// What the installation's key signs: the delta's chain identity and its object's sha256 (which covers its
+    /// payload and header).
+    fn signed_text(&self) -> String {
+        format!(
             "kcp-keeper-delta-v1\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n",
-            meta.snapshot,
-            meta.cluster_id,
-            meta.from,
-            meta.to,
-            meta.previous.as_deref().unwrap_or(NO_PREVIOUS),
-            meta.sha256,
-            meta.events
-        );
-        mac.update(signed.as_bytes());
-        mac
+            self.snapshot,
+            self.cluster_id,
+            self.from,
+            self.to,
+            self.previous.as_deref().unwrap_or(NO_PREVIOUS),
+            self.sha256,
+            self.events
+        )
     }
 
-    /// The signature of a delta whose metadata (its object's sha256 included) is `meta`, as hex.
-    pub fn sign(&self, meta: &Meta) -> String {
-        use hmac::Mac;
-        hex::encode(self.mac(meta).finalize().into_bytes())
+    /// This delta's signature by `key`, as hex.
+    pub fn signature(&self, key: &SigningKey) -> String {
+        key.sign(self.signed_text().as_bytes())
     }
 
-    /// Whether `meta` carries this key's signature of itself (compared in constant time).
-    pub fn verifies(&self, meta: &Meta) -> bool {
-        use hmac::Mac;
-        let Some(tag) = meta.hmac.as_deref().and_then(|t| hex::decode(t).ok()) else { return false };
-        self.mac(meta).verify_slice(&tag).is_ok()
+    /// Whether it carries `key`'s signature of itself.
+    pub fn signed_by(&self, key: &SigningKey) -> bool {
+        self.hmac.as_deref().is_some_and(|tag| key.verifies(self.signed_text().as_bytes(), tag))
     }
+}
+
+/// A stored delta's metadata, `None` when it is gone or does not parse.
+pub async fn read_meta(store: &crate::storage::Store, key: &str) -> anyhow::Result<Option<Meta>> {
+    Ok(store.head_metadata(key).await?.and_then(|metadata| Meta::from_metadata(&metadata).ok()))
 }
 
 /// Events grouped by revision, in order: each group was one transaction in the source and is replayed as one.
@@ -519,15 +483,15 @@ mod tests {
     fn a_signed_delta_verifies_only_with_its_key_and_unchanged() {
         let key = SigningKey::from_bytes(&[7u8; 32]).unwrap();
         let mut signed = meta();
-        signed.hmac = Some(key.sign(&signed));
-        assert!(key.verifies(&signed));
+        signed.hmac = Some(signed.signature(&key));
+        assert!(signed.signed_by(&key));
         let parsed = Meta::from_metadata(&signed.to_metadata().into_iter().map(|(k, v)| (k.into(), v)).collect());
-        assert!(key.verifies(&parsed.unwrap()), "the signature survives the object's metadata");
-        assert!(!SigningKey::from_bytes(&[8u8; 32]).unwrap().verifies(&signed), "another key");
+        assert!(parsed.unwrap().signed_by(&key), "the signature survives the object's metadata");
+        assert!(!signed.signed_by(&SigningKey::from_bytes(&[8u8; 32]).unwrap()), "another key");
         for altered in [Meta { to: 15, ..signed.clone() }, Meta { sha256: "cd".repeat(32), ..signed.clone() }] {
-            assert!(!key.verifies(&altered), "{altered:?}");
+            assert!(!altered.signed_by(&key), "{altered:?}");
         }
-        assert!(!key.verifies(&meta()), "unsigned");
+        assert!(!meta().signed_by(&key), "unsigned");
         let short = SigningKey::from_bytes(b"only sixteen byt").unwrap_err();
         assert!(short.contains("at least 32 bytes") && !short.contains("sixteen"), "{short}");
         assert_eq!(format!("{key:?}"), "SigningKey(redacted)");

@@ -50,6 +50,7 @@ pub mod schedule;
 pub mod scope;
 pub mod secondary;
 pub mod shard_lock;
+pub mod signing;
 pub mod snapshot;
 pub mod storage;
 pub mod throwaway;

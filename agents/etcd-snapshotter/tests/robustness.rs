@@ -1,9 +1,11 @@
-//! The robustness suite: the agent's daemon (deltas on, a full snapshot every minute) against a real 3-member
-//! etcd with fsync on and a real versitygw behind the fault proxy, while a traffic generator writes and records
-//! every put and delete with its outcome, and a seeded schedule injects faults: a member killed and restarted,
-//! a member cut off from its peers, the leader moved, an aggressive compaction, a defragmentation, the agent
-//! SIGKILLed and restarted, a one-shot snapshot beside the daemon, and S3 answering 503, resetting, stalling or
-//! being down on each kind of request. The truth is etcd's own history, read by a watch of the test's own.
+//! The robustness suite: the agent's daemon in two replicas (deltas on and signed, a full snapshot every minute)
+//! against a real 3-member etcd with fsync on and a real versitygw behind the fault proxy, while a traffic
+//! generator writes and records every put and delete with its outcome, and a seeded schedule injects faults: a
+//! member killed and restarted, a member cut off from its peers, the leader moved, an aggressive compaction, a
+//! defragmentation, a replica SIGKILLed and restarted (the leader's loss hands over to the other), a one-shot
+//! snapshot beside the daemon, and S3 answering 503, resetting, stalling, losing its answer to a request it
+//! carried out, or being down, on each kind of request. The truth is etcd's own history, read by a watch of the
+//! test's own.
 //!
 //! Validators, after every scenario:
 //! - the recovery-point metric, sampled through the run, never claims a time before which a write was
@@ -15,11 +17,12 @@
 //! - `restore --at TIME` for sampled times serves exactly the history's state at some revision r, no write of
 //!   it sent after TIME, and nothing acknowledged more than the recovery point before TIME missing;
 //! - every full snapshot listed restores to exactly the history's state at its revision;
-//! - no multipart upload is left once the daemon stopped.
+//! - no live run (a replica, a one-shot) lost its shard lock to a takeover;
+//! - no multipart upload is left once the daemons stopped.
 //!
 //! Seeds: `ROBUSTNESS_SEEDS` (comma-separated; the fixed CI set by default) and `ROBUSTNESS_SECONDS` (the fault
 //! phase per scenario). A scenario prints its seed and schedule first; its history, schedule, bucket listing and
-//! the agent's log are kept under `$TMPDIR/kcp-keeper-robustness/seed-<n>/`. `cargo xtask robustness` runs
+//! the replicas' logs are kept under `$TMPDIR/kcp-keeper-robustness/seed-<n>/`. `cargo xtask robustness` runs
 //! longer and more seeds.
 
 mod common;
@@ -70,7 +73,8 @@ enum FaultKind {
     MoveLeader,
     Compact,
     Defragment(usize),
-    KillAgent,
+    /// One of the two replicas SIGKILLed and restarted (the leader's loss hands over to the other).
+    KillAgent(usize),
     OneShot,
     /// A fault on one kind of S3 request, `times` times.
     S3 {
@@ -86,6 +90,8 @@ enum S3Fault {
     SlowDown,
     Reset,
     Stall,
+    /// Carried out by the store, its answer lost.
+    LoseAnswer,
 }
 
 /// The kinds of S3 request, as the fault proxy matches them: (name, method, part of the path and query).
@@ -116,12 +122,12 @@ fn schedule(seed: u64, seconds: u64) -> Vec<Step> {
         2 => FaultKind::MoveLeader,
         3 => FaultKind::Compact,
         4 => FaultKind::Defragment(rng.below(3) as usize),
-        5 => FaultKind::KillAgent,
+        5 => FaultKind::KillAgent(rng.below(2) as usize),
         6 => FaultKind::OneShot,
         7 => FaultKind::S3Down,
         _ => {
             let (request, _, _) = S3_REQUESTS[rng.below(S3_REQUESTS.len() as u64) as usize];
-            let fault = [S3Fault::SlowDown, S3Fault::Reset, S3Fault::Stall][rng.below(3) as usize];
+            let fault = [S3Fault::SlowDown, S3Fault::Reset, S3Fault::Stall, S3Fault::LoseAnswer][rng.below(4) as usize];
             FaultKind::S3 { request, fault, times: 1 + rng.below(3) as usize }
         }
     };
@@ -287,7 +293,7 @@ async fn stored_revision(s3: &aws_sdk_s3::Client, bucket: &str) -> i64 {
 
 /// Samples the recovery-point metric with the bucket right after it, until stopped: every violation found.
 fn sample_recovery_point(
-    admin_url: String,
+    admin_urls: Vec<String>,
     s3: aws_sdk_s3::Client,
     bucket: String,
     acks: Arc<Mutex<Vec<(i64, f64)>>>,
@@ -298,9 +304,14 @@ fn sample_recovery_point(
         let (mut samples, mut violations) = (0, Vec::new());
         while !stop.is_cancelled() {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let Ok(claimed) = testbed::metrics::value(&testbed::metrics::scrape(&admin_url).await, series) else {
-                continue;
-            };
+            // Each replica's claim (the one that leads sets it; an old leader's stays as it last proved it).
+            let mut claims = Vec::new();
+            for url in &admin_urls {
+                if let Ok(claimed) = testbed::metrics::value(&testbed::metrics::scrape(url).await, series) {
+                    claims.push(claimed);
+                }
+            }
+            let Some(claimed) = claims.into_iter().reduce(f64::max) else { continue };
             let stored = stored_revision(&s3, &bucket).await;
             let acked = acks.lock().unwrap().clone();
             if let Some((revision, at)) = acked.iter().find(|(r, at)| *at <= claimed && *r > stored) {
@@ -377,8 +388,11 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
     options.keep_last = 4;
     options.shard_extra = format!("deltas:\n  enabled: true\n  interval: {}s\n  maxBytes: 64Ki\n", INTERVAL.as_secs());
     let config = write_config(&bed, &options).unwrap();
+    // Deltas signed: every restore below also proves each delta is the agent's.
+    let key = bed.path("delta-key");
+    std::fs::write(&key, format!("robustness-seed-{seed}-{}", "k".repeat(32))).unwrap();
     let text = std::fs::read_to_string(&config).unwrap().replace("attemptTimeout: 30s", "attemptTimeout: 3s");
-    std::fs::write(&config, text).unwrap();
+    std::fs::write(&config, format!("{text}deltaSigningKeyFile: {}\n", key.display())).unwrap();
     let s3 = bed.s3.client();
 
     let stop = tokio_util::sync::CancellationToken::new();
@@ -388,11 +402,15 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
     let writes = traffic(seed, client.clone(), stop.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
     snapshot_ok(&config);
-    let mut agent = agent(cluster, &config, &ns).start().await.unwrap();
+    // Two replicas, as the chart can run them: one leads (the Lease), the other takes over when it goes.
+    let mut agents = vec![
+        agent(cluster, &config, &ns).identity("replica-a").start().await.unwrap(),
+        agent(cluster, &config, &ns).identity("replica-b").start().await.unwrap(),
+    ];
     let acks = Arc::new(Mutex::new(Vec::new()));
     let sampling = tokio_util::sync::CancellationToken::new();
     let sampler = sample_recovery_point(
-        agent.admin_url.clone(),
+        agents.iter().map(|a| a.admin_url.clone()).collect(),
         s3.clone(),
         bed.s3.bucket.clone(),
         acks.clone(),
@@ -422,7 +440,7 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
         etcd: &mut etcd,
         admin: client.clone(),
         proxy: &proxy,
-        agent: &mut agent,
+        agents: &mut agents,
         config: &config,
         history: history.clone(),
         outages: Vec::new(),
@@ -456,7 +474,7 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
     acks_feed.await.unwrap();
     let (samples, violations) = sampler.await.unwrap();
     figures.samples = samples;
-    keep(&kept, &ops, &history, &s3, &bed.s3.bucket, &agent).await;
+    keep(&kept, &ops, &history, &s3, &bed.s3.bucket, &agents).await;
     assert!(
         violations.is_empty(),
         "seed {seed}: the recovery point claimed writes not stored:\n{}",
@@ -464,6 +482,19 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
     );
     assert_history_true(seed, &ops, &history);
     figures.writes_checked = ops.iter().filter(|o| o.acked.is_some()).count();
+
+    // No live run lost its shard lock to a takeover (a killed replica cannot say so; a live one would).
+    for (i, agent) in agents.iter().enumerate() {
+        let log = agent.process.log();
+        let lost: Vec<&str> = log.lines().filter(|l| l.contains("lock was taken over")).collect();
+        assert!(lost.is_empty(), "seed {seed}: replica {i} lost its lock while it ran: {lost:?}");
+    }
+
+    // The daemons stop cleanly before the restores (their retention would otherwise delete the bases being
+    // restored from under the validators).
+    for agent in &mut agents {
+        agent.terminate(Duration::from_secs(60)).expect("the daemon stops on SIGTERM");
+    }
 
     // The restores, each compared key by key with the history.
     let mut rng = Rng(seed ^ 0xa11);
@@ -515,8 +546,7 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
     figures.restores = restores.n;
     figures.gaps = restores.gaps;
 
-    // The daemon stops cleanly: nothing half-uploaded is left.
-    agent.terminate(Duration::from_secs(60)).expect("the daemon stops on SIGTERM");
+    // Nothing half-uploaded is left once the daemons stopped.
     let left = uploads(&s3, &bed.s3.bucket).await;
     assert!(left.is_empty(), "seed {seed}: multipart uploads left: {left:?}");
     println!("robustness seed {seed}: {figures:?}");
@@ -528,7 +558,7 @@ struct Rig<'a> {
     etcd: &'a mut testbed::Etcd,
     admin: etcd_client::Client,
     proxy: &'a FaultProxy,
-    agent: &'a mut testbed::agent_process::AgentProcess,
+    agents: &'a mut [testbed::agent_process::AgentProcess],
     config: &'a Path,
     history: Arc<Mutex<Vec<Event>>>,
     /// The agent's outages so far: when it was killed and when it was started again.
@@ -537,7 +567,7 @@ struct Rig<'a> {
 
 /// Applies one fault and heals it after its hold.
 async fn apply(step: &Step, rig: &mut Rig<'_>) {
-    let Rig { etcd, admin, proxy, agent, config, history, outages } = rig;
+    let Rig { etcd, admin, proxy, agents, config, history, outages } = rig;
     match &step.kind {
         FaultKind::KillMember(i) => {
             etcd.kill_member(*i);
@@ -579,7 +609,8 @@ async fn apply(step: &Step, rig: &mut Rig<'_>) {
             }
             tokio::time::sleep(step.hold).await;
         }
-        FaultKind::KillAgent => {
+        FaultKind::KillAgent(i) => {
+            let agent = &mut agents[*i];
             agent.process.kill();
             let killed = unix_now();
             tokio::time::sleep(step.hold).await;
@@ -593,6 +624,7 @@ async fn apply(step: &Step, rig: &mut Rig<'_>) {
                 .await
                 .unwrap();
             println!("one-shot beside the daemon: exit {:?}", out.status.code());
+            assert!(!text(&out).contains("lock was taken over"), "a live one-shot lost its lock: {}", text(&out));
             tokio::time::sleep(step.hold).await;
         }
         FaultKind::S3 { request, fault, times } => {
@@ -601,6 +633,7 @@ async fn apply(step: &Step, rig: &mut Rig<'_>) {
                 S3Fault::SlowDown => Fault::SlowDown,
                 S3Fault::Reset => Fault::Reset,
                 S3Fault::Stall => Fault::Stall(Duration::from_secs(5)),
+                S3Fault::LoseAnswer => Fault::LoseAnswer,
             };
             proxy.inject(method, path, fault, *times);
             tokio::time::sleep(step.hold).await;
@@ -747,7 +780,7 @@ async fn keep(
     history: &[Event],
     s3: &aws_sdk_s3::Client,
     bucket: &str,
-    agent: &testbed::agent_process::AgentProcess,
+    agents: &[testbed::agent_process::AgentProcess],
 ) {
     let ops_text = ops.iter().fold(String::new(), |mut t, o| {
         let _ = writeln!(t, "{:.3} {} {:?} {:?}", o.sent, o.key, o.value, o.acked);
@@ -760,7 +793,9 @@ async fn keep(
     });
     std::fs::write(dir.join("history.txt"), history_text).unwrap();
     std::fs::write(dir.join("bucket.txt"), keys(s3, bucket).await.join("\n")).unwrap();
-    std::fs::write(dir.join("agent.log"), agent.process.log()).unwrap();
+    for (i, agent) in agents.iter().enumerate() {
+        std::fs::write(dir.join(format!("agent-{i}.log")), agent.process.log()).unwrap();
+    }
 }
 
 #[test]

@@ -109,7 +109,7 @@ pub struct Drills {
     pub kcp: Option<PathBuf>,
     pub alongside_snapshots: bool,
     /// The installation's delta key (`deltaSigningKeyFile`): chain drills refuse a delta without its signature.
-    pub delta_key: Option<crate::delta::SigningKey>,
+    pub delta_key: Option<crate::signing::SigningKey>,
 }
 
 /// A shard's drill schedule and level.

@@ -157,8 +157,36 @@ fn none_before(shard: &str, point: Point) -> anyhow::Error {
 async fn watched_from(store: &Store, manifest: &Manifest) -> anyhow::Result<Option<i64>> {
     let location = Location::from_id(&store.prefix, &manifest.id).context("the manifest's id is not valid")?;
     let Some((_, first)) = chain_keys(store, manifest, &location).await?.into_iter().next() else { return Ok(None) };
-    let metadata = store.head_metadata(&first).await?.unwrap_or_default();
-    Ok(Meta::from_metadata(&metadata).ok().and_then(|meta| meta.watching_since_ms))
+    Ok(super::read_meta(store, &first).await?.and_then(|meta| meta.watching_since_ms))
+}
+
+/// A snapshot newer than `manifest`, started by `t`, whose chain's watch opened after `t` and reaches past
+/// `reached`: with when that watch opened.
+async fn watched_after(
+    store: &Store,
+    manifest: &Manifest,
+    t: DateTime<Utc>,
+    reached: u64,
+) -> anyhow::Result<Option<(Manifest, i64)>> {
+    let cluster = generation::cluster_of(manifest);
+    for newer in crate::catalog::list(store, Some(&manifest.shard)).await? {
+        let later = newer.started_at > manifest.started_at && newer.started_at <= t;
+        if !later || generation::cluster_of(&newer) != cluster {
+            continue;
+        }
+        let location = Location::from_id(&store.prefix, &newer.id).context("the manifest's id is not valid")?;
+        let keys = chain_keys(store, &newer, &location).await?;
+        let (Some((_, first)), Some((_, last))) = (keys.first(), keys.last()) else { continue };
+        let since = super::read_meta(store, first).await?.and_then(|m| m.watching_since_ms);
+        let end = super::read_meta(store, last).await?.map(|m| m.to);
+        if let (Some(since), Some(end)) = (since, end)
+            && since > t.timestamp_millis()
+            && end > reached
+        {
+            return Ok(Some((newer, since)));
+        }
+    }
+    Ok(None)
 }
 
 /// Restores `manifest` and its deltas up to `point` into `flags.data_dir` (see the module).
@@ -267,7 +295,7 @@ pub(crate) async fn replay(
             stop(outcome, e);
             return Ok(());
         }
-        if signing.is_some_and(|key| !key.verifies(&meta)) {
+        if signing.is_some_and(|key| !meta.signed_by(key)) {
             stop(outcome, "it is not signed with this installation's delta key (deltaSigningKeyFile)".into());
             return Ok(());
         }
@@ -330,6 +358,25 @@ pub(crate) async fn replay(
             outcome.revision,
             newer.id,
             newer.started_at.to_rfc3339()
+        ));
+    }
+    if let Point::Time(t) = point
+        && outcome.broken.is_none()
+        && let Some((newer, since)) = watched_after(store, manifest, t, outcome.revision).await?
+    {
+        // The chain ends (its writer stopped) before the point, and the revisions after its end were next
+        // delivered by a watch under a newer snapshot that opened after the point: their commit times are
+        // unknown, so the point cannot be placed among them.
+        outcome.broken = Some(format!(
+            "no watch of the shard ran at the point {}: the delta chain of {} ends at revision {}, and the next \
+             revisions were delivered under snapshot {} by a watch opened at {}; restore --at {} or a time from \
+             then on",
+            t.to_rfc3339(),
+            manifest.id,
+            outcome.revision,
+            newer.id,
+            DateTime::from_timestamp_millis(since).map_or_else(String::new, |t| t.to_rfc3339()),
+            outcome.revision
         ));
     }
     if let Point::Revision(n) = point

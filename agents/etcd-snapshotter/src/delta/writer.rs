@@ -290,7 +290,7 @@ impl Writer {
             watching_since_ms: header.watching_since_ms,
             hmac: None,
         };
-        let meta = Meta { hmac: self.config.delta_key.as_ref().map(|key| key.sign(&meta)), ..meta };
+        let meta = Meta { hmac: self.config.delta_key.as_ref().map(|key| meta.signature(key)), ..meta };
         let name = super::object_name(header.from, compression.as_str(), !self.config.recipients.is_empty());
         let key = format!("{}{name}", super::dir(&chain.location));
         let bytes = object.len() as u64;
@@ -446,9 +446,9 @@ async fn chain_of(store: &Store, shard: &str, own: &Own) -> anyhow::Result<Resul
     // Usually the newest delta continues the one before it (or is the first): continue after it, two reads.
     let mut newest = starts.iter().rev();
     if let Some((&from, key)) = newest.next() {
-        let meta = read_meta(store, key).await?;
+        let meta = super::read_meta(store, key).await?;
         let before = match newest.next() {
-            Some((_, key)) => read_meta(store, key).await?,
+            Some((_, key)) => super::read_meta(store, key).await?,
             None => None,
         };
         let linked = match (&meta, &before) {
@@ -464,7 +464,7 @@ async fn chain_of(store: &Store, shard: &str, own: &Own) -> anyhow::Result<Resul
     // Otherwise (a stray or damaged newest object), the links walked from the snapshot.
     let (mut next, mut previous) = (snapshot.revision + 1, None::<String>);
     while let Some(key) = starts.get(&next) {
-        match read_meta(store, key).await? {
+        match super::read_meta(store, key).await? {
             Some(meta) if link(&meta, next, previous.as_deref()) => (next, previous) = (meta.to + 1, Some(meta.sha256)),
             _ => {
                 tracing::error!(key, "the delta chain's next link is taken by an object not on the chain");
@@ -476,11 +476,6 @@ async fn chain_of(store: &Store, shard: &str, own: &Own) -> anyhow::Result<Resul
         tracing::warn!(shard, next, "objects past the delta chain's end that are not on it; the chain continues");
     }
     Ok(Ok(Chain { next, previous, snapshot, location }))
-}
-
-/// A delta's metadata, `None` when it is gone or does not parse.
-async fn read_meta(store: &Store, key: &str) -> anyhow::Result<Option<Meta>> {
-    Ok(store.head_metadata(key).await?.and_then(|metadata| Meta::from_metadata(&metadata).ok()))
 }
 
 /// Whether a full snapshot of the shard's own cluster newer than `current` is published: the directories
