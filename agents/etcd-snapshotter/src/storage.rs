@@ -436,23 +436,30 @@ impl Store {
         Ok(self.list_objects(prefix).await?.into_iter().map(|o| o.key).collect())
     }
 
-    /// A PutObject of one of our small JSON objects (manifest, report, lock): marked as ours, encrypted as
-    /// configured.
-    fn put_json(
+    /// A PutObject of one of our whole objects: marked as ours, encrypted as configured.
+    fn put_ours(
         &self,
         key: &str,
-        body: Vec<u8>,
+        content_type: &str,
     ) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
         let (sse, kms) = self.sse();
         self.client
             .put_object()
             .bucket(&self.bucket)
             .key(key)
-            .content_type("application/json")
+            .content_type(content_type)
             .metadata(WRITTEN_BY.0, WRITTEN_BY.1)
             .set_server_side_encryption(sse)
             .set_ssekms_key_id(kms)
-            .body(ByteStream::from(body))
+    }
+
+    /// A PutObject of one of our small JSON objects (manifest, report, lock).
+    fn put_json(
+        &self,
+        key: &str,
+        body: Vec<u8>,
+    ) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
+        self.put_ours(key, "application/json").body(ByteStream::from(body))
     }
 
     pub async fn put(&self, key: &str, body: Vec<u8>) -> Result<(), StorageError> {
@@ -513,18 +520,29 @@ impl Store {
 
     /// The object at `key` with its ETag, or `None` when there is none.
     pub async fn get_versioned(&self, key: &str) -> Result<Option<Versioned>, StorageError> {
-        let out = match self.client.get_object().bucket(&self.bucket).key(key).send().await {
+        Ok(self.get_whole(key).await?.map(|(out, body)| Versioned {
+            etag: out.e_tag.unwrap_or_default(),
+            body,
+            last_modified: out.last_modified,
+        }))
+    }
+
+    /// The object at `key` read whole, with what the store said of it (its body taken out); `None` when there is
+    /// none.
+    async fn get_whole(
+        &self,
+        key: &str,
+    ) -> Result<Option<(aws_sdk_s3::operation::get_object::GetObjectOutput, Vec<u8>)>, StorageError> {
+        let mut out = match self.client.get_object().bucket(&self.bucket).key(key).send().await {
             Ok(out) => out,
             Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
             Err(e) => return Err(StorageError::request("GetObject", e)),
         };
-        let (etag, last_modified) = (out.e_tag.clone().unwrap_or_default(), out.last_modified);
-        let body = out
-            .body
+        let body = std::mem::take(&mut out.body)
             .collect()
             .await
             .map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
-        Ok(Some(Versioned { etag, body: body.to_vec(), last_modified }))
+        Ok(Some((out, body.to_vec())))
     }
 
     /// Every object under `prefix` with its modification time.
@@ -596,17 +614,7 @@ impl Store {
     /// Writes a delta object (`delta`), whole, only where none is (`If-None-Match: *`), with its chain in user
     /// metadata beside [`WRITTEN_BY`]: `Ok(false)` when another writer put one at the key first.
     pub async fn put_new(&self, key: &str, body: Vec<u8>, metadata: &[(&str, String)]) -> Result<bool, StorageError> {
-        let (sse, kms) = self.sse();
-        let mut request = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .content_type("application/octet-stream")
-            .metadata(WRITTEN_BY.0, WRITTEN_BY.1)
-            .set_server_side_encryption(sse)
-            .set_ssekms_key_id(kms)
-            .if_none_match("*");
+        let mut request = self.put_ours(key, "application/octet-stream").if_none_match("*");
         if self.integrity == Integrity::Checksums {
             request = request.checksum_sha256(integrity::sha256_base64(&body));
         }
@@ -622,18 +630,10 @@ impl Store {
 
     /// An object with its user metadata, or `None` when there is none at `key`.
     pub async fn get_with_metadata(&self, key: &str) -> Result<Option<WithMetadata>, StorageError> {
-        let out = match self.client.get_object().bucket(&self.bucket).key(key).send().await {
-            Ok(out) => out,
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
-            Err(e) => return Err(StorageError::request("GetObject", e)),
-        };
-        let metadata = out.metadata.clone().unwrap_or_default();
-        let body = out
-            .body
-            .collect()
-            .await
-            .map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
-        Ok(Some(WithMetadata { body: body.to_vec(), metadata }))
+        Ok(self
+            .get_whole(key)
+            .await?
+            .map(|(out, body)| WithMetadata { body, metadata: out.metadata.unwrap_or_default() }))
     }
 
     /// The user metadata of the object at `key`, or `None` when there is none.

@@ -108,6 +108,22 @@ pub struct Outcome {
     pub live: Option<(u64, Live)>,
 }
 
+impl Outcome {
+    /// Nothing replayed yet: `manifest`'s snapshot restored at its exact `revision`.
+    pub fn new(manifest: &Manifest, revision: u64) -> Self {
+        Self {
+            snapshot: manifest.id.clone(),
+            snapshot_revision: revision,
+            revision,
+            received_at: None,
+            deltas: 0,
+            transactions: 0,
+            broken: None,
+            live: None,
+        }
+    }
+}
+
 /// What the restore needs besides the store.
 pub struct Tools<'a> {
     pub etcdutl: &'a Path,
@@ -216,16 +232,7 @@ pub async fn restore_at(
     let (mut client, _) =
         throwaway::restore_and_start(&mut scratch, (tools.etcdutl, tools.etcd), &fetched.db, quota).await?;
 
-    let mut outcome = Outcome {
-        snapshot: manifest.id.clone(),
-        snapshot_revision: exact,
-        revision: exact,
-        received_at: None,
-        deltas: 0,
-        transactions: 0,
-        broken: None,
-        live: None,
-    };
+    let mut outcome = Outcome::new(&manifest, exact);
     replay(store, &manifest, point, (identities.as_deref(), tools.signing), &mut client, &mut outcome).await?;
     let live = crate::member::revision(&mut client).await?;
     ensure!(
@@ -313,11 +320,11 @@ pub(crate) async fn replay(
                     // (the agent was down, or leadership moved), so the point cannot be placed among them.
                     let at = outcome.received_at.map_or_else(|| "the snapshot".into(), |t| t.to_rfc3339());
                     let since = DateTime::from_timestamp_millis(since).map_or_else(String::new, |t| t.to_rfc3339());
+                    let reached = outcome.revision;
                     outcome.broken = Some(format!(
-                        "no watch of the shard ran at the point: the last revision received before it is {} ({at}), \
-                         the next ones were delivered by a watch opened at {since}, after writes of unknown time; \
-                         restore --at {} or a time from {since} on",
-                        outcome.revision, outcome.revision
+                        "no watch of the shard ran at the point: the last revision received before it is {reached} \
+                         ({at}), the next ones were delivered by a watch opened at {since}, after writes of unknown \
+                         time; restore --at {reached} or a time from {since} on"
                     ));
                 }
                 return Ok(());
@@ -346,16 +353,13 @@ pub(crate) async fn replay(
         // The chain ends before a revision a newer snapshot holds: while its writer ran, the chain reached at least
         // that far, so deltas are missing (deleted, or never written while no watch ran), and the point may lie
         // among them. Never a silent short restore.
+        let (chain, reached, newer, at) = (&manifest.id, outcome.revision, &newer, t.to_rfc3339());
         outcome.broken = Some(format!(
-            "the delta chain of {} ends at revision {}, but the newer snapshot {} holds revision {}: the deltas \
-             between are missing, and the point {} may lie among them; the nearest points are revision {} and \
-             snapshot {} (started {})",
-            manifest.id,
-            outcome.revision,
+            "the delta chain of {chain} ends at revision {reached}, but the newer snapshot {} holds revision {}: the \
+             deltas between are missing, and the point {at} may lie among them; the nearest points are revision \
+             {reached} and snapshot {} (started {})",
             newer.id,
             newer.revision,
-            t.to_rfc3339(),
-            outcome.revision,
             newer.id,
             newer.started_at.to_rfc3339()
         ));
@@ -367,16 +371,13 @@ pub(crate) async fn replay(
         // The chain ends (its writer stopped) before the point, and the revisions after its end were next
         // delivered by a watch under a newer snapshot that opened after the point: their commit times are
         // unknown, so the point cannot be placed among them.
+        let (chain, reached, at) = (&manifest.id, outcome.revision, t.to_rfc3339());
+        let since = DateTime::from_timestamp_millis(since).map_or_else(String::new, |t| t.to_rfc3339());
         outcome.broken = Some(format!(
-            "no watch of the shard ran at the point {}: the delta chain of {} ends at revision {}, and the next \
-             revisions were delivered under snapshot {} by a watch opened at {}; restore --at {} or a time from \
-             then on",
-            t.to_rfc3339(),
-            manifest.id,
-            outcome.revision,
-            newer.id,
-            DateTime::from_timestamp_millis(since).map_or_else(String::new, |t| t.to_rfc3339()),
-            outcome.revision
+            "no watch of the shard ran at the point {at}: the delta chain of {chain} ends at revision {reached}, and \
+             the next revisions were delivered under snapshot {} by a watch opened at {since}; restore --at \
+             {reached} or a time from then on",
+            newer.id
         ));
     }
     if let Point::Revision(n) = point

@@ -68,16 +68,7 @@ pub async fn prove(
     if !stored.iter().any(|key| crate::delta::location_of(&store.prefix, &manifest.shard, key).is_some()) {
         return Ok(None);
     }
-    let mut outcome = Outcome {
-        snapshot: manifest.id.clone(),
-        snapshot_revision: revision,
-        revision,
-        received_at: None,
-        deltas: 0,
-        transactions: 0,
-        broken: None,
-        live: None,
-    };
+    let mut outcome = Outcome::new(manifest, revision);
     replay::replay(store, manifest, Point::Latest, keys, client, &mut outcome)
         .await
         .map_err(|e| DrillError::DeltaReplay(format!("{e:#}")))?;
