@@ -158,7 +158,7 @@ pub async fn base(store: &Store, shard: &str, own: Option<&Own>, point: Point) -
     // A time between a snapshot's end and the moment the deltas' watch moved under it is covered by the chain
     // before it, whose watch still ran: the newest base whose chain was watched at the point.
     for manifest in &admitted {
-        if watched_from(store, manifest).await?.is_none_or(|since| since <= t.timestamp_millis()) {
+        if watched_from(store, manifest).await?.0.is_none_or(|since| since <= t.timestamp_millis()) {
             return Ok(manifest.clone());
         }
     }
@@ -169,11 +169,14 @@ fn none_before(shard: &str, point: Point) -> anyhow::Error {
     anyhow::anyhow!("no full snapshot of shard {shard}'s etcd cluster at or before {point:?}")
 }
 
-/// When the watch that wrote the first delta of `manifest`'s chain opened (`None`: no delta, or not recorded).
-async fn watched_from(store: &Store, manifest: &Manifest) -> anyhow::Result<Option<i64>> {
+/// When the watch that wrote the first delta of `manifest`'s chain opened (`None`: no delta, or not recorded),
+/// and where its last delta ends.
+async fn watched_from(store: &Store, manifest: &Manifest) -> anyhow::Result<(Option<i64>, Option<u64>)> {
     let location = Location::from_id(&store.prefix, &manifest.id).context("the manifest's id is not valid")?;
-    let Some((_, first)) = chain_keys(store, manifest, &location).await?.into_iter().next() else { return Ok(None) };
-    Ok(super::read_meta(store, &first).await?.and_then(|meta| meta.watching_since_ms))
+    let keys = chain_keys(store, manifest, &location).await?;
+    let (Some((_, first)), Some((_, last))) = (keys.first(), keys.last()) else { return Ok((None, None)) };
+    let since = super::read_meta(store, first).await?.and_then(|m| m.watching_since_ms);
+    Ok((since, super::read_meta(store, last).await?.map(|m| m.to)))
 }
 
 /// A snapshot newer than `manifest`, started by `t`, whose chain's watch opened after `t` and reaches past
@@ -190,12 +193,7 @@ async fn watched_after(
         if !later || generation::cluster_of(&newer) != cluster {
             continue;
         }
-        let location = Location::from_id(&store.prefix, &newer.id).context("the manifest's id is not valid")?;
-        let keys = chain_keys(store, &newer, &location).await?;
-        let (Some((_, first)), Some((_, last))) = (keys.first(), keys.last()) else { continue };
-        let since = super::read_meta(store, first).await?.and_then(|m| m.watching_since_ms);
-        let end = super::read_meta(store, last).await?.map(|m| m.to);
-        if let (Some(since), Some(end)) = (since, end)
+        if let (Some(since), Some(end)) = watched_from(store, &newer).await?
             && since > t.timestamp_millis()
             && end > reached
         {
@@ -347,6 +345,12 @@ pub(crate) async fn replay(
         from = meta.to + 1;
         previous = Some(meta.sha256);
     }
+    ended(store, manifest, point, outcome).await
+}
+
+/// The chain ran out before `point` was passed: whether that is the point or a short restore (`outcome.broken`
+/// says why).
+async fn ended(store: &Store, manifest: &Manifest, point: Point, outcome: &mut Outcome) -> anyhow::Result<()> {
     if let Point::Time(t) = point
         && let Some(newer) = newer_than(store, manifest, outcome.revision).await?
     {
