@@ -689,7 +689,7 @@ impl Restores<'_> {
         let name = format!("restored-{}", self.n);
         let (etcdutl, etcd) = (self.bed.etcdutl().to_str().unwrap().to_string(), self.bed.peers.path("etcd"));
         let args = ["--at", point, "--etcdutl", &etcdutl, "--etcd", etcd.to_str().unwrap()];
-        let (out, mut restored, _process) = self.restore(&name, &args).await;
+        let (out, mut restored, process) = self.restore(&name, &args).await;
         let log = text(&out);
         let gap = match out.status.code() {
             Some(0) => false,
@@ -717,6 +717,7 @@ impl Restores<'_> {
         }
         // Even short of the point, what is restored is exactly the history at the revision it says.
         self.compare(&mut restored, reached, &format!("--at {point}")).await;
+        self.discard(&name, process);
         (!gap).then_some(reached)
     }
 
@@ -725,9 +726,10 @@ impl Restores<'_> {
         self.n += 1;
         let name = format!("restored-{}", self.n);
         let etcdutl = self.bed.etcdutl().to_str().unwrap().to_string();
-        let (out, mut restored, _process) = self.restore(&name, &["--id", id, "--etcdutl", &etcdutl]).await;
+        let (out, mut restored, process) = self.restore(&name, &["--id", id, "--etcdutl", &etcdutl]).await;
         assert_eq!(out.status.code(), Some(0), "seed {}: restore of {id}: {}", self.seed, text(&out));
         self.compare(&mut restored, revision, id).await;
+        self.discard(&name, process);
     }
 
     async fn restore(
@@ -751,6 +753,12 @@ impl Restores<'_> {
         }
         let (process, client) = serve_restored(self.bed, name, &data_dir, client_port, &peer_url).await;
         (out, client, process)
+    }
+
+    /// A restored member compared: stopped and its data directory removed (a scenario restores a dozen).
+    fn discard(&self, name: &str, process: testbed::process::Process) {
+        drop(process);
+        let _ = std::fs::remove_dir_all(self.bed.path(name));
     }
 
     async fn compare(&self, restored: &mut etcd_client::Client, revision: i64, what: &str) {
