@@ -196,11 +196,13 @@ fn traffic(
         let mut ops = Vec::new();
         let mut rng = Rng(seed ^ 0x5eed);
         let mut kv = client.kv_client();
+        let mut every = tokio::time::interval(Duration::from_millis(20));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         for i in 0u64.. {
             if stop.is_cancelled() {
                 return ops;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            every.tick().await;
             let key = format!("/registry/r/{:03}", rng.below(KEYS));
             let delete = rng.below(10) == 0;
             let value = (!delete).then(|| format!("v{i}"));
@@ -302,8 +304,9 @@ fn sample_recovery_point(
     tokio::spawn(async move {
         let series = "etcd_snapshotter_delta_stored_through_timestamp_seconds{shard=\"root\"}";
         let (mut samples, mut violations) = (0, Vec::new());
+        let mut every = tokio::time::interval(Duration::from_millis(300));
         while !stop.is_cancelled() {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            every.tick().await;
             // Each replica's claim (the one that leads sets it; an old leader's stays as it last proved it).
             let mut claims = Vec::new();
             for url in &admin_urls {
@@ -400,7 +403,11 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
     let (history, watcher) = watch_history(&etcd, watching.clone());
     let client = connect_all(&etcd).await;
     let writes = traffic(seed, client.clone(), stop.clone());
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The first full snapshot once the traffic runs and the history's watch sees it.
+    testbed::eventually(Duration::from_secs(60), "the traffic in the history", || async {
+        (history.lock().unwrap().len() >= 50).then_some(())
+    })
+    .await;
     snapshot_ok(&config);
     // Two replicas, as the chart can run them: one leads (the Lease), the other takes over when it goes.
     let mut agents = vec![
@@ -422,8 +429,9 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
     let acks_feed = {
         let (history, acks, stop) = (history.clone(), acks.clone(), sampling.clone());
         tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(100));
             while !stop.is_cancelled() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                every.tick().await;
                 let now = unix_now();
                 let mut acks = acks.lock().unwrap();
                 let known = acks.len();
