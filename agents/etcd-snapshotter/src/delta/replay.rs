@@ -183,12 +183,12 @@ async fn watched_from(store: &Store, manifest: &Manifest) -> anyhow::Result<(Opt
 /// `reached`: with when that watch opened.
 async fn watched_after(
     store: &Store,
-    manifest: &Manifest,
+    (manifest, listed): (&Manifest, &[Manifest]),
     t: DateTime<Utc>,
     reached: u64,
 ) -> anyhow::Result<Option<(Manifest, i64)>> {
     let cluster = generation::cluster_of(manifest);
-    for newer in crate::catalog::list(store, Some(&manifest.shard)).await? {
+    for newer in listed.iter().cloned() {
         let later = newer.started_at > manifest.started_at && newer.started_at <= t;
         if !later || generation::cluster_of(&newer) != cluster {
             continue;
@@ -351,8 +351,13 @@ pub(crate) async fn replay(
 /// The chain ran out before `point` was passed: whether that is the point or a short restore (`outcome.broken`
 /// says why).
 async fn ended(store: &Store, manifest: &Manifest, point: Point, outcome: &mut Outcome) -> anyhow::Result<()> {
+    // A time point is checked against the newer snapshots of the shard, listed once.
+    let listed = match point {
+        Point::Time(_) => crate::catalog::list(store, Some(&manifest.shard)).await?,
+        _ => Vec::new(),
+    };
     if let Point::Time(t) = point
-        && let Some(newer) = newer_than(store, manifest, outcome.revision).await?
+        && let Some(newer) = newer_than(manifest, &listed, outcome.revision)
     {
         // The chain ends before a revision a newer snapshot holds: while its writer ran, the chain reached at least
         // that far, so deltas are missing (deleted, or never written while no watch ran), and the point may lie
@@ -370,7 +375,7 @@ async fn ended(store: &Store, manifest: &Manifest, point: Point, outcome: &mut O
     }
     if let Point::Time(t) = point
         && outcome.broken.is_none()
-        && let Some((newer, since)) = watched_after(store, manifest, t, outcome.revision).await?
+        && let Some((newer, since)) = watched_after(store, (manifest, &listed), t, outcome.revision).await?
     {
         // The chain ends (its writer stopped) before the point, and the revisions after its end were next
         // delivered by a watch under a newer snapshot that opened after the point: their commit times are
@@ -398,13 +403,9 @@ async fn ended(store: &Store, manifest: &Manifest, point: Point, outcome: &mut O
 }
 
 /// The oldest snapshot of `manifest`'s cluster past `reached`.
-async fn newer_than(store: &Store, manifest: &Manifest, reached: u64) -> anyhow::Result<Option<Manifest>> {
+fn newer_than<'a>(manifest: &Manifest, listed: &'a [Manifest], reached: u64) -> Option<&'a Manifest> {
     let cluster = generation::cluster_of(manifest);
-    Ok(crate::catalog::list(store, Some(&manifest.shard))
-        .await?
-        .into_iter()
-        .filter(|m| generation::cluster_of(m) == cluster && m.revision > reached)
-        .min_by_key(|m| m.revision))
+    listed.iter().filter(|m| generation::cluster_of(m) == cluster && m.revision > reached).min_by_key(|m| m.revision)
 }
 
 /// The snapshot's delta objects by the revision each starts at, in order.
