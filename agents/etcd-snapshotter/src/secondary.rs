@@ -11,13 +11,17 @@
 //! report's bytes), and copied again when it differs. So an attempt that failed after writing, or a process
 //! killed mid-copy, is repaired by the next pass, and a restart catches up.
 //!
-//! A copy goes through a file in the spill directory: the primary's object downloaded while hashed (a
-//! primary object that does not match its record is not copied, it is a failure), put whole with the metadata
-//! it carried (a delta keeps its chain), and read back from the second store and hashed before it counts.
-//! Read back, not the store's checksum: the second store is often another provider, and stores differ in the
-//! checksums they keep and return (multipart composites, CRC64 defaults, none at all), while reading the bytes
-//! proves what a restore from it would read on any of them; `storage.integrity: checksums` on the second store
-//! additionally sends each object's SHA-256 for the store to check on the way in.
+//! A copy streams the primary's object straight into the second store, one part (`spill.partSize`, larger only past
+//! S3's 10,000 parts: [`parts::plan`]) in memory at a time and nothing on disk: an object of one part is put whole,
+//! a larger one goes as a multipart upload, each with the metadata it carried (a delta keeps its chain). Its sha256
+//! is taken as it streams and must be what the primary records for it before the copy becomes visible: a primary
+//! object that does not match its record is not copied, it is a failure, and its multipart upload is aborted rather
+//! than completed (as on any other failure; an upload a killed process left is aborted by the next copy of that
+//! object). The copy is then read back from the second store and hashed before it counts. Read back, not the
+//! store's checksum: the second store is often another provider, and stores differ in the checksums they keep and
+//! return (multipart composites, CRC64 defaults, none at all), while reading the bytes proves what a restore from
+//! it would read on any of them; `storage.integrity: checksums` on the second store additionally sends each
+//! object's (or each part's) SHA-256 for the store to check on the way in.
 
 pub mod metrics;
 pub mod plan;
@@ -38,8 +42,9 @@ use crate::generation::{self, Own};
 use crate::labels::ShardLabel;
 use crate::manifest;
 use crate::metrics::Metrics;
+use crate::parts;
 use crate::retention::Entry;
-use crate::storage::{MAX_SINGLE_PUT, Store, StoredObject};
+use crate::storage::{Body, PartReader, StorageError, Store, StoredObject};
 use plan::{Expected, Kind, Object, Verified};
 
 /// Which store a one-shot reads (`--store`).
@@ -90,7 +95,7 @@ pub async fn run(config: Arc<Config>, metrics: Metrics, mut leadership: Leadersh
             () = leadership.wait_until_leader() => {}
         }
         tokio::select! {
-            // A pass dropped mid-copy leaves at most a copy the next pass checks; its temporary file goes with it.
+            // A pass dropped mid-copy leaves at most a copy the next pass checks; its multipart upload is aborted.
             () = token.cancelled() => return,
             passes = pass(&config, &secondary, &metrics, &mut verified) => {
                 for p in passes {
@@ -271,7 +276,7 @@ impl ShardRun<'_> {
             };
             let there = secondary_objects.get(&object.relative).map(|o| o.etag.as_str());
             if !verified.in_sync(&object.relative, &source.etag, there) {
-                match self.sync(object, there).await {
+                match self.sync(object, source.size, there).await {
                     Ok((etag, copied)) => {
                         verified.record(&object.relative, &source.etag, &etag);
                         if copied {
@@ -317,10 +322,10 @@ impl ShardRun<'_> {
         Ok((listed, objects))
     }
 
-    /// Makes the second store hold `object` with the bytes the primary records for it: read back when it has
-    /// one (`there`), copied when it has none or other bytes. The second store's ETag of the proven copy, and
-    /// whether it was copied.
-    async fn sync(&self, object: &Object, there: Option<&str>) -> anyhow::Result<(String, bool)> {
+    /// Makes the second store hold `object` (of `listed_size` bytes on the primary) with the bytes the primary
+    /// records for it: read back when it has one (`there`), copied when it has none or other bytes. The second
+    /// store's ETag of the proven copy, and whether it was copied.
+    async fn sync(&self, object: &Object, listed_size: u64, there: Option<&str>) -> anyhow::Result<(String, bool)> {
         let key = |store: &Store| format!("{}{}", manifest::root(&store.prefix), object.relative);
         let (primary_key, secondary_key) = (key(self.primary), key(self.second));
         if let Some(etag) = there {
@@ -335,41 +340,114 @@ impl ShardRun<'_> {
                 );
             }
         }
-        std::fs::create_dir_all(&self.config.spill.directory).context("creating the spill directory")?;
-        let file = tempfile::Builder::new()
-            .prefix("secondary-")
-            .tempfile_in(&self.config.spill.directory)
-            .context("a temporary file in the spill directory")?
-            .into_temp_path();
-        let Some(downloaded) = self.primary.download(&primary_key, &file).await? else {
-            bail!("gone from the primary");
-        };
-        let sha256 = hex::encode(downloaded.sha256);
-        let expected = match &object.expected {
-            Expected::Sha256(hex) => hex.clone(),
-            Expected::DeltaMetadata => delta_sha256(&downloaded.metadata)?,
-            Expected::PrimaryBytes => sha256.clone(),
-        };
-        ensure!(
-            sha256 == expected,
-            "the primary's object has sha256 {sha256}, its record says {expected}: not copied (a drill of the primary \
-             would fail too)"
-        );
-        ensure!(
-            downloaded.size <= MAX_SINGLE_PUT,
-            "{} bytes: larger than one PutObject takes (5 GiB); this pass does not copy multipart",
-            downloaded.size
-        );
-        let etag = self.second.put_file(&secondary_key, &file, &downloaded.sha256, &downloaded.metadata).await?;
+        let copied = self.copy(object, listed_size, (&primary_key, &secondary_key)).await?;
         let (stored, size) =
             self.second.read_sha256(&secondary_key).await?.context("read back: the copy is not there")?;
         ensure!(
-            stored == downloaded.sha256 && size == downloaded.size,
-            "read back: the second store holds sha256 {} ({size} bytes), {sha256} ({} bytes) was put",
+            stored == copied.sha256 && size == copied.size,
+            "read back: the second store holds sha256 {} ({size} bytes), {} ({} bytes) was put",
             hex::encode(stored),
-            downloaded.size
+            hex::encode(copied.sha256),
+            copied.size
         );
-        Ok((etag, true))
+        Ok((copied.etag, true))
+    }
+
+    /// Copies the primary's object at `primary_key` to `secondary_key` through memory, `spill.partSize` at a time
+    /// (larger parts only when an object of `listed_size` bytes would need more than S3's 10,000): an object of
+    /// one part as one PutObject, a larger one as a multipart upload. Nothing of it goes to disk. Its sha256 is
+    /// taken as it streams and must be what the primary records for `object` before the copy becomes visible:
+    /// before the put, before the upload is completed (else it is aborted).
+    async fn copy(
+        &self,
+        object: &Object,
+        listed_size: u64,
+        (primary_key, secondary_key): (&str, &str),
+    ) -> anyhow::Result<Copied> {
+        let part_size = parts::plan(listed_size, &self.config.spill).map_err(anyhow::Error::msg)?.part_size;
+        let Some(mut reader) = self.primary.read_parts(primary_key, part_size).await? else {
+            bail!("gone from the primary");
+        };
+        let expected = match &object.expected {
+            Expected::Sha256(hex) => Some(hex.clone()),
+            Expected::DeltaMetadata => Some(delta_sha256(&reader.metadata)?),
+            Expected::PrimaryBytes => None,
+        };
+        let metadata = reader.metadata.clone();
+        if reader.size > part_size {
+            return self.copy_multipart(reader, expected.as_deref(), secondary_key).await;
+        }
+        let body = reader.next_part().await?.unwrap_or_default();
+        let (sha256, size) = streamed(reader, expected.as_deref()).await?;
+        let etag = self.second.put_copy(secondary_key, body, &sha256, &metadata).await?;
+        Ok(Copied { etag, sha256, size })
+    }
+
+    /// [`Self::copy`] of an object larger than one part: a multipart upload on the second store, one part in
+    /// memory at a time, aborted on any failure (and when the copy is dropped mid-way), completed only once the
+    /// whole object's sha256 is the one expected.
+    async fn copy_multipart(
+        &self,
+        mut reader: PartReader,
+        expected: Option<&str>,
+        key: &str,
+    ) -> anyhow::Result<Copied> {
+        self.abort_left_uploads(key).await;
+        let upload_id = self.second.create_upload_with(key, &reader.metadata).await?;
+        let mut upload = OpenUpload { store: self.second, key, upload_id: Some(upload_id.clone()) };
+        let uploaded = async {
+            let mut parts = Vec::new();
+            while let Some(part) = reader.next_part().await? {
+                let number = i32::try_from(parts.len() + 1).context("the part number")?;
+                ensure!(number as u64 <= parts::MAX_PARTS, "more than {} parts", parts::MAX_PARTS);
+                parts.push(self.second.upload_part(key, &upload_id, number, Body::Memory(part)).await?);
+            }
+            let (sha256, size) = streamed(reader, expected).await?;
+            Ok::<_, anyhow::Error>((parts, sha256, size))
+        }
+        .await;
+        let (parts, sha256, size) = match uploaded {
+            Ok(uploaded) => uploaded,
+            Err(error) => {
+                upload.abort().await;
+                return Err(error);
+            }
+        };
+        match self.second.complete_upload(key, &upload_id, parts).await {
+            Ok(etag) => {
+                upload.upload_id = None;
+                Ok(Copied { etag, sha256, size })
+            }
+            // Completed, and the store's checksum of it is not ours: there is no upload left, and the next pass
+            // reads the object back and copies it again.
+            Err(error @ StorageError::Integrity(_)) => {
+                upload.upload_id = None;
+                Err(error.into())
+            }
+            Err(error) => {
+                upload.abort().await;
+                Err(error.into())
+            }
+        }
+    }
+
+    /// Aborts multipart uploads at exactly `key` on the second store: what a copy of this object killed
+    /// mid-way left (a copy's upload is only ever at the key it copies to). Best effort: a store that refuses
+    /// listing uploads still gets the copy.
+    async fn abort_left_uploads(&self, key: &str) {
+        let left = match self.second.uploads(key).await {
+            Ok(uploads) => uploads,
+            Err(error) => {
+                tracing::warn!(key, %error, "listing the second store's multipart uploads left at the key");
+                return;
+            }
+        };
+        for left in left.into_iter().filter(|u| u.key == key) {
+            tracing::warn!(key, "aborting a multipart upload an interrupted copy left on the second store");
+            if let Err(error) = self.second.abort_upload(key, &left.upload_id).await {
+                tracing::warn!(key, %error, "aborting a multipart upload left at the key");
+            }
+        }
     }
 
     /// The sha256 (hex) the primary records for `object` at `primary_key`.
@@ -381,6 +459,59 @@ impl ShardRun<'_> {
             }
             Expected::PrimaryBytes => hex::encode(Sha256::digest(self.primary.get_bytes(primary_key).await?)),
         })
+    }
+}
+
+/// A copy put on the second store: its ETag there, and the sha256 and size of the bytes streamed into it.
+struct Copied {
+    etag: String,
+    sha256: [u8; 32],
+    size: u64,
+}
+
+/// The sha256 and size of every byte `reader` received, once the rest of its body is read: the size it
+/// announced, and the sha256 `expected` (hex) when the primary records one.
+async fn streamed(reader: PartReader, expected: Option<&str>) -> anyhow::Result<([u8; 32], u64)> {
+    let announced = reader.size;
+    let (sha256, size) = reader.finish().await?;
+    ensure!(size == announced, "the primary announced {announced} bytes and sent {size}: not copied");
+    let hex = hex::encode(sha256);
+    if let Some(expected) = expected {
+        ensure!(
+            hex == expected,
+            "the primary's object has sha256 {hex}, its record says {expected}: not copied (a drill of the primary \
+             would fail too)"
+        );
+    }
+    Ok((sha256, size))
+}
+
+/// A multipart upload on the second store in progress. Dropped with its id still set (the copy dropped
+/// mid-way: a pass cancelled at shutdown or on a configuration change), it is aborted from a task of its own;
+/// what a killed process left is aborted by the next copy of the same object.
+struct OpenUpload<'a> {
+    store: &'a Store,
+    key: &'a str,
+    upload_id: Option<String>,
+}
+
+impl OpenUpload<'_> {
+    async fn abort(&mut self) {
+        let Some(upload_id) = self.upload_id.take() else { return };
+        if let Err(error) = self.store.abort_upload(self.key, &upload_id).await {
+            tracing::warn!(key = self.key, %error, "aborting the copy's multipart upload failed; the next copy aborts it");
+        }
+    }
+}
+
+impl Drop for OpenUpload<'_> {
+    fn drop(&mut self) {
+        let Some(upload_id) = self.upload_id.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (store, key) = (self.store.clone(), self.key.to_string());
+        runtime.spawn(async move {
+            let _ = store.abort_upload(&key, &upload_id).await;
+        });
     }
 }
 

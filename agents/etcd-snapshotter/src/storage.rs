@@ -28,7 +28,7 @@ use crate::labels::RetryLabels;
 use crate::retries::RetryCounter;
 
 mod mirror;
-pub use mirror::{Downloaded, MAX_SINGLE_PUT, StoredObject};
+pub use mirror::{PartReader, StoredObject};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -261,13 +261,22 @@ impl Store {
     }
 
     pub async fn create_upload(&self, key: &str) -> Result<String, StorageError> {
+        self.create_upload_with(key, &std::collections::HashMap::new()).await
+    }
+
+    /// CreateMultipartUpload at `key`, the object to carry `metadata` (a copied object's) beside [`WRITTEN_BY`].
+    pub async fn create_upload_with(
+        &self,
+        key: &str,
+        metadata: &std::collections::HashMap<String, String>,
+    ) -> Result<String, StorageError> {
         let (sse, kms) = self.sse();
         let mut request = self
             .client
             .create_multipart_upload()
             .bucket(&self.bucket)
             .key(key)
-            .metadata(WRITTEN_BY.0, WRITTEN_BY.1)
+            .set_metadata(Some(mirror::with_written_by(metadata)))
             .set_server_side_encryption(sse)
             .set_ssekms_key_id(kms);
         if self.integrity == Integrity::Checksums {
@@ -349,12 +358,14 @@ impl Store {
         part_digest || self.checksum == ChecksumMode::WhenRequired
     }
 
+    /// CompleteMultipartUpload; with `integrity: checksums` the object's checksum must then be ours. The ETag
+    /// the store gave the object.
     pub async fn complete_upload(
         &self,
         key: &str,
         upload_id: &str,
         mut parts: Vec<CompletedPart>,
-    ) -> Result<(), StorageError> {
+    ) -> Result<String, StorageError> {
         parts.sort_by_key(|p| p.part_number);
         let ours = match self.integrity {
             Integrity::ReadBack => None,
@@ -363,7 +374,8 @@ impl Store {
                     .ok_or_else(|| StorageError::Integrity("a part has no SHA-256".into()))?,
             ),
         };
-        self.client
+        let completed = self
+            .client
             .complete_multipart_upload()
             .bucket(&self.bucket)
             .key(key)
@@ -372,7 +384,8 @@ impl Store {
             .send()
             .await
             .map_err(|e| StorageError::request("CompleteMultipartUpload", e))?;
-        let Some(ours) = ours else { return Ok(()) };
+        let etag = completed.e_tag.unwrap_or_default();
+        let Some(ours) = ours else { return Ok(etag) };
         let head = self
             .client
             .head_object()
@@ -383,7 +396,7 @@ impl Store {
             .await
             .map_err(|e| StorageError::request("HeadObject", e))?;
         match head.checksum_sha256() {
-            Some(theirs) if integrity::same_object_checksum(&ours, theirs) => Ok(()),
+            Some(theirs) if integrity::same_object_checksum(&ours, theirs) => Ok(etag),
             Some(theirs) => {
                 Err(StorageError::Integrity(format!("the object is stored with checksum {theirs}, ours is {ours}")))
             }

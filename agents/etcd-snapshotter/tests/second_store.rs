@@ -2,54 +2,22 @@
 //! everything published lands verified on both with each store's own retention; a second store answering 503s
 //! and resets is counted without holding back the primary and catches up once it is back; restore (full and
 //! deltas, `--at`) from it with the primary stopped; a copy replaced out of band is found by its hash and copied
-//! again, and a copy written whose read-back failed is verified, not written twice; no credential in any output.
+//! again, and a copy written whose read-back failed is verified, not written twice; a snapshot of several parts is
+//! copied as a multipart upload through memory, the spill directory empty throughout; a primary object that
+//! does not match its record is never made visible there and leaves no upload; no credential in any output.
 
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
 use sha2::{Digest, Sha256};
-use testbed::S3Server;
 use testbed::fault_proxy::{Fault, FaultProxy};
 
 const EVERY_FIVE_SECONDS: &str = "*/5 * * * * *";
 const BUMP: i64 = 1_000_000_000;
-/// The second store's prefix: another than the primary's, as another provider's bucket would have.
-const SECOND_PREFIX: &str = "offsite/etcd";
-
-/// A second real S3 server (versitygw) with its own keys, and those keys as a mounted Secret would hold them.
-struct Second {
-    s3: S3Server,
-    secret_dir: PathBuf,
-}
-
-async fn second_store(bed: &Bed) -> Second {
-    let dir = bed.path("second");
-    std::fs::create_dir_all(&dir).unwrap();
-    let s3 = S3Server::start(bed.peers.path("versitygw"), &dir).await.unwrap();
-    let secret_dir = bed.path("second-secret");
-    std::fs::create_dir_all(&secret_dir).unwrap();
-    std::fs::write(secret_dir.join("AWS_ACCESS_KEY_ID"), &s3.access_key).unwrap();
-    std::fs::write(secret_dir.join("AWS_SECRET_ACCESS_KEY"), &s3.secret_key).unwrap();
-    Second { s3, secret_dir }
-}
-
-/// Appends a `secondary` section pointing at `endpoint` (the server or a proxy in front of it).
-fn with_secondary(config: &Path, second: &Second, endpoint: &str, keep_last: usize) {
-    let mut text = std::fs::read_to_string(config).unwrap();
-    text.push_str(&format!(
-        "secondary:\n  interval: 1s\n  storage:\n    bucket: {}\n    prefix: {SECOND_PREFIX}\n    endpoint: {endpoint}\n    \
-         region: {}\n    pathStyle: true\n    maxAttempts: 1\n    attemptTimeout: 5s\n    credentials:\n      \
-         secretDirectory: {}\n  retention:\n    keepLast: {keep_last}\n",
-        second.s3.bucket,
-        testbed::s3::REGION,
-        second.secret_dir.display()
-    ));
-    std::fs::write(config, text).unwrap();
-}
 
 /// Every object under `prefix` by its key below the prefix, with its sha256.
 async fn objects(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> BTreeMap<String, String> {
@@ -112,12 +80,12 @@ async fn every_published_object_lands_verified_on_both_stores_and_each_store_kee
     let bed = Bed::start().await.unwrap();
     let etcd = bed.etcd("root", 1).await.unwrap();
     let mut client = etcd.member_client(0).await.unwrap();
-    let second = second_store(&bed).await;
+    let second = SecondStore::start(&bed).await;
     // The primary keeps 2, the second store 3: it keeps one the primary deleted, and deletes by its own count.
     let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]).with_drills(&bed);
     options.keep_last = 2;
     let config = write_config(&bed, &options).unwrap();
-    with_secondary(&config, &second, &second.s3.endpoint, 3);
+    second.configure(&config, &second.s3.endpoint, 3);
     let (primary, offsite) = (bed.s3.client(), second.s3.client());
 
     for round in 0..5 {
@@ -187,12 +155,12 @@ async fn a_second_store_answering_503_and_resets_is_counted_while_primary_snapsh
     let etcd = bed.etcd("root", 1).await.unwrap();
     let mut client = etcd.member_client(0).await.unwrap();
     load(&mut client, "/registry/base", 20, 200).await.unwrap();
-    let second = second_store(&bed).await;
+    let second = SecondStore::start(&bed).await;
     let proxy = FaultProxy::start(&second.s3.endpoint).await.unwrap();
     let mut options = deltas_options(&bed, &etcd.members[0].client_url);
     options.cron = EVERY_FIVE_SECONDS;
     let config = write_config(&bed, &options).unwrap();
-    with_secondary(&config, &second, &proxy.url, 100);
+    second.configure(&config, &proxy.url, 100);
     // The second store fails everything: writes reset mid-body, everything else 503 SlowDown.
     proxy.inject("PUT", "", Fault::Reset, usize::MAX);
     proxy.inject("", "", Fault::SlowDown, usize::MAX);
@@ -284,9 +252,9 @@ async fn restore_at_from_the_second_store_with_the_primary_stopped_gives_the_pri
     let etcd = bed.etcd("root", 1).await.unwrap();
     let mut source = etcd.member_client(0).await.unwrap();
     load(&mut source, "/registry/base", 20, 200).await.unwrap();
-    let second = second_store(&bed).await;
+    let second = SecondStore::start(&bed).await;
     let config = write_config(&bed, &deltas_options(&bed, &etcd.members[0].client_url)).unwrap();
-    with_secondary(&config, &second, &second.s3.endpoint, 100);
+    second.configure(&config, &second.s3.endpoint, 100);
     // No tick: the delta writer takes the one full snapshot its chain needs, then deltas every second.
     let mut agent = agent(bed.cluster(), &config, &ns).start().await.unwrap();
     let writes = Load::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(30));
@@ -340,10 +308,10 @@ async fn a_copy_replaced_out_of_band_is_found_by_its_hash_and_copied_again_and_a
     let etcd = bed.etcd("root", 1).await.unwrap();
     let mut client = etcd.member_client(0).await.unwrap();
     load(&mut client, "/registry/things", 30, 1000).await.unwrap();
-    let second = second_store(&bed).await;
+    let second = SecondStore::start(&bed).await;
     let proxy = FaultProxy::start(&second.s3.endpoint).await.unwrap();
     let config = write_config(&bed, &Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()])).unwrap();
-    with_secondary(&config, &second, &proxy.url, 10);
+    second.configure(&config, &proxy.url, 10);
     snapshot_ok(&config);
     let line = sync_ok(&config);
     assert_eq!(count(&line, "copied"), 2, "the data object and the manifest: {line}");
@@ -409,9 +377,9 @@ async fn put_raw(s3: &aws_sdk_s3::Client, bucket: &str, key: &str, body: Vec<u8>
 async fn a_pass_with_refused_credentials_on_either_store_says_so_without_any_key_and_fails() {
     let bed = Bed::start().await.unwrap();
     let etcd = bed.etcd("root", 1).await.unwrap();
-    let second = second_store(&bed).await;
+    let second = SecondStore::start(&bed).await;
     let config = write_config(&bed, &Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()])).unwrap();
-    with_secondary(&config, &second, &second.s3.endpoint, 10);
+    second.configure(&config, &second.s3.endpoint, 10);
     snapshot_ok(&config);
     let right = [&*bed.s3.secret_key, &*bed.s3.access_key, &*second.s3.secret_key, &*second.s3.access_key];
     // The second store's Secret holds keys it refuses.
@@ -433,4 +401,168 @@ async fn a_pass_with_refused_credentials_on_either_store_says_so_without_any_key
     let out = cli(&["list", "--config", config.to_str().unwrap(), "--store", "secondary"]);
     assert!(out.status.success(), "the second store alone answers: {}", text(&out));
     testbed::assert_no_secret_material(&text(&out), &secrets);
+}
+
+/// Files under `dir` (recursively) and their bytes.
+fn files_under(dir: &Path) -> (usize, u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return (0, 0) };
+    let (mut files, mut bytes) = (0, 0);
+    for entry in entries.flatten() {
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_dir() {
+            let (f, b) = files_under(&entry.path());
+            (files, bytes) = (files + f, bytes + b);
+        } else {
+            (files, bytes) = (files + 1, bytes + meta.len());
+        }
+    }
+    (files, bytes)
+}
+
+/// The multipart part uploads the proxy saw for keys containing `key_part`.
+fn parts_seen(proxy: &FaultProxy, key_part: &str) -> usize {
+    proxy.requests().iter().filter(|(_, m, p)| m == "PUT" && p.contains(key_part) && p.contains("partNumber=")).count()
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Spill settings with 5 MiB parts and the spill directory capped at one part.
+const SPILL_ONE_PART: &str = "memoryBudget: 64Mi\n  partSize: 5Mi\n  partsInFlight: 2\n  maxBytes: 5Mi";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_of_several_parts_is_copied_as_a_multipart_upload_through_memory_and_the_spill_directory_stays_empty()
+ {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    // About 20 MiB of incompressible values: a data object of four 5 MiB parts and more.
+    load(&mut client, "/registry/big", 200, 100_000).await.unwrap();
+    let second = SecondStore::start(&bed).await;
+    let proxy = FaultProxy::start(&second.s3.endpoint).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.spill = SPILL_ONE_PART;
+    let config = write_config(&bed, &options).unwrap();
+    second.configure(&config, &proxy.url, 10);
+    snapshot_ok(&config);
+    let on_primary = objects(&bed.s3.client(), &bed.s3.bucket, PREFIX).await;
+    let id = snapshot_ids(&on_primary).pop().unwrap();
+    let data_key = format!("{PREFIX}/{id}/snapshot.db.zst");
+    let primary = bed.s3.client();
+    let size = primary.head_object().bucket(&bed.s3.bucket).key(&data_key).send().await.unwrap().content_length();
+    let size = size.unwrap() as u64;
+    assert!(size > 3 * 5 * MIB, "a data object of more than three parts, above spill.maxBytes: {size}");
+    let spill = bed.path("spill");
+    assert_eq!(files_under(&spill), (0, 0), "the snapshot left nothing in the spill directory");
+
+    // What a copy killed mid-way leaves: an upload open at the key. The next copy of the object aborts it.
+    let (offsite, second_key) = (second.s3.client(), format!("{SECOND_PREFIX}/{id}/snapshot.db.zst"));
+    offsite.create_multipart_upload().bucket(&second.s3.bucket).key(&second_key).send().await.unwrap();
+    // Every request writing the data object to the second store is held 300 ms: the copy takes seconds, and the
+    // spill directory is sampled all along.
+    proxy.inject("PUT", "snapshot.db", Fault::Delay(Duration::from_millis(300)), usize::MAX);
+    let sync = std::thread::spawn({
+        let config = config.clone();
+        move || sync(&config)
+    });
+    let (mut samples, mut most) = (0usize, (0usize, 0u64));
+    while !sync.is_finished() {
+        let now = files_under(&spill);
+        most = (most.0.max(now.0), most.1.max(now.1));
+        samples += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let out = sync.join().unwrap();
+    assert!(out.status.success(), "sync-secondary: {}", text(&out));
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(count(&line, "copied"), 2, "the data object and the manifest: {line}");
+    assert!(samples > 100, "sampled throughout the copy: {samples}");
+    assert_eq!(most, (0, 0), "no file in the spill directory at any time during the copy");
+    assert_eq!(files_under(&spill), (0, 0), "nor after it");
+
+    // A multipart upload of 5 MiB parts, completed, none left open.
+    let parts = size.div_ceil(5 * MIB) as usize;
+    assert_eq!(parts_seen(&proxy, "snapshot.db"), parts, "one UploadPart per 5 MiB: {:?}", proxy.requests());
+    assert_eq!(proxy.seen("POST", "snapshot.db"), 2, "CreateMultipartUpload and CompleteMultipartUpload");
+    assert_eq!(proxy.seen("DELETE", "snapshot.db"), 1, "the upload left at the key aborted");
+    let head = offsite.head_object().bucket(&second.s3.bucket).key(&second_key).send().await.unwrap();
+    assert_eq!(head.content_length(), Some(size as i64));
+    assert!(head.e_tag().unwrap_or_default().trim_matches('"').ends_with(&format!("-{parts}")), "{head:?}");
+    assert_eq!(head.metadata().and_then(|m| m.get("written-by")).map(String::as_str), Some("etcd-snapshotter"));
+    assert!(uploads(&offsite, &second.s3.bucket).await.is_empty(), "no multipart upload left");
+    // Byte for byte the primary's (the sha256 of each object), and what `verify` reads from the second store.
+    assert_eq!(
+        objects(&offsite, &second.s3.bucket, SECOND_PREFIX).await,
+        of_snapshots(&on_primary, std::slice::from_ref(&id))
+    );
+    let out = cli(&[
+        "verify",
+        "--config",
+        config.to_str().unwrap(),
+        "--store",
+        "secondary",
+        "--etcdutl",
+        bed.etcdutl().to_str().unwrap(),
+        &id,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// Flips one byte in the middle of versitygw's file of `key` (its ETag and metadata stay).
+fn flip_middle_byte(bed: &Bed, key: &str) {
+    let file = bed.s3_file(key);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x80;
+    std::fs::write(&file, bytes).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_primary_object_that_does_not_match_its_record_is_never_made_visible_on_the_second_store_and_leaves_no_upload()
+ {
+    let bed = Bed::start().await.unwrap();
+    // `root`'s data object takes several parts (a multipart copy), `small`'s one (a single put).
+    let (big, small) = (bed.etcd("root", 1).await.unwrap(), bed.etcd("small", 1).await.unwrap());
+    load(&mut big.member_client(0).await.unwrap(), "/registry/big", 120, 100_000).await.unwrap();
+    load(&mut small.member_client(0).await.unwrap(), "/registry/small", 20, 1000).await.unwrap();
+    let second = SecondStore::start(&bed).await;
+    let proxy = FaultProxy::start(&second.s3.endpoint).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![big.members[0].client_url.clone()]);
+    options.shards.push(("small", vec![small.members[0].client_url.clone()]));
+    options.spill = SPILL_ONE_PART;
+    let config = write_config(&bed, &options).unwrap();
+    second.configure(&config, &proxy.url, 10);
+    snapshot_ok(&config);
+    let on_primary = objects(&bed.s3.client(), &bed.s3.bucket, PREFIX).await;
+    let ids = snapshot_ids(&on_primary);
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    for id in &ids {
+        flip_middle_byte(&bed, &format!("{PREFIX}/{id}/snapshot.db.zst"));
+    }
+
+    let out = sync(&config);
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let refused = stderr.lines().filter(|l| l.starts_with("error: shard") && l.contains("its record says")).count();
+    assert_eq!(refused, 2, "both data objects refused: {}", text(&out));
+    let offsite = second.s3.client();
+    assert!(
+        objects(&offsite, &second.s3.bucket, SECOND_PREFIX).await.is_empty(),
+        "neither data object, nor the manifests held back behind them"
+    );
+    assert!(uploads(&offsite, &second.s3.bucket).await.is_empty(), "no multipart upload left");
+    // The large one was streamed into an upload that was aborted, not completed; the small one never sent.
+    let root_id = ids.iter().find(|id| id.starts_with("root/")).unwrap();
+    let small_id = ids.iter().find(|id| id.starts_with("small/")).unwrap();
+    assert!(parts_seen(&proxy, root_id) >= 3, "the parts streamed: {:?}", proxy.requests());
+    assert_eq!(proxy.seen("POST", root_id), 1, "created, never completed: {:?}", proxy.requests());
+    assert_eq!(proxy.seen("DELETE", root_id), 1, "aborted: {:?}", proxy.requests());
+    assert_eq!(proxy.seen("PUT", small_id), 0, "the single put never sent: {:?}", proxy.requests());
+
+    // The primary's bytes put right: the next pass copies both snapshots whole.
+    for id in &ids {
+        flip_middle_byte(&bed, &format!("{PREFIX}/{id}/snapshot.db.zst"));
+    }
+    sync_ok(&config);
+    assert_eq!(objects(&offsite, &second.s3.bucket, SECOND_PREFIX).await, of_snapshots(&on_primary, &ids));
+    assert!(uploads(&offsite, &second.s3.bucket).await.is_empty());
 }

@@ -2,8 +2,10 @@
 //!
 //! Every replica runs [`spawn`]; the one holding the Lease leads and may write, the others watch and wait.
 //! Safety rests on `renew_deadline < lease_duration`: a holder that could not renew for `renew_deadline` stops
-//! leading before any other replica may consider its lease expired (which takes `renewTime + leaseDuration`),
-//! as long as the replicas' clocks disagree by less than `lease_duration - renew_deadline`.
+//! leading before any other replica may consider its lease expired. Expiry is judged as client-go judges it:
+//! by the follower's own monotonic clock, `leaseDuration` after it last saw the lease's record change, never by
+//! comparing the holder's `renewTime` with the follower's wall clock; so a replica whose clock runs ahead
+//! (a node whose time sync failed) cannot take over a lease that is still being renewed.
 //! Two contenders never both win a takeover: every write replaces the object at the resourceVersion just read,
 //! so the apiserver lets exactly one through and answers the other with 409.
 //!
@@ -20,7 +22,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -192,15 +194,23 @@ pub enum Decision {
     Acquire { previous: Option<String> },
     /// The lease names us: write a fresh renewTime.
     Renew,
-    /// Someone else holds it until `expires` (by our clock).
-    Follow { holder: String, expires: Timestamp },
+    /// Someone else holds it for at least `expires_in` more (by our monotonic clock).
+    Follow { holder: String, expires_in: Duration },
 }
 
-/// Decides from the lease's spec (`None` when there is no lease) without any client, so it can be tested.
+/// Decides from the lease's spec (`None` when there is no lease) and how long this replica has seen that spec
+/// unchanged (`unchanged_for`, by its monotonic clock), without any client, so it can be tested.
 ///
-/// `default_duration` stands in for a missing `leaseDurationSeconds`. A lease naming a holder but carrying
-/// neither renewTime nor acquireTime counts as expired: nothing shows that holder is alive.
-pub fn decide(current: Option<&LeaseSpec>, identity: &str, now: Timestamp, default_duration: Duration) -> Decision {
+/// Another holder's lease expires once its record has not changed for its `leaseDurationSeconds`
+/// (`default_duration` when missing): every renew writes a new renewTime, so a live holder's record keeps
+/// changing. No wall-clock time is compared, so clock skew between replicas does not matter. A lease naming a
+/// holder but carrying neither renewTime nor acquireTime counts as expired: nothing shows that holder is alive.
+pub fn decide(
+    current: Option<&LeaseSpec>,
+    identity: &str,
+    unchanged_for: Duration,
+    default_duration: Duration,
+) -> Decision {
     let Some(spec) = current else { return Decision::Acquire { previous: None } };
     let holder = match spec.holder_identity.as_deref() {
         None | Some("") => return Decision::Acquire { previous: None },
@@ -210,15 +220,39 @@ pub fn decide(current: Option<&LeaseSpec>, identity: &str, now: Timestamp, defau
         return Decision::Renew;
     }
     let previous = Some(holder.to_string());
-    let Some(last) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
+    if spec.renew_time.is_none() && spec.acquire_time.is_none() {
         return Decision::Acquire { previous };
-    };
+    }
     let duration = match spec.lease_duration_seconds {
-        Some(seconds) => SignedDuration::from_secs(seconds.into()),
-        None => SignedDuration::try_from(default_duration).unwrap_or(SignedDuration::MAX),
+        Some(seconds) => Duration::from_secs(u64::try_from(seconds).unwrap_or(0)),
+        None => default_duration,
     };
-    let expires = last.0.saturating_add(duration).unwrap_or(Timestamp::MAX);
-    if now >= expires { Decision::Acquire { previous } } else { Decision::Follow { holder: holder.into(), expires } }
+    match duration.checked_sub(unchanged_for).filter(|left| !left.is_zero()) {
+        Some(expires_in) => Decision::Follow { holder: holder.into(), expires_in },
+        None => Decision::Acquire { previous },
+    }
+}
+
+/// The lease's spec as this replica last saw it change, and when (client-go's observed record and time).
+#[derive(Default)]
+struct Observed(std::sync::Mutex<Option<(LeaseSpec, Instant)>>);
+
+impl Observed {
+    /// How long `spec` has been seen unchanged, `now` being the monotonic time it was read at.
+    fn unchanged_for(&self, spec: Option<&LeaseSpec>, now: Instant) -> Duration {
+        let mut seen = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match (seen.as_ref(), spec) {
+            (Some((last, since)), Some(spec)) if last == spec => now.saturating_duration_since(*since),
+            (_, Some(spec)) => {
+                *seen = Some((spec.clone(), now));
+                Duration::ZERO
+            }
+            (_, None) => {
+                *seen = None;
+                Duration::ZERO
+            }
+        }
+    }
 }
 
 impl Decision {
@@ -283,9 +317,18 @@ pub fn spawn(
         async move {
             config.validate().map_err(LeaseError::Config)?;
             let api = Api::namespaced(client, &config.namespace);
-            Elector { api, config, tx, decided: election_decided, renewed_at: None, holds: false, failures: 0 }
-                .run(shutdown)
-                .await;
+            Elector {
+                api,
+                config,
+                tx,
+                decided: election_decided,
+                observed: Observed::default(),
+                renewed_at: None,
+                holds: false,
+                failures: 0,
+            }
+            .run(shutdown)
+            .await;
             Ok(())
         }
         .instrument(span),
@@ -312,6 +355,8 @@ struct Elector {
     config: LeaseConfig,
     tx: watch::Sender<bool>,
     decided: Arc<std::sync::atomic::AtomicBool>,
+    /// The lease as last seen changing, for judging another holder's expiry.
+    observed: Observed,
     /// While leading: the monotonic time matching the renewTime of our last successful write.
     renewed_at: Option<Instant>,
     /// Whether the lease named us when we last read or wrote it, so shutdown knows whether to release it.
@@ -351,7 +396,8 @@ impl Elector {
         // Taken together so the monotonic deadline matches the renewTime others will judge us by.
         let (written_at, now) = (Instant::now(), Timestamp::now());
         let spec = current.as_ref().and_then(|lease| lease.spec.as_ref());
-        let decision = decide(spec, &self.config.identity, now, self.config.lease_duration);
+        let unchanged_for = self.observed.unchanged_for(spec, written_at);
+        let decision = decide(spec, &self.config.identity, unchanged_for, self.config.lease_duration);
         let Some(next) = decision.next_spec(spec, &self.config.identity, now, self.config.lease_duration_seconds())
         else {
             // Only Follow writes nothing.

@@ -156,6 +156,62 @@ async fn when_the_leader_dies_without_releasing_the_other_takes_over_within_the_
 }
 
 #[tokio::test]
+async fn a_lease_renewed_by_a_holder_whose_clock_is_an_hour_behind_is_not_taken_until_it_stops_renewing()
+-> anyhow::Result<()> {
+    init_tracing();
+    let bed = testbed::ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    // The holder: another replica whose clock is an hour behind ours, renewing every retry period with its
+    // own (old) time, as client-go or this runtime would on that node.
+    let api: Api<Lease> = Api::namespaced(bed.client(), &ns);
+    let behind = |now: Timestamp| MicroTime(now.checked_sub(SignedDuration::from_hours(1)).unwrap());
+    let spec = LeaseSpec {
+        holder_identity: Some("skewed".into()),
+        acquire_time: Some(behind(Timestamp::now())),
+        renew_time: Some(behind(Timestamp::now())),
+        lease_duration_seconds: Some(LEASE_DURATION.as_secs() as i32),
+        ..Default::default()
+    };
+    let metadata = kube::api::ObjectMeta { name: Some(LEASE_NAME.into()), ..Default::default() };
+    api.create(&Default::default(), &Lease { metadata, spec: Some(spec) }).await?;
+    let renewing = CancellationToken::new();
+    let holder = {
+        let (api, renewing) = (api.clone(), renewing.clone());
+        tokio::spawn(async move {
+            while !renewing.is_cancelled() {
+                if let Ok(mut lease) = api.get(LEASE_NAME).await {
+                    lease.spec.as_mut().unwrap().renew_time = Some(behind(Timestamp::now()));
+                    let _ = api.replace(LEASE_NAME, &Default::default(), &lease).await;
+                }
+                tokio::time::sleep(RETRY_PERIOD).await;
+            }
+        })
+    };
+
+    // Our replica reads a renewTime an hour old; by the wall clock the lease expired long ago, but it is
+    // being renewed: three lease durations without leading.
+    let mut b = start(&bed, &ns, "b").await?;
+    let until = Instant::now() + 3 * LEASE_DURATION;
+    while Instant::now() < until {
+        assert!(!b.leadership.is_leader(), "took over a lease that is being renewed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(b.leadership.is_decided(), "following is a decision");
+    assert_eq!(read_lease(&bed, &ns).await.holder_identity.as_deref(), Some("skewed"));
+
+    // The holder stops renewing: taken over once its record stood still for a lease duration.
+    renewing.cancel();
+    holder.await?;
+    let stopped = Instant::now();
+    tokio::time::timeout(LEASE_DURATION + Duration::from_secs(10), b.leadership.wait_until_leader()).await?;
+    let took = stopped.elapsed();
+    println!("taken over {took:?} after the last renewal");
+    assert!(took >= LEASE_DURATION - RETRY_PERIOD, "taken over {took:?} after the last renewal");
+    b.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
 async fn graceful_shutdown_releases_the_lease_so_the_other_takes_over_at_once() -> anyhow::Result<()> {
     init_tracing();
     let bed = testbed::ControlPlane::start().await?;
@@ -246,57 +302,64 @@ const DEFAULT: Duration = Duration::from_secs(15);
 
 #[test]
 fn decide_acquires_when_there_is_no_lease_or_no_holder() {
-    let now = ts("2026-01-01T00:01:00Z");
-    assert_eq!(decide(None, "me", now, DEFAULT), Decision::Acquire { previous: None });
-    assert_eq!(decide(Some(&LeaseSpec::default()), "me", now, DEFAULT), Decision::Acquire { previous: None });
+    assert_eq!(decide(None, "me", Duration::ZERO, DEFAULT), Decision::Acquire { previous: None });
+    assert_eq!(
+        decide(Some(&LeaseSpec::default()), "me", Duration::ZERO, DEFAULT),
+        Decision::Acquire { previous: None }
+    );
     let empty = LeaseSpec { holder_identity: Some(String::new()), ..held_by("x", "2026-01-01T00:00:59Z") };
-    assert_eq!(decide(Some(&empty), "me", now, DEFAULT), Decision::Acquire { previous: None });
+    assert_eq!(decide(Some(&empty), "me", Duration::ZERO, DEFAULT), Decision::Acquire { previous: None });
 }
 
 #[test]
-fn decide_follows_a_live_lease_of_another_until_renew_time_plus_duration() {
+fn decide_follows_a_lease_of_another_until_its_record_is_unchanged_for_its_duration() {
     let lease = held_by("other", "2026-01-01T00:01:00Z");
-    let expires = ts("2026-01-01T00:01:15Z");
-    for now in ["2026-01-01T00:01:00Z", "2026-01-01T00:01:14.999999Z"] {
+    let follow = |left: Duration| Decision::Follow { holder: "other".into(), expires_in: left };
+    assert_eq!(decide(Some(&lease), "me", Duration::ZERO, DEFAULT), follow(Duration::from_secs(15)));
+    assert_eq!(decide(Some(&lease), "me", Duration::from_millis(14_999), DEFAULT), follow(Duration::from_millis(1)));
+    for unchanged in [Duration::from_secs(15), Duration::from_secs(3600)] {
         assert_eq!(
-            decide(Some(&lease), "me", ts(now), DEFAULT),
-            Decision::Follow { holder: "other".into(), expires },
-            "at {now}"
+            decide(Some(&lease), "me", unchanged, DEFAULT),
+            Decision::Acquire { previous: Some("other".into()) },
+            "unchanged for {unchanged:?}"
         );
     }
-    for now in ["2026-01-01T00:01:15Z", "2026-01-01T01:00:00Z"] {
-        assert_eq!(
-            decide(Some(&lease), "me", ts(now), DEFAULT),
-            Decision::Acquire { previous: Some("other".into()) },
-            "at {now}"
-        );
+}
+
+#[test]
+fn decide_follows_a_just_renewed_lease_whatever_time_its_renew_time_states() {
+    // A holder whose clock is a year behind ours, or a year ahead: its renewTime says nothing to us; that
+    // the record changed does.
+    for renewed in ["2025-01-01T00:00:00Z", "2027-01-01T00:00:00Z"] {
+        let lease = held_by("other", renewed);
+        assert!(matches!(decide(Some(&lease), "me", Duration::from_secs(1), DEFAULT), Decision::Follow { .. }));
     }
 }
 
 #[test]
 fn decide_renews_its_own_lease_even_when_expired() {
     let lease = held_by("me", "2026-01-01T00:00:00Z");
-    assert_eq!(decide(Some(&lease), "me", ts("2026-01-01T00:00:01Z"), DEFAULT), Decision::Renew);
-    assert_eq!(decide(Some(&lease), "me", ts("2026-01-02T00:00:00Z"), DEFAULT), Decision::Renew);
+    assert_eq!(decide(Some(&lease), "me", Duration::from_secs(1), DEFAULT), Decision::Renew);
+    assert_eq!(decide(Some(&lease), "me", Duration::from_secs(86_400), DEFAULT), Decision::Renew);
 }
 
 #[test]
 fn decide_uses_the_default_duration_and_acquire_time_when_fields_are_missing() {
     let no_duration = LeaseSpec { lease_duration_seconds: None, ..held_by("other", "2026-01-01T00:01:00Z") };
-    let at = |s| decide(Some(&no_duration), "me", ts(s), Duration::from_secs(30));
-    assert!(matches!(at("2026-01-01T00:01:29Z"), Decision::Follow { .. }));
-    assert!(matches!(at("2026-01-01T00:01:30Z"), Decision::Acquire { .. }));
+    let after = |seconds| decide(Some(&no_duration), "me", Duration::from_secs(seconds), Duration::from_secs(30));
+    assert!(matches!(after(29), Decision::Follow { .. }));
+    assert!(matches!(after(30), Decision::Acquire { .. }));
 
     let no_renew = LeaseSpec { renew_time: None, ..held_by("other", "2026-01-01T00:01:00Z") };
     assert_eq!(
-        decide(Some(&no_renew), "me", ts("2026-01-01T00:00:14Z"), DEFAULT),
-        Decision::Follow { holder: "other".into(), expires: ts("2026-01-01T00:00:15Z") }
+        decide(Some(&no_renew), "me", Duration::from_secs(14), DEFAULT),
+        Decision::Follow { holder: "other".into(), expires_in: Duration::from_secs(1) }
     );
 
     // Nothing shows the holder is alive.
     let no_times = LeaseSpec { renew_time: None, acquire_time: None, ..held_by("other", "2026-01-01T00:01:00Z") };
     assert_eq!(
-        decide(Some(&no_times), "me", ts("2026-01-01T00:00:00Z"), DEFAULT),
+        decide(Some(&no_times), "me", Duration::ZERO, DEFAULT),
         Decision::Acquire { previous: Some("other".into()) }
     );
 }
@@ -305,7 +368,7 @@ fn decide_uses_the_default_duration_and_acquire_time_when_fields_are_missing() {
 fn acquiring_sets_holder_times_duration_and_counts_a_transition() {
     let now = ts("2026-01-01T00:05:00Z");
     let current = LeaseSpec { preferred_holder: Some("p".into()), ..held_by("other", "2026-01-01T00:01:00Z") };
-    let decision = decide(Some(&current), "me", now, DEFAULT);
+    let decision = decide(Some(&current), "me", Duration::from_secs(15), DEFAULT);
     let spec = decision.next_spec(Some(&current), "me", now, 3).expect("acquiring writes");
     assert_eq!(spec.holder_identity.as_deref(), Some("me"));
     assert_eq!(spec.acquire_time, Some(MicroTime(now)));
@@ -330,7 +393,7 @@ fn renewing_moves_only_renew_time_and_duration() {
 fn following_writes_nothing() {
     let current = held_by("other", "2026-01-01T00:01:00Z");
     let now = ts("2026-01-01T00:01:01Z");
-    let decision = decide(Some(&current), "me", now, DEFAULT);
+    let decision = decide(Some(&current), "me", Duration::from_secs(1), DEFAULT);
     assert!(matches!(decision, Decision::Follow { .. }));
     assert_eq!(decision.next_spec(Some(&current), "me", now, 3), None);
 }
@@ -343,7 +406,7 @@ fn a_released_lease_is_taken_at_once_and_keeps_its_transition_count() {
     assert_eq!(released.lease_duration_seconds, Some(1));
     assert_eq!(released.renew_time, Some(MicroTime(now)));
     assert_eq!(released.lease_transitions, Some(4));
-    assert_eq!(decide(Some(&released), "me", now, DEFAULT), Decision::Acquire { previous: None });
+    assert_eq!(decide(Some(&released), "me", Duration::ZERO, DEFAULT), Decision::Acquire { previous: None });
     let spec = Decision::Acquire { previous: None }.next_spec(Some(&released), "me", now, 3).expect("writes");
     assert_eq!(spec.lease_transitions, Some(5));
 }

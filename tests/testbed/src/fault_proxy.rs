@@ -44,8 +44,8 @@ struct Rule {
 #[derive(Default)]
 struct State {
     rules: Vec<Rule>,
-    /// (method, path) of every request seen, in order.
-    seen: Vec<(String, String)>,
+    /// (when it arrived in Unix seconds, method, path) of every request seen, in order.
+    seen: Vec<(f64, String, String)>,
     /// (fault, method, path) of every fault applied, in order.
     injected: Vec<(Fault, String, String)>,
 }
@@ -116,7 +116,12 @@ impl FaultProxy {
     /// Requests seen so far whose method is `method` (any when empty) and path contains `path_contains`.
     pub fn seen(&self, method: &str, path_contains: &str) -> usize {
         let state = self.state.lock().expect("proxy state");
-        state.seen.iter().filter(|(m, p)| (method.is_empty() || m == method) && p.contains(path_contains)).count()
+        state.seen.iter().filter(|(_, m, p)| (method.is_empty() || m == method) && p.contains(path_contains)).count()
+    }
+
+    /// Every request seen so far: (when it arrived in Unix seconds, method, path with query), in order.
+    pub fn requests(&self) -> Vec<(f64, String, String)> {
+        self.state.lock().expect("proxy state").seen.clone()
     }
 }
 
@@ -213,7 +218,8 @@ fn ends_with_trailer(body: &[u8]) -> bool {
 
 fn take_fault(state: &Mutex<State>, head: &Head) -> Option<Fault> {
     let mut state = state.lock().expect("proxy state");
-    state.seen.push((head.method.clone(), head.target.clone()));
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+    state.seen.push((now, head.method.clone(), head.target.clone()));
     let rule = state.rules.iter_mut().find(|r| {
         r.remaining > 0 && (r.method.is_empty() || r.method == head.method) && head.target.contains(&r.path_contains)
     })?;

@@ -45,11 +45,14 @@ fn default_in_flight() -> usize {
 ///
 /// By construction at most `memory_parts` finished parts sit in memory (queued or uploading), plus the one
 /// being filled: `(memory_parts + 1) * part_size <= memory_budget`. Parts that find no memory within
-/// `spill_after` go to `directory` and are uploaded from there.
+/// `spill_after` go to `directory` and are uploaded from there. Neither `directory` nor `max_bytes` concerns the
+/// second store: its copy (`secondary`) holds one part of `part_size` in memory, beside `memory_budget`, and
+/// writes nothing to disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spill {
     pub directory: PathBuf,
     pub memory_budget: u64,
+    /// The snapshot's multipart part size, and the piece the second store's copy streams in.
     pub part_size: u64,
     pub parts_in_flight: usize,
     pub memory_parts: usize,

@@ -1,20 +1,19 @@
 //! The requests the second store's copy pass needs (`crate::secondary`), on the same [`Store`] as every other
-//! request: objects listed with their ETag and size, an object downloaded to a file while hashing, a file put
-//! whole with the metadata it carried, and an object's sha256 read back.
+//! request: objects listed with their ETag and size, an object read as a stream of parts (one buffer at a time,
+//! hashed as it arrives: nothing of it touches the disk), one part put whole with the metadata it carried, and
+//! an object's sha256 read back. A larger object goes through the multipart requests of `storage`
+//! ([`Store::create_upload_with`], [`Store::upload_part`], [`Store::complete_upload`]).
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use aws_sdk_s3::operation::get_object::GetObjectOutput;
 use aws_sdk_s3::primitives::ByteStream;
+use bytes::Bytes;
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 
 use super::{StorageError, Store, WRITTEN_BY};
 use crate::config::Integrity;
-
-/// S3's bound on one PutObject: a larger object would need a multipart copy, which this pass does not make.
-pub const MAX_SINGLE_PUT: u64 = 5 << 30;
+use crate::part_buf::PartPool;
 
 /// One object as listed: its key, ETag (the store's name for this version of it) and size.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,12 +23,55 @@ pub struct StoredObject {
     pub size: u64,
 }
 
-/// An object downloaded to a file: the sha256 and size of the bytes received, and its user metadata.
-#[derive(Debug, Clone)]
-pub struct Downloaded {
-    pub sha256: [u8; 32],
-    pub size: u64,
+/// An object being read ([`Store::read_parts`]): its user metadata and announced size, and its body cut into
+/// parts of at most `part_size` bytes, each in one buffer that the next part reuses once the last reference to
+/// it is dropped. Every byte received is hashed, whether it went into a part or was drained by [`Self::finish`].
+pub struct PartReader {
     pub metadata: HashMap<String, String>,
+    /// The size the store announced (`Content-Length`); [`Self::finish`] gives the size received.
+    pub size: u64,
+    body: ByteStream,
+    pool: PartPool,
+    /// What is left of the last chunk received, not yet in a part.
+    rest: Bytes,
+    hasher: Sha256,
+    received: u64,
+}
+
+impl PartReader {
+    /// The next part (full unless it is the last), `None` once the body is done.
+    pub async fn next_part(&mut self) -> Result<Option<Bytes>, StorageError> {
+        let mut part = self.pool.take().map_err(|e| StorageError::Request {
+            operation: "GetObject",
+            detail: format!("a buffer for a part: {e}"),
+        })?;
+        while part.len < part.capacity() {
+            if self.rest.is_empty() {
+                match self.chunk().await? {
+                    Some(chunk) => self.rest = chunk,
+                    None => break,
+                }
+            }
+            let taken = part.fill(&self.rest);
+            self.rest = self.rest.slice(taken..);
+        }
+        Ok((part.len > 0).then(|| part.into_bytes()))
+    }
+
+    /// Reads what is left of the body without keeping it; the sha256 and size of every byte received.
+    pub async fn finish(mut self) -> Result<([u8; 32], u64), StorageError> {
+        while self.chunk().await?.is_some() {}
+        Ok((self.hasher.finalize().into(), self.received))
+    }
+
+    /// The body's next chunk, hashed and counted.
+    async fn chunk(&mut self) -> Result<Option<Bytes>, StorageError> {
+        let Some(chunk) = self.body.next().await else { return Ok(None) };
+        let chunk = chunk.map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
+        self.hasher.update(&chunk);
+        self.received += chunk.len() as u64;
+        Ok(Some(chunk))
+    }
 }
 
 impl Store {
@@ -48,21 +90,36 @@ impl Store {
             .collect())
     }
 
-    /// Downloads `key` into the file `path` (created), hashing what arrives; `None` when there is no object.
-    pub async fn download(&self, key: &str, path: &Path) -> Result<Option<Downloaded>, StorageError> {
+    /// Opens `key` to be read in parts of at most `part_size` bytes (smaller buffers for a smaller object);
+    /// `None` when there is no object.
+    pub async fn read_parts(&self, key: &str, part_size: u64) -> Result<Option<PartReader>, StorageError> {
         let Some(out) = self.get_if_any(key).await? else { return Ok(None) };
-        let metadata = out.metadata.clone().unwrap_or_default();
-        let local = |e: std::io::Error| StorageError::SpillRead { path: path.into(), detail: e.to_string() };
-        let mut file = tokio::fs::File::create(path).await.map_err(local)?;
-        let (sha256, size) = hash_body(out.body, Some((&mut file, path))).await?;
-        file.flush().await.map_err(local)?;
-        Ok(Some(Downloaded { sha256, size, metadata }))
+        let size = out
+            .content_length
+            .filter(|l| *l >= 0)
+            .ok_or(StorageError::Request { operation: "GetObject", detail: "no Content-Length".into() })?
+            as u64;
+        Ok(Some(PartReader {
+            metadata: out.metadata.unwrap_or_default(),
+            size,
+            body: out.body,
+            pool: PartPool::new(size.min(part_size) as usize),
+            rest: Bytes::new(),
+            hasher: Sha256::new(),
+            received: 0,
+        }))
     }
 
     /// The sha256 and size of the object at `key`, read whole; `None` when there is none.
     pub async fn read_sha256(&self, key: &str) -> Result<Option<([u8; 32], u64)>, StorageError> {
         let Some(out) = self.get_if_any(key).await? else { return Ok(None) };
-        Ok(Some(hash_body(out.body, None).await?))
+        let (mut hasher, mut size, mut body) = (Sha256::new(), 0u64, out.body);
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
+            hasher.update(&chunk);
+            size += chunk.len() as u64;
+        }
+        Ok(Some((hasher.finalize().into(), size)))
     }
 
     /// GetObject of `key`; `None` when there is no object.
@@ -74,19 +131,16 @@ impl Store {
         }
     }
 
-    /// PutObject of the file `path` at `key` with `metadata` (the source object's, so a delta keeps its chain)
-    /// and [`WRITTEN_BY`], encrypted as configured; with `integrity: checksums` it carries its SHA-256, which the
-    /// store checks. Returns the ETag the store gave it.
-    pub async fn put_file(
+    /// PutObject of `body` (one part's worth, from memory) at `key` with `metadata` (the source object's, so a
+    /// delta keeps its chain) and [`WRITTEN_BY`], encrypted as configured; with `integrity: checksums` it
+    /// carries its SHA-256 (`sha256`), which the store checks. Returns the ETag the store gave it.
+    pub async fn put_copy(
         &self,
         key: &str,
-        path: &Path,
+        body: Bytes,
         sha256: &[u8; 32],
         metadata: &HashMap<String, String>,
     ) -> Result<String, StorageError> {
-        let body = ByteStream::from_path(path)
-            .await
-            .map_err(|e| StorageError::SpillRead { path: path.into(), detail: e.to_string() })?;
         let (sse, kms) = self.sse();
         let mut request = self
             .client
@@ -94,34 +148,20 @@ impl Store {
             .bucket(&self.bucket)
             .key(key)
             .set_server_side_encryption(sse)
-            .set_ssekms_key_id(kms);
-        for (name, value) in metadata.iter().filter(|(name, _)| name.as_str() != WRITTEN_BY.0) {
-            request = request.metadata(name, value);
-        }
-        request = request.metadata(WRITTEN_BY.0, WRITTEN_BY.1);
+            .set_ssekms_key_id(kms)
+            .set_metadata(Some(with_written_by(metadata)));
         if self.integrity == Integrity::Checksums {
             request = request.checksum_sha256(aws_smithy_types::base64::encode(sha256));
         }
-        let out = request.body(body).send().await.map_err(|e| StorageError::request("PutObject", e))?;
+        let out =
+            request.body(ByteStream::from(body)).send().await.map_err(|e| StorageError::request("PutObject", e))?;
         Ok(out.e_tag.unwrap_or_default())
     }
 }
 
-/// Hashes `body` as it arrives, writing each chunk to the file when one is given: the sha256 and the size.
-async fn hash_body(
-    mut body: ByteStream,
-    mut file: Option<(&mut tokio::fs::File, &Path)>,
-) -> Result<([u8; 32], u64), StorageError> {
-    let (mut hasher, mut size) = (Sha256::new(), 0u64);
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
-        hasher.update(&chunk);
-        size += chunk.len() as u64;
-        if let Some((file, path)) = file.as_mut() {
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| StorageError::SpillRead { path: path.to_path_buf(), detail: e.to_string() })?;
-        }
-    }
-    Ok((hasher.finalize().into(), size))
+/// `metadata` (a copied object's) with [`WRITTEN_BY`] ours, whatever it said.
+pub(super) fn with_written_by(metadata: &HashMap<String, String>) -> HashMap<String, String> {
+    let mut out = metadata.clone();
+    out.insert(WRITTEN_BY.0.into(), WRITTEN_BY.1.into());
+    out
 }

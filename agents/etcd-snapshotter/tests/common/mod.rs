@@ -272,9 +272,53 @@ pub async fn manifests(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<serde_json:
     out
 }
 
+/// Every key in the bucket (every page of the listing).
 pub async fn keys(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<String> {
-    let out = s3.list_objects_v2().bucket(bucket).send().await.unwrap();
-    out.contents().iter().filter_map(|o| o.key().map(str::to_string)).collect()
+    let (mut out, mut token) = (Vec::new(), None);
+    loop {
+        let page = s3.list_objects_v2().bucket(bucket).set_continuation_token(token).send().await.unwrap();
+        out.extend(page.contents().iter().filter_map(|o| o.key().map(str::to_string)));
+        token = page.next_continuation_token().map(str::to_string);
+        if token.is_none() {
+            return out;
+        }
+    }
+}
+
+/// The second store's prefix: another than the primary's, as another provider's bucket would have.
+pub const SECOND_PREFIX: &str = "offsite/etcd";
+
+/// A second real S3 server (versitygw) with its own keys, and those keys as a mounted Secret would hold them.
+pub struct SecondStore {
+    pub s3: S3Server,
+    pub secret_dir: PathBuf,
+}
+
+impl SecondStore {
+    pub async fn start(bed: &Bed) -> Self {
+        let dir = bed.path("second");
+        std::fs::create_dir_all(&dir).unwrap();
+        let s3 = S3Server::start(bed.peers.path("versitygw"), &dir).await.unwrap();
+        let secret_dir = bed.path("second-secret");
+        std::fs::create_dir_all(&secret_dir).unwrap();
+        std::fs::write(secret_dir.join("AWS_ACCESS_KEY_ID"), &s3.access_key).unwrap();
+        std::fs::write(secret_dir.join("AWS_SECRET_ACCESS_KEY"), &s3.secret_key).unwrap();
+        Self { s3, secret_dir }
+    }
+
+    /// Appends a `secondary` section to `config` pointing at `endpoint` (this server or a proxy in front of it).
+    pub fn configure(&self, config: &Path, endpoint: &str, keep_last: usize) {
+        let mut text = std::fs::read_to_string(config).unwrap();
+        text.push_str(&format!(
+            "secondary:\n  interval: 1s\n  storage:\n    bucket: {}\n    prefix: {SECOND_PREFIX}\n    endpoint: {endpoint}\n    \
+             region: {}\n    pathStyle: true\n    maxAttempts: 1\n    attemptTimeout: 5s\n    credentials:\n      \
+             secretDirectory: {}\n  retention:\n    keepLast: {keep_last}\n",
+            self.s3.bucket,
+            testbed::s3::REGION,
+            self.secret_dir.display()
+        ));
+        std::fs::write(config, text).unwrap();
+    }
 }
 
 pub async fn uploads(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<String> {
