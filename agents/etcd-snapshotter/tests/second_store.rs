@@ -355,17 +355,7 @@ async fn a_copy_replaced_out_of_band_is_found_by_its_hash_and_copied_again_and_a
     assert_eq!(objects(&offsite, &second.s3.bucket, SECOND_PREFIX).await, of_snapshots(&on_primary, &ids));
     // The restore from the second store proves the copies (both hashes and etcdutl).
     let id = snapshot_ids(&on_primary).pop().unwrap();
-    let out = cli(&[
-        "verify",
-        "--config",
-        config.to_str().unwrap(),
-        "--store",
-        "secondary",
-        "--etcdutl",
-        bed.etcdutl().to_str().unwrap(),
-        &id,
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
+    verify_on_second(&bed, &config, &id);
 }
 
 async fn put_raw(s3: &aws_sdk_s3::Client, bucket: &str, key: &str, body: Vec<u8>) {
@@ -494,16 +484,13 @@ async fn a_snapshot_of_several_parts_is_copied_as_a_multipart_upload_through_mem
         objects(&offsite, &second.s3.bucket, SECOND_PREFIX).await,
         of_snapshots(&on_primary, std::slice::from_ref(&id))
     );
-    let out = cli(&[
-        "verify",
-        "--config",
-        config.to_str().unwrap(),
-        "--store",
-        "secondary",
-        "--etcdutl",
-        bed.etcdutl().to_str().unwrap(),
-        &id,
-    ]);
+    verify_on_second(&bed, &config, &id);
+}
+
+/// `verify --store secondary` of `id` passes: both hashes and etcdutl read the second store's copy.
+fn verify_on_second(bed: &Bed, config: &Path, id: &str) {
+    let (config, etcdutl) = (config.to_str().unwrap(), bed.etcdutl());
+    let out = cli(&["verify", "--config", config, "--store", "secondary", "--etcdutl", etcdutl.to_str().unwrap(), id]);
     assert!(out.status.success(), "{}", text(&out));
 }
 
