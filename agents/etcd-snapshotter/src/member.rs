@@ -95,6 +95,22 @@ pub(crate) async fn alarms(client: &mut etcd_client::Client) -> anyhow::Result<A
         .collect())
 }
 
+/// Disarms every NOSPACE alarm the member lists, as an operator would once space is freed: the number
+/// disarmed. A snapshot taken while NOSPACE was raised carries the alarm in its database, and a member restored
+/// from it refuses every write until it is disarmed.
+pub(crate) async fn disarm_nospace(client: &mut etcd_client::Client) -> anyhow::Result<usize> {
+    let mut disarmed = 0;
+    for (member, alarm) in alarms(client).await? {
+        if alarm == Alarm::Nospace {
+            let mut options = etcd_client::AlarmOptions::new();
+            options.with_member(member);
+            bounded("alarm disarm", client.alarm(AlarmAction::Deactivate, AlarmType::Nospace, Some(options))).await?;
+            disarmed += 1;
+        }
+    }
+    Ok(disarmed)
+}
+
 async fn bounded<T>(
     what: &str,
     f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,

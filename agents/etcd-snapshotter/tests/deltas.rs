@@ -296,6 +296,43 @@ async fn a_second_full_snapshot_at_the_same_revision_carries_the_delta_chain_and
     assert_eq!(revision_and_keys(&mut restored).await.0, now + BUMP, "every write: {out}");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_taken_while_nospace_was_raised_replays_its_deltas_with_the_alarm_disarmed_and_says_so() {
+    use etcd_client::{AlarmAction, AlarmOptions, AlarmType};
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/base", 5, 100).await.unwrap();
+    // NOSPACE raised (the member refuses writes), a full snapshot taken meanwhile: the alarm is in its database.
+    let member = client.status().await.unwrap().header().unwrap().member_id();
+    let on_member = || {
+        let mut options = AlarmOptions::new();
+        options.with_member(member);
+        Some(options)
+    };
+    client.alarm(AlarmAction::Activate, AlarmType::Nospace, on_member()).await.unwrap();
+    assert!(client.put("/registry/refused", "x", None).await.is_err(), "NOSPACE refuses writes");
+    let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
+    snapshot_ok(&config);
+    let s3 = bed.s3.client();
+    let (id, _) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
+    // Space freed, the alarm disarmed, writes again: the deltas carry them.
+    client.alarm(AlarmAction::Deactivate, AlarmType::Nospace, on_member()).await.unwrap();
+    let agent = agent(cluster, &config, &ns).start().await.unwrap();
+    load(&mut client, "/registry/after", 10, 100).await.unwrap();
+    let (now, _) = revision_and_keys(&mut client).await;
+    wait_until_stored(&s3, &bed.s3.bucket, &id, now).await;
+    drop(agent);
+    let (_p, mut restored, out) = restore_and_start(&bed, &config, "latest", "after-nospace").await;
+    assert!(out.contains("NOSPACE alarm was raised; the alarm is disarmed"), "{out}");
+    assert_eq!(revision_and_keys(&mut restored).await.0, now + BUMP, "every write: {out}");
+    let alarms = restored.alarm(AlarmAction::Get, AlarmType::None, None).await.unwrap();
+    assert!(alarms.alarms().is_empty(), "the restored member takes writes: {} alarm(s)", alarms.alarms().len());
+    restored.put("/registry/written-after-restore", "y", None).await.unwrap();
+}
+
 /// A full snapshot and three deltas after it (three bursts of writes, each stored before the next: the first burst
 /// wholly before the second delta), then a byte flipped in versitygw's file of the second delta.
 struct FlippedChain {

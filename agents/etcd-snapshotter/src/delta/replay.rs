@@ -106,6 +106,8 @@ pub struct Outcome {
     /// The newest wholly replayed delta that carries what the live member reported at its end: that end
     /// revision and the record (a drill compares them).
     pub live: Option<(u64, Live)>,
+    /// NOSPACE alarms the snapshot carried (raised when it was taken), disarmed in the restored member.
+    pub disarmed: usize,
 }
 
 impl Outcome {
@@ -120,6 +122,7 @@ impl Outcome {
             transactions: 0,
             broken: None,
             live: None,
+            disarmed: 0,
         }
     }
 }
@@ -231,6 +234,8 @@ pub async fn restore_at(
         throwaway::restore_and_start(&mut scratch, (tools.etcdutl, tools.etcd), &fetched.db, quota).await?;
 
     let mut outcome = Outcome::new(&manifest, exact);
+    // Raised when the snapshot was taken, the alarm would refuse every replayed write.
+    outcome.disarmed = crate::member::disarm_nospace(&mut client).await.context("disarming NOSPACE")?;
     replay(store, &manifest, point, (identities.as_deref(), tools.signing), &mut client, &mut outcome).await?;
     let live = crate::member::revision(&mut client).await?;
     ensure!(
@@ -497,6 +502,12 @@ pub fn summary(outcome: &Outcome, point: Point) -> String {
          asked for {point:?}\n",
         outcome.snapshot, outcome.snapshot_revision, outcome.deltas, outcome.transactions, outcome.revision
     );
+    if outcome.disarmed > 0 {
+        text.push_str(
+            "the snapshot was taken while etcd's NOSPACE alarm was raised; the alarm is disarmed in the restored \
+             member (free space in the cluster you restore into before kcp writes to it)\n",
+        );
+    }
     if let Some(broken) = &outcome.broken {
         text.push_str(&format!("STOPPED AT THE LAST GOOD POINT, revision {}: {broken}\n", outcome.revision));
     }
