@@ -152,15 +152,15 @@ impl AgentConfig for Config {
         let retention = retention::retention(&raw.retention, shards.iter().any(|s| s.drill.is_some()), &mut errors);
         let spill = spill::spill(raw.spill, &mut errors);
         let scheduled = shards.iter().any(|s| s.drill.is_some() || s.before_upgrade.is_some());
-        let drills = drills::drills(raw.drills, spill.as_ref(), scheduled, !recipients.is_empty(), &mut errors);
-        let retry = retry::retry(raw.retry, &mut errors);
-        let secondary = secondary::secondary(raw.secondary, scheduled, &mut errors);
         let delta_key = raw.delta_signing_key_file.and_then(|path| {
             crate::signing::SigningKey::read(&path)
                 .map_err(|e| errors.push(FieldError::new("deltaSigningKeyFile", e)))
                 .ok()
         });
-        let drills = Drills { delta_key: delta_key.clone(), ..drills };
+        let kind = (scheduled, !recipients.is_empty());
+        let drills = drills::drills(raw.drills, spill.as_ref(), kind, delta_key.clone(), &mut errors);
+        let retry = retry::retry(raw.retry, &mut errors);
+        let secondary = secondary::secondary(raw.secondary, scheduled, &mut errors);
         match (storage, spill) {
             (Some(storage), Some(spill)) if errors.is_empty() => Ok(Config {
                 shards,

@@ -368,6 +368,43 @@ pub struct Expected<'a> {
     pub cluster_id: &'a str,
 }
 
+impl Expected<'_> {
+    /// Whether a delta's metadata names the expected start, predecessor, snapshot and cluster (the metadata
+    /// half of [`check_link`]).
+    pub fn admits(&self, meta: &Meta) -> Result<(), String> {
+        if meta.from != self.from {
+            return Err(format!("it starts at revision {}, the chain continues at {}", meta.from, self.from));
+        }
+        if meta.previous.as_deref() != self.previous {
+            return Err(format!(
+                "it follows a delta with sha256 {}, the chain's last is {}",
+                meta.previous.as_deref().unwrap_or(NO_PREVIOUS),
+                self.previous.unwrap_or(NO_PREVIOUS)
+            ));
+        }
+        if meta.snapshot != self.snapshot || meta.cluster_id != self.cluster_id {
+            return Err(format!("it belongs to snapshot {} of cluster {}", meta.snapshot, meta.cluster_id));
+        }
+        Ok(())
+    }
+}
+
+/// The delta objects under the snapshot at `location` (of `shard`) by the revision each starts at, in order.
+pub(crate) async fn chain_keys(
+    store: &crate::storage::Store,
+    shard: &str,
+    location: &Location,
+) -> anyhow::Result<Vec<(u64, String)>> {
+    let mut keys: Vec<(u64, String)> = store
+        .list_keys(&dir(location))
+        .await?
+        .into_iter()
+        .filter_map(|key| Some((location_of(&store.prefix, shard, &key)?.1, key)))
+        .collect();
+    keys.sort();
+    Ok(keys)
+}
+
 /// Whether a delta is the chain's next link: its metadata names the expected start, predecessor, snapshot and
 /// cluster, its object's sha256 (`actual_sha256`, measured) is the one it states, and its payload's header
 /// repeats its metadata.
@@ -375,19 +412,7 @@ pub fn check_link(expected: &Expected<'_>, meta: &Meta, actual_sha256: &str, hea
     if meta.sha256 != actual_sha256 {
         return Err(format!("its object's sha256 is {actual_sha256}, its metadata says {}", meta.sha256));
     }
-    if meta.from != expected.from {
-        return Err(format!("it starts at revision {}, the chain continues at {}", meta.from, expected.from));
-    }
-    if meta.previous.as_deref() != expected.previous {
-        return Err(format!(
-            "it follows a delta with sha256 {}, the chain's last is {}",
-            meta.previous.as_deref().unwrap_or(NO_PREVIOUS),
-            expected.previous.unwrap_or(NO_PREVIOUS)
-        ));
-    }
-    if meta.snapshot != expected.snapshot || meta.cluster_id != expected.cluster_id {
-        return Err(format!("it belongs to snapshot {} of cluster {}", meta.snapshot, meta.cluster_id));
-    }
+    expected.admits(meta)?;
     let stated = Header {
         from: meta.from,
         to: meta.to,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::config::Shard;
 use crate::labels::MemberLabels;
-use crate::member::{Alarms, MemberStatus, status};
+use crate::member::{Alarms, MemberStatus, statuses};
 use crate::metrics::Metrics;
 
 /// How often each shard's members are read.
@@ -83,24 +83,20 @@ pub async fn run(shard: &Shard, metrics: &Metrics, stop: &tokio_util::sync::Canc
 
 /// Reads every member of `shard`.
 pub async fn poll(shard: &Shard) -> Poll {
-    let mut out = Poll::default();
-    for endpoint in &shard.endpoints {
-        // The alarms as the first member that answers lists them; one that does not is not answering.
-        let answer = match status(shard, endpoint).await {
-            Ok((mut client, status)) if out.alarms.is_none() => match crate::member::alarms(&mut client).await {
-                Ok(alarms) => {
-                    out.alarms = Some(alarms);
-                    Ok(status)
-                }
-                Err(e) => Err(format!("{e:#}")),
-            },
-            answer => answer.map(|(_, status)| status),
-        };
-        let answer = answer
-            .inspect_err(|error| tracing::debug!(shard = shard.name, endpoint, error, "health: member did not answer"));
-        out.members.push((endpoint.clone(), answer.ok()));
-    }
-    out
+    // The alarms as the first member that answers lists them; one that does not is not answering.
+    let alarms =
+        async |client: &mut etcd_client::Client| crate::member::alarms(client).await.map_err(|e| format!("{e:#}"));
+    let (members, alarms) = statuses(shard, alarms).await;
+    let members = members
+        .into_iter()
+        .map(|(endpoint, answer)| {
+            let answer = answer.inspect_err(|error| {
+                tracing::debug!(shard = shard.name, endpoint, error, "health: member did not answer")
+            });
+            (endpoint, answer.ok())
+        })
+        .collect();
+    Poll { members, alarms }
 }
 
 /// Sets the health series of one poll of `shard`; `changed` counts a leader change.

@@ -115,9 +115,18 @@ async fn bounded<T>(
     what: &str,
     f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
 ) -> anyhow::Result<T> {
-    match tokio::time::timeout(CALL_TIMEOUT, f).await {
-        Ok(result) => Ok(result?),
-        Err(_) => anyhow::bail!("{what} timed out after {CALL_TIMEOUT:?}"),
+    within(CALL_TIMEOUT, what, f).await.map_err(anyhow::Error::msg)
+}
+
+/// `call` within `timeout`, its error as text (`<what> timed out after <timeout>` when it takes longer).
+async fn within<T>(
+    timeout: Duration,
+    what: &str,
+    call: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("{what} timed out after {timeout:?}")),
     }
 }
 
@@ -225,13 +234,30 @@ pub async fn status(shard: &Shard, endpoint: &str) -> Result<(etcd_client::Clien
     Ok((client, member))
 }
 
+/// Every configured member's Status (or why not, as text), and what `first` reads from the first member that
+/// answers; a member that answers Status but not `first` counts as not answering.
+pub async fn statuses<X>(
+    shard: &Shard,
+    mut first: impl AsyncFnMut(&mut etcd_client::Client) -> Result<X, String>,
+) -> (Vec<(String, Result<MemberStatus, String>)>, Option<X>) {
+    let (mut members, mut read) = (Vec::new(), None);
+    for endpoint in &shard.endpoints {
+        let answer = match status(shard, endpoint).await {
+            Ok((mut client, seen)) if read.is_none() => first(&mut client).await.map(|x| {
+                read = Some(x);
+                seen
+            }),
+            answer => answer.map(|(_, seen)| seen),
+        };
+        members.push((endpoint.clone(), answer));
+    }
+    (members, read)
+}
+
 /// `call` within [`READ_TIMEOUT`], its error as text (`<what> timed out after 10s` when it takes longer).
 pub async fn read_within<T>(
     what: &str,
     call: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, String> {
-    match tokio::time::timeout(READ_TIMEOUT, call).await {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(_) => Err(format!("{what} timed out after {READ_TIMEOUT:?}")),
-    }
+    within(READ_TIMEOUT, what, call).await
 }

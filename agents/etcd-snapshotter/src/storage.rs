@@ -411,17 +411,10 @@ impl Store {
     /// With `integrity: readBack`, reads the stored object whole and compares its sha256 with `sha256`, the
     /// bytes streamed; nothing to do with `checksums` (the parts and the object were proven on the way).
     pub async fn read_back(&self, key: &str, sha256: &[u8; 32]) -> Result<(), StorageError> {
-        use sha2::Digest;
         if self.integrity != Integrity::ReadBack {
             return Ok(());
         }
-        let mut body = self.get(key).await?;
-        let mut hasher = sha2::Sha256::new();
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
-            hasher.update(&chunk);
-        }
-        let stored: [u8; 32] = hasher.finalize().into();
+        let (stored, _) = hash_body(self.get(key).await?).await?;
         if &stored != sha256 {
             return Err(StorageError::Integrity(format!(
                 "the object read back has sha256 {}, {} was streamed",
@@ -453,14 +446,14 @@ impl Store {
     fn put_ours(
         &self,
         key: &str,
-        content_type: &str,
+        content_type: Option<&str>,
     ) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
         let (sse, kms) = self.sse();
         self.client
             .put_object()
             .bucket(&self.bucket)
             .key(key)
-            .content_type(content_type)
+            .set_content_type(content_type.map(str::to_string))
             .metadata(WRITTEN_BY.0, WRITTEN_BY.1)
             .set_server_side_encryption(sse)
             .set_ssekms_key_id(kms)
@@ -472,7 +465,7 @@ impl Store {
         key: &str,
         body: Vec<u8>,
     ) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
-        self.put_ours(key, "application/json").body(ByteStream::from(body))
+        self.put_ours(key, Some("application/json")).body(ByteStream::from(body))
     }
 
     pub async fn put(&self, key: &str, body: Vec<u8>) -> Result<(), StorageError> {
@@ -546,16 +539,24 @@ impl Store {
         &self,
         key: &str,
     ) -> Result<Option<(aws_sdk_s3::operation::get_object::GetObjectOutput, Vec<u8>)>, StorageError> {
-        let mut out = match self.client.get_object().bucket(&self.bucket).key(key).send().await {
-            Ok(out) => out,
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
-            Err(e) => return Err(StorageError::request("GetObject", e)),
-        };
+        let Some(mut out) = self.get_if_any(key).await? else { return Ok(None) };
         let body = std::mem::take(&mut out.body)
             .collect()
             .await
             .map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
         Ok(Some((out, body.to_vec())))
+    }
+
+    /// GetObject of `key`; `None` when there is no object.
+    async fn get_if_any(
+        &self,
+        key: &str,
+    ) -> Result<Option<aws_sdk_s3::operation::get_object::GetObjectOutput>, StorageError> {
+        match self.client.get_object().bucket(&self.bucket).key(key).send().await {
+            Ok(out) => Ok(Some(out)),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
+            Err(e) => Err(StorageError::request("GetObject", e)),
+        }
     }
 
     /// Every object under `prefix` with its modification time.
@@ -627,7 +628,7 @@ impl Store {
     /// Writes a delta object (`delta`), whole, only where none is (`If-None-Match: *`), with its chain in user
     /// metadata beside [`WRITTEN_BY`]: `Ok(false)` when another writer put one at the key first.
     pub async fn put_new(&self, key: &str, body: Vec<u8>, metadata: &[(&str, String)]) -> Result<bool, StorageError> {
-        let mut request = self.put_ours(key, "application/octet-stream").if_none_match("*");
+        let mut request = self.put_ours(key, Some("application/octet-stream")).if_none_match("*");
         if self.integrity == Integrity::Checksums {
             request = request.checksum_sha256(integrity::sha256_base64(&body));
         }
@@ -729,6 +730,18 @@ fn condition_refused(
 ) -> bool {
     matches!(e.code(), Some("PreconditionFailed" | "ConditionalRequestConflict"))
         || e.raw_response().is_some_and(|r| matches!(r.status().as_u16(), 409 | 412))
+}
+
+/// The sha256 and size of a body, read to its end.
+async fn hash_body(mut body: ByteStream) -> Result<([u8; 32], u64), StorageError> {
+    use sha2::Digest;
+    let (mut hasher, mut size) = (sha2::Sha256::new(), 0u64);
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
+        hasher.update(&chunk);
+        size += chunk.len() as u64;
+    }
+    Ok((hasher.finalize().into(), size))
 }
 
 #[cfg(test)]

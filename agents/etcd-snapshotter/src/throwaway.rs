@@ -238,13 +238,15 @@ async fn wait_for_etcd(
 
 /// Restores `db` as a one-member throwaway etcd in `scratch` (`<scratch>/member`, the database file removed
 /// once restored) and starts it on loopback with `quota`, accepting any source transaction whole (a replay or a
-/// chain applies each as the source committed it): its client and client URL once it answers.
+/// chain applies each as the source committed it): its client and client URL once it answers, and the number
+/// of NOSPACE alarms disarmed in it (a snapshot taken while NOSPACE was raised carries the alarm in its
+/// database, and the member would refuse every write a replay or a kcp shard makes).
 pub async fn restore_and_start(
     scratch: &mut Scratch,
     (etcdutl, etcd): (&Path, &Path),
     db: &Path,
     quota: u64,
-) -> Result<(etcd_client::Client, String), DrillError> {
+) -> Result<(etcd_client::Client, String, usize), DrillError> {
     let (client_url, peer_url) = (loopback_url()?, loopback_url()?);
     let data_dir = scratch.path().join("member");
     etcdutl_restore(etcdutl, db, &drill_member(&data_dir, &peer_url)).await.map_err(RestoreFailed::into_drill_error)?;
@@ -254,8 +256,11 @@ pub async fn restore_and_start(
     let mut command = throwaway_etcd(etcd, &data_dir, &client_url, &peer_url, quota);
     command.arg("--max-txn-ops=1000000").arg("--max-request-bytes=268435456");
     let index = scratch.spawn(&mut command, &log, "etcd")?;
-    let client = wait_for_etcd(scratch, index, &client_url, &log).await?;
-    Ok((client, client_url))
+    let mut client = wait_for_etcd(scratch, index, &client_url, &log).await?;
+    let disarmed = crate::member::disarm_nospace(&mut client)
+        .await
+        .map_err(|e| DrillError::EtcdStart(format!("disarming NOSPACE in the restored member: {e:#}")))?;
+    Ok((client, client_url, disarmed))
 }
 
 /// Removes what drills of a killed agent left in `root` (a process that was SIGKILLed cannot clean up).

@@ -233,24 +233,14 @@ pub fn decide(
     }
 }
 
-/// The lease's spec as this replica last saw it change, and when (client-go's observed record and time).
-#[derive(Default)]
-struct Observed(std::sync::Mutex<Option<(LeaseSpec, Instant)>>);
-
-impl Observed {
-    /// How long `spec` has been seen unchanged, `now` being the monotonic time it was read at.
-    fn unchanged_for(&self, spec: Option<&LeaseSpec>, now: Instant) -> Duration {
-        let mut seen = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match (seen.as_ref(), spec) {
-            (Some((last, since)), Some(spec)) if last == spec => now.saturating_duration_since(*since),
-            (_, Some(spec)) => {
-                *seen = Some((spec.clone(), now));
-                Duration::ZERO
-            }
-            (_, None) => {
-                *seen = None;
-                Duration::ZERO
-            }
+/// How long `spec` has been seen unchanged as of `now`; `observed` is the spec this replica last saw change and
+/// when (client-go's observed record and time), updated here.
+fn unchanged_for(observed: &mut Option<(LeaseSpec, Instant)>, spec: Option<&LeaseSpec>, now: Instant) -> Duration {
+    match (observed.as_ref(), spec) {
+        (Some((last, since)), Some(spec)) if last == spec => now.saturating_duration_since(*since),
+        _ => {
+            *observed = spec.map(|spec| (spec.clone(), now));
+            Duration::ZERO
         }
     }
 }
@@ -322,7 +312,7 @@ pub fn spawn(
                 config,
                 tx,
                 decided: election_decided,
-                observed: Observed::default(),
+                observed: None,
                 renewed_at: None,
                 holds: false,
                 failures: 0,
@@ -356,7 +346,7 @@ struct Elector {
     tx: watch::Sender<bool>,
     decided: Arc<std::sync::atomic::AtomicBool>,
     /// The lease as last seen changing, for judging another holder's expiry.
-    observed: Observed,
+    observed: Option<(LeaseSpec, Instant)>,
     /// While leading: the monotonic time matching the renewTime of our last successful write.
     renewed_at: Option<Instant>,
     /// Whether the lease named us when we last read or wrote it, so shutdown knows whether to release it.
@@ -374,11 +364,12 @@ impl Elector {
         );
         loop {
             // Every wait races the renew deadline, so a hung request cannot keep us leading past it.
+            let renew_by = self.renew_by();
             let attempt = tokio::time::timeout(self.config.renew_deadline, self.try_once());
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
-                () = until(self.renew_by()) => self.step_down_late(),
+                () = until(renew_by) => self.step_down_late(),
                 result = attempt => self.record(result),
             }
             tokio::select! {
@@ -391,12 +382,13 @@ impl Elector {
         self.release().await;
     }
 
-    async fn try_once(&self) -> Result<Outcome, kube::Error> {
+    async fn try_once(&mut self) -> Result<Outcome, kube::Error> {
         let current = self.api.get_opt(&self.config.name).await?;
-        // Taken together so the monotonic deadline matches the renewTime others will judge us by.
+        // `written_at` starts the renew deadline and times the lease's record as read; `now` is only what is
+        // written (others judge expiry by when they see the record change, not by this time).
         let (written_at, now) = (Instant::now(), Timestamp::now());
         let spec = current.as_ref().and_then(|lease| lease.spec.as_ref());
-        let unchanged_for = self.observed.unchanged_for(spec, written_at);
+        let unchanged_for = unchanged_for(&mut self.observed, spec, written_at);
         let decision = decide(spec, &self.config.identity, unchanged_for, self.config.lease_duration);
         let Some(next) = decision.next_spec(spec, &self.config.identity, now, self.config.lease_duration_seconds())
         else {

@@ -96,8 +96,9 @@ pub enum ScheduleError {
     Name(String),
 }
 
-/// A validated schedule.
-#[derive(Clone)]
+/// A validated schedule; equal when name, cron expression, time zone, jitter, missed-tick policy and starting
+/// deadline are.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Schedule {
     name: String,
     cron: cron::Schedule,
@@ -119,16 +120,6 @@ impl fmt::Debug for Schedule {
             .finish()
     }
 }
-
-/// Equal when name, cron expression, time zone, jitter, missed-tick policy and starting deadline are.
-impl PartialEq for Schedule {
-    fn eq(&self, other: &Self) -> bool {
-        (&self.name, self.cron.source(), self.tz, self.jitter, self.missed, self.starting_deadline)
-            == (&other.name, other.cron.source(), other.tz, other.jitter, other.missed, other.starting_deadline)
-    }
-}
-
-impl Eq for Schedule {}
 
 /// What to do now.
 #[derive(Debug, Clone, PartialEq, Eq)]

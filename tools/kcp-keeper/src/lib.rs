@@ -89,22 +89,29 @@ async fn object_checks(client: &kube::Client, layout: &layout::Layout, options: 
 
 /// The expiry checks at `now` (Unix seconds): the hub's kubeconfig (`--hub-kubeconfig`) and every CA (`--ca`).
 async fn expiry_checks(client: &kube::Client, options: &Options, now: i64) -> Vec<Verdict> {
-    type NotAfters = fn(&[u8]) -> Result<Vec<i64>, String>;
-    let kubeconfig: (_, NotAfters, _, _) = (
-        expiry::KUBECONFIG,
-        expiry::kubeconfig_not_afters,
-        "check --hub-kubeconfig",
-        "renew the hub's kubeconfig (kubeconfig-rotator rotate) before it expires",
-    );
-    let ca: (_, NotAfters, _, _) = (
-        expiry::CA,
-        expiry::not_afters,
-        "check --ca",
-        "renew the CA (its cert-manager Certificate) and let ca-syncer carry old and new",
-    );
+    /// What one kind of Secret is checked for: the check's name, how its expiries are read, and what to do.
+    #[derive(Clone, Copy)]
+    struct Expiring {
+        check: &'static str,
+        not_afters: fn(&[u8]) -> Result<Vec<i64>, String>,
+        fix: &'static str,
+        todo: &'static str,
+    }
+    let kubeconfig = Expiring {
+        check: expiry::KUBECONFIG,
+        not_afters: expiry::kubeconfig_not_afters,
+        fix: "check --hub-kubeconfig",
+        todo: "renew the hub's kubeconfig (kubeconfig-rotator rotate) before it expires",
+    };
+    let ca = Expiring {
+        check: expiry::CA,
+        not_afters: expiry::not_afters,
+        fix: "check --ca",
+        todo: "renew the CA (its cert-manager Certificate) and let ca-syncer carry old and new",
+    };
     let secrets = options.hub_kubeconfig.iter().map(|r| (r, kubeconfig)).chain(options.cas.iter().map(|r| (r, ca)));
     let mut checks = Vec::new();
-    for (r, (check, not_afters, fix, todo)) in secrets {
+    for (r, Expiring { check, not_afters, fix, todo }) in secrets {
         let subject = format!("secret {r}");
         checks.push(
             match read::secret_key(client, r).await.map_err(|e| format!("{e:#}")).and_then(|b| not_afters(&b)) {

@@ -162,12 +162,13 @@ fn is_workspace_path(path: &str) -> bool {
     path.split(':').all(|label| check_dns_label(label).is_ok())
 }
 
-/// `scheduled`: whether any shard has a drill schedule (those drills need the identity when `encrypted`).
+/// `scheduled`: whether any shard has a drill schedule (those drills need the identity when `encrypted`);
+/// `delta_key`: the installation's delta key, every replayed delta's signature checked with it.
 pub(super) fn drills(
     raw: Option<RawDrills>,
     spill: Option<&Spill>,
-    scheduled: bool,
-    encrypted: bool,
+    (scheduled, encrypted): (bool, bool),
+    delta_key: Option<crate::signing::SigningKey>,
     errors: &mut Vec<FieldError>,
 ) -> Drills {
     // Absent: every field as serde defaults it.
@@ -210,6 +211,6 @@ pub(super) fn drills(
         timeout,
         kcp: raw.kcp,
         alongside_snapshots: raw.alongside_snapshots,
-        delta_key: None,
+        delta_key,
     }
 }

@@ -8,7 +8,7 @@ use etcd_client::Client;
 
 use super::{Cluster, Decision, Done, Outcome, Report, Stopped, decide};
 use crate::config::Shard;
-use crate::member::{READ_TIMEOUT, read_within, status};
+use crate::member::{READ_TIMEOUT, read_within, status, statuses};
 
 /// How one run is bounded.
 #[derive(Debug, Clone, Copy)]
@@ -113,19 +113,9 @@ async fn size_after(shard: &Shard, endpoint: &str, timeout: Duration) -> Result<
 /// Every configured member's status, and the alarms and voting members as the first that answers lists
 /// them (a member that answers Status but not those is counted as not answering).
 pub async fn read(shard: &Shard) -> Cluster {
-    let mut cluster = Cluster::default();
-    let mut listed = false;
-    for endpoint in &shard.endpoints {
-        let answer = match status(shard, endpoint).await {
-            Ok((mut client, seen)) if !listed => lists(&mut client).await.map(|(alarms, voting)| {
-                (cluster.alarms, cluster.voting_members, listed) = (alarms, voting, true);
-                seen
-            }),
-            answer => answer.map(|(_, seen)| seen),
-        };
-        cluster.members.push((endpoint.clone(), answer));
-    }
-    cluster
+    let (members, listed) = statuses(shard, lists).await;
+    let (alarms, voting_members) = listed.unwrap_or_default();
+    Cluster { members, alarms, voting_members }
 }
 
 async fn lists(client: &mut Client) -> Result<(crate::member::Alarms, usize), String> {

@@ -21,7 +21,7 @@ use chrono::{DateTime, Utc};
 use etcd_client::{LeaseGrantOptions, PutOptions, Txn, TxnOp};
 use sha2::{Digest, Sha256};
 
-use super::{Expected, Kind, Live, Meta, SigningKey, by_revision, check_link, decode_payload, location_of, parse_name};
+use super::{Expected, Kind, Live, Meta, SigningKey, by_revision, check_link, decode_payload, parse_name};
 use crate::encode::{self, Identity};
 use crate::generation::{self, Own};
 use crate::manifest::{Location, Manifest};
@@ -176,7 +176,7 @@ fn none_before(shard: &str, point: Point) -> anyhow::Error {
 /// and where its last delta ends.
 async fn watched_from(store: &Store, manifest: &Manifest) -> anyhow::Result<(Option<i64>, Option<u64>)> {
     let location = Location::from_id(&store.prefix, &manifest.id).context("the manifest's id is not valid")?;
-    let keys = chain_keys(store, manifest, &location).await?;
+    let keys = super::chain_keys(store, &manifest.shard, &location).await?;
     let (Some((_, first)), Some((_, last))) = (keys.first(), keys.last()) else { return Ok((None, None)) };
     let since = super::read_meta(store, first).await?.and_then(|m| m.watching_since_ms);
     Ok((since, super::read_meta(store, last).await?.map(|m| m.to)))
@@ -230,12 +230,10 @@ pub async fn restore_at(
     }
 
     let quota = manifest.db_size_bytes.saturating_mul(4).max(4 << 30);
-    let (mut client, _) =
+    let (mut client, _, disarmed) =
         throwaway::restore_and_start(&mut scratch, (tools.etcdutl, tools.etcd), &fetched.db, quota).await?;
 
-    let mut outcome = Outcome::new(&manifest, exact);
-    // Raised when the snapshot was taken, the alarm would refuse every replayed write.
-    outcome.disarmed = crate::member::disarm_nospace(&mut client).await.context("disarming NOSPACE")?;
+    let mut outcome = Outcome { disarmed, ..Outcome::new(&manifest, exact) };
     replay(store, &manifest, point, (identities.as_deref(), tools.signing), &mut client, &mut outcome).await?;
     let live = crate::member::revision(&mut client).await?;
     ensure!(
@@ -276,7 +274,7 @@ pub(crate) async fn replay(
     let mut from = manifest.revision + 1;
     let mut previous: Option<String> = None;
     let mut leases = std::collections::HashSet::new();
-    for (start, key) in chain_keys(store, manifest, &location).await? {
+    for (start, key) in super::chain_keys(store, &manifest.shard, &location).await? {
         if point.reached(outcome.revision) {
             // What follows (even a broken link) is past the point.
             return Ok(());
@@ -411,18 +409,6 @@ async fn ended(store: &Store, manifest: &Manifest, point: Point, outcome: &mut O
 fn newer_than<'a>(manifest: &Manifest, listed: &'a [Manifest], reached: u64) -> Option<&'a Manifest> {
     let cluster = generation::cluster_of(manifest);
     listed.iter().filter(|m| generation::cluster_of(m) == cluster && m.revision > reached).min_by_key(|m| m.revision)
-}
-
-/// The snapshot's delta objects by the revision each starts at, in order.
-async fn chain_keys(store: &Store, manifest: &Manifest, location: &Location) -> anyhow::Result<Vec<(u64, String)>> {
-    let mut keys: Vec<(u64, String)> = store
-        .list_keys(&super::dir(location))
-        .await?
-        .into_iter()
-        .filter_map(|key| Some((location_of(&store.prefix, &manifest.shard, &key)?.1, key)))
-        .collect();
-    keys.sort();
-    Ok(keys)
 }
 
 /// One delta object read and proven by its own sha256 (only a payload whose sha256 matches is decoded: it is

@@ -430,18 +430,11 @@ async fn chain_of(store: &Store, shard: &str, own: &Own) -> anyhow::Result<Resul
         return Ok(Err(End::NoSnapshot));
     };
     let location = Location::from_id(&store.prefix, &snapshot.id).ok_or_else(|| anyhow::anyhow!("invalid id"))?;
-    let dir = super::dir(&location);
-    let starts: std::collections::BTreeMap<u64, String> = store
-        .list_keys(&dir)
-        .await?
-        .into_iter()
-        .filter_map(|key| Some((super::location_of(&store.prefix, shard, &key)?.1, key)))
-        .collect();
+    let starts: std::collections::BTreeMap<u64, String> =
+        super::chain_keys(store, shard, &location).await?.into_iter().collect();
     let link = |meta: &Meta, from: u64, previous: Option<&str>| {
-        meta.from == from
-            && meta.previous.as_deref() == previous
-            && meta.snapshot == snapshot.id
-            && meta.cluster_id == own.cluster_id
+        let expected = super::Expected { from, previous, snapshot: &snapshot.id, cluster_id: &own.cluster_id };
+        expected.admits(meta).is_ok()
     };
     // Usually the newest delta continues the one before it (or is the first): continue after it, two reads.
     let mut newest = starts.iter().rev();

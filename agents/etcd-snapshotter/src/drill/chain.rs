@@ -69,10 +69,6 @@ pub async fn prove(
         return Ok(None);
     }
     let mut outcome = Outcome::new(manifest, revision);
-    // A snapshot taken while NOSPACE was raised carries the alarm: disarmed, or every replayed write is refused.
-    outcome.disarmed = crate::member::disarm_nospace(client)
-        .await
-        .map_err(|e| DrillError::DeltaReplay(format!("disarming NOSPACE: {e:#}")))?;
     replay::replay(store, manifest, Point::Latest, keys, client, &mut outcome)
         .await
         .map_err(|e| DrillError::DeltaReplay(format!("{e:#}")))?;

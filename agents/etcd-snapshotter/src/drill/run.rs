@@ -86,7 +86,7 @@ async fn steps(
     // Restore time: from etcdutl's start until the restored member answers.
     let restore_started = Instant::now();
     let quota = manifest.db_size_bytes.saturating_mul(2).max(2 << 30);
-    let (mut client, client_url) =
+    let (mut client, client_url, _) =
         throwaway::restore_and_start(&mut scratch, (&drills.etcdutl, &drills.etcd), &db, quota).await?;
     measured.restore_seconds = Some(restore_started.elapsed().as_secs_f64());
 

@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_s3::operation::get_object::GetObjectOutput;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
@@ -113,22 +112,7 @@ impl Store {
     /// The sha256 and size of the object at `key`, read whole; `None` when there is none.
     pub async fn read_sha256(&self, key: &str) -> Result<Option<([u8; 32], u64)>, StorageError> {
         let Some(out) = self.get_if_any(key).await? else { return Ok(None) };
-        let (mut hasher, mut size, mut body) = (Sha256::new(), 0u64, out.body);
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| StorageError::Request { operation: "GetObject", detail: e.to_string() })?;
-            hasher.update(&chunk);
-            size += chunk.len() as u64;
-        }
-        Ok(Some((hasher.finalize().into(), size)))
-    }
-
-    /// GetObject of `key`; `None` when there is no object.
-    async fn get_if_any(&self, key: &str) -> Result<Option<GetObjectOutput>, StorageError> {
-        match self.client.get_object().bucket(&self.bucket).key(key).send().await {
-            Ok(out) => Ok(Some(out)),
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
-            Err(e) => Err(StorageError::request("GetObject", e)),
-        }
+        Ok(Some(super::hash_body(out.body).await?))
     }
 
     /// PutObject of `body` (one part's worth, from memory) at `key` with `metadata` (the source object's, so a
@@ -141,15 +125,7 @@ impl Store {
         sha256: &[u8; 32],
         metadata: &HashMap<String, String>,
     ) -> Result<String, StorageError> {
-        let (sse, kms) = self.sse();
-        let mut request = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .set_server_side_encryption(sse)
-            .set_ssekms_key_id(kms)
-            .set_metadata(Some(with_written_by(metadata)));
+        let mut request = self.put_ours(key, None).set_metadata(Some(with_written_by(metadata)));
         if self.integrity == Integrity::Checksums {
             request = request.checksum_sha256(aws_smithy_types::base64::encode(sha256));
         }
