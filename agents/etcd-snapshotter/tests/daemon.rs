@@ -393,11 +393,7 @@ async fn two_replicas_run_each_scheduled_drill_once_and_a_flipped_byte_fails_it_
     assert!(listing.lines().any(|l| l.starts_with(&id) && !l.ends_with(" no")), "verified by the drill: {listing}");
 
     // A byte flipped in the stored object: the next drill fails, with an Event and the metric.
-    let file = bed.s3_file(&format!("{PREFIX}/{id}/snapshot.db.zst"));
-    let mut bytes = std::fs::read(&file).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x80;
-    std::fs::write(&file, bytes).unwrap();
+    bed.flip_middle_byte(&format!("{PREFIX}/{id}/snapshot.db.zst"), 0x80);
     leader
         .wait_for_metric(
             "etcd_snapshotter_drill_failures_total{shard=\"root\",reason=\"object_hash_mismatch\"}",

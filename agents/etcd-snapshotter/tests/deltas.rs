@@ -58,15 +58,37 @@ fn only_manifest(manifests: &[serde_json::Value]) -> (String, u64) {
 }
 
 fn deltas_config(bed: &Bed, endpoint: &str, interval: &str) -> std::path::PathBuf {
-    let mut options = Options::new(bed, "root", vec![endpoint.to_string()]);
-    options.shard_extra = format!("deltas:\n  enabled: true\n  interval: {interval}\n  maxBytes: 64Ki\n");
+    let options = Options::new(bed, "root", vec![endpoint.to_string()]).with_deltas(interval, Some("64Ki"));
     write_config(bed, &options).unwrap()
 }
 
-/// `restore --shard root --at <at>` into `data_dir`.
-fn restore_at(bed: &Bed, config: &Path, at: &str, data_dir: &Path, peer_url: &str) -> std::process::Output {
-    let (etcdutl, etcd) = (bed.etcdutl().to_str().unwrap(), bed.peers.path("etcd"));
-    restore_root(config, &["--at", at, "--etcdutl", etcdutl, "--etcd", etcd.to_str().unwrap()], data_dir, peer_url)
+/// A one-member etcd with five keys under `/base`, a client to it and a configuration with deltas every second;
+/// the namespace for the daemon's Lease.
+async fn one_member_with_base(bed: &Bed) -> (String, testbed::Etcd, etcd_client::Client, std::path::PathBuf) {
+    let ns = bed.cluster().namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/base", 5, 100).await.unwrap();
+    let config = deltas_config(bed, &etcd.members[0].client_url, "1s");
+    (ns, etcd, client, config)
+}
+
+/// Ten writes under `/registry/after`, stored in the chain under `id`, then the agent stopped and the bucket
+/// restored at latest as `name`: the source's revision after the writes, and the restored member.
+async fn ten_writes_stored_then_restored(
+    bed: &Bed,
+    client: &mut etcd_client::Client,
+    config: &Path,
+    id: &str,
+    agent: testbed::agent_process::AgentProcess,
+    name: &str,
+) -> (i64, testbed::process::Process, etcd_client::Client, String) {
+    load(client, "/registry/after", 10, 100).await.unwrap();
+    let (now, _) = revision_and_keys(client).await;
+    wait_until_stored(&bed.s3.client(), &bed.s3.bucket, id, now).await;
+    drop(agent);
+    let (process, restored, out) = restore_and_start(bed, config, "latest", name).await;
+    (now, process, restored, out)
 }
 
 /// Restores to `at` and starts an etcd on the result; the process and a client to it.
@@ -80,6 +102,7 @@ async fn restore_and_start(
     (process, client, out)
 }
 
+/// `restore --shard root --at <at>` into a fresh directory `name`, exiting `code`, and an etcd started on it.
 async fn restored_allowing(
     bed: &Bed,
     config: &Path,
@@ -87,12 +110,11 @@ async fn restored_allowing(
     name: &str,
     code: Option<i32>,
 ) -> (testbed::process::Process, etcd_client::Client, String) {
-    let data_dir = bed.path(name);
-    let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let out = restore_at(bed, config, at, &data_dir, &peer_url);
-    assert_eq!(out.status.code(), code, "{}", text(&out));
-    let (process, client) = serve_restored(bed, name, &data_dir, client_port, &peer_url).await;
+    let (etcdutl, etcd) = (bed.etcdutl().to_str().unwrap(), bed.peers.path("etcd"));
+    let options = ["--at", at, "--etcdutl", etcdutl, "--etcd", etcd.to_str().unwrap()];
+    let (out, process, client) =
+        restore_and_serve(bed, config, &options, name, |out| assert_eq!(out.status.code(), code, "{}", text(out)))
+            .await;
     (process, client, text(&out))
 }
 
@@ -133,7 +155,7 @@ async fn deltas_under_a_steady_write_load_resume_after_an_agent_kill_with_no_gap
     let (id, snapshot_revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
 
     // The load first: 50 writes a second through the whole test, the agent killed and restarted under it.
-    let writes = Load::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(20));
+    let writes = Load::start(client, "/registry/load", Duration::from_millis(20));
     let mut first = agent(cluster, &config, &ns).start().await.unwrap();
     wait_for_deltas(&s3, &bed.s3.bucket, &id, 3).await;
     first.process.kill();
@@ -269,15 +291,10 @@ async fn restore_at_a_revision_stops_at_it_before_a_broken_link_and_exits_2_when
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_full_snapshot_at_the_same_revision_carries_the_delta_chain_and_restore_at_latest_holds_every_write() {
     let bed = Bed::with_cluster().await.unwrap();
-    let cluster = bed.cluster();
-    let ns = cluster.namespace().await.unwrap();
-    let etcd = bed.etcd("root", 1).await.unwrap();
-    let mut client = etcd.member_client(0).await.unwrap();
-    load(&mut client, "/base", 5, 100).await.unwrap();
-    let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
+    let (ns, _etcd, mut client, config) = one_member_with_base(&bed).await;
     snapshot_ok(&config);
     let s3 = bed.s3.client();
-    let agent = agent(cluster, &config, &ns).start().await.unwrap();
+    let agent = agent(bed.cluster(), &config, &ns).start().await.unwrap();
     // The writer's session runs under the first snapshot once it has caught up.
     let caught_up = "etcd_snapshotter_delta_stored_through_timestamp_seconds{shard=\"root\"}";
     agent.wait_for_metric(caught_up, WAIT, |v| v > 0.0).await;
@@ -287,45 +304,29 @@ async fn a_second_full_snapshot_at_the_same_revision_carries_the_delta_chain_and
     assert_eq!(listed.len(), 2, "{listed:?}");
     assert_eq!(listed[0]["revision"], listed[1]["revision"], "{listed:?}");
     let newer = listed.iter().map(|m| m["id"].as_str().unwrap().to_string()).max().unwrap();
-    load(&mut client, "/registry/after", 10, 100).await.unwrap();
-    let (now, _) = revision_and_keys(&mut client).await;
-    wait_until_stored(&s3, &bed.s3.bucket, &newer, now).await;
-    drop(agent);
-    let (_p, mut restored, out) = restore_and_start(&bed, &config, "latest", "same-revision").await;
+    let (now, _p, mut restored, out) =
+        ten_writes_stored_then_restored(&bed, &mut client, &config, &newer, agent, "same-revision").await;
     assert!(out.contains(&newer), "{out}");
     assert_eq!(revision_and_keys(&mut restored).await.0, now + BUMP, "every write: {out}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_snapshot_taken_while_nospace_was_raised_replays_its_deltas_with_the_alarm_disarmed_and_says_so() {
-    use etcd_client::{AlarmAction, AlarmOptions, AlarmType};
+    use etcd_client::{AlarmAction, AlarmType};
     let bed = Bed::with_cluster().await.unwrap();
-    let cluster = bed.cluster();
-    let ns = cluster.namespace().await.unwrap();
-    let etcd = bed.etcd("root", 1).await.unwrap();
-    let mut client = etcd.member_client(0).await.unwrap();
-    load(&mut client, "/base", 5, 100).await.unwrap();
+    let (ns, _etcd, mut client, config) = one_member_with_base(&bed).await;
     // NOSPACE raised (the member refuses writes), a full snapshot taken meanwhile: the alarm is in its database.
     let member = client.status().await.unwrap().header().unwrap().member_id();
-    let on_member = || {
-        let mut options = AlarmOptions::new();
-        options.with_member(member);
-        Some(options)
-    };
-    client.alarm(AlarmAction::Activate, AlarmType::Nospace, on_member()).await.unwrap();
+    nospace(&mut client, member, AlarmAction::Activate).await.unwrap();
     assert!(client.put("/registry/refused", "x", None).await.is_err(), "NOSPACE refuses writes");
-    let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
     snapshot_ok(&config);
     let s3 = bed.s3.client();
     let (id, _) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
     // Space freed, the alarm disarmed, writes again: the deltas carry them.
-    client.alarm(AlarmAction::Deactivate, AlarmType::Nospace, on_member()).await.unwrap();
-    let agent = agent(cluster, &config, &ns).start().await.unwrap();
-    load(&mut client, "/registry/after", 10, 100).await.unwrap();
-    let (now, _) = revision_and_keys(&mut client).await;
-    wait_until_stored(&s3, &bed.s3.bucket, &id, now).await;
-    drop(agent);
-    let (_p, mut restored, out) = restore_and_start(&bed, &config, "latest", "after-nospace").await;
+    nospace(&mut client, member, AlarmAction::Deactivate).await.unwrap();
+    let agent = agent(bed.cluster(), &config, &ns).start().await.unwrap();
+    let (now, _p, mut restored, out) =
+        ten_writes_stored_then_restored(&bed, &mut client, &config, &id, agent, "after-nospace").await;
     assert!(out.contains("NOSPACE alarm was raised; the alarm is disarmed"), "{out}");
     assert_eq!(revision_and_keys(&mut restored).await.0, now + BUMP, "every write: {out}");
     let alarms = restored.alarm(AlarmAction::Get, AlarmType::None, None).await.unwrap();
@@ -365,11 +366,7 @@ impl FlippedChain {
         drop(agent);
         let deltas = deltas_of(&s3, &bed.s3.bucket, &id).await;
         let (good, broken) = (deltas[0].clone(), deltas[1].clone());
-        let file = bed.s3_file(&broken.key);
-        let mut bytes = std::fs::read(&file).unwrap();
-        let middle = bytes.len() / 2;
-        bytes[middle] ^= 0x40;
-        std::fs::write(&file, bytes).unwrap();
+        bed.flip_middle_byte(&broken.key, 0x40);
         Self { _etcd: etcd, config, id, snapshot_revision, good, broken }
     }
 }
@@ -390,14 +387,15 @@ async fn losing_the_shards_node_under_a_steady_write_load_loses_only_writes_of_t
     let cluster = bed.cluster();
     let ns = cluster.namespace().await.unwrap();
     let mut etcd = bed.etcd("root", 1).await.unwrap();
-    load(&mut etcd.member_client(0).await.unwrap(), "/base", 5, 100).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/base", 5, 100).await.unwrap();
     let interval = Duration::from_secs(2);
     let config = deltas_config(&bed, &etcd.members[0].client_url, "2s");
     snapshot_ok(&config);
     let s3 = bed.s3.client();
     let (id, _) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
     let mut agent = agent(cluster, &config, &ns).start().await.unwrap();
-    let writes = Load::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(10));
+    let writes = Load::start(client, "/registry/load", Duration::from_millis(10));
     wait_for_deltas(&s3, &bed.s3.bucket, &id, 4).await;
     // A delta was just written: the node goes most of an interval later (150 more writes at 100/s), not right
     // after a flush, so the loss measured is near the worst case.
@@ -480,8 +478,9 @@ async fn retention_deletes_a_snapshots_deltas_with_it_and_clean_up_removes_orpha
 
 /// A daemon writing deltas with the live member's record on every delta, and drills configured.
 fn drilled_deltas_config(bed: &Bed, endpoint: &str) -> std::path::PathBuf {
-    let mut options = Options::new(bed, "root", vec![endpoint.to_string()]).with_drills(bed);
-    options.shard_extra = "deltas:\n  enabled: true\n  interval: 1s\n  maxBytes: 64Ki\n  hashKvInterval: 0s\n".into();
+    let mut options =
+        Options::new(bed, "root", vec![endpoint.to_string()]).with_drills(bed).with_deltas("1s", Some("64Ki"));
+    options.shard_extra.push_str("  hashKvInterval: 0s\n");
     write_config(bed, &options).unwrap()
 }
 
@@ -602,8 +601,9 @@ async fn an_idle_shard_with_no_write_after_its_full_snapshot_reports_a_recovery_
     assert!(deltas_of(&s3, &bed.s3.bucket, &id).await.is_empty(), "no write, so no delta object");
 }
 
-/// The stored chain's newest revision under `id` (the snapshot's own when no delta is stored yet).
-async fn stored_revision(s3: &aws_sdk_s3::Client, bucket: &str, id: &str, snapshot_revision: u64) -> i64 {
+/// The newest revision the chain under `id` stores (the snapshot's own when no delta is stored yet): unlike
+/// [`stored_through`], blind to any other snapshot's chain.
+async fn chain_stored_through(s3: &aws_sdk_s3::Client, bucket: &str, id: &str, snapshot_revision: u64) -> i64 {
     deltas_of(s3, bucket, id).await.last().map_or(snapshot_revision, |d| d.to) as i64
 }
 
@@ -613,12 +613,10 @@ async fn a_member_cut_off_from_its_peers_neither_stalls_the_deltas_nor_lets_the_
     let bed = Bed::with_cluster().await.unwrap();
     let cluster = bed.cluster();
     let ns = cluster.namespace().await.unwrap();
-    let etcd =
-        testbed::Etcd::start_partitionable(bed.peers.path("etcd"), &bed.path("root-etcd"), "root").await.unwrap();
+    let etcd = bed.partitionable_etcd("root").await.unwrap();
     // Member 0 is listed first: the writer watches it until it is cut off.
     let endpoints = etcd.members.iter().map(|m| m.client_url.clone()).collect();
-    let mut options = Options::new(&bed, "root", endpoints);
-    options.shard_extra = "deltas:\n  enabled: true\n  interval: 1s\n  maxBytes: 64Ki\n".into();
+    let options = Options::new(&bed, "root", endpoints).with_deltas("1s", Some("64Ki"));
     let config = write_config(&bed, &options).unwrap();
     snapshot_ok(&config);
     let s3 = bed.s3.client();
@@ -645,15 +643,16 @@ async fn a_member_cut_off_from_its_peers_neither_stalls_the_deltas_nor_lets_the_
         assert!(Instant::now() < deadline, "only {claims_after_cut} of {samples} claims came after the cut");
         every.tick().await;
         let claimed = agent.metric(series).await.unwrap();
-        let stored = stored_revision(&s3, &bed.s3.bucket, &id, snapshot_revision).await;
+        let stored = chain_stored_through(&s3, &bed.s3.bucket, &id, snapshot_revision).await;
         let acked = writes.acked();
-        let missing: Vec<&Ack> = acked.iter().filter(|a| a.unix <= claimed && a.revision > stored).collect();
+        let missing: Vec<(i64, f64)> =
+            claimed_but_unstored(acked.iter().map(|a| (a.revision, a.unix)), claimed, stored).collect();
         assert!(
             missing.is_empty(),
             "the metric claims the shard stored through {claimed:.3} ({:.1}s after the cut), but {} writes acknowledged before then are not stored (stored through revision {stored}, first missing {:?})",
             claimed - cut_at,
             missing.len(),
-            missing.first().map(|a| a.revision),
+            missing.first().map(|(revision, _)| *revision),
         );
         samples += 1;
         claims_after_cut += usize::from(claimed > cut_at);
@@ -674,16 +673,12 @@ async fn a_member_cut_off_from_its_peers_neither_stalls_the_deltas_nor_lets_the_
 #[tokio::test(flavor = "multi_thread")]
 async fn restore_at_a_time_inside_a_deleted_last_delta_exits_2_since_the_next_snapshot_proves_the_chain_went_on() {
     let bed = Bed::with_cluster().await.unwrap();
-    let cluster = bed.cluster();
-    let ns = cluster.namespace().await.unwrap();
-    let etcd = bed.etcd("root", 1).await.unwrap();
-    load(&mut etcd.member_client(0).await.unwrap(), "/base", 5, 100).await.unwrap();
-    let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
+    let (ns, _etcd, client, config) = one_member_with_base(&bed).await;
     snapshot_ok(&config);
     let s3 = bed.s3.client();
     let (id, snapshot_revision) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
-    let agent = agent(cluster, &config, &ns).start().await.unwrap();
-    let writes = Load::start(etcd.member_client(0).await.unwrap(), "/registry/load", Duration::from_millis(20));
+    let agent = agent(bed.cluster(), &config, &ns).start().await.unwrap();
+    let writes = Load::start(client, "/registry/load", Duration::from_millis(20));
     wait_for_deltas(&s3, &bed.s3.bucket, &id, 4).await;
     // A second full snapshot: the writer moves its chain under it, so the first chain ends past its revision.
     snapshot_ok(&config);
@@ -826,21 +821,20 @@ async fn with_a_delta_key_a_delta_appended_by_a_bucket_writer_is_refused_by_rest
     let cluster = bed.cluster();
     let ns = cluster.namespace().await.unwrap();
     let etcd = bed.etcd("root", 1).await.unwrap();
-    load(&mut etcd.member_client(0).await.unwrap(), "/registry/base", 20, 100).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/base", 20, 100).await.unwrap();
     let key_file = bed.path("delta-key");
     std::fs::write(&key_file, "a-secret-only-the-agent-and-its-restores-hold\n").unwrap();
-    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
-    options.shard_extra = "deltas:\n  enabled: true\n  interval: 1s\n".into();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]).with_deltas("1s", None);
     let unsigned = write_config(&bed, &options).unwrap();
-    let signed = bed.path("signed.yaml");
-    let text = std::fs::read_to_string(&unsigned).unwrap();
-    std::fs::write(&signed, format!("{text}deltaSigningKeyFile: {}\n", key_file.display())).unwrap();
+    options.delta_signing_key = Some(key_file);
+    let signed = write_config(&bed, &options).unwrap();
     snapshot_ok(&signed);
     let s3 = bed.s3.client();
     let (id, _) = only_manifest(&manifests(&s3, &bed.s3.bucket).await);
     let agent = agent(cluster, &signed, &ns).start().await.unwrap();
-    load(&mut etcd.member_client(0).await.unwrap(), "/registry/after", 30, 100).await.unwrap();
-    let written = etcd.member_client(0).await.unwrap().get("/", None).await.unwrap().header().unwrap().revision();
+    load(&mut client, "/registry/after", 30, 100).await.unwrap();
+    let written = client.get("/", None).await.unwrap().header().unwrap().revision();
     let chain = wait_until_stored(&s3, &bed.s3.bucket, &id, written).await;
     drop(agent);
     let signed_by_agent = s3.head_object().bucket(&bed.s3.bucket).key(&chain[0].key).send().await.unwrap();
@@ -854,7 +848,7 @@ async fn with_a_delta_key_a_delta_appended_by_a_bucket_writer_is_refused_by_rest
     let (_p, mut restored, out) = restored_allowing(&bed, &signed, "latest", "with-the-key", Some(2)).await;
     assert!(out.contains(&format!("breaks at revision {forged}")) && out.contains("not signed"), "{out}");
     assert!(restored.get("/registry/forged", None).await.unwrap().kvs().is_empty(), "the planted key is not restored");
-    let source = mod_revisions(&mut etcd.member_client(0).await.unwrap(), "/registry/").await;
+    let source = mod_revisions(&mut client, "/registry/").await;
     assert_eq!(mod_revisions(&mut restored, "/registry/").await, source, "every signed delta, up to {written}");
     // The control: without the key the same forged link passes every other check and is applied.
     let (_p, mut restored, _) = restored_allowing(&bed, &unsigned, "latest", "without-the-key", Some(0)).await;

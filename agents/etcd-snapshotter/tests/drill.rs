@@ -126,11 +126,7 @@ async fn a_flipped_byte_in_the_stored_object_fails_with_object_hash_mismatch_and
     snapshot_ok(&d.config);
     let bad = newest_id(&d.bed).await;
     assert_ne!(bad, good);
-    let file = d.bed.s3_file(&format!("{PREFIX}/{bad}/snapshot.db.zst"));
-    let mut bytes = std::fs::read(&file).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x01;
-    std::fs::write(&file, bytes).unwrap();
+    d.bed.flip_middle_byte(&format!("{PREFIX}/{bad}/snapshot.db.zst"), 0x01);
 
     let out = drill(&d.config, Some(&bad));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
@@ -320,11 +316,7 @@ async fn a_verified_snapshot_stays_verified_through_a_drill_its_environment_fail
     assert_drills_dir_empty(&d.bed);
 
     // The snapshot's own fault takes it back: its object is no longer what was published.
-    let file = d.bed.s3_file(&format!("{PREFIX}/{id}/snapshot.db.zst"));
-    let mut bytes = std::fs::read(&file).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x01;
-    std::fs::write(&file, bytes).unwrap();
+    d.bed.flip_middle_byte(&format!("{PREFIX}/{id}/snapshot.db.zst"), 0x01);
     let out = drill(&d.config, Some(&id));
     assert!(!out.status.success() && text(&out).contains("object_hash_mismatch"), "{}", text(&out));
     let line = listed_line(&list(&d.config), &id).to_string();

@@ -18,11 +18,8 @@ const PART_ONE: &str = "partNumber=1&";
 /// A configuration through `proxy` with a short attempt timeout (a stalled request fails in seconds) and
 /// `extra_storage` lines.
 fn config_through(bed: &Bed, options: Options, proxy: &FaultProxy, extra_storage: &str) -> PathBuf {
-    let options = Options { s3_endpoint: proxy.url.clone(), extra_storage, ..options };
-    let path = write_config(bed, &options).unwrap();
-    let text = std::fs::read_to_string(&path).unwrap().replace("attemptTimeout: 30s", "attemptTimeout: 3s");
-    std::fs::write(&path, text).unwrap();
-    path
+    let options = Options { s3_endpoint: proxy.url.clone(), extra_storage, attempt_timeout: "3s", ..options };
+    write_config(bed, &options).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -22,27 +22,14 @@ const BUMP: i64 = 1_000_000_000;
 /// Every object under `prefix` by its key below the prefix, with its sha256.
 async fn objects(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    let mut token = None;
-    loop {
-        let page = s3
-            .list_objects_v2()
-            .bucket(bucket)
-            .prefix(format!("{prefix}/"))
-            .set_continuation_token(token.take())
-            .send()
-            .await
-            .unwrap();
-        for key in page.contents().iter().filter_map(|o| o.key()) {
-            let Ok(object) = s3.get_object().bucket(bucket).key(key).send().await else { continue };
-            let Ok(body) = object.body.collect().await else { continue };
-            let relative = key.strip_prefix(&format!("{prefix}/")).unwrap().to_string();
-            out.insert(relative, hex::encode(Sha256::digest(body.into_bytes())));
-        }
-        match page.next_continuation_token {
-            Some(next) if page.is_truncated() == Some(true) => token = Some(next),
-            _ => return out,
-        }
+    let under = format!("{prefix}/");
+    for key in keys(s3, bucket).await {
+        let Some(relative) = key.strip_prefix(&under) else { continue };
+        let Ok(object) = s3.get_object().bucket(bucket).key(&key).send().await else { continue };
+        let Ok(body) = object.body.collect().await else { continue };
+        out.insert(relative.to_string(), hex::encode(Sha256::digest(body.into_bytes())));
     }
+    out
 }
 
 /// The snapshot ids (`<shard>/<name>`) whose manifest is among `objects`, sorted (names sort by time).
@@ -127,21 +114,8 @@ async fn every_published_object_lands_verified_on_both_stores_and_each_store_kee
     assert_eq!(listed.lines().count(), 4, "a header and three snapshots: {listed}");
 }
 
-/// The newest `delta-to` among the deltas stored under `prefix` of `bucket`.
-async fn newest_delta_to(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> i64 {
-    let mut newest = 0;
-    let out = s3.list_objects_v2().bucket(bucket).prefix(format!("{prefix}/")).send().await.unwrap();
-    for key in out.contents().iter().filter_map(|o| o.key()).filter(|k| k.contains("/deltas/")) {
-        let Ok(head) = s3.head_object().bucket(bucket).key(key).send().await else { continue };
-        let to = head.metadata().and_then(|m| m.get("delta-to")).and_then(|v| v.parse().ok()).unwrap_or(0);
-        newest = newest.max(to);
-    }
-    newest
-}
-
 fn deltas_options(bed: &Bed, endpoint: &str) -> Options<'static> {
-    let mut options = Options::new(bed, "root", vec![endpoint.to_string()]);
-    options.shard_extra = "deltas:\n  enabled: true\n  interval: 1s\n  maxBytes: 64Ki\n".into();
+    let mut options = Options::new(bed, "root", vec![endpoint.to_string()]).with_deltas("1s", Some("64Ki"));
     options.keep_last = 100;
     options
 }
@@ -198,7 +172,7 @@ async fn a_second_store_answering_503_and_resets_is_counted_while_primary_snapsh
     .await;
     let last = writes.finish_at_source(&mut client).await;
     testbed::eventually(Duration::from_secs(60), "the last write on the second store", || async {
-        (newest_delta_to(&offsite, &second.s3.bucket, SECOND_PREFIX).await >= last).then_some(())
+        (stored_through(&offsite, &second.s3.bucket, SECOND_PREFIX).await >= last).then_some(())
     })
     .await;
     agent.wait_for_metric(behind, WAIT, |v| v == 0.0).await;
@@ -224,14 +198,12 @@ async fn restore_from(
     at: &str,
     name: &str,
 ) -> (testbed::process::Process, etcd_client::Client, String) {
-    let data_dir = bed.path(name);
-    let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
     let (etcdutl, etcd) = (bed.etcdutl().to_str().unwrap(), bed.peers.path("etcd"));
     let options = ["--store", store, "--at", at, "--etcdutl", etcdutl, "--etcd", etcd.to_str().unwrap()];
-    let out = restore_root(config, &options, &data_dir, &peer_url);
-    assert!(out.status.success(), "restore from {store}: {}", text(&out));
-    let (process, client) = serve_restored(bed, name, &data_dir, client_port, &peer_url).await;
+    let (out, process, client) = restore_and_serve(bed, config, &options, name, |out| {
+        assert!(out.status.success(), "restore from {store}: {}", text(out));
+    })
+    .await;
     (process, client, text(&out))
 }
 
@@ -269,7 +241,7 @@ async fn restore_at_from_the_second_store_with_the_primary_stopped_gives_the_pri
     let last = writes.finish_at_source(&mut source).await;
     let offsite = second.s3.client();
     testbed::eventually(Duration::from_secs(90), "deltas through the last write on the second store", || async {
-        (newest_delta_to(&offsite, &second.s3.bucket, SECOND_PREFIX).await >= last).then_some(())
+        (stored_through(&offsite, &second.s3.bucket, SECOND_PREFIX).await >= last).then_some(())
     })
     .await;
     agent.terminate(Duration::from_secs(20));
@@ -409,9 +381,10 @@ fn files_under(dir: &Path) -> (usize, u64) {
     (files, bytes)
 }
 
-/// The multipart part uploads the proxy saw for keys containing `key_part`.
-fn parts_seen(proxy: &FaultProxy, key_part: &str) -> usize {
-    proxy.requests().iter().filter(|(_, m, p)| m == "PUT" && p.contains(key_part) && p.contains("partNumber=")).count()
+/// The UploadPart requests the proxy saw for the data object of snapshot `id` (the SDK's query starts with its
+/// operation, then `partNumber`).
+fn parts_seen(proxy: &FaultProxy, id: &str) -> usize {
+    proxy.seen("PUT", &format!("{id}/snapshot.db.zst?x-id=UploadPart&partNumber="))
 }
 
 const MIB: u64 = 1 << 20;
@@ -450,7 +423,8 @@ async fn a_snapshot_of_several_parts_is_copied_as_a_multipart_upload_through_mem
     // Every request writing the data object to the second store is held 300 ms: the copy takes seconds, and the
     // spill directory is sampled all along.
     proxy.inject("PUT", "snapshot.db", Fault::Delay(Duration::from_millis(300)), usize::MAX);
-    let sync = std::thread::spawn({
+    // The pass runs off the runtime's workers, which the proxy's delays need.
+    let sync = tokio::task::spawn_blocking({
         let config = config.clone();
         move || sync(&config)
     });
@@ -459,9 +433,9 @@ async fn a_snapshot_of_several_parts_is_copied_as_a_multipart_upload_through_mem
         let now = files_under(&spill);
         most = (most.0.max(now.0), most.1.max(now.1));
         samples += 1;
-        std::thread::sleep(Duration::from_millis(2));
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let out = sync.join().unwrap();
+    let out = sync.await.unwrap();
     assert!(out.status.success(), "sync-secondary: {}", text(&out));
     let line = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(count(&line, "copied"), 2, "the data object and the manifest: {line}");
@@ -471,7 +445,7 @@ async fn a_snapshot_of_several_parts_is_copied_as_a_multipart_upload_through_mem
 
     // A multipart upload of 5 MiB parts, completed, none left open.
     let parts = size.div_ceil(5 * MIB) as usize;
-    assert_eq!(parts_seen(&proxy, "snapshot.db"), parts, "one UploadPart per 5 MiB: {:?}", proxy.requests());
+    assert_eq!(parts_seen(&proxy, &id), parts, "one UploadPart per 5 MiB: {:?}", proxy.requests());
     assert_eq!(proxy.seen("POST", "snapshot.db"), 2, "CreateMultipartUpload and CompleteMultipartUpload");
     assert_eq!(proxy.seen("DELETE", "snapshot.db"), 1, "the upload left at the key aborted");
     let head = offsite.head_object().bucket(&second.s3.bucket).key(&second_key).send().await.unwrap();
@@ -494,15 +468,6 @@ fn verify_on_second(bed: &Bed, config: &Path, id: &str) {
     assert!(out.status.success(), "{}", text(&out));
 }
 
-/// Flips one byte in the middle of versitygw's file of `key` (its ETag and metadata stay).
-fn flip_middle_byte(bed: &Bed, key: &str) {
-    let file = bed.s3_file(key);
-    let mut bytes = std::fs::read(&file).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x80;
-    std::fs::write(&file, bytes).unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_primary_object_that_does_not_match_its_record_is_never_made_visible_on_the_second_store_and_leaves_no_upload()
  {
@@ -523,7 +488,7 @@ async fn a_primary_object_that_does_not_match_its_record_is_never_made_visible_o
     let ids = snapshot_ids(&on_primary);
     assert_eq!(ids.len(), 2, "{ids:?}");
     for id in &ids {
-        flip_middle_byte(&bed, &format!("{PREFIX}/{id}/snapshot.db.zst"));
+        bed.flip_middle_byte(&format!("{PREFIX}/{id}/snapshot.db.zst"), 0x80);
     }
 
     let out = sync(&config);
@@ -547,7 +512,7 @@ async fn a_primary_object_that_does_not_match_its_record_is_never_made_visible_o
 
     // The primary's bytes put right: the next pass copies both snapshots whole.
     for id in &ids {
-        flip_middle_byte(&bed, &format!("{PREFIX}/{id}/snapshot.db.zst"));
+        bed.flip_middle_byte(&format!("{PREFIX}/{id}/snapshot.db.zst"), 0x80);
     }
     sync_ok(&config);
     assert_eq!(objects(&offsite, &second.s3.bucket, SECOND_PREFIX).await, of_snapshots(&on_primary, &ids));

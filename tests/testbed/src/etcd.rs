@@ -23,12 +23,12 @@ pub struct Etcd {
 
 /// How a cluster is started: its size, extra flags, fsync, and whether its peers talk through [`PeerNet`].
 #[derive(Default, Clone)]
-pub struct Layout<'a> {
-    pub size: usize,
-    pub extra: &'a [&'a str],
+struct Layout<'a> {
+    size: usize,
+    extra: &'a [&'a str],
     /// fsync on every commit, as in production (off by default: a shared 2-core machine stays responsive).
-    pub fsync: bool,
-    pub peer_proxies: bool,
+    fsync: bool,
+    peer_proxies: bool,
 }
 
 impl Etcd {
@@ -71,7 +71,7 @@ impl Etcd {
     }
 
     /// Starts the cluster `layout` describes and waits until every member answers.
-    pub async fn start_laid_out(etcd: &Path, dir: &Path, name: &str, layout: Layout<'_>) -> Result<Self> {
+    async fn start_laid_out(etcd: &Path, dir: &Path, name: &str, layout: Layout<'_>) -> Result<Self> {
         let Layout { size, extra, fsync, peer_proxies } = layout;
         ensure!(size == 1 || size == 3, "an etcd cluster here has 1 or 3 members, not {size}");
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

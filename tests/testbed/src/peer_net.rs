@@ -81,11 +81,6 @@ impl PeerNet {
     pub fn heal(&self, i: usize) {
         self.shared.state.lock().unwrap().cut.remove(&i);
     }
-
-    /// Whether member `i` is cut off now.
-    pub fn is_cut(&self, i: usize) -> bool {
-        self.shared.state.lock().unwrap().cut.contains(&i)
-    }
 }
 
 impl Drop for PeerNet {

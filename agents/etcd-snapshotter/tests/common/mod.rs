@@ -89,6 +89,22 @@ impl Bed {
         data.join(&self.s3.bucket).join(key)
     }
 
+    /// Flips the middle byte of versitygw's file of `key` by `mask` (its ETag and metadata stay); flipping again
+    /// with the same mask puts it right.
+    pub fn flip_middle_byte(&self, key: &str, mask: u8) {
+        let file = self.s3_file(key);
+        let mut bytes = std::fs::read(&file).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= mask;
+        std::fs::write(&file, bytes).unwrap();
+    }
+
+    /// Three members under `name` in the bed with fsync on, whose peers talk through a [`testbed::peer_net::PeerNet`]:
+    /// any member can be cut off from its peers ([`Etcd::cut`]).
+    pub async fn partitionable_etcd(&self, name: &str) -> Result<Etcd> {
+        Etcd::start_partitionable(self.peers.path("etcd"), &self.dir.join(name), name).await
+    }
+
     pub fn etcdutl(&self) -> &Path {
         self.peers.path("etcdutl")
     }
@@ -122,6 +138,10 @@ pub struct Options<'a> {
     pub drills: Option<String>,
     /// Extra retention lines (indented by 2), e.g. `minVerified: 1`.
     pub retention_extra: &'a str,
+    /// `storage.attemptTimeout`.
+    pub attempt_timeout: &'a str,
+    /// `deltaSigningKeyFile`, when set.
+    pub delta_signing_key: Option<PathBuf>,
 }
 
 impl<'a> Options<'a> {
@@ -140,7 +160,19 @@ impl<'a> Options<'a> {
             shard_extra: String::new(),
             drills: None,
             retention_extra: "",
+            attempt_timeout: "30s",
+            delta_signing_key: None,
         }
+    }
+
+    /// Deltas on every shard, flushed every `interval` (and at `max_bytes` when given): a `deltas:` block added
+    /// to `shard_extra`.
+    pub fn with_deltas(mut self, interval: &str, max_bytes: Option<&str>) -> Self {
+        self.shard_extra.push_str(&format!("deltas:\n  enabled: true\n  interval: {interval}\n"));
+        if let Some(max_bytes) = max_bytes {
+            self.shard_extra.push_str(&format!("  maxBytes: {max_bytes}\n"));
+        }
+        self
     }
 
     /// Drills with the peers' etcd and etcdutl, temporary directories under the bed.
@@ -169,10 +201,11 @@ pub fn write_config(bed: &Bed, options: &Options) -> Result<PathBuf> {
         }
     }
     text.push_str(&format!(
-        "storage:\n  bucket: {}\n  prefix: {PREFIX}\n  endpoint: {}\n  region: {}\n  pathStyle: true\n  maxAttempts: 2\n  attemptTimeout: 30s\n  credentials:\n    {}\n{}",
+        "storage:\n  bucket: {}\n  prefix: {PREFIX}\n  endpoint: {}\n  region: {}\n  pathStyle: true\n  maxAttempts: 2\n  attemptTimeout: {}\n  credentials:\n    {}\n{}",
         options.bucket,
         options.s3_endpoint,
         testbed::s3::REGION,
+        options.attempt_timeout,
         match options.credentials {
             Some(credentials) => credentials.to_string(),
             None => format!("secretDirectory: {}", bed.secret_dir()?.display()),
@@ -191,6 +224,9 @@ pub fn write_config(bed: &Bed, options: &Options) -> Result<PathBuf> {
         text.push_str(&format!("drills:\n{drills}"));
     }
     text.push_str(&format!("spill:\n  directory: {}\n  {}\n", bed.path("spill").display(), options.spill));
+    if let Some(key) = &options.delta_signing_key {
+        text.push_str(&format!("deltaSigningKeyFile: {}\n", key.display()));
+    }
     let path = bed.path(&format!("config-{:08x}.yaml", rand_u32()));
     std::fs::write(&path, text)?;
     Ok(path)
@@ -283,6 +319,33 @@ pub async fn keys(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<String> {
             return out;
         }
     }
+}
+
+/// The newest revision the bucket holds of shard `root` under `prefix`: the newest delta's end under each
+/// snapshot (its `delta-to`), or the snapshot's own (every page of the listing).
+pub async fn stored_through(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> i64 {
+    let mut newest_per_snapshot: std::collections::BTreeMap<String, (u64, String)> = Default::default();
+    let mut stored = 0i64;
+    for key in keys(s3, bucket).await {
+        if let Some((location, from)) = etcd_snapshotter::delta::location_of(prefix, "root", &key) {
+            let entry = newest_per_snapshot.entry(location.id).or_insert((0, String::new()));
+            if from >= entry.0 {
+                *entry = (from, key);
+            }
+        } else if key.ends_with("manifest.json")
+            && let Some(revision) = key.rsplit_once("-r").and_then(|(_, r)| r.split('/').next()?.parse::<i64>().ok())
+        {
+            stored = stored.max(revision);
+        }
+    }
+    for (_, key) in newest_per_snapshot.values() {
+        if let Ok(head) = s3.head_object().bucket(bucket).key(key).send().await
+            && let Some(to) = head.metadata().and_then(|m| m.get("delta-to")).and_then(|t| t.parse::<i64>().ok())
+        {
+            stored = stored.max(to);
+        }
+    }
+    stored
 }
 
 /// The second store's prefix: another than the primary's, as another provider's bucket would have.
@@ -386,6 +449,53 @@ pub async fn serve_restored(
     })
     .await;
     (process, client)
+}
+
+/// [`restore_root`] into a fresh data directory `name` in the bed on two free ports (run off the runtime's
+/// workers), `check` given its output, then [`serve_restored`] on what it wrote.
+pub async fn restore_and_serve(
+    bed: &Bed,
+    config: &Path,
+    options: &[&str],
+    name: &str,
+    check: impl FnOnce(&Output),
+) -> (Output, testbed::process::Process, etcd_client::Client) {
+    let data_dir = bed.path(name);
+    let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let (config, owned) = (config.to_path_buf(), options.iter().map(|o| o.to_string()).collect::<Vec<_>>());
+    let (dir, url) = (data_dir.clone(), peer_url.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        let options: Vec<&str> = owned.iter().map(String::as_str).collect();
+        restore_root(&config, &options, &dir, &url)
+    })
+    .await
+    .unwrap();
+    check(&out);
+    let (process, client) = serve_restored(bed, name, &data_dir, client_port, &peer_url).await;
+    (out, process, client)
+}
+
+/// Raises or disarms etcd's NOSPACE alarm on the member `member` (or asks about it: [`etcd_client::AlarmAction::Get`]).
+pub async fn nospace(
+    client: &mut etcd_client::Client,
+    member: u64,
+    action: etcd_client::AlarmAction,
+) -> Result<etcd_client::AlarmResponse, etcd_client::Error> {
+    let mut options = etcd_client::AlarmOptions::new();
+    options.with_member(member);
+    client.alarm(action, etcd_client::AlarmType::Nospace, Some(options)).await
+}
+
+/// The acknowledged writes, as `(revision, when the answer came in Unix seconds)`, that a recovery point claiming
+/// `claimed` vouches for though the bucket holds only up to revision `stored`: answered by then, past what is
+/// stored. Any is a violation; the first comes first.
+pub fn claimed_but_unstored(
+    acks: impl IntoIterator<Item = (i64, f64)>,
+    claimed: f64,
+    stored: i64,
+) -> impl Iterator<Item = (i64, f64)> {
+    acks.into_iter().filter(move |(revision, at)| *at <= claimed && *revision > stored)
 }
 
 /// One acknowledged write of the load: its key, the revision etcd committed it at, when the ack arrived.
