@@ -101,6 +101,7 @@ pub async fn poll(shard: &Shard) -> Poll {
 
 /// Sets the health series of one poll of `shard`; `changed` counts a leader change.
 fn record(metrics: &Metrics, shard: &str, poll: &Poll, changed: bool) {
+    metrics.clock_offset.set(crate::clock::offset());
     for (endpoint, status) in &poll.members {
         let labels = MemberLabels { shard: shard.into(), member: endpoint.clone() };
         metrics.health.up.get_or_create(&labels).set(status.is_some() as i64);

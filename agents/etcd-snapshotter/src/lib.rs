@@ -26,6 +26,7 @@
 pub mod cadence;
 pub mod catalog;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod defrag;
 pub mod delta;

@@ -44,6 +44,10 @@ kcp_keeper_runtime::metrics! {
             "Bytes written to the spill directory because S3 lagged";
         pub locked_skipped: Family<ShardLabel, Counter> => "retention_locked_skipped",
             "Snapshots retention would delete but object lock protects";
+        /// The correction `clock` adds to this host's clock for the times it records (the upper bound of the
+        /// object stores' clock minus this host's, as their answers prove it; 0 while the bounds hold zero).
+        pub clock_offset: GaugeF64 => "clock_offset" [Seconds],
+            "Correction added to this host's clock for recorded times: the object stores' clock minus this host's";
         pub storage_reachable: Gauge => "storage_reachable",
             "Whether the bucket answered the last request (1) or not (0)";
         pub memory_budget: Gauge => "memory_budget" [Bytes], "Configured bound on snapshot bytes held in memory";

@@ -264,7 +264,7 @@ async fn locked(
         kcp: run.kcp.clone(),
         tick: run.tick,
         started_at,
-        finished_at: Utc::now(),
+        finished_at: crate::clock::now(),
         stream_seconds,
         total_seconds: started.elapsed().as_secs_f64(),
         spilled_bytes: streamed.spilled_bytes,
@@ -302,12 +302,13 @@ async fn free_location(
     shard: &str,
     revision: u64,
 ) -> Result<(Location, chrono::DateTime<Utc>), SnapshotError> {
-    let mut started_at = Utc::now();
+    // The stores' time (see `clock`): a time point is placed among the snapshots by it.
+    let mut started_at = crate::clock::now();
     let mut location = Location::new(&store.prefix, shard, started_at, revision);
     while store.get_versioned(&location.manifest_key()).await?.is_some() {
-        let rest = 1000 - u64::from(Utc::now().timestamp_subsec_millis()).min(999);
+        let rest = 1000 - u64::from(crate::clock::now().timestamp_subsec_millis()).min(999);
         tokio::time::sleep(Duration::from_millis(rest)).await;
-        started_at = Utc::now();
+        started_at = crate::clock::now();
         location = Location::new(&store.prefix, shard, started_at, revision);
     }
     Ok((location, started_at))

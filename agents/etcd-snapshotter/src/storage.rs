@@ -213,6 +213,7 @@ impl Store {
             .response_checksum_validation(checksum.1)
             .retry_config(retry_config(storage.max_attempts))
             .interceptor(retries.clone())
+            .interceptor(crate::clock::StoreClock)
             .timeout_config(
                 aws_smithy_types::timeout::TimeoutConfig::builder()
                     .connect_timeout(Duration::from_secs(5))

@@ -4,9 +4,9 @@
 //! its outcome, and a seeded schedule injects faults: a member killed and restarted, a member cut off from its
 //! peers, the leader moved, an aggressive compaction, a defragmentation, NOSPACE raised and disarmed, a replica
 //! SIGKILLed and restarted (the leader's loss hands over to the other), a one-shot snapshot beside the daemon,
-//! two one-shots at the same revision, S3 answering 503, resetting, stalling, losing its answer to a request it
-//! carried out, or being down, on each kind of request, and the second store down. The truth is etcd's own
-//! history, read by a watch of the test's own.
+//! two one-shots at the same revision, a replica leading with its clock 30 s ahead (libfaketime), S3 answering
+//! 503, resetting, stalling, losing its answer to a request it carried out, or being down, on each kind of
+//! request, and the second store down. The truth is etcd's own history, read by a watch of the test's own.
 //!
 //! Validators, after every scenario:
 //! - the recovery-point metric, sampled through the run, never claims a time before which a write was
@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use etcd_client::{AlarmAction, AlarmOptions, AlarmType, ConnectOptions, EventType, WatchOptions};
+use etcd_client::{AlarmAction, ConnectOptions, EventType, WatchOptions};
 use kcp_keeper_runtime::metrics::unix_now;
 use testbed::fault_proxy::{Fault, FaultProxy};
 
@@ -49,8 +49,29 @@ const KEYS: u64 = 64;
 /// The deltas' interval; the recovery point allowed for a time point is a few of it.
 const INTERVAL: Duration = Duration::from_secs(1);
 const RPO: f64 = 4.0;
+/// The environment that runs a replica with its clock 30 s ahead: libfaketime preloaded (wall clock only; the
+/// monotonic clock, which times leases and locks, stays true).
+static CLOCK_AHEAD: std::sync::LazyLock<[(&str, String); 3]> = std::sync::LazyLock::new(|| {
+    [
+        ("LD_PRELOAD", libfaketime().display().to_string()),
+        ("FAKETIME", "+30s".to_string()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
+    ]
+});
+
+/// Debian's libfaketime (`cargo xtask test` installs it; the same places as the xtask's `LIBFAKETIME`).
+fn libfaketime() -> PathBuf {
+    let places = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+    ];
+    let found = places.iter().map(PathBuf::from).find(|p| p.is_file());
+    found.unwrap_or_else(|| panic!("libfaketime is not installed (none of {places:?}): `cargo xtask test` installs it"))
+}
+
 /// Fault kinds the schedule draws from (the last one stands for every S3 request kind).
-const KINDS: u64 = 12;
+const KINDS: u64 = 13;
 /// Full snapshots each store keeps: retention prunes while deltas accrue.
 const KEEP_LAST: usize = 3;
 /// Objects the agent did not write, one in each store under the shard's own folder: never deleted.
@@ -92,6 +113,9 @@ enum FaultKind {
     SameRevision,
     /// The second store refuses every connection.
     SecondDown,
+    /// Replica `i` restarted with its clock 30 s ahead (libfaketime) and made the leader for the hold, then
+    /// restarted with the right time.
+    ClockAhead(usize),
     /// A fault on one kind of S3 request, `times` times.
     S3 {
         request: &'static str,
@@ -144,6 +168,7 @@ fn schedule(seed: u64, seconds: u64) -> Vec<Step> {
         8 => FaultKind::Nospace(rng.below(3) as usize),
         9 => FaultKind::SameRevision,
         10 => FaultKind::SecondDown,
+        11 => FaultKind::ClockAhead(rng.below(2) as usize),
         _ => {
             let (request, _, _) = S3_REQUESTS[rng.below(S3_REQUESTS.len() as u64) as usize];
             let fault = [S3Fault::SlowDown, S3Fault::Reset, S3Fault::Stall, S3Fault::LoseAnswer][rng.below(4) as usize];
@@ -207,11 +232,13 @@ async fn connect_all(etcd: &testbed::Etcd) -> etcd_client::Client {
 }
 
 /// The traffic: a put or a delete of one of [`KEYS`] keys every 20 ms (none while `paused`), each recorded with
-/// its outcome.
+/// its outcome. `idle` is set once it finds itself paused between operations (none in flight), cleared when it
+/// goes on.
 fn traffic(
     seed: u64,
     client: etcd_client::Client,
     paused: Arc<AtomicBool>,
+    idle: Arc<AtomicBool>,
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<Vec<Op>> {
     tokio::spawn(async move {
@@ -226,8 +253,10 @@ fn traffic(
             }
             every.tick().await;
             if paused.load(Ordering::SeqCst) {
+                idle.store(true, Ordering::SeqCst);
                 continue;
             }
+            idle.store(false, Ordering::SeqCst);
             let key = format!("/registry/r/{:03}", rng.below(KEYS));
             let delete = rng.below(10) == 0;
             let value = (!delete).then(|| format!("v{i}"));
@@ -263,11 +292,13 @@ fn watch_history(
         while !stop.is_cancelled() {
             let options = ConnectOptions::new().with_require_leader(true);
             let Ok(mut client) = etcd_client::Client::connect(urls.clone(), Some(options)).await else {
+                // Backoff before reconnecting; the loop waits for the watch, not for time.
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             };
             let watch_options = WatchOptions::new().with_prefix().with_start_revision(next);
             let Ok(mut stream) = client.watch("/registry/r/", Some(watch_options)).await else {
+                // Backoff before reconnecting, as above.
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             };
@@ -289,33 +320,6 @@ fn watch_history(
         }
     });
     (history, task)
-}
-
-/// The bucket's newest stored revision of the shard: the newest delta's end under each snapshot, or the
-/// snapshot's own.
-async fn stored_revision(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> i64 {
-    let mut newest_per_snapshot: BTreeMap<String, (u64, String)> = BTreeMap::new();
-    let mut stored = 0i64;
-    for key in keys(s3, bucket).await {
-        if let Some((location, from)) = etcd_snapshotter::delta::location_of(prefix, "root", &key) {
-            let entry = newest_per_snapshot.entry(location.id).or_insert((0, String::new()));
-            if from >= entry.0 {
-                *entry = (from, key);
-            }
-        } else if key.ends_with("manifest.json")
-            && let Some(revision) = key.rsplit_once("-r").and_then(|(_, r)| r.split('/').next()?.parse::<i64>().ok())
-        {
-            stored = stored.max(revision);
-        }
-    }
-    for (_, key) in newest_per_snapshot.values() {
-        if let Ok(head) = s3.head_object().bucket(bucket).key(key).send().await
-            && let Some(to) = head.metadata().and_then(|m| m.get("delta-to")).and_then(|t| t.parse::<i64>().ok())
-        {
-            stored = stored.max(to);
-        }
-    }
-    stored
 }
 
 /// Samples the recovery-point metric with the bucket right after it, until stopped: every violation found.
@@ -340,9 +344,9 @@ fn sample_recovery_point(
                 }
             }
             let Some(claimed) = claims.into_iter().reduce(f64::max) else { continue };
-            let stored = stored_revision(&s3, &bucket, PREFIX).await;
+            let stored = stored_through(&s3, &bucket, PREFIX).await;
             let acked = acks.lock().unwrap().clone();
-            if let Some((revision, at)) = acked.iter().find(|(r, at)| *at <= claimed && *r > stored) {
+            if let Some((revision, at)) = claimed_but_unstored(acked, claimed, stored).next() {
                 violations.push(format!(
                     "the metric claimed {claimed:.3}, but revision {revision} acknowledged at {at:.3} is not stored (stored through {stored})"
                 ));
@@ -407,27 +411,25 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
     let bed = Bed::with_cluster().await.unwrap();
     let cluster = bed.cluster();
     let ns = cluster.namespace().await.unwrap();
-    let mut etcd = testbed::Etcd::start_partitionable(bed.peers.path("etcd"), &bed.path("etcd"), "root").await.unwrap();
+    let mut etcd = bed.partitionable_etcd("root").await.unwrap();
     let proxy = FaultProxy::start(&bed.s3.endpoint).await.unwrap();
     let endpoints = etcd.members.iter().map(|m| m.client_url.clone()).collect();
-    let mut options = Options::new(&bed, "root", endpoints).with_drills(&bed);
+    let interval = format!("{}s", INTERVAL.as_secs());
+    let mut options = Options::new(&bed, "root", endpoints).with_drills(&bed).with_deltas(&interval, Some("64Ki"));
+    options.shard_extra.push_str("drill:\n  schedule:\n    cron: \"*/30 * * * * *\"\n");
     options.s3_endpoint = proxy.url.clone();
     options.cron = "* * * * *";
     options.keep_last = KEEP_LAST;
-    options.shard_extra = format!(
-        "deltas:\n  enabled: true\n  interval: {}s\n  maxBytes: 64Ki\ndrill:\n  schedule:\n    cron: \"*/30 * * * * *\"\n",
-        INTERVAL.as_secs()
-    );
+    options.attempt_timeout = "3s";
+    // Deltas signed: every restore below also proves each delta is the agent's.
+    let key = bed.path("delta-key");
+    std::fs::write(&key, format!("robustness-seed-{seed}-{}", "k".repeat(32))).unwrap();
+    options.delta_signing_key = Some(key);
     let config = write_config(&bed, &options).unwrap();
     // The second store, behind its own fault proxy, with its own retention.
     let second = SecondStore::start(&bed).await;
     let second_proxy = FaultProxy::start(&second.s3.endpoint).await.unwrap();
     second.configure(&config, &second_proxy.url, KEEP_LAST);
-    // Deltas signed: every restore below also proves each delta is the agent's.
-    let key = bed.path("delta-key");
-    std::fs::write(&key, format!("robustness-seed-{seed}-{}", "k".repeat(32))).unwrap();
-    let text = std::fs::read_to_string(&config).unwrap().replace("attemptTimeout: 30s", "attemptTimeout: 3s");
-    std::fs::write(&config, format!("{text}deltaSigningKeyFile: {}\n", key.display())).unwrap();
     let s3 = bed.s3.client();
     let s3_second = second.s3.client();
     let stores = [(&s3, &bed.s3.bucket, PREFIX), (&s3_second, &second.s3.bucket, SECOND_PREFIX)];
@@ -440,8 +442,8 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
     let watching = tokio_util::sync::CancellationToken::new();
     let (history, watcher) = watch_history(&etcd, watching.clone());
     let client = connect_all(&etcd).await;
-    let paused = Arc::new(AtomicBool::new(false));
-    let writes = traffic(seed, client.clone(), paused.clone(), stop.clone());
+    let (paused, idle) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let writes = traffic(seed, client.clone(), paused.clone(), idle.clone(), stop.clone());
     // The first full snapshot once the traffic runs and the history's watch sees it.
     testbed::eventually(Duration::from_secs(60), "the traffic in the history", || async {
         (history.lock().unwrap().len() >= 50).then_some(())
@@ -489,11 +491,13 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
         proxy: &proxy,
         second_proxy: &second_proxy,
         paused,
+        idle,
         agents: &mut agents,
         config: &config,
         history: history.clone(),
         outages: Vec::new(),
     };
+    // The schedule's pauses (each step's gap here, its hold in `apply`) are the faults' timing, drawn from the seed.
     for step in &steps {
         tokio::time::sleep(step.gap).await;
         let name = format!("{:?}", step.kind).split(['(', ' ']).next().unwrap().to_string();
@@ -517,11 +521,11 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
     watcher.await.unwrap();
     let history = history.lock().unwrap().clone();
     testbed::eventually(Duration::from_secs(180), &format!("the bucket to hold revision {last}"), || async {
-        (stored_revision(&s3, &bed.s3.bucket, PREFIX).await >= last).then_some(())
+        (stored_through(&s3, &bed.s3.bucket, PREFIX).await >= last).then_some(())
     })
     .await;
     testbed::eventually(Duration::from_secs(180), &format!("the second store to hold revision {last}"), || async {
-        (stored_revision(&s3_second, &second.s3.bucket, SECOND_PREFIX).await >= last).then_some(())
+        (stored_through(&s3_second, &second.s3.bucket, SECOND_PREFIX).await >= last).then_some(())
     })
     .await;
     sampling.cancel();
@@ -638,6 +642,8 @@ struct Rig<'a> {
     second_proxy: &'a FaultProxy,
     /// Holds the traffic back while set.
     paused: Arc<AtomicBool>,
+    /// Set by the traffic once it is held back with no operation in flight.
+    idle: Arc<AtomicBool>,
     agents: &'a mut [testbed::agent_process::AgentProcess],
     config: &'a Path,
     history: Arc<Mutex<Vec<Event>>>,
@@ -647,7 +653,7 @@ struct Rig<'a> {
 
 /// Applies one fault and heals it after its hold.
 async fn apply(step: &Step, rig: &mut Rig<'_>) {
-    let Rig { etcd, admin, proxy, second_proxy, paused, agents, config, history, outages } = rig;
+    let Rig { etcd, admin, proxy, second_proxy, paused, idle, agents, config, history, outages } = rig;
     match &step.kind {
         FaultKind::KillMember(i) => {
             etcd.kill_member(*i);
@@ -705,25 +711,55 @@ async fn apply(step: &Step, rig: &mut Rig<'_>) {
         FaultKind::Nospace(i) => {
             let members = admin.member_list().await.map(|l| l.members().to_vec()).unwrap_or_default();
             let id = members.iter().find(|m| m.name().ends_with(&format!("-{i}"))).or(members.first()).map(|m| m.id());
-            let on_member = || {
-                let mut options = AlarmOptions::new();
-                options.with_member(id.unwrap_or(0));
-                Some(options)
-            };
-            let raised = admin.alarm(AlarmAction::Activate, AlarmType::Nospace, on_member()).await;
+            let raised = nospace(admin, id.unwrap_or(0), AlarmAction::Activate).await;
             println!("NOSPACE raised on member {i}: {:?}", raised.map(|_| ()));
             tokio::time::sleep(step.hold).await;
             // Disarmed, as an operator does once space is freed.
-            let _ = admin.alarm(AlarmAction::Deactivate, AlarmType::Nospace, on_member()).await;
+            let _ = nospace(admin, id.unwrap_or(0), AlarmAction::Deactivate).await;
         }
         FaultKind::SameRevision => {
             paused.store(true, Ordering::SeqCst);
             // Writes in flight land; then two one-shots find the same revision.
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            testbed::eventually(Duration::from_secs(15), "the traffic idle", || async {
+                idle.load(Ordering::SeqCst).then_some(())
+            })
+            .await;
             one_shot(config).await;
             one_shot(config).await;
             paused.store(false, Ordering::SeqCst);
             tokio::time::sleep(step.hold).await;
+        }
+        FaultKind::ClockAhead(i) => {
+            // Both stop (each releases the Lease on SIGTERM); the skewed one starts first and takes the Lease,
+            // the other follows. The time both were down is an outage, as a kill's is.
+            let stopped = unix_now();
+            for agent in agents.iter_mut() {
+                agent.terminate(Duration::from_secs(60)).expect("the daemon stops on SIGTERM");
+            }
+            let skewed = &mut agents[*i];
+            for (name, value) in CLOCK_AHEAD.iter() {
+                skewed.process.set_env(name, Some(value));
+            }
+            skewed.process.restart().unwrap();
+            skewed.wait_ready(Duration::from_secs(60)).await.unwrap();
+            outages.push((stopped, unix_now()));
+            // The skew took effect, and the agent measured it against the store's clock.
+            let offset = "etcd_snapshotter_clock_offset_seconds";
+            let measured =
+                skewed.wait_for_metric(offset, Duration::from_secs(40), |v| (-31.0..=-27.0).contains(&v)).await;
+            println!("replica {i} runs 30 s ahead; it corrects its recorded times by {measured:.3} s");
+            let other = &mut agents[1 - *i];
+            other.process.restart().unwrap();
+            other.wait_ready(Duration::from_secs(60)).await.unwrap();
+            tokio::time::sleep(step.hold).await;
+            // Back to the right time: handed over to the other (a release), then restarted.
+            let skewed = &mut agents[*i];
+            skewed.terminate(Duration::from_secs(60)).expect("the daemon stops on SIGTERM");
+            for (name, _) in CLOCK_AHEAD.iter() {
+                skewed.process.set_env(name, None);
+            }
+            skewed.process.restart().unwrap();
+            skewed.wait_ready(Duration::from_secs(60)).await.unwrap();
         }
         FaultKind::SecondDown => {
             for method in ["GET", "PUT", "POST", "DELETE", "HEAD"] {
@@ -783,8 +819,10 @@ fn overlapping_uploads(requests: &[(f64, String, String)]) -> Vec<(String, Strin
 /// and the objects of a snapshot whose manifest is there (its data object, drill report and deltas).
 fn unaccounted(listed: &[String], prefix: &str, foreign: &str) -> Vec<String> {
     let shard = format!("{prefix}/root/");
-    let snapshots: std::collections::BTreeSet<&str> =
-        listed.iter().filter_map(|k| k.strip_prefix(&shard)?.strip_suffix("/manifest.json")).collect();
+    let snapshots: std::collections::BTreeSet<&str> = listed
+        .iter()
+        .filter_map(|k| etcd_snapshotter::manifest::id_of_manifest_key(prefix, k)?.strip_prefix("root/"))
+        .collect();
     listed
         .iter()
         .filter(|k| k.as_str() != foreign)
@@ -898,21 +936,12 @@ impl Restores<'_> {
         name: &str,
         args: &[&str],
     ) -> (std::process::Output, etcd_client::Client, testbed::process::Process) {
-        let data_dir = self.bed.path(name);
-        let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let (config, args_owned) = (self.config.to_path_buf(), args.iter().map(|a| a.to_string()).collect::<Vec<_>>());
-        let (dir, url) = (data_dir.clone(), peer_url.clone());
-        let out = tokio::task::spawn_blocking(move || {
-            let args: Vec<&str> = args_owned.iter().map(String::as_str).collect();
-            restore_root(&config, &args, &dir, &url)
+        let (out, process, client) = restore_and_serve(self.bed, self.config, args, name, |out| {
+            if !matches!(out.status.code(), Some(0 | 2)) {
+                panic!("seed {}: restore {args:?} exited {:?}: {}", self.seed, out.status.code(), text(out));
+            }
         })
-        .await
-        .unwrap();
-        if !matches!(out.status.code(), Some(0 | 2)) {
-            panic!("seed {}: restore {args:?} exited {:?}: {}", self.seed, out.status.code(), text(&out));
-        }
-        let (process, client) = serve_restored(self.bed, name, &data_dir, client_port, &peer_url).await;
+        .await;
         (out, client, process)
     }
 

@@ -135,6 +135,14 @@ impl Process {
         self.spawn()
     }
 
+    /// Sets (`Some`) or removes (`None`) one environment variable for the next [`Process::restart`].
+    pub fn set_env(&mut self, name: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != name);
+        if let Some(value) = value {
+            self.env.push((name.into(), value.into()));
+        }
+    }
+
     /// Fails when the process has exited (with the tail of its log in the error).
     pub fn check_running(&mut self) -> Result<()> {
         if let Some(child) = self.child.as_mut()

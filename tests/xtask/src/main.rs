@@ -125,6 +125,7 @@ fn main() -> Result<()> {
 
 fn robustness(seed: Option<u64>, scenarios: u64, minutes: u64) -> Result<()> {
     prereqs::ensure_protoc()?;
+    prereqs::ensure_libfaketime()?;
     ensure_peers()?;
     let first = seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs() % 1_000_000)
@@ -171,6 +172,9 @@ fn test(only: &[String], args: &[String]) -> Result<()> {
     }
     if everything || named(&["ca-syncer", "ca-syncer:keystores"]) {
         prereqs::ensure_trust_store_tools()?;
+    }
+    if everything || named(&["etcd-snapshotter", "etcd-snapshotter:robustness"]) {
+        prereqs::ensure_libfaketime()?;
     }
     // The binaries `cargo xtask demo` runs, built with the whole workspace's features (the test build resolves
     // dev-dependencies' features too, so its binaries are other artifacts): the clean-stop tests start the demo,

@@ -477,6 +477,29 @@ pub fn ensure_trust_store_tools() -> Result<()> {
     Ok(())
 }
 
+/// Where Debian's libfaketime puts the library the robustness suite preloads to run an agent with its clock
+/// ahead (`libfaketime` package; the suite looks in the same places).
+pub const LIBFAKETIME: [&str; 3] = [
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+];
+
+/// Installs libfaketime when none of [`LIBFAKETIME`] is there: etcd-snapshotter's robustness suite runs a
+/// replica with its clock ahead through it.
+pub fn ensure_libfaketime() -> Result<()> {
+    let present = || LIBFAKETIME.iter().any(|p| Path::new(p).is_file());
+    if present() {
+        return Ok(());
+    }
+    eprintln!("xtask: libfaketime is missing (the robustness suite runs an agent with its clock ahead through it)");
+    apt_install(&["libfaketime"])?;
+    if !present() {
+        bail!("libfaketime is still missing after the install: none of {}", LIBFAKETIME.join(", "));
+    }
+    Ok(())
+}
+
 fn find_on_path(program: &str) -> Option<PathBuf> {
     let paths = std::env::var_os("PATH")?;
     std::env::split_paths(&paths).map(|dir| dir.join(program)).find(|p| p.is_file())

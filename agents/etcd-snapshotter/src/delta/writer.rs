@@ -167,7 +167,7 @@ impl Writer {
         let options = WatchOptions::new().with_all_keys().with_start_revision(chain.next as i64).with_progress_notify();
         let watch = client.watch_client().max_decoding_message_size(256 << 20).watch("", Some(options)).await?;
         // Taken once the watch is open: every event it delivers was committed before this or is received after.
-        let watching_since_ms = chrono::Utc::now().timestamp_millis();
+        let watching_since_ms = crate::clock::now().timestamp_millis();
         tracing::info!(shard = self.shard.name, snapshot = chain.snapshot.id, from = chain.next, "watching for deltas");
 
         let session = Session {
@@ -353,7 +353,7 @@ impl Session {
     /// Reads the cluster's revision through a quorum and keeps it as a claim for [`Session::prove`]; nothing
     /// when the read fails (a member without a leader refuses it): no point is proven until one succeeds.
     async fn claim(&mut self, metrics: &Metrics) {
-        let sent = unix_now();
+        let sent = crate::clock::unix_now_proven();
         if let Some(revision) = current_revision(&self.client).await {
             if self.claims.len() == CLAIMS {
                 self.claims.pop_front();
@@ -381,7 +381,7 @@ impl Session {
 
     /// Buffers a watch response's events, each stamped with when it was received.
     fn push_events(&mut self, response: &WatchResponse) {
-        let received_ms = chrono::Utc::now().timestamp_millis();
+        let received_ms = crate::clock::now().timestamp_millis();
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
             let kind = match event.event_type() {
