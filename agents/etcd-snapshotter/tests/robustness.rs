@@ -3,7 +3,8 @@
 //! servers, each behind a fault proxy, while a traffic generator writes and records every put and delete with
 //! its outcome, and a seeded schedule injects faults: a member killed and restarted, a member cut off from its
 //! peers, the leader moved, an aggressive compaction, a defragmentation, NOSPACE raised and disarmed, a replica
-//! SIGKILLed and restarted (the leader's loss hands over to the other), a one-shot snapshot beside the daemon,
+//! SIGKILLed and restarted (the leader's loss hands over to the other), both replicas SIGKILLed mid-upload,
+//! mid-delta or mid-lock-write, a one-shot snapshot beside the daemon,
 //! two one-shots at the same revision, a replica leading with its clock 30 s ahead (libfaketime), S3 answering
 //! 503, resetting, stalling, losing its answer to a request it carried out, or being down, on each kind of
 //! request, and the second store down. The truth is etcd's own history, read by a watch of the test's own.
@@ -71,7 +72,7 @@ fn libfaketime() -> PathBuf {
 }
 
 /// Fault kinds the schedule draws from (the last one stands for every S3 request kind).
-const KINDS: u64 = 13;
+const KINDS: u64 = 14;
 /// Full snapshots each store keeps: retention prunes while deltas accrue.
 const KEEP_LAST: usize = 3;
 /// Objects the agent did not write, one in each store under the shard's own folder: never deleted.
@@ -106,6 +107,9 @@ enum FaultKind {
     Defragment(usize),
     /// One of the two replicas SIGKILLed and restarted (the leader's loss hands over to the other).
     KillAgent(usize),
+    /// Both replicas SIGKILLed while one of them is inside a request of this kind (held by the proxy), and
+    /// restarted: mid-upload (`part`), mid-delta (`delta`) or mid-lock-write (`lock`).
+    KillMidRequest(&'static str),
     OneShot,
     /// etcd's NOSPACE alarm raised on one member (the cluster takes no writes), then disarmed.
     Nospace(usize),
@@ -169,6 +173,7 @@ fn schedule(seed: u64, seconds: u64) -> Vec<Step> {
         9 => FaultKind::SameRevision,
         10 => FaultKind::SecondDown,
         11 => FaultKind::ClockAhead(rng.below(2) as usize),
+        12 => FaultKind::KillMidRequest(["part", "delta", "lock"][rng.below(3) as usize]),
         _ => {
             let (request, _, _) = S3_REQUESTS[rng.below(S3_REQUESTS.len() as u64) as usize];
             let fault = [S3Fault::SlowDown, S3Fault::Reset, S3Fault::Stall, S3Fault::LoseAnswer][rng.below(4) as usize];
@@ -728,6 +733,32 @@ async fn apply(step: &Step, rig: &mut Rig<'_>) {
             one_shot(config).await;
             paused.store(false, Ordering::SeqCst);
             tokio::time::sleep(step.hold).await;
+        }
+        FaultKind::KillMidRequest(request) => {
+            let (method, path) = match *request {
+                "part" => ("PUT", "partNumber="),
+                "delta" => ("PUT", "/deltas/"),
+                _ => ("PUT", "run.lock"),
+            };
+            // The next such request is held (a full snapshot's part or lock write comes with the minutely
+            // schedule; a delta every second), and both replicas die while it is.
+            let before = proxy.injected().len();
+            proxy.inject(method, path, Fault::Stall(Duration::from_secs(30)), 1);
+            testbed::eventually(Duration::from_secs(90), &format!("a {request} request in flight"), || async {
+                (proxy.injected().len() > before).then_some(())
+            })
+            .await;
+            let killed = unix_now();
+            for agent in agents.iter_mut() {
+                agent.process.kill();
+            }
+            proxy.clear();
+            tokio::time::sleep(step.hold).await;
+            outages.push((killed, unix_now()));
+            for agent in agents.iter_mut() {
+                agent.process.restart().unwrap();
+                agent.wait_ready(Duration::from_secs(60)).await.unwrap();
+            }
         }
         FaultKind::ClockAhead(i) => {
             // Both stop (each releases the Lease on SIGTERM); the skewed one starts first and takes the Lease,
