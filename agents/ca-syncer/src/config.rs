@@ -706,6 +706,37 @@ bundles:
     }
 
     #[test]
+    fn a_pkcs12_password_outside_printable_ascii_is_refused_naming_its_field_never_the_password() {
+        let with = |formats: &str| {
+            MINIMAL.replace(
+                "name: kcp-ca, key: ca.crt}\n",
+                &format!("name: kcp-ca, key: ca.crt, additionalFormats: {formats}}}\n"),
+            )
+        };
+        for password in ["pässwörd", "パスワード", "tab\\there", "nul\\0x"] {
+            let errors = errors_of(&with(&format!("{{pkcs12: {{key: t.p12, password: \"{password}\"}}}}")));
+            assert_eq!(errors.len(), 1, "{password}: {errors:?}");
+            assert!(
+                errors[0].starts_with(
+                    "bundles[0].targets[0].secret.additionalFormats.pkcs12.password: must be printable ASCII"
+                ) && errors[0].contains("Java's keytool and JSSE cannot open"),
+                "{password}: {errors:?}"
+            );
+            let echoed = ["wörd", "パスワード", "tab\t", "nul\0"].iter().any(|p| errors[0].contains(p));
+            assert!(!echoed, "the password is never echoed: {errors:?}");
+        }
+        let ascii = from_yaml(&with(
+            "{pkcs12: {key: t.p12, password: \"Printable ASCII, space to ~: !#$%&()*+-./:;<=>?@[]^_`{|}~\"}}",
+        ));
+        assert!(ascii.is_ok(), "{ascii:?}");
+        // JKS has no such limit in Java: only PKCS#12 is refused.
+        assert!(from_yaml(&with("{jks: {key: t.jks, password: \"pässwörd\"}}")).is_ok());
+        // A password read from a Secret goes through the same check.
+        assert!(check_password(Format::Pkcs12, "pässwörd").unwrap_err().contains("printable ASCII"));
+        assert_eq!(check_password(Format::Pkcs12, ""), Ok(()));
+    }
+
+    #[test]
     fn additional_formats_take_trust_managers_defaults_and_every_mistake_is_named_without_the_password() {
         let with = |formats: &str| {
             MINIMAL.replace(

@@ -26,12 +26,24 @@ pub enum LiveCheckError {
     NotVerified { addr: String, server_name: String, reason: String },
 }
 
-/// One endpoint that did not verify, named by its URL as configured.
+/// One endpoint that did not verify, named by its URL as configured (without userinfo: the name goes into
+/// logs, Events and the `endpoint` label of `live_check_failures_total`).
 #[derive(Debug, thiserror::Error)]
 #[error("{url}: {error}")]
 pub struct EndpointFailure {
-    pub url: String,
+    url: String,
     pub error: LiveCheckError,
+}
+
+impl EndpointFailure {
+    pub fn new(url: &str, error: LiveCheckError) -> Self {
+        Self { url: kcp_keeper_runtime::redact::url(url), error }
+    }
+
+    /// The endpoint's URL as it may be shown.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
 }
 
 /// The endpoints of one bundle that did not verify (at least one), in the configured order.
@@ -73,4 +85,20 @@ pub async fn verify(check: &Endpoint, roots: &[Certificate]) -> Result<(), LiveC
         .map_err(|_| handshake("timed out".into()))?
         .map_err(|e| handshake(e.to_string()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The configuration refuses a liveCheck URL with userinfo; a failure redacts it all the same, since its
+    /// name goes into logs, Events and a metric label.
+    #[test]
+    fn a_failing_endpoint_is_named_without_userinfo_in_its_message_and_label() {
+        let failure = EndpointFailure::new("https://admin:hunter2@kcp.example.com:6443", LiveCheckError::NoAnchors);
+        assert_eq!(failure.url(), "https://REDACTED@kcp.example.com:6443");
+        let shown = Failures(vec![failure]).to_string();
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("https://REDACTED@kcp.example.com:6443: no certificate"), "{shown}");
+    }
 }

@@ -277,9 +277,10 @@ impl Syncer {
     /// Counts and logs each endpoint that failed the live check and tells every target in an Event: the
     /// bundle is not published.
     fn live_check_failed(&self, spec: &Bundle, targets: &[Resolved], failures: Failures) -> SyncError {
-        for EndpointFailure { url, error } in &failures.0 {
+        for failure in &failures.0 {
+            let (url, error) = (failure.url(), &failure.error);
             let labels =
-                EndpointLabels { bundle: spec.name.clone(), endpoint: url.clone(), reason: error.reason().into() };
+                EndpointLabels { bundle: spec.name.clone(), endpoint: url.to_string(), reason: error.reason().into() };
             self.metrics.series.live_check_failures.get_or_create(&labels).inc();
             tracing::warn!(bundle = %spec.name, endpoint = %url, reason = error.reason(), error = %error, "live check failed");
         }
@@ -422,7 +423,7 @@ impl Syncer {
         let checks = check.endpoints.iter().map(|endpoint| async move {
             for roots in bundles.values() {
                 if let Err(error) = live_check::verify(endpoint, roots).await {
-                    return Some(EndpointFailure { url: endpoint.url.clone(), error });
+                    return Some(EndpointFailure::new(&endpoint.url, error));
                 }
             }
             None

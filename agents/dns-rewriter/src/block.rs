@@ -40,11 +40,12 @@ pub fn set(corefile: &str, server_key: &str, content: Option<&str>) -> Result<St
 }
 
 /// `corefile` without the rule lines of our grammar found directly in the server block without markers, and
-/// how many: when there is no block of ours (a kubeadm CoreDNS upgrade re-serialises the Corefile through
+/// those lines (trimmed): when there is no block of ours (a kubeadm CoreDNS upgrade re-serialises the Corefile through
 /// coredns/corefile-migration, which drops every comment, our markers included, and keeps the lines). They
 /// are adopted: the block written next holds exactly the current rules, so nothing is duplicated and a rule
-/// removed meanwhile is gone. With a block present nothing is adopted.
-pub fn adopt(corefile: &str, server_key: &str, domain: &Domain) -> Result<(String, usize), BlockError> {
+/// removed meanwhile is gone. With a block present nothing is adopted. An administrator's own line written in
+/// exactly our form is taken the same way (no marker tells it apart): the caller says so for each line.
+pub fn adopt(corefile: &str, server_key: &str, domain: &Domain) -> Result<(String, Vec<String>), BlockError> {
     block(server_key)?.unmarked(corefile, |line| crate::render::is_rule_line(line, domain))
 }
 

@@ -42,20 +42,31 @@ pub fn desired_value(
     rules: &RuleSet,
     current: Option<&str>,
 ) -> Result<String, OutputError> {
+    desired_value_adopting(target, domain, rules, current).map(|(value, _)| value)
+}
+
+/// [`desired_value`], and the unmarked lines it adopted from `current` (none in k3s mode): each is now inside
+/// the block (a current rule writes the same line) or gone, and the caller must say which.
+pub fn desired_value_adopting(
+    target: &Target,
+    domain: &Domain,
+    rules: &RuleSet,
+    current: Option<&str>,
+) -> Result<(String, Vec<String>), OutputError> {
     let snippet = render::render(rules, domain);
     match target {
         Target::K3s(_) => {
             render::check(&snippet, domain)?;
-            Ok(snippet)
+            Ok((snippet, Vec::new()))
         }
         Target::Corefile { server_block, .. } => {
             let current = current.ok_or(OutputError::NoCorefile)?;
             // Our lines without their markers (after a kubeadm migration) are adopted, not duplicated: the
             // check then holds the candidate against the Corefile without them.
-            let (current, _) = block::adopt(current, server_block, domain).map_err(CandidateError::Block)?;
+            let (current, adopted) = block::adopt(current, server_block, domain).map_err(CandidateError::Block)?;
             let candidate = block::set(&current, server_block, Some(&snippet)).map_err(CandidateError::Block)?;
             block::check_candidate(&current, &candidate, server_block, domain)?;
-            Ok(candidate)
+            Ok((candidate, adopted))
         }
     }
 }

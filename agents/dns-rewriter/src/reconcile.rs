@@ -40,13 +40,12 @@ use kcp_keeper_runtime::marked_block::configmap::{OwnWrite, fresher, write_key};
 use kube::Api;
 use tokio::time::Instant;
 
-use crate::block;
 use crate::config::{CLUSTER_DNS_SERVICE, Config, ConfigMapKey, Target};
 use crate::error::{CycleError, WriteError};
 use crate::hostname::Hostname;
 use crate::metrics::Metrics;
 use crate::node_local::{self, NodeLocalError};
-use crate::output::desired_value;
+use crate::output::desired_value_adopting;
 use crate::plan::{Plan, RuleError};
 use crate::rules::RuleSet;
 use crate::scope::Scope;
@@ -172,25 +171,18 @@ impl Rewriter {
         let result = match self.scope.configmap() {
             // Not in the store: nothing to ask the apiserver, and nothing to create.
             None => Err(CycleError::ConfigMapMissing(format!("{}/{}", key.namespace, key.name))),
-            Some(live) if self.cleaned(&live) => Ok((Outcome::Unchanged, 0)),
+            Some(live) if self.cleaned(&live) => Ok((Outcome::Unchanged, Vec::new())),
             Some(live) => {
                 let live = fresher(live, self.own_write.lock().expect("own write").as_ref());
-                let adopted = self.unmarked_lines(&live);
-                self.write_key(key, live, rules).await.map(|outcome| (outcome, adopted))
+                self.write_key(key, live, rules).await
             }
         };
         match result {
             Ok((Outcome::Unchanged, _)) => Ok(false),
             Ok((_, adopted)) => {
                 self.metrics.wrote();
-                if adopted > 0 {
-                    self.metrics.adopted(adopted);
-                    let note = format!(
-                        "key {}: {adopted} rule lines of ours had no markers (a kubeadm CoreDNS upgrade drops every comment) and were adopted into the block",
-                        key.key
-                    );
-                    tracing::warn!("{note}");
-                    self.event(EventType::Warning, "UnmarkedRulesAdopted", &note).await;
+                if !adopted.is_empty() {
+                    self.adopted(key, &adopted, rules).await;
                 }
                 tracing::info!(configmap = %format!("{}/{}", key.namespace, key.name), key = %key.key, rules = rules.len(), "updated");
                 let note = format!("key {} updated with {} rules", key.key, rules.len());
@@ -300,17 +292,45 @@ impl Rewriter {
         true
     }
 
-    /// How many of our rule lines the live Corefile holds without markers (0 in k3s mode).
-    fn unmarked_lines(&self, live: &ConfigMap) -> usize {
-        let Target::Corefile { key, server_block } = &self.config.target else { return 0 };
-        let current = live.data.as_ref().and_then(|d| d.get(&key.key));
-        current.and_then(|c| block::adopt(c, server_block, &self.config.cluster_domain).ok()).map_or(0, |(_, n)| n)
+    /// Says what a write did with the unmarked lines it took out of the Corefile: counted, one summary Event,
+    /// and one `AdoptedExistingRule` Event per line (its own rate limit) naming it and whether it now stands in
+    /// the block or is gone. No marker tells our lines from an administrator's own in the same form, so no such
+    /// line leaves the Corefile unannounced.
+    async fn adopted(&self, key: &ConfigMapKey, lines: &[String], rules: &RuleSet) {
+        self.metrics.adopted(lines.len());
+        let note = format!(
+            "key {}: {} rule lines without markers, in exactly the form dns-rewriter writes, were adopted into the block (a kubeadm CoreDNS upgrade drops every comment, our markers included); each is named in an AdoptedExistingRule Event",
+            key.key,
+            lines.len()
+        );
+        tracing::warn!("{note}");
+        self.event(EventType::Warning, "UnmarkedRulesAdopted", &note).await;
+        let Target::Corefile { server_block, .. } = &self.config.target else { return };
+        let written = crate::render::render(rules, &self.config.cluster_domain);
+        for line in lines {
+            let kept = written.lines().any(|l| l.trim() == line);
+            let note = adopted_note(&key.key, server_block, line, kept);
+            tracing::warn!(line = line.as_str(), kept, "{note}");
+            self.event_on(key, line, EventType::Warning, "AdoptedExistingRule", &note).await;
+        }
     }
 
-    async fn write_key(&self, key: &ConfigMapKey, live: ConfigMap, rules: &RuleSet) -> Result<Outcome, CycleError> {
+    /// Writes the key; the outcome, and the unmarked lines the value written was computed without (adopted
+    /// from the very version it replaced, a re-read after a conflict included).
+    async fn write_key(
+        &self,
+        key: &ConfigMapKey,
+        live: ConfigMap,
+        rules: &RuleSet,
+    ) -> Result<(Outcome, Vec<String>), CycleError> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
         let (target, domain) = (&self.config.target, &self.config.cluster_domain);
-        let compute = |current: Option<&str>| desired_value(target, domain, rules, current);
+        let mut adopted = Vec::new();
+        let compute = |current: Option<&str>| {
+            let (value, lines) = desired_value_adopting(target, domain, rules, current)?;
+            adopted = lines;
+            Ok::<_, crate::output::OutputError>(value)
+        };
         let written = write_key(&api, &key.name, &key.key, Some(live), compute).await?;
         if written.conflicts > 0 {
             tracing::info!(conflicts = written.conflicts, "the ConfigMap changed since it was read; recomputed");
@@ -318,7 +338,7 @@ impl Rewriter {
         if written.written.is_some() {
             *self.own_write.lock().expect("own write") = written.written;
         }
-        Ok(written.outcome)
+        Ok((written.outcome, adopted))
     }
 
     /// Logs why nothing was written and says so in an Event; a conflict is not evented (someone else wrote,
@@ -464,6 +484,20 @@ impl Rewriter {
     }
 }
 
+/// What an `AdoptedExistingRule` Event says about one adopted line of key `key`: where it stood, that it was taken
+/// as dns-rewriter's, whether it now stands in the block (`kept`: a configured rule writes the same line, and
+/// it goes when that rule goes) or was removed, and how an administrator keeps a line of their own.
+fn adopted_note(key: &str, server_block: &str, line: &str, kept: bool) -> String {
+    let fate = if kept {
+        "it now stands inside the managed block, where a configured rule writes the same line, and goes when that rule goes"
+    } else {
+        "no configured rule writes it, so it was removed"
+    };
+    format!(
+        "key {key}: the line `{line}` stood in server block {server_block} without kcp-keeper's markers, in exactly the form dns-rewriter writes, so it was taken as dns-rewriter's: {fate}. If it is yours, write it back in another form (e.g. without the trailing dots) or in another server block: dns-rewriter leaves those alone"
+    )
+}
+
 /// `service_missing` to `ServiceMissing`, an Event reason.
 fn camel(snake: &str) -> String {
     snake
@@ -483,5 +517,19 @@ mod tests {
     fn event_reasons_are_the_rule_error_reasons_in_camel_case() {
         assert_eq!(camel("service_missing"), "ServiceMissing");
         assert_eq!(camel("conflict"), "Conflict");
+    }
+
+    #[test]
+    fn an_adopted_line_is_named_with_what_became_of_it_and_the_form_it_suggests_is_left_alone() {
+        let line = "rewrite name exact admin.example.com. web.team.svc.cluster.local.";
+        let removed = adopted_note("Corefile", ".:53", line, false);
+        assert!(removed.contains(&format!("`{line}` stood in server block .:53")), "{removed}");
+        assert!(removed.contains("so it was removed"), "{removed}");
+        let kept = adopted_note("Corefile", ".:53", line, true);
+        assert!(kept.contains("goes when that rule goes") && !kept.contains("removed"), "{kept}");
+        let domain = crate::hostname::Domain::parse("cluster.local").unwrap();
+        assert!(crate::render::is_rule_line(line, &domain), "the line is in exactly our form");
+        let other = "rewrite name exact admin.example.com web.team.svc.cluster.local";
+        assert!(!crate::render::is_rule_line(other, &domain), "without the trailing dots it is not adopted");
     }
 }

@@ -518,6 +518,68 @@ async fn after_a_kubeadm_corefile_migration_drops_the_markers_the_agent_adopts_t
     Ok(())
 }
 
+/// At first install (no block of ours yet) an administrator's own rewrite lines in exactly the agent's form
+/// cannot be told from the agent's own lines left without markers, and are adopted like them. Each such line
+/// is named in an `AdoptedExistingRule` Event saying what became of it: the one no configured rule writes is
+/// removed, the one a configured rule writes too now stands in the block (and goes with that rule).
+#[tokio::test]
+async fn at_first_install_an_admins_own_line_in_the_agents_form_is_adopted_and_each_such_line_is_named_in_an_event()
+-> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let (bed, ns, client) = fresh_bed().await?;
+    let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
+    let (dns, original, server, _kubelet) = corefile_coredns(&bed).await?;
+    let theirs = format!("rewrite name exact admin.example.com. web.{ns}.svc.cluster.local.");
+    let same = format!("rewrite name exact kcp-root.example.com. root-kcp.{ns}.svc.cluster.local.");
+    // The admin's lines directly in the server block, no markers anywhere.
+    let marked = block::set(&original, &server, Some(&format!("{theirs}\n{same}\n")))?;
+    let hand_written: String =
+        marked.lines().filter(|l| !l.contains("# kcp-keeper:")).map(|l| format!("{l}\n")).collect();
+    assert!(hand_written.contains(&format!("    {theirs}\n")) && !hand_written.contains('#'), "{hand_written}");
+    let patch = json!({"data": {"Corefile": hand_written}});
+    Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
+        .patch(COREFILE_CONFIGMAP, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+
+    let mode = format!("mode: corefile\ncorefile: {{serverBlock: '{server}'}}\n");
+    let path = write_config(
+        &bed,
+        &config(&mode, &format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")), dns.port),
+    )?;
+    let agent = agent(&bed, &ns, &path).start().await?;
+    let written = testbed::eventually(WAIT, "the Corefile to hold our block", || async {
+        configmap_key(&client, COREFILE_CONFIGMAP, "Corefile")
+            .await
+            .filter(|(v, _)| v.contains("# kcp-keeper:begin dns-rewriter"))
+            .map(|(v, _)| v)
+    })
+    .await;
+    assert!(!written.contains(&theirs), "the admin's line is gone:\n{written}");
+    assert_eq!(written.matches(&same).count(), 1, "the line a rule writes stands once, in the block:\n{written}");
+    assert_eq!(
+        block::set(&written, &server, None)?,
+        original,
+        "outside the block: the Corefile before the admin's lines"
+    );
+    wait_answer(&dns, "kcp-root.example.com", root, WAIT).await;
+
+    let events = testbed::eventually(WAIT, "an AdoptedExistingRule Event per adopted line", || async {
+        let events = events_about(&client, COREFILE_CONFIGMAP).await;
+        let adopted: Vec<String> =
+            events.iter().filter(|(r, _)| r == "AdoptedExistingRule").map(|(_, n)| n.clone()).collect();
+        (adopted.len() == 2).then_some(adopted)
+    })
+    .await;
+    let about = |line: &str| events.iter().find(|n| n.contains(&format!("`{line}`"))).cloned().unwrap_or_default();
+    assert!(about(&theirs).contains(&format!("stood in server block {server}")), "{events:?}");
+    assert!(about(&theirs).contains("so it was removed"), "{events:?}");
+    assert!(about(&same).contains("goes when that rule goes"), "{events:?}");
+    let log = agent.process.log();
+    assert!(log.contains(&theirs) && log.contains("so it was removed"), "logged too");
+    assert_eq!(agent.metric("dns_rewriter_adopted_lines_total ").await?, 2.0);
+    Ok(())
+}
+
 /// Each rule's target is resolved through the cluster DNS before it is written. Here the real CoreDNS's
 /// `kubernetes` plugin serves one namespace only (`namespaces`), so a rule whose Service lives in another one
 /// has a target that does not exist: that rule alone is an error (`target_unresolved`, an Event), the other is

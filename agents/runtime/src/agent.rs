@@ -145,6 +145,7 @@ where
 
     let mut registry = crate::metrics::registry(info.metrics_prefix);
     let config_metrics = ConfigMetrics::register(registry.sub_registry_with_prefix(info.metrics_prefix));
+    let leader_metrics = lease::LeaderMetrics::register(registry.sub_registry_with_prefix(info.metrics_prefix));
     let agent_metrics = metrics(registry.sub_registry_with_prefix(info.metrics_prefix));
     let health = Arc::new(Health::default());
     let _admin = admin::serve(rt.admin_addr, health.clone(), Arc::new(registry))
@@ -175,6 +176,7 @@ where
         (Leadership::always(), None)
     };
     let lost = spawn_lost_lease_monitor(&leadership, shutdown.clone());
+    leadership.export(leader_metrics);
 
     {
         let (health, shutdown) = (health.clone(), shutdown.clone());

@@ -27,7 +27,6 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::StreamExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use tokio::time::Instant;
@@ -81,12 +80,12 @@ crate::metrics! {
         pub errors: Family<ReasonLabel, Counter> => "reconcile_errors", "Failed reconciles, by reason";
         pub last_pass: GaugeF64 => "reconcile_pass_timestamp" [Seconds],
             "When this replica, leading, last finished a full pass over every item";
-        pub leader: Gauge => "leader", "1 while this replica holds the lease";
     }
 }
 
 /// `<prefix>_reconcile_duration_seconds`, `<prefix>_reconcile_errors_total{reason}`,
-/// `<prefix>_reconcile_pass_timestamp_seconds` (when the leader last finished a full pass), `<prefix>_leader`.
+/// `<prefix>_reconcile_pass_timestamp_seconds` (when the leader last finished a full pass); `<prefix>_leader` is
+/// every daemon's, exported by the runtime ([`crate::lease::Leadership::export`]).
 /// The histogram is registered here beside the [`ReconcileSeries`] (its buckets are no `Default`, which a
 /// [`crate::metrics!`] field needs), and so are the reasons of the agent's error enum, at 0.
 #[derive(Clone, Debug)]
@@ -254,7 +253,7 @@ impl<C: Send + Sync + 'static> Driver<'_, C> {
         Generation { watches, reconciler, items: BTreeMap::new(), everything: true, last_pass_end: None }
     }
 
-    /// Reads the election and publishes it to readiness and `<prefix>_leader`; returns whether this replica leads.
+    /// Reads the election and publishes it to readiness; returns whether this replica leads.
     fn read_leadership(&self) -> bool {
         // "Decided" is read first: the election sets leadership before it marks itself decided, so a decided
         // election read here comes with the leadership it decided.
@@ -263,7 +262,6 @@ impl<C: Send + Sync + 'static> Driver<'_, C> {
         // Until the election has answered, this replica is neither leader nor follower: it counts as a
         // leader that has not reconciled, so it is not ready yet.
         self.ctx.health.set_leading(leading || !decided);
-        self.metrics.series.leader.set(i64::from(leading));
         leading
     }
 

@@ -24,6 +24,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -184,6 +185,30 @@ impl Leadership {
     pub fn always() -> Self {
         let (tx, rx) = watch::channel(true);
         Self { rx, decided: Arc::new(true.into()), _always: Some(Arc::new(tx)) }
+    }
+
+    /// Keeps `<prefix>_leader` at 1 while this replica leads and 0 otherwise, until the election ends (then 0).
+    /// Every agent's daemon exports it ([`crate::agent::run_with`]), whatever the form of its work, so one alert
+    /// can tell that no replica of an agent leads.
+    pub fn export(&self, metrics: LeaderMetrics) -> JoinHandle<()> {
+        let mut rx = self.subscribe();
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                metrics.leader.set(i64::from(this.is_leader()));
+                if rx.changed().await.is_err() {
+                    metrics.leader.set(i64::from(this.is_leader()));
+                    return;
+                }
+            }
+        })
+    }
+}
+
+crate::metrics! {
+    /// Whether this replica holds the agent's Lease.
+    pub struct LeaderMetrics {
+        pub leader: Gauge => "leader", "1 while this replica holds the lease";
     }
 }
 

@@ -1,7 +1,7 @@
 //! What every kcp-keeper agent shares: CLI plumbing, strict configuration with live reload, logging, a
 //! secret-hiding type, the admin server (`/livez`, `/readyz`, `/metrics`), leader election, scoped watches and
-//! the reconcile driver, server-side-apply writes that never clobber, rate-limited Events and graceful
-//! shutdown. An agent is its own logic plus one implementation of [`agent::Agent`]; its `main.rs` calls
+//! the reconcile driver, server-side-apply writes that never clobber, rate-limited Events, URLs shown without
+//! their credentials and graceful shutdown. An agent is its own logic plus one implementation of [`agent::Agent`]; its `main.rs` calls
 //! [`cli::main`].
 
 pub mod admin;
@@ -25,6 +25,7 @@ pub mod marked_block;
 pub mod metrics;
 pub mod names;
 pub mod rbac;
+pub mod redact;
 pub mod release_resident;
 pub mod schedule;
 pub mod sensitive;

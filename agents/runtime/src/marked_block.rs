@@ -184,19 +184,19 @@ impl MarkedBlock {
     }
 
     /// `text` without the lines directly inside the server block (not in a block nested in it) that `is_ours`
-    /// claims (it gets each line trimmed), and how many there were: the block's own lines after another tool
+    /// claims (it gets each line trimmed), and those lines (trimmed), in order: the block's own lines after another tool
     /// dropped its markers (kubeadm migrates a customised Corefile with coredns/corefile-migration, which drops
     /// every comment and keeps the plugin lines). Only while `text` holds no block: with one, nothing is
     /// claimed and `text` comes back as it is. Every other byte is kept.
-    pub fn unmarked(&self, text: &str, is_ours: impl Fn(&str) -> bool) -> Result<(String, usize), BlockError> {
-        let Some(key) = &self.server_key else { return Ok((text.to_string(), 0)) };
+    pub fn unmarked(&self, text: &str, is_ours: impl Fn(&str) -> bool) -> Result<(String, Vec<String>), BlockError> {
+        let Some(key) = &self.server_key else { return Ok((text.to_string(), Vec::new())) };
         if self.locate(text)?.is_some() {
-            return Ok((text.to_string(), 0));
+            return Ok((text.to_string(), Vec::new()));
         }
         let server = server_block(text, key)?;
         let tokens = tokens(text)?;
         let mut next = tokens.iter().filter(|t| t.start > server.open).peekable();
-        let (mut depth, mut claimed) = (0i64, 0);
+        let (mut depth, mut claimed) = (0i64, Vec::new());
         let mut out = String::with_capacity(text.len());
         for range in lines(text) {
             while let Some(t) = next.next_if(|t| t.start < range.start) {
@@ -207,8 +207,9 @@ impl MarkedBlock {
                 }
             }
             let inside = range.start > server.open && range.start < server.close_line_start && depth == 0;
-            if inside && is_ours(text[range.clone()].trim()) {
-                claimed += 1;
+            let line = text[range.clone()].trim();
+            if inside && is_ours(line) {
+                claimed.push(line.to_string());
             } else {
                 out.push_str(&text[range]);
             }
@@ -490,12 +491,12 @@ mod tests {
     fn unmarked_lines_directly_in_the_server_block_are_claimed_only_while_there_is_no_block() {
         let ours = |l: &str| l.starts_with("rewrite name exact ");
         let nested = ".:53 {\n    errors\n    other {\n        rewrite name exact a. b.\n    }\n    rewrite name exact c. d.\n}\nx:53 {\n    rewrite name exact e. f.\n}\n";
-        let (left, n) = block().unmarked(nested, ours).unwrap();
-        assert_eq!(n, 1, "only the line directly in .:53");
+        let (left, claimed) = block().unmarked(nested, ours).unwrap();
+        assert_eq!(claimed, ["rewrite name exact c. d."], "only the line directly in .:53");
         assert_eq!(left, nested.replace("    rewrite name exact c. d.\n", ""));
         let marked = block().set(&left, Some(RULES)).unwrap();
-        assert_eq!(block().unmarked(&marked, ours).unwrap(), (marked.clone(), 0), "a block claims nothing");
-        assert_eq!(block().unmarked(KUBEADM, ours).unwrap(), (KUBEADM.to_string(), 0));
+        assert_eq!(block().unmarked(&marked, ours).unwrap(), (marked.clone(), vec![]), "a block claims nothing");
+        assert_eq!(block().unmarked(KUBEADM, ours).unwrap(), (KUBEADM.to_string(), vec![]));
     }
 
     #[test]
@@ -580,7 +581,7 @@ mod tests {
         let more = format!("{out}example.org:53 {{\n    whoami\n}}\n");
         let replaced = top.set(&more, Some("a.example.com:53 {\n    forward . 10.96.0.10\n}")).unwrap();
         assert_eq!(top.set(&replaced, None).unwrap(), format!("{KUBEADM}example.org:53 {{\n    whoami\n}}\n"));
-        assert_eq!(top.unmarked(&out, |_| true).unwrap(), (out.clone(), 0), "nothing is claimed at the top level");
+        assert_eq!(top.unmarked(&out, |_| true).unwrap(), (out.clone(), vec![]), "nothing is claimed at the top level");
     }
 
     #[test]

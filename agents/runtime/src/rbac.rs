@@ -47,6 +47,8 @@ pub struct Rbac {
     pub role_bindings: Vec<RoleBinding>,
     pub cluster_roles: Vec<ClusterRole>,
     pub cluster_role_bindings: Vec<ClusterRoleBinding>,
+    /// What a grant gives beyond what the agent reads, per Role (namespace, name): printed as comments above it.
+    pub notes: Vec<(String, String, String)>,
 }
 
 impl Rbac {
@@ -72,12 +74,26 @@ impl Rbac {
         });
     }
 
-    /// Multi-document YAML in a stable order: each Role followed by its RoleBinding, in the order added, then
-    /// each ClusterRole with its binding.
+    /// Says, above Role `name` in `namespace`, what one of its grants lets the token do that the agent itself
+    /// does not (a `list` that returns objects the agent's label selector never asks for): whoever applies the
+    /// output reads it there.
+    pub fn note(&mut self, namespace: &str, name: &str, text: impl Into<String>) {
+        self.notes.push((namespace.into(), name.into(), text.into()));
+    }
+
+    /// Multi-document YAML in a stable order: each Role (after its notes, as comments) followed by its
+    /// RoleBinding, in the order added, then each ClusterRole with its binding.
     pub fn to_yaml(&self) -> Result<String, serde_yaml::Error> {
         let mut docs = Vec::new();
         for (role, binding) in self.roles.iter().zip(&self.role_bindings) {
-            docs.push(document("Role", role)?);
+            let (ns, name) = (role.metadata.namespace.as_deref(), role.metadata.name.as_deref());
+            let notes: String = self
+                .notes
+                .iter()
+                .filter(|(n, r, _)| Some(n.as_str()) == ns && Some(r.as_str()) == name)
+                .flat_map(|(_, _, text)| text.lines().map(|l| format!("# {l}\n")))
+                .collect();
+            docs.push(notes + &document("Role", role)?);
             docs.push(document("RoleBinding", binding)?);
         }
         for (role, binding) in self.cluster_roles.iter().zip(&self.cluster_role_bindings) {

@@ -72,6 +72,8 @@ fn start(bed: &testbed::ControlPlane, ns: &str, leadership: Leadership, fail: bo
     };
     let mut registry = Registry::default();
     let metrics = ReconcileMetrics::register::<TestError>(&mut registry);
+    // As `run_with` does for every daemon: `leader` follows the election beside the driver's series.
+    ctx.leadership.export(kcp_keeper_runtime::lease::LeaderMetrics::register(&mut registry));
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
     let api = Api::<ConfigMap>::namespaced(client, ns);

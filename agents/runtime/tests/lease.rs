@@ -467,3 +467,43 @@ async fn apiserver_errors_do_not_end_the_election_only_shutdown_does() {
     let result = tokio::time::timeout(Duration::from_secs(5), task).await.expect("stops on shutdown");
     assert!(matches!(result, Ok(Ok(()))), "{result:?}");
 }
+
+/// Waits until `<prefix>_leader` of one instance, as its `/metrics` would show it, reads `expected`.
+async fn wait_for_leader_series(registry: &kcp_keeper_runtime::metrics::Registry, expected: &str) {
+    let shown = || {
+        let text = kcp_keeper_runtime::metrics::encode(registry);
+        text.lines().find(|l| l.starts_with("demo_leader ")).unwrap_or_default().to_string()
+    };
+    let deadline = Instant::now() + LEASE_DURATION + Duration::from_secs(10);
+    while shown() != expected {
+        assert!(Instant::now() < deadline, "{expected:?} never shown: {:?}", shown());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every daemon exports `<prefix>_leader` from its election, whatever the form of its work (the driver's
+/// reconcilers and etcd-snapshotter's schedules alike): the alert on "no replica leads" reads it.
+#[tokio::test]
+async fn the_leader_series_follows_the_election_on_the_leader_the_follower_and_after_a_handover() -> anyhow::Result<()>
+{
+    init_tracing();
+    let bed = testbed::ControlPlane::start().await?;
+    let ns = bed.namespace().await?;
+    let (leader, mut follower) = leader_and_follower(&bed, &ns).await?;
+    let mut registries = Vec::new();
+    for instance in [&leader, &follower] {
+        let mut registry = kcp_keeper_runtime::metrics::Registry::with_prefix("demo");
+        instance.leadership.export(lease::LeaderMetrics::register(&mut registry));
+        registries.push(registry);
+    }
+    let [led, followed] = &registries[..] else { unreachable!() };
+    wait_for_leader_series(led, "demo_leader 1").await;
+    wait_for_leader_series(followed, "demo_leader 0").await;
+    leader.stop().await;
+    wait_for_leader_series(led, "demo_leader 0").await;
+    tokio::time::timeout(LEASE_DURATION + Duration::from_secs(10), follower.leadership.wait_until_leader()).await?;
+    wait_for_leader_series(followed, "demo_leader 1").await;
+    follower.stop().await;
+    wait_for_leader_series(followed, "demo_leader 0").await;
+    Ok(())
+}

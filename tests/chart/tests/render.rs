@@ -344,6 +344,28 @@ fn the_prometheus_rule_carries_every_alert_of_the_enabled_agents_with_the_config
     Ok(())
 }
 
+/// `KcpKeeperAgentDown` also fires when an agent's job has no `up` series at all (`absent`), which can only
+/// name the labels it selects on: the release's namespace is written into each enabled agent's selector.
+#[test]
+fn the_agent_down_alerts_absent_selectors_name_each_enabled_agent_in_the_release_namespace() -> Result<()> {
+    let objects = documents(&template(&all_agents(), &["--namespace", "platform-ops"])?)?;
+    let rule = find(&objects, "PrometheusRule", "kcp-keeper").expect("PrometheusRule");
+    let absent: Vec<&str> = rule["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .filter(|r| r["alert"] == "KcpKeeperAgentDown")
+        .filter_map(|r| r["expr"].as_str().filter(|e| e.starts_with("absent(")))
+        .collect();
+    let expected: Vec<String> = ["ca-syncer", "dns-rewriter", "etcd-snapshotter", "kubeconfig-rotator"]
+        .iter()
+        .map(|a| format!("absent(up{{job=\"kcp-keeper-{a}\",namespace=\"platform-ops\"}})"))
+        .collect();
+    assert_eq!(absent, expected);
+    Ok(())
+}
+
 #[test]
 fn the_dashboard_renders_when_enabled_and_charts_only_metrics_the_alerts_read() -> Result<()> {
     let objects = documents(&template(&json!({}), &[])?)?;

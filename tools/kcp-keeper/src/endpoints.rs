@@ -36,6 +36,8 @@ pub async fn slices(client: &kube::Client) -> Result<Vec<Slice>, String> {
 /// `https://host[:port]/...` resolved, connected, and its certificate verified for `host` against `ca_pem`:
 /// what it resolved to and that the chain verified, or what failed.
 pub async fn probe(url: &str, ca_pem: &[u8]) -> Result<String, String> {
+    let shown = kcp_keeper_runtime::redact::url(url);
+    let url = shown.as_str();
     let uri: http::Uri = url.parse().map_err(|_| format!("{url:?} is not a URL"))?;
     if uri.scheme_str() != Some("https") {
         return Err(format!("{url} is not https"));

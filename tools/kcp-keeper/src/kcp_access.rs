@@ -111,9 +111,10 @@ pub fn parse(bytes: &[u8]) -> Result<KcpAccess> {
         .and_then(|u| u.value.as_ref())
         .with_context(|| format!("no user {:?}", context.user))?;
     let server = cluster.server.clone().context("the cluster has no server")?;
-    let uri: http::Uri = server.parse().map_err(|_| anyhow::anyhow!("the server {server:?} is not a URL"))?;
+    let shown = kcp_keeper_runtime::redact::url(&server);
+    let uri: http::Uri = server.parse().map_err(|_| anyhow::anyhow!("the server {shown:?} is not a URL"))?;
     if uri.scheme_str() != Some("https") || uri.host().is_none() {
-        bail!("the server {server:?} is not an https URL");
+        bail!("the server {shown:?} is not an https URL");
     }
     let ca_pem = decode(
         "certificate-authority-data",

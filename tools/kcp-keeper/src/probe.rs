@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use kcp_keeper_runtime::redact;
 use rustls::pki_types::{CertificateDer, ServerName};
 
 /// A rustls client config trusting only the certificates of `ca_pem`.
@@ -52,12 +53,14 @@ async fn get_inner(addr: SocketAddr, name: &str, ca_pem: &[u8], path: &str) -> R
 /// `GET http://<addr><path>` (a metrics endpoint): the body, at most 4 MiB.
 pub async fn get_plain(url: &str, timeout: Duration) -> Result<String> {
     let (authority, path) = plain_url(url)?;
+    let (shown, shown_authority) = (redact::url(url), redact::url(authority));
     let work = async {
-        let tcp =
-            tokio::net::TcpStream::connect(authority).await.with_context(|| format!("connecting to {authority}"))?;
-        fetch(tcp, authority, &path, url).await
+        let tcp = tokio::net::TcpStream::connect(authority)
+            .await
+            .with_context(|| format!("connecting to {shown_authority}"))?;
+        fetch(tcp, authority, &path, &shown).await
     };
-    tokio::time::timeout(timeout, work).await.with_context(|| format!("no answer from {url} within {timeout:?}"))?
+    tokio::time::timeout(timeout, work).await.with_context(|| format!("no answer from {shown} within {timeout:?}"))?
 }
 
 /// The same GET to every address the URL's host resolves to: one body (or error) per address. An agent's
@@ -65,23 +68,24 @@ pub async fn get_plain(url: &str, timeout: Duration) -> Result<String> {
 /// reads them all; a headless Service's name resolves to every replica (the chart's `<agent>-replicas`).
 pub async fn get_every_address(url: &str, timeout: Duration) -> Result<Vec<(SocketAddr, Result<String>)>> {
     let (authority, path) = plain_url(url)?;
+    let (shown, shown_authority) = (redact::url(url), redact::url(authority));
     let addrs: Vec<SocketAddr> = tokio::time::timeout(timeout, tokio::net::lookup_host(authority))
         .await
-        .with_context(|| format!("resolving {authority}: no answer within {timeout:?}"))?
-        .with_context(|| format!("resolving {authority}"))?
+        .with_context(|| format!("resolving {shown_authority}: no answer within {timeout:?}"))?
+        .with_context(|| format!("resolving {shown_authority}"))?
         .collect();
     if addrs.is_empty() {
-        bail!("{authority} resolves to no address");
+        bail!("{shown_authority} resolves to no address");
     }
     let mut out = Vec::new();
     for addr in addrs {
         let work = async {
             let tcp = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
-            fetch(tcp, authority, &path, url).await
+            fetch(tcp, authority, &path, &shown).await
         };
         let body = tokio::time::timeout(timeout, work)
             .await
-            .with_context(|| format!("no answer from {url} at {addr} within {timeout:?}"))
+            .with_context(|| format!("no answer from {shown} at {addr} within {timeout:?}"))
             .and_then(|r| r);
         out.push((addr, body));
     }
@@ -90,11 +94,13 @@ pub async fn get_every_address(url: &str, timeout: Duration) -> Result<Vec<(Sock
 
 /// `http://authority/path` split; only plain HTTP (a metrics endpoint).
 fn plain_url(url: &str) -> Result<(&str, String)> {
-    let rest = url.strip_prefix("http://").with_context(|| format!("{url}: only http:// is supported"))?;
+    let rest =
+        url.strip_prefix("http://").with_context(|| format!("{}: only http:// is supported", redact::url(url)))?;
     Ok(rest.split_once('/').map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}"))))
 }
 
-async fn fetch(tcp: tokio::net::TcpStream, authority: &str, path: &str, url: &str) -> Result<String> {
+/// `shown` is the URL as errors name it, without userinfo.
+async fn fetch(tcp: tokio::net::TcpStream, authority: &str, path: &str, shown: &str) -> Result<String> {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
     let driver = tokio::spawn(conn);
     let request = http::Request::get(path).header(http::header::HOST, authority).body(Empty::<Bytes>::new())?;
@@ -103,10 +109,10 @@ async fn fetch(tcp: tokio::net::TcpStream, authority: &str, path: &str, url: &st
     let body = response.into_body().collect().await?.to_bytes();
     driver.abort();
     if !status.is_success() {
-        bail!("{url} answered {status}");
+        bail!("{shown} answered {status}");
     }
     if body.len() > 4 << 20 {
-        bail!("{url} answered more than 4 MiB");
+        bail!("{shown} answered more than 4 MiB");
     }
     Ok(String::from_utf8_lossy(&body).into_owned())
 }

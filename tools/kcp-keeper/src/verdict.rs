@@ -1,5 +1,6 @@
 //! One line per check: its result, what it saw, what to do, and the runbook entry; as text or JSON.
 
+use kcp_keeper_runtime::redact;
 use serde::Serialize;
 
 /// Where the runbook entries live (`docs/runbooks.md`, one `## doctor: <check>` section per check).
@@ -43,12 +44,14 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// Every text of a line has the userinfo of any URL in it redacted ([`redact::urls_in`]): the rules redact
+    /// the URLs they show, and this catches those inside other libraries' error messages.
     fn new(check: &'static str, subject: impl Into<String>, result: Level, saw: impl Into<String>) -> Self {
         Self {
             check,
-            subject: subject.into(),
+            subject: redact::urls_in(&subject.into()),
             result,
-            saw: saw.into(),
+            saw: redact::urls_in(&saw.into()),
             todo: String::new(),
             runbook: format!("{RUNBOOKS}#doctor-{check}"),
         }
@@ -59,11 +62,11 @@ impl Verdict {
     }
 
     pub fn warn(check: &'static str, subject: impl Into<String>, saw: impl Into<String>, todo: &str) -> Self {
-        Self { todo: todo.into(), ..Self::new(check, subject, Level::Warn, saw) }
+        Self { todo: redact::urls_in(todo), ..Self::new(check, subject, Level::Warn, saw) }
     }
 
     pub fn fail(check: &'static str, subject: impl Into<String>, saw: impl Into<String>, todo: &str) -> Self {
-        Self { todo: todo.into(), ..Self::new(check, subject, Level::Fail, saw) }
+        Self { todo: redact::urls_in(todo), ..Self::new(check, subject, Level::Fail, saw) }
     }
 
     /// `FAIL  pinned-images  rootshard/root: saw ... -> todo (runbook)`.
@@ -135,5 +138,26 @@ mod tests {
         assert_eq!(json["checks"][2]["result"], "fail");
         assert_eq!(json["checks"][2]["todo"], "fix");
         assert_eq!(json["checks"][1]["check"], "b");
+    }
+
+    #[test]
+    fn a_url_with_userinfo_in_any_text_of_a_line_is_shown_redacted_in_text_and_json() {
+        let url = "https://admin:hunter2@kcp.example.com:6443";
+        let r = Report {
+            checks: vec![
+                Verdict::fail(
+                    "x",
+                    format!("endpoint {url}"),
+                    format!("error sending request for url ({url}/healthz)"),
+                    &format!("fix {url}"),
+                ),
+                Verdict::warn("y", "s", format!("saw {url}"), "look"),
+                Verdict::ok("z", "s", format!("fine: {url}")),
+            ],
+        };
+        for shown in [r.text(), r.json()] {
+            assert!(!shown.contains("hunter2") && !shown.contains("admin:"), "{shown}");
+            assert_eq!(shown.matches("https://REDACTED@kcp.example.com:6443").count(), 5, "{shown}");
+        }
     }
 }

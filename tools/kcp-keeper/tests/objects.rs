@@ -367,6 +367,35 @@ async fn the_binary_prints_json_and_exits_1_on_a_fail_and_0_when_only_warnings_r
     Ok(())
 }
 
+/// A URL's userinfo is a credential: written into a RootShard's `spec.shardBaseURL`, a Shard's etcd endpoint or a
+/// `--snapshotter-metrics` flag, the doctor's text and JSON reports (what the periodic in-cluster mode logs too)
+/// show each URL with `REDACTED@` in its place.
+#[tokio::test]
+async fn urls_with_userinfo_in_the_objects_and_flags_are_reported_redacted_in_text_and_json() -> Result<()> {
+    let f = Fixture::new().await?;
+    let secret = "pw-marker-7f3a";
+    f.patch(layout::root_shard(), json!({"shardBaseURL": format!("https://admin:{secret}@kcp.example.com:6443")}))
+        .await?;
+    f.patch(layout::shard(), json!({"etcd": {"endpoints": [format!("https://etcd:{secret}@10.0.0.1:2379")]}})).await?;
+    for output in ["text", "json"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kcp-keeper"))
+            .args(["doctor", "--no-verify", "--output", output, "--namespace", &f.ns])
+            .arg(format!("--snapshotter-metrics=http://m:{secret}@127.0.0.1:1/metrics"))
+            .arg("--kubeconfig")
+            .arg(&bed().apiserver.admin_kubeconfig)
+            .output()?;
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        eprintln!("{stdout}{stderr}");
+        assert_eq!(out.status.code(), Some(1), "the public base URL fails");
+        assert!(!stdout.contains(secret) && !stderr.contains(secret), "{output}: a password is printed");
+        for shown in ["https://REDACTED@kcp.example.com:6443", "https://REDACTED@10.0.0.1:2379", "REDACTED@127.0.0.1:1"]
+        {
+            assert!(stdout.contains(shown), "{output}: {shown} is not shown:\n{stdout}");
+        }
+    }
+    Ok(())
+}
+
 /// A free port on loopback (bound and released: the doctor binds it right after).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

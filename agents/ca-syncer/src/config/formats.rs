@@ -62,6 +62,13 @@ pub fn check_password(format: Format, password: &str) -> Result<(), String> {
     if format == Format::Jks && password.is_empty() {
         return Err("must not be empty for JKS (Java's convention is changeit, the default)".into());
     }
+    // Java derives a PKCS#12 store's PBES2 key from the password through PBEKeySpec, which refuses any character
+    // outside printable ASCII: OpenSSL would read such a store, keytool and JSSE cannot open it.
+    if format == Format::Pkcs12 && !password.chars().all(|c| (' '..='~').contains(&c)) {
+        return Err("must be printable ASCII (space to ~) for PKCS#12: Java's keytool and JSSE cannot open a \
+                    PKCS#12 store under a password with any other character"
+            .into());
+    }
     Ok(())
 }
 
@@ -96,7 +103,7 @@ pub struct RawPkcs12 {
     /// The data key (`binaryData` in a ConfigMap), other than the target's `key`.
     pub key: String,
     /// The store password (default none, as trust-manager's: no encryption and no MAC); at most 128
-    /// characters.
+    /// characters, printable ASCII only (Java cannot open a PKCS#12 store under any other password).
     #[serde(default)]
     pub password: Option<String>,
     /// Read the password from a key of a Secret instead.

@@ -35,6 +35,15 @@ pub const ROLE_NAME: &str = "kcp-keeper-ca-syncer";
 /// The `app.kubernetes.io/name` label on each of them.
 const APP: &str = "ca-syncer";
 
+/// What a selector source of Secrets grants beyond what the agent reads: RBAC has no label narrowing.
+fn every_secret_note(namespace: &str) -> String {
+    format!(
+        "Secret selector source: list/watch on every Secret of namespace {namespace}. The agent's own watch asks\n\
+         with its label selector, but the token may list without one: a list returns every Secret there, private\n\
+         keys and tokens included. Keep only CA Secrets in {namespace}."
+    )
+}
+
 /// Per namespace: which Secrets and ConfigMaps are read, and which are written.
 #[derive(Default)]
 struct Access {
@@ -104,6 +113,9 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
             rules.extend(lease_rules(who));
         }
         rbac.add(ns, ROLE_NAME, APP, rules, who);
+        if access.by_label.contains(&TargetKind::Secret) {
+            rbac.note(ns, ROLE_NAME, every_secret_note(ns));
+        }
     }
 
     if !plan.cluster_wide.is_empty() {
@@ -185,6 +197,34 @@ mod tests {
         assert_eq!(unnamed("roots"), [(vec!["configmaps".to_string()], list_watch)]);
         assert!(unnamed("apps").is_empty(), "a target namespace lists nothing");
         assert!(rbac.cluster_roles.is_empty(), "nothing cluster-wide");
+    }
+
+    #[test]
+    fn the_output_says_above_a_secret_selectors_role_that_its_list_returns_every_secret_of_that_namespace() {
+        let config: Config = kcp_keeper_runtime::config::parse(
+            Path::new("c.yaml"),
+            "bundles:\n- name: a\n  sources:\n  - secret: {namespace: trust, selector: {matchLabels: {ca: 'yes'}}, key: ca.crt}\n  - configMap: {namespace: roots, selector: {matchLabels: {ca: 'yes'}}, key: ca.crt}\n  targets:\n  - secret: {namespace: apps, name: kcp-ca, key: ca.crt}\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let yaml = render(&config, &who()).to_yaml().unwrap();
+        let documents: Vec<&str> = yaml.split("---\n").collect();
+        let role_in = |ns: &str| {
+            *documents.iter().find(|d| d.contains("kind: Role\n") && d.contains(&format!("namespace: {ns}\n"))).unwrap()
+        };
+        let trust = role_in("trust");
+        assert!(
+            trust.starts_with("# Secret selector source: list/watch on every Secret of namespace trust.")
+                && trust.contains("# keys and tokens included. Keep only CA Secrets in trust.\napiVersion:"),
+            "{trust}"
+        );
+        assert!(!role_in("roots").starts_with('#'), "a ConfigMap selector lists no Secret: {yaml}");
+        assert!(!role_in("apps").starts_with('#'), "{yaml}");
+        // Still the same objects to a YAML reader.
+        for doc in documents {
+            assert!(serde_yaml::from_str::<serde_yaml::Value>(doc).unwrap()["kind"].is_string());
+        }
+        // Secrets granted by name only: no note.
+        assert!(!render(&example(), &who()).to_yaml().unwrap().contains("# Secret selector"));
     }
 
     #[test]

@@ -5,6 +5,8 @@
 
 use std::net::IpAddr;
 
+use kcp_keeper_runtime::redact;
+
 use crate::layout::{Component, Layout};
 use crate::verdict::Verdict;
 
@@ -43,22 +45,23 @@ fn one(c: &Component, public: &[&str]) -> Verdict {
         return Verdict::ok(CHECK, c.subject(), "no base URL set (the operator's in-cluster default)");
     }
     for (field, url) in &urls {
+        let shown = redact::url(url);
         match host(url) {
             Some(h) if in_cluster(&h, &c.cluster_domain, public) => {}
             Some(h) => {
                 return Verdict::fail(
                     CHECK,
                     c.subject(),
-                    format!("{field} {url} is on {h}, a name outside the cluster"),
+                    format!("{field} {shown} is on {h}, a name outside the cluster"),
                     "remove the base URL (or point it at the shard's Service); set --shard-virtual-workspace-url for the public name",
                 );
             }
             None => {
-                return Verdict::fail(CHECK, c.subject(), format!("{field} {url:?} has no host"), "fix or remove it");
+                return Verdict::fail(CHECK, c.subject(), format!("{field} {shown:?} has no host"), "fix or remove it");
             }
         }
     }
-    let shown: Vec<String> = urls.iter().map(|(f, u)| format!("{f} {u}")).collect();
+    let shown: Vec<String> = urls.iter().map(|(f, u)| format!("{f} {}", redact::url(u))).collect();
     Verdict::ok(CHECK, c.subject(), format!("{} (in-cluster)", shown.join(", ")))
 }
 
@@ -73,7 +76,7 @@ pub fn shard_base_url(layout: &Layout) -> Vec<Verdict> {
 fn virtual_workspace(c: &Component, public: &[&str]) -> Verdict {
     const FLAG: &str = "--shard-virtual-workspace-url";
     if let Some(url) = c.flag("shard-virtual-workspace-url") {
-        return Verdict::ok(VIRTUAL_WORKSPACE, c.subject(), format!("{FLAG} {url}"));
+        return Verdict::ok(VIRTUAL_WORKSPACE, c.subject(), format!("{FLAG} {}", redact::url(&url)));
     }
     let names: Vec<&str> = c
         .server_names
@@ -178,6 +181,21 @@ mod tests {
         assert_eq!(virtual_workspace_of(json!({})).result, Level::Ok);
         let names = json!({"server": {"spec": {"dnsNames": ["alpha-shard-kcp.kcp-system.svc.cluster.local", "alpha", "10.96.0.7", "*.alpha.kcp.example.com"]}}});
         assert_eq!(virtual_workspace_of(json!({"certificateTemplates": names})).result, Level::Ok);
+    }
+
+    #[test]
+    fn a_base_url_with_userinfo_is_judged_by_its_host_and_shown_without_the_userinfo() {
+        let fail = check(json!({"shardBaseURL": "https://admin:hunter2@kcp.example.com:443"}));
+        assert_eq!(fail.result, Level::Fail);
+        let ok =
+            check(json!({"extraArgs": ["--shard-base-url=https://admin:hunter2@alpha-shard-kcp.kcp-system.svc:6443"]}));
+        assert_eq!(ok.result, Level::Ok);
+        let vw = virtual_workspace_of(
+            json!({"extraArgs": ["--shard-virtual-workspace-url=https://u:hunter2@alpha.kcp.example.com"]}),
+        );
+        for v in [&fail, &ok, &vw] {
+            assert!(!v.saw.contains("hunter2") && v.saw.contains("https://REDACTED@"), "{}", v.saw);
+        }
     }
 
     #[test]

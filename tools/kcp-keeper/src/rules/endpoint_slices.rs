@@ -33,7 +33,7 @@ pub fn parse(object: &serde_json::Value) -> Result<Slice, String> {
 }
 
 pub fn subject(slice: &str, url: &str) -> String {
-    format!("apiexportendpointslice/{slice} {url}")
+    format!("apiexportendpointslice/{slice} {}", kcp_keeper_runtime::redact::url(url))
 }
 
 /// One line per advertised URL: ok when the probe resolved it and verified its certificate, else FAIL with what

@@ -61,7 +61,10 @@ pub fn spread(layout: &Layout) -> Vec<Verdict> {
             out.push(Verdict::warn(
                 CHECK,
                 c.subject(),
-                format!("etcd endpoints {:?} name no Service in this cluster: not checked", c.etcd_endpoints),
+                format!(
+                    "etcd endpoints {:?} name no Service in this cluster: not checked",
+                    c.etcd_endpoints.iter().map(|e| kcp_keeper_runtime::redact::url(e)).collect::<Vec<_>>()
+                ),
                 "check the etcd members' spread where they run",
             ));
         }
@@ -129,5 +132,16 @@ mod tests {
         let mut l = layout(3, vec![]);
         l.etcds.clear();
         assert!(spread(&l)[0].saw.contains("not checked"));
+    }
+
+    #[test]
+    fn endpoints_naming_no_service_are_shown_without_their_userinfo() {
+        let spec = json!({"etcd": {"endpoints": ["https://root:hunter2@10.0.0.1:2379", "https://10.0.0.2:2379"]}});
+        let l = Layout { components: vec![Component::parse(Kind::RootShard, "root", &spec).unwrap()], etcds: vec![] };
+        let v = spread(&l).remove(0);
+        assert_eq!(
+            v.saw,
+            "etcd endpoints [\"https://REDACTED@10.0.0.1:2379\", \"https://10.0.0.2:2379\"] name no Service in this cluster: not checked"
+        );
     }
 }
