@@ -28,6 +28,9 @@ use serde::Deserialize;
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(60);
 /// The key the kcp-operator renders, and the default target key.
 pub const KUBECONFIG_KEY: &str = "kubeconfig";
+/// The annotation naming the kubeconfig a target Secret was written for ([`crate::target`]): with kcp-keeper's
+/// label, what makes a selector target's copy one the agent may withdraw ([`crate::scope`]).
+pub const KUBECONFIG_ANNOTATION: &str = "kcp-keeper.io/kubeconfig";
 
 // ---- validated ----------------------------------------------------------------------------------------------
 
@@ -56,7 +59,9 @@ pub struct Kubeconfig {
     pub targets: Vec<TargetSpec>,
 }
 
-/// A right a credential must hold: `verb` on `group`/`resource` in a kcp workspace.
+/// A right a credential must hold: `verb` on `group`/`resource` in a kcp workspace, optionally in one namespace
+/// and on one object by name (a right granted by a RoleBinding, or by a Role with `resourceNames`, holds only
+/// there).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Right {
@@ -71,15 +76,30 @@ pub struct Right {
     /// server the kubeconfig names, as it is.
     #[serde(default)]
     pub workspace: Option<String>,
+    /// The namespace the right must hold in (a DNS label). Absent: across all namespaces (or for a
+    /// cluster-scoped resource), which a RoleBinding in one namespace does not grant.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The one object, by name, the right must hold on. Absent: on every object of the resource, which a Role
+    /// with resourceNames does not grant.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 impl std::fmt::Display for Right {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let resource =
             if self.group.is_empty() { self.resource.clone() } else { format!("{}.{}", self.resource, self.group) };
+        write!(f, "{} {resource}", self.verb)?;
+        if let Some(name) = &self.name {
+            write!(f, " named {name}")?;
+        }
+        if let Some(ns) = &self.namespace {
+            write!(f, " in namespace {ns}")?;
+        }
         match &self.workspace {
-            Some(ws) => write!(f, "{} {resource} in workspace {ws}", self.verb),
-            None => write!(f, "{} {resource} at the kubeconfig's server", self.verb),
+            Some(ws) => write!(f, " in workspace {ws}"),
+            None => write!(f, " at the kubeconfig's server"),
         }
     }
 }
@@ -141,8 +161,13 @@ pub struct TargetSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
     Namespace(String),
-    /// Every namespace the selector selects (and is not being deleted), found by a watch of Namespaces.
-    Selector(Selector),
+    /// Every namespace the selector selects (and is not being deleted), found by a watch of Namespaces, that
+    /// `allowed` names: a label anyone who may patch a namespace can set, so the label alone never decides where
+    /// an admin kubeconfig goes. A copy in a namespace that is not both selected and allowed is deleted.
+    Selector {
+        selector: Selector,
+        allowed: BTreeSet<String>,
+    },
 }
 
 impl TargetSpec {
@@ -277,10 +302,16 @@ struct RawTarget {
     /// The target Secret's namespace (a DNS label).
     #[serde(default)]
     namespace: Option<String>,
-    /// Write the Secret in every namespace this selector selects (matchLabels, matchExpressions): a namespace
-    /// labelled later gets it; one no longer selected keeps the copy it has, which is no longer renewed.
+    /// Write the Secret in every namespace this selector selects (matchLabels, matchExpressions) that
+    /// allowedNamespaces names: a namespace labelled later gets it; from one no longer selected, or no longer
+    /// allowed, the copy is deleted (with an Event).
     #[serde(default)]
     namespace_selector: Option<NamespaceSelector>,
+    /// Required with namespaceSelector: the namespaces, by name, the selector may place the Secret in (at least
+    /// one). Whoever may patch a namespace may set any label on it, so a label alone never decides who receives
+    /// an admin kubeconfig; the Roles that let the agent write the Secret exist only in these namespaces.
+    #[serde(default)]
+    allowed_namespaces: Option<Vec<String>>,
     /// The target Secret's name.
     name: String,
     /// The key the kubeconfig is written under (default: kubeconfig).
@@ -449,7 +480,8 @@ fn source(raw: RawSource, err: &mut impl FnMut(&str, String)) -> Option<Source> 
     }
 }
 
-/// `verify.rights`: each a verb and a resource, an API group and a workspace path as Kubernetes and kcp spell them.
+/// `verify.rights`: each a verb and a resource, an API group, a workspace path, a namespace and an object name as
+/// Kubernetes and kcp spell them.
 fn check_rights(rights: &[Right], err: &mut impl FnMut(&str, String)) {
     for (r, right) in rights.iter().enumerate() {
         let field = |f: &str| format!("verify.rights[{r}].{f}");
@@ -466,6 +498,17 @@ fn check_rights(rights: &[Right], err: &mut impl FnMut(&str, String)) {
         {
             err(&field("workspace"), "must be a workspace path such as root or root:org".into());
         }
+        if let Some(ns) = &right.namespace
+            && let Err(e) = names::check_dns_label(ns)
+        {
+            err(&field("namespace"), e);
+        }
+        // An object name is a path segment of its URL: any other constraint is the resource's own.
+        if let Some(name) = &right.name
+            && (name.is_empty() || name == "." || name == ".." || name.contains(['/', '%']))
+        {
+            err(&field("name"), "must be an object name (not empty, no / or %, not . or ..)".into());
+        }
     }
 }
 
@@ -480,10 +523,10 @@ fn target_spec(
     if let Err(e) = names::check_dns_subdomain(&t.name) {
         err(&format!("{tat}.name"), e);
     }
-    let placement = placement(tat, t.namespace, t.namespace_selector.as_ref(), err)?;
+    let placement = placement(tat, t.namespace, t.namespace_selector.as_ref(), t.allowed_namespaces, err)?;
     let namespace = match &placement {
         Placement::Namespace(ns) => Some(ns.clone()),
-        Placement::Selector(_) => None,
+        Placement::Selector { .. } => None,
     };
     let key = t.key.unwrap_or_else(|| KUBECONFIG_KEY.into());
     if let Err(e) = names::check_data_key(&key) {
@@ -524,11 +567,13 @@ fn target_spec(
     })
 }
 
-/// Exactly one of a target's namespace and namespaceSelector, checked; `None` (and an error at `tat`) otherwise.
+/// Exactly one of a target's namespace and namespaceSelector, checked, a selector with the namespaces it may
+/// place the Secret in; `None` (and an error at `tat`) otherwise.
 fn placement(
     tat: &str,
     namespace: Option<String>,
     selector: Option<&NamespaceSelector>,
+    allowed: Option<Vec<String>>,
     err: &mut impl FnMut(&str, String),
 ) -> Option<Placement> {
     match (namespace, selector) {
@@ -536,11 +581,28 @@ fn placement(
             if let Err(e) = names::check_dns_label(&ns) {
                 err(&format!("{tat}.namespace"), e);
             }
+            if allowed.is_some() {
+                err(&format!("{tat}.allowedNamespaces"), "only with namespaceSelector".into());
+            }
             Some(Placement::Namespace(ns))
         }
         (None, Some(selector)) => {
             let selector = relay(err, |errors| selector.validate(&format!("{tat}.namespaceSelector"), errors));
-            Some(Placement::Selector(selector))
+            let allowed = allowed.unwrap_or_default();
+            if allowed.is_empty() {
+                err(
+                    &format!("{tat}.allowedNamespaces"),
+                    "required with namespaceSelector: name the namespaces the Secret may be written to (a label \
+                     anyone may set on their namespace never decides alone who receives an admin kubeconfig)"
+                        .into(),
+                );
+            }
+            for (i, ns) in allowed.iter().enumerate() {
+                if let Err(e) = names::check_dns_label(ns) {
+                    err(&format!("{tat}.allowedNamespaces[{i}]"), e);
+                }
+            }
+            Some(Placement::Selector { selector, allowed: allowed.into_iter().collect() })
         }
         (ns, _) => {
             let has = if ns.is_some() { "; has both" } else { "" };
@@ -697,22 +759,25 @@ mod tests {
     #[test]
     fn consumers_restart_windows_and_rights_are_checked_with_their_paths() {
         let c = parse_ok(
-            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  verify: {rights: [{verb: get, resource: configmaps, workspace: \"root:org\"}]}\n  targets:\n  - {namespace: a, name: t, restartDeployments: [web], restartStatefulSets: [db], restartDaemonSets: [agent], restartWindow: {cron: \"0 2 * * *\", duration: 2h}}\n",
+            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  verify: {rights: [{verb: get, resource: configmaps, workspace: \"root:org\"}, {verb: get, resource: configmaps, namespace: team-a, name: hub, workspace: root}]}\n  targets:\n  - {namespace: a, name: t, restartDeployments: [web], restartStatefulSets: [db], restartDaemonSets: [agent], restartWindow: {cron: \"0 2 * * *\", duration: 2h}}\n",
         );
         let k = &c.kubeconfigs[0];
         assert!(k.ca_overlap, "CA overlap is on by default");
         assert_eq!(k.rights[0].to_string(), "get configmaps in workspace root:org");
+        assert_eq!(k.rights[1].to_string(), "get configmaps named hub in namespace team-a in workspace root");
         let kinds: Vec<ConsumerKind> = k.targets[0].target.consumers.iter().map(|c| c.kind).collect();
         assert_eq!(kinds, ConsumerKind::ALL);
         let window = k.targets[0].target.restart_window.as_ref().expect("a window");
         assert_eq!((window.duration, window.margin), (Duration::from_secs(7200), DEFAULT_RESTART_MARGIN));
 
         let err = parse_err(
-            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  caOverlap: false\n  verify: {rights: [{verb: \"\", resource: configmaps, workspace: \"Root:\"}]}\n  targets:\n  - {namespace: a, name: t, restartStatefulSets: [Bad_Name], restartWindow: {cron: \"not cron\", duration: 0s}}\n  - {namespace: a, name: u, restartWindow: {cron: \"0 2 * * *\", timeZone: Mars/Olympus, duration: 1h}}\n",
+            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  caOverlap: false\n  verify: {rights: [{verb: \"\", resource: configmaps, workspace: \"Root:\"}, {verb: get, resource: configmaps, namespace: Team_A, name: \"a/b\"}]}\n  targets:\n  - {namespace: a, name: t, restartStatefulSets: [Bad_Name], restartWindow: {cron: \"not cron\", duration: 0s}}\n  - {namespace: a, name: u, restartWindow: {cron: \"0 2 * * *\", timeZone: Mars/Olympus, duration: 1h}}\n",
         );
         for expected in [
             "kubeconfigs[0].verify.rights[0].verb: must be a non-empty Kubernetes name",
             "kubeconfigs[0].verify.rights[0].workspace: must be a workspace path",
+            "kubeconfigs[0].verify.rights[1].namespace:",
+            "kubeconfigs[0].verify.rights[1].name: must be an object name",
             "kubeconfigs[0].targets[0].restartStatefulSets[0]:",
             "kubeconfigs[0].targets[0].restartWindow.duration: must be more than 0",
             "kubeconfigs[0].targets[0].restartWindow: cron:",
@@ -723,23 +788,28 @@ mod tests {
     }
 
     #[test]
-    fn a_target_by_namespace_selector_is_checked_and_shares_its_name_with_no_other_target() {
+    fn a_target_by_namespace_selector_needs_namespaces_allowed_by_name_and_shares_its_name_with_no_other_target() {
         let c = parse_ok(
-            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  targets:\n  - {name: kcp, namespaceSelector: {matchLabels: {kcp: hub}, matchExpressions: [{key: tier, operator: In, values: [prod]}]}, restartDeployments: [hub]}\n",
+            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  targets:\n  - {name: kcp, namespaceSelector: {matchLabels: {kcp: hub}, matchExpressions: [{key: tier, operator: In, values: [prod]}]}, allowedNamespaces: [team-a, team-b], restartDeployments: [hub]}\n",
         );
         let spec = &c.kubeconfigs[0].targets[0];
-        let Placement::Selector(selector) = &spec.placement else { panic!("a selector target") };
+        let Placement::Selector { selector, allowed } = &spec.placement else { panic!("a selector target") };
         assert_eq!(selector.label_selector(), "kcp=hub,tier in (prod)");
+        assert_eq!(allowed.iter().collect::<Vec<_>>(), ["team-a", "team-b"]);
         assert_eq!(spec.at("team-a").namespace, "team-a");
 
         let err = parse_err(
-            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  targets:\n  - {name: kcp, namespaceSelector: {matchExpressions: [{key: x, operator: DoesNotExist}]}}\n  - {name: kcp, namespace: team-a}\n  - {name: other, namespace: a, namespaceSelector: {matchLabels: {a: b}}}\n  - {name: none}\n",
+            "kubeconfigs:\n- name: a\n  source: {kubeconfig: {namespace: a, name: b, renderedSecret: c}}\n  targets:\n  - {name: kcp, namespaceSelector: {matchExpressions: [{key: x, operator: DoesNotExist}]}, allowedNamespaces: [a]}\n  - {name: kcp, namespace: team-a}\n  - {name: other, namespace: a, namespaceSelector: {matchLabels: {a: b}}}\n  - {name: none}\n  - {name: unbounded, namespaceSelector: {matchLabels: {a: b}}}\n  - {name: empty, namespaceSelector: {matchLabels: {a: b}}, allowedNamespaces: []}\n  - {name: bad, namespaceSelector: {matchLabels: {a: b}}, allowedNamespaces: [Team_A]}\n  - {name: named, namespace: a, allowedNamespaces: [a]}\n",
         );
         for expected in [
             "kubeconfigs[0].targets[0].namespaceSelector.matchLabels: must name at least one label",
             "kubeconfigs[0].targets[1]: this Secret is already a target",
             "kubeconfigs[0].targets[2]: set exactly one of namespace, namespaceSelector; has both",
             "kubeconfigs[0].targets[3]: set exactly one of namespace, namespaceSelector",
+            "kubeconfigs[0].targets[4].allowedNamespaces: required with namespaceSelector",
+            "kubeconfigs[0].targets[5].allowedNamespaces: required with namespaceSelector",
+            "kubeconfigs[0].targets[6].allowedNamespaces[0]:",
+            "kubeconfigs[0].targets[7].allowedNamespaces: only with namespaceSelector",
         ] {
             assert!(err.contains(expected), "missing {expected:?} in {err}");
         }

@@ -36,6 +36,9 @@ pub enum SyncError {
     ConsumerMissing(String),
     #[error("reading the source: {0}")]
     ReadFailed(kube::Error),
+    /// A copy of a selector target in a namespace no longer selected or allowed could not be deleted.
+    #[error("withdrawing the copy {object}: {source}")]
+    WithdrawFailed { object: String, source: kube::Error },
 }
 
 /// Every `reason` of the verification-failure counter: the candidate checks' and the proof's.

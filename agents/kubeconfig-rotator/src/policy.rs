@@ -12,8 +12,12 @@ use crate::credential::{CertInfo, Credential};
 pub enum TargetAction {
     /// It already holds exactly this kubeconfig (and split keys): no write.
     Unchanged,
-    /// It holds a valid credential that lasts longer than the candidate: never replaced by a worse one.
+    /// It holds a valid credential that lasts longer than the candidate, for the same server: never replaced by a
+    /// worse one.
     KeepLonger,
+    /// It holds a valid credential that lasts longer, but for another server than the candidate's (an old front
+    /// proxy URL, another kcp): replaced, since it works, if at all, where it should not point.
+    Repoint,
     /// Missing, unusable, expired, or no better than the candidate: write.
     Write,
 }
@@ -27,18 +31,34 @@ pub enum Live {
     Valid {
         cert: CertInfo,
         hash: String,
+        /// The server its current context points at.
+        server: String,
     },
 }
 
-/// Never worse: a target holding a valid credential with more time left keeps it. Equal time left (the same
-/// certificate rewritten to another server, say) is replaced, so configuration changes still reach it.
+/// Never worse: a target holding a valid credential with more time left for the same server keeps it. Equal time
+/// left (the same certificate rewritten, say) is replaced, so configuration changes still reach it; more time
+/// left for another server than the candidate's (after the rewrite to `server:`) is replaced too
+/// ([`TargetAction::Repoint`]).
 /// `complete` is false when a split key the configuration wants is missing or stale.
 pub fn target_action(live: &Live, candidate: &Credential, complete: bool) -> TargetAction {
     match live {
         Live::Valid { hash, .. } if *hash == candidate.hash() && complete => TargetAction::Unchanged,
-        Live::Valid { cert, .. } if cert.not_after > candidate.cert.not_after => TargetAction::KeepLonger,
+        Live::Valid { cert, server, .. } if cert.not_after > candidate.cert.not_after => {
+            if same_server(server, &candidate.server) { TargetAction::KeepLonger } else { TargetAction::Repoint }
+        }
         _ => TargetAction::Write,
     }
+}
+
+/// Two kubeconfig servers name the same place: equal but for a trailing `/` and the case of scheme and host.
+fn same_server(a: &str, b: &str) -> bool {
+    let norm = |s: &str| {
+        let s = s.trim_end_matches('/');
+        let (authority_end, _) = s.match_indices('/').nth(2).unwrap_or((s.len(), ""));
+        format!("{}{}", s[..authority_end].to_ascii_lowercase(), &s[authority_end..])
+    };
+    norm(a) == norm(b)
 }
 
 /// cert-manager has written a newer certificate than the one the rendered kubeconfig carries: the operator will
@@ -134,18 +154,27 @@ mod tests {
     #[test]
     fn a_target_with_more_time_left_is_never_replaced() {
         let c = candidate("02", 2000, b"new");
-        let longer = Live::Valid { cert: cert("03", 0, 3000), hash: "x".into() };
+        let longer = Live::Valid { cert: cert("03", 0, 3000), hash: "x".into(), server: "https://h:1".into() };
         assert_eq!(target_action(&longer, &c, true), TargetAction::KeepLonger);
-        let shorter = Live::Valid { cert: cert("01", 0, 1000), hash: "x".into() };
+        let shorter = Live::Valid { cert: cert("01", 0, 1000), hash: "x".into(), server: "https://h:1".into() };
         assert_eq!(target_action(&shorter, &c, true), TargetAction::Write);
-        let same_time = Live::Valid { cert: cert("02", 0, 2000), hash: "other".into() };
+        let same_time = Live::Valid { cert: cert("02", 0, 2000), hash: "other".into(), server: "https://h:1".into() };
         assert_eq!(target_action(&same_time, &c, true), TargetAction::Write, "same certificate, new content");
+    }
+
+    #[test]
+    fn a_target_with_more_time_left_for_another_server_is_replaced() {
+        let c = candidate("02", 2000, b"new");
+        let held = |server: &str| Live::Valid { cert: cert("03", 0, 3000), hash: "x".into(), server: server.into() };
+        assert_eq!(target_action(&held("https://old-fp:1"), &c, true), TargetAction::Repoint);
+        assert_eq!(target_action(&held("https://h:1/clusters/root"), &c, true), TargetAction::Repoint, "another path");
+        assert_eq!(target_action(&held("https://H:1/"), &c, true), TargetAction::KeepLonger, "the same place");
     }
 
     #[test]
     fn identical_content_is_not_written_unless_split_keys_are_missing() {
         let c = candidate("02", 2000, b"same");
-        let live = Live::Valid { cert: cert("02", 0, 2000), hash: c.hash() };
+        let live = Live::Valid { cert: cert("02", 0, 2000), hash: c.hash(), server: "https://h:1".into() };
         assert_eq!(target_action(&live, &c, true), TargetAction::Unchanged);
         assert_eq!(target_action(&live, &c, false), TargetAction::Write);
     }

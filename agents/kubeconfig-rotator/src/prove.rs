@@ -72,20 +72,26 @@ async fn prove_right(candidate: &Credential, right: &Right) -> Result<(), ProofE
         None => candidate.server.clone(),
     };
     let client = client_at(candidate, &at)?;
-    let (resource, subresource) = right.resource.split_once('/').unwrap_or((&right.resource, ""));
-    let review = serde_json::json!({
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectAccessReview",
-        "spec": {"resourceAttributes": {
-            "verb": right.verb, "group": right.group, "resource": resource, "subresource": subresource,
-        }},
-    });
-    let answer = send(&client, ACCESS_REVIEW_PATH, review).await?;
+    let answer = send(&client, ACCESS_REVIEW_PATH, access_review(right)).await?;
     match answer["status"]["allowed"].as_bool() {
         Some(true) => Ok(()),
         Some(false) => Err(ProofError::MissingRight(right.to_string())),
         None => Err(ProofError::BadAnswer),
     }
+}
+
+/// The SelfSubjectAccessReview asking for `right`: its namespace and object name when configured (empty ones
+/// mean every namespace and every object, which a RoleBinding or a Role with resourceNames does not grant).
+fn access_review(right: &Right) -> serde_json::Value {
+    let (resource, subresource) = right.resource.split_once('/').unwrap_or((&right.resource, ""));
+    serde_json::json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {
+            "verb": right.verb, "group": right.group, "resource": resource, "subresource": subresource,
+            "namespace": right.namespace.as_deref().unwrap_or_default(), "name": right.name.as_deref().unwrap_or_default(),
+        }},
+    })
 }
 
 /// Posts `review` to `path`, mapping every failure to a reason that carries nothing from the candidate.
@@ -149,9 +155,31 @@ mod tests {
             resource: "workspaces".into(),
             group: group.into(),
             workspace: workspace.map(String::from),
+            namespace: None,
+            name: None,
         };
         let e = ProofError::MissingRight(right("tenancy.kcp.io", Some("root:org")).to_string());
         assert_eq!(e.to_string(), "missing right: get workspaces.tenancy.kcp.io in workspace root:org");
         assert_eq!(right("", None).to_string(), "get workspaces at the kubeconfig's server");
+    }
+
+    #[test]
+    fn an_access_review_asks_in_the_rights_namespace_for_its_object_or_else_everywhere() {
+        let mut right = Right {
+            verb: "get".into(),
+            resource: "deployments/scale".into(),
+            group: "apps".into(),
+            workspace: None,
+            namespace: Some("team-a".into()),
+            name: Some("hub".into()),
+        };
+        let asked = &access_review(&right)["spec"]["resourceAttributes"];
+        assert_eq!(
+            (&asked["namespace"], &asked["name"], &asked["resource"], &asked["subresource"]),
+            (&"team-a".into(), &"hub".into(), &"deployments".into(), &"scale".into())
+        );
+        (right.namespace, right.name) = (None, None);
+        let asked = &access_review(&right)["spec"]["resourceAttributes"];
+        assert_eq!((&asked["namespace"], &asked["name"]), (&"".into(), &"".into()));
     }
 }

@@ -12,7 +12,8 @@ use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::{self, ApplyError, Outcome, Ownership};
 use kcp_keeper_runtime::driver::{self, ErrorReason, Named, ReconcileMetrics, Reconciler, Settings};
 use kcp_keeper_runtime::events::{EventType, Recorder, reference};
-use kube::api::Api;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Preconditions};
 use time::OffsetDateTime;
 
 use kcp_keeper_runtime::consumer_restart::{Done, RestartError, Restarter, Wanted};
@@ -71,11 +72,50 @@ impl Reconciler for Rotator {
         let snap = Reader::Stores(&self.stores).snapshot(kc).await.map_err(SyncError::ReadFailed)?;
         let targets = snap.targets(kc);
         self.metrics.targets(kc, &targets);
-        self.sync(kc, &targets, &snap, OffsetDateTime::now_utc()).await.map(Some)
+        // Withdrawn first and whatever the source's state: a copy where it no longer belongs goes even while
+        // no candidate can be published.
+        let withdrawn = self.withdraw(kc, &snap).await;
+        let next = self.sync(kc, &targets, &snap, OffsetDateTime::now_utc()).await?;
+        withdrawn.map(|()| Some(next))
     }
 }
 
 impl Rotator {
+    /// Deletes every copy of a selector target in a namespace no longer both selected and allowed
+    /// ([`Snapshot::withdrawals`]), as the agent last saw it (uid and resourceVersion preconditions: a copy
+    /// rewritten since is looked at again next pass), each with an Event in its namespace.
+    async fn withdraw(&self, kc: &Kubeconfig, snap: &Snapshot) -> Result<(), SyncError> {
+        let mut first = None;
+        for copy in snap.withdrawals(kc) {
+            let (ns, name) = (copy.namespace().unwrap_or_default(), copy.name_any());
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: copy.metadata.uid.clone(),
+                    resource_version: copy.metadata.resource_version.clone(),
+                }),
+                ..DeleteParams::default()
+            };
+            match Api::<Secret>::namespaced(self.client.clone(), &ns).delete(&name, &params).await {
+                Ok(_) => {
+                    let note = format!(
+                        "kubeconfig {}: namespace {ns} is no longer selected by the target's namespaceSelector or no longer in its allowedNamespaces; deleted its copy of the kubeconfig",
+                        kc.name
+                    );
+                    tracing::info!(kubeconfig = %kc.name, namespace = %ns, name = %name, "withdrew a copy from a namespace no longer selected or allowed");
+                    let regarding = reference("v1", "Secret", &ns, &name, copy.metadata.uid.clone());
+                    self.events.publish(&regarding, EventType::Normal, "Withdrawn", "Withdraw", &note).await;
+                }
+                // Gone already (the store has not seen our own delete yet, or someone else's).
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(source) => {
+                    tracing::warn!(kubeconfig = %kc.name, namespace = %ns, name = %name, error = %source, "a copy not withdrawn");
+                    first.get_or_insert(SyncError::WithdrawFailed { object: format!("{ns}/{name}"), source });
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
     async fn sync(
         &self,
         kc: &Kubeconfig,
@@ -238,15 +278,27 @@ impl Rotator {
         let regarding = reference("v1", "Secret", &target.namespace, &target.name, None);
         // What the target holds after this pass.
         let mut action = policy::target_action(&live, candidate, complete);
-        if action == TargetAction::KeepLonger {
-            action = self.prove_held(kc, live_secret, target, expected, &regarding, now).await;
+        match (action, &live) {
+            (TargetAction::KeepLonger, _) => {
+                action = self.prove_held(kc, live_secret, target, expected, &regarding, now).await;
+            }
+            (TargetAction::Repoint, Live::Valid { cert, .. }) => {
+                // Neither server is named: a URL may carry what does not belong in an Event.
+                let note = format!(
+                    "kubeconfig {}: the target's serial {} lasts longer but points at another server than the candidate; replaced by the proven candidate",
+                    kc.name, cert.serial
+                );
+                tracing::info!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, "a longer-lived target points at another server: replaced");
+                self.events.publish(&regarding, EventType::Normal, "ReplacedOtherServer", "Publish", &note).await;
+            }
+            _ => {}
         }
         let (held_hash, held_not_after) = match (action, &live) {
             (TargetAction::Unchanged, _) => {
                 series.holds(candidate.cert.not_after, true);
                 (candidate.hash(), candidate.cert.not_after)
             }
-            (TargetAction::KeepLonger, Live::Valid { cert, hash }) => {
+            (TargetAction::KeepLonger, Live::Valid { cert, hash, .. }) => {
                 series.holds(cert.not_after, false);
                 let note = format!(
                     "kubeconfig {}: kept serial {} (valid until {}): the candidate, serial {}, expires sooner",
@@ -321,7 +373,8 @@ impl Rotator {
     }
 
     /// A target is kept because it lasts longer only if it is proven too (one SelfSubjectReview, at the server it
-    /// holds): a credential kcp no longer accepts (an old client CA, another user) is replaced by the candidate.
+    /// holds, which is the candidate's: [`TargetAction::Repoint`] replaces one pointing elsewhere): a credential kcp
+    /// no longer accepts (an old client CA, another user) is replaced by the candidate.
     async fn prove_held(
         &self,
         kc: &Kubeconfig,

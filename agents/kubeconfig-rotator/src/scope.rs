@@ -2,8 +2,10 @@
 //! selector in its namespace), so RBAC can name each one (`resourceNames`) and nothing else wakes the agent.
 //! A target by namespace selector is watched as ca-syncer watches its selector targets: its Secret name across
 //! the cluster (the same field selector, so a ClusterRole with `resourceNames` allows exactly that), and the
-//! Namespaces by the selector's labels (only when a selector is configured). The one-shots read the same objects
-//! with plain GETs and a Namespace list ([`Reader::Client`]), and [`rbac`] grants exactly them.
+//! Namespaces by the selector's labels (only when a selector is configured). It is a target only in a namespace
+//! both selected and allowed by name; a copy the agent wrote anywhere else is found by that same watch and
+//! deleted ([`Snapshot::withdrawals`]). The one-shots read the same objects with plain GETs and a Namespace list
+//! ([`Reader::Client`]), and [`rbac`] grants exactly them.
 
 pub mod rbac;
 
@@ -15,7 +17,10 @@ use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use crate::config::{Config, Kubeconfig, Placement, Source, Target, certificate_name};
+use kcp_keeper_runtime::FIELD_MANAGER;
+use kcp_keeper_runtime::apply::MANAGED_BY_LABEL;
+
+use crate::config::{Config, KUBECONFIG_ANNOTATION, Kubeconfig, Placement, Source, Target, certificate_name};
 use crate::objects::{Certificate, KubeconfigObject};
 
 type Key = (String, String);
@@ -32,6 +37,8 @@ pub struct Needs {
     pub target_secrets: Vec<Key>,
     /// Target Secret names placed by namespace selector: watched across the cluster.
     pub cluster_targets: BTreeSet<String>,
+    /// Those targets in each namespace their allow list names: the only places they are written.
+    pub allowed_targets: Vec<Key>,
     /// The label selectors (`a=b,c in (d)`) of those targets: Namespaces watched by each.
     pub selectors: BTreeSet<String>,
 }
@@ -54,9 +61,10 @@ pub fn needs(kc: &Kubeconfig) -> Needs {
     for spec in &kc.targets {
         match &spec.placement {
             Placement::Namespace(ns) => n.target_secrets.push(key(ns, &spec.target.name)),
-            Placement::Selector(selector) => {
+            Placement::Selector { selector, allowed } => {
                 n.cluster_targets.insert(spec.target.name.clone());
                 n.selectors.insert(selector.label_selector());
+                n.allowed_targets.extend(allowed.iter().map(|ns| key(ns, &spec.target.name)));
             }
         }
     }
@@ -136,23 +144,55 @@ pub struct Snapshot {
     pub secrets: BTreeMap<Key, Secret>,
     /// Per label selector, the namespaces it selects that are not being deleted, sorted.
     pub selected: BTreeMap<String, Vec<String>>,
+    /// Namespaces a selector matches that are being deleted: their copies go with them.
+    pub terminating: BTreeSet<String>,
+    /// Every Secret named like one of the kubeconfig's selector targets, in any namespace (the daemon's stores
+    /// only; the one-shots leave it empty): what [`Snapshot::withdrawals`] looks through.
+    pub copies: Vec<Secret>,
 }
 
 impl Snapshot {
     /// Every target Secret of `kc` this pass: the named ones, and a selector target in each namespace its
-    /// selector selects now. A namespace no longer selected is not a target: the copy it holds is left as it is.
+    /// selector selects now that its allow list names. A namespace not both is not a target: the copy it holds,
+    /// if the agent wrote one, is withdrawn ([`Snapshot::withdrawals`]).
     pub fn targets(&self, kc: &Kubeconfig) -> Vec<Target> {
         let mut out = Vec::new();
         for spec in &kc.targets {
             match &spec.placement {
                 Placement::Namespace(ns) => out.push(spec.at(ns)),
-                Placement::Selector(selector) => {
+                Placement::Selector { selector, allowed } => {
                     let selected = self.selected.get(&selector.label_selector()).into_iter().flatten();
-                    out.extend(selected.map(|ns| spec.at(ns)));
+                    out.extend(selected.filter(|ns| allowed.contains(*ns)).map(|ns| spec.at(ns)));
                 }
             }
         }
         out
+    }
+
+    /// The copies of `kc`'s selector targets to delete: Secrets the agent wrote for this kubeconfig (kcp-keeper's
+    /// label and the kubeconfig's annotation) in a namespace that is no longer both selected and allowed, and is
+    /// not being deleted. A Secret of that name someone else wrote is never touched.
+    pub fn withdrawals(&self, kc: &Kubeconfig) -> Vec<&Secret> {
+        let targets: BTreeSet<(String, String)> = self.targets(kc).into_iter().map(|t| (t.namespace, t.name)).collect();
+        let names: BTreeSet<&str> = kc
+            .targets
+            .iter()
+            .filter(|spec| matches!(spec.placement, Placement::Selector { .. }))
+            .map(|spec| spec.target.name.as_str())
+            .collect();
+        self.copies
+            .iter()
+            .filter(|s| {
+                let (Some(ns), Some(name)) = (s.metadata.namespace.as_deref(), s.metadata.name.as_deref()) else {
+                    return false;
+                };
+                names.contains(name)
+                    && !targets.contains(&(ns.to_string(), name.to_string()))
+                    && !self.terminating.contains(ns)
+                    && s.metadata.deletion_timestamp.is_none()
+                    && written_for(s, &kc.name)
+            })
+            .collect()
     }
 
     pub fn secret(&self, namespace: &str, name: &str) -> Option<&Secret> {
@@ -163,6 +203,14 @@ impl Snapshot {
     pub fn key(&self, namespace: &str, name: &str, key: &str) -> Option<&[u8]> {
         secret_key(self.secret(namespace, name), key)
     }
+}
+
+/// Whether the agent wrote `secret` for kubeconfig `kubeconfig`: kcp-keeper's managed-by label and the
+/// kubeconfig's name in its annotation.
+fn written_for(secret: &Secret, kubeconfig: &str) -> bool {
+    let meta = &secret.metadata;
+    meta.labels.as_ref().and_then(|l| l.get(MANAGED_BY_LABEL)).map(String::as_str) == Some(FIELD_MANAGER)
+        && meta.annotations.as_ref().and_then(|a| a.get(KUBECONFIG_ANNOTATION)).map(String::as_str) == Some(kubeconfig)
 }
 
 /// A key of a Secret, if both exist.
@@ -186,12 +234,19 @@ impl Reader<'_> {
             }
         }
         for selector in &n.selectors {
-            snap.selected.insert(selector.clone(), self.selected(selector).await?);
+            let (selected, terminating) = self.selected(selector).await?;
+            snap.selected.insert(selector.clone(), selected);
+            snap.terminating.extend(terminating);
         }
         for spec in &kc.targets {
-            let Placement::Selector(selector) = &spec.placement else { continue };
+            let Placement::Selector { selector, allowed } = &spec.placement else { continue };
             let name = &spec.target.name;
-            for ns in snap.selected.get(&selector.label_selector()).into_iter().flatten() {
+            if let Reader::Stores(stores) = self {
+                let copies = stores.cluster_secrets.get(name).map(|s| s.state()).unwrap_or_default();
+                snap.copies.extend(copies.iter().map(|s| (**s).clone()));
+            }
+            let selected = snap.selected.get(&selector.label_selector()).into_iter().flatten();
+            for ns in selected.filter(|ns| allowed.contains(*ns)) {
                 let found = match self {
                     Reader::Stores(stores) => stores
                         .cluster_secrets
@@ -208,8 +263,9 @@ impl Reader<'_> {
         Ok(snap)
     }
 
-    /// The namespaces `selector` selects, without those being deleted (they refuse new objects), sorted.
-    async fn selected(&self, selector: &str) -> Result<Vec<String>, kube::Error> {
+    /// The namespaces `selector` selects, without those being deleted (they refuse new objects), sorted; and
+    /// those being deleted.
+    async fn selected(&self, selector: &str) -> Result<(Vec<String>, Vec<String>), kube::Error> {
         let namespaces: Vec<Namespace> = match self {
             Reader::Stores(stores) => stores
                 .namespaces
@@ -220,17 +276,17 @@ impl Reader<'_> {
                 Api::<Namespace>::all((*client).clone()).list(&ListParams::default().labels(selector)).await?.items
             }
         };
-        let mut names: Vec<String> = namespaces
-            .into_iter()
-            .filter(|ns| {
-                ns.metadata.deletion_timestamp.is_none()
-                    && ns.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Terminating")
-            })
-            .filter_map(|ns| ns.metadata.name)
-            .collect();
-        names.sort();
-        names.dedup();
-        Ok(names)
+        let (live, terminating): (Vec<Namespace>, Vec<Namespace>) = namespaces.into_iter().partition(|ns| {
+            ns.metadata.deletion_timestamp.is_none()
+                && ns.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Terminating")
+        });
+        let names = |list: Vec<Namespace>| {
+            let mut names: Vec<String> = list.into_iter().filter_map(|ns| ns.metadata.name).collect();
+            names.sort();
+            names.dedup();
+            names
+        };
+        Ok((names(live), names(terminating)))
     }
 
     async fn get<K: Namespaced>(
@@ -245,5 +301,60 @@ impl Reader<'_> {
             }
             Reader::Client(client) => Api::<K>::namespaced((*client).clone(), ns).get_opt(name).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn kubeconfig() -> Kubeconfig {
+        let text = "kubeconfigs:\n- name: hub\n  source: {kubeconfig: {namespace: kcp, name: hub, renderedSecret: hub-kc}}\n  targets:\n  - {name: kc, namespaceSelector: {matchLabels: {hub: \"yes\"}}, allowedNamespaces: [a, b, gone, dying]}\n  - {name: named, namespace: c}\n";
+        let config: Config =
+            kcp_keeper_runtime::config::parse(Path::new("c.yaml"), text).unwrap_or_else(|e| panic!("{e}"));
+        config.kubeconfigs[0].clone()
+    }
+
+    fn copy(ns: &str, name: &str, ours: bool, kubeconfig: &str) -> Secret {
+        let labels = ours.then(|| [(MANAGED_BY_LABEL.to_string(), FIELD_MANAGER.to_string())].into());
+        Secret {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                labels,
+                annotations: Some([(KUBECONFIG_ANNOTATION.to_string(), kubeconfig.to_string())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Secret::default()
+        }
+    }
+
+    #[test]
+    fn a_selector_target_is_placed_only_where_selected_and_allowed_and_withdrawn_only_where_the_agent_wrote_it() {
+        let kc = kubeconfig();
+        let snap = Snapshot {
+            // `b` is allowed but not selected; `outsider` is selected but not allowed; `dying` is being deleted.
+            selected: [("hub=yes".to_string(), vec!["a".to_string(), "outsider".to_string()])].into(),
+            terminating: ["dying".to_string()].into(),
+            copies: vec![
+                copy("a", "kc", true, "hub"),
+                copy("b", "kc", true, "hub"),
+                copy("gone", "kc", true, "hub"),
+                copy("outsider", "kc", true, "hub"),
+                copy("dying", "kc", true, "hub"),
+                copy("theirs", "kc", false, "hub"),
+                copy("other", "kc", true, "another-kubeconfig"),
+            ],
+            ..Snapshot::default()
+        };
+        let targets: Vec<(String, String)> = snap.targets(&kc).into_iter().map(|t| (t.namespace, t.name)).collect();
+        assert_eq!(targets, [("a".into(), "kc".into()), ("c".into(), "named".into())]);
+        let withdrawn: Vec<&str> =
+            snap.withdrawals(&kc).into_iter().filter_map(|s| s.metadata.namespace.as_deref()).collect();
+        assert_eq!(withdrawn, ["b", "gone", "outsider"]);
     }
 }

@@ -8,7 +8,7 @@ use kcp_keeper_runtime::consumer_restart::Keys;
 use serde_json::json;
 use time::OffsetDateTime;
 
-use crate::config::{Kubeconfig, Target};
+use crate::config::{KUBECONFIG_ANNOTATION, Kubeconfig, Target};
 use crate::credential::{self, Credential, rfc3339};
 use crate::policy::Live;
 use crate::scope::secret_key;
@@ -33,7 +33,7 @@ pub fn live_state(secret: Option<&Secret>, target: &Target, now: OffsetDateTime)
         Some(bytes) => match credential::parse(bytes, now) {
             // The hash of what it holds, not of the re-rendering: a target holding the same parts in another
             // shape is rewritten into the published one.
-            Ok(c) => Live::Valid { hash: credential::content_hash(bytes), cert: c.cert },
+            Ok(c) => Live::Valid { hash: credential::content_hash(bytes), cert: c.cert, server: c.server },
             Err(_) => Live::Unusable,
         },
     }
@@ -80,7 +80,7 @@ pub fn desired_secret(
                 SERIAL_ANNOTATION: c.cert.serial,
                 NOT_AFTER_ANNOTATION: rfc3339(c.cert.not_after),
                 HASH_ANNOTATION: c.hash(),
-                "kcp-keeper.io/kubeconfig": kc.name,
+                KUBECONFIG_ANNOTATION: kc.name,
             },
         },
         "data": data,

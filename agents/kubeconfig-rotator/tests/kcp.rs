@@ -706,6 +706,60 @@ async fn a_longer_lived_target_that_kcp_no_longer_accepts_is_replaced_by_a_prove
     Ok(())
 }
 
+#[tokio::test]
+async fn a_longer_lived_target_for_another_front_proxy_name_is_replaced_by_the_candidate_for_the_rewritten_server()
+-> Result<()> {
+    let layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    let port = front_proxy_port(layout.kcp);
+    let client_ca = &layout.kcp.pki.client_ca;
+    // The source points at the front proxy's loopback address; `server:` rewrites the candidate to its other name,
+    // `localhost`, as a moved front proxy would be.
+    let good = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 365)?;
+    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    let source = secret("plain", &[("kubeconfig", kubeconfig_for(&layout, &good, ADMIN_USER).as_bytes())]);
+    sources.create(&PostParams::default(), &source).await?;
+    // The target holds a credential that lasts longer, for the same user, from the client CA kcp trusts, and
+    // that works: but at the old name, the source's own server before the rewrite.
+    let old = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 700)?;
+    let held_kubeconfig = kubeconfig_for(&layout, &old, ADMIN_USER);
+    assert_eq!(self_subject_review(held_kubeconfig.as_bytes()).await?, ADMIN_USER, "the held credential works");
+    let held = secret(TARGET, &[(TARGET_KEY, held_kubeconfig.as_bytes())]);
+    Api::<Secret>::namespaced(layout.bed.client(), &layout.dst).create(&PostParams::default(), &held).await?;
+    let config = layout.write_config(&format!(
+        "resyncInterval: 2s\nkubeconfigs:\n- name: plain\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  server: https://localhost:{port}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}, adopt: true}}\n",
+        src = layout.src,
+        dst = layout.dst,
+    ))?;
+    let agent = layout.start(&config).await?;
+    let published = testbed::eventually(WAIT, "the target pointed at the rewritten server", || async {
+        key(&layout.target().await?, TARGET_KEY).filter(|k| client_cert(k).serial == serial_of(&good))
+    })
+    .await;
+    let parsed = credential::parse(&published, OffsetDateTime::now_utc()).expect("the target parses");
+    assert_eq!(parsed.server, format!("https://localhost:{port}/clusters/root"), "the rewritten server");
+    assert_eq!(self_subject_review(&published).await?, ADMIN_USER, "what replaced it authenticates");
+    testbed::eventually(WAIT, "an Event saying why it was replaced", || async {
+        let notes = layout.events(&layout.dst, "ReplacedOtherServer").await;
+        notes.iter().any(|n| n.contains(&serial_of(&old))).then_some(())
+    })
+    .await;
+
+    // Settled: later passes keep the candidate (it is now what the target holds), never the old credential.
+    let synced = "kubeconfig_rotator_last_sync_timestamp_seconds{kubeconfig=\"plain\"}";
+    let first_sync = wait_for_metric(&agent, synced, "a sync", |v| v > 0.0).await;
+    wait_for_metric(&agent, synced, "two more synced cycles", |v| v >= first_sync + 2.0).await;
+    let held = key(&layout.target().await.expect("target"), TARGET_KEY);
+    assert_eq!(held.as_deref(), Some(&published[..]), "the candidate stays");
+    let notes = layout.events(&layout.dst, "KeptLonger").await;
+    assert!(notes.is_empty(), "a target for another server is never kept: {notes:?}");
+    let notes = layout.all_event_notes().await;
+    assert!(!notes.contains("localhost") && !notes.contains("127.0.0.1"), "no server in an Event: {notes}");
+    testbed::assert_no_secret_material(&agent.process.log(), &[&good.key_pem, &old.key_pem]);
+    testbed::assert_no_secret_material(&notes, &[&good.key_pem, &old.key_pem]);
+    Ok(())
+}
+
 fn base64_encode(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -1046,6 +1100,80 @@ async fn a_candidate_whose_group_lost_a_binding_is_refused_naming_the_missing_ri
     Ok(())
 }
 
+#[tokio::test]
+async fn a_right_granted_by_a_rolebinding_in_one_namespace_on_one_name_is_proven_there_and_the_candidate_published()
+-> Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    // kcp is shared by this binary's tests: the user, group, namespace and RBAC objects are named after this
+    // test's namespace. The group holds nothing in the workspace but what a RoleBinding grants in one namespace:
+    // get on one ConfigMap by name, list on all of that namespace's.
+    let who = format!("ns-rights-{}", layout.src);
+    let kcp = layout.kcp.admin_client("root").await?;
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": who}}))?;
+    Api::<Namespace>::all(kcp.clone()).create(&PostParams::default(), &namespace).await?;
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": who},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["hub"], "verbs": ["get"]},
+                  {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}],
+    }))?;
+    Api::<Role>::namespaced(kcp.clone(), &who).create(&PostParams::default(), &role).await?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": who},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": who},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": who}],
+    }))?;
+    let bindings = Api::<RoleBinding>::namespaced(kcp.clone(), &who);
+    bindings.create(&PostParams::default(), &binding).await?;
+
+    let client_ca = &layout.kcp.pki.client_ca;
+    let first = client_ca.issue_client(&who, &[&who], HOUR * 24 * 365)?;
+    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    sources
+        .create(
+            &PostParams::default(),
+            &secret("plain", &[("kubeconfig", kubeconfig_for(&layout, &first, &who).as_bytes())]),
+        )
+        .await?;
+    let config = layout.write_config(&format!(
+        "resyncInterval: 2s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {who}, groups: [{who}]}}\n  verify:\n    rights:\n    - {{verb: get, resource: configmaps, namespace: {who}, name: hub, workspace: root}}\n    - {{verb: list, resource: configmaps, namespace: {who}, workspace: root}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}}}\n",
+        src = layout.src,
+        dst = layout.dst,
+    ))?;
+    let agent = layout.start(&config).await?;
+    let series = format!(
+        "kubeconfig_rotator_verification_failures_total{{kubeconfig=\"{KUBECONFIG}\",reason=\"missing_right\"}}"
+    );
+    // Asked without its namespace, or without its name, either right is denied: only asked where it is granted
+    // is the candidate published.
+    let published = testbed::eventually(WAIT, "the candidate holding its namespaced rights published", || async {
+        key(&layout.target().await?, TARGET_KEY).filter(|k| client_cert(k).serial == serial_of(&first))
+    })
+    .await;
+    assert_eq!(metric(&metrics(&agent).await, &series)?, 0.0, "never refused for a missing right");
+
+    // The RoleBinding goes; a longer-lived certificate for the same user and group is refused, naming the right
+    // with its namespace and name.
+    bindings.delete(&who, &Default::default()).await?;
+    let second = client_ca.issue_client(&who, &[&who], HOUR * 24 * 700)?;
+    let patch = json!({"data": {"kubeconfig": base64_encode(kubeconfig_for(&layout, &second, &who).as_bytes())}});
+    sources.patch("plain", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    wait_for_metric(&agent, &series, "the candidate refused for a missing right", |v| v >= 1.0).await;
+    let named = format!("get configmaps named hub in namespace {who} in workspace root");
+    testbed::eventually(WAIT, "an Event naming the right with its namespace and name", || async {
+        let notes = layout.events(&layout.src, "CandidateRejected").await;
+        notes.iter().any(|n| n.contains(&named)).then_some(())
+    })
+    .await;
+    let held = key(&layout.target().await.expect("target"), TARGET_KEY);
+    assert_eq!(held.as_deref(), Some(&published[..]), "the target keeps what it holds");
+    Api::<Namespace>::all(kcp).delete(&who, &Default::default()).await?;
+    testbed::assert_no_secret_material(&agent.process.log(), &[&first.key_pem, &second.key_pem]);
+    Ok(())
+}
+
 /// Labels namespace `ns` with `labels` (a JSON object; a null value removes the label).
 async fn label_namespace(layout: &Layout, ns: &str, labels: serde_json::Value) -> Result<()> {
     let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(layout.bed.client());
@@ -1058,7 +1186,7 @@ fn target_series(series: &str, ns: &str) -> String {
 }
 
 #[tokio::test]
-async fn a_target_by_namespace_selector_reaches_namespaces_labelled_later_never_overwrites_a_foreign_secret_and_an_unlabelled_namespace_keeps_its_copy()
+async fn a_selector_target_reaches_allowed_namespaces_labelled_later_never_one_its_tenant_labelled_never_overwrites_a_foreign_secret_and_is_withdrawn_when_unlabelled()
 -> Result<()> {
     let layout = Layout::new().await?;
     let _logs = layout.kcp.logs_on_failure();
@@ -1067,18 +1195,36 @@ async fn a_target_by_namespace_selector_reaches_namespaces_labelled_later_never_
     let sources = Api::<Secret>::namespaced(client.clone(), &layout.src);
     let source = secret("plain", &[("kubeconfig", kubeconfig_for(&layout, &good, ADMIN_USER).as_bytes())]);
     sources.create(&PostParams::default(), &source).await?;
-    let config = layout.write_config(&format!(
-        "resyncInterval: 2s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{name: {TARGET}, key: {TARGET_KEY}, restartDeployments: [hub], namespaceSelector: {{matchLabels: {{kcp-hub: railgrid}}, matchExpressions: [{{key: tier, operator: In, values: [prod, staging]}}]}}}}\n",
-        src = layout.src,
-    ))?;
     // `selected` matches from the start; `dev` carries the label but fails the matchExpressions requirement;
-    // `foreign` matches but already holds a Secret of that name someone else wrote; `late` is labelled later.
-    let [selected, dev, foreign, late] = [
+    // `foreign` matches but already holds a Secret of that name someone else wrote; `late` is labelled later;
+    // `tenant` is labelled by its own tenant, who may label that namespace and no other, and is not allowed.
+    let [selected, dev, foreign, late, tenant] = [
+        layout.bed.namespace().await?,
         layout.bed.namespace().await?,
         layout.bed.namespace().await?,
         layout.bed.namespace().await?,
         layout.bed.namespace().await?,
     ];
+    let config = layout.write_config(&format!(
+        "resyncInterval: 2s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{name: {TARGET}, key: {TARGET_KEY}, restartDeployments: [hub], namespaceSelector: {{matchLabels: {{kcp-hub: railgrid}}, matchExpressions: [{{key: tier, operator: In, values: [prod, staging]}}]}}, allowedNamespaces: [{selected}, {dev}, {foreign}, {late}]}}\n",
+        src = layout.src,
+    ))?;
+    // The tenant's own rights: patch on its Namespace object, granted by a RoleBinding in it (a request on a
+    // Namespace is authorized in that namespace), as a tenancy tool or a namespace-admin role grants it.
+    let tenant_rbac = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: label-own-namespace, namespace: {tenant}}}\nrules:\n- {{apiGroups: [\"\"], resources: [namespaces], resourceNames: [{tenant}], verbs: [get, patch]}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: label-own-namespace, namespace: {tenant}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: label-own-namespace}}\nsubjects:\n- {{apiGroup: rbac.authorization.k8s.io, kind: User, name: tenant-admin}}\n"
+    );
+    apply_yaml(&client, &tenant_rbac).await?;
+    let tenant_client = layout.bed.user_client("tenant-admin", &[]).await?;
+    let tenant_namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(tenant_client);
+    let labels = json!({"metadata": {"labels": {"kcp-hub": "railgrid", "tier": "prod"}}});
+    let by_tenant = |ns: String| {
+        let (api, labels) = (tenant_namespaces.clone(), labels.clone());
+        async move { api.patch(&ns, &PatchParams::default(), &Patch::Merge(labels)).await.map(|_| ()) }
+    };
+    by_tenant(tenant.clone()).await?;
+    let refused = |r: kube::Result<()>| matches!(r, Err(kube::Error::Api(s)) if s.code == 403);
+    assert!(refused(by_tenant(selected.clone()).await), "the tenant labels its own namespace and no other");
     label_namespace(&layout, &selected, json!({"kcp-hub": "railgrid", "tier": "prod"})).await?;
     label_namespace(&layout, &dev, json!({"kcp-hub": "railgrid", "tier": "dev"})).await?;
     label_namespace(&layout, &foreign, json!({"kcp-hub": "railgrid", "tier": "staging"})).await?;
@@ -1096,7 +1242,8 @@ async fn a_target_by_namespace_selector_reaches_namespaces_labelled_later_never_
         .create(&PostParams::default(), &serde_json::from_value(hub)?)
         .await?;
 
-    // With exactly what `rbac` renders: a ClusterRole for the selector target, limited to its name.
+    // With exactly what `rbac` renders: a ClusterRole for the selector target, limited to its name, and a Role
+    // to write it in each allowed namespace.
     let (code, rbac, err) = run_to_completion(
         Path::new(BINARY),
         &["rbac", "--config", &config.display().to_string(), "--namespace", &layout.agent],
@@ -1145,8 +1292,11 @@ async fn a_target_by_namespace_selector_reaches_namespaces_labelled_later_never_
     .await;
     wait_for_metric(&agent, &target_series("target_in_sync", &late), "the late target in sync", |v| v == 1.0).await;
 
-    // The matchExpressions requirement holds the `dev` namespace out.
+    // The matchExpressions requirement holds the `dev` namespace out; the tenant's label, set before `late`'s,
+    // did not bring the kubeconfig into a namespace the allow list does not name.
     assert!(in_namespace(dev.clone()).await.is_none(), "tier=dev is not selected");
+    assert!(in_namespace(tenant.clone()).await.is_none(), "a namespace its tenant labelled gets nothing");
+    assert!(layout.events(&tenant, "Published").await.is_empty(), "nothing was published there");
 
     // The target is watched across the cluster, by its name only: every cluster-wide Secret request the agent
     // made carried that field selector, and its token reads no other Secret anywhere.
@@ -1163,19 +1313,34 @@ async fn a_target_by_namespace_selector_reaches_namespaces_labelled_later_never_
     assert!(refused(all.list(&kube::api::ListParams::default()).await.map(|_| ())), "cluster-wide list");
     let other = kube::api::ListParams::default().fields("metadata.name=kubeconfig-cert-hub");
     assert!(refused(all.list(&other).await.map(|_| ())), "cluster-wide list of another name");
-    let beside = Api::<Secret>::namespaced(token, &selected).get_opt("hub-private").await.map(|_| ());
-    assert!(refused(beside), "another Secret in a selected namespace");
+    let beside = Api::<Secret>::namespaced(token.clone(), &selected).get_opt("hub-private").await.map(|_| ());
+    assert!(refused(beside.map(|_| ())), "another Secret in a selected namespace");
+    // Even the agent cannot write the target where the allow list does not name the namespace.
+    let planted = Api::<Secret>::namespaced(token, &tenant)
+        .create(&PostParams::default(), &secret(TARGET, &[(TARGET_KEY, b"x".as_slice())]))
+        .await
+        .map(|_| ());
+    assert!(refused(planted), "the agent's token writes no target outside the allow list");
 
-    // Unlabelled: the copy stays as it is (a consumer may still read it), but it is no longer the agent's
-    // target, so its series go.
+    // Unlabelled: the namespace is no longer selected, so its copy of the admin kubeconfig is deleted, with an
+    // Event there, and its series go. The foreign Secret in a selected namespace is never deleted.
     label_namespace(&layout, &selected, json!({"tier": null})).await?;
+    testbed::eventually(WAIT, "the unlabelled namespace's copy deleted", || async {
+        in_namespace(selected.clone()).await.is_none().then_some(())
+    })
+    .await;
+    testbed::eventually(WAIT, "an Event saying it was withdrawn", || async {
+        let notes = layout.events(&selected, "Withdrawn").await;
+        notes.iter().any(|n| n.contains("no longer selected")).then_some(())
+    })
+    .await;
     testbed::eventually(WAIT, "the unlabelled namespace's series dropped", || async {
         (!metrics(&agent).await.contains(&format!("namespace=\"{selected}\""))).then_some(())
     })
     .await;
-    let kept = in_namespace(selected.clone()).await.expect("the copy is kept");
-    assert_eq!(annotation(&kept, "kcp-keeper.io/content-hash").as_deref(), Some(hash.as_str()));
-    assert_eq!(kept.data, published.data, "left as it was");
+    assert!(in_namespace(late.clone()).await.is_some(), "a namespace still selected keeps its copy");
+    let left = in_namespace(foreign.clone()).await.expect("the foreign Secret");
+    assert_eq!(key(&left, TARGET_KEY).as_deref(), Some(b"someone else's kubeconfig".as_slice()));
 
     testbed::assert_no_secret_material(&agent.process.log(), &[&good.key_pem]);
     Ok(())

@@ -23,7 +23,10 @@ pub mod schema;
 
 /// The chart's directory in this checkout.
 pub fn chart_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/kcp-keeper")
+    // A copy of the chart may be tested in its place (e.g. with its schema regenerated beside the checkout's).
+    std::env::var_os("KCP_KEEPER_CHART_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/kcp-keeper"))
 }
 
 /// The checkout's root.

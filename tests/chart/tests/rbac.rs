@@ -210,16 +210,20 @@ fn kubeconfig_rotator_roles_equal_with_statefulset_and_daemonset_consumers_and_a
 }
 
 #[test]
-fn kubeconfig_rotator_roles_equal_with_targets_by_namespace_selector_beside_named_ones() -> Result<()> {
-    // Two selector targets (one with consumers of every kind, one with matchExpressions only) beside a named
-    // target of the same kubeconfig: a ClusterRole for the selector targets' names, the Roles as before.
+fn kubeconfig_rotator_roles_equal_with_targets_by_namespace_selector_within_allowed_namespaces_beside_named_ones()
+-> Result<()> {
+    // Two selector targets (one with consumers of every kind, one with matchExpressions only), their allow lists
+    // overlapping each other and a named target's namespace: a ClusterRole to read and withdraw the selector
+    // targets' names, and Roles to write them and restart their consumers in the allowed namespaces only.
     let config = json!({"kubeconfigs": [
         {"name": "plain",
          "source": {"secret": {"namespace": "kcp-system", "name": "admin-kc", "key": "kubeconfig"}},
          "expect": {"username": "kcp-admin"},
          "targets": [{"name": "hub-kc", "namespaceSelector": {"matchLabels": {"kcp-hub": "railgrid"}},
+                      "allowedNamespaces": ["railgrid-prod", "apps"],
                       "restartDeployments": ["hub"], "restartStatefulSets": ["db"], "restartDaemonSets": ["agent"]},
-                     {"name": "team-kc", "namespaceSelector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["prod"]}]}},
+                     {"name": "team-kc", "namespaceSelector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["prod"]}]},
+                      "allowedNamespaces": ["railgrid-prod", "team-a"]},
                      {"namespace": "apps", "name": "a-kc", "restartDeployments": ["web"]}]}
     ]});
     assert_same_rbac("kubeconfigRotator", "kubeconfig-rotator", config)
@@ -298,15 +302,26 @@ fn r(group: &str, resource: &str, names: &[&str], verbs: &str) -> Rule {
     (group.into(), resource.into(), names.iter().map(|n| n.to_string()).collect(), verbs.into())
 }
 
+/// No doctor Role names Secrets (nor every resource): RBAC cannot grant one key of a Secret, and those holding
+/// what the doctor checks hold a private key, a client key or a token beside it.
+fn assert_no_secret(rules: &std::collections::BTreeMap<String, Vec<Rule>>) {
+    for (ns, rules) in rules {
+        for (_, resource, _, verbs) in rules {
+            assert!(resource != "secrets" && resource != "*", "{ns}: the doctor may {verbs} {resource}");
+        }
+    }
+}
+
 #[test]
-fn the_doctors_roles_are_reads_only_of_what_its_checks_read_by_name_where_the_values_name_the_objects() -> Result<()> {
+fn the_doctors_roles_are_reads_only_of_what_its_checks_read_by_name_where_the_values_name_the_objects_and_no_secret()
+-> Result<()> {
     let values = json!({"doctor": {
         "enabled": true,
         "kcp": {"namespace": "kcp-system", "rootShards": ["root"], "shards": ["alpha"], "frontProxies": ["frontproxy"],
                 "etcdNamespaces": ["etcd"]},
         "hubOidc": {"namespace": "railgrid-system", "name": "railgrid-hub"},
-        "hubKubeconfig": {"namespace": "railgrid-system", "name": "railgrid-kcp", "key": "admin.kubeconfig"},
-        "cas": [{"namespace": "kcp-system", "name": "root-ca-bundle"}],
+        "caConfigMaps": [{"namespace": "kcp-system", "name": "root-ca-bundle"}],
+        "verify": {"serverCA": {"namespace": "kcp-system", "name": "kcp-server-ca"}},
     }});
     let got = doctor_rules(values.clone())?;
     let want: std::collections::BTreeMap<String, Vec<_>> = [
@@ -325,22 +340,21 @@ fn the_doctors_roles_are_reads_only_of_what_its_checks_read_by_name_where_the_va
                     "get",
                 ),
                 r("", "services", &["alpha-shard-kcp", "frontproxy-front-proxy"], "get"),
-                // The server CA's Secret for its tls.crt; the CA bundle the values name.
-                r("", "secrets", &["root-server-ca"], "get"),
-                r("", "secrets", &["root-ca-bundle"], "get"),
+                // The CA bundle the values name and the server CA's copy: ConfigMaps, never the
+                // `root-server-ca` Secret (it holds the CA's tls.key).
+                r("", "configmaps", &["root-ca-bundle"], "get"),
+                r("", "configmaps", &["kcp-server-ca"], "get"),
             ],
         ),
         // The lockstep check reads the operator's Deployment (the values' default, the seed's).
         ("kcp-operator".to_string(), vec![r("apps", "deployments", &["kcp-operator"], "get")]),
         ("kube-system".to_string(), vec![r("", "services", &["kube-dns"], "get")]),
-        (
-            "railgrid-system".to_string(),
-            vec![r("", "configmaps", &["railgrid-hub"], "get"), r("", "secrets", &["railgrid-kcp"], "get")],
-        ),
+        ("railgrid-system".to_string(), vec![r("", "configmaps", &["railgrid-hub"], "get")]),
     ]
     .into_iter()
     .collect();
     assert_eq!(got, want);
+    assert_no_secret(&got);
 
     // No names for the shards and front proxies: every Deployment and Service of the namespace (still get only);
     // a given cluster DNS needs no kube-dns; the endpoints' route needs EndpointSlices; without Verify checks
@@ -349,6 +363,7 @@ fn the_doctors_roles_are_reads_only_of_what_its_checks_read_by_name_where_the_va
     values["doctor"]["kcp"] = json!({"namespace": "kcp-system", "rootShards": ["root"]});
     values["doctor"]["verify"] = json!({"clusterDns": "10.43.0.10:53", "viaEndpoints": true});
     let got = doctor_rules(values.clone())?;
+    assert_no_secret(&got);
     assert!(!got.contains_key("kube-system"), "{got:#?}");
     let kcp = &got["kcp-system"];
     assert!(kcp.contains(&r("apps", "deployments", &[], "get")), "{kcp:#?}");
@@ -363,7 +378,7 @@ fn the_doctors_roles_are_reads_only_of_what_its_checks_read_by_name_where_the_va
             r("operator.kcp.io", "shards", &[], "list"),
             r("operator.kcp.io", "frontproxies", &[], "list"),
             r("apps", "statefulsets", &[], "list"),
-            r("", "secrets", &["root-ca-bundle"], "get"),
+            r("", "configmaps", &["root-ca-bundle"], "get"),
         ]
     );
     // Never a write, and never a Secret or ConfigMap that is not named.
@@ -379,22 +394,44 @@ fn the_doctors_roles_are_reads_only_of_what_its_checks_read_by_name_where_the_va
 }
 
 #[test]
-fn the_doctors_roles_read_the_kcp_kubeconfig_the_endpoint_ca_and_the_operator_and_provider_deployments_by_name()
--> Result<()> {
+fn the_doctors_roles_read_the_operator_and_provider_deployments_by_name_and_no_secret_with_every_agent_on() -> Result<()>
+{
     let got = doctor_rules(json!({"doctor": {
         "enabled": true,
         "verify": {"enabled": false},
         "operator": {"namespace": "ops", "name": "kcp-operator"},
         "provider": {"namespace": "ops", "name": "infra-provider"},
-        "kcpKubeconfig": {"namespace": "kcp-system", "name": "kcp-admin"},
-        "endpointCA": {"namespace": "providers", "name": "kcp-public-ca"},
     }}))?;
     assert_eq!(
         got["ops"],
         vec![r("apps", "deployments", &["kcp-operator"], "get"), r("apps", "deployments", &["infra-provider"], "get")]
     );
-    assert!(got["kcp-system"].contains(&r("", "secrets", &["kcp-admin"], "get")), "{got:#?}");
-    assert_eq!(got["providers"], vec![r("", "secrets", &["kcp-public-ca"], "get")]);
+    assert_no_secret(&got);
+    // Every agent on and every doctor value that names an object set: still no Secret, only reads.
+    let example = |agent: &str| -> Value {
+        let path = chart::repo_root().join(format!("agents/{agent}/example.yaml"));
+        serde_yaml::from_str(&std::fs::read_to_string(path).expect("example.yaml")).expect("parses")
+    };
+    let got = doctor_rules(json!({
+        "caSyncer": {"enabled": true, "config": example("ca-syncer")},
+        "kubeconfigRotator": {"enabled": true, "config": example("kubeconfig-rotator")},
+        "etcdSnapshotter": {"enabled": true, "config": example("etcd-snapshotter"),
+                            "s3Credentials": {"existingSecret": "s3"}, "ageIdentity": {"existingSecret": "age"}},
+        "doctor": {
+            "enabled": true,
+            "kcp": {"namespace": "kcp-system", "rootShards": ["root"], "etcdNamespaces": ["etcd"]},
+            "hubOidc": {"namespace": "railgrid-system", "name": "railgrid-hub"},
+            "caConfigMaps": [{"namespace": "apps", "name": "kcp-ca"}],
+            "verify": {"serverCA": {"namespace": "kcp-system", "name": "kcp-server-ca"}, "viaEndpoints": true},
+            "provider": {"namespace": "ops", "name": "infra-provider"},
+        },
+    }))?;
+    assert_no_secret(&got);
+    for rules in got.values() {
+        for (_, resource, _, verbs) in rules {
+            assert!(verbs.split(',').all(|v| v == "get" || v == "list"), "{resource}: {verbs}");
+        }
+    }
     // Empty names: neither Deployment is read.
     let got =
         doctor_rules(json!({"doctor": {"enabled": true, "verify": {"enabled": false}, "operator": {"name": ""}}}))?;

@@ -582,9 +582,8 @@ fn doctor_on() -> Value {
         "interval": 60,
         "kcp": {"namespace": "kcp-system", "rootShards": ["root"], "shards": ["alpha"], "frontProxies": ["frontproxy"]},
         "hubOidc": {"namespace": "railgrid-system", "name": "railgrid-hub"},
-        "hubKubeconfig": {"namespace": "railgrid-system", "name": "railgrid-kcp", "key": "admin.kubeconfig"},
-        "cas": [{"namespace": "kcp-system", "name": "root-ca-bundle"}, {"namespace": "kcp-system", "name": "front-ca", "key": "tls.crt"}],
-        "verify": {"nodeLocalDns": ["169.254.20.10"]},
+        "caConfigMaps": [{"namespace": "kcp-system", "name": "root-ca-bundle"}, {"namespace": "kcp-system", "name": "front-ca", "key": "tls.crt"}],
+        "verify": {"nodeLocalDns": ["169.254.20.10"], "serverCA": {"namespace": "kcp-system", "name": "kcp-server-ca"}},
     }})
 }
 
@@ -629,12 +628,17 @@ fn the_doctor_is_off_by_default_and_when_on_runs_one_restricted_pod_of_the_kcp_k
         ("KCP_KEEPER_DOCTOR_INTERVAL", "60"),
         ("KCP_KEEPER_DOCTOR_NAMESPACE", "kcp-system"),
         ("KCP_KEEPER_DOCTOR_HUB_OIDC", "configmap:railgrid-system/railgrid-hub:oidc.yaml"),
-        ("KCP_KEEPER_DOCTOR_HUB_KUBECONFIG", "railgrid-system/railgrid-kcp:admin.kubeconfig"),
-        ("KCP_KEEPER_DOCTOR_CAS", "kcp-system/root-ca-bundle:ca.crt,kcp-system/front-ca:tls.crt"),
+        ("KCP_KEEPER_DOCTOR_CAS", "configmap:kcp-system/root-ca-bundle:ca.crt,configmap:kcp-system/front-ca:tls.crt"),
+        ("KCP_KEEPER_DOCTOR_SERVER_CA", "configmap:kcp-system/kcp-server-ca:ca.crt"),
         ("KCP_KEEPER_DOCTOR_NODE_LOCAL_DNS", "169.254.20.10"),
+        // The in-cluster doctor reads no Secret: a flag naming one is refused, a check needing one not checked.
+        ("KCP_KEEPER_DOCTOR_NO_SECRETS", "true"),
     ];
     for (name, value) in want {
         assert_eq!(env.get(name).map(String::as_str), Some(value), "{name} in {env:#?}");
+    }
+    for flag in ["HUB_KUBECONFIG", "KCP_KUBECONFIG", "ENDPOINT_CA", "ROTATOR_METRICS", "CA_SYNCER_METRICS"] {
+        assert!(!env.contains_key(&format!("KCP_KEEPER_DOCTOR_{flag}")), "{flag}: {env:#?}");
     }
     assert!(!env.contains_key("KCP_KEEPER_DOCTOR_NO_VERIFY"), "the Verify checks run by default");
     assert!(!env.contains_key("KCP_KEEPER_DOCTOR_SNAPSHOTTER_METRICS"), "no snapshotter in this release");
@@ -652,10 +656,17 @@ fn the_doctor_is_off_by_default_and_when_on_runs_one_restricted_pod_of_the_kcp_k
     values["doctor"] = doctor_on()["doctor"].clone();
     let objects = documents(&template(&values, &[])?)?;
     let c = &find(&objects, "Deployment", "kcp-keeper-doctor").unwrap()["spec"]["template"]["spec"]["containers"][0];
-    assert_eq!(
-        env_of(c).get("KCP_KEEPER_DOCTOR_SNAPSHOTTER_METRICS").map(String::as_str),
-        Some("http://kcp-keeper-etcd-snapshotter-replicas.kcp-keeper.svc:9090/metrics")
-    );
+    let env = env_of(c);
+    for (flag, agent) in [
+        ("SNAPSHOTTER_METRICS", "etcd-snapshotter"),
+        ("ROTATOR_METRICS", "kubeconfig-rotator"),
+        ("CA_SYNCER_METRICS", "ca-syncer"),
+    ] {
+        assert_eq!(
+            env.get(&format!("KCP_KEEPER_DOCTOR_{flag}")).map(String::as_str),
+            Some(format!("http://kcp-keeper-{agent}-replicas.kcp-keeper.svc:9090/metrics").as_str())
+        );
+    }
     Ok(())
 }
 
@@ -684,7 +695,7 @@ fn the_doctor_reads_every_replica_through_headless_services_the_service_monitor_
             .iter()
             .map(|v| v.as_str().unwrap().to_string())
             .collect();
-    for agent in ["etcd-snapshotter", "dns-rewriter"] {
+    for agent in AGENTS {
         let svc = find(&objects, "Service", &format!("kcp-keeper-{agent}-replicas")).unwrap();
         assert_eq!(svc["spec"]["clusterIP"], "None", "{agent}");
         assert_eq!(svc["spec"]["publishNotReadyAddresses"], true, "{agent}: a not-ready leader is read too");
@@ -702,10 +713,6 @@ fn the_doctor_reads_every_replica_through_headless_services_the_service_monitor_
             "{agent}"
         );
     }
-    // An agent the doctor does not read gets neither.
-    assert!(find(&objects, "Service", "kcp-keeper-ca-syncer-replicas").is_none());
-    let policy = find(&objects, "NetworkPolicy", "kcp-keeper-ca-syncer").unwrap();
-    assert_eq!(policy["spec"]["ingress"][0]["from"], json!([{"podSelector": {"matchLabels": {"app": "prometheus"}}}]));
     // Without the doctor, no replicas Service and no ingress for it.
     values["doctor"] = json!({"enabled": false});
     let objects = documents(&template(&values, &[])?)?;
@@ -760,8 +767,7 @@ fn the_doctor_with_verify_checks_and_no_root_shard_named_fails_the_render_naming
 }
 
 #[test]
-fn the_doctors_endpoint_slice_and_lockstep_references_become_its_flags_and_the_operators_default_is_the_seeds()
--> Result<()> {
+fn the_doctors_lockstep_references_become_its_flags_and_the_operators_default_is_the_seeds() -> Result<()> {
     let container = |values: &Value| -> Result<Value> {
         let objects = documents(&template(values, &[])?)?;
         Ok(find(&objects, "Deployment", "kcp-keeper-doctor").unwrap()["spec"]["template"]["spec"]["containers"][0]
@@ -770,21 +776,103 @@ fn the_doctors_endpoint_slice_and_lockstep_references_become_its_flags_and_the_o
     let mut values = doctor_on();
     let env = env_of(&container(&values)?);
     assert_eq!(env.get("KCP_KEEPER_DOCTOR_OPERATOR_DEPLOYMENT").map(String::as_str), Some("kcp-operator/kcp-operator"));
-    for unset in
-        ["KCP_KEEPER_DOCTOR_PROVIDER_DEPLOYMENT", "KCP_KEEPER_DOCTOR_KCP_KUBECONFIG", "KCP_KEEPER_DOCTOR_ENDPOINT_CA"]
-    {
-        assert!(!env.contains_key(unset), "{unset} without its value");
-    }
+    assert!(!env.contains_key("KCP_KEEPER_DOCTOR_PROVIDER_DEPLOYMENT"), "no provider named");
     values["doctor"]["provider"] = json!({"namespace": "ops", "name": "infra-provider"});
-    values["doctor"]["kcpKubeconfig"] = json!({"namespace": "kcp-system", "name": "kcp-admin"});
-    values["doctor"]["endpointCA"] = json!({"namespace": "providers", "name": "kcp-public-ca", "key": "tls.crt"});
     let env = env_of(&container(&values)?);
-    for (name, value) in [
-        ("KCP_KEEPER_DOCTOR_PROVIDER_DEPLOYMENT", "ops/infra-provider"),
-        ("KCP_KEEPER_DOCTOR_KCP_KUBECONFIG", "kcp-system/kcp-admin:kubeconfig"),
-        ("KCP_KEEPER_DOCTOR_ENDPOINT_CA", "providers/kcp-public-ca:tls.crt"),
-    ] {
-        assert_eq!(env.get(name).map(String::as_str), Some(value), "{name}");
+    assert_eq!(env.get("KCP_KEEPER_DOCTOR_PROVIDER_DEPLOYMENT").map(String::as_str), Some("ops/infra-provider"));
+    Ok(())
+}
+
+/// The values that named Secrets for the doctor (the hub's and a kcp kubeconfig, the endpoint CA, CA Secrets)
+/// fail the render naming the value and what replaces it; left empty, as an old values file copied from the
+/// defaults has them, they render.
+#[test]
+fn doctor_values_that_name_secrets_fail_the_render_naming_the_value_and_its_replacement() -> Result<()> {
+    let cases = [
+        ("hubKubeconfig", json!({"namespace": "railgrid-system", "name": "railgrid-kcp"}), "doctor.rotatorMetrics"),
+        ("kcpKubeconfig", json!({"namespace": "kcp-system", "name": "kcp-admin"}), "--kcp-kubeconfig"),
+        ("endpointCA", json!({"namespace": "providers", "name": "kcp-public-ca"}), "--endpoint-ca"),
+        ("cas", json!([{"namespace": "kcp-system", "name": "root-ca"}]), "doctor.caConfigMaps"),
+    ];
+    for (key, value, replacement) in cases {
+        let mut values = doctor_on();
+        values["doctor"][key] = value;
+        let err = format!("{:#}", template(&values, &[]).expect_err(key));
+        assert!(err.contains(&format!("doctor.{key}: removed")), "{key}: {err}");
+        assert!(err.contains("reads no Secret") && err.contains(replacement), "{key}: {err}");
     }
+    let mut values = doctor_on();
+    values["doctor"]["hubKubeconfig"] = json!({"namespace": "", "name": "", "key": "kubeconfig"});
+    values["doctor"]["cas"] = json!([]);
+    template(&values, &[])?;
+    Ok(())
+}
+
+/// The doctor has a NetworkPolicy like the agents': on with `networkPolicy.enabled` (or its own
+/// `networkPolicy.doctor.enabled`), selecting its pod, admitting the scrapers to its admin port, and letting out
+/// only the apiserver, the cluster DNS, this release's agents' admin ports (their metrics), kcp's Services on
+/// `networkPolicy.doctor.kcp` (the Verify requests) and the resolvers the split-horizon check asks.
+#[test]
+fn the_doctors_network_policy_allows_the_apiserver_dns_the_agents_metrics_kcp_and_the_resolvers_it_asks() -> Result<()>
+{
+    let mut values = all_agents();
+    values["doctor"] = doctor_on()["doctor"].clone();
+    values["doctor"]["verify"]["clusterDns"] = json!("10.43.0.10:53");
+    let off = documents(&template(&values, &[])?)?;
+    assert!(find(&off, "NetworkPolicy", "kcp-keeper-doctor").is_none(), "off with networkPolicy.enabled false");
+    let kcp = json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kcp-system"}}}]);
+    values["networkPolicy"] = json!({
+        "enabled": true,
+        "metrics": {"podSelector": {"matchLabels": {"app": "prometheus"}}},
+        "apiServer": {"to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}], "ports": [6443]},
+        "doctor": {"kcp": {"to": kcp, "ports": [6443, 8443]}},
+    });
+    let objects = documents(&template(&values, &[])?)?;
+    let policy = find(&objects, "NetworkPolicy", "kcp-keeper-doctor").expect("the doctor's policy");
+    let pod = &find(&objects, "Deployment", "kcp-keeper-doctor").unwrap()["spec"]["selector"]["matchLabels"];
+    assert_eq!(&policy["spec"]["podSelector"]["matchLabels"], pod, "it selects the doctor's pod");
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([{"ports": [{"port": 9090, "protocol": "TCP"}], "from": [{"podSelector": {"matchLabels": {"app": "prometheus"}}}]}])
+    );
+    let agents: Vec<Value> = AGENTS
+        .iter()
+        .map(|a| json!({"podSelector": {"matchLabels": {"app.kubernetes.io/name": a, "app.kubernetes.io/instance": "kcp-keeper"}}}))
+        .collect();
+    let mut agents_sorted = agents.clone();
+    agents_sorted.sort_by_key(|v| v.to_string());
+    let mut got = egress(policy);
+    // The agents' rule lists them in the chart's order; compare as a set.
+    for rule in got.iter_mut() {
+        if let Some(to) = rule.1.as_array_mut() {
+            to.sort_by_key(|v| v.to_string());
+        }
+    }
+    let udp_tcp = |ip: &str, port: u16| -> (Vec<String>, Value) {
+        (vec![format!("{port}/UDP"), format!("{port}/TCP")], json!([{"ipBlock": {"cidr": ip}}]))
+    };
+    assert_eq!(
+        got,
+        [
+            (tcp(&[6443]), json!([{"ipBlock": {"cidr": "10.0.0.10/32"}}])),
+            dns_rule(),
+            (tcp(&[9090]), Value::Array(agents_sorted)),
+            (tcp(&[6443, 8443]), kcp),
+            udp_tcp("10.43.0.10/32", 53),
+            udp_tcp("169.254.20.10/32", 53),
+        ]
+    );
+    // Without the Verify checks, no kcp and no resolvers; its own switch wins over the global one.
+    values["doctor"]["verify"] = json!({"enabled": false});
+    let objects = documents(&template(&values, &[])?)?;
+    assert_eq!(egress(find(&objects, "NetworkPolicy", "kcp-keeper-doctor").unwrap()).len(), 3);
+    values["networkPolicy"]["doctor"]["enabled"] = json!(false);
+    let objects = documents(&template(&values, &[])?)?;
+    assert!(find(&objects, "NetworkPolicy", "kcp-keeper-doctor").is_none());
+    assert!(find(&objects, "NetworkPolicy", "kcp-keeper-ca-syncer").is_some(), "the agents' stay");
+    values["networkPolicy"] = json!({"enabled": false, "doctor": {"enabled": true}});
+    let objects = documents(&template(&values, &[])?)?;
+    assert_eq!(policies(&objects).len(), 1, "the doctor's alone");
     Ok(())
 }

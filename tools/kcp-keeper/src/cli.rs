@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::options::{HubOidc, KeyRef, ObjectRef, Options};
+use crate::options::{CaSource, HubOidc, KeyRef, ObjectRef, Options};
 use crate::rules::expiry::Margins;
 use crate::verdict::Level;
 
@@ -44,9 +44,10 @@ pub struct Doctor {
     /// The hub's kubeconfig: NAMESPACE/SECRET[:KEY] (key default kubeconfig).
     #[arg(long, env = "KCP_KEEPER_DOCTOR_HUB_KUBECONFIG", value_parser = |s: &str| KeyRef::parse(s, "kubeconfig"))]
     pub hub_kubeconfig: Option<KeyRef>,
-    /// A managed CA: NAMESPACE/SECRET[:KEY] (key default ca.crt); repeat for each.
-    #[arg(long = "ca", env = "KCP_KEEPER_DOCTOR_CAS", value_delimiter = ',', value_parser = |s: &str| KeyRef::parse(s, "ca.crt"))]
-    pub cas: Vec<KeyRef>,
+    /// A managed CA: configmap:NAMESPACE/NAME[:KEY], or a Secret, [secret:]NAMESPACE/NAME[:KEY] (key default
+    /// ca.crt); repeat for each.
+    #[arg(long = "ca", env = "KCP_KEEPER_DOCTOR_CAS", value_delimiter = ',', value_parser = |s: &str| CaSource::parse(s, "ca.crt"))]
+    pub cas: Vec<CaSource>,
     /// etcd-snapshotter's metrics endpoint, http://HOST:PORT/metrics; repeat for each. The host is read at
     /// every address it resolves to: name a headless Service to read every replica.
     #[arg(long, env = "KCP_KEEPER_DOCTOR_SNAPSHOTTER_METRICS", value_delimiter = ',')]
@@ -54,6 +55,14 @@ pub struct Doctor {
     /// dns-rewriter's metrics endpoint, likewise: the leading replica's verification of the DNS rules.
     #[arg(long, env = "KCP_KEEPER_DOCTOR_REWRITER_METRICS", value_delimiter = ',')]
     pub rewriter_metrics: Vec<String>,
+    /// kubeconfig-rotator's metrics endpoint, likewise: the expiry of the credential each target holds (the
+    /// kubeconfig expiry check without reading a kubeconfig).
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_ROTATOR_METRICS", value_delimiter = ',')]
+    pub rotator_metrics: Vec<String>,
+    /// ca-syncer's metrics endpoint, likewise: the expiry of every certificate of each bundle (the CA expiry
+    /// check without reading a CA's Secret).
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_CA_SYNCER_METRICS", value_delimiter = ',')]
+    pub ca_syncer_metrics: Vec<String>,
     /// The kcp-operator's Deployment, NAMESPACE/NAME: its image version must pair with kcp's.
     #[arg(long, env = "KCP_KEEPER_DOCTOR_OPERATOR_DEPLOYMENT")]
     pub operator_deployment: Option<ObjectRef>,
@@ -64,10 +73,19 @@ pub struct Doctor {
     /// server's workspace are checked; only its server, CA and credential are used.
     #[arg(long, env = "KCP_KEEPER_DOCTOR_KCP_KUBECONFIG", value_parser = |s: &str| KeyRef::parse(s, "kubeconfig"))]
     pub kcp_kubeconfig: Option<KeyRef>,
-    /// The CA bundle the endpoint slices' URLs must verify with: NAMESPACE/SECRET[:KEY] (key default ca.crt);
-    /// default: the kcp kubeconfig's CA.
-    #[arg(long, env = "KCP_KEEPER_DOCTOR_ENDPOINT_CA", value_parser = |s: &str| KeyRef::parse(s, "ca.crt"))]
-    pub endpoint_ca: Option<KeyRef>,
+    /// The CA bundle the endpoint slices' URLs must verify with: configmap:NAMESPACE/NAME[:KEY] or
+    /// [secret:]NAMESPACE/NAME[:KEY] (key default ca.crt); default: the kcp kubeconfig's CA.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_ENDPOINT_CA", value_parser = |s: &str| CaSource::parse(s, "ca.crt"))]
+    pub endpoint_ca: Option<CaSource>,
+    /// The CA the Verify requests verify kcp's serving certificates with: configmap:NAMESPACE/NAME[:KEY] (e.g. a
+    /// ca-syncer target) or [secret:]NAMESPACE/NAME[:KEY] (key default ca.crt); default: the tls.crt of the
+    /// RootShard's <name>-server-ca Secret, which --no-secrets does not read.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_SERVER_CA", value_parser = |s: &str| CaSource::parse(s, "ca.crt"))]
+    pub server_ca: Option<CaSource>,
+    /// Read no Secret (the in-cluster doctor): a flag naming one is refused, and a check that needs one is
+    /// reported "not checked" with the reason.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_NO_SECRETS")]
+    pub no_secrets: bool,
     /// Skip the Verify section (its requests need the cluster's network: run the doctor in a pod for them).
     #[arg(long, env = "KCP_KEEPER_DOCTOR_NO_VERIFY")]
     pub no_verify: bool,
@@ -105,10 +123,14 @@ impl Doctor {
             cas: self.cas.clone(),
             snapshotter_metrics: self.snapshotter_metrics.clone(),
             rewriter_metrics: self.rewriter_metrics.clone(),
+            rotator_metrics: self.rotator_metrics.clone(),
+            ca_syncer_metrics: self.ca_syncer_metrics.clone(),
             operator_deployment: self.operator_deployment.clone(),
             provider_deployment: self.provider_deployment.clone(),
             kcp_kubeconfig: self.kcp_kubeconfig.clone(),
             endpoint_ca: self.endpoint_ca.clone(),
+            server_ca: self.server_ca.clone(),
+            no_secrets: self.no_secrets,
             verify: !self.no_verify,
             cluster_dns: self.cluster_dns,
             node_local_dns: self.node_local_dns.clone(),
@@ -135,6 +157,10 @@ async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Cl
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let Command::Doctor(doctor) = cli.command;
+    if let Err(e) = doctor.options().check_no_secrets() {
+        eprintln!("kcp-keeper doctor: {e}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return kcp_keeper_runtime::exit_code(Err(e.into())),

@@ -26,6 +26,10 @@ fn now() -> i64 {
 
 /// Every check `options` asks for. A read that fails is a FAIL line of its own; the other checks still run.
 pub async fn run(client: &kube::Client, options: &Options) -> Report {
+    // The command line refuses these before a client exists; a library caller gets the same refusal, unread.
+    if let Err(e) = options.check_no_secrets() {
+        return Report { checks: vec![Verdict::fail("read", "options", e, "remove the Secret references")] };
+    }
     let mut checks = Vec::new();
     match read::layout(client, &options.namespace).await {
         Ok(layout) => checks.extend(layout_checks(client, &layout, options).await),
@@ -40,8 +44,16 @@ pub async fn run(client: &kube::Client, options: &Options) -> Report {
     checks.extend(expiry_checks(client, options, now).await);
     if let Some(r) = &options.kcp_kubeconfig {
         checks.extend(endpoint_slices(client, r, options.endpoint_ca.as_ref()).await);
+    } else if options.no_secrets {
+        checks.push(Verdict::not_checked(
+            rules::endpoint_slices::CHECK,
+            "kcp",
+            "listing the APIExportEndpointSlices needs a kcp credential, and this doctor reads no Secret",
+            "run kcp-keeper doctor --kcp-kubeconfig from a machine with your own kubeconfig",
+        ));
     }
     checks.extend(agent_checks(options, now as f64).await);
+    checks.extend(expiry_metrics(options, now).await);
     Report { checks }
 }
 
@@ -87,39 +99,56 @@ async fn object_checks(client: &kube::Client, layout: &layout::Layout, options: 
     }
 }
 
-/// The expiry checks at `now` (Unix seconds): the hub's kubeconfig (`--hub-kubeconfig`) and every CA (`--ca`).
+/// The expiry checks at `now` (Unix seconds) on what the doctor reads itself: the hub's kubeconfig
+/// (`--hub-kubeconfig`, a Secret) and every CA (`--ca`, a ConfigMap or Secret key).
 async fn expiry_checks(client: &kube::Client, options: &Options, now: i64) -> Vec<Verdict> {
-    /// What one kind of Secret is checked for: the check's name, how its expiries are read, and what to do.
-    #[derive(Clone, Copy)]
-    struct Expiring {
-        check: &'static str,
-        not_afters: fn(&[u8]) -> Result<Vec<i64>, String>,
-        fix: &'static str,
-        todo: &'static str,
-    }
-    let kubeconfig = Expiring {
-        check: expiry::KUBECONFIG,
-        not_afters: expiry::kubeconfig_not_afters,
-        fix: "check --hub-kubeconfig",
-        todo: "renew the hub's kubeconfig (kubeconfig-rotator rotate) before it expires",
-    };
-    let ca = Expiring {
-        check: expiry::CA,
-        not_afters: expiry::not_afters,
-        fix: "check --ca",
-        todo: "renew the CA (its cert-manager Certificate) and let ca-syncer carry old and new",
-    };
-    let secrets = options.hub_kubeconfig.iter().map(|r| (r, kubeconfig)).chain(options.cas.iter().map(|r| (r, ca)));
     let mut checks = Vec::new();
-    for (r, Expiring { check, not_afters, fix, todo }) in secrets {
+    if let Some(r) = &options.hub_kubeconfig {
         let subject = format!("secret {r}");
-        checks.push(
-            match read::secret_key(client, r).await.map_err(|e| format!("{e:#}")).and_then(|b| not_afters(&b)) {
-                Ok(ends) => expiry::judge(check, &subject, &ends, now, options.margins, todo),
-                Err(e) => Verdict::fail(check, subject, e, fix),
-            },
-        );
+        let todo = "renew the hub's kubeconfig (kubeconfig-rotator rotate) before it expires";
+        let read = read::secret_key(client, r).await.map_err(|e| format!("{e:#}"));
+        checks.push(match read.and_then(|b| expiry::kubeconfig_not_afters(&b)) {
+            Ok(ends) => expiry::judge(expiry::KUBECONFIG, &subject, &ends, now, options.margins, todo),
+            Err(e) => Verdict::fail(expiry::KUBECONFIG, subject, e, "check --hub-kubeconfig"),
+        });
+    } else if options.no_secrets && options.rotator_metrics.is_empty() {
+        checks.push(Verdict::not_checked(
+            expiry::KUBECONFIG,
+            "kubeconfigs",
+            "a kubeconfig Secret holds a client key, and this doctor reads no Secret",
+            "read kubeconfig-rotator's metrics (--rotator-metrics), or run the doctor with --hub-kubeconfig yourself",
+        ));
     }
+    for source in &options.cas {
+        let subject = source.to_string();
+        let todo = "renew the CA (its cert-manager Certificate) and let ca-syncer carry old and new";
+        let read = read::ca_bundle(client, source).await.map_err(|e| format!("{e:#}"));
+        checks.push(match read.and_then(|b| expiry::not_afters(&b)) {
+            Ok(ends) => expiry::judge(expiry::CA, &subject, &ends, now, options.margins, todo),
+            Err(e) => Verdict::fail(expiry::CA, subject, e, "check --ca"),
+        });
+    }
+    checks
+}
+
+/// The expiry checks from the agents that keep the credentials and CAs: kubeconfig-rotator's targets
+/// (`--rotator-metrics`) and ca-syncer's bundles (`--ca-syncer-metrics`), at `now` (Unix seconds).
+async fn expiry_metrics(options: &Options, now: i64) -> Vec<Verdict> {
+    let m = options.margins;
+    let mut checks = agent_metrics(
+        &options.rotator_metrics,
+        "--rotator-metrics",
+        expiry::KUBECONFIG,
+        "kubeconfig-rotator",
+        |texts| expiry::judge_rotator(&expiry::rotator_targets(texts), now, m),
+    )
+    .await;
+    checks.extend(
+        agent_metrics(&options.ca_syncer_metrics, "--ca-syncer-metrics", expiry::CA, "ca-syncer", |texts| {
+            expiry::judge_ca_syncer(&expiry::ca_syncer_bundles(texts), now, m)
+        })
+        .await,
+    );
     checks
 }
 
@@ -203,7 +232,7 @@ async fn agent_metrics(
 async fn endpoint_slices(
     client: &kube::Client,
     kubeconfig: &options::KeyRef,
-    endpoint_ca: Option<&options::KeyRef>,
+    endpoint_ca: Option<&options::CaSource>,
 ) -> Vec<Verdict> {
     use rules::endpoint_slices::CHECK;
     let subject = format!("secret {kubeconfig}");
@@ -213,10 +242,10 @@ async fn endpoint_slices(
     };
     let ca = match endpoint_ca {
         None => access.ca_pem.clone(),
-        Some(r) => match read::secret_key(client, r).await {
+        Some(source) => match read::ca_bundle(client, source).await {
             Ok(ca) => ca,
             Err(e) => {
-                return vec![Verdict::fail(CHECK, format!("secret {r}"), format!("{e:#}"), "check --endpoint-ca")];
+                return vec![Verdict::fail(CHECK, source.to_string(), format!("{e:#}"), "check --endpoint-ca")];
             }
         },
     };

@@ -1,5 +1,5 @@
 //! The periodic in-cluster mode's metrics: `kcp_keeper_doctor_check{check,result}` (how many lines of each check
-//! had that result in the last run; all three results exported for every check seen, so a FAIL going away reads
+//! had that result in the last run; all four results exported for every check seen, so a FAIL going away reads
 //! 0 rather than vanishing) and the last run's time, for the alerts in `rules/doctor.rules.yaml`.
 
 use std::collections::BTreeSet;
@@ -26,7 +26,7 @@ kcp_keeper_runtime::metrics! {
     }
 }
 
-/// The [`DoctorSeries`] and the checks seen so far (each keeps its series, all three results, once seen).
+/// The [`DoctorSeries`] and the checks seen so far (each keeps its series, all four results, once seen).
 #[derive(Debug, Default)]
 pub struct Metrics {
     series: DoctorSeries,
@@ -43,7 +43,7 @@ impl Metrics {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.extend(report.checks.iter().map(|v| v.check));
         for check in seen.iter() {
-            for level in [Level::Ok, Level::Warn, Level::Fail] {
+            for level in [Level::Ok, Level::NotChecked, Level::Warn, Level::Fail] {
                 let n = report.checks.iter().filter(|v| v.check == *check && v.result == level).count();
                 let labels = CheckLabels { check: (*check).into(), result: level.label().into() };
                 self.series.check.get_or_create(&labels).set(n as i64);
@@ -73,6 +73,7 @@ mod tests {
         assert!(text.contains(r#"kcp_keeper_doctor_check{check="pinned-images",result="fail"} 1"#), "{text}");
         assert!(text.contains(r#"kcp_keeper_doctor_check{check="pinned-images",result="ok"} 1"#), "{text}");
         assert!(text.contains(r#"kcp_keeper_doctor_check{check="pinned-images",result="warn"} 0"#), "{text}");
+        assert!(text.contains(r#"kcp_keeper_doctor_check{check="pinned-images",result="not_checked"} 0"#), "{text}");
         assert!(text.contains("kcp_keeper_doctor_last_run_timestamp_seconds 10.0"), "{text}");
         m.record(&Report { checks: vec![Verdict::ok("readyz", "fp", "200")] }, 20.0);
         let text = kcp_keeper_runtime::metrics::encode(&registry);

@@ -8,7 +8,7 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 
 use crate::layout::{Component, EtcdSet, Kind, Layout, Oidc};
-use crate::options::{HubOidc, KeyRef};
+use crate::options::{CaSource, HubOidc, KeyRef};
 
 fn resource(kind: Kind) -> ApiResource {
     let (k, plural) = match kind {
@@ -95,6 +95,28 @@ pub async fn secret_key(client: &kube::Client, r: &KeyRef) -> Result<Vec<u8>> {
     let value =
         secret.data.and_then(|mut d| d.remove(&r.key)).with_context(|| format!("Secret {r} has no such key"))?;
     Ok(value.0)
+}
+
+/// The bytes of one ConfigMap key (`data`, else `binaryData`).
+pub async fn configmap_key(client: &kube::Client, r: &KeyRef) -> Result<Vec<u8>> {
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), &r.namespace)
+        .get(&r.name)
+        .await
+        .with_context(|| format!("reading ConfigMap {}/{}", r.namespace, r.name))?;
+    if let Some(text) = cm.data.and_then(|mut d| d.remove(&r.key)) {
+        return Ok(text.into_bytes());
+    }
+    let value =
+        cm.binary_data.and_then(|mut d| d.remove(&r.key)).with_context(|| format!("ConfigMap {r} has no such key"))?;
+    Ok(value.0)
+}
+
+/// A CA bundle from where `source` says.
+pub async fn ca_bundle(client: &kube::Client, source: &CaSource) -> Result<Vec<u8>> {
+    match source {
+        CaSource::ConfigMap(r) => configmap_key(client, r).await,
+        CaSource::Secret(r) => secret_key(client, r).await,
+    }
 }
 
 /// The first container's image of a Deployment: `deployment/<ns>/<name>` and the image, or why there is none.

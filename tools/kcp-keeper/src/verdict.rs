@@ -7,23 +7,31 @@ use serde::Serialize;
 pub const RUNBOOKS: &str = "https://github.com/kcp-keeper/kcp-keeper/blob/main/docs/runbooks.md";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Level {
     Ok,
+    /// The check was not made, and the line says why (e.g. it needs a Secret the in-cluster doctor does not
+    /// read). Worse than ok, so a report of such lines does not read as all well; never a failure.
+    NotChecked,
     Warn,
     Fail,
 }
 
 impl Level {
-    /// As printed: `ok`, `warn`, `FAIL` (capitals so a failure stands out in a terminal).
+    /// As printed: `ok`, `skip`, `warn`, `FAIL` (capitals so a failure stands out in a terminal).
     pub fn word(self) -> &'static str {
-        if self == Level::Fail { "FAIL" } else { self.label() }
+        match self {
+            Level::Fail => "FAIL",
+            Level::NotChecked => "skip",
+            _ => self.label(),
+        }
     }
 
     /// The `result` label of `kcp_keeper_doctor_check`.
     pub fn label(self) -> &'static str {
         match self {
             Level::Ok => "ok",
+            Level::NotChecked => "not_checked",
             Level::Warn => "warn",
             Level::Fail => "fail",
         }
@@ -69,6 +77,14 @@ impl Verdict {
         Self { todo: redact::urls_in(todo), ..Self::new(check, subject, Level::Fail, saw) }
     }
 
+    /// A check not made: `saw` is "not checked: <why>", `todo` what would let it be made.
+    pub fn not_checked(check: &'static str, subject: impl Into<String>, why: &str, todo: &str) -> Self {
+        Self {
+            todo: redact::urls_in(todo),
+            ..Self::new(check, subject, Level::NotChecked, format!("not checked: {why}"))
+        }
+    }
+
     /// `FAIL  pinned-images  rootshard/root: saw ... -> todo (runbook)`.
     pub fn line(&self) -> String {
         let mut line = format!("{:<4}  {:<22} {}: {}", self.result.word(), self.check, self.subject, self.saw);
@@ -93,11 +109,12 @@ impl Report {
         let mut out: String = self.checks.iter().map(|v| v.line() + "\n").collect();
         let count = |l: Level| self.checks.iter().filter(|v| v.result == l).count();
         out.push_str(&format!(
-            "{} checks: {} ok, {} warn, {} FAIL\n",
+            "{} checks: {} ok, {} warn, {} FAIL, {} not checked\n",
             self.checks.len(),
             count(Level::Ok),
             count(Level::Warn),
-            count(Level::Fail)
+            count(Level::Fail),
+            count(Level::NotChecked)
         ));
         out
     }

@@ -125,6 +125,29 @@ async fn service_target(
     Err(format!("Service {namespace}/{name} has no ready endpoint"))
 }
 
+/// Why the requests to kcp are not made without `--server-ca` under `--no-secrets`, and what makes them.
+const NO_SERVER_CA: &str = "no public copy of kcp's server CA to verify the serving certificates with (the \
+                            RootShard's <name>-server-ca Secret holds the CA's private key, and this doctor reads no Secret)";
+const SERVER_CA_TODO: &str =
+    "copy the server CA's certificate into a ConfigMap (a ca-syncer target) and name it with --server-ca";
+
+/// The server CA's certificates: from `--server-ca`; else the `tls.crt` of the root shard's `<name>-server-ca`
+/// Secret (its certificate only; the Secret's `tls.key` is dropped unread); else, under `--no-secrets`, none.
+async fn server_ca(client: &kube::Client, root: &Component, options: &Options) -> anyhow::Result<Option<Vec<u8>>> {
+    if let Some(source) = &options.server_ca {
+        return crate::read::ca_bundle(client, source).await.map(Some);
+    }
+    if options.no_secrets {
+        return Ok(None);
+    }
+    let r = KeyRef {
+        namespace: options.namespace.clone(),
+        name: format!("{}-server-ca", root.name),
+        key: "tls.crt".into(),
+    };
+    crate::read::secret_key(client, &r).await.map(Some)
+}
+
 /// The Verify section: one verdict per Deployment, request and name.
 pub async fn run(client: &kube::Client, layout: &Layout, options: &Options) -> Vec<Verdict> {
     let ns = &options.namespace;
@@ -148,17 +171,15 @@ pub async fn run(client: &kube::Client, layout: &Layout, options: &Options) -> V
         out.push(Verdict::fail(READYZ, "kcp", format!("no RootShard in {ns}"), "check --namespace"));
         return out;
     };
-    // The front proxy's and the shards' serving certificates are issued by the root shard's server CA: its
-    // certificate only (the Secret also holds the CA's private key, never read).
-    let ca_ref = KeyRef { namespace: ns.clone(), name: format!("{}-server-ca", root.name), key: "tls.crt".into() };
-    let ca = match crate::read::secret_key(client, &ca_ref).await {
-        Ok(ca) => ca,
+    let ca = match server_ca(client, root, options).await {
+        Ok(Some(ca)) => Some(ca),
+        Ok(None) => None,
         Err(e) => {
             out.push(Verdict::fail(
                 READYZ,
                 "kcp",
                 format!("no server CA to verify with: {e:#}"),
-                "check the operator's certificates",
+                if options.server_ca.is_some() { "check --server-ca" } else { "check the operator's certificates" },
             ));
             return out;
         }
@@ -178,9 +199,14 @@ pub async fn run(client: &kube::Client, layout: &Layout, options: &Options) -> V
             .clone()
             .or_else(|| public.clone())
             .unwrap_or_else(|| format!("{service}.{ns}.svc.{}", fp.cluster_domain));
+        let Some(ca) = &ca else {
+            out.push(Verdict::not_checked(READYZ, &subject, NO_SERVER_CA, SERVER_CA_TODO));
+            out.push(Verdict::not_checked(ANONYMOUS, &subject, NO_SERVER_CA, SERVER_CA_TODO));
+            continue;
+        };
         match service_target(client, ns, &service, options.via_endpoints).await {
             Ok(addr) => {
-                let got = crate::probe::get(addr, &name, &ca, "/readyz", TIMEOUT).await;
+                let got = crate::probe::get(addr, &name, ca, "/readyz", TIMEOUT).await;
                 out.push(expect(
                     READYZ,
                     subject.clone(),
@@ -189,7 +215,7 @@ pub async fn run(client: &kube::Client, layout: &Layout, options: &Options) -> V
                     &format!("GET https://{name}/readyz via {service}"),
                     "see the front proxy's and the root shard's logs",
                 ));
-                let got = crate::probe::get(addr, &name, &ca, "/clusters/root/api", TIMEOUT).await;
+                let got = crate::probe::get(addr, &name, ca, "/clusters/root/api", TIMEOUT).await;
                 out.push(expect(
                     ANONYMOUS,
                     subject,
@@ -206,9 +232,13 @@ pub async fn run(client: &kube::Client, layout: &Layout, options: &Options) -> V
         let service = format!("{}-shard-kcp", shard.name);
         let name = format!("{service}.{ns}.svc.{}", shard.cluster_domain);
         let subject = format!("shard/{}", shard.name);
+        let Some(ca) = &ca else {
+            out.push(Verdict::not_checked(ANONYMOUS, &subject, NO_SERVER_CA, SERVER_CA_TODO));
+            continue;
+        };
         match service_target(client, ns, &service, options.via_endpoints).await {
             Ok(addr) => {
-                let got = crate::probe::get(addr, &name, &ca, "/api", TIMEOUT).await;
+                let got = crate::probe::get(addr, &name, ca, "/api", TIMEOUT).await;
                 out.push(expect(
                     ANONYMOUS,
                     subject,

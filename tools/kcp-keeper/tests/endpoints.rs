@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Secret;
-use kcp_keeper_doctor::options::{KeyRef, Options};
+use kcp_keeper_doctor::options::{CaSource, KeyRef, Options};
 use kcp_keeper_doctor::verdict::{Level, Report};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
@@ -113,7 +113,9 @@ async fn an_endpoint_slice_url_kcp_advertises_is_ok_with_the_kcp_ca_and_fails_wi
     // A CA bundle that did not issue kcp's serving certificates: the same URL FAILs, naming TLS.
     let other = testbed::certs::Ca::new("not kcp's CA", Duration::from_secs(86400))?;
     let wrong = secret(&client, &ns, "wrong-ca", "ca.crt", &other.cert_pem()).await?;
-    let report = kcp_keeper_doctor::run(&client, &Options { endpoint_ca: Some(wrong), ..options.clone() }).await;
+    let report =
+        kcp_keeper_doctor::run(&client, &Options { endpoint_ca: Some(CaSource::Secret(wrong)), ..options.clone() })
+            .await;
     eprint!("{}", report.text());
     let got = lines(&report);
     assert!(got.iter().any(|(subject, _, _)| *subject == format!("apiexportendpointslice/widgets {url}")), "{got:#?}");

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use anyhow::{Context, Result};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kcp_keeper_doctor::options::{HubOidc, KeyRef, Options};
+use kcp_keeper_doctor::options::{CaSource, HubOidc, KeyRef, Options};
 use kcp_keeper_doctor::verdict::{Level, Report};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
@@ -312,7 +312,7 @@ async fn a_hub_kubeconfig_and_a_managed_ca_near_expiry_fail_and_renewed_are_ok_a
     put_secret(&f.client, &f.ns, "kcp-ca", "ca.crt", &format!("{}{}", cert_pem(3650), cert_pem(2))).await?;
     let o = Options {
         hub_kubeconfig: Some(KeyRef::parse(&format!("{}/railgrid-kcp:admin.kubeconfig", f.ns), "kubeconfig").unwrap()),
-        cas: vec![KeyRef::parse(&format!("{}/kcp-ca", f.ns), "ca.crt").unwrap()],
+        cas: vec![CaSource::Secret(KeyRef::parse(&format!("{}/kcp-ca", f.ns), "ca.crt").unwrap())],
         ..f.options()
     };
     let hub = format!("secret {}/railgrid-kcp:admin.kubeconfig", f.ns);
@@ -331,8 +331,10 @@ async fn a_hub_kubeconfig_and_a_managed_ca_near_expiry_fail_and_renewed_are_ok_a
     let report = f.doctor(&o).await;
     assert_eq!(report.of("ca-expiry")[0].result, Level::Fail);
     assert_eq!(report.of("hub-kubeconfig-expiry")[0].result, Level::Fail);
-    let missing =
-        Options { cas: vec![KeyRef::parse(&format!("{}/nothing-here", f.ns), "ca.crt").unwrap()], ..o.clone() };
+    let missing = Options {
+        cas: vec![CaSource::Secret(KeyRef::parse(&format!("{}/nothing-here", f.ns), "ca.crt").unwrap())],
+        ..o.clone()
+    };
     assert_eq!(f.doctor(&missing).await.of("ca-expiry")[0].result, Level::Fail);
     for out in [report.text(), report.json()] {
         assert!(!out.contains("doctor-test") && !out.contains("ZG9jdG9y"), "{out}");
@@ -464,4 +466,155 @@ async fn the_periodic_mode_exports_a_fail_as_kcp_keeper_doctor_check_and_back_to
 
 fn nix_kill(pid: u32) {
     let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+}
+
+/// A `/metrics` endpoint on loopback serving `body` to every request, as an agent's admin port does.
+async fn serve_metrics(body: String) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/metrics", listener.local_addr()?);
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = tcp.read(&mut buf).await;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = tcp.write_all(head.as_bytes()).await;
+                let _ = tcp.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    Ok(url)
+}
+
+/// The in-cluster doctor as the chart runs it: `--no-secrets`, as a user whose Roles grant what the chart's
+/// grant (the kcp-operator objects, StatefulSets, Deployments, Services, named ConfigMaps) and no Secret. The CA
+/// expiries come from a ConfigMap and from ca-syncer's metrics, the kubeconfigs' from kubeconfig-rotator's;
+/// the requests that need kcp's server CA, the endpoint slices (a kcp credential) and nothing else are "not
+/// checked" with the reason; no line is a refused read. Given a ConfigMap copy of the server CA, the requests
+/// are made. The same user without `--no-secrets` fails reading the server CA's Secret: RBAC, not the flag,
+/// keeps the key out of reach.
+#[tokio::test]
+async fn without_secrets_the_doctor_judges_expiry_from_configmaps_and_agent_metrics_and_says_what_it_did_not_check()
+-> Result<()> {
+    let f = Fixture::new().await?;
+    let user = format!("doctor-incluster-{}", f.ns);
+    let role = json!({"metadata": {"name": "doctor"}, "rules": [
+        {"apiGroups": ["operator.kcp.io"], "resources": ["rootshards", "shards", "frontproxies"], "verbs": ["list"]},
+        {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["list"]},
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["services"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["kcp-ca", "kcp-server-ca"], "verbs": ["get"]},
+    ]});
+    let binding = json!({"metadata": {"name": "doctor"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "doctor"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]});
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    Api::<Role>::namespaced(f.client.clone(), &f.ns)
+        .create(&Default::default(), &serde_json::from_value(role)?)
+        .await?;
+    Api::<RoleBinding>::namespaced(f.client.clone(), &f.ns)
+        .create(&Default::default(), &serde_json::from_value(binding)?)
+        .await?;
+    let doctor = bed().user_client(&user, &[]).await?;
+    // The server CA's Secret as cert-manager writes it (a key beside the certificate), and a ConfigMap with
+    // only the certificate (a ca-syncer target), and a managed CA's ConfigMap with 2 days left.
+    let server_ca = cert_pem(3650);
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "root-server-ca"},
+        "stringData": {"tls.crt": server_ca, "tls.key": "doctor-test-private-key"}}))?;
+    Api::<Secret>::namespaced(f.client.clone(), &f.ns).create(&Default::default(), &secret).await?;
+    for (name, pem) in [("kcp-ca", cert_pem(2)), ("kcp-server-ca", server_ca.clone())] {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}, "data": {"ca.crt": pem}}))?;
+        Api::<ConfigMap>::namespaced(f.client.clone(), &f.ns).create(&Default::default(), &cm).await?;
+    }
+    let now = time::OffsetDateTime::now_utc().unix_timestamp() as f64;
+    let metrics = serve_metrics(format!(
+        "# TYPE kubeconfig_rotator_target_not_after_timestamp_seconds gauge\n\
+         kubeconfig_rotator_last_sync_timestamp_seconds{{kubeconfig=\"hub\"}} {now}\n\
+         kubeconfig_rotator_target_not_after_timestamp_seconds{{kubeconfig=\"hub\",namespace=\"apps\",name=\"kcp\"}} {}\n\
+         ca_syncer_last_sync_timestamp_seconds{{bundle=\"kcp\"}} {now}\n\
+         ca_syncer_certificate_not_after_timestamp_seconds{{bundle=\"kcp\",subject=\"CN=kcp-ca, O=kcp\",sha256=\"0011\"}} {}\n",
+        now + 20.0 * 86400.0,
+        now + 365.0 * 86400.0
+    ))
+    .await?;
+    let o = Options {
+        verify: true,
+        no_secrets: true,
+        cluster_dns: Some("127.0.0.1:1".parse()?),
+        cas: vec![CaSource::parse(&format!("configmap:{}/kcp-ca", f.ns), "ca.crt").unwrap()],
+        rotator_metrics: vec![metrics.clone()],
+        ca_syncer_metrics: vec![metrics],
+        ..f.options()
+    };
+    let report = kcp_keeper_doctor::run(&doctor, &o).await;
+    eprint!("{}", report.text());
+    let line = |check: &str, subject: &str| line_of(&report, check, subject);
+    for (check, subject) in [
+        ("readyz", "frontproxy/frontproxy"),
+        ("anonymous-api", "frontproxy/frontproxy"),
+        ("anonymous-api", "shard/alpha"),
+    ] {
+        let (level, saw) = line(check, subject);
+        assert_eq!(level, Level::NotChecked, "{check} {subject}: {saw}");
+        assert!(saw.starts_with("not checked:") && saw.contains("private key"), "{saw}");
+    }
+    assert_eq!(line("endpoint-slices", "kcp").0, Level::NotChecked);
+    assert_eq!(line("ca-expiry", &format!("configmap {}/kcp-ca:ca.crt", f.ns)).0, Level::Fail, "2 days left");
+    assert_eq!(line("ca-expiry", "ca-syncer bundle kcp").0, Level::Ok);
+    let hub = "kubeconfig-rotator target apps/kcp (kubeconfig hub)";
+    assert_eq!(line("hub-kubeconfig-expiry", hub).0, Level::Warn, "20 days left");
+    for out in [report.text(), report.json()] {
+        assert!(!out.contains("forbidden") && !out.to_lowercase().contains("reading secret"), "{out}");
+        assert!(!out.contains("doctor-test-private-key"), "{out}");
+    }
+    // Without rotator metrics, the kubeconfigs' expiry is not checked, and says how it would be.
+    let report = kcp_keeper_doctor::run(&doctor, &Options { rotator_metrics: vec![], ..o.clone() }).await;
+    let v = report.of("hub-kubeconfig-expiry");
+    assert!(v.len() == 1 && v[0].result == Level::NotChecked && v[0].todo.contains("--rotator-metrics"), "{v:?}");
+
+    // The server CA from the ConfigMap: the requests are made (the Services are not in this bed: they fail on
+    // the Service, past the CA).
+    let with_ca = Options {
+        server_ca: Some(CaSource::parse(&format!("configmap:{}/kcp-server-ca", f.ns), "ca.crt").unwrap()),
+        ..o.clone()
+    };
+    let report = kcp_keeper_doctor::run(&doctor, &with_ca).await;
+    eprint!("{}", report.text());
+    let (level, saw) = line_of(&report, "readyz", "frontproxy/frontproxy");
+    assert_eq!(level, Level::Fail, "{saw}");
+    assert!(saw.contains("Service") && !saw.contains("server CA"), "{saw}");
+
+    // A Secret named where none may be read is refused before anything is read, by the library and the binary.
+    let refused = Options { hub_kubeconfig: Some(KeyRef::parse("hub/admin", "kubeconfig").unwrap()), ..o.clone() };
+    let report = kcp_keeper_doctor::run(&doctor, &refused).await;
+    assert_eq!(report.checks.len(), 1, "{}", report.text());
+    assert!(report.checks[0].saw.contains("--hub-kubeconfig hub/admin"), "{}", report.text());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kcp-keeper"))
+        .args(["doctor", "--no-secrets", "--hub-kubeconfig", "hub/admin", "--namespace", &f.ns])
+        .arg("--kubeconfig")
+        .arg(&bed().apiserver.admin_kubeconfig)
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--hub-kubeconfig hub/admin") && stderr.contains("--rotator-metrics"), "{stderr}");
+
+    // The same user without --no-secrets: the default server CA is the Secret, which its Roles do not grant.
+    let report = kcp_keeper_doctor::run(&doctor, &Options { no_secrets: false, ..o }).await;
+    let v = report.of("readyz");
+    assert!(
+        v.iter().any(|v| v.result == Level::Fail && v.saw.contains("no server CA") && v.saw.contains("forbidden")),
+        "{v:?}"
+    );
+    Ok(())
+}
+
+fn line_of(report: &Report, check: &str, subject: &str) -> (Level, String) {
+    let v = report.of(check).into_iter().find(|v| v.subject == subject);
+    let v = v.unwrap_or_else(|| panic!("no {check} line for {subject}:\n{}", report.text()));
+    (v.result, v.saw.clone())
 }

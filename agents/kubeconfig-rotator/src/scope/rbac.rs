@@ -8,9 +8,11 @@
 //! - cert-manager `Certificate`s: get/list/watch, and patch on `certificates/status` (the forced renewal);
 //! - consumer Deployments, StatefulSets, DaemonSets: get, patch (the restart annotations);
 //! - Events: create, in every namespace it acts in; its own Lease in its own namespace;
-//! - targets by namespace selector, as ca-syncer's: a ClusterRole with get/list/watch/create/patch on exactly
-//!   those Secret names (`resourceNames`), get/patch on their consumers by name, list/watch on Namespaces (their
-//!   labels are not secret) and create on Events. Never Secrets across the cluster without a name.
+//! - targets by namespace selector: create/patch on the Secret and get/patch on its consumers, by name, only in
+//!   the namespaces the target's allow list names (a Role in each: even the agent cannot write an admin
+//!   kubeconfig anywhere else); a ClusterRole with get/list/watch/delete on exactly those Secret names
+//!   (`resourceNames`: the watch that finds the copies to withdraw, wherever they are), list/watch on Namespaces
+//!   (their labels are not secret) and create on Events. Never Secrets across the cluster without a name.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -40,7 +42,7 @@ fn at<'a>(namespaces: &'a mut BTreeMap<String, Access>, ns: &str) -> &'a mut Acc
 /// One Role (and its binding) per namespace the configuration acts in, and one in the agent's own for its Lease.
 pub fn render(config: &Config, who: &Subjects) -> Rbac {
     let mut namespaces: BTreeMap<String, Access> = BTreeMap::new();
-    // Selector targets: their Secret names and consumers in whatever namespace is selected.
+    // Selector targets: their Secret names, read and withdrawn wherever a copy is.
     let mut cluster = Access::default();
     for kc in &config.kubeconfigs {
         let n = needs(kc);
@@ -56,16 +58,20 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
         for (ns, name) in &n.target_secrets {
             at(&mut namespaces, ns).write_secrets.insert(name.clone());
         }
+        for (ns, name) in &n.allowed_targets {
+            at(&mut namespaces, ns).write_secrets.insert(name.clone());
+        }
+        cluster.read_secrets.extend(n.cluster_targets.iter().cloned());
         for spec in &kc.targets {
-            let access = match &spec.placement {
-                Placement::Namespace(ns) => at(&mut namespaces, ns),
-                Placement::Selector(_) => {
-                    cluster.write_secrets.insert(spec.target.name.clone());
-                    &mut cluster
-                }
+            let placed: Vec<&String> = match &spec.placement {
+                Placement::Namespace(ns) => vec![ns],
+                Placement::Selector { allowed, .. } => allowed.iter().collect(),
             };
-            for c in &spec.target.consumers {
-                access.consumers.entry(c.kind.plural()).or_default().insert(c.name.clone());
+            for ns in placed {
+                let access = at(&mut namespaces, ns);
+                for c in &spec.target.consumers {
+                    access.consumers.entry(c.kind.plural()).or_default().insert(c.name.clone());
+                }
             }
         }
     }
@@ -97,14 +103,8 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
         }
         roles.add(ns, ROLE_NAME, "kubeconfig-rotator", rules, who);
     }
-    if !cluster.write_secrets.is_empty() {
-        let mut rules =
-            vec![named_rule("", "secrets", &cluster.write_secrets, &["get", "list", "watch", "create", "patch"])];
-        for kind in ConsumerKind::ALL {
-            if let Some(names) = cluster.consumers.get(kind.plural()) {
-                rules.push(named_rule("apps", kind.plural(), names, &["get", "patch"]));
-            }
-        }
+    if !cluster.read_secrets.is_empty() {
+        let mut rules = vec![named_rule("", "secrets", &cluster.read_secrets, &["get", "list", "watch", "delete"])];
         rules.push(rule("", &["namespaces"], &[], &["list", "watch"]));
         rules.push(rule("events.k8s.io", &["events"], &[], &["create"]));
         roles.add_cluster(ROLE_NAME, "kubeconfig-rotator", rules, who);

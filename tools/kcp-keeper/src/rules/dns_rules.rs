@@ -31,12 +31,12 @@ pub fn parse(text: &str) -> Replica {
                 r.leader = s.value >= 1.0;
             }
             ("dns_rewriter_verify_timestamp_seconds", ..) => r.verified_at = s.value,
-            ("dns_rewriter_host_verified", Some(host), _) => r.hosts.entry(host.into()).or_default().0 = s.value,
+            ("dns_rewriter_host_verified", Some(host), _) => r.hosts.entry(host).or_default().0 = s.value,
             ("dns_rewriter_host_check_timestamp_seconds", Some(host), _) => {
-                r.hosts.entry(host.into()).or_default().1 = s.value
+                r.hosts.entry(host).or_default().1 = s.value
             }
             ("dns_rewriter_rule_errors", _, Some(reason)) if s.value > 0.0 => {
-                r.rule_errors.insert(reason.into(), s.value);
+                r.rule_errors.insert(reason, s.value);
             }
             _ => {}
         }

@@ -1,5 +1,9 @@
-//! The hub's kubeconfig and every CA the agents manage expire: the earliest notAfter of what a Secret holds,
-//! against now. Read from the certificates themselves (DER in, times out), never printing their content.
+//! The hub's kubeconfig and every CA the agents manage expire: the earliest notAfter of what a Secret or
+//! ConfigMap holds, against now, read from the certificates themselves (DER in, times out), never printing their
+//! content; or, without reading any of them, the notAfters kubeconfig-rotator and ca-syncer export for what they
+//! keep ([`rotator_targets`], [`ca_syncer_bundles`]).
+
+use std::collections::BTreeMap;
 
 use base64::Engine;
 use serde::Deserialize;
@@ -95,6 +99,105 @@ pub fn judge(check: &'static str, subject: &str, not_afters: &[i64], now: i64, m
     }
 }
 
+/// Per key, the samples of the replica that synced it last: a follower exports nothing or what it saw when it
+/// last held the Lease; the one with the newest `last_sync` speaks for the key. `key_label` names the key
+/// (`kubeconfig`, `bundle`), `sync` the family of the last sync's time, `wanted` the family read.
+fn freshest<T>(
+    texts: &[String],
+    key_label: &str,
+    sync: &str,
+    wanted: &str,
+    item: impl Fn(&super::Sample) -> Option<T>,
+) -> BTreeMap<String, Vec<T>> {
+    let mut best: BTreeMap<String, (f64, Vec<T>)> = BTreeMap::new();
+    for text in texts {
+        let mut synced: BTreeMap<String, f64> = BTreeMap::new();
+        let mut items: BTreeMap<String, Vec<T>> = BTreeMap::new();
+        for s in super::samples(text) {
+            let Some(key) = s.label(key_label) else { continue };
+            if s.name == sync {
+                synced.insert(key, s.value);
+            } else if s.name == wanted
+                && let Some(t) = item(&s)
+            {
+                items.entry(key).or_default().push(t);
+            }
+        }
+        for (key, list) in items {
+            let at = synced.get(&key).copied().unwrap_or(0.0);
+            if best.get(&key).is_none_or(|(b, _)| at > *b) {
+                best.insert(key, (at, list));
+            }
+        }
+    }
+    best.into_iter().map(|(k, (_, v))| (k, v)).collect()
+}
+
+/// kubeconfig-rotator's replicas' expositions: per target (`namespace/name`, and its kubeconfig), the notAfter of
+/// the credential it holds (0: none usable), from `kubeconfig_rotator_target_not_after_timestamp_seconds`.
+pub fn rotator_targets(texts: &[String]) -> BTreeMap<(String, String), f64> {
+    let per = freshest(
+        texts,
+        "kubeconfig",
+        "kubeconfig_rotator_last_sync_timestamp_seconds",
+        "kubeconfig_rotator_target_not_after_timestamp_seconds",
+        |s| Some((format!("{}/{}", s.label("namespace")?, s.label("name")?), s.value)),
+    );
+    per.into_iter().flat_map(|(kc, ts)| ts.into_iter().map(move |(t, v)| ((t, kc.clone()), v))).collect()
+}
+
+/// ca-syncer's replicas' expositions: per bundle, the notAfter of each certificate in it, from
+/// `ca_syncer_certificate_not_after_timestamp_seconds`.
+pub fn ca_syncer_bundles(texts: &[String]) -> BTreeMap<String, Vec<i64>> {
+    let per = freshest(
+        texts,
+        "bundle",
+        "ca_syncer_last_sync_timestamp_seconds",
+        "ca_syncer_certificate_not_after_timestamp_seconds",
+        |s| Some(s.value as i64),
+    );
+    per.into_iter().collect()
+}
+
+/// One line per target of kubeconfig-rotator: the expiry of the credential it holds.
+pub fn judge_rotator(targets: &BTreeMap<(String, String), f64>, now: i64, m: Margins) -> Vec<Verdict> {
+    let todo =
+        "see kubeconfig-rotator's log and kubeconfig_rotator_verification_failures_total: it renews before expiry";
+    if targets.is_empty() {
+        return vec![Verdict::warn(
+            KUBECONFIG,
+            "kubeconfig-rotator",
+            "its metrics name no target",
+            "check --rotator-metrics",
+        )];
+    }
+    targets
+        .iter()
+        .map(|((target, kc), not_after)| {
+            let subject = format!("kubeconfig-rotator target {target} (kubeconfig {kc})");
+            if *not_after <= 0.0 {
+                Verdict::fail(KUBECONFIG, subject, "holds no usable credential", todo)
+            } else {
+                judge(KUBECONFIG, &subject, &[*not_after as i64], now, m, todo)
+            }
+        })
+        .collect()
+}
+
+/// One line per bundle of ca-syncer: its earliest certificate's expiry.
+pub fn judge_ca_syncer(bundles: &BTreeMap<String, Vec<i64>>, now: i64, m: Margins) -> Vec<Verdict> {
+    let todo = "renew the CA (its cert-manager Certificate) and let ca-syncer carry old and new";
+    if bundles.is_empty() {
+        return vec![Verdict::warn(
+            CA,
+            "ca-syncer",
+            "its metrics name no bundle certificate",
+            "check --ca-syncer-metrics",
+        )];
+    }
+    bundles.iter().map(|(b, ends)| judge(CA, &format!("ca-syncer bundle {b}"), ends, now, m, todo)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +226,46 @@ mod tests {
         let expired = judge(CA, "s", &[now - 86400], now, Margins::default(), "renew");
         assert_eq!(expired.result, Level::Fail);
         assert!(expired.saw.starts_with("expired"), "{}", expired.saw);
+    }
+
+    #[test]
+    fn the_replica_that_synced_a_kubeconfig_or_bundle_last_speaks_for_it_and_an_empty_target_fails() {
+        let now = 1_800_000_000;
+        let day = 86400.0;
+        // The old leader still exports what its target held when it led; the new one synced later.
+        let old = format!(
+            "kubeconfig_rotator_last_sync_timestamp_seconds{{kubeconfig=\"hub\"}} 100\n\
+             kubeconfig_rotator_target_not_after_timestamp_seconds{{kubeconfig=\"hub\",namespace=\"apps\",name=\"kcp\"}} {}\n\
+             ca_syncer_last_sync_timestamp_seconds{{bundle=\"kcp\"}} 100\n\
+             ca_syncer_certificate_not_after_timestamp_seconds{{bundle=\"kcp\",subject=\"CN=old, O=x\",sha256=\"aa\"}} {}\n",
+            now as f64 + 2.0 * day,
+            now as f64 + 2.0 * day
+        );
+        let new = format!(
+            "kubeconfig_rotator_last_sync_timestamp_seconds{{kubeconfig=\"hub\"}} 200\n\
+             kubeconfig_rotator_target_not_after_timestamp_seconds{{kubeconfig=\"hub\",namespace=\"apps\",name=\"kcp\"}} {}\n\
+             kubeconfig_rotator_target_not_after_timestamp_seconds{{kubeconfig=\"hub\",namespace=\"apps\",name=\"empty\"}} 0\n\
+             ca_syncer_last_sync_timestamp_seconds{{bundle=\"kcp\"}} 200\n\
+             ca_syncer_certificate_not_after_timestamp_seconds{{bundle=\"kcp\",subject=\"CN=new, O=x\",sha256=\"bb\"}} {}\n\
+             ca_syncer_certificate_not_after_timestamp_seconds{{bundle=\"kcp\",subject=\"CN=root, O=x\",sha256=\"cc\"}} {}\n",
+            now as f64 + 90.0 * day,
+            now as f64 + 365.0 * day,
+            now as f64 + 20.0 * day
+        );
+        let texts = vec![old, new];
+        let targets = rotator_targets(&texts);
+        assert_eq!(targets.len(), 2, "{targets:?}");
+        let lines = judge_rotator(&targets, now, Margins::default());
+        let of = |t: &str| lines.iter().find(|v| v.subject.contains(t)).unwrap();
+        assert_eq!(of("apps/kcp ").result, Level::Ok, "{lines:?}");
+        assert_eq!(of("apps/empty").result, Level::Fail, "{lines:?}");
+        assert_eq!(of("apps/kcp ").subject, "kubeconfig-rotator target apps/kcp (kubeconfig hub)");
+        let bundles = ca_syncer_bundles(&texts);
+        assert_eq!(bundles["kcp"].len(), 2, "the newer replica's two certificates, not the old one's: {bundles:?}");
+        let lines = judge_ca_syncer(&bundles, now, Margins::default());
+        assert_eq!((lines.len(), lines[0].result), (1, Level::Warn), "the earliest, 20 days, decides: {lines:?}");
+        assert_eq!(judge_rotator(&Default::default(), now, Margins::default())[0].result, Level::Warn);
+        assert_eq!(judge_ca_syncer(&Default::default(), now, Margins::default())[0].result, Level::Warn);
     }
 
     #[test]

@@ -37,9 +37,30 @@ pub struct Sample<'a> {
 }
 
 impl Sample<'_> {
-    /// A label's value. The agents' label values (shards, hosts, reasons) hold no comma, quote or escape.
-    pub fn label(&self, key: &str) -> Option<&str> {
-        self.labels.split(',').find_map(|l| l.trim().strip_prefix(key)?.strip_prefix("=\"")?.strip_suffix('"'))
+    /// A label's value, its escapes (`\\`, `\"`, `\n`) undone; a value may hold commas (a certificate's
+    /// subject does).
+    pub fn label(&self, key: &str) -> Option<String> {
+        let mut rest = self.labels;
+        loop {
+            rest = rest.trim_start_matches([',', ' ']);
+            let (name, after) = rest.split_once("=\"")?;
+            let mut value = String::new();
+            let mut chars = after.char_indices();
+            let end = loop {
+                match chars.next()? {
+                    (_, '\\') => match chars.next()?.1 {
+                        'n' => value.push('\n'),
+                        c => value.push(c),
+                    },
+                    (i, '"') => break i,
+                    (_, c) => value.push(c),
+                }
+            };
+            if name.trim() == key {
+                return Some(value);
+            }
+            rest = &after[end + 1..];
+        }
     }
 }
 
@@ -48,7 +69,7 @@ pub fn samples(text: &str) -> impl Iterator<Item = Sample<'_>> {
     text.lines().filter(|l| !l.starts_with('#')).filter_map(|line| {
         let (name, labels, value) = match line.split_once('{') {
             Some((name, rest)) => {
-                let (labels, value) = rest.split_once("} ")?;
+                let (labels, value) = rest.rsplit_once("} ")?;
                 (name, labels, value)
             }
             None => {
@@ -72,6 +93,19 @@ mod tests {
         assert_eq!(all.len(), 2, "{all:?}");
         assert_eq!((all[0].name, all[0].value, all[0].label("a")), ("plain", 2.5, None));
         assert_eq!((all[1].name, all[1].value), ("with", 3.0));
-        assert_eq!((all[1].label("a"), all[1].label("b"), all[1].label("c")), (Some("1"), Some("two"), None));
+        assert_eq!(
+            (all[1].label("a").as_deref(), all[1].label("b").as_deref(), all[1].label("c")),
+            (Some("1"), Some("two"), None)
+        );
+    }
+
+    #[test]
+    fn a_label_value_with_commas_quotes_and_braces_is_read_whole() {
+        let text = "ca{bundle=\"kcp\",subject=\"CN=kcp-ca, O=x \\\"q\\\" {}\",sha256=\"ab\"} 7\n";
+        let s: Vec<Sample> = samples(text).collect();
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert_eq!(s[0].label("subject").as_deref(), Some("CN=kcp-ca, O=x \"q\" {}"));
+        assert_eq!((s[0].label("bundle").as_deref(), s[0].label("sha256").as_deref()), (Some("kcp"), Some("ab")));
+        assert_eq!(s[0].value, 7.0);
     }
 }
