@@ -270,6 +270,15 @@ mod tests {
     }
 
     #[test]
+    fn the_lock_expiry_defaults_to_two_minutes_and_one_below_six_seconds_is_refused_naming_its_field() {
+        assert_eq!(load(EXAMPLE).unwrap().storage.lock_expiry, Duration::from_secs(120));
+        let short = EXAMPLE.replace("  region:", "  lockExpiry: 5s\n  region:");
+        assert_names_paths_not_values(&short, &["storage.lockExpiry"], &[]);
+        let set = EXAMPLE.replace("  region:", "  lockExpiry: 12s\n  region:");
+        assert_eq!(load(&set).unwrap().storage.lock_expiry, Duration::from_secs(12));
+    }
+
+    #[test]
     fn endpoints_match_tls_and_sizes_parse() {
         assert_eq!(check_endpoint("http://127.0.0.1:2379", false), Ok(()));
         assert_eq!(check_endpoint("https://etcd-0.etcd:2379", true), Ok(()));

@@ -49,7 +49,7 @@ impl From<crate::shard_lock::LockError> for SnapshotError {
         match error {
             LockError::Storage(e) => SnapshotError::Storage(e),
             busy @ LockError::Busy { .. } => SnapshotError::Busy(busy.to_string()),
-            lost @ LockError::Lost { .. } => SnapshotError::LockLost(lost.to_string()),
+            lost @ (LockError::Lost { .. } | LockError::Unrenewed { .. }) => SnapshotError::LockLost(lost.to_string()),
         }
     }
 }

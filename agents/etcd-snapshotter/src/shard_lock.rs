@@ -3,18 +3,21 @@
 //! an object of the shard's directory, `<prefix>/<shard>/run.lock`, written with S3's conditional puts:
 //!
 //! - taken with `If-None-Match: *` (created only where none is), then read back (our token, or we lost);
-//! - renewed by its holder every [`RENEW_EVERY`] with `If-Match: <its ETag>`, each renewal writing the next
-//!   renewal count (so the ETag changes with every renewal, which is what tells a waiter the holder lives), and
-//!   confirmed the same way right
-//!   before an upload is completed and before a manifest is written: a holder that finds another ETag has lost
-//!   the lock and publishes nothing;
+//! - renewed by its holder every sixth of `storage.lockExpiry` with `If-Match: <its ETag>`, each renewal
+//!   writing the next renewal count (so the ETag changes with every renewal, which is what tells a waiter the
+//!   holder lives), and confirmed the same way right before an upload is completed and before a manifest is
+//!   written: a holder that finds another ETag has lost the lock and publishes nothing. A renewal whose answer
+//!   was lost (the SDK's retry then meets its own new ETag) is recognised by reading the lock back;
+//! - fenced: a holder whose renewals the store has not taken for half the expiry (by its own monotonic clock,
+//!   from when the last taken renewal was sent) stops its run, dropping its requests in flight, before any
+//!   waiter may take the lock over ([`Held::fenced`]);
 //! - released by a conditional rewrite marking it free (`If-Match`), so a holder that lost it never frees its
 //!   successor's; the object is never deleted (a delete marker on a versioned bucket is, for some stores, an
 //!   object `If-None-Match` refuses);
 //! - taken over only with `If-Match` on the ETag the waiter saw, and only when the holder is provably gone:
 //!   a process of this host (same boot id and pid namespace) that no longer runs, or a lock whose ETag has not
-//!   changed for [`STALE_AFTER`] by the waiter's own monotonic clock (a live holder renews six times in that
-//!   span). No clock is compared with another host's.
+//!   changed for the whole expiry by the waiter's own monotonic clock (a live holder renews six times in that
+//!   span, and stops at half of it). No clock is compared with another host's.
 //!
 //! The lock is as strong as the store's conditional put: atomic on AWS S3; versitygw's posix backend checks
 //! the condition and then writes, so two runs that race within the same few milliseconds could both pass it
@@ -30,16 +33,15 @@ use crate::manifest;
 use crate::storage::{Condition, StorageError, Store};
 
 pub const LOCK: &str = "run.lock";
-/// How often the holder renews the lock (on a versioned bucket each renewal leaves a noncurrent version).
-pub const RENEW_EVERY: Duration = Duration::from_secs(20);
-/// A lock whose ETag stays the same this long (six renewals missed) is abandoned.
-pub const STALE_AFTER: Duration = Duration::from_secs(120);
+/// The holder renews the lock every `expiry / RENEWALS` (on a versioned bucket each renewal leaves a
+/// noncurrent version).
+const RENEWALS: u32 = 6;
 /// How often a waiter looks at the lock again.
 const POLL: Duration = Duration::from_secs(1);
 
 /// What the lock object says about its holder: enough to name it in a message and to prove, on the same
 /// host, that it no longer runs. Read from an object anyone with write access can edit: only these fields are
-/// taken, and a lock that does not parse is never taken over before [`STALE_AFTER`].
+/// taken, and a lock that does not parse is never taken over before the expiry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Holder {
@@ -123,6 +125,11 @@ pub enum LockError {
     Busy { shard: String, holder: String, waited: Duration },
     #[error("shard {shard}: the shard's lock was taken over by another run ({detail}); nothing was published")]
     Lost { shard: String, detail: String },
+    #[error(
+        "shard {shard}: the store took no renewal of the shard's lock for {unrenewed:?} (half its expiry); the run \
+         stopped before another run may take the lock over, and published nothing"
+    )]
+    Unrenewed { shard: String, unrenewed: Duration },
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -132,6 +139,9 @@ struct State {
     lost: Option<String>,
     /// Renewals written so far (the body's `renewals`).
     renewals: u64,
+    /// When the last write the store took (the take, a renewal) was sent, by our monotonic clock: no waiter
+    /// can have seen our current ETag earlier, so none takes over before this plus the expiry.
+    renewed: Instant,
 }
 
 /// The lock, held: renewed in the background until released or the last clone is dropped.
@@ -145,6 +155,9 @@ pub struct Held {
     /// wrote before it is no other run's work in progress.
     pub acquired: aws_smithy_types::DateTime,
     state: Arc<Mutex<State>>,
+    /// One renewal at a time (the renewer's and a confirmation): two puts on the same ETag would refuse one.
+    turn: Arc<tokio::sync::Mutex<()>>,
+    expiry: Duration,
     renewer: Arc<Renewer>,
 }
 
@@ -171,6 +184,7 @@ pub async fn acquire(
     waiting: impl Fn(&str),
 ) -> Result<Held, LockError> {
     let key = key(&store.prefix, shard);
+    let expiry = store.lock_expiry;
     let holder = Holder::this_process(command);
     let body = crate::json::object(&holder);
     let started = Instant::now();
@@ -178,9 +192,12 @@ pub async fn acquire(
     let mut seen: Option<(String, Instant)> = None;
     let mut told = false;
     let mut reread = false;
+    // When our last put of the lock was sent: a write of ours the store took was sent no earlier.
+    let mut sent = Instant::now();
     loop {
         let (written, description) = match store.get_versioned(&key).await? {
             None => {
+                sent = Instant::now();
                 let written = store.put_conditional(&key, body.clone(), Condition::Absent).await?;
                 if written.is_none() && !reread {
                     // Refused: another run got there first, or our own put took effect and lost its answer (the
@@ -205,7 +222,7 @@ pub async fn acquire(
                     let acquired = current
                         .last_modified
                         .unwrap_or_else(|| aws_smithy_types::DateTime::from(std::time::SystemTime::now()));
-                    return Ok(start(store, key, shard, holder, current.etag, acquired));
+                    return Ok(start(store, key, shard, holder, (current.etag, sent), acquired));
                 }
                 let released = other.as_ref().is_some_and(|h| h.released);
                 let gone = other.as_ref().is_some_and(Holder::is_provably_gone);
@@ -213,11 +230,12 @@ pub async fn acquire(
                     Some(h) => h.describe(),
                     None => "a lock object that does not parse".into(),
                 };
-                let written = if released || gone || since.elapsed() >= STALE_AFTER {
+                let written = if released || gone || since.elapsed() >= expiry {
                     if !released {
                         let why = if gone { "its process no longer runs" } else { "it was not renewed" };
                         tracing::warn!(shard, holder = description, "taking over the shard's lock: {why}");
                     }
+                    sent = Instant::now();
                     store.put_conditional(&key, body.clone(), Condition::Matches(&current.etag)).await?
                 } else {
                     None
@@ -233,7 +251,7 @@ pub async fn acquire(
                 let acquired = back
                     .last_modified
                     .unwrap_or_else(|| aws_smithy_types::DateTime::from(std::time::SystemTime::now()));
-                return Ok(start(store, key, shard, holder, back.etag, acquired));
+                return Ok(start(store, key, shard, holder, (back.etag, sent), acquired));
             }
             continue;
         }
@@ -253,21 +271,30 @@ fn start(
     key: String,
     shard: &str,
     holder: Holder,
-    etag: String,
+    (etag, renewed): (String, Instant),
     acquired: aws_smithy_types::DateTime,
 ) -> Held {
-    let state = Arc::new(Mutex::new(State { etag, lost: None, renewals: 0 }));
-    let (renew_store, renew_key, renew_state, renew_holder) =
-        (store.clone(), key.clone(), state.clone(), holder.clone());
-    let renewer = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(RENEW_EVERY).await;
-            if let Err(error) = renew(&renew_store, &renew_key, &renew_holder, &renew_state).await {
-                // Not lost, just not renewed: the next attempt or the confirmation decides.
-                tracing::warn!(key = renew_key, %error, "renewing the shard's lock failed; retrying");
-            }
-            if renew_state.lock().expect("lock state").lost.is_some() {
-                return;
+    let state = Arc::new(Mutex::new(State { etag, lost: None, renewals: 0, renewed }));
+    let turn = Arc::new(tokio::sync::Mutex::new(()));
+    let expiry = store.lock_expiry;
+    let renewer = tokio::spawn({
+        let (store, key, state, holder, turn) =
+            (store.clone(), key.clone(), state.clone(), holder.clone(), turn.clone());
+        async move {
+            // Renewals are sent every sixth of the expiry from the take's own put, however long each one (and
+            // the take's read-back) took to be answered.
+            let mut sent = renewed;
+            loop {
+                sent += expiry / RENEWALS;
+                tokio::time::sleep_until(sent.into()).await;
+                sent = sent.max(Instant::now());
+                if let Err(error) = renew(&store, &key, &holder, &state, &turn).await {
+                    // Not lost, just not renewed: the next attempt, the confirmation or the fence decides.
+                    tracing::warn!(key, %error, "renewing the shard's lock failed; retrying");
+                }
+                if state.lock().expect("lock state").lost.is_some() {
+                    return;
+                }
             }
         }
     });
@@ -278,13 +305,23 @@ fn start(
         holder,
         acquired,
         state,
+        turn,
+        expiry,
         renewer: Arc::new(Renewer(renewer)),
     }
 }
 
 /// One conditional rewrite of the lock with the next renewal count (a new body, so a new ETag); marks it lost
-/// when the store holds another version.
-async fn renew(store: &Store, key: &str, holder: &Holder, state: &Mutex<State>) -> Result<(), StorageError> {
+/// when the store holds another version. A refusal is read back first: a renewal that took effect but lost its
+/// answer meets its own new ETag on the SDK's retry.
+async fn renew(
+    store: &Store,
+    key: &str,
+    holder: &Holder,
+    state: &Mutex<State>,
+    turn: &tokio::sync::Mutex<()>,
+) -> Result<(), StorageError> {
+    let _turn = turn.lock().await;
     let (etag, renewals) = {
         let state = state.lock().expect("lock state");
         if state.lost.is_some() {
@@ -292,13 +329,25 @@ async fn renew(store: &Store, key: &str, holder: &Holder, state: &Mutex<State>) 
         }
         (state.etag.clone(), state.renewals + 1)
     };
-    let body = crate::json::object(&Holder { renewals, ..holder.clone() });
-    match store.put_conditional(key, body, Condition::Matches(&etag)).await? {
-        Some(next) => {
-            let mut state = state.lock().expect("lock state");
-            (state.etag, state.renewals) = (next, renewals);
-        }
-        None => state.lock().expect("lock state").lost = Some("its ETag changed".into()),
+    let sent = Instant::now();
+    let written = match store
+        .put_conditional(key, crate::json::object(&Holder { renewals, ..holder.clone() }), Condition::Matches(&etag))
+        .await?
+    {
+        Some(next) => Some(next),
+        None => store
+            .get_versioned(key)
+            .await?
+            .filter(|back| {
+                serde_json::from_slice::<Holder>(&back.body)
+                    .is_ok_and(|h| h.token == holder.token && h.renewals == renewals && !h.released)
+            })
+            .map(|back| back.etag),
+    };
+    let mut state = state.lock().expect("lock state");
+    match written {
+        Some(next) => (state.etag, state.renewals, state.renewed) = (next, renewals, sent),
+        None => state.lost = Some("its ETag changed".into()),
     }
     Ok(())
 }
@@ -307,10 +356,31 @@ impl Held {
     /// Proves the lock is still ours now (a conditional renewal): called before an upload is completed and
     /// before a manifest is written.
     pub async fn confirm(&self) -> Result<(), LockError> {
-        renew(&self.store, &self.key, &self.holder, &self.state).await?;
+        renew(&self.store, &self.key, &self.holder, &self.state, &self.turn).await?;
         match self.state.lock().expect("lock state").lost.clone() {
             None => Ok(()),
             Some(detail) => Err(LockError::Lost { shard: self.shard.clone(), detail }),
+        }
+    }
+
+    /// Resolves when the run under this lock must stop: the lock was found taken over, or the store has taken
+    /// no renewal for half the expiry (a waiter may take it over at the expiry; the run stops first, and its
+    /// requests in flight are dropped with it).
+    pub async fn fenced(&self) -> LockError {
+        let deadline = self.expiry / 2;
+        loop {
+            let (lost, renewed) = {
+                let state = self.state.lock().expect("lock state");
+                (state.lost.clone(), state.renewed)
+            };
+            if let Some(detail) = lost {
+                return LockError::Lost { shard: self.shard.clone(), detail };
+            }
+            let unrenewed = renewed.elapsed();
+            if unrenewed >= deadline {
+                return LockError::Unrenewed { shard: self.shard.clone(), unrenewed };
+            }
+            tokio::time::sleep((deadline - unrenewed).min(Duration::from_secs(1))).await;
         }
     }
 
@@ -329,7 +399,7 @@ impl Held {
             Ok(Some(_)) => {}
             Ok(None) => tracing::warn!(key = self.key, "the shard's lock was no longer ours at release; left alone"),
             Err(error) => {
-                tracing::warn!(key = self.key, %error, "releasing the shard's lock failed; it goes stale in {STALE_AFTER:?}")
+                tracing::warn!(key = self.key, %error, "releasing the shard's lock failed; it goes stale in {:?}", self.expiry)
             }
         }
     }

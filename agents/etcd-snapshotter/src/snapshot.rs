@@ -169,7 +169,11 @@ async fn take(
     }
     // In `pending` from now on: a shutdown that drops this run releases the lock in its abort hook.
     *pending.lock.lock().expect("pending lock") = Some(lock.clone());
-    let result = locked(config, shard, store, metrics, pending, &run, &lock).await;
+    // The run stops the moment its lock may no longer be its own (taken over, or unrenewed for half the expiry).
+    let result = tokio::select! {
+        result = locked(config, shard, store, metrics, pending, &run, &lock) => result,
+        fenced = lock.fenced() => Err(fenced.into()),
+    };
     drop(lock);
     pending.abort(store).await;
     result

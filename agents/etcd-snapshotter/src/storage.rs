@@ -126,6 +126,8 @@ pub struct Store {
     integrity: Integrity,
     /// Delete versions for good (`storage.deleteVersions`) rather than leave delete markers.
     delete_versions: bool,
+    /// How long the shard's lock outlives its holder (`storage.lockExpiry`).
+    pub lock_expiry: Duration,
 }
 
 /// The SDK's standard retry strategy with `attempts` attempts: exponential backoff with jitter, 500 ms to 10 s.
@@ -233,6 +235,7 @@ impl Store {
             retries,
             integrity: storage.integrity,
             delete_versions: storage.delete_versions,
+            lock_expiry: storage.lock_expiry,
         })
     }
 

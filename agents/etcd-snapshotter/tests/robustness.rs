@@ -50,6 +50,9 @@ const KEYS: u64 = 64;
 /// The deltas' interval; the recovery point allowed for a time point is a few of it.
 const INTERVAL: Duration = Duration::from_secs(1);
 const RPO: f64 = 4.0;
+/// The shard lock's expiry (`storage.lockExpiry`), short so that a one-shot contends for longer than it.
+const LOCK_EXPIRY: &str = "12s";
+const LOCK_EXPIRY_SECS: u64 = 12;
 /// The environment that runs a replica with its clock 30 s ahead: libfaketime preloaded (wall clock only; the
 /// monotonic clock, which times leases and locks, stays true).
 static CLOCK_AHEAD: std::sync::LazyLock<[(&str, String); 3]> = std::sync::LazyLock::new(|| {
@@ -430,6 +433,7 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
     options.cron = "* * * * *";
     options.keep_last = KEEP_LAST;
     options.attempt_timeout = "3s";
+    options.lock_expiry = LOCK_EXPIRY;
     // Deltas signed: every restore below also proves each delta is the agent's.
     let key = bed.path("delta-key");
     std::fs::write(&key, format!("robustness-seed-{seed}-{}", "k".repeat(32))).unwrap();
@@ -439,6 +443,13 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
     let second = SecondStore::start(&bed).await;
     let second_proxy = FaultProxy::start(&second.s3.endpoint).await.unwrap();
     second.configure(&config, &second_proxy.url, KEEP_LAST);
+    // A one-shot whose every request a proxy before the store's holds back (see `contend_for_the_lock`).
+    let slow_proxy = FaultProxy::start(&proxy.url).await.unwrap();
+    let slow_config = bed.path("slow-one-shot.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let slowed = text.replacen(&format!("endpoint: {}", proxy.url), &format!("endpoint: {}", slow_proxy.url), 1);
+    assert_ne!(text, slowed, "the one-shot's store is the proxy's");
+    std::fs::write(&slow_config, slowed).unwrap();
     let s3 = bed.s3.client();
     let s3_second = second.s3.client();
     let stores = [(&s3, &bed.s3.bucket, PREFIX), (&s3_second, &second.s3.bucket, SECOND_PREFIX)];
@@ -499,6 +510,7 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
         admin: client.clone(),
         proxy: &proxy,
         second_proxy: &second_proxy,
+        slow: (&slow_proxy, &slow_config),
         paused,
         idle,
         agents: &mut agents,
@@ -654,6 +666,8 @@ struct Rig<'a> {
     admin: etcd_client::Client,
     proxy: &'a FaultProxy,
     second_proxy: &'a FaultProxy,
+    /// A proxy before `proxy` and the configuration of a one-shot that goes through it.
+    slow: (&'a FaultProxy, &'a Path),
     /// Holds the traffic back while set.
     paused: Arc<AtomicBool>,
     /// Set by the traffic once it is held back with no operation in flight.
@@ -667,7 +681,7 @@ struct Rig<'a> {
 
 /// Applies one fault and heals it after its hold.
 async fn apply(step: &Step, rig: &mut Rig<'_>) {
-    let Rig { etcd, admin, proxy, second_proxy, paused, idle, agents, config, history, outages } = rig;
+    let Rig { etcd, admin, proxy, second_proxy, slow, paused, idle, agents, config, history, outages } = rig;
     match &step.kind {
         FaultKind::KillMember(i) => {
             etcd.kill_member(*i);
@@ -719,7 +733,7 @@ async fn apply(step: &Step, rig: &mut Rig<'_>) {
             agent.wait_ready(Duration::from_secs(60)).await.unwrap();
         }
         FaultKind::OneShot => {
-            one_shot(config).await;
+            contend_for_the_lock(*slow, config, agents).await;
             tokio::time::sleep(step.hold).await;
         }
         FaultKind::Nospace(i) => {
@@ -832,12 +846,57 @@ async fn apply(step: &Step, rig: &mut Rig<'_>) {
 
 /// `etcd-snapshotter snapshot` beside the daemons, contending for the shard's lock: it may wait and fail, but a
 /// live one never loses the lock.
-async fn one_shot(config: &Path) {
+/// A one-shot slowed down (its requests held 2.5 s, within the attempt timeout, its lock's half a second,
+/// its deletes not at all) takes the shard's lock a few seconds before the daemon's minutely tick and holds it for several expiries while renewing it: the tick's
+/// run and a second one-shot wait for it longer than the expiry, and neither takes it over (both one-shots
+/// exit 0; the never-two-uploads validator sees the rest).
+async fn contend_for_the_lock(
+    (slow_proxy, slow_config): (&FaultProxy, &Path),
+    config: &Path,
+    agents: &[testbed::agent_process::AgentProcess],
+) {
+    const WAITING: &str = "another run holds the shard's lock; waiting";
+    let waits = || agents.iter().map(|a| a.process.log().matches(WAITING).count()).sum::<usize>();
+    let before = waits();
+    // Eight seconds before a minute (the daemon's tick), at least five from now.
+    let now = unix_now();
+    let to_minute = 60.0 - now.rem_euclid(60.0);
+    let lead = if to_minute >= 13.0 { to_minute - 8.0 } else { to_minute + 52.0 };
+    tokio::time::sleep(Duration::from_secs_f64(lead)).await;
+    // Its lock's reads and writes are answered in half a second, so it renews in time; its other writes, reads
+    // and lists take 2.5 s (retention's deletes go through at once, or it would hold the lock for minutes).
+    for (method, path, ms) in
+        [("PUT", "run.lock", 500), ("GET", "run.lock", 500), ("PUT", "", 2500), ("POST", "", 2500), ("GET", "", 2500)]
+    {
+        slow_proxy.inject(method, path, Fault::Delay(Duration::from_millis(ms)), usize::MAX);
+    }
+    let slow = {
+        let slow_config = slow_config.to_path_buf();
+        tokio::spawn(async move { one_shot(&slow_config).await })
+    };
+    // Its lock is taken within its first few requests (about 4 s).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let contending = std::time::Instant::now();
+    let contender = one_shot(config).await;
+    let waited = contending.elapsed();
+    let slow = slow.await.unwrap();
+    slow_proxy.clear();
+    println!("one-shot contending with a slow one: waited {waited:?}; the daemon waited {} time(s)", waits() - before);
+    assert!(slow.success() && contender.success(), "both one-shots publish (exits {slow:?}, {contender:?})");
+    assert!(waited > Duration::from_secs(LOCK_EXPIRY_SECS), "the contention outlasts the lock's expiry: {waited:?}");
+    assert!(waits() > before, "the daemon's tick found the lock held and waited");
+}
+
+async fn one_shot(config: &Path) -> std::process::ExitStatus {
     let config = config.to_path_buf();
     let out =
         tokio::task::spawn_blocking(move || cli(&["snapshot", "--config", config.to_str().unwrap()])).await.unwrap();
-    println!("one-shot beside the daemon: exit {:?}", out.status.code());
+    match out.status.success() {
+        true => println!("one-shot beside the daemon: exit 0"),
+        false => println!("one-shot beside the daemon: {}", text(&out)),
+    }
     assert!(!text(&out).contains("lock was taken over"), "a live one-shot lost its lock: {}", text(&out));
+    out.status
 }
 
 /// Pairs of full-snapshot uploads (by upload id) whose requests overlap in time: two runs uploading at once.

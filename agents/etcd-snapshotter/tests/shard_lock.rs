@@ -1,6 +1,7 @@
 //! The shard's lock against a real versitygw: one holder at a time, a waiter that waits and then refuses with
 //! the holder named, a lock left by a process that no longer runs taken over at once, and a holder whose lock
-//! was taken over publishes nothing and never removes its successor's.
+//! was taken over publishes nothing and never removes its successor's; a renewing holder is never taken over
+//! however long a waiter waits, and a holder the store takes no renewal from stops before a waiter may take over.
 
 mod common;
 
@@ -12,7 +13,13 @@ use etcd_snapshotter::shard_lock::{self, Holder, LockError};
 use etcd_snapshotter::storage::Store;
 
 async fn store(bed: &Bed) -> Store {
-    let options = Options::new(bed, "root", vec!["http://127.0.0.1:1".into()]);
+    store_at(bed, &bed.s3.endpoint, "2m")
+}
+
+/// A store reached at `endpoint` (the bed's, or a fault proxy before it) whose lock expires after `expiry`.
+fn store_at(bed: &Bed, endpoint: &str, expiry: &str) -> Store {
+    let mut options = Options::new(bed, "root", vec!["http://127.0.0.1:1".into()]);
+    (options.s3_endpoint, options.lock_expiry, options.attempt_timeout) = (endpoint.into(), expiry, "3s");
     let config: Config = kcp_keeper_runtime::config::load(&write_config(bed, &options).unwrap()).unwrap();
     Store::new(&config.storage).unwrap()
 }
@@ -70,7 +77,7 @@ async fn every_renewal_changes_the_lock_objects_etag_so_a_waiter_never_reads_a_r
     let held = shard_lock::acquire(&store, "root", "run", Duration::ZERO, nothing).await.unwrap();
     let (s3, key) = (bed.s3.client(), shard_lock::key(&store.prefix, "root"));
     let etag = || async { s3.head_object().bucket(&bed.s3.bucket).key(&key).send().await.unwrap().e_tag.unwrap() };
-    // A waiter takes over a lock whose ETag stays the same for STALE_AFTER: each renewal must change it.
+    // A waiter takes over a lock whose ETag stays the same for the expiry: each renewal must change it.
     let mut seen = vec![etag().await];
     for _ in 0..3 {
         held.confirm().await.expect("still ours");
@@ -113,7 +120,7 @@ async fn a_lock_left_by_a_process_that_no_longer_runs_is_taken_over_at_once_and_
         .unwrap();
     let started = std::time::Instant::now();
     let taken = shard_lock::acquire(&store, "root", "snapshot", Duration::from_secs(30), nothing).await.unwrap();
-    assert!(started.elapsed() < shard_lock::STALE_AFTER, "taken over without waiting for staleness");
+    assert!(started.elapsed() < store.lock_expiry, "taken over without waiting for staleness");
 
     // A live holder on another host is never judged dead: it is waited for.
     let elsewhere = Holder { boot_id: Some("another-host".into()), ..holder };
@@ -159,4 +166,69 @@ async fn a_run_whose_first_lock_put_took_effect_but_lost_its_answer_holds_its_lo
     held.release().await;
     let again = shard_lock::acquire(&store, "root", "snapshot", Duration::ZERO, nothing).await.unwrap();
     again.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewing_holder_is_never_taken_over_by_a_waiter_contending_for_more_than_twice_the_expiry() {
+    let bed = Bed::start().await.unwrap();
+    let store = store_at(&bed, &bed.s3.endpoint, "6s");
+    let held = shard_lock::acquire(&store, "root", "run", Duration::ZERO, nothing).await.unwrap();
+    // Confirmations race the background renewals all along: one renewal at a time, or one would refuse the other.
+    let confirming = {
+        let held = held.clone();
+        tokio::spawn(async move {
+            for _ in 0..40 {
+                held.confirm().await?;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Ok::<_, LockError>(())
+        })
+    };
+    let waited = shard_lock::acquire(&store, "root", "snapshot", Duration::from_secs(15), nothing).await;
+    assert!(matches!(waited, Err(LockError::Busy { .. })), "the waiter took a renewing lock over");
+    confirming.await.unwrap().expect("the holder kept its lock throughout");
+    let fenced = tokio::time::timeout(Duration::from_secs(1), held.fenced()).await;
+    assert!(fenced.is_err(), "a renewing holder is not fenced: {:?}", fenced.map(|e| e.to_string()));
+    held.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewal_that_took_effect_but_lost_its_answer_keeps_the_lock_instead_of_reading_as_a_takeover() {
+    use testbed::fault_proxy::{Fault, FaultProxy};
+    let bed = Bed::start().await.unwrap();
+    let proxy = FaultProxy::start(&bed.s3.endpoint).await.unwrap();
+    let store = store_at(&bed, &proxy.url, "2m");
+    let held = shard_lock::acquire(&store, "root", "run", Duration::ZERO, nothing).await.unwrap();
+    proxy.inject("PUT", "run.lock", Fault::LoseAnswer, 1);
+    held.confirm().await.expect("the renewal took effect: the lock is still ours");
+    assert_eq!(proxy.injected().len(), 1, "the answer was lost once: {:?}", proxy.injected());
+    held.confirm().await.expect("and it renews on from there");
+    held.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_whose_renewals_the_store_does_not_take_stops_its_run_before_a_waiter_may_take_the_lock_over() {
+    use testbed::fault_proxy::{Fault, FaultProxy};
+    let bed = Bed::start().await.unwrap();
+    let proxy = FaultProxy::start(&bed.s3.endpoint).await.unwrap();
+    let holder_store = store_at(&bed, &proxy.url, "6s");
+    let held = shard_lock::acquire(&holder_store, "root", "run", Duration::ZERO, nothing).await.unwrap();
+    // From now on no write of the lock reaches the store through the holder's path (answers stall out).
+    proxy.inject("PUT", "run.lock", Fault::Stall(Duration::from_secs(5)), 1000);
+    let fence = {
+        let held = held.clone();
+        tokio::spawn(async move {
+            let error = held.fenced().await;
+            (error, std::time::Instant::now())
+        })
+    };
+    let waiter_store = store_at(&bed, &bed.s3.endpoint, "6s");
+    let taken = shard_lock::acquire(&waiter_store, "root", "snapshot", Duration::from_secs(60), nothing).await.unwrap();
+    let taken_at = std::time::Instant::now();
+    let (error, fenced_at) = fence.await.unwrap();
+    assert!(matches!(error, LockError::Unrenewed { .. }), "{error}");
+    assert!(error.to_string().contains("published nothing"), "{error}");
+    assert!(fenced_at < taken_at, "the holder stopped before the waiter took the lock over");
+    taken.release().await;
+    held.release().await;
 }

@@ -47,6 +47,11 @@ pub struct RawStorage {
     /// Go-style duration: how long one S3 request attempt may take.
     #[serde(default)]
     pub attempt_timeout: Option<Checked<GoDuration>>,
+    /// Go-style duration (default `2m`, 6s to 1h): how long the shard's lock
+    /// outlives its holder. The holder renews it every sixth of this and stops its run (its requests in flight
+    /// dropped) when half of it passed without a renewal the store took; a waiter takes over a lock left unrenewed this long.
+    #[serde(default)]
+    pub lock_expiry: Option<Checked<GoDuration>>,
     /// How the stored object is proven to be the bytes streamed before its manifest is written: `checksums`
     /// (the default: every part carries its SHA-256, which the store checks, and the completed object's
     /// checksum is compared with ours) or `readBack` (the object is downloaded and its sha256 compared with
@@ -170,6 +175,7 @@ pub struct Storage {
     pub max_attempts: u32,
     pub part_max_attempts: u32,
     pub attempt_timeout: Duration,
+    pub lock_expiry: Duration,
     pub integrity: Integrity,
     pub delete_versions: bool,
 }
@@ -211,6 +217,14 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
         "must be a positive Go duration like 2m",
         errors,
     );
+    let lock_expiry = duration_within(
+        raw.lock_expiry,
+        Duration::from_secs(6)..=Duration::from_secs(3600),
+        Duration::from_secs(120),
+        "storage.lockExpiry",
+        "must be a Go duration from 6s to 1h like 2m",
+        errors,
+    );
     let c = raw.credentials;
     let credentials = match (c.secret_directory, c.environment, c.web_identity) {
         (Some(dir), None, None) if dir.is_absolute() => Some(Credentials::SecretDirectory(dir)),
@@ -248,6 +262,7 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
         max_attempts: raw.max_attempts,
         part_max_attempts: raw.part_max_attempts,
         attempt_timeout,
+        lock_expiry,
         integrity: raw.integrity,
         delete_versions: raw.delete_versions,
     })

@@ -140,6 +140,8 @@ pub struct Options<'a> {
     pub retention_extra: &'a str,
     /// `storage.attemptTimeout`.
     pub attempt_timeout: &'a str,
+    /// `storage.lockExpiry`.
+    pub lock_expiry: &'a str,
     /// `deltaSigningKeyFile`, when set.
     pub delta_signing_key: Option<PathBuf>,
 }
@@ -161,6 +163,7 @@ impl<'a> Options<'a> {
             drills: None,
             retention_extra: "",
             attempt_timeout: "30s",
+            lock_expiry: "2m",
             delta_signing_key: None,
         }
     }
@@ -201,11 +204,12 @@ pub fn write_config(bed: &Bed, options: &Options) -> Result<PathBuf> {
         }
     }
     text.push_str(&format!(
-        "storage:\n  bucket: {}\n  prefix: {PREFIX}\n  endpoint: {}\n  region: {}\n  pathStyle: true\n  maxAttempts: 2\n  attemptTimeout: {}\n  credentials:\n    {}\n{}",
+        "storage:\n  bucket: {}\n  prefix: {PREFIX}\n  endpoint: {}\n  region: {}\n  pathStyle: true\n  maxAttempts: 2\n  attemptTimeout: {}\n  lockExpiry: {}\n  credentials:\n    {}\n{}",
         options.bucket,
         options.s3_endpoint,
         testbed::s3::REGION,
         options.attempt_timeout,
+        options.lock_expiry,
         match options.credentials {
             Some(credentials) => credentials.to_string(),
             None => format!("secretDirectory: {}", bed.secret_dir()?.display()),
