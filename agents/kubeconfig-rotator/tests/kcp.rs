@@ -1051,17 +1051,45 @@ async fn a_candidate_whose_group_lost_a_binding_is_refused_naming_the_missing_ri
     let bindings = Api::<ClusterRoleBinding>::all(kcp.clone());
     bindings.create(&PostParams::default(), &binding).await?;
 
+    let rights = "    - {verb: get, resource: configmaps, workspace: root}\n    - {verb: list, resource: configmaps, workspace: root}\n";
+    let delete = kube::api::DeleteParams::default();
+    let unbind = bindings.delete(&who, &delete);
+    let (agent, first, second) =
+        published_then_refused_once_unbound(&layout, &who, rights, unbind, "get configmaps in workspace root").await?;
+    let text = metrics(&agent).await;
+    for reason in ["refused", "wrong_identity", "unreachable"] {
+        let other = format!(
+            "kubeconfig_rotator_verification_failures_total{{kubeconfig=\"{KUBECONFIG}\",reason=\"{reason}\"}}"
+        );
+        assert_eq!(metric(&text, &other)?, 0.0, "{reason}: the identity itself still proves");
+    }
+    Api::<ClusterRole>::all(kcp).delete(&who, &Default::default()).await?;
+    testbed::assert_no_secret_material(&agent.process.log(), &[&first.key_pem, &second.key_pem]);
+    Ok(())
+}
+
+/// The rights scenario both rights tests share: a kubeconfig for `who` (user and group) holding `rights`
+/// (`verify.rights` lines) is published, never refused for a missing right; then `unbind` takes the grant away,
+/// and a longer-lived certificate for the same identity is refused with an Event naming `named`, the target
+/// keeping what it holds. Returns the agent and both credentials.
+async fn published_then_refused_once_unbound<E>(
+    layout: &Layout,
+    who: &str,
+    rights: &str,
+    unbind: impl std::future::Future<Output = Result<E, kube::Error>>,
+    named: &str,
+) -> Result<(testbed::agent_process::AgentProcess, Credential, Credential)> {
     let client_ca = &layout.kcp.pki.client_ca;
-    let first = client_ca.issue_client(&who, &[&who], HOUR * 24 * 365)?;
+    let first = client_ca.issue_client(who, &[who], HOUR * 24 * 365)?;
     let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
     sources
         .create(
             &PostParams::default(),
-            &secret("plain", &[("kubeconfig", kubeconfig_for(&layout, &first, &who).as_bytes())]),
+            &secret("plain", &[("kubeconfig", kubeconfig_for(layout, &first, who).as_bytes())]),
         )
         .await?;
     let config = layout.write_config(&format!(
-        "resyncInterval: 2s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {who}, groups: [{who}]}}\n  verify:\n    rights:\n    - {{verb: get, resource: configmaps, workspace: root}}\n    - {{verb: list, resource: configmaps, workspace: root}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}}}\n",
+        "resyncInterval: 2s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {who}, groups: [{who}]}}\n  verify:\n    rights:\n{rights}  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}}}\n",
         src = layout.src,
         dst = layout.dst,
     ))?;
@@ -1073,31 +1101,21 @@ async fn a_candidate_whose_group_lost_a_binding_is_refused_naming_the_missing_ri
         key(&layout.target().await?, TARGET_KEY).filter(|k| client_cert(k).serial == serial_of(&first))
     })
     .await;
-    assert_eq!(metric(&metrics(&agent).await, &series)?, 0.0, "the reason is exported at 0 from the start");
+    assert_eq!(metric(&metrics(&agent).await, &series)?, 0.0, "never refused for a missing right (exported at 0)");
 
-    // The group loses its binding; a new, longer-lived certificate for the same user and group is offered.
-    bindings.delete(&who, &Default::default()).await?;
-    let second = client_ca.issue_client(&who, &[&who], HOUR * 24 * 700)?;
-    let patch = json!({"data": {"kubeconfig": base64_encode(kubeconfig_for(&layout, &second, &who).as_bytes())}});
+    unbind.await?;
+    let second = client_ca.issue_client(who, &[who], HOUR * 24 * 700)?;
+    let patch = json!({"data": {"kubeconfig": base64_encode(kubeconfig_for(layout, &second, who).as_bytes())}});
     sources.patch("plain", &PatchParams::default(), &Patch::Merge(&patch)).await?;
     wait_for_metric(&agent, &series, "the candidate refused for a missing right", |v| v >= 1.0).await;
-    testbed::eventually(WAIT, "an Event naming the missing right and its workspace", || async {
+    testbed::eventually(WAIT, "an Event naming the missing right", || async {
         let notes = layout.events(&layout.src, "CandidateRejected").await;
-        notes.iter().any(|n| n.contains("get configmaps in workspace root")).then_some(())
+        notes.iter().any(|n| n.contains(named)).then_some(())
     })
     .await;
     let held = key(&layout.target().await.expect("target"), TARGET_KEY);
     assert_eq!(held.as_deref(), Some(&published[..]), "the target keeps what it holds");
-    let text = metrics(&agent).await;
-    for reason in ["refused", "wrong_identity", "unreachable"] {
-        let other = format!(
-            "kubeconfig_rotator_verification_failures_total{{kubeconfig=\"{KUBECONFIG}\",reason=\"{reason}\"}}"
-        );
-        assert_eq!(metric(&text, &other)?, 0.0, "{reason}: the identity itself still proves");
-    }
-    Api::<ClusterRole>::all(kcp).delete(&who, &Default::default()).await?;
-    testbed::assert_no_secret_material(&agent.process.log(), &[&first.key_pem, &second.key_pem]);
-    Ok(())
+    Ok((agent, first, second))
 }
 
 #[tokio::test]
@@ -1128,47 +1146,15 @@ async fn a_right_granted_by_a_rolebinding_in_one_namespace_on_one_name_is_proven
     let bindings = Api::<RoleBinding>::namespaced(kcp.clone(), &who);
     bindings.create(&PostParams::default(), &binding).await?;
 
-    let client_ca = &layout.kcp.pki.client_ca;
-    let first = client_ca.issue_client(&who, &[&who], HOUR * 24 * 365)?;
-    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
-    sources
-        .create(
-            &PostParams::default(),
-            &secret("plain", &[("kubeconfig", kubeconfig_for(&layout, &first, &who).as_bytes())]),
-        )
-        .await?;
-    let config = layout.write_config(&format!(
-        "resyncInterval: 2s\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {who}, groups: [{who}]}}\n  verify:\n    rights:\n    - {{verb: get, resource: configmaps, namespace: {who}, name: hub, workspace: root}}\n    - {{verb: list, resource: configmaps, namespace: {who}, workspace: root}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}}}\n",
-        src = layout.src,
-        dst = layout.dst,
-    ))?;
-    let agent = layout.start(&config).await?;
-    let series = format!(
-        "kubeconfig_rotator_verification_failures_total{{kubeconfig=\"{KUBECONFIG}\",reason=\"missing_right\"}}"
-    );
     // Asked without its namespace, or without its name, either right is denied: only asked where it is granted
-    // is the candidate published.
-    let published = testbed::eventually(WAIT, "the candidate holding its namespaced rights published", || async {
-        key(&layout.target().await?, TARGET_KEY).filter(|k| client_cert(k).serial == serial_of(&first))
-    })
-    .await;
-    assert_eq!(metric(&metrics(&agent).await, &series)?, 0.0, "never refused for a missing right");
-
-    // The RoleBinding goes; a longer-lived certificate for the same user and group is refused, naming the right
-    // with its namespace and name.
-    bindings.delete(&who, &Default::default()).await?;
-    let second = client_ca.issue_client(&who, &[&who], HOUR * 24 * 700)?;
-    let patch = json!({"data": {"kubeconfig": base64_encode(kubeconfig_for(&layout, &second, &who).as_bytes())}});
-    sources.patch("plain", &PatchParams::default(), &Patch::Merge(&patch)).await?;
-    wait_for_metric(&agent, &series, "the candidate refused for a missing right", |v| v >= 1.0).await;
+    // is the candidate published; once the RoleBinding goes, the refusal names the right with both.
+    let rights = format!(
+        "    - {{verb: get, resource: configmaps, namespace: {who}, name: hub, workspace: root}}\n    - {{verb: list, resource: configmaps, namespace: {who}, workspace: root}}\n"
+    );
     let named = format!("get configmaps named hub in namespace {who} in workspace root");
-    testbed::eventually(WAIT, "an Event naming the right with its namespace and name", || async {
-        let notes = layout.events(&layout.src, "CandidateRejected").await;
-        notes.iter().any(|n| n.contains(&named)).then_some(())
-    })
-    .await;
-    let held = key(&layout.target().await.expect("target"), TARGET_KEY);
-    assert_eq!(held.as_deref(), Some(&published[..]), "the target keeps what it holds");
+    let delete = kube::api::DeleteParams::default();
+    let unbind = bindings.delete(&who, &delete);
+    let (agent, first, second) = published_then_refused_once_unbound(&layout, &who, &rights, unbind, &named).await?;
     Api::<Namespace>::all(kcp).delete(&who, &Default::default()).await?;
     testbed::assert_no_secret_material(&agent.process.log(), &[&first.key_pem, &second.key_pem]);
     Ok(())
