@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod bed;
 mod child;
+mod docs;
 mod house;
 mod images;
 mod lanes;
@@ -72,7 +73,8 @@ enum Task {
     /// each and print their sizes.
     Images,
     /// Check the house rules of the product code (agents/, tools/): no two modules import each other, directly or
-    /// around a ring, and every agent has its role files; `test` runs it before clippy.
+    /// around a ring, and every agent has its role files; and the user docs link only to files and headings the
+    /// repository has and name no issue numbers (docs.rs); `test` runs it before clippy.
     House,
     /// Write the chart's values.schema.json and README.md from the agents' configuration types and
     /// values.yaml's comments (the chart's `schema` tests check that the committed files are these).
@@ -403,11 +405,21 @@ fn step_with(name: &str, work: impl FnOnce() -> Result<()>) -> Result<()> {
     Ok(())
 }
 
-/// The house rules (house.rs): no import circles in product code, every agent's role files; read from the
-/// sources in well under a second, so they fail before clippy's minutes.
+/// The house rules (house.rs, docs.rs): no import circles in product code, every agent's role files, the user
+/// docs' links and wording; read from the sources in well under a second, so they fail before clippy's minutes.
 fn house() -> Result<()> {
-    let name = "house (import circles, role files)";
-    step_with(name, || house::check(&images::workspace_root()).with_context(|| format!("{name} failed")))
+    let name = "house (import circles, role files, user docs)";
+    step_with(name, || {
+        let root = images::workspace_root();
+        let code = house::check(&root);
+        let docs = docs::check(&root);
+        match (code, docs) {
+            (Ok(()), Ok(())) => Ok(()),
+            (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
+            (Err(code), Err(docs)) => Err(anyhow::anyhow!("{code}; {docs}")),
+        }
+        .with_context(|| format!("{name} failed"))
+    })
 }
 
 #[cfg(test)]
