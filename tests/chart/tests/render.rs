@@ -443,22 +443,46 @@ fn tcp(ports: &[u16]) -> Vec<String> {
     ports.iter().map(|p| format!("{p}/TCP")).collect()
 }
 
-/// The default cluster DNS peer (kube-dns's pods in kube-system) and its ports.
+/// The default cluster DNS peers (kube-dns's pods in kube-system, node-local-dns's link-local address) and its
+/// ports.
 fn dns_rule() -> (Vec<String>, Value) {
     (
         vec!["53/UDP".into(), "53/TCP".into()],
         json!([{
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-        }]),
+        }, {"ipBlock": {"cidr": "169.254.20.10/32"}}]),
     )
+}
+
+/// The kcp namespace as a peer.
+fn kcp_ns() -> Value {
+    json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kcp-system"}}}])
+}
+
+/// `networkPolicy` on, with a peer named for every rule of [`all_agents`] and the doctor that needs one (the render
+/// fails without), and `extra`'s keys over them.
+fn policy_values(extra: Value) -> Value {
+    let mut np = json!({
+        "enabled": true,
+        "apiServer": {"to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}]},
+        "caSyncer": {"kcp": {"to": kcp_ns()}},
+        "kubeconfigRotator": {"kcp": {"to": kcp_ns()}},
+        "etcdSnapshotter": {"etcd": {"to": [{"podSelector": {"matchLabels": {"app": "etcd"}}}]},
+                            "s3": {"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}]}},
+        "doctor": {"kcp": {"to": kcp_ns()}},
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        np[k] = v.clone();
+    }
+    np
 }
 
 #[test]
 fn network_policies_are_off_by_default_one_per_enabled_agent_when_on_and_switchable_per_agent() -> Result<()> {
     assert!(policies(&documents(&template(&all_agents(), &[])?)?).is_empty(), "off by default");
     let mut values = all_agents();
-    values["networkPolicy"] = json!({"enabled": true});
+    values["networkPolicy"] = policy_values(json!({}));
     let objects = documents(&template(&values, &[])?)?;
     let names: Vec<_> = policies(&objects).iter().map(|p| p["metadata"]["name"].as_str().unwrap()).collect();
     let mut expected: Vec<String> = AGENTS.iter().map(|a| format!("kcp-keeper-{a}")).collect();
@@ -477,7 +501,9 @@ fn network_policies_are_off_by_default_one_per_enabled_agent_when_on_and_switcha
     let objects = documents(&template(&values, &[])?)?;
     let names: Vec<_> = policies(&objects).iter().map(|p| p["metadata"]["name"].clone()).collect();
     assert_eq!(names, [json!("kcp-keeper-dns-rewriter"), json!("kcp-keeper-kubeconfig-rotator")]);
-    let only = json!({"networkPolicy": {"kubeconfigRotator": {"enabled": true}}, "kubeconfigRotator": values["kubeconfigRotator"]});
+    let only = json!({"networkPolicy": {"apiServer": values["networkPolicy"]["apiServer"],
+                                        "kubeconfigRotator": {"enabled": true, "kcp": {"to": kcp_ns()}}},
+                      "kubeconfigRotator": values["kubeconfigRotator"]});
     let objects = documents(&template(&only, &[])?)?;
     let names: Vec<_> = policies(&objects).iter().map(|p| p["metadata"]["name"].clone()).collect();
     assert_eq!(names, [json!("kcp-keeper-kubeconfig-rotator")]);
@@ -488,7 +514,7 @@ fn network_policies_are_off_by_default_one_per_enabled_agent_when_on_and_switcha
 fn a_network_policy_admits_only_the_configured_scrapers_to_the_admin_port_and_nothing_when_none_is_configured()
 -> Result<()> {
     let mut values = all_agents();
-    values["networkPolicy"] = json!({"enabled": true});
+    values["networkPolicy"] = policy_values(json!({}));
     let objects = documents(&template(&values, &[])?)?;
     for policy in policies(&objects) {
         assert_eq!(policy["spec"]["ingress"], json!([]), "no scraper configured: no ingress at all");
@@ -529,7 +555,7 @@ fn network_policy_egress_is_the_apiserver_dns_and_the_peers_on_the_ports_each_ag
         "enabled": true,
         "apiServer": {"to": apiserver, "ports": [6443]},
         "caSyncer": {"kcp": {"to": kcp_pods}},
-        "kubeconfigRotator": {"kcp": {"ports": [8443, 6443]}},
+        "kubeconfigRotator": {"kcp": {"to": kcp_pods, "ports": [8443, 6443]}},
         "etcdSnapshotter": {"etcd": {"to": etcd_pods, "ports": [2379]}, "s3": {"to": s3_block}},
     });
     let objects = documents(&template(&values, &[])?)?;
@@ -541,8 +567,8 @@ fn network_policy_egress_is_the_apiserver_dns_and_the_peers_on_the_ports_each_ag
     // dns-rewriter: apiserver and DNS, and its verify.resolver's own address and port.
     let resolver = (vec!["53/UDP".into(), "53/TCP".into()], json!([{"ipBlock": {"cidr": "10.43.0.10/32"}}]));
     assert_eq!(policy("dns-rewriter"), [api.clone(), dns_rule(), resolver]);
-    // kubeconfig-rotator: its server's port, and the extra ones (6443 once), to any address (no `to` given).
-    assert_eq!(policy("kubeconfig-rotator"), [api.clone(), dns_rule(), (tcp(&[6443, 8443]), Value::Null)]);
+    // kubeconfig-rotator: its server's port, and the extra ones (6443 once).
+    assert_eq!(policy("kubeconfig-rotator"), [api.clone(), dns_rule(), (tcp(&[6443, 8443]), kcp_pods.clone())]);
     // etcd-snapshotter: every shard's endpoint ports (2379 once) to the etcd pods; S3's endpoint port to S3.
     assert_eq!(
         policy("etcd-snapshotter"),
@@ -552,10 +578,11 @@ fn network_policy_egress_is_the_apiserver_dns_and_the_peers_on_the_ports_each_ag
     // AWS (no endpoint) is 443, and webIdentity's STS is 443 too; an IPv6 resolver with its port is one /128.
     values["etcdSnapshotter"]["config"]["storage"].as_object_mut().unwrap().remove("endpoint");
     values["dnsRewriter"]["config"]["verify"]["resolver"] = json!("[fd00::10]:5353");
-    values["networkPolicy"]["extraEgress"] = json!([{"ports": [{"port": 4317, "protocol": "TCP"}]}]);
+    let collector = json!([{"ipBlock": {"cidr": "198.51.100.7/32"}}]);
+    values["networkPolicy"]["extraEgress"] = json!([{"to": collector, "ports": [{"port": 4317, "protocol": "TCP"}]}]);
     let objects = documents(&template(&values, &[])?)?;
     let policy = |agent: &str| egress(find(&objects, "NetworkPolicy", &format!("kcp-keeper-{agent}")).unwrap());
-    let extra = (tcp(&[4317]), Value::Null);
+    let extra = (tcp(&[4317]), collector);
     let s3 = policy("etcd-snapshotter");
     assert_eq!(s3[3], (tcp(&[443]), s3_block), "{s3:?}");
     assert_eq!(s3[4], extra, "extraEgress goes to every agent");
@@ -680,7 +707,7 @@ fn the_doctor_reads_every_replica_through_headless_services_the_service_monitor_
     let mut values = all_agents();
     values["doctor"] = doctor_on()["doctor"].clone();
     values["networkPolicy"] =
-        json!({"enabled": true, "metrics": {"podSelector": {"matchLabels": {"app": "prometheus"}}}});
+        policy_values(json!({"metrics": {"podSelector": {"matchLabels": {"app": "prometheus"}}}}));
     let objects = documents(&template(&values, &[])?)?;
     let c = &find(&objects, "Deployment", "kcp-keeper-doctor").unwrap()["spec"]["template"]["spec"]["containers"][0];
     let env = env_of(c);
@@ -821,12 +848,11 @@ fn the_doctors_network_policy_allows_the_apiserver_dns_the_agents_metrics_kcp_an
     let off = documents(&template(&values, &[])?)?;
     assert!(find(&off, "NetworkPolicy", "kcp-keeper-doctor").is_none(), "off with networkPolicy.enabled false");
     let kcp = json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kcp-system"}}}]);
-    values["networkPolicy"] = json!({
-        "enabled": true,
+    values["networkPolicy"] = policy_values(json!({
         "metrics": {"podSelector": {"matchLabels": {"app": "prometheus"}}},
         "apiServer": {"to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}], "ports": [6443]},
         "doctor": {"kcp": {"to": kcp, "ports": [6443, 8443]}},
-    });
+    }));
     let objects = documents(&template(&values, &[])?)?;
     let policy = find(&objects, "NetworkPolicy", "kcp-keeper-doctor").expect("the doctor's policy");
     let pod = &find(&objects, "Deployment", "kcp-keeper-doctor").unwrap()["spec"]["selector"]["matchLabels"];
@@ -842,26 +868,29 @@ fn the_doctors_network_policy_allows_the_apiserver_dns_the_agents_metrics_kcp_an
         .collect();
     let mut agents_sorted = agents.clone();
     agents_sorted.sort_by_key(|v| v.to_string());
-    let mut got = egress(policy);
-    // The agents' rule lists them in the chart's order; compare as a set.
-    for rule in got.iter_mut() {
-        if let Some(to) = rule.1.as_array_mut() {
-            to.sort_by_key(|v| v.to_string());
+    // The agents' rule lists them in the chart's order; compare the peers of each rule as a set.
+    let as_sets = |mut rules: Vec<(Vec<String>, Value)>| {
+        for rule in rules.iter_mut() {
+            if let Some(to) = rule.1.as_array_mut() {
+                to.sort_by_key(|v| v.to_string());
+            }
         }
-    }
+        rules
+    };
+    let got = as_sets(egress(policy));
     let udp_tcp = |ip: &str, port: u16| -> (Vec<String>, Value) {
         (vec![format!("{port}/UDP"), format!("{port}/TCP")], json!([{"ipBlock": {"cidr": ip}}]))
     };
     assert_eq!(
         got,
-        [
+        as_sets(vec![
             (tcp(&[6443]), json!([{"ipBlock": {"cidr": "10.0.0.10/32"}}])),
             dns_rule(),
             (tcp(&[9090]), Value::Array(agents_sorted)),
             (tcp(&[6443, 8443]), kcp),
             udp_tcp("10.43.0.10/32", 53),
             udp_tcp("169.254.20.10/32", 53),
-        ]
+        ])
     );
     // Without the Verify checks, no kcp and no resolvers; its own switch wins over the global one.
     values["doctor"]["verify"] = json!({"enabled": false});
@@ -871,8 +900,292 @@ fn the_doctors_network_policy_allows_the_apiserver_dns_the_agents_metrics_kcp_an
     let objects = documents(&template(&values, &[])?)?;
     assert!(find(&objects, "NetworkPolicy", "kcp-keeper-doctor").is_none());
     assert!(find(&objects, "NetworkPolicy", "kcp-keeper-ca-syncer").is_some(), "the agents' stay");
-    values["networkPolicy"] = json!({"enabled": false, "doctor": {"enabled": true}});
+    values["networkPolicy"] = json!({"enabled": false, "apiServer": values["networkPolicy"]["apiServer"],
+                                     "doctor": {"enabled": true, "kcp": {"to": kcp_ns()}}});
     let objects = documents(&template(&values, &[])?)?;
     assert_eq!(policies(&objects).len(), 1, "the doctor's alone");
+    Ok(())
+}
+
+/// A connection a pod of the release opens: to `ip` (and, when the destination is a pod, its namespace's and its
+/// own labels) on `port`/`protocol`.
+struct Dest {
+    ip: std::net::IpAddr,
+    pod: Option<(Value, Value)>,
+    port: u16,
+    protocol: &'static str,
+}
+
+fn dest(ip: &str, port: u16, protocol: &'static str) -> Dest {
+    Dest { ip: ip.parse().unwrap(), pod: None, port, protocol }
+}
+
+/// A label selector's verdict on `labels` (matchLabels, and matchExpressions with In, NotIn, Exists, DoesNotExist).
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let labels_ok = selector["matchLabels"].as_object().is_none_or(|m| m.iter().all(|(k, v)| &labels[k] == v));
+    let exprs_ok = selector["matchExpressions"].as_array().is_none_or(|es| {
+        es.iter().all(|e| {
+            let (key, values) = (e["key"].as_str().unwrap(), e["values"].as_array().cloned().unwrap_or_default());
+            match e["operator"].as_str().unwrap() {
+                "In" => values.contains(&labels[key]),
+                "NotIn" => !values.contains(&labels[key]),
+                "Exists" => !labels[key].is_null(),
+                "DoesNotExist" => labels[key].is_null(),
+                op => panic!("operator {op}"),
+            }
+        })
+    });
+    labels_ok && exprs_ok
+}
+
+fn in_cidr(cidr: &str, ip: std::net::IpAddr) -> bool {
+    let (net, prefix) = cidr.split_once('/').unwrap();
+    let (net, prefix): (std::net::IpAddr, u32) = (net.parse().unwrap(), prefix.parse().unwrap());
+    let bits = |a: std::net::IpAddr| match a {
+        std::net::IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
+        std::net::IpAddr::V6(a) => (u128::from(a), 128),
+    };
+    let ((n, width), (i, iwidth)) = (bits(net), bits(ip));
+    if width != iwidth {
+        return false;
+    }
+    prefix == 0 || (n >> (width - prefix)) == (i >> (width - prefix))
+}
+
+/// Whether `policy`'s egress lets the connection out, read as Kubernetes defines it: a rule matches when one of
+/// its ports does (none: every port; protocol TCP unless named) and one of its peers does (none: any address).
+fn allows(policy: &Value, d: &Dest) -> bool {
+    let namespace = &policy["metadata"]["namespace"];
+    policy["spec"]["egress"].as_array().unwrap().iter().any(|rule| {
+        let port_ok = rule["ports"].as_array().is_none_or(|ps| {
+            ps.is_empty()
+                || ps.iter().any(|p| {
+                    let protocol = p["protocol"].as_str().unwrap_or("TCP");
+                    let (from, to) =
+                        (p["port"].as_u64().unwrap(), p["endPort"].as_u64().unwrap_or(p["port"].as_u64().unwrap()));
+                    protocol == d.protocol && (from..=to).contains(&u64::from(d.port))
+                })
+        });
+        let peer_ok = rule["to"].as_array().is_none_or(|peers| {
+            peers.is_empty()
+                || peers.iter().any(|peer| {
+                    if let Some(block) = peer.get("ipBlock") {
+                        let except = block["except"].as_array().cloned().unwrap_or_default();
+                        return in_cidr(block["cidr"].as_str().unwrap(), d.ip)
+                            && !except.iter().any(|e| in_cidr(e.as_str().unwrap(), d.ip));
+                    }
+                    let Some((ns_labels, pod_labels)) = &d.pod else { return false };
+                    let ns_ok = match peer.get("namespaceSelector") {
+                        Some(sel) => selects(sel, ns_labels),
+                        None => &ns_labels["kubernetes.io/metadata.name"] == namespace,
+                    };
+                    ns_ok && peer.get("podSelector").is_none_or(|sel| selects(sel, pod_labels))
+                })
+        });
+        port_ok && peer_ok
+    })
+}
+
+/// Every agent and the doctor, with both stores (the second one's credentials through web identity) and
+/// [`policy_values`] naming the second store's and STS's peers too.
+fn every_policy_values() -> Value {
+    let mut values = all_agents();
+    values["doctor"] = doctor_on()["doctor"].clone();
+    values["etcdSnapshotter"]["config"]["secondary"] = json!({
+        "storage": {"bucket": "offsite", "endpoint": "https://s3.eu-central-1.example.net", "region": "eu-central-1",
+                    "credentials": {"webIdentity": {"roleArn": "arn:aws:iam::1:role/x", "tokenFile": "/var/run/secrets/token"}}},
+        "retention": {"keepLast": 3},
+    });
+    values["networkPolicy"] = policy_values(json!({}));
+    values["networkPolicy"]["etcdSnapshotter"]["secondary"] = json!({"to": [{"ipBlock": {"cidr": "203.0.113.0/28"}}]});
+    values["networkPolicy"]["etcdSnapshotter"]["sts"] = json!({"to": [{"ipBlock": {"cidr": "198.51.100.64/26"}}]});
+    values
+}
+
+/// The defaults allow nothing beyond what the values name: every egress rule of every policy (each agent's and the
+/// doctor's, both stores and STS configured) lists its peers, none of them anywhere, and an address no value names
+/// is refused on 443 and 6443 from every pod.
+#[test]
+fn with_the_required_peers_named_every_egress_rule_lists_its_peers_and_an_unnamed_address_is_refused_on_443_and_6443()
+-> Result<()> {
+    let objects = documents(&template(&every_policy_values(), &[])?)?;
+    let all = policies(&objects);
+    assert_eq!(all.len(), 5, "four agents and the doctor");
+    for policy in &all {
+        let name = &policy["metadata"]["name"];
+        for rule in policy["spec"]["egress"].as_array().unwrap() {
+            let to = rule["to"].as_array().map_or(0, Vec::len);
+            assert!(to > 0, "{name}: a rule without peers is any address: {rule}");
+            assert!(!rule["ports"].as_array().is_none_or(Vec::is_empty), "{name}: a rule without ports: {rule}");
+        }
+        for ip in ["203.0.113.200", "8.8.8.8", "2001:db8::1"] {
+            for port in [443, 6443] {
+                assert!(!allows(policy, &dest(ip, port, "TCP")), "{name} lets {ip}:{port} out");
+            }
+        }
+        // And the kcp-keeper doctor's own rule finds nothing to warn on.
+        let parsed: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value((*policy).clone())?;
+        let lines = kcp_keeper_doctor::rules::network_policy::judge("kcp-keeper", &[parsed]);
+        assert_eq!(lines[0].result, kcp_keeper_doctor::verdict::Level::Ok, "{name}: {lines:?}");
+    }
+    Ok(())
+}
+
+/// DNS goes to the cluster DNS pods and to node-local-dns's addresses (`networkPolicy.dns.nodeLocalDns`, default
+/// its link-local 169.254.20.10), on 53 over UDP and TCP, from every policy; nowhere else on 53.
+#[test]
+fn dns_is_allowed_to_the_kube_dns_pods_and_to_each_configured_node_local_dns_address_from_every_policy() -> Result<()> {
+    let kube_dns = |port, protocol| Dest {
+        ip: "10.42.0.5".parse().unwrap(),
+        pod: Some((json!({"kubernetes.io/metadata.name": "kube-system"}), json!({"k8s-app": "kube-dns"}))),
+        port,
+        protocol,
+    };
+    let mut values = every_policy_values();
+    let objects = documents(&template(&values, &[])?)?;
+    for policy in policies(&objects) {
+        let name = &policy["metadata"]["name"];
+        for protocol in ["UDP", "TCP"] {
+            assert!(allows(policy, &kube_dns(53, protocol)), "{name}: kube-dns {protocol}");
+            assert!(allows(policy, &dest("169.254.20.10", 53, protocol)), "{name}: node-local-dns {protocol}");
+            assert!(!allows(policy, &dest("169.254.20.11", 53, protocol)), "{name}: another link-local address");
+            assert!(!allows(policy, &dest("8.8.8.8", 53, protocol)), "{name}: a public resolver");
+        }
+        assert!(!allows(policy, &kube_dns(8080, "TCP")), "{name}: kube-dns pods on another port");
+        assert!(!allows(policy, &dest("169.254.20.10", 443, "TCP")), "{name}: node-local-dns on 443");
+    }
+    // iptables mode binds the cluster DNS Service's ClusterIP too; an IPv6 address is a /128.
+    values["networkPolicy"]["dns"] = json!({"nodeLocalDns": ["169.254.20.10", "10.96.0.10", "fd00::a"]});
+    let objects = documents(&template(&values, &[])?)?;
+    for policy in policies(&objects) {
+        let name = &policy["metadata"]["name"];
+        for ip in ["169.254.20.10", "10.96.0.10", "fd00::a"] {
+            assert!(allows(policy, &dest(ip, 53, "UDP")), "{name}: {ip}");
+        }
+        assert!(!allows(policy, &dest("fd00::b", 53, "UDP")), "{name}: only that /128");
+        assert!(allows(policy, &kube_dns(53, "UDP")), "{name}: the pods stay");
+    }
+    // Without node-local-dns (in the DNS rule, and among the doctor's split-horizon resolvers), only the pods.
+    values["networkPolicy"]["dns"] = json!({"nodeLocalDns": []});
+    values["doctor"]["verify"]["nodeLocalDns"] = json!([]);
+    let objects = documents(&template(&values, &[])?)?;
+    for policy in policies(&objects) {
+        assert!(!allows(policy, &dest("169.254.20.10", 53, "UDP")), "{}", policy["metadata"]["name"]);
+        assert!(allows(policy, &kube_dns(53, "UDP")));
+    }
+    Ok(())
+}
+
+/// etcd-snapshotter's second store (`secondary.storage.endpoint`'s port, to `networkPolicy.etcdSnapshotter.secondary`)
+/// and STS (443, to `.sts`, when either store uses web identity) are let out when configured, and not otherwise.
+#[test]
+fn the_second_store_and_sts_are_allowed_when_configured_and_refused_when_not() -> Result<()> {
+    let snapshotter = |values: &Value| -> Result<Value> {
+        let objects = documents(&template(values, &[])?)?;
+        Ok(find(&objects, "NetworkPolicy", "kcp-keeper-etcd-snapshotter").unwrap().clone())
+    };
+    let (second, sts, primary) =
+        (dest("203.0.113.5", 443, "TCP"), dest("198.51.100.70", 443, "TCP"), dest("192.0.2.9", 7070, "TCP"));
+    let mut values = every_policy_values();
+    let p = snapshotter(&values)?;
+    assert!(allows(&p, &second) && allows(&p, &sts) && allows(&p, &primary));
+    assert!(!allows(&p, &dest("203.0.113.5", 7070, "TCP")), "the second store on its own port only");
+    assert!(!allows(&p, &dest("198.51.100.70", 6443, "TCP")), "STS on 443 only");
+    // A second store with its own port, static credentials: no STS.
+    values["etcdSnapshotter"]["config"]["secondary"]["storage"]["endpoint"] = json!("http://minio.backup.example:9000");
+    values["etcdSnapshotter"]["config"]["secondary"]["storage"]["credentials"] =
+        json!({"secretDirectory": "/var/run/secrets/etcd-snapshotter/s3-secondary"});
+    values["etcdSnapshotter"]["secondaryS3Credentials"] = json!({"existingSecret": "offsite-s3"});
+    let p = snapshotter(&values)?;
+    assert!(allows(&p, &dest("203.0.113.5", 9000, "TCP")) && !allows(&p, &second));
+    assert!(!allows(&p, &sts), "no web identity, no STS");
+    // Web identity on the primary store alone: STS again.
+    values["etcdSnapshotter"]["config"]["storage"]["credentials"] =
+        json!({"webIdentity": {"roleArn": "arn:aws:iam::1:role/x", "tokenFile": "/var/run/secrets/token"}});
+    assert!(allows(&snapshotter(&values)?, &sts));
+    // No second store: its peers are not let out even though the value names them.
+    values["etcdSnapshotter"]["config"].as_object_mut().unwrap().remove("secondary");
+    values["etcdSnapshotter"].as_object_mut().unwrap().remove("secondaryS3Credentials");
+    let p = snapshotter(&values)?;
+    assert!(!allows(&p, &dest("203.0.113.5", 9000, "TCP")) && !allows(&p, &second));
+    Ok(())
+}
+
+/// A rule that needs peers and has none fails the render naming the value (an empty `to` is any address), for the
+/// apiserver, each agent's peers, the second store, STS, the doctor's kcp and `extraEgress`.
+#[test]
+fn a_rule_whose_peers_are_not_named_fails_the_render_naming_the_value() {
+    type Break = fn(&mut Value);
+    let cases: [(&str, Break); 9] = [
+        ("networkPolicy.apiServer.to", |v| v["networkPolicy"]["apiServer"]["to"] = json!([])),
+        ("networkPolicy.caSyncer.kcp.to", |v| v["networkPolicy"]["caSyncer"]["kcp"]["to"] = json!([])),
+        ("networkPolicy.kubeconfigRotator.kcp.to", |v| {
+            v["networkPolicy"]["kubeconfigRotator"]["kcp"]["to"] = json!([])
+        }),
+        ("networkPolicy.etcdSnapshotter.etcd.to", |v| v["networkPolicy"]["etcdSnapshotter"]["etcd"]["to"] = json!([])),
+        ("networkPolicy.etcdSnapshotter.s3.to", |v| v["networkPolicy"]["etcdSnapshotter"]["s3"]["to"] = json!([])),
+        ("networkPolicy.etcdSnapshotter.secondary.to", |v| {
+            v["networkPolicy"]["etcdSnapshotter"]["secondary"]["to"] = json!([])
+        }),
+        ("networkPolicy.etcdSnapshotter.sts.to", |v| v["networkPolicy"]["etcdSnapshotter"]["sts"]["to"] = json!([])),
+        ("networkPolicy.doctor.kcp.to", |v| v["networkPolicy"]["doctor"]["kcp"]["to"] = json!([])),
+        ("networkPolicy.extraEgress[1]", |v| {
+            v["networkPolicy"]["extraEgress"] =
+                json!([{"to": [{"ipBlock": {"cidr": "198.51.100.7/32"}}]}, {"ports": [{"port": 443}]}])
+        }),
+    ];
+    for (value, break_it) in cases {
+        let mut values = every_policy_values();
+        break_it(&mut values);
+        let e = template(&values, &[]).expect_err(value).to_string();
+        assert!(e.contains(value) && e.contains("any address"), "{value}: {e}");
+    }
+}
+
+/// "Anywhere" is a value spelled out: `0.0.0.0/0` or `::/0` renders as written, the doctor is told to read the
+/// release's policies (and may list them, nothing more), and its `network-policy` rule warns on exactly those.
+#[test]
+fn anywhere_spelled_out_renders_and_the_doctor_lists_the_policies_and_warns_on_it() -> Result<()> {
+    let mut values = every_policy_values();
+    values["networkPolicy"]["apiServer"]["to"] =
+        json!([{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]);
+    let objects = documents(&template(&values, &[])?)?;
+    let mut warned = Vec::new();
+    for policy in policies(&objects) {
+        assert!(
+            allows(policy, &dest("203.0.113.200", 6443, "TCP")) && allows(policy, &dest("2001:db8::1", 443, "TCP"))
+        );
+        let parsed: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(policy.clone())?;
+        let line = kcp_keeper_doctor::rules::network_policy::judge("kcp-keeper", &[parsed]).remove(0);
+        assert_eq!(line.result, kcp_keeper_doctor::verdict::Level::Warn, "{line:?}");
+        assert!(line.saw.contains("0.0.0.0/0, ::/0 on 443, 6443"), "{}", line.saw);
+        warned.push(line.subject);
+    }
+    assert_eq!(warned.len(), 5, "every policy carries the apiserver rule: {warned:?}");
+    let doctor =
+        &find(&objects, "Deployment", "kcp-keeper-doctor").unwrap()["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env_of(doctor).get("KCP_KEEPER_DOCTOR_NETWORK_POLICIES").map(String::as_str), Some("kcp-keeper"));
+    let role = objects
+        .iter()
+        .find(|o| {
+            o["kind"] == "Role"
+                && o["metadata"]["name"] == "kcp-keeper-doctor"
+                && o["metadata"]["namespace"] == "kcp-keeper"
+        })
+        .expect("the doctor's Role in the release namespace");
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list"]}]),
+        "list on NetworkPolicies, nothing else there"
+    );
+    // Without any policy rendered, neither the flag nor the grant.
+    values["networkPolicy"]["enabled"] = json!(false);
+    let objects = documents(&template(&values, &[])?)?;
+    let doctor =
+        &find(&objects, "Deployment", "kcp-keeper-doctor").unwrap()["spec"]["template"]["spec"]["containers"][0];
+    assert!(!env_of(doctor).contains_key("KCP_KEEPER_DOCTOR_NETWORK_POLICIES"));
+    assert!(!objects.iter().any(|o| o["kind"] == "Role"
+        && o["metadata"]["namespace"] == "kcp-keeper"
+        && o["metadata"]["name"] == "kcp-keeper-doctor"));
     Ok(())
 }

@@ -99,6 +99,10 @@ pub struct Doctor {
     /// are not routed).
     #[arg(long, env = "KCP_KEEPER_DOCTOR_VIA_ENDPOINTS")]
     pub via_endpoints: bool,
+    /// A namespace whose NetworkPolicies labelled app.kubernetes.io/part-of=kcp-keeper are read: warn on an
+    /// egress rule that reaches any address (no `to`, 0.0.0.0/0, ::/0) on 443 or 6443.
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_NETWORK_POLICIES")]
+    pub network_policies: Option<String>,
     /// Warn when a certificate has less than this many days left.
     #[arg(long, env = "KCP_KEEPER_DOCTOR_WARN_DAYS", default_value_t = 30)]
     pub warn_days: u32,
@@ -135,6 +139,7 @@ impl Doctor {
             cluster_dns: self.cluster_dns,
             node_local_dns: self.node_local_dns.clone(),
             via_endpoints: self.via_endpoints,
+            network_policies: self.network_policies.clone(),
             margins: Margins {
                 warn_secs: i64::from(self.warn_days) * 86400,
                 fail_secs: i64::from(self.fail_days) * 86400,

@@ -53,6 +53,17 @@ pub async fn run(client: &kube::Client, options: &Options) -> Report {
         ));
     }
     checks.extend(agent_checks(options, now as f64).await);
+    if let Some(namespace) = &options.network_policies {
+        checks.extend(match read::network_policies(client, namespace).await {
+            Ok(policies) => rules::network_policy::judge(namespace, &policies),
+            Err(e) => vec![Verdict::fail(
+                rules::network_policy::CHECK,
+                format!("networkpolicies in {namespace}"),
+                format!("{e:#}"),
+                "check --network-policies and the doctor's RBAC (list networkpolicies there)",
+            )],
+        });
+    }
     checks.extend(expiry_metrics(options, now).await);
     Report { checks }
 }
@@ -285,6 +296,7 @@ mod tests {
             rules::expiry::CA,
             rules::feature_gates::CHECK,
             rules::dns_rules::CHECK,
+            rules::network_policy::CHECK,
             "read",
         ];
         for check in checks {

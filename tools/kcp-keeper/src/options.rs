@@ -156,6 +156,8 @@ pub struct Options {
     pub node_local_dns: Vec<IpAddr>,
     /// Reach the Services' ready endpoints instead of their ClusterIPs (where ClusterIPs are not routed).
     pub via_endpoints: bool,
+    /// The namespace whose kcp-keeper NetworkPolicies are checked for egress to any address on 443 and 6443.
+    pub network_policies: Option<String>,
     pub margins: Margins,
 }
 
@@ -180,6 +182,7 @@ impl Default for Options {
             cluster_dns: None,
             node_local_dns: Vec::new(),
             via_endpoints: false,
+            network_policies: None,
             margins: Margins::default(),
         }
     }

@@ -136,3 +136,18 @@ pub async fn deployment_image(client: &kube::Client, r: &crate::options::ObjectR
     };
     (subject, image)
 }
+
+/// The NetworkPolicies of `namespace` that the chart rendered (labelled [`SELECTOR`]).
+///
+/// [`SELECTOR`]: crate::rules::network_policy::SELECTOR
+pub async fn network_policies(
+    client: &kube::Client,
+    namespace: &str,
+) -> Result<Vec<k8s_openapi::api::networking::v1::NetworkPolicy>> {
+    let api = Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(client.clone(), namespace);
+    let list = api
+        .list(&ListParams::default().labels(crate::rules::network_policy::SELECTOR))
+        .await
+        .with_context(|| format!("listing NetworkPolicies in {namespace}"))?;
+    Ok(list.items)
+}

@@ -7,6 +7,7 @@ pub mod etcd_spread;
 pub mod expiry;
 pub mod feature_gates;
 pub mod images;
+pub mod network_policy;
 pub mod oidc;
 pub mod pairing;
 pub mod restore;
