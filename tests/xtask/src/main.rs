@@ -14,6 +14,7 @@ mod docs;
 mod house;
 mod images;
 mod lanes;
+mod release;
 mod prereqs;
 
 #[derive(Parser)]
@@ -74,7 +75,8 @@ enum Task {
     Images,
     /// Check the house rules of the product code (agents/, tools/): no two modules import each other, directly or
     /// around a ring, and every agent has its role files; and the user docs link only to files and headings the
-    /// repository has and name no issue numbers (docs.rs); `test` runs it before clippy.
+    /// repository has and name no issue numbers (docs.rs); and the workspace, the chart and CHANGELOG.md name one
+    /// version (release.rs); `test` runs it before clippy.
     House,
     /// Write the chart's values.schema.json and README.md from the agents' configuration types and
     /// values.yaml's comments (the chart's `schema` tests check that the committed files are these).
@@ -405,18 +407,19 @@ fn step_with(name: &str, work: impl FnOnce() -> Result<()>) -> Result<()> {
     Ok(())
 }
 
-/// The house rules (house.rs, docs.rs): no import circles in product code, every agent's role files, the user
-/// docs' links and wording; read from the sources in well under a second, so they fail before clippy's minutes.
+/// The house rules (house.rs, docs.rs, release.rs): no import circles in product code, every agent's role files,
+/// the user docs' links and wording, one version for the workspace, the chart and the changelog; read from the sources in well under a second, so they fail before clippy's minutes.
 fn house() -> Result<()> {
-    let name = "house (import circles, role files, user docs)";
+    let name = "house (import circles, role files, user docs, release versions)";
     step_with(name, || {
         let root = images::workspace_root();
-        let code = house::check(&root);
-        let docs = docs::check(&root);
-        match (code, docs) {
-            (Ok(()), Ok(())) => Ok(()),
-            (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
-            (Err(code), Err(docs)) => Err(anyhow::anyhow!("{code}; {docs}")),
+        let failed: Vec<String> = [house::check(&root), docs::check(&root), release::check(&root)]
+            .into_iter()
+            .filter_map(|result| result.err().map(|e| format!("{e:#}")))
+            .collect();
+        match failed.is_empty() {
+            true => Ok(()),
+            false => Err(anyhow::anyhow!("{}", failed.join("; "))),
         }
         .with_context(|| format!("{name} failed"))
     })
