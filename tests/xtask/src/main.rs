@@ -14,8 +14,8 @@ mod docs;
 mod house;
 mod images;
 mod lanes;
-mod release;
 mod prereqs;
+mod release;
 
 #[derive(Parser)]
 #[command(about = "kcp-keeper developer tasks")]

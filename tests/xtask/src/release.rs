@@ -39,12 +39,14 @@ fn problems(cargo: &str, chart: &str, changelog: &str) -> Vec<String> {
     for name in ["version", "appVersion"] {
         match field(name) {
             Some(v) if v == workspace => {}
-            Some(v) => problems.push(format!("Chart.yaml {name} is {v}, the workspace's is {workspace}: they move in lockstep")),
+            Some(v) => problems
+                .push(format!("Chart.yaml {name} is {v}, the workspace's is {workspace}: they move in lockstep")),
             None => problems.push(format!("Chart.yaml has no {name}")),
         }
     }
     let heading = changelog.lines().any(|l| {
-        l.strip_prefix("## ").is_some_and(|h| h.split([' ', '(']).next().map(|v| v.trim_start_matches('v')) == Some(&workspace))
+        l.strip_prefix("## ")
+            .is_some_and(|h| h.split([' ', '(']).next().map(|v| v.trim_start_matches('v')) == Some(&workspace))
     });
     if !heading {
         problems.push(format!("CHANGELOG.md has no `## {workspace}` section"));
