@@ -1,12 +1,15 @@
 //! The user docs' rules, part of `cargo xtask house`: the pages a user reads (the README, install, operate, the
 //! runbooks, doctor and the four agents' pages) link only to files the repository has, and to headings those
-//! Markdown files have; they speak of what the product does, not of the project's issue tracker. Both drifted before this was a check: install.md linked to a design document outside the repository and
-//! spoke of "issue 15 item 6". The developer docs (architecture, development, benchmarks) may name anything.
-//! (Source file names in user docs are not checked yet: the NetworkPolicy section of install.md and doctor.md's
-//! Tests section still name test files.)
+//! Markdown files have; they speak of what the product does, not of the project's issue tracker, its source tree
+//! or its own test layout. All of it drifted before this was a check: install.md linked to a design document outside
+//! the repository and spoke of "issue 15 item 6", doctor.md listed its test files and the pairing table's source
+//! file, and the examples spoke of "the seed" (the installation the project was first built for) and used its names.
+//! The developer docs (architecture, development, benchmarks) may name anything.
 //!
 //! Fenced code blocks and inline code spans are no links; the issue rule reads everything but fenced blocks (a
-//! shell comment in an example is no issue reference).
+//! shell comment in an example is no issue reference). The internal file rule reads everything, fenced blocks
+//! included (a command in an example that names `agents/x/src/lib.rs` names it to the user too); so does the
+//! "seed" rule.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -201,15 +204,83 @@ fn anchors(markdown: &str) -> BTreeSet<String> {
     found
 }
 
-/// Issue references (`issue 15`, `issues 3 and 4`, `#12`) in the prose of `doc`.
+/// Issue references (`issue 15`, `issues 3 and 4`, `#12`) in the prose of `doc`; internal file names and the
+/// word "seed" anywhere in it.
 fn wording_problems(doc: &str, text: &str) -> Vec<String> {
     let mut problems = Vec::new();
-    for (n, line) in prose(text) {
-        if let Some(found) = issue_reference(line) {
+    let prose: BTreeSet<usize> = prose(text).into_iter().map(|(n, _)| n).collect();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        if prose.contains(&n)
+            && let Some(found) = issue_reference(line)
+        {
             problems.push(format!("{doc}:{n} refers to the issue tracker ({found:?}): say what it means instead"));
+        }
+        for found in internal_paths(line, !prose.contains(&n)) {
+            problems.push(format!(
+                "{doc}:{n} names the source tree ({found:?}): say what it does, or move it to the developer docs"
+            ));
+        }
+        if let Some(found) = seed_word(line) {
+            problems.push(format!(
+                "{doc}:{n} says {found:?}: name the installation or layout it means (user docs use generic names)"
+            ));
         }
     }
     problems
+}
+
+/// The workspace's top-level directories that hold its crates (agents, the doctor, the tests): no user works in
+/// them, whatever file they name.
+const CRATE_DIRS: &[&str] = &["agents", "tools", "tests"];
+
+/// Paths on `line` into the project's source tree: a Rust file (`*.rs`), a path into a crate directory
+/// (`agents/…`, `tools/…`, `tests/…`), or a path through a `src/` or `tests/` directory. Read in code spans, link
+/// targets and bare words; a whole line of a fenced block (`fenced`) is code. URLs and absolute paths (a path
+/// inside a container, such as `/etc/kcp-ca`) are not the repository's. A bare word counts only when it has a `/`
+/// and names a file (an extension in its last part) or a directory (a trailing `/`): a host such as `docs.rs` and
+/// an "a/b" in a sentence ("the tests/benchmarks") are not paths.
+fn internal_paths(line: &str, fenced: bool) -> Vec<String> {
+    const DELIMITERS: &[char] = &['(', ')', '[', ']', '<', '>', '"', '\'', ',', ';', '|', '{', '}', '='];
+    let mut words: Vec<(String, bool)> =
+        link_targets(&without_code_spans(line)).into_iter().map(|t| (t, true)).collect();
+    // Split at the backticks, every second part is a code span.
+    for (i, part) in line.split('`').enumerate() {
+        for word in part.split(|c: char| c.is_whitespace() || DELIMITERS.contains(&c)) {
+            words.push((word.to_string(), fenced || i % 2 == 1));
+        }
+    }
+    let mut found = Vec::new();
+    for (word, code) in words {
+        let word = word.split('#').next().unwrap_or_default();
+        let mut path = word.trim_start_matches(['*', '_']).trim_end_matches(['.', ':', '!', '?', '*', '_']);
+        while let Some(rest) = path.strip_prefix("./").or_else(|| path.strip_prefix("../")) {
+            path = rest;
+        }
+        if path.is_empty() || path.contains("://") || path.starts_with(['/', '~', '$']) {
+            continue;
+        }
+        let parts: Vec<&str> = path.split('/').collect();
+        let last = parts[parts.len() - 1];
+        if !code && (parts.len() < 2 || !(last.is_empty() || last.contains('.'))) {
+            continue;
+        }
+        let rust_file = path.len() > ".rs".len() && path.ends_with(".rs") && (code || parts.len() > 1);
+        let crate_dir = parts.len() > 1 && CRATE_DIRS.contains(&parts[0]);
+        let source_dir = parts[..parts.len() - 1].iter().any(|p| matches!(*p, "src" | "tests"));
+        if (rust_file || crate_dir || source_dir) && !found.iter().any(|f| f == path) {
+            found.push(path.to_string());
+        }
+    }
+    found
+}
+
+/// The first "seed" or "seeds" on `line` as a whole word, any case (`seed-layout` holds it; `seeded`,
+/// `linseed` and `seed_layout` do not).
+fn seed_word(line: &str) -> Option<String> {
+    line.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .find(|w| w.eq_ignore_ascii_case("seed") || w.eq_ignore_ascii_case("seeds"))
+        .map(str::to_string)
 }
 
 /// The first issue reference on `line`: the word `issue`/`issues` followed by a number (optionally `#`), or a
@@ -256,7 +327,7 @@ fn issue_reference(line: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{anchors, check, issue_reference, link_targets};
+    use super::{anchors, check, internal_paths, issue_reference, link_targets, seed_word};
 
     fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
@@ -345,6 +416,83 @@ mod tests {
             "page#3",
         ] {
             assert_eq!(issue_reference(fine), None, "{fine}");
+        }
+    }
+
+    #[test]
+    fn internal_file_names_fail_but_user_facing_paths_do_not() {
+        let dir = docs_with(&[
+            (
+                "docs/doctor.md",
+                "# Doctor\n\nWith this table in `src/rules/pairing.rs`:\n\
+                 A test proves it ([rbac](../tests/chart/tests/rbac.rs)).\n\
+                 See tools/kcp-keeper/tests/objects.rs.\n\
+                 ```sh\ndns-rewriter rbac --config agents/dns-rewriter/example.yaml\n```\n\
+                 Set [`values.yaml`](../charts/kcp-keeper/values.yaml) as in `charts/kcp-keeper/README.md`, mount\n\
+                 `/etc/kcp-ca/ca.crt`, read `kube-system/kube-dns` and [the runbook](runbooks.md#doctor-read);\n\
+                 unit tests and src code, docs.rs, `kcp_keeper_runtime::config`.\n",
+            ),
+            ("docs/runbooks.md", "# Runbooks\n\n## doctor: read\n"),
+            ("tests/chart/tests/rbac.rs", ""),
+            ("charts/kcp-keeper/values.yaml", ""),
+        ]);
+        let error = check(dir.path()).unwrap_err().to_string();
+        let says = |n: usize, path: &str| {
+            format!(
+                "docs/doctor.md:{n} names the source tree (\"{path}\"): say what it does, or move it to the developer docs"
+            )
+        };
+        assert_eq!(
+            error,
+            format!(
+                "4 user doc problems: {}; {}; {}; {}",
+                says(3, "src/rules/pairing.rs"),
+                says(4, "tests/chart/tests/rbac.rs"),
+                says(5, "tools/kcp-keeper/tests/objects.rs"),
+                says(7, "agents/dns-rewriter/example.yaml")
+            )
+        );
+        assert_eq!(internal_paths("`lib.rs` and lib.rs", false), ["lib.rs"]);
+        assert_eq!(internal_paths("kcp.rs", true), ["kcp.rs"]);
+        assert_eq!(internal_paths("the chart's tests/chart/ directory", false), ["tests/chart/"]);
+        assert_eq!(
+            internal_paths("see **agents/ca-syncer/src/config.rs**.", false),
+            ["agents/ca-syncer/src/config.rs"]
+        );
+        assert_eq!(
+            internal_paths("[x](./charts/kcp-keeper/tests/a.yaml#top)", false),
+            ["charts/kcp-keeper/tests/a.yaml"]
+        );
+        for fine in [
+            "[install](install.md) and [chart](../charts/kcp-keeper)",
+            "`images/<agent>/Dockerfile`, `files/dashboard.json`, `charts/kcp-keeper/rules/doctor.rules.yaml`",
+            "`/usr/src/app/tests/x.rs` in the image, `~/src/kcp`, `$HOME/tests/`",
+            "https://github.com/kcp-dev/kcp/blob/main/src/tests/x.rs and docs.rs",
+            "`docs/runbooks.md#doctor-<check>`, `kcp-system/root-server-ca`, `configmap:my-app/oidc`",
+            "the tests/benchmarks",
+        ] {
+            assert_eq!(internal_paths(fine, false), Vec::<String>::new(), "{fine}");
+        }
+    }
+
+    #[test]
+    fn the_word_seed_fails_anywhere_but_not_inside_other_words() {
+        let dir = docs_with(&[(
+            "docs/runbooks.md",
+            "# Runbooks\n\nConfigured unlike the Seed.\n```yaml\nnamespace: seeds # the seed-layout\n```\n\
+             Seeded, seeding, linseed, seedling and seed_layout are other words.\n",
+        )]);
+        let error = check(dir.path()).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "2 user doc problems: docs/runbooks.md:3 says \"Seed\": name the installation or layout it means (user \
+             docs use generic names); docs/runbooks.md:5 says \"seeds\": name the installation or layout it means \
+             (user docs use generic names)"
+        );
+        assert_eq!(seed_word("a seed-layout lock").as_deref(), Some("seed"));
+        assert_eq!(seed_word("SEEDS:").as_deref(), Some("SEEDS"));
+        for fine in ["seeded", "reseed", "seed_layout", "seedling", "linseed", "s e e d"] {
+            assert_eq!(seed_word(fine), None, "{fine}");
         }
     }
 

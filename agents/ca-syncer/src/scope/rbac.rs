@@ -270,10 +270,16 @@ mod tests {
     fn the_docs_show_exactly_what_the_command_renders_for_the_example() {
         let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ca-syncer.md"))
             .expect("docs/ca-syncer.md");
-        let rendered = render(&example(), &who()).to_yaml().expect("renders");
+        // The page's worked example (the block opening with this line), loaded as the agent loads its file.
+        let start =
+            docs.find("```yaml\n# ca-syncer: a worked kcp example.").expect("the worked example") + "```yaml\n".len();
+        let end = start + docs[start..].find("```").expect("the block ends");
+        let documented: Config = kcp_keeper_runtime::config::parse(Path::new("worked example"), &docs[start..end])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let rendered = render(&documented, &who()).to_yaml().expect("renders");
         assert!(
             docs.contains(&format!("```yaml\n{rendered}```")),
-            "docs/ca-syncer.md must show `ca-syncer rbac --config example.yaml` verbatim:\n{rendered}"
+            "docs/ca-syncer.md must show `ca-syncer rbac` of its worked example verbatim:\n{rendered}"
         );
     }
 }

@@ -144,10 +144,15 @@ mod tests {
         let docs =
             std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/kubeconfig-rotator.md"))
                 .expect("docs/kubeconfig-rotator.md");
-        let rendered = render(&example(), &who()).to_yaml().expect("renders");
+        // The page's worked example (the block opening with this line), loaded as the agent loads its file.
+        let start = docs.find("```yaml\n# my-app's admin kubeconfig").expect("the worked example") + "```yaml\n".len();
+        let end = start + docs[start..].find("```").expect("the block ends");
+        let documented: Config = kcp_keeper_runtime::config::parse(Path::new("worked example"), &docs[start..end])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let rendered = render(&documented, &who()).to_yaml().expect("renders");
         assert!(
             docs.contains(&format!("```yaml\n{rendered}```")),
-            "docs/kubeconfig-rotator.md must show `kubeconfig-rotator rbac --config example.yaml` verbatim:\n{rendered}"
+            "docs/kubeconfig-rotator.md must show `kubeconfig-rotator rbac` of its worked example verbatim:\n{rendered}"
         );
     }
 }
