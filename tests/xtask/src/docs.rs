@@ -328,16 +328,7 @@ fn issue_reference(line: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::{anchors, check, internal_paths, issue_reference, link_targets, seed_word};
-
-    fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        for (path, text) in files {
-            let path = dir.path().join(path);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
-        }
-        dir
-    }
+    use crate::test_tree::tree;
 
     /// Every user doc, each with `text` unless `files` gives its own; plus the other `files`.
     fn docs_with(files: &[(&str, &str)]) -> tempfile::TempDir {

@@ -612,20 +612,10 @@ fn strongly_connected(edges: &Edges) -> Vec<Vec<usize>> {
 
 #[cfg(test)]
 mod tests {
+    use crate::test_tree::tree;
     use std::path::Path;
 
     use super::{check, circles_in, graph};
-
-    /// Writes `files` (paths relative to the root) under a temporary directory.
-    fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        for (path, text) in files {
-            let path = dir.path().join(path);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
-        }
-        dir
-    }
 
     /// The edges of the crate at `root/krate` as `from -> to: names` lines.
     fn edges(root: &Path) -> Vec<String> {

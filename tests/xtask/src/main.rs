@@ -16,6 +16,8 @@ mod images;
 mod lanes;
 mod prereqs;
 mod release;
+#[cfg(test)]
+mod test_tree;
 
 #[derive(Parser)]
 #[command(about = "kcp-keeper developer tasks")]
