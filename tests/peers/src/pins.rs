@@ -29,6 +29,11 @@ pub const COREFILE_MIGRATION: &str = "v1.0.36";
 /// NodeLocal DNSCache's `node-cache` (kubernetes/dns), which dns-rewriter's NodeLocal DNSCache test runs as a
 /// host process in front of a real CoreDNS.
 pub const NODE_CACHE: &str = "1.26.7";
+/// The NetworkPolicy implementation the node runs when a test asks for enforcement (`Node::enforce_network_policies`):
+/// kube-router's firewall alone (iptables and ipset). kube-network-policies (nftables and NFQUEUE) cannot run on
+/// this machine kind: its kernel has no nftables `queue` expression (`CONFIG_NFT_QUEUE` unset, no modules), so
+/// its ruleset is refused whole and nothing is enforced. v2.1.0 is the version the Go module proxy here serves.
+pub const KUBE_ROUTER: &str = "v2.1.0";
 
 /// How a peer is built.
 pub enum Recipe {
@@ -242,6 +247,17 @@ pub static PEERS: &[Peer] = &[
         version: NODE_CACHE,
         recipe: Recipe::Source { source: &NODE_CACHE_SOURCE, builds: &[("node-cache", "./cmd/node-cache")] },
         outputs: &["node-cache"],
+        expected_time: "about 2 minutes",
+    },
+    Peer {
+        name: "kube-router",
+        version: KUBE_ROUTER,
+        recipe: Recipe::GoInstall {
+            packages: &["github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"],
+            cgo: false,
+            tags: "",
+        },
+        outputs: &["kube-router"],
         expected_time: "about 2 minutes",
     },
 ];

@@ -12,7 +12,8 @@
 //! - For the peers of the real node (`testbed::node`): a cgo build against libseccomp (runc's seccomp support,
 //!   which the restricted profile's `RuntimeDefault` needs: Debian's `libseccomp-dev` and `pkg-config`), a static
 //!   C build (Kubernetes' pause, `gcc -static`: `gcc` and `libc6-dev`); to run the node, the CNI plugins
-//!   (Debian's `containernetworking-plugins` in `/usr/lib/cni`) and iptables (kube-proxy's iptables mode).
+//!   (Debian's `containernetworking-plugins` in `/usr/lib/cni`), iptables (kube-proxy's iptables mode) and
+//!   ipset (kube-router's NetworkPolicy firewall, which the node runs for the enforcement tests).
 //! - For ca-syncer's trust store tests: Java's keytool and `openssl pkcs12`, which read its JKS and PKCS#12
 //!   files back.
 
@@ -425,7 +426,17 @@ fn check_iptables() -> Result<(), String> {
     Ok(())
 }
 
-/// What the real node runs beside the peers: the CNI plugins, iptables, nsenter.
+/// kube-router's firewall keeps a NetworkPolicy's peers in ipsets, through the `ipset` program (`ipset
+/// restore`); `ipset version` talks to the kernel, so a missing kernel side fails here too.
+fn check_ipset() -> Result<(), String> {
+    match Command::new("ipset").arg("version").output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!("ipset version failed: {}", String::from_utf8_lossy(&o.stderr))),
+        Err(e) => Err(format!("cannot run ipset: {e}")),
+    }
+}
+
+/// What the real node runs beside the peers: the CNI plugins, iptables, ipset, nsenter.
 pub fn ensure_node_tools() -> Result<()> {
     let mut missing = Vec::new();
     if let Err(why) = check_cni_plugins(Path::new(CNI_BIN_DIR)) {
@@ -436,6 +447,10 @@ pub fn ensure_node_tools() -> Result<()> {
         eprintln!("xtask: iptables is missing ({why}); the test bed's node runs kube-proxy in iptables mode");
         missing.push("iptables");
     }
+    if let Err(why) = check_ipset() {
+        eprintln!("xtask: ipset is missing ({why}); the node's NetworkPolicy enforcement (kube-router) needs it");
+        missing.push("ipset");
+    }
     if find_on_path("nsenter").is_none() {
         eprintln!("xtask: nsenter is missing; the test bed's node starts its processes in its namespaces with it");
         missing.push("util-linux");
@@ -445,7 +460,8 @@ pub fn ensure_node_tools() -> Result<()> {
     }
     apt_install(&missing)?;
     check_cni_plugins(Path::new(CNI_BIN_DIR)).map_err(|why| anyhow::anyhow!("still no CNI plugins: {why}"))?;
-    check_iptables().map_err(|why| anyhow::anyhow!("still no iptables: {why}"))
+    check_iptables().map_err(|why| anyhow::anyhow!("still no iptables: {why}"))?;
+    check_ipset().map_err(|why| anyhow::anyhow!("still no ipset: {why}"))
 }
 
 /// Whether `program args` runs and exits 0 (a JRE whose keytool cannot start fails here, not only a missing one).

@@ -11,6 +11,7 @@
 //! rules go with their last process. Nothing is left on the host.
 
 pub mod image;
+mod netpol;
 mod network;
 mod scripts;
 
@@ -28,6 +29,7 @@ use crate::apiserver::{SERVICE_CIDR, client_from_file, kubeconfig_yaml};
 use crate::certs::{Ca, Credential};
 use crate::process::{Process, free_port};
 
+pub use netpol::{NetworkPolicyEnforcement, PodListener, tcp_connects};
 pub use network::NodeFaultProxy;
 
 /// The node's address: on a veth inside its namespace (a /32, as nothing is routed there).

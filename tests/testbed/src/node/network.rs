@@ -71,7 +71,7 @@ impl std::ops::Deref for NodeFaultProxy {
 }
 
 /// A thread that joins `namespace` and runs `work` to its end on a current-thread runtime.
-fn spawn_joined<F, Fut>(namespace: std::fs::File, work: F) -> Result<()>
+pub(super) fn spawn_joined<F, Fut>(namespace: std::fs::File, work: F) -> Result<()>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()>,

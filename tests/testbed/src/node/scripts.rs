@@ -102,3 +102,21 @@ for h in /sys/fs/cgroup/*; do
 done
 if [ $left -eq 0 ]; then echo "reaper: done"; else echo "reaper: cgroups left under $root"; exit 1; fi
 "#;
+
+/// `netpol-cleanup.sh`, run inside the node once kube-router is stopped: removes its firewall (the jumps from the
+/// built-in chains, then its chains, then its ipsets). Its own `--cleanup-config` (v2.1.0) cleans a controller it
+/// never gave iptables handlers, so it removes nothing. One `iptables -w` command per change, never a whole-table
+/// restore, so kube-proxy's concurrent changes are kept.
+pub const NETPOL_CLEANUP: &str = r#"#!/bin/sh
+set -eu
+ours='KUBE-(ROUTER|NWPLCY|POD-FW)-'
+iptables-save -t filter | grep -E "^-A (INPUT|FORWARD|OUTPUT) .*-j $ours" | sed 's/^-A/-D/' | while read -r rule; do
+  eval "iptables -w -t filter $rule"
+done
+chains=$(iptables-save -t filter | sed -n -E "s/^:($ours[^ ]*) .*/\\1/p")
+for c in $chains; do iptables -w -t filter -F "$c"; done
+for c in $chains; do iptables -w -t filter -X "$c"; done
+for s in $(ipset list -n | grep -E '^KUBE-(SRC|DST)-' || true); do ipset destroy "$s"; done
+left=$(iptables-save -t filter | grep -cE "$ours" || true)
+[ "$left" -eq 0 ] || { echo "kube-router left $left iptables lines"; exit 1; }
+"#;
