@@ -72,10 +72,9 @@ async fn corefile_mode_changes_only_the_marked_block_over_many_cycles_and_removi
     let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
     let alpha = create_service(&client, &ns, "alpha-shard-kcp", &[], false).await?.unwrap();
     let (dns, original, server, _kubelet) = corefile_coredns(&bed).await?;
-    let mode = format!("mode: corefile\ncorefile: {{serverBlock: '{server}'}}\n");
     let one = format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp"));
     let two = format!("{one}{}", rule("alpha.kcp.example.com", &ns, "alpha-shard-kcp"));
-    let path = write_config(&bed, &config(&mode, &two, dns.port))?;
+    let path = corefile_config(&bed, &server, &two, dns.port)?;
     let agent = agent(&bed, &ns, &path).start().await?;
     wait_answer(&dns, "kcp-root.example.com", root, WAIT).await;
     wait_answer(&dns, "alpha.kcp.example.com", alpha, WAIT).await;
@@ -99,7 +98,7 @@ async fn corefile_mode_changes_only_the_marked_block_over_many_cycles_and_removi
     assert_eq!(rv_after, rv, "and no write at all: the resourceVersion is unchanged");
 
     // Removing a rule from the configuration (reloaded live) removes exactly its line.
-    std::fs::write(&path, config(&mode, &one, dns.port))?;
+    std::fs::write(&path, config(&corefile_mode(&server), &one, dns.port))?;
     let removed = testbed::eventually(WAIT, "the Corefile to change", || async {
         configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await.filter(|(v, _)| *v != written).map(|(v, _)| v)
     })
@@ -462,10 +461,9 @@ async fn after_a_kubeadm_corefile_migration_drops_the_markers_the_agent_adopts_t
     let root = create_service(&client, &ns, "root-kcp", &[], false).await?.unwrap();
     let alpha = create_service(&client, &ns, "alpha-shard-kcp", &[], false).await?.unwrap();
     let (dns, _, server, _kubelet) = corefile_coredns(&bed).await?;
-    let mode = format!("mode: corefile\ncorefile: {{serverBlock: '{server}'}}\n");
     let one = format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp"));
     let two = format!("{one}{}", rule("alpha.kcp.example.com", &ns, "alpha-shard-kcp"));
-    let path = write_config(&bed, &config(&mode, &two, dns.port))?;
+    let path = corefile_config(&bed, &server, &two, dns.port)?;
     let mut first = agent(&bed, &ns, &path).start().await?;
     wait_answer(&dns, "alpha.kcp.example.com", alpha, WAIT).await;
     first.wait_for_metric(&verified("alpha.kcp.example.com"), WAIT, |v| v == 1.0).await;
@@ -490,7 +488,7 @@ async fn after_a_kubeadm_corefile_migration_drops_the_markers_the_agent_adopts_t
         .await?;
 
     // The agent starts again with one rule fewer.
-    std::fs::write(&path, config(&mode, &one, dns.port))?;
+    std::fs::write(&path, config(&corefile_mode(&server), &one, dns.port))?;
     let agent = agent(&bed, &ns, &path).start().await?;
     let adopted = testbed::eventually(WAIT, "the Corefile to be rewritten", || async {
         configmap_key(&client, COREFILE_CONFIGMAP, "Corefile").await.filter(|(v, _)| *v != migrated).map(|(v, _)| v)
@@ -541,10 +539,11 @@ async fn at_first_install_an_admins_own_line_in_the_agents_form_is_adopted_and_e
         .patch(COREFILE_CONFIGMAP, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
 
-    let mode = format!("mode: corefile\ncorefile: {{serverBlock: '{server}'}}\n");
-    let path = write_config(
+    let path = corefile_config(
         &bed,
-        &config(&mode, &format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")), dns.port),
+        &server,
+        &format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")),
+        dns.port,
     )?;
     let agent = agent(&bed, &ns, &path).start().await?;
     let written = testbed::eventually(WAIT, "the Corefile to hold our block", || async {
@@ -659,10 +658,11 @@ async fn after_cleanup_a_running_agent_never_writes_its_block_back() -> Result<(
     let (bed, ns, client) = fresh_bed().await?;
     create_service(&client, &ns, "root-kcp", &[], false).await?;
     let (dns, original, server, _kubelet) = corefile_coredns(&bed).await?;
-    let mode = format!("mode: corefile\ncorefile: {{serverBlock: '{server}'}}\n");
-    let path = write_config(
+    let path = corefile_config(
         &bed,
-        &config(&mode, &format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")), dns.port),
+        &server,
+        &format!("rules:\n{}", rule("kcp-root.example.com", &ns, "root-kcp")),
+        dns.port,
     )?;
     let agent = agent(&bed, &ns, &path).start().await?;
     agent.wait_for_metric(&verified("kcp-root.example.com"), WAIT, |v| v == 1.0).await;
@@ -681,4 +681,15 @@ async fn after_cleanup_a_running_agent_never_writes_its_block_back() -> Result<(
     assert_eq!(block::set(&after, &server, None)?, original);
     assert_eq!(after, original, "no block written back after the cleanup");
     Ok(())
+}
+
+/// Writes a corefile-mode configuration with `rules` (a `rules:` block) for the Corefile's `server` block, the
+/// agent verifying through CoreDNS on `port`.
+fn corefile_config(bed: &testbed::ControlPlane, server: &str, rules: &str, port: u16) -> Result<std::path::PathBuf> {
+    write_config(bed, &config(&corefile_mode(server), rules, port))
+}
+
+/// The configuration's mode lines for the Corefile's `server` block.
+fn corefile_mode(server: &str) -> String {
+    format!("mode: corefile\ncorefile: {{serverBlock: '{server}'}}\n")
 }

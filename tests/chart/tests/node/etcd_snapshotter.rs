@@ -232,6 +232,12 @@ async fn deleting_the_snapshotter_pod_mid_upload_aborts_the_multipart_upload_and
     let before: Vec<String> = checked_manifests(node).await?.into_iter().map(|(k, _)| k).collect();
 
     let slow = SlowS3::start(node).await?;
+    // No upload in progress when the fault goes in: a run already past its first parts would have its third held
+    // instead, with two stored (it happened once in a full run).
+    testbed::eventually(Duration::from_secs(120), "no upload in progress", || async {
+        open_uploads(node).await.ok()?.is_empty().then_some(())
+    })
+    .await;
     // The first two parts of the next upload (partsInFlight 2): held past the finish grace; later parts, if any
     // run, pass, so the next leader's run is not slowed.
     slow.proxy.inject("PUT", "partNumber=", Fault::Delay(Duration::from_secs(40)), 2);
