@@ -510,7 +510,7 @@ async fn scenario(seed: u64, seconds: u64) -> Figures {
         admin: client.clone(),
         proxy: &proxy,
         second_proxy: &second_proxy,
-        slow: (&slow_proxy, &slow_config),
+        slow: (&slow_proxy, &slow_config, (&s3, &bed.s3.bucket)),
         paused,
         idle,
         agents: &mut agents,
@@ -666,8 +666,9 @@ struct Rig<'a> {
     admin: etcd_client::Client,
     proxy: &'a FaultProxy,
     second_proxy: &'a FaultProxy,
-    /// A proxy before `proxy` and the configuration of a one-shot that goes through it.
-    slow: (&'a FaultProxy, &'a Path),
+    /// A proxy before `proxy`, the configuration of a one-shot that goes through it, and the primary store (to
+    /// read the shard's lock).
+    slow: (&'a FaultProxy, &'a Path, (&'a aws_sdk_s3::Client, &'a str)),
     /// Holds the traffic back while set.
     paused: Arc<AtomicBool>,
     /// Set by the traffic once it is held back with no operation in flight.
@@ -844,14 +845,12 @@ async fn apply(step: &Step, rig: &mut Rig<'_>) {
     }
 }
 
-/// `etcd-snapshotter snapshot` beside the daemons, contending for the shard's lock: it may wait and fail, but a
-/// live one never loses the lock.
 /// A one-shot slowed down (its requests held 2.5 s, within the attempt timeout, its lock's half a second,
-/// its deletes not at all) takes the shard's lock a few seconds before the daemon's minutely tick and holds it for several expiries while renewing it: the tick's
-/// run and a second one-shot wait for it longer than the expiry, and neither takes it over (both one-shots
-/// exit 0; the never-two-uploads validator sees the rest).
+/// its deletes not at all) takes the shard's lock a few seconds before the daemon's minutely tick and holds it
+/// for several expiries while renewing it: the tick's run and a second one-shot wait for it longer than the
+/// expiry, and neither takes it over (both one-shots exit 0; the never-two-uploads validator sees the rest).
 async fn contend_for_the_lock(
-    (slow_proxy, slow_config): (&FaultProxy, &Path),
+    (slow_proxy, slow_config, (s3, bucket)): (&FaultProxy, &Path, (&aws_sdk_s3::Client, &str)),
     config: &Path,
     agents: &[testbed::agent_process::AgentProcess],
 ) {
@@ -874,8 +873,15 @@ async fn contend_for_the_lock(
         let slow_config = slow_config.to_path_buf();
         tokio::spawn(async move { one_shot(&slow_config).await })
     };
-    // Its lock is taken within its first few requests (about 4 s).
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The contender starts once the slow one-shot holds the shard's lock (the lock object names it, unreleased).
+    let key = etcd_snapshotter::shard_lock::key(PREFIX, "root");
+    testbed::eventually(Duration::from_secs(60), "the slow one-shot holding the shard's lock", || async {
+        let object = s3.get_object().bucket(bucket).key(&key).send().await.ok()?;
+        let body = object.body.collect().await.ok()?.into_bytes();
+        let holder: etcd_snapshotter::shard_lock::Holder = serde_json::from_slice(&body).ok()?;
+        (holder.command == "snapshot" && !holder.released).then_some(())
+    })
+    .await;
     let contending = std::time::Instant::now();
     let contender = one_shot(config).await;
     let waited = contending.elapsed();
@@ -887,6 +893,8 @@ async fn contend_for_the_lock(
     assert!(waits() > before, "the daemon's tick found the lock held and waited");
 }
 
+/// `etcd-snapshotter snapshot` beside the daemons, contending for the shard's lock: it may wait and fail, but a
+/// live one never loses the lock.
 async fn one_shot(config: &Path) -> std::process::ExitStatus {
     let config = config.to_path_buf();
     let out =
