@@ -1,7 +1,7 @@
 //! The chart installed on a real node (`testbed::node`) with all four agents, configured for what the node runs:
 //! the seed objects their configurations name (namespaces, source Secrets, the kcp-operator CRDs, the consumer
 //! Deployment), etcd and S3 as processes inside the node behind selector-less Services that pods reach by DNS
-//! name, the agents' images imported into the node's containerd, then `helm install --wait` in a namespace
+//! name, then `helm install --wait` in a namespace (the node pulls the agents' images from the bed's registry)
 //! enforcing the `restricted` Pod Security Standard. Shared by the node tests (`tests/node`) and
 //! `cargo xtask demo --cluster`.
 
@@ -285,8 +285,8 @@ pub fn helm_release(node: &Node, verb: &str, values: &Value, timeout: &str) -> R
     run(helm(&args, home.path())?)
 }
 
-/// The chart on the node: images imported (checked present under the chart's default names), the seed, then
-/// `helm install --wait` of [`values`].
+/// The chart on the node: the seed, then `helm install --wait` of [`values`], the images pulled from the bed's
+/// registry.
 pub struct Installed {
     /// How long `helm install --wait` took.
     pub took: Duration,
@@ -294,14 +294,28 @@ pub struct Installed {
     pub peers: Vec<testbed::process::Process>,
 }
 
-/// The agents' images (`cargo xtask images`) imported into the node's containerd, under the tags the chart names.
-pub fn import_agent_images(node: &Node, version: &str) -> Result<()> {
+/// The agents' images (`cargo xtask images`) are in the bed's registry, which the node's containerd pulls the
+/// chart's default references from (its mirror); nothing is imported.
+pub fn agent_images_published(version: &str) -> Result<()> {
     for agent in AGENTS {
-        node.import_image(&node::agent_image_archive(agent)?)?;
+        node::agent_image_published(agent, version)?;
     }
+    Ok(())
+}
+
+/// Each of `agents` was pulled by the node's containerd from the bed's registry: its manifest requested there
+/// (the registry's access log) and the chart's default reference in containerd's images.
+pub fn pulled_from_the_registry(node: &Node, agents: &[&str], version: &str) -> Result<()> {
+    let log = node.registry_log()?;
     let images = node.images()?;
-    for agent in AGENTS {
-        let tag = format!("ghcr.io/kcp-keeper/{agent}:{version}");
+    for agent in agents {
+        let request = format!("/v2/{}/{agent}/manifests/", peers::registry::BED_PATH);
+        ensure!(
+            log.contains(&request),
+            "the node's registry was never asked for {request} (its log: {})",
+            node.dir.join("logs/registry.log").display()
+        );
+        let tag = format!("{}/{agent}:{version}", peers::registry::PUBLIC);
         ensure!(images.iter().any(|i| i == &tag), "{tag} is not in the node's containerd: {images:?}");
     }
     Ok(())
@@ -310,9 +324,7 @@ pub fn import_agent_images(node: &Node, version: &str) -> Result<()> {
 pub async fn install(node: &Node) -> Result<Installed> {
     let client = node.client().await?;
     let version = version()?;
-    let started = Instant::now();
-    import_agent_images(node, &version)?;
-    eprintln!("images imported in {:.1?}", started.elapsed());
+    agent_images_published(&version)?;
     let peers = seed(node, &client).await?;
 
     let install = Instant::now();
@@ -341,6 +353,7 @@ pub async fn install(node: &Node) -> Result<Installed> {
         bail!("helm install --wait failed after {took:.1?}: {}\npods: {summary:#?}", out.stderr);
     }
     eprintln!("helm install --wait of all four agents: {took:.1?}");
+    pulled_from_the_registry(node, &AGENTS, &version)?;
     Ok(Installed { took, peers })
 }
 

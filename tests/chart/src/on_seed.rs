@@ -183,7 +183,7 @@ pub fn object(node: &Node, key: &str) -> Result<Value> {
 pub async fn install(node: &Node) -> Result<Installed> {
     let client = node.client().await?;
     let version = version()?;
-    on_node::import_agent_images(node, &version)?;
+    on_node::agent_images_published(&version)?;
     let namespaces = Api::<Namespace>::all(client.clone());
     for (name, labels) in [
         (

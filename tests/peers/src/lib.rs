@@ -17,6 +17,7 @@ use std::time::Instant;
 mod bench_peers;
 pub mod buildah;
 mod pins;
+pub mod registry;
 mod seed_peers;
 
 pub use bench_peers::{BENCH_PEERS, ETCD_BACKUP_RESTORE, TRUST_MANAGER, ensure_bench};

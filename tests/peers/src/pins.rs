@@ -34,6 +34,12 @@ pub const NODE_CACHE: &str = "1.26.7";
 /// this machine kind: its kernel has no nftables `queue` expression (`CONFIG_NFT_QUEUE` unset, no modules), so
 /// its ruleset is refused whole and nothing is enforced. v2.1.0 is the version the Go module proxy here serves.
 pub const KUBE_ROUTER: &str = "v2.1.0";
+/// The CNCF Distribution registry (what most private OCI registries run): the test bed's registry, which
+/// `cargo xtask publish` pushes the images and the chart to and the node's containerd pulls from.
+pub const DISTRIBUTION: &str = "v3.1.2";
+/// ORAS, the OCI registry client `cargo xtask publish` reads manifests with (the refusal to overwrite a published
+/// version) and attaches each image's SBOM with (an OCI referrer: `subject` is the image's manifest).
+pub const ORAS: &str = "v1.3.6";
 
 /// How a peer is built.
 pub enum Recipe {
@@ -259,6 +265,24 @@ pub static PEERS: &[Peer] = &[
         },
         outputs: &["kube-router"],
         expected_time: "about 2 minutes",
+    },
+    Peer {
+        name: "registry",
+        version: DISTRIBUTION,
+        recipe: Recipe::GoInstall {
+            packages: &["github.com/distribution/distribution/v3/cmd/registry"],
+            cgo: false,
+            tags: "",
+        },
+        outputs: &["registry"],
+        expected_time: "about 2 minutes",
+    },
+    Peer {
+        name: "oras",
+        version: ORAS,
+        recipe: Recipe::GoInstall { packages: &["oras.land/oras/cmd/oras"], cgo: false, tags: "" },
+        outputs: &["oras"],
+        expected_time: "about 1 minute",
     },
 ];
 

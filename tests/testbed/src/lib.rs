@@ -28,6 +28,7 @@ pub mod operators;
 pub mod peer_net;
 pub mod process;
 pub mod projection;
+pub mod registry;
 pub mod s3;
 pub mod scrape;
 pub mod seed;

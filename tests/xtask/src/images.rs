@@ -27,7 +27,7 @@ pub const AGENTS: [&str; 5] = ["ca-syncer", "dns-rewriter", "kubeconfig-rotator"
 const SNAPSHOTTER_PEERS: [&str; 2] = ["etcd", "etcdutl"];
 
 /// Where the chart pulls the agents from (`image.registry` in the chart's values): the local tags match it.
-pub const REGISTRY: &str = "ghcr.io/kcp-keeper";
+pub const REGISTRY: &str = peers::registry::PUBLIC;
 
 const SOURCE: &str = "https://github.com/kcp-keeper/kcp-keeper";
 
@@ -39,8 +39,15 @@ pub(crate) fn workspace_root() -> PathBuf {
     root.canonicalize().unwrap_or(root)
 }
 
-/// Builds, checks and sizes every agent image.
+/// `cargo xtask images`: builds, checks and sizes every agent image, then publishes them and the chart to the
+/// test bed's registry (`publish::to_bed`), which the bed's nodes pull from.
 pub fn images() -> Result<()> {
+    build()?;
+    crate::step_with("publish the images and the chart to the test bed's registry", crate::publish::to_bed)
+}
+
+/// Builds, checks and sizes every agent image, into buildah's local storage.
+pub fn build() -> Result<()> {
     let started = Instant::now();
     let root = workspace_root();
     prereqs::ensure_protoc()?;
@@ -52,6 +59,7 @@ pub fn images() -> Result<()> {
     let peers = crate::ensure_peers()?;
     let version = lockstep_version(&root)?;
     let revision = git_revision(&root)?;
+    let created = git_commit_time(&root)?;
     eprintln!(
         "xtask: images {version} at {revision}, buildah {buildah_version}, storage {}",
         peers::buildah::AGENTS.root().display()
@@ -91,7 +99,8 @@ pub fn images() -> Result<()> {
         let mut bud = buildah(&["build", "--isolation", "chroot"]);
         bud.arg("--file").arg(root.join("images").join(agent).join("Dockerfile"));
         bud.args(["--build-arg", &format!("VERSION={version}"), "--build-arg", &format!("REVISION={revision}")]);
-        bud.args(["--tag", &tag]).arg(&context);
+        // Created at the commit's time, so the same tree builds the same image (a publish compares them).
+        bud.args(["--timestamp", &created, "--tag", &tag]).arg(&context);
         crate::step(&format!("image {tag}"), bud)?;
 
         let facts = inspect(&tag)?;
@@ -115,14 +124,6 @@ pub fn images() -> Result<()> {
             );
             eprintln!("xtask: {tag}: {program} {} -> {}", args.join(" "), out.lines().next().unwrap_or(""));
         }
-        // The node's containerd imports the image from a docker-archive (`ctr images import`): no registry.
-        let archive = archive_path(agent);
-        std::fs::create_dir_all(archive.parent().expect("has a parent"))?;
-        let _ = std::fs::remove_file(&archive);
-        let mut push = buildah(&["push", "--quiet", &tag]);
-        push.arg(format!("docker-archive:{}:{tag}", archive.display()));
-        push.stdout(std::process::Stdio::null());
-        crate::step(&format!("export {tag} to {}", archive.display()), push)?;
         sizes.push((tag, facts.size));
     }
     // Rebuilding moves a tag to a new image; the old one would stay in vfs storage (a full copy per layer).
@@ -134,12 +135,6 @@ pub fn images() -> Result<()> {
     }
     eprintln!("xtask: images built and checked in {:.0?}", started.elapsed());
     Ok(())
-}
-
-/// Where an agent's image is exported as a docker-archive: `<cache>/images/<agent>.tar` (`testbed::node`
-/// imports it from there into the node's containerd).
-pub fn archive_path(agent: &str) -> PathBuf {
-    peers::cache_root().join("images").join(format!("{agent}.tar"))
 }
 
 /// Where the static binaries are built: under the machine cache, shared by every checkout.
@@ -312,6 +307,13 @@ fn stage_context(dir: &Path, files: &[PathBuf]) -> Result<PathBuf> {
         }
     }
     Ok(dir.to_path_buf())
+}
+
+/// The commit's time in seconds since the epoch: the images' `created`.
+fn git_commit_time(root: &Path) -> Result<String> {
+    let output = Command::new("git").arg("-C").arg(root).args(["log", "-1", "--format=%ct"]).output()?;
+    ensure!(output.status.success(), "git log failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
 }
 
 /// The commit the images are built from (the `revision` label).

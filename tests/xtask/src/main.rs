@@ -15,6 +15,7 @@ mod house;
 mod images;
 mod lanes;
 mod prereqs;
+mod publish;
 mod release;
 #[cfg(test)]
 mod test_tree;
@@ -73,8 +74,27 @@ enum Task {
         minutes: u64,
     },
     /// Build the agents' container images (static binaries, FROM scratch) with buildah, run `--version` inside
-    /// each and print their sizes.
+    /// each, print their sizes, and publish them with the chart to the test bed's registry (the nodes pull from
+    /// it).
     Images,
+    /// Build the images and publish them, each with a CycloneDX SBOM attached as an OCI referrer, and the packaged
+    /// chart, to an OCI registry, at the workspace's version. A version already published with other bytes is
+    /// refused (nothing is pushed); the same bytes again change nothing.
+    Publish {
+        /// `HOST[:PORT][/PATH]`: images go to `<registry>/<agent>:<version>`, the chart to
+        /// `oci://<registry>/charts/kcp-keeper`.
+        #[arg(long)]
+        registry: String,
+        /// A CA bundle (PEM) to trust the registry's certificate with, beside the system's roots.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
+        /// Registry credentials in the Docker config format (`{"auths": {...}}`), used by buildah, ORAS and helm.
+        #[arg(long)]
+        auth_file: Option<PathBuf>,
+        /// Push the images `cargo xtask images` last built instead of building them first.
+        #[arg(long)]
+        prebuilt: bool,
+    },
     /// Check the house rules of the product code (agents/, tools/): no two modules import each other, directly or
     /// around a ring, and every agent has its role files; and the user docs link only to files and headings the
     /// repository has and name no issue numbers (docs.rs); and the workspace, the chart and CHANGELOG.md name one
@@ -107,6 +127,11 @@ fn main() -> Result<()> {
         Task::KcpBed { dir } => kcp_bed(dir),
         Task::Demo { once, cluster } => demo(once, cluster),
         Task::Images => images::images(),
+        Task::Publish { registry, ca_file, auth_file, prebuilt } => {
+            ensure_peers()?;
+            let target = publish::Target::parse(&registry, ca_file, auth_file)?;
+            publish::publish(&target, prebuilt).map(|_| ())
+        }
         Task::Schema => schema(),
         Task::House => house(),
         Task::Robustness { seed, scenarios, minutes } => robustness(seed, scenarios, minutes),
@@ -401,7 +426,7 @@ pub(crate) fn step(name: &str, cmd: Command) -> Result<()> {
 }
 
 /// A step done by the xtask itself rather than by a command, announced and timed as [`step`]'s are.
-fn step_with(name: &str, work: impl FnOnce() -> Result<()>) -> Result<()> {
+pub(crate) fn step_with(name: &str, work: impl FnOnce() -> Result<()>) -> Result<()> {
     eprintln!("xtask: == {name}");
     let started = Instant::now();
     work()?;

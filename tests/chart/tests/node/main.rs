@@ -1,6 +1,6 @@
 //! The chart on a real node (`testbed::node`): `helm install --wait` of all four agents in a namespace that
-//! enforces the `restricted` Pod Security Standard, every pod Ready from the shipped image (imported into the
-//! node's containerd, never pulled), the peers the agents talk to (etcd, S3) inside the node behind Services that
+//! enforces the `restricted` Pod Security Standard, every pod Ready from the shipped image (pulled by the node's
+//! containerd from the bed's registry, under the chart's default references), the peers the agents talk to (etcd, S3) inside the node behind Services that
 //! pods reach by their DNS names. Then each agent does its job in its pod, proven from outside: ca-syncer into a
 //! consumer pod's projected file, dns-rewriter through CoreDNS running as a pod, etcd-snapshotter's snapshot and
 //! a restore drill inside its pod, kubeconfig-rotator's renewal rolling its consumer. One node and one install
@@ -40,7 +40,8 @@ fn values(_node: &Node) -> Result<Value> {
 }
 
 #[tokio::test]
-async fn helm_install_wait_runs_every_agent_from_its_shipped_image_in_a_restricted_namespace() -> Result<()> {
+async fn helm_install_wait_pulls_every_agents_image_from_the_registry_and_runs_it_in_a_restricted_namespace()
+-> Result<()> {
     let installed = installed();
     let _shared = RELEASE.read().await;
     let node = node::shared();
@@ -69,10 +70,17 @@ async fn helm_install_wait_runs_every_agent_from_its_shipped_image_in_a_restrict
             ensure!(c.image.ends_with(&format!(":{version}")), "{} runs {}", c.name, c.image);
         }
     }
-    // Nothing was pulled: kubelet found every image present.
+    // Every agent's image was pulled (kubelet says so, and the registry was asked for each: `on_node::install`).
     let events = Api::<Event>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;
-    let pulling: Vec<_> = events.items.iter().filter(|e| e.reason.as_deref() == Some("Pulling")).collect();
-    ensure!(pulling.is_empty(), "kubelet tried to pull: {pulling:?}");
+    for agent in AGENTS {
+        let image = format!("{}/{agent}:{version}", peers::registry::PUBLIC);
+        let pulled = events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Pulled") && e.message.as_deref().is_some_and(|m| m.contains(&image)));
+        ensure!(pulled, "no Pulled event for {image}");
+    }
+    on_node::pulled_from_the_registry(node, &AGENTS, &version)?;
     Ok(())
 }
 

@@ -254,8 +254,8 @@ async fn doctor_run_by_the_chart_in_the_cluster_exports_its_verify_and_dns_rules
     super::layout();
     super::keeper();
     let client = node.client().await?;
-    // The kcp-keeper image (`cargo xtask images`), imported like the agents'.
-    node.import_image(&node::agent_image_archive("kcp-keeper")?)?;
+    // The kcp-keeper image (`cargo xtask images`), pulled from the bed's registry like the agents'.
+    node::agent_image_published("kcp-keeper", &chart::on_node::version()?)?;
     // A CA with 2 days left: inside --fail-days (7).
     put_ca(&client, Duration::from_secs(2 * 86400)).await?;
     put_server_ca(&client).await?;

@@ -58,7 +58,11 @@ pub const PEERS: &[&str] = &[
     "runc",
     "pause.tar",
     "helm",
+    "registry",
 ];
+
+/// The bed registry's address inside the node (its own network namespace: a fixed port cannot collide).
+pub const REGISTRY_INSIDE: &str = "127.0.0.1:5000";
 
 /// Where Debian's `containernetworking-plugins` installs the CNI plugins (the xtask installs them).
 pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
@@ -89,6 +93,9 @@ pub struct Node {
     relay: Option<Relay>,
     reaper: Option<(Child, ChildStdin)>,
     containerd_socket: PathBuf,
+    /// The node's registry as the host reaches it (`127.0.0.1:<port>`, relayed to [`REGISTRY_INSIDE`]).
+    registry_host: Option<String>,
+    registry_relay: Option<Relay>,
 }
 
 impl Node {
@@ -131,6 +138,8 @@ impl Node {
             relay: None,
             reaper: Some(reaper),
             containerd_socket: dir.join("containerd/containerd.sock"),
+            registry_host: None,
+            registry_relay: None,
         };
         node.boot(started).await?;
         Ok(node)
@@ -284,6 +293,7 @@ impl Node {
             "--v=1".into(),
         ];
         self.start_inside("kube-proxy", &peer("kube-proxy"), proxy_args, &[])?;
+        let holder_pid = self.holder.as_ref().and_then(Process::pid).context("no holder")?;
 
         // containerd, with runc and the CNI plugins.
         let cd = dir.join("containerd");
@@ -291,6 +301,7 @@ impl Node {
         let cni_conf = dir.join("cni/net.d");
         std::fs::create_dir_all(&cni_conf)?;
         std::fs::write(cni_conf.join("10-bridge.conflist"), cni_conflist(&dir.join("cni/ipam")))?;
+        self.start_registry(holder_pid, &cd.join("certs.d"))?;
         std::fs::write(cd.join("config.toml"), containerd_config(&cd, &cni_conf, self.peers.path("runc")))?;
         let shim_dir = self.peers.path("containerd-shim-runc-v2").parent().context("no shim dir")?.to_path_buf();
         let path_env = format!("{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", shim_dir.display());
@@ -372,6 +383,60 @@ impl Node {
         self.pids.push(pid);
         self.processes.push(process);
         Ok(())
+    }
+
+    /// The bed's registry inside the node, serving read-only what `cargo xtask images` published
+    /// (`peers::registry`), and containerd's trust in it: as the mirror of the chart's default registry host (so
+    /// the chart's default image references are pulled from it) and under its own address. Without the bed's
+    /// TLS files (no `cargo xtask images` yet) the node starts without it and says so.
+    fn start_registry(&mut self, holder_pid: u32, certs_d: &Path) -> Result<()> {
+        let Ok(ca) = crate::registry::bed_ca() else {
+            progress("no bed registry (run `cargo xtask images`): pods cannot pull the agents' images");
+            return Ok(());
+        };
+        let (_, cert, key) = peers::registry::bed_tls();
+        let config = self.dir.join("registry.yml");
+        let storage = peers::registry::bed_storage();
+        std::fs::write(&config, peers::registry::config(&storage, REGISTRY_INSIDE, &cert, &key, true))?;
+        let program = self.peers.path("registry").display().to_string();
+        self.start_inside(
+            "registry",
+            &program,
+            vec!["serve".into(), config.display().to_string()],
+            peers::registry::ENV,
+        )?;
+        let mirrored = peers::registry::PUBLIC.split('/').next().unwrap_or_default();
+        for (host, server) in
+            [(mirrored, format!("https://{mirrored}")), (REGISTRY_INSIDE, format!("https://{REGISTRY_INSIDE}"))]
+        {
+            std::fs::create_dir_all(certs_d.join(host))?;
+            std::fs::write(
+                certs_d.join(host).join("hosts.toml"),
+                format!(
+                    "server = \"{server}\"\n\n[host.\"https://{REGISTRY_INSIDE}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
+                    ca.display()
+                ),
+            )?;
+        }
+        let port = free_port()?;
+        let inner: SocketAddr = REGISTRY_INSIDE.parse()?;
+        self.registry_relay = Some(Relay::start(holder_pid, port, inner)?);
+        self.registry_host = Some(format!("127.0.0.1:{port}"));
+        progress(&format!("registry inside on {REGISTRY_INSIDE} (host: 127.0.0.1:{port}), mirror of {mirrored}"));
+        Ok(())
+    }
+
+    /// The node's registry as the host reaches it (`127.0.0.1:<port>`): what `helm` on the host pulls the chart
+    /// from (`oci://<host>/kcp-keeper/charts/kcp-keeper`); its CA is `testbed::registry::bed_ca()`.
+    pub fn registry(&self) -> Result<&str> {
+        self.registry_host
+            .as_deref()
+            .context("the node has no registry: run `cargo xtask images` (cargo xtask test does)")
+    }
+
+    /// The node registry's log (its access log: every pull's requests).
+    pub fn registry_log(&self) -> Result<String> {
+        std::fs::read_to_string(self.dir.join("logs/registry.log")).context("reading the node registry's log")
     }
 
     /// A kubeconfig for a client-certificate user of this node's apiserver as pods reach it: the `kubernetes`
@@ -791,6 +856,8 @@ state = "{d}/state"
 
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{d}/certs.d"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{pause}"
 
@@ -925,12 +992,15 @@ impl Drop for Relay {
     }
 }
 
-/// An agent's image as `cargo xtask images` exports it: a docker-archive `<cache>/images/<agent>.tar`, tagged with
-/// the chart's default reference.
-pub fn agent_image_archive(agent: &str) -> Result<PathBuf> {
-    let path = peers::cache_root().join("images").join(format!("{agent}.tar"));
-    ensure!(path.exists(), "{} is missing: run `cargo xtask images` (cargo xtask test does)", path.display());
-    Ok(path)
+/// Fails unless `cargo xtask images` published the agent's image at `version` to the bed's registry, where the
+/// node's containerd pulls it from when a pod names it.
+pub fn agent_image_published(agent: &str, version: &str) -> Result<()> {
+    ensure!(
+        peers::registry::bed_has(agent, version),
+        "{agent}:{version} is not in the test bed's registry ({}): run `cargo xtask images` (cargo xtask test does)",
+        peers::registry::bed_storage().display()
+    );
+    Ok(())
 }
 
 static SHARED: OnceLock<Result<Node, String>> = OnceLock::new();
