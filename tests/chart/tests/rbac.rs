@@ -348,6 +348,8 @@ fn the_doctors_roles_are_reads_only_of_what_its_checks_read_by_name_where_the_va
         ),
         // The lockstep check reads the operator's Deployment (the values' default, the seed's).
         ("kcp-operator".to_string(), vec![r("apps", "deployments", &["kcp-operator"], "get")]),
+        // The release's own pods (agent-pods): listed by the chart's selector labels, never one read by name.
+        (chart::NAMESPACE.to_string(), vec![r("", "pods", &[], "list")]),
         ("kube-system".to_string(), vec![r("", "services", &["kube-dns"], "get")]),
         ("railgrid-system".to_string(), vec![r("", "configmaps", &["railgrid-hub"], "get")]),
     ]
@@ -436,5 +438,34 @@ fn the_doctors_roles_read_the_operator_and_provider_deployments_by_name_and_no_s
     let got =
         doctor_rules(json!({"doctor": {"enabled": true, "verify": {"enabled": false}, "operator": {"name": ""}}}))?;
     assert!(!got.values().flatten().any(|(_, resource, _, _)| resource == "deployments"), "{got:#?}");
+    Ok(())
+}
+
+/// The agent-pods check lists the release's pods: `list` on Pods in the release namespace alone (beside the
+/// NetworkPolicies when the chart renders any), nowhere else, and never Secrets, so no `imagePullSecrets` entry
+/// can be read through the doctor.
+#[test]
+fn the_doctor_lists_pods_in_the_release_namespace_only_and_beside_network_policies_still_no_secret() -> Result<()> {
+    let values = json!({"doctor": {"enabled": true, "verify": {"enabled": false}, "operator": {"name": ""},
+                                   "kcp": {"namespace": "kcp-system", "etcdNamespaces": ["etcd"]}},
+                        "imagePullSecrets": [{"name": "regcred"}]});
+    let got = doctor_rules(values.clone())?;
+    assert_eq!(got[chart::NAMESPACE], vec![r("", "pods", &[], "list")]);
+    let pods: Vec<&String> = got
+        .iter()
+        .filter(|(_, rules)| rules.iter().any(|(_, resource, _, _)| resource == "pods"))
+        .map(|(ns, _)| ns)
+        .collect();
+    assert_eq!(pods, [chart::NAMESPACE], "{got:#?}");
+    assert_no_secret(&got);
+    let mut values = values;
+    values["networkPolicy"] =
+        json!({"doctor": {"enabled": true}, "apiServer": {"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}]}});
+    let got = doctor_rules(values)?;
+    assert_eq!(
+        got[chart::NAMESPACE],
+        vec![r("", "pods", &[], "list"), r("networking.k8s.io", "networkpolicies", &[], "list")]
+    );
+    assert_no_secret(&got);
     Ok(())
 }

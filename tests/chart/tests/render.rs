@@ -1175,8 +1175,9 @@ fn anywhere_spelled_out_renders_and_the_doctor_lists_the_policies_and_warns_on_i
         .expect("the doctor's Role in the release namespace");
     assert_eq!(
         role["rules"],
-        json!([{"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list"]}]),
-        "list on NetworkPolicies, nothing else there"
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+               {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list"]}]),
+        "list on NetworkPolicies, and on Pods (agent-pods), nothing else there"
     );
     // Without any policy rendered, neither the flag nor the grant.
     values["networkPolicy"]["enabled"] = json!(false);
@@ -1184,8 +1185,15 @@ fn anywhere_spelled_out_renders_and_the_doctor_lists_the_policies_and_warns_on_i
     let doctor =
         &find(&objects, "Deployment", "kcp-keeper-doctor").unwrap()["spec"]["template"]["spec"]["containers"][0];
     assert!(!env_of(doctor).contains_key("KCP_KEEPER_DOCTOR_NETWORK_POLICIES"));
-    assert!(!objects.iter().any(|o| o["kind"] == "Role"
-        && o["metadata"]["namespace"] == "kcp-keeper"
-        && o["metadata"]["name"] == "kcp-keeper-doctor"));
+    let role = objects.iter().find(|o| {
+        o["kind"] == "Role"
+            && o["metadata"]["namespace"] == "kcp-keeper"
+            && o["metadata"]["name"] == "kcp-keeper-doctor"
+    });
+    assert_eq!(
+        role.map(|r| r["rules"].clone()),
+        Some(json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}])),
+        "the release namespace's Role keeps only agent-pods' list on Pods"
+    );
     Ok(())
 }

@@ -103,6 +103,13 @@ pub struct Doctor {
     /// egress rule that reaches any address (no `to`, 0.0.0.0/0, ::/0) on 443 or 6443.
     #[arg(long, env = "KCP_KEEPER_DOCTOR_NETWORK_POLICIES")]
     pub network_policies: Option<String>,
+    /// The namespace of the kcp-keeper release: its pods are checked for containers that cannot pull their image,
+    /// cannot start or keep exiting (agent-pods).
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_RELEASE_NAMESPACE")]
+    pub release_namespace: Option<String>,
+    /// The kcp-keeper release's name (its pods' app.kubernetes.io/instance label).
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_RELEASE", default_value = crate::rules::agent_pods::DEFAULT_RELEASE)]
+    pub release: String,
     /// Warn when a certificate has less than this many days left.
     #[arg(long, env = "KCP_KEEPER_DOCTOR_WARN_DAYS", default_value_t = 30)]
     pub warn_days: u32,
@@ -140,6 +147,8 @@ impl Doctor {
             node_local_dns: self.node_local_dns.clone(),
             via_endpoints: self.via_endpoints,
             network_policies: self.network_policies.clone(),
+            release_namespace: self.release_namespace.clone(),
+            release: self.release.clone(),
             margins: Margins {
                 warn_secs: i64::from(self.warn_days) * 86400,
                 fail_secs: i64::from(self.fail_days) * 86400,

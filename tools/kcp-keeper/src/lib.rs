@@ -52,6 +52,18 @@ pub async fn run(client: &kube::Client, options: &Options) -> Report {
             "run kcp-keeper doctor --kcp-kubeconfig from a machine with your own kubeconfig",
         ));
     }
+    // Before the agents' metrics: an agent whose image cannot be pulled is why its metrics do not answer.
+    if let Some(namespace) = &options.release_namespace {
+        checks.extend(match read::release_pods(client, namespace, &options.release).await {
+            Ok(pods) => rules::agent_pods::judge(namespace, &options.release, &pods),
+            Err(e) => vec![Verdict::fail(
+                rules::agent_pods::CHECK,
+                format!("release {} in {namespace}", options.release),
+                format!("{e:#}"),
+                "check --release-namespace and the doctor's RBAC (list pods there)",
+            )],
+        });
+    }
     checks.extend(agent_checks(options, now as f64).await);
     if let Some(namespace) = &options.network_policies {
         checks.extend(match read::network_policies(client, namespace).await {
@@ -297,6 +309,7 @@ mod tests {
             rules::feature_gates::CHECK,
             rules::dns_rules::CHECK,
             rules::network_policy::CHECK,
+            rules::agent_pods::CHECK,
             "read",
         ];
         for check in checks {

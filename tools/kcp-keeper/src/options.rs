@@ -158,6 +158,10 @@ pub struct Options {
     pub via_endpoints: bool,
     /// The namespace whose kcp-keeper NetworkPolicies are checked for egress to any address on 443 and 6443.
     pub network_policies: Option<String>,
+    /// The namespace of the kcp-keeper release whose pods are checked (`agent-pods`); none: not checked.
+    pub release_namespace: Option<String>,
+    /// The Helm release's name: its pods carry `app.kubernetes.io/instance=<release>`.
+    pub release: String,
     pub margins: Margins,
 }
 
@@ -183,6 +187,8 @@ impl Default for Options {
             node_local_dns: Vec::new(),
             via_endpoints: false,
             network_policies: None,
+            release_namespace: None,
+            release: crate::rules::agent_pods::DEFAULT_RELEASE.into(),
             margins: Margins::default(),
         }
     }

@@ -137,6 +137,22 @@ pub async fn deployment_image(client: &kube::Client, r: &crate::options::ObjectR
     (subject, image)
 }
 
+/// The pods of release `release` in `namespace` (the chart's selector labels, [`selector`]).
+///
+/// [`selector`]: crate::rules::agent_pods::selector
+pub async fn release_pods(
+    client: &kube::Client,
+    namespace: &str,
+    release: &str,
+) -> Result<Vec<k8s_openapi::api::core::v1::Pod>> {
+    let api = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), namespace);
+    let list = api
+        .list(&ListParams::default().labels(&crate::rules::agent_pods::selector(release)))
+        .await
+        .with_context(|| format!("listing pods in {namespace}"))?;
+    Ok(list.items)
+}
+
 /// The NetworkPolicies of `namespace` that the chart rendered (labelled [`SELECTOR`]).
 ///
 /// [`SELECTOR`]: crate::rules::network_policy::SELECTOR

@@ -1,5 +1,6 @@
 //! The rules, pure: what was read in, one verdict per subject out. No client, no network.
 
+pub mod agent_pods;
 pub mod base_url;
 pub mod dns_rules;
 pub mod endpoint_slices;
