@@ -191,14 +191,12 @@ fn test(only: &[String], args: &[String]) -> Result<()> {
         step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))?;
     }
     let named = |names: &[&str]| only.iter().any(|o| names.contains(&o.as_str()));
-    // The images first: the node test imports them into the node's containerd.
-    if everything || named(&["chart", "chart:node"]) {
+    // The images first, published to the bed's registry: the nodes pull them from it, the publish tests push them.
+    // (The seed layout's own images are built by its test, with buildah, the first time: testbed::seed::images.)
+    if everything || named(&["chart", "chart:node", "chart:seed_layout", "chart:quick_start", "xtask", "xtask:publish"]) {
         images::images()?;
-    } else if named(&["chart:seed_layout"]) {
-        // The seed layout's images are built by its test, with buildah, the first time (testbed::seed::images).
-        prereqs::ensure_buildah()?;
     }
-    if everything || named(&["chart", "chart:node", "chart:seed_layout", "testbed", "testbed:node"]) {
+    if everything || named(&["chart", "chart:node", "chart:seed_layout", "chart:quick_start", "testbed", "testbed:node"]) {
         prereqs::ensure_node_tools()?;
     }
     if everything || named(&["ca-syncer", "ca-syncer:keystores"]) {

@@ -307,7 +307,8 @@ impl Tools {
         }
         std::fs::create_dir_all(dir)?;
         let oci = format!("oci://{}", reference.rsplit_once(':').map_or(reference, |(r, _)| r));
-        let out = self.helm_command(&["pull", &oci, "--version", version, "--destination"]).arg(dir).output()?;
+        let dir_arg = dir.display().to_string();
+        let out = self.helm_command(&["pull", &oci, "--version", version, "--destination", &dir_arg]).output()?;
         ensure!(out.status.success(), "helm pull {oci}: {}", String::from_utf8_lossy(&out.stderr).trim());
         Ok(Some(dir.join(format!("{CHART}-{version}.tgz"))))
     }

@@ -24,6 +24,7 @@ use chart::dns_on_node::{coredns_as_a_pod, dns_check_account, dns_check_pod, loo
 mod ca_syncer;
 mod dns_rewriter;
 mod etcd_snapshotter;
+mod image_pulls;
 mod network_policy;
 
 /// The chart installed once per binary, on the shared node (`chart::on_node`: the same set-up as

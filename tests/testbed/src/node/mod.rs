@@ -386,8 +386,9 @@ impl Node {
     }
 
     /// The bed's registry inside the node, serving read-only what `cargo xtask images` published
-    /// (`peers::registry`), and containerd's trust in it: as the mirror of the chart's default registry host (so
-    /// the chart's default image references are pulled from it) and under its own address. Without the bed's
+    /// (`peers::registry`), and containerd's trust in it: as the server of the chart's default registry host (so
+    /// the chart's default image references are pulled from it, as a cluster with a registry mirror pulls them)
+    /// and under its own address. Without the bed's
     /// TLS files (no `cargo xtask images` yet) the node starts without it and says so.
     fn start_registry(&mut self, holder_pid: u32, certs_d: &Path) -> Result<()> {
         let Ok(ca) = crate::registry::bed_ca() else {
@@ -405,15 +406,16 @@ impl Node {
             vec!["serve".into(), config.display().to_string()],
             peers::registry::ENV,
         )?;
+        // The chart's default host is served by the bed's registry alone (`server`): a pull never falls back to
+        // the public host, which the node cannot reach, so a registry's answer (a missing tag) is what kubelet
+        // reports.
         let mirrored = peers::registry::PUBLIC.split('/').next().unwrap_or_default();
-        for (host, server) in
-            [(mirrored, format!("https://{mirrored}")), (REGISTRY_INSIDE, format!("https://{REGISTRY_INSIDE}"))]
-        {
+        for host in [mirrored, REGISTRY_INSIDE] {
             std::fs::create_dir_all(certs_d.join(host))?;
             std::fs::write(
                 certs_d.join(host).join("hosts.toml"),
                 format!(
-                    "server = \"{server}\"\n\n[host.\"https://{REGISTRY_INSIDE}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
+                    "server = \"https://{REGISTRY_INSIDE}\"\n\n[host.\"https://{REGISTRY_INSIDE}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
                     ca.display()
                 ),
             )?;
