@@ -58,7 +58,8 @@ fn an_invalid_config_fails_at_start_naming_the_field() -> Result<()> {
 fn version_prints_version_and_commit() -> Result<()> {
     let (code, stdout, _) = run_to_completion(Path::new(BINARY), &["--version"])?;
     assert_eq!(code, Some(0));
-    assert!(stdout.starts_with("ca-syncer 0.1.0 (commit "), "{stdout}");
+    let expected = format!("ca-syncer {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(stdout.starts_with(&expected), "{stdout}");
     Ok(())
 }
 

@@ -60,7 +60,8 @@ fn version_prints_version_and_commit() {
     let out = std::process::Command::new(BINARY).arg("--version").output().expect("the binary starts");
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.starts_with("dns-rewriter 0.1.0 (commit "), "{stdout}");
+    let expected = format!("dns-rewriter {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(stdout.starts_with(&expected), "{stdout}");
 }
 
 /// Starts `run` on an invalid configuration (it logs `starting`, then fails) with `format` and stderr going to

@@ -129,7 +129,8 @@ async fn readyz_follows_first_sync_and_shutdown_and_metrics_are_openmetrics() ->
     let (status, content_type, body) = testbed::http::get(&url("/metrics")).await?;
     assert_eq!(status, 200);
     assert!(content_type.starts_with("application/openmetrics-text"), "{content_type}");
-    assert!(body.contains("test_agent_build_info{version=\"0.1.0\",commit=\""), "{body}");
+    let build_info = format!("test_agent_build_info{{version=\"{}\",commit=\"", env!("CARGO_PKG_VERSION"));
+    assert!(body.contains(&build_info), "{body}");
     let rss: f64 = body
         .lines()
         .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))

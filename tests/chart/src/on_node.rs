@@ -261,17 +261,32 @@ pub fn pause_deployment(name: &str) -> Value {
     })
 }
 
-/// `helm <verb> --wait` (install or upgrade) of the release `kcp-keeper` with `values`, on the node.
+/// `helm <verb> --wait` (install or upgrade) of the release `kcp-keeper` with `values`, on the node, from the
+/// working tree's chart.
 pub fn helm_release(node: &Node, verb: &str, values: &Value, timeout: &str) -> Result<crate::Output> {
+    helm_release_of(node, verb, None, values, timeout)
+}
+
+/// [`helm_release`] of the chart published at `version` in the bed's registry (`None`: the working tree's).
+pub fn helm_release_of(
+    node: &Node,
+    verb: &str,
+    version: Option<&str>,
+    values: &Value,
+    timeout: &str,
+) -> Result<crate::Output> {
     let home = tempfile::tempdir()?;
     let values_file = home.path().join("values.yaml");
     std::fs::write(&values_file, serde_yaml::to_string(values)?)?;
-    let chart_dir = crate::chart_dir();
+    let chart = match version {
+        None => crate::chart_dir().display().to_string(),
+        Some(_) => format!("oci://{}/{}/charts/kcp-keeper", node.registry()?, peers::registry::BED_PATH),
+    };
     let kubeconfig = node.kubeconfig.display().to_string();
-    let args = [
+    let mut args = vec![
         verb,
         "kcp-keeper",
-        chart_dir.to_str().context("chart path")?,
+        &chart,
         "--namespace",
         NAMESPACE,
         "--kubeconfig",
@@ -282,6 +297,10 @@ pub fn helm_release(node: &Node, verb: &str, values: &Value, timeout: &str) -> R
         "--timeout",
         timeout,
     ];
+    let ca = testbed::registry::bed_ca()?.display().to_string();
+    if let Some(version) = version {
+        args.extend(["--version", version, "--ca-file", &ca]);
+    }
     run(helm(&args, home.path())?)
 }
 
@@ -372,4 +391,60 @@ pub fn exec_in_agent(node: &Node, agent: &str, command: &[&str]) -> Result<Strin
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(stdout)
+}
+
+/// A pod's unlabelled metric (the admin port, through the apiserver's pod proxy) whose name starts with
+/// `prefix` and ends with `suffix`: its full name and value.
+pub fn pod_metric(node: &Node, pod: &str, prefix: &str, suffix: &str) -> Result<Option<(String, f64)>> {
+    let path = format!("/api/v1/namespaces/{NAMESPACE}/pods/{pod}:9090/proxy/metrics");
+    let out = node.kubectl(&["get", "--raw", &path])?;
+    ensure!(out.status.success(), "metrics of {pod}: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let (name, value) = l.split_once(' ')?;
+        (name.starts_with(prefix) && name.ends_with(suffix))
+            .then(|| Some((name.to_string(), value.trim().parse().ok()?)))?
+    }))
+}
+
+/// An agent's pods: name, uid, restarts of its container, Ready.
+pub async fn agent_pods(client: &kube::Client, agent: &str) -> Result<Vec<(String, String, i32, bool)>> {
+    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={agent}")))
+        .await?;
+    Ok(pods
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let status = p.status.clone().unwrap_or_default();
+            let container = status.container_statuses.unwrap_or_default().into_iter().next().unwrap_or_default();
+            (
+                p.metadata.name.clone().unwrap_or_default(),
+                p.metadata.uid.clone().unwrap_or_default(),
+                container.restart_count,
+                container.ready,
+            )
+        })
+        .collect())
+}
+
+/// The hub's pods when its rollout has settled: one Ready pod of the current template, no other pod left, after
+/// a restart kubeconfig-rotator made: its restart annotation and the pod's uid.
+pub async fn settled_hub(client: &kube::Client) -> Option<(String, String)> {
+    let deployment = Api::<Deployment>::namespaced(client.clone(), "railgrid-system").get(HUB).await.ok()?;
+    let status = deployment.status.clone()?;
+    let settled = status.observed_generation == deployment.metadata.generation
+        && status.updated_replicas == Some(1)
+        && status.ready_replicas == Some(1)
+        && status.replicas == Some(1);
+    let annotation =
+        deployment.spec.template.metadata?.annotations?.get("kcp-keeper.io/restarted-for-hub-admin").cloned()?;
+    let pods = Api::<Pod>::namespaced(client.clone(), "railgrid-system")
+        .list(&ListParams::default().labels(&format!("app={HUB}")))
+        .await
+        .ok()?;
+    let [pod] = pods.items.as_slice() else { return None };
+    let ready = pod.status.as_ref()?.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+    let uid = pod.metadata.uid.clone()?;
+    (settled && ready && pod.metadata.deletion_timestamp.is_none()).then_some((annotation, uid))
 }

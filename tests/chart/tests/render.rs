@@ -96,7 +96,7 @@ fn every_agent_pod_is_non_root_read_only_without_capabilities_or_privilege_escal
             assert!(sc["capabilities"].get("add").is_none(), "{name}");
             // The default tag is the chart's appVersion: chart and agents move in lockstep.
             let agent = name.as_str().unwrap().trim_start_matches("kcp-keeper-");
-            assert_eq!(c["image"], format!("ghcr.io/kcp-keeper/{agent}:0.1.0"), "{name}");
+            assert_eq!(c["image"], format!("ghcr.io/kcp-keeper/{agent}:{}", env!("CARGO_PKG_VERSION")), "{name}");
         }
     }
     Ok(())
@@ -645,7 +645,7 @@ fn the_doctor_is_off_by_default_and_when_on_runs_one_restricted_pod_of_the_kcp_k
     assert_eq!(sc["readOnlyRootFilesystem"], true);
     assert_eq!(sc["allowPrivilegeEscalation"], false);
     assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
-    assert_eq!(c["image"], "ghcr.io/kcp-keeper/kcp-keeper:0.1.0", "the kcp-keeper binary's image, lockstep tag");
+    assert_eq!(c["image"], format!("ghcr.io/kcp-keeper/kcp-keeper:{}", env!("CARGO_PKG_VERSION")), "lockstep tag");
     assert_eq!(c["args"], json!(["doctor"]));
     assert_eq!(c["ports"][0]["name"], "admin");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");

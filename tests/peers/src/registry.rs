@@ -36,14 +36,25 @@ pub fn bed_tls() -> (PathBuf, PathBuf, PathBuf) {
 /// Whether `<agent>:<version>` (a repository under [`BED_PATH`]) is in the bed's storage: the tag's link file
 /// the registry writes last when it takes a manifest.
 pub fn bed_has(repository: &str, tag: &str) -> bool {
-    bed_storage()
-        .join("docker/registry/v2/repositories")
-        .join(BED_PATH)
-        .join(repository)
-        .join("_manifests/tags")
-        .join(tag)
-        .join("current/link")
-        .exists()
+    tags_dir(repository).join(tag).join("current/link").exists()
+}
+
+/// The tags of a repository under [`BED_PATH`] in the bed's storage (e.g. `charts/kcp-keeper`: every version
+/// published there), sorted.
+pub fn bed_tags(repository: &str) -> Vec<String> {
+    let mut tags: Vec<String> = std::fs::read_dir(tags_dir(repository))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("current/link").exists())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    tags.sort();
+    tags
+}
+
+fn tags_dir(repository: &str) -> PathBuf {
+    bed_storage().join("docker/registry/v2/repositories").join(BED_PATH).join(repository).join("_manifests/tags")
 }
 
 /// The registry's configuration: filesystem `storage`, TLS on `addr` (`host:port`), deletes refused (a published

@@ -46,10 +46,33 @@ pub fn images() -> Result<()> {
     crate::step_with("publish the images and the chart to the test bed's registry", crate::publish::to_bed)
 }
 
-/// Builds, checks and sizes every agent image, into buildah's local storage.
+/// A source tree images are built from: the working tree, or a release's tree (`release::previous`).
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub root: PathBuf,
+    /// The commit (the `revision` label).
+    pub revision: String,
+    /// The commit's time in seconds since the epoch (the images' `created`).
+    pub created: String,
+}
+
+impl Source {
+    /// The checkout this xtask runs from, at its HEAD.
+    pub fn working_tree() -> Result<Self> {
+        let root = workspace_root();
+        Ok(Self { revision: git_revision(&root)?, created: git_commit_time(&root, "HEAD")?, root })
+    }
+}
+
+/// Builds, checks and sizes every agent image of the working tree, into buildah's local storage.
 pub fn build() -> Result<()> {
+    build_tree(&Source::working_tree()?)
+}
+
+/// Builds, checks and sizes every agent image of `source`, into buildah's local storage.
+pub fn build_tree(source: &Source) -> Result<()> {
     let started = Instant::now();
-    let root = workspace_root();
+    let root = source.root.clone();
     prereqs::ensure_protoc()?;
     prereqs::ensure_musl_target()?;
     prereqs::ensure_musl_cc()?;
@@ -58,8 +81,7 @@ pub fn build() -> Result<()> {
     prereqs::check_rootless_buildah()?;
     let peers = crate::ensure_peers()?;
     let version = lockstep_version(&root)?;
-    let revision = git_revision(&root)?;
-    let created = git_commit_time(&root)?;
+    let (revision, created) = (source.revision.clone(), source.created.clone());
     eprintln!(
         "xtask: images {version} at {revision}, buildah {buildah_version}, storage {}",
         peers::buildah::AGENTS.root().display()
@@ -69,6 +91,7 @@ pub fn build() -> Result<()> {
     // only the workspace crates, not every dependency for a second target and profile.
     let target_dir = build_dir();
     let mut build = crate::cargo(&["build", "--release", "--locked", "--target", MUSL_TARGET, "--bins"]);
+    build.arg("--manifest-path").arg(root.join("Cargo.toml"));
     build.arg("--target-dir").arg(&target_dir);
     for agent in AGENTS {
         build.args(["--package", agent]);
@@ -309,9 +332,9 @@ fn stage_context(dir: &Path, files: &[PathBuf]) -> Result<PathBuf> {
     Ok(dir.to_path_buf())
 }
 
-/// The commit's time in seconds since the epoch: the images' `created`.
-fn git_commit_time(root: &Path) -> Result<String> {
-    let output = Command::new("git").arg("-C").arg(root).args(["log", "-1", "--format=%ct"]).output()?;
+/// A commit's time in seconds since the epoch: the images' `created`.
+pub(crate) fn git_commit_time(root: &Path, commit: &str) -> Result<String> {
+    let output = Command::new("git").arg("-C").arg(root).args(["log", "-1", "--format=%ct", commit]).output()?;
     ensure!(output.status.success(), "git log failed: {}", String::from_utf8_lossy(&output.stderr).trim());
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
 }

@@ -193,10 +193,30 @@ fn test(only: &[String], args: &[String]) -> Result<()> {
     let named = |names: &[&str]| only.iter().any(|o| names.contains(&o.as_str()));
     // The images first, published to the bed's registry: the nodes pull them from it, the publish tests push them.
     // (The seed layout's own images are built by its test, with buildah, the first time: testbed::seed::images.)
-    if everything || named(&["chart", "chart:node", "chart:seed_layout", "chart:quick_start", "xtask", "xtask:publish"]) {
+    if everything
+        || named(&[
+            "chart",
+            "chart:node",
+            "chart:seed_layout",
+            "chart:quick_start",
+            "chart:upgrade",
+            "xtask",
+            "xtask:publish",
+        ])
+    {
         images::images()?;
     }
-    if everything || named(&["chart", "chart:node", "chart:seed_layout", "chart:quick_start", "testbed", "testbed:node"]) {
+    if everything
+        || named(&[
+            "chart",
+            "chart:node",
+            "chart:seed_layout",
+            "chart:quick_start",
+            "chart:upgrade",
+            "testbed",
+            "testbed:node",
+        ])
+    {
         prereqs::ensure_node_tools()?;
     }
     if everything || named(&["ca-syncer", "ca-syncer:keystores"]) {

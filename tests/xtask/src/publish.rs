@@ -80,14 +80,20 @@ pub enum Outcome {
     AlreadyThere(String),
 }
 
-/// Builds the images (unless `prebuilt`: then the ones `cargo xtask images` last built) and publishes them and
-/// the chart to `target`.
+/// Builds the working tree's images (unless `prebuilt`: then the ones `cargo xtask images` last built) and
+/// publishes them and the chart to `target`.
 pub fn publish(target: &Target, prebuilt: bool) -> Result<Vec<(String, Outcome)>> {
+    let source = images::Source::working_tree()?;
     if !prebuilt {
-        images::build()?;
+        images::build_tree(&source)?;
     }
+    publish_tree(target, &source)
+}
+
+/// Publishes the images built from `source` (in buildah's storage) and its chart to `target`.
+pub fn publish_tree(target: &Target, source: &images::Source) -> Result<Vec<(String, Outcome)>> {
     let peers = peers::locate_only(&["oras", "helm"]).context("publish runs ORAS and helm from the peer cache")?;
-    let root = images::workspace_root();
+    let root = source.root.clone();
     let version = images::lockstep_version(&root)?;
     let tools = Tools::new(target, peers.path("oras"), peers.path("helm"))?;
 
@@ -513,7 +519,9 @@ pub fn to_bed() -> Result<()> {
             std::thread::sleep(Duration::from_millis(100));
         }
         let target = Target::parse(&format!("{addr}/{}", peers::registry::BED_PATH), Some(ca.clone()), None)?;
-        publish(&target, true).map(|_| ())
+        // The previous release first (the upgrade test installs it), then this tree's build.
+        publish_tree(&target, &crate::release::previous_images()?)?;
+        publish_tree(&target, &images::Source::working_tree()?).map(|_| ())
     })();
     let _ = child.kill();
     let _ = child.wait();

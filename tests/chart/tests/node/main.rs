@@ -9,7 +9,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use chart::on_node::{self, AGENTS, HUB, Installed, create, exec_in_agent, restricted_pause_spec, version};
+use chart::on_node::{
+    self, AGENTS, Installed, agent_pods, create, exec_in_agent, pod_metric, restricted_pause_spec, settled_hub, version,
+};
 use chart::{NAMESPACE, helm, run};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Pod, Secret, Service};
@@ -248,26 +250,6 @@ async fn target_kubeconfig(client: &kube::Client) -> Option<String> {
     String::from_utf8(secret.data?.get("admin.kubeconfig")?.0.clone()).ok()
 }
 
-/// The hub's pods when its rollout has settled: one Ready pod of the current template, no other pod left.
-async fn settled_hub(client: &kube::Client) -> Option<(String, String)> {
-    let deployment = Api::<Deployment>::namespaced(client.clone(), "railgrid-system").get(HUB).await.ok()?;
-    let status = deployment.status.clone()?;
-    let settled = status.observed_generation == deployment.metadata.generation
-        && status.updated_replicas == Some(1)
-        && status.ready_replicas == Some(1)
-        && status.replicas == Some(1);
-    let annotation =
-        deployment.spec.template.metadata?.annotations?.get("kcp-keeper.io/restarted-for-hub-admin").cloned()?;
-    let pods = Api::<Pod>::namespaced(client.clone(), "railgrid-system")
-        .list(&ListParams::default().labels(&format!("app={HUB}")))
-        .await
-        .ok()?;
-    let [pod] = pods.items.as_slice() else { return None };
-    let ready = pod.status.as_ref()?.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
-    let uid = pod.metadata.uid.clone()?;
-    (settled && ready && pod.metadata.deletion_timestamp.is_none()).then_some((annotation, uid))
-}
-
 /// kubeconfig-rotator, in its pod: a renewed client certificate in the source is proven (a SelfSubjectReview
 /// from the pod to the apiserver's in-cluster name), published to the target in another namespace, and the
 /// consumer Deployment rolls: a new pod replaces the old one.
@@ -327,41 +309,6 @@ fn helm_upgrade(node: &Node, values: &Value) -> Result<()> {
     let out = on_node::helm_release(node, "upgrade", values, "3m")?;
     ensure!(out.success, "helm upgrade failed: {}", out.stderr);
     Ok(())
-}
-
-/// An agent's pods: name, uid, restarts of its container, Ready.
-async fn agent_pods(client: &kube::Client, agent: &str) -> Result<Vec<(String, String, i32, bool)>> {
-    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
-        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={agent}")))
-        .await?;
-    Ok(pods
-        .items
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| {
-            let status = p.status.clone().unwrap_or_default();
-            let container = status.container_statuses.unwrap_or_default().into_iter().next().unwrap_or_default();
-            (
-                p.metadata.name.clone().unwrap_or_default(),
-                p.metadata.uid.clone().unwrap_or_default(),
-                container.restart_count,
-                container.ready,
-            )
-        })
-        .collect())
-}
-
-/// A pod's unlabelled metric (the admin port, through the apiserver's pod proxy) whose name starts with
-/// `prefix` and ends with `suffix`: its full name and value.
-fn pod_metric(node: &Node, pod: &str, prefix: &str, suffix: &str) -> Result<Option<(String, f64)>> {
-    let path = format!("/api/v1/namespaces/{NAMESPACE}/pods/{pod}:9090/proxy/metrics");
-    let out = node.kubectl(&["get", "--raw", &path])?;
-    ensure!(out.status.success(), "metrics of {pod}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
-        let (name, value) = l.split_once(' ')?;
-        (name.starts_with(prefix) && name.ends_with(suffix))
-            .then(|| Some((name.to_string(), value.trim().parse().ok()?)))?
-    }))
 }
 
 /// `kcp-split-horizon.override` of k3s's `coredns-custom`, as dns-rewriter wrote it.
