@@ -1,4 +1,4 @@
-//! A pull that fails, on the real node: a second release of the chart (ca-syncer alone, its own namespace) whose
+//! A pull that fails, on the real node: a second release of the chart (ca-syncer alone, all in its own namespace) whose
 //! image cannot be pulled, first a tag the registry does not have, then a registry that is down. kubelet reports
 //! each as the container's `ErrImagePull`/`ImagePullBackOff`, and `kcp-keeper doctor`'s `agent-pods` check names
 //! the pod, the container, the image and the registry's answer.
@@ -21,7 +21,9 @@ fn pull_values(registry: &str, tag: &str) -> Value {
         "dnsRewriter": {"enabled": false},
         "caSyncer": {"enabled": true, "replicas": 1, "config": {"bundles": [{
             "name": "pull-test",
-            "sources": [{"secret": {"namespace": "kcp-system", "name": "root-server-ca", "key": "ca.crt"}}],
+            // Everything in its own namespace: the release's Roles are named per agent, so a second release may
+            // not hold Roles in the first one's namespaces.
+            "sources": [{"secret": {"namespace": PULL_NAMESPACE, "name": "pull-source", "key": "ca.crt"}}],
             "targets": [{"secret": {"namespace": PULL_NAMESPACE, "name": "kcp-ca", "key": "ca.crt"}}],
         }]}},
     })
