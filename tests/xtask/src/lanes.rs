@@ -45,7 +45,7 @@ pub const SHARED_KCP_USERS: &[&str] =
 pub const PRIVATE_KCP: &[&str] = &["ca-syncer:live_check"];
 /// Binaries that start the test bed's node (a kubelet, containerd, kube-proxy, iptables rules): never two at
 /// once.
-const NODE: &[&str] = &["chart:node", "chart:seed_layout", "chart:quick_start", "chart:upgrade", "testbed:node"];
+pub const NODE: &[&str] = &["chart:node", "chart:seed_layout", "chart:quick_start", "chart:upgrade", "testbed:node"];
 
 /// Wall times of a full run on this machine kind (seconds; a fresh machine's run at 762bdec, two lanes), for the
 /// order when no run has been recorded in the target directory yet, as on a fresh clone in CI: the longest first,

@@ -191,32 +191,14 @@ fn test(only: &[String], args: &[String]) -> Result<()> {
         step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))?;
     }
     let named = |names: &[&str]| only.iter().any(|o| names.contains(&o.as_str()));
-    // The images first, published to the bed's registry: the nodes pull them from it, the publish tests push them.
-    // (The seed layout's own images are built by its test, with buildah, the first time: testbed::seed::images.)
-    if everything
-        || named(&[
-            "chart",
-            "chart:node",
-            "chart:seed_layout",
-            "chart:quick_start",
-            "chart:upgrade",
-            "xtask",
-            "xtask:publish",
-        ])
-    {
+    // A node of the test bed needs its tools; the images go first, published to the bed's registry: the nodes
+    // pull them from it, the publish tests push them. (The seed layout's own images are built by its test, with
+    // buildah, the first time: testbed::seed::images.)
+    let on_a_node = named(&["chart", "testbed"]) || lanes::NODE.iter().any(|binary| named(&[binary]));
+    if everything || on_a_node || named(&["xtask", "xtask:publish"]) {
         images::images()?;
     }
-    if everything
-        || named(&[
-            "chart",
-            "chart:node",
-            "chart:seed_layout",
-            "chart:quick_start",
-            "chart:upgrade",
-            "testbed",
-            "testbed:node",
-        ])
-    {
+    if everything || on_a_node {
         prereqs::ensure_node_tools()?;
     }
     if everything || named(&["ca-syncer", "ca-syncer:keystores"]) {
