@@ -363,16 +363,27 @@ async fn helm_upgrade_of_one_agents_configuration_is_picked_up_without_a_restart
                 .then_some(())
         })
         .await;
-        // Only reported: the runtime's `<agent>_config_rejected` was not among this pod's metrics when checked.
-        eprintln!("{pod}: config_rejected metric: {:?}", pod_metric(node, pod, "dns_rewriter", "config_rejected")?);
+        // What `KcpKeeperConfigRejected` reads, from this pod's own /metrics.
+        testbed::eventually(Duration::from_secs(60), "dns_rewriter_config_rejected 1", || async {
+            let (_, value) = pod_metric(node, pod, "dns_rewriter_config_rejected", "").ok()??;
+            (value == 1.0).then_some(())
+        })
+        .await;
     }
     let refused = agent_pods(&client, "dns-rewriter").await?;
     ensure!(refused == before, "dns-rewriter's pods changed on a refused configuration: {before:?} -> {refused:?}");
     let snippet = dns_snippet(&client).await.context("coredns-custom went")?;
     ensure!(snippet.contains("kcp-api.example.com."), "the last valid rules went:\n{snippet}");
 
-    // Back to the values the other tests expect.
+    // Back to the values the other tests expect: the alert's metric clears.
     helm_upgrade(node, &self::values(node)?)?;
+    for (pod, ..) in &before {
+        testbed::eventually(Duration::from_secs(120), "dns_rewriter_config_rejected back to 0", || async {
+            let (_, value) = pod_metric(node, pod, "dns_rewriter_config_rejected", "").ok()??;
+            (value == 0.0).then_some(())
+        })
+        .await;
+    }
     Ok(())
 }
 
