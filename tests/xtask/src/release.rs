@@ -44,7 +44,12 @@ pub fn previous_images() -> Result<Source> {
         ensure!(status.success(), "unpacking release {version} ({commit}): is the commit in this clone's history?");
         std::fs::rename(&scratch, &root)?;
     }
-    let source = Source { root, revision: commit.to_string(), created: images::git_commit_time(&here, commit)? };
+    // The commit's time beside the tree: the images' `created`, known without the history from then on.
+    if !dir.join("created").exists() {
+        std::fs::write(dir.join("created"), images::git_commit_time(&here, commit)?)?;
+    }
+    let created = std::fs::read_to_string(dir.join("created")).context("the previous release's commit time")?;
+    let source = Source { root, revision: commit.to_string(), created: created.trim().to_string() };
     let built = AGENTS.iter().all(|agent| {
         peers::buildah::AGENTS
             .output(&[
