@@ -1054,7 +1054,8 @@ fn dns_is_allowed_to_the_kube_dns_pods_and_to_each_configured_node_local_dns_add
         assert!(!allows(policy, &kube_dns(8080, "TCP")), "{name}: kube-dns pods on another port");
         assert!(!allows(policy, &dest("169.254.20.10", 443, "TCP")), "{name}: node-local-dns on 443");
     }
-    // iptables mode binds the cluster DNS Service's ClusterIP too; an IPv6 address is a /128.
+    // With kube-proxy in iptables mode node-local-dns binds the cluster DNS Service's ClusterIP too, pods' nameserver,
+    // which it answers on the node without the Service's translation: listed, it is allowed. IPv6 is a /128.
     values["networkPolicy"]["dns"] = json!({"nodeLocalDns": ["169.254.20.10", "10.96.0.10", "fd00::a"]});
     let objects = documents(&template(&values, &[])?)?;
     for policy in policies(&objects) {

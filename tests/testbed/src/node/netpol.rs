@@ -5,8 +5,9 @@
 //! kube-router filters a pod's traffic to other pods (bridged, through br_netfilter) and to the node itself
 //! (INPUT), so the apiserver, CoreDNS and the bed's peers on the node address are behind the policy too.
 //!
-//! Also here: a pod's own network namespace, found through its cgroup, so a test can open a connection as the pod
-//! does (same address, same veth, same policy) or listen where only pods are, without any tool in its image.
+//! Also here: a pod's own network namespace, found through its cgroup, so a test can open a connection or ask a
+//! DNS server as the pod does (same address, same veth, same policy) or listen where only pods are, without any
+//! tool in its image; and an address on the node's loopback, where NodeLocal DNSCache's listen address lives.
 
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -16,6 +17,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use hickory_resolver::TokioResolver;
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::proto::rr::RData;
 
 use super::{NODE_NAME, Node, hierarchies, network::spawn_joined, progress};
 use crate::apiserver::{SERVICE_CIDR, kubeconfig_yaml};
@@ -96,6 +101,41 @@ impl Node {
         rx.await.context("the thread in the pod's network ended without an answer")
     }
 
+    /// What `server` answers for `name`'s IPv4 addresses, asked from a pod's network namespace (its address, its
+    /// veth, its policy) once over UDP within `timeout`: see [`ask_dns`].
+    pub async fn dns_from_pod(
+        &self,
+        pod_uid: &str,
+        server: SocketAddr,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<std::result::Result<Vec<Ipv4Addr>, String>> {
+        let name = name.to_string();
+        self.in_pod_network(pod_uid, move || async move { ask_dns(server, &name, timeout).await }).await
+    }
+
+    /// [`Node::dns_from_pod`] from the node's own network, which no NetworkPolicy governs: what the server
+    /// answers to anyone allowed to ask.
+    pub async fn dns_from_node(
+        &self,
+        server: SocketAddr,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<std::result::Result<Vec<Ipv4Addr>, String>> {
+        let name = name.to_string();
+        self.in_network(move || async move { ask_dns(server, &name, timeout).await }).await
+    }
+
+    /// `ip` on the node's loopback until the guard is dropped: where node-cache's dummy interface
+    /// (`-setupinterface`, which this kernel cannot create: no `dummy` link type) puts NodeLocal DNSCache's
+    /// listen address. A host-network listener can then bind it, and a pod's packets to it reach the node as on a
+    /// cluster (INPUT, behind the pod's policy).
+    pub fn add_local_address(&self, ip: Ipv4Addr) -> Result<LocalAddress<'_>> {
+        self.run_inside("ip addr add", &[Path::new("ip")], &ip_addr_args("add", ip))?;
+        progress(&format!("{ip} on the node's loopback"));
+        Ok(LocalAddress { node: self, ip })
+    }
+
     /// TCP listeners on every address of a pod's network namespace, on `ports`, accepting (and closing) every
     /// connection until dropped: a server where only pods are, at an address no agent's policy names.
     pub async fn listen_in_pod(&self, pod_uid: &str, ports: &[u16]) -> Result<PodListener> {
@@ -152,6 +192,58 @@ impl PodListener {
 /// count as not), from wherever the calling thread's network namespace is.
 pub async fn tcp_connects(addr: SocketAddr, timeout: Duration) -> bool {
     matches!(tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await, Ok(Ok(_)))
+}
+
+/// What `server` answers for `name`'s IPv4 addresses (a fully qualified name; the trailing dot is added), asked
+/// once over UDP within `timeout`, without cache or search domains, from wherever the calling thread's network
+/// namespace is: `Ok` with the addresses when it answered (none for a name that does not exist or has no
+/// address), `Err` with why when it did not (a timeout, refused, unreachable).
+pub async fn ask_dns(server: SocketAddr, name: &str, timeout: Duration) -> std::result::Result<Vec<Ipv4Addr>, String> {
+    let mut udp = ConnectionConfig::udp();
+    udp.port = server.port();
+    let ns = NameServerConfig::new(server.ip(), true, vec![udp]);
+    let mut builder = TokioResolver::builder_with_config(
+        ResolverConfig::from_name_servers(vec![ns]),
+        TokioRuntimeProvider::default(),
+    );
+    let options = builder.options_mut();
+    options.cache_size = 0;
+    options.attempts = 1;
+    options.timeout = timeout;
+    options.ndots = 0;
+    let resolver = builder.build().map_err(|e| format!("building a resolver: {e}"))?;
+    let fqdn = if name.ends_with('.') { name.to_string() } else { format!("{name}.") };
+    match resolver.ipv4_lookup(fqdn.as_str()).await {
+        Ok(lookup) => Ok(lookup
+            .answers()
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some(a.0),
+                _ => None,
+            })
+            .collect()),
+        Err(e) if e.is_no_records_found() || e.is_nx_domain() => Ok(Vec::new()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// An address on the node's loopback ([`Node::add_local_address`]), removed when dropped.
+pub struct LocalAddress<'a> {
+    node: &'a Node,
+    ip: Ipv4Addr,
+}
+
+impl Drop for LocalAddress<'_> {
+    fn drop(&mut self) {
+        match self.node.run_inside("ip addr del", &[Path::new("ip")], &ip_addr_args("del", self.ip)) {
+            Ok(_) => progress(&format!("{} off the node's loopback", self.ip)),
+            Err(e) => eprintln!("testbed: node: removing {}: {e:#}", self.ip),
+        }
+    }
+}
+
+fn ip_addr_args(verb: &str, ip: Ipv4Addr) -> Vec<String> {
+    vec!["addr".into(), verb.into(), format!("{ip}/32"), "dev".into(), "lo".into()]
 }
 
 impl NetworkPolicyEnforcement<'_> {
