@@ -215,3 +215,77 @@ pub async fn lookup_from_a_pod(node: &Node, client: &kube::Client) -> Result<Str
     ensure!(out.status.success(), "kubectl logs: {}", String::from_utf8_lossy(&out.stderr));
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// The node-cache image the node imports (built here from the peer; the name is ours, never pulled).
+pub const NODE_CACHE_IMAGE: &str = "kcp-keeper.test/node-cache:peer";
+/// node-local-dns's DaemonSet and ConfigMap name and `k8s-app` label, as kubeadm's manifest names them.
+pub const NODE_LOCAL: &str = "node-local-dns";
+
+/// node-cache's image, built from the peer and imported into the node's containerd.
+pub fn import_node_cache_image(node: &Node) -> Result<()> {
+    let node_cache = peers::locate_only(&["node-cache"])?;
+    let archive = node::image::single_binary_image(
+        &node.dir,
+        NODE_CACHE_IMAGE,
+        node_cache.path("node-cache"),
+        "node-cache",
+        "0:0",
+    )?;
+    node.import_image(&archive)
+}
+
+/// The node-local-dns DaemonSet: node-cache without its dummy interface and iptables rules
+/// (`-setupinterface=false -setupiptables=false`, as this kernel needs), its base Corefile the projected
+/// ConfigMap, which it watches and re-renders into `-conf` (`-reloadwithsignal`: reloaded at once, not after the
+/// reload plugin's interval), root (port 53, as kubeadm's manifest runs it). `on_host`: as a cluster runs it, on
+/// the host network bound to that address (which the test puts on the node); `None`: in a pod of its own,
+/// bound to the pod's address.
+pub fn node_local_daemonset(on_host: Option<std::net::Ipv4Addr>) -> Value {
+    let (local, metrics, env) = match on_host {
+        Some(ip) => (ip.to_string(), format!("{}:9353", node::NODE_IP), json!([])),
+        None => (
+            "$(POD_IP)".to_string(),
+            "$(POD_IP):9353".to_string(),
+            json!([{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]),
+        ),
+    };
+    json!({
+        "metadata": {"name": NODE_LOCAL, "labels": {"k8s-app": NODE_LOCAL}},
+        "spec": {
+            "selector": {"matchLabels": {"k8s-app": NODE_LOCAL}},
+            "template": {
+                "metadata": {"labels": {"k8s-app": NODE_LOCAL}},
+                "spec": {
+                    "hostNetwork": on_host.is_some(),
+                    "dnsPolicy": "Default",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "node-cache",
+                        "image": NODE_CACHE_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "env": env,
+                        "args": [
+                            format!("-localip={local}"),
+                            "-setupinterface=false",
+                            "-setupiptables=false",
+                            "-skipteardown",
+                            "-reloadwithsignal",
+                            "-basecorefile=/etc/coredns/Corefile.base",
+                            "-conf=/run/node-cache/Corefile",
+                            format!("-metrics-listen-address={metrics}"),
+                        ],
+                        "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": false},
+                        "volumeMounts": [
+                            {"name": "config", "mountPath": "/etc/coredns", "readOnly": true},
+                            {"name": "run", "mountPath": "/run/node-cache"},
+                        ],
+                    }],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": NODE_LOCAL, "items": [{"key": "Corefile", "path": "Corefile.base"}]}},
+                        {"name": "run", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    })
+}

@@ -88,9 +88,6 @@ async fn helm_uninstall_runs_the_cleanup_hook_and_leaves_the_corefile_byte_for_b
 /// bridge's address forwarding to the kube-dns ClusterIP got `connect: network is unreachable`), while a pod
 /// reaches the cluster DNS Service and every pod reaches the pod. The address is a variable to the agent, so it
 /// verifies through the cluster DNS alone here (`ClusterBlock::listen_addresses`).
-/// The node-cache image the node imports (built here from the peer; the name is ours, never pulled).
-const NODE_CACHE_IMAGE: &str = "kcp-keeper.test/node-cache:peer";
-const NODE_LOCAL: &str = "node-local-dns";
 /// What the node's upstream resolver answers for the public name: the edge (a TLS-terminating load balancer),
 /// as the internet would.
 const EDGE: &str = "203.0.113.7";
@@ -104,52 +101,6 @@ fn node_local_corefile() -> String {
     let local = "__PILLAR__LOCAL__DNS__";
     let upstream = format!("{}:{UPSTREAM_PORT}", node::NODE_IP);
     testbed::coredns::node_local_corefile(local, &upstream, ":9253", &format!("{local}:8080"))
-}
-
-/// The node-local-dns DaemonSet: node-cache on the host network without its dummy interface and iptables rules
-/// (`-setupinterface=false -setupiptables=false`, as this kernel needs), its base Corefile the projected
-/// ConfigMap, which it watches and re-renders into `-conf` (`-reloadwithsignal`: reloaded at once, not after
-/// the reload plugin's interval).
-fn node_local_daemonset() -> Value {
-    json!({
-        "metadata": {"name": NODE_LOCAL, "labels": {"k8s-app": NODE_LOCAL}},
-        "spec": {
-            "selector": {"matchLabels": {"k8s-app": NODE_LOCAL}},
-            "template": {
-                "metadata": {"labels": {"k8s-app": NODE_LOCAL}},
-                "spec": {
-                    "dnsPolicy": "Default",
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [{
-                        "name": "node-cache",
-                        "image": NODE_CACHE_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-                        "args": [
-                            "-localip=$(POD_IP)",
-                            "-setupinterface=false",
-                            "-setupiptables=false",
-                            "-skipteardown",
-                            "-reloadwithsignal",
-                            "-basecorefile=/etc/coredns/Corefile.base",
-                            "-conf=/run/node-cache/Corefile",
-                            "-metrics-listen-address=$(POD_IP):9353",
-                        ],
-                        // Port 53: root, as kubeadm's manifest runs it (kube-system).
-                        "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": false},
-                        "volumeMounts": [
-                            {"name": "config", "mountPath": "/etc/coredns", "readOnly": true},
-                            {"name": "run", "mountPath": "/run/node-cache"},
-                        ],
-                    }],
-                    "volumes": [
-                        {"name": "config", "configMap": {"name": NODE_LOCAL, "items": [{"key": "Corefile", "path": "Corefile.base"}]}},
-                        {"name": "run", "emptyDir": {}},
-                    ],
-                },
-            },
-        },
-    })
 }
 
 /// A pod whose only resolver is node-local-dns (`dnsPolicy: None`, its address the one nameserver) runs the
@@ -310,15 +261,7 @@ async fn node_local_dns_before_and_after(node: &'static Node, client: kube::Clie
         vec!["-conf".into(), upstream_corefile.display().to_string()],
     )?;
 
-    let node_cache = peers::locate_only(&["node-cache"])?;
-    let archive = node::image::single_binary_image(
-        &node.dir,
-        NODE_CACHE_IMAGE,
-        node_cache.path("node-cache"),
-        "node-cache",
-        "0:0",
-    )?;
-    node.import_image(&archive)?;
+    import_node_cache_image(node)?;
     let original = node_local_corefile();
     create::<ConfigMap>(
         client,
@@ -326,7 +269,7 @@ async fn node_local_dns_before_and_after(node: &'static Node, client: kube::Clie
         json!({"metadata": {"name": NODE_LOCAL}, "data": {"Corefile": original}}),
     )
     .await?;
-    create::<k8s_openapi::api::apps::v1::DaemonSet>(client, "kube-system", node_local_daemonset()).await?;
+    create::<k8s_openapi::api::apps::v1::DaemonSet>(client, "kube-system", node_local_daemonset(None)).await?;
     dns_check_account(client, "node-local-dns-probe").await?;
     let pods = Api::<Pod>::namespaced(client.clone(), "kube-system");
     let local = testbed::eventually(Duration::from_secs(120), "the node-local-dns pod Running", || async {

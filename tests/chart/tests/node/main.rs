@@ -20,7 +20,10 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testbed::node::{self, Node};
 
-use chart::dns_on_node::{coredns_as_a_pod, dns_check_account, dns_check_pod, lookup_from_a_pod};
+use chart::dns_on_node::{
+    NODE_LOCAL, coredns_as_a_pod, dns_check_account, dns_check_pod, import_node_cache_image, lookup_from_a_pod,
+    node_local_daemonset,
+};
 
 // Each agent's further node tests live in a module of their own (same node, same install, same binary).
 mod ca_syncer;

@@ -43,10 +43,6 @@ const DNS_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// NodeLocal DNSCache's link-local listen address (the chart's default `networkPolicy.dns.nodeLocalDns`).
 const NODE_LOCAL_IP: Ipv4Addr = Ipv4Addr::new(169, 254, 20, 10);
-/// node-local-dns's ConfigMap and DaemonSet in kube-system (the names dns-rewriter's `nodeLocalDns` defaults to).
-const NODE_LOCAL: &str = "node-local-dns";
-/// The node-cache image the node imports (built here from the peer; the name is ours, never pulled).
-const NODE_CACHE_IMAGE: &str = "kcp-keeper.test/node-cache:peer";
 /// The port the bed's CoreDNS pod listens on (it runs as non-root): where the kube-dns Service's 53 is
 /// translated to, so where the policy sees a lookup through the Service.
 const COREDNS_POD_PORT: u16 = 1053;
@@ -256,15 +252,7 @@ async fn behind_the_policies(node: &'static Node, client: kube::Client, targets:
     let cluster_ip = service_ip(client, "kcp-system", "root-kcp").await?;
     let _offsite = second_store(node, client).await?;
     let offsite_ip = service_ip(client, "kcp-system", OFFSITE).await?;
-    let node_cache = peers::locate_only(&["node-cache"])?;
-    let archive = node::image::single_binary_image(
-        &node.dir,
-        NODE_CACHE_IMAGE,
-        node_cache.path("node-cache"),
-        "node-cache",
-        "0:0",
-    )?;
-    node.import_image(&archive)?;
+    import_node_cache_image(node)?;
     let _local = node.add_local_address(NODE_LOCAL_IP)?;
     eprintln!("CoreDNS pod, the second store, node-cache's image and address ready after {:.1?}", started.elapsed());
 
@@ -290,7 +278,7 @@ async fn behind_the_policies(node: &'static Node, client: kube::Client, targets:
         cm.data?.get("Corefile").filter(|c| c.contains(&format!("{PUBLIC_HOST}:53 {{"))).map(|_| ())
     })
     .await;
-    create::<DaemonSet>(client, "kube-system", node_local_daemonset()).await?;
+    create::<DaemonSet>(client, "kube-system", node_local_daemonset(Some(NODE_LOCAL_IP))).await?;
     let local = SocketAddr::from((NODE_LOCAL_IP, 53));
     let offsite_name = format!("{OFFSITE}.kcp-system.svc.cluster.local");
     testbed::eventually_seen(Duration::from_secs(90), "node-local-dns answering on the node", || async {
@@ -583,52 +571,6 @@ fn node_local_corefile(cluster_dns: &str) -> String {
         &format!("{NODE_LOCAL_IP}:8080"),
     )
     .replace("__PILLAR__CLUSTER__DNS__", cluster_dns)
-}
-
-/// The node-local-dns DaemonSet as a cluster runs it: node-cache on the host network, root, bound to
-/// [`NODE_LOCAL_IP`]; its address put on the node's loopback by the test (`-setupinterface=false`: this kernel
-/// has no dummy interfaces) and no iptables rules (`-setupiptables=false`: the image holds node-cache alone;
-/// its NOTRACK and ACCEPT rules matter for the ClusterIP it binds in iptables mode, not here). Its base Corefile
-/// is the projected ConfigMap, re-rendered into `-conf` and reloaded at once on a change.
-fn node_local_daemonset() -> Value {
-    json!({
-        "metadata": {"name": NODE_LOCAL, "labels": {"k8s-app": NODE_LOCAL}},
-        "spec": {
-            "selector": {"matchLabels": {"k8s-app": NODE_LOCAL}},
-            "template": {
-                "metadata": {"labels": {"k8s-app": NODE_LOCAL}},
-                "spec": {
-                    "hostNetwork": true,
-                    "dnsPolicy": "Default",
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [{
-                        "name": "node-cache",
-                        "image": NODE_CACHE_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "args": [
-                            format!("-localip={NODE_LOCAL_IP}"),
-                            "-setupinterface=false",
-                            "-setupiptables=false",
-                            "-skipteardown",
-                            "-reloadwithsignal",
-                            "-basecorefile=/etc/coredns/Corefile.base",
-                            "-conf=/run/node-cache/Corefile",
-                            format!("-metrics-listen-address={NODE_IP}:9353"),
-                        ],
-                        "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": false},
-                        "volumeMounts": [
-                            {"name": "config", "mountPath": "/etc/coredns", "readOnly": true},
-                            {"name": "run", "mountPath": "/run/node-cache"},
-                        ],
-                    }],
-                    "volumes": [
-                        {"name": "config", "configMap": {"name": NODE_LOCAL, "items": [{"key": "Corefile", "path": "Corefile.base"}]}},
-                        {"name": "run", "emptyDir": {}},
-                    ],
-                },
-            },
-        },
-    })
 }
 
 /// Back to the release the other tests expect: etcd-snapshotter resolving through the kubelet's DNS, no
