@@ -146,7 +146,8 @@ async fn deltas_under_a_steady_write_load_resume_after_an_agent_kill_with_no_gap
     let bed = Bed::with_cluster().await.unwrap();
     let cluster = bed.cluster();
     let ns = cluster.namespace().await.unwrap();
-    let etcd = bed.etcd("root", 1).await.unwrap();
+    // fsync on: the restarted agent must catch up behind 50 writes/s within a time, each of them fsynced.
+    let etcd = bed.etcd_fsync("root", 1).await.unwrap();
     let mut client = etcd.member_client(0).await.unwrap();
     load(&mut client, "/registry/base", 20, 100).await.unwrap();
     let config = deltas_config(&bed, &etcd.members[0].client_url, "1s");
@@ -386,7 +387,8 @@ async fn losing_the_shards_node_under_a_steady_write_load_loses_only_writes_of_t
     let bed = Bed::with_cluster().await.unwrap();
     let cluster = bed.cluster();
     let ns = cluster.namespace().await.unwrap();
-    let mut etcd = bed.etcd("root", 1).await.unwrap();
+    // fsync on: the RPO is measured against writes acknowledged as production acknowledges them, after the fsync.
+    let mut etcd = bed.etcd_fsync("root", 1).await.unwrap();
     let mut client = etcd.member_client(0).await.unwrap();
     load(&mut client, "/base", 5, 100).await.unwrap();
     let interval = Duration::from_secs(2);
@@ -402,6 +404,8 @@ async fn losing_the_shards_node_under_a_steady_write_load_loses_only_writes_of_t
     let seen = writes.acked().len();
     testbed::eventually(WAIT, "150 more writes", || async { (writes.acked().len() >= seen + 150).then_some(()) }).await;
 
+    let (fsyncs, fsync_seconds) = wal_fsyncs(&etcd.members[0].client_url).await;
+
     // The node goes: the agent and the shard's etcd at once, mid-load (no flush on the way out).
     agent.process.kill();
     etcd.kill_member(0);
@@ -415,11 +419,13 @@ async fn losing_the_shards_node_under_a_steady_write_load_loses_only_writes_of_t
     let lost: Vec<&Ack> = acks.iter().filter(|a| !served.contains_key(&a.key)).collect();
     let oldest_lost = lost.iter().map(|a| lost_at.duration_since(a.at)).max().unwrap_or_default();
     println!(
-        "RPO: {} of {} acknowledged writes lost, the oldest acknowledged {:.2}s before the loss (interval {:?})",
+        "RPO: {} of {} acknowledged writes lost, the oldest acknowledged {:.2}s before the loss (interval {:?}; \
+         etcd's WAL fsyncs: {fsyncs}, {:.2} ms each on average)",
         lost.len(),
         acks.len(),
         oldest_lost.as_secs_f64(),
-        interval
+        interval,
+        fsync_seconds * 1000.0 / fsyncs.max(1.0)
     );
     for ack in &acks {
         if lost_at.duration_since(ack.at) > interval + FLUSH_ALLOWANCE {
@@ -586,6 +592,7 @@ async fn an_idle_shard_with_no_write_after_its_full_snapshot_reports_a_recovery_
     let bed = Bed::with_cluster().await.unwrap();
     let cluster = bed.cluster();
     let ns = cluster.namespace().await.unwrap();
+    // No fsync needed: after its base nothing writes to this member (the writer only reads), so it never fsyncs.
     let etcd = bed.etcd("root", 1).await.unwrap();
     let mut client = etcd.member_client(0).await.unwrap();
     load(&mut client, "/registry/base", 20, 100).await.unwrap();
@@ -613,6 +620,7 @@ async fn a_member_cut_off_from_its_peers_neither_stalls_the_deltas_nor_lets_the_
     let bed = Bed::with_cluster().await.unwrap();
     let cluster = bed.cluster();
     let ns = cluster.namespace().await.unwrap();
+    // fsync on (every partitionable cluster): the recovery point is sampled five times a second against the bucket.
     let etcd = bed.partitionable_etcd("root").await.unwrap();
     // Member 0 is listed first: the writer watches it until it is cut off.
     let endpoints = etcd.members.iter().map(|m| m.client_url.clone()).collect();

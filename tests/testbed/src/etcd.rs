@@ -26,7 +26,10 @@ pub struct Etcd {
 struct Layout<'a> {
     size: usize,
     extra: &'a [&'a str],
-    /// fsync on every commit, as in production (off by default: a shared 2-core machine stays responsive).
+    /// fsync on every commit, as in production. Off by default (`--unsafe-no-fsync`): most tests claim what is
+    /// stored, not how fast, and a full run's hundreds of etcds would otherwise queue on the one disk six engineers
+    /// share. On for the clusters whose test claims a time that etcd's commit latency is part of
+    /// ([`Etcd::start_fsync`], [`Etcd::start_partitionable`]; docs/architecture.md, The test bed).
     fsync: bool,
     peer_proxies: bool,
 }
@@ -40,6 +43,13 @@ impl Etcd {
     /// As [`Etcd::start`], each member with `extra` flags too (a small `--quota-backend-bytes`, say).
     pub async fn start_with(etcd: &Path, dir: &Path, name: &str, size: usize, extra: &[&str]) -> Result<Self> {
         Self::start_laid_out(etcd, dir, name, Layout { size, extra, ..Default::default() }).await
+    }
+
+    /// As [`Etcd::start`], with fsync on every commit as production runs it: for a test whose claim is a time
+    /// that etcd's commit latency is part of (a busy shard, the deltas' recovery point). `dir` must be on the real
+    /// disk: on tmpfs the fsync costs nothing and the claim is measured without it (a warning says so).
+    pub async fn start_fsync(etcd: &Path, dir: &Path, name: &str, size: usize) -> Result<Self> {
+        Self::start_laid_out(etcd, dir, name, Layout { size, fsync: true, ..Default::default() }).await
     }
 
     /// Three members with fsync on, whose peer traffic goes through [`PeerNet`]: any member can be cut off
@@ -75,6 +85,12 @@ impl Etcd {
         let Layout { size, extra, fsync, peer_proxies } = layout;
         ensure!(size == 1 || size == 3, "an etcd cluster here has 1 or 3 members, not {size}");
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        if fsync && let Some(mount) = on_tmpfs(dir) {
+            eprintln!(
+                "testbed: etcd {name} runs with fsync on, but {} is on tmpfs ({mount}): its disk latency is not measured",
+                dir.display()
+            );
+        }
         // (client, peer as advertised, peer as listened): the two peer ports differ only behind proxies.
         let ports: Vec<(u16, u16, u16)> = (0..size)
             .map(|_| {
@@ -174,4 +190,19 @@ impl Etcd {
         })
         .await
     }
+}
+
+/// The mount point holding `dir` when that file system is tmpfs (from `/proc/self/mounts`, the longest match).
+fn on_tmpfs(dir: &Path) -> Option<String> {
+    let dir = dir.canonicalize().ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let (mount, fs_type) = mounts
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split(' ');
+            let (mount, fs_type) = (fields.nth(1)?, fields.next()?);
+            dir.starts_with(mount).then_some((mount, fs_type))
+        })
+        .max_by_key(|(mount, _)| mount.len())?;
+    (fs_type == "tmpfs").then(|| mount.to_string())
 }

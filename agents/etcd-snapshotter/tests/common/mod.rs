@@ -61,8 +61,17 @@ impl Bed {
         self.cluster.as_ref().expect("started with_cluster")
     }
 
+    /// An etcd under `name` in the bed with `--unsafe-no-fsync`: for the tests that claim what is stored, not how
+    /// fast (docs/architecture.md, The test bed).
     pub async fn etcd(&self, name: &str, members: usize) -> Result<Etcd> {
         Etcd::start(self.peers.path("etcd"), &self.dir.join(name), name, members).await
+    }
+
+    /// An etcd under `name` in the bed with fsync on every commit, as production runs it: for the tests whose claim
+    /// is a time etcd's commit latency is part of (a busy shard's snapshots, the deltas' recovery point). The bed is
+    /// in the system temp directory, which must be on the real disk (the test bed warns when it is tmpfs).
+    pub async fn etcd_fsync(&self, name: &str, members: usize) -> Result<Etcd> {
+        Etcd::start_fsync(self.peers.path("etcd"), &self.dir.join(name), name, members).await
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -401,6 +410,15 @@ pub async fn revision_and_keys(client: &mut etcd_client::Client) -> (i64, i64) {
 }
 
 pub const WAIT: Duration = Duration::from_secs(60);
+
+/// The WAL fsyncs the member at `client_url` has done and the seconds they took
+/// (`etcd_disk_wal_fsync_duration_seconds`): a member with `--unsafe-no-fsync` does none after its start.
+pub async fn wal_fsyncs(client_url: &str) -> (f64, f64) {
+    let text = testbed::metrics::scrape(client_url).await;
+    let series =
+        |s: &str| testbed::metrics::value(&text, &format!("etcd_disk_wal_fsync_duration_seconds_{s} ")).unwrap();
+    (series("count"), series("sum"))
+}
 
 /// A cron firing once a day, `seconds` from now: the first tick comes soon and the next one only tomorrow,
 /// so a snapshot published today can only come from that first tick.
