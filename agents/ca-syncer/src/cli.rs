@@ -68,3 +68,15 @@ pub async fn render(config_path: &std::path::Path, kube: &KubeArgs) -> anyhow::R
     anyhow::ensure!(!failed, "some bundles could not be rendered");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_boolean_environment_variable_takes_1_0_true_false_yes_no() {
+        let command = kcp_keeper_runtime::cli::command::<crate::CaSyncer>();
+        let checked = kcp_keeper_runtime::args::boolean_env::check(&command).unwrap();
+        for variable in ["KCP_KEEPER_LEADER_ELECTION", "CA_SYNCER_WATCH_ALLOW_EMPTY", "CA_SYNCER_WATCH_KEEP_EXPIRED"] {
+            assert!(checked.iter().any(|c| c == variable), "{variable} is not among {checked:?}");
+        }
+    }
+}

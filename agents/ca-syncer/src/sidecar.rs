@@ -101,11 +101,11 @@ pub struct WatchArgs {
 
     /// Accept keys without certificates and write an empty bundle (for consumers where empty means "use the
     /// public roots"). Without it, an empty key or an empty bundle is an error and the last good file stays.
-    #[arg(long, env = "CA_SYNCER_WATCH_ALLOW_EMPTY")]
+    #[arg(long, env = "CA_SYNCER_WATCH_ALLOW_EMPTY", value_parser = clap::builder::BoolishValueParser::new())]
     pub allow_empty: bool,
 
     /// Keep certificates past their notAfter in the bundle (by default they are dropped).
-    #[arg(long, env = "CA_SYNCER_WATCH_KEEP_EXPIRED")]
+    #[arg(long, env = "CA_SYNCER_WATCH_KEEP_EXPIRED", value_parser = clap::builder::BoolishValueParser::new())]
     pub keep_expired: bool,
 
     /// Log filter, e.g. `info` or `ca_syncer=debug,info`.

@@ -44,7 +44,7 @@ pub struct RenderArgs {
     pub config: PathBuf,
 
     /// Do not read the cluster: render the configured rules as written (no Service checks, no discovery).
-    #[arg(long, env = "DNS_REWRITER_OFFLINE")]
+    #[arg(long, env = "DNS_REWRITER_OFFLINE", value_parser = clap::builder::BoolishValueParser::new())]
     pub offline: bool,
 
     #[command(flatten)]
@@ -165,4 +165,16 @@ pub async fn check(args: &CheckArgs) -> anyhow::Result<bool> {
     }
     std::io::stdout().write_all(out.as_bytes())?;
     Ok(plan.errors.is_empty() && checks.iter().all(|c| c.outcome == verify::Outcome::Match))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_boolean_environment_variable_takes_1_0_true_false_yes_no() {
+        let command = kcp_keeper_runtime::cli::command::<crate::DnsRewriter>();
+        let checked = kcp_keeper_runtime::args::boolean_env::check(&command).unwrap();
+        for variable in ["KCP_KEEPER_LEADER_ELECTION", "DNS_REWRITER_OFFLINE"] {
+            assert!(checked.iter().any(|c| c == variable), "{variable} is not among {checked:?}");
+        }
+    }
 }

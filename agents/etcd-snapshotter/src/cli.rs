@@ -460,3 +460,13 @@ async fn stop_signal() -> &'static str {
         _ = int.recv() => "SIGINT",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_boolean_environment_variable_takes_1_0_true_false_yes_no() {
+        let command = kcp_keeper_runtime::cli::command::<crate::EtcdSnapshotter>();
+        let checked = kcp_keeper_runtime::args::boolean_env::check(&command).unwrap();
+        assert!(checked.iter().any(|c| c == "KCP_KEEPER_LEADER_ELECTION"), "{checked:?}");
+    }
+}

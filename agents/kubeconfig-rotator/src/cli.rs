@@ -178,6 +178,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_boolean_environment_variable_takes_1_0_true_false_yes_no() {
+        let command = kcp_keeper_runtime::cli::command::<crate::KubeconfigRotator>();
+        let checked = kcp_keeper_runtime::args::boolean_env::check(&command).unwrap();
+        assert!(checked.iter().any(|c| c == "KCP_KEEPER_LEADER_ELECTION"), "{checked:?}");
+    }
+
+    #[test]
     fn time_left_reads_in_the_largest_useful_units() {
         assert_eq!(human(time::Duration::seconds(-3)), "expired");
         assert_eq!(human(time::Duration::seconds(245)), "4m05s");

@@ -19,14 +19,20 @@ use crate::child::die_with_parent;
 
 /// The variable test binaries read the bed's file from (`testbed::kcp::shared_bed::ENV`).
 pub const ENV: &str = "KCP_KEEPER_TEST_KCP";
-/// Set to `0` to give every test binary a kcp of its own, as a plain `cargo test` does.
+/// Set to `0` (or `false`, `no`, `off`) to give every test binary a kcp of its own, as a plain `cargo test` does.
 pub const SWITCH: &str = "KCP_KEEPER_TEST_SHARED_KCP";
 /// How long the bed may take to stop kcp once asked.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Whether the bed is shared (the default) or each test binary starts its own.
 pub fn enabled() -> bool {
-    std::env::var(SWITCH).map(|v| v != "0").unwrap_or(true)
+    std::env::var(SWITCH).map_or(true, |v| !turns_off(&v))
+}
+
+/// Whether a boolean variable's value turns it off: the forms the agents' variables take
+/// (`kcp_keeper_runtime::args::boolean_env`), `0`, `false`, `no`, `off`, `n`, `f`, in any case.
+fn turns_off(value: &str) -> bool {
+    matches!(value.trim().to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off" | "n" | "f")
 }
 
 pub struct SharedBed {
@@ -120,5 +126,18 @@ impl SharedBed {
 impl Drop for SharedBed {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_shared_bed_switch_is_turned_off_by_each_false_form_only() {
+        for off in ["0", "false", "no", "off", "FALSE", "No"] {
+            assert!(super::turns_off(off), "{off}");
+        }
+        for on in ["1", "true", "yes", "on", ""] {
+            assert!(!super::turns_off(on), "{on}");
+        }
     }
 }

@@ -98,7 +98,12 @@ pub fn build_tree(source: &Source) -> Result<()> {
     }
     // Only the shipped binaries lose their symbols; the release profile others build with stays as it is.
     build.env("CARGO_PROFILE_RELEASE_STRIP", "symbols");
+    // cargo's JSON messages name every crate compiled for the target: the SBOM check reads them.
+    let messages = root.join("target").join("images").join("static-build.json");
+    std::fs::create_dir_all(root.join("target").join("images"))?;
+    build.arg("--message-format=json-render-diagnostics").stdout(File::create(&messages)?);
     crate::step("static agent binaries", build)?;
+    crate::supply_chain::sbom_step(&root, &messages)?;
 
     let binaries = target_dir.join(MUSL_TARGET).join("release");
     let mut sizes = Vec::new();

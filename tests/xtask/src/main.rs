@@ -17,6 +17,7 @@ mod lanes;
 mod prereqs;
 mod publish;
 mod release;
+mod supply_chain;
 #[cfg(test)]
 mod test_tree;
 
@@ -188,6 +189,7 @@ fn test(only: &[String], args: &[String]) -> Result<()> {
         prereqs::warn_on_little_disk(&target_dir());
         step("format", cargo(&["fmt", "--all", "--check"]))?;
         house()?;
+        supply_chain::check(&images::workspace_root())?;
         step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]))?;
     }
     let named = |names: &[&str]| only.iter().any(|o| names.contains(&o.as_str()));

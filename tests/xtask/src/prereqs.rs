@@ -16,6 +16,7 @@
 //!   ipset (kube-router's NetworkPolicy firewall, which the node runs for the enforcement tests).
 //! - For ca-syncer's trust store tests: Java's keytool and `openssl pkcs12`, which read its JKS and PKCS#12
 //!   files back.
+//! - For the supply chain step (supply_chain.rs): cargo-deny, built with `cargo install` at a pinned version.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -286,6 +287,57 @@ pub fn ensure_ca_bundle() -> Result<PathBuf> {
         }
     }
     Ok(PathBuf::from(CA_BUNDLE))
+}
+
+/// The cargo-deny that the supply chain step installs when none of its minor version runs: the newest release when
+/// it was pinned, and it builds with the workspace's Rust (cargo-deny 0.20 needs Rust 1.88). Its configuration
+/// keys and its advisory database layout (supply_chain.rs) are those of this version.
+pub const CARGO_DENY_VERSION: &str = "0.20.2";
+
+/// `cargo-deny 0.20.2` (what `cargo deny --version` prints) → `0.20.2`.
+pub fn parse_cargo_deny_version(text: &str) -> Option<&str> {
+    let version = text.trim().strip_prefix("cargo-deny ")?.split_whitespace().next()?;
+    version.chars().next().filter(char::is_ascii_digit).map(|_| version)
+}
+
+/// Whether a cargo-deny version reads our deny.toml as the pinned one does: the same `0.minor` (cargo-deny's
+/// breaking changes come with a new minor version while it is 0.x).
+pub fn cargo_deny_compatible(version: &str) -> bool {
+    let minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+    minor(version) == minor(CARGO_DENY_VERSION)
+}
+
+/// The version of the `cargo deny` that runs, if one does.
+fn cargo_deny_version() -> Option<String> {
+    let output = crate::cargo(&["deny", "--version"]).output().ok()?;
+    output.status.success().then_some(())?;
+    parse_cargo_deny_version(&String::from_utf8_lossy(&output.stdout)).map(str::to_string)
+}
+
+/// Installs cargo-deny [`CARGO_DENY_VERSION`] with `cargo install --locked` when `cargo deny` does not run or is of
+/// another minor version (a build of a few minutes, once per machine).
+pub fn ensure_cargo_deny() -> Result<()> {
+    match cargo_deny_version() {
+        Some(version) if cargo_deny_compatible(&version) => return Ok(()),
+        Some(version) => eprintln!(
+            "xtask: `cargo deny` is {version}; the supply chain step needs {CARGO_DENY_VERSION}'s configuration \
+             format: installing cargo-deny {CARGO_DENY_VERSION} over it with cargo install (a few minutes, once)"
+        ),
+        None => eprintln!(
+            "xtask: `cargo deny` is missing (the supply chain step checks licenses, duplicates, sources and \
+             advisories with it): installing cargo-deny {CARGO_DENY_VERSION} with cargo install (a few minutes, once)"
+        ),
+    }
+    let spec = format!("cargo-deny@{CARGO_DENY_VERSION}");
+    crate::step(&format!("cargo install --locked {spec}"), crate::cargo(&["install", "--locked", &spec]))?;
+    match cargo_deny_version() {
+        Some(version) if cargo_deny_compatible(&version) => Ok(()),
+        Some(version) => bail!(
+            "`cargo deny --version` says {version} after installing {CARGO_DENY_VERSION}: \
+                                is another cargo-deny earlier on PATH?"
+        ),
+        None => bail!("`cargo deny --version` still fails after installing cargo-deny {CARGO_DENY_VERSION}"),
+    }
 }
 
 /// buildah's version line (`buildah version 1.28.2 (image-spec 1.0.2-dev, runtime-spec 1.0.2-dev)`) → `1.28.2`.
@@ -637,6 +689,17 @@ mod tests {
         assert_eq!(parse_go_version("go1.25rc1"), Some((1, 25)));
         assert_eq!(parse_go_version("devel +abc"), None);
         assert!(parse_go_version("go1.25.9").unwrap() < MIN_GO);
+    }
+
+    #[test]
+    fn cargo_deny_versions_are_read_and_only_the_pinned_minor_is_taken() {
+        assert_eq!(parse_cargo_deny_version("cargo-deny 0.20.2\n"), Some("0.20.2"));
+        assert_eq!(parse_cargo_deny_version("cargo-deny \n"), None);
+        assert_eq!(parse_cargo_deny_version("cargo-audit 0.22.2"), None);
+        assert!(cargo_deny_compatible(CARGO_DENY_VERSION));
+        assert!(cargo_deny_compatible("0.20.9"));
+        assert!(!cargo_deny_compatible("0.14.2"), "an older cargo-deny reads another configuration format");
+        assert!(!cargo_deny_compatible("0.21.0"));
     }
 
     #[test]

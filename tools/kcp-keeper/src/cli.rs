@@ -84,10 +84,10 @@ pub struct Doctor {
     pub server_ca: Option<CaSource>,
     /// Read no Secret (the in-cluster doctor): a flag naming one is refused, and a check that needs one is
     /// reported "not checked" with the reason.
-    #[arg(long, env = "KCP_KEEPER_DOCTOR_NO_SECRETS")]
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_NO_SECRETS", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_secrets: bool,
     /// Skip the Verify section (its requests need the cluster's network: run the doctor in a pod for them).
-    #[arg(long, env = "KCP_KEEPER_DOCTOR_NO_VERIFY")]
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_NO_VERIFY", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_verify: bool,
     /// The cluster DNS, IP:PORT; default kube-system/kube-dns's ClusterIP:53.
     #[arg(long, env = "KCP_KEEPER_DOCTOR_CLUSTER_DNS")]
@@ -97,7 +97,7 @@ pub struct Doctor {
     pub node_local_dns: Vec<IpAddr>,
     /// Send the Verify requests to each Service's ready endpoints instead of its ClusterIP (where ClusterIPs
     /// are not routed).
-    #[arg(long, env = "KCP_KEEPER_DOCTOR_VIA_ENDPOINTS")]
+    #[arg(long, env = "KCP_KEEPER_DOCTOR_VIA_ENDPOINTS", value_parser = clap::builder::BoolishValueParser::new())]
     pub via_endpoints: bool,
     /// A namespace whose NetworkPolicies labelled app.kubernetes.io/part-of=kcp-keeper are read: warn on an
     /// egress rule that reaches any address (no `to`, 0.0.0.0/0, ::/0) on 443 or 6443.
@@ -221,4 +221,18 @@ async fn periodic(client: &kube::Client, doctor: &Doctor, addr: SocketAddr) -> a
     }
     health.start_draining();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_boolean_environment_variable_takes_1_0_true_false_yes_no() {
+        let checked = kcp_keeper_runtime::args::boolean_env::check(&super::Cli::command()).unwrap();
+        assert_eq!(
+            checked,
+            ["KCP_KEEPER_DOCTOR_NO_SECRETS", "KCP_KEEPER_DOCTOR_NO_VERIFY", "KCP_KEEPER_DOCTOR_VIA_ENDPOINTS"]
+        );
+    }
 }

@@ -46,7 +46,7 @@ struct Args {
     #[arg(long, env = "KCP_KEEPER_BENCH_CA_NAMESPACES", default_value_t = ca_sync::NAMESPACES)]
     ca_namespaces: usize,
     /// Quick try: the snapshot and drill benchmarks use only the 256 MiB database (the documented run uses both).
-    #[arg(long, env = "KCP_KEEPER_BENCH_QUICK")]
+    #[arg(long, env = "KCP_KEEPER_BENCH_QUICK", value_parser = clap::builder::BoolishValueParser::new())]
     quick: bool,
 }
 
@@ -117,4 +117,28 @@ async fn main() -> Result<()> {
 fn print_row(name: &str, row: &common::Row) {
     let ratio = row.ratio.map_or("-".into(), |r| format!("{r:.2}x"));
     println!("{name:<24} {:<70} {:>22} {:>22} {ratio:>7}  {}", row.measure, row.ours, row.baseline, row.target);
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// `KCP_KEEPER_BENCH_QUICK` takes the forms every boolean variable takes (`kcp_keeper_runtime::args::boolean_env`), through the
+    /// argument's own value parser, the one clap applies to the variable's value.
+    #[test]
+    fn quick_takes_1_0_true_false_yes_no_from_the_environment() {
+        let command = super::Args::command();
+        let arg = command.get_arguments().find(|a| a.get_id() == "quick").unwrap();
+        assert_eq!(arg.get_env().and_then(|v| v.to_str()), Some("KCP_KEEPER_BENCH_QUICK"));
+        let parse = |text: &str| {
+            let probe = clap::Arg::new("v").long("v").value_parser(arg.get_value_parser().clone());
+            let matches = clap::Command::new("probe").arg(probe).try_get_matches_from(["probe", "--v", text]).ok()?;
+            matches.get_one::<bool>("v").copied()
+        };
+        for (form, value) in [("1", true), ("0", false), ("true", true), ("false", false), ("yes", true), ("no", false)]
+        {
+            assert_eq!(parse(form), Some(value), "KCP_KEEPER_BENCH_QUICK={form}");
+        }
+        assert_eq!(parse("maybe"), None);
+    }
 }

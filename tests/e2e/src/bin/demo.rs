@@ -25,7 +25,7 @@ use tokio::signal::unix::{SignalKind, signal};
 #[derive(Parser)]
 struct Args {
     /// Exit after every agent has completed one cycle.
-    #[arg(long, env = "KCP_KEEPER_DEMO_ONCE")]
+    #[arg(long, env = "KCP_KEEPER_DEMO_ONCE", value_parser = clap::builder::BoolishValueParser::new())]
     once: bool,
     /// Run the agents as pods: a one-node cluster (`testbed::node`, needs root) with the chart installed by Helm
     /// from the images `cargo xtask images` built.
@@ -237,4 +237,28 @@ async fn ca_syncer_cycle(
         per_bundle.iter().sum::<f64>(),
         layout.kcp.front_proxy.url
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// `KCP_KEEPER_DEMO_ONCE` takes the forms every boolean variable takes (`kcp_keeper_runtime::args::boolean_env`), through the
+    /// argument's own value parser, the one clap applies to the variable's value.
+    #[test]
+    fn once_takes_1_0_true_false_yes_no_from_the_environment() {
+        let command = super::Args::command();
+        let arg = command.get_arguments().find(|a| a.get_id() == "once").unwrap();
+        assert_eq!(arg.get_env().and_then(|v| v.to_str()), Some("KCP_KEEPER_DEMO_ONCE"));
+        let parse = |text: &str| {
+            let probe = clap::Arg::new("v").long("v").value_parser(arg.get_value_parser().clone());
+            let matches = clap::Command::new("probe").arg(probe).try_get_matches_from(["probe", "--v", text]).ok()?;
+            matches.get_one::<bool>("v").copied()
+        };
+        for (form, value) in [("1", true), ("0", false), ("true", true), ("false", false), ("yes", true), ("no", false)]
+        {
+            assert_eq!(parse(form), Some(value), "KCP_KEEPER_DEMO_ONCE={form}");
+        }
+        assert_eq!(parse("maybe"), None);
+    }
 }
