@@ -52,34 +52,32 @@ fn pull_release(node: &Node, verb: &str, values: &Value) -> Result<()> {
     Ok(())
 }
 
-/// The waiting reason and message of the release's ca-syncer container, once it is one of `reasons`.
+/// The waiting reason and message of the release's ca-syncer container running `image`, once it is one of
+/// `reasons`.
 async fn waiting(client: &kube::Client, image: &str, reasons: &[&str]) -> Result<(String, String)> {
     let pods = Api::<Pod>::namespaced(client.clone(), PULL_NAMESPACE);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let list =
-            pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={PULL_RELEASE}"))).await?;
+    let selector = ListParams::default().labels(&format!("app.kubernetes.io/instance={PULL_RELEASE}"));
+    let what = format!("a pod of {PULL_RELEASE} running {image} waiting with {reasons:?}");
+    testbed::eventually_seen(Duration::from_secs(120), &what, || async {
+        let list = pods.list(&selector).await?;
+        let mut seen = Vec::new();
         for pod in list.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
             let spec_image = pod.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.clone());
             if spec_image.as_deref() != Some(image) {
                 continue;
             }
             let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
-            for c in statuses {
-                if let Some(w) = c.state.and_then(|s| s.waiting) {
-                    let reason = w.reason.unwrap_or_default();
-                    if reasons.contains(&reason.as_str()) {
-                        return Ok((reason, w.message.unwrap_or_default()));
-                    }
+            for w in statuses.into_iter().filter_map(|c| c.state.and_then(|s| s.waiting)) {
+                let reason = w.reason.unwrap_or_default();
+                if reasons.contains(&reason.as_str()) {
+                    return Ok(Ok((reason, w.message.unwrap_or_default())));
                 }
+                seen.push(reason);
             }
         }
-        ensure!(
-            Instant::now() < deadline,
-            "no pod of {PULL_RELEASE} running {image} waited with {reasons:?} within 120 s"
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+        Ok(Err(format!("waiting reasons {seen:?}")))
+    })
+    .await
 }
 
 /// The doctor's `agent-pods` verdicts for the second release, from the host through the node's apiserver.
@@ -125,18 +123,14 @@ async fn a_missing_tag_and_a_registry_that_is_down_show_as_errimagepull_and_the_
     pull_release(node, "upgrade", &pull_values(DOWN_REGISTRY, &version))?;
     let (reason, message) = waiting(&client, &unreachable, &["ErrImagePull", "ImagePullBackOff"]).await?;
     eprintln!("registry down: {reason}: {message}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    testbed::eventually_seen(Duration::from_secs(60), "the doctor naming the unreachable registry", || async {
         let verdicts = agent_pods_verdicts(&client).await;
         let named = verdicts
             .iter()
             .any(|(l, s)| *l == Level::Fail && s.contains(&unreachable) && s.contains("connection refused"));
-        if named {
-            break;
-        }
-        ensure!(Instant::now() < deadline, "the doctor never named the unreachable registry: {verdicts:#?}");
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+        Ok(if named { Ok(()) } else { Err(format!("{verdicts:?}")) })
+    })
+    .await?;
 
     let home = tempfile::tempdir()?;
     let kubeconfig = node.kubeconfig.display().to_string();

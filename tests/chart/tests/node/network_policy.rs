@@ -143,19 +143,18 @@ async fn reach_from_agents(
 /// still refused on a second try.
 async fn refused_everywhere(node: &Node, client: &kube::Client, targets: &[SocketAddr]) -> Result<()> {
     let started = Instant::now();
-    let mut last = Vec::new();
-    while started.elapsed() < Duration::from_secs(60) {
-        last = reach_from_agents(node, client, targets).await?;
-        if last.iter().all(|(_, _, ok)| !ok) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    let through: Vec<_> = last.iter().filter(|(_, _, ok)| *ok).collect();
-    ensure!(
-        through.is_empty(),
-        "with networkPolicy.enabled, agent pods still reach addresses no configuration names: {through:?}"
-    );
+    testbed::eventually_seen(Duration::from_secs(60), "every agent pod refused on every target", || async {
+        let reached = reach_from_agents(node, client, targets).await?;
+        let through: Vec<_> = reached.iter().filter(|(_, _, ok)| *ok).collect();
+        Ok(if through.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "with networkPolicy.enabled, agent pods still reach addresses no configuration names: {through:?}"
+            ))
+        })
+    })
+    .await?;
     eprintln!("every agent pod refused {targets:?} after {:.1?}", started.elapsed());
     let again = reach_from_agents(node, client, targets).await?;
     ensure!(again.iter().all(|(_, _, ok)| !ok), "a connection got through on a second try: {again:?}");
@@ -215,15 +214,11 @@ async fn with_the_charts_networkpolicy_enforced_each_agent_does_its_job_through_
     let restored = restore(node, &client).await;
     let reopened = async {
         restored?;
-        let started = Instant::now();
-        loop {
+        testbed::eventually_seen(Duration::from_secs(60), "every connection through without the policies", || async {
             let now = reach_from_agents(node, &client, &targets).await?;
-            if now.iter().all(|(_, _, ok)| *ok) {
-                return Ok(());
-            }
-            ensure!(started.elapsed() < Duration::from_secs(60), "without the policies, still refused: {now:?}");
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
+            Ok(if now.iter().all(|(_, _, ok)| *ok) { Ok(()) } else { Err(format!("still refused: {now:?}")) })
+        })
+        .await
     }
     .await;
     drop(listener);
