@@ -189,15 +189,17 @@ async fn locked(
     lock: &Held,
 ) -> Result<(Manifest, Result<RetentionReport, StorageError>), SnapshotError> {
     let started = Instant::now();
-    clean_interrupted(store, &shard.name, lock.acquired).await?;
-    let spill_root = config.spill.directory.join(&shard.name);
-    clean_spill(&spill_root);
-
     let mut chosen = choose_member(shard, metrics).await?;
     let own = generation::of_member(&mut chosen.client)
         .await
         .map_err(|e| SnapshotError::Etcd(format!("reading the cluster id: {e:#}")))?;
+    // The content is fixed first (etcd's read transaction opens with the stream), the clean-up of an interrupted
+    // run after it: a snapshot before an upgrade races the operator's roll, and every store request before the
+    // stream opened is time the roll has.
     let (stream, first, Bracket { revision, upper }) = bracket(&mut chosen.client).await?;
+    clean_interrupted(store, &shard.name, lock.acquired).await?;
+    let spill_root = config.spill.directory.join(&shard.name);
+    clean_spill(&spill_root);
     if upper != revision {
         tracing::info!(
             shard = shard.name,

@@ -234,7 +234,8 @@ pub struct State {
 
 impl State {
     pub fn new(object: &str, image: &str, snapshot: Option<String>) -> Self {
-        Self { format_version: 1, object: object.into(), image: image.into(), recorded_at: Utc::now(), snapshot }
+        // The clock snapshots' `startedAt` is stamped by, which [`records_change`] compares with.
+        Self { format_version: 1, object: object.into(), image: image.into(), recorded_at: crate::clock::now(), snapshot }
     }
 
     pub fn to_json(&self) -> Vec<u8> {
@@ -274,10 +275,18 @@ pub fn step(recorded: Option<&State>, object: &str, now: &str, live: bool) -> St
     }
 }
 
-/// Whether `kcp` records the change `from` -> `to`: the snapshot of that change is already published (the
-/// process died after publishing it, before recording the state).
-pub fn records_change(kcp: Option<&KcpVersion>, object: &str, from: &str, to: &str) -> bool {
-    kcp.is_some_and(|k| k.object == object && k.image == from && k.upgrade_to.as_deref() == Some(to))
+/// Whether a snapshot with `kcp`, started at `started_at`, records the change `from` -> `to` that follows the
+/// state recorded at `since`: the snapshot of that change is already published (the process died after
+/// publishing it, before recording the state). A snapshot of the same change from before `since` belongs to an
+/// earlier round of it (upgraded, rolled back, upgraded again) and holds nothing written since.
+pub fn records_change(
+    kcp: Option<&KcpVersion>,
+    started_at: DateTime<Utc>,
+    since: DateTime<Utc>,
+    (object, from, to): (&str, &str, &str),
+) -> bool {
+    started_at >= since
+        && kcp.is_some_and(|k| k.object == object && k.image == from && k.upgrade_to.as_deref() == Some(to))
 }
 
 #[cfg(test)]
@@ -346,11 +355,28 @@ mod tests {
             upgrade_to: Some("a:2".into()),
             after_roll_may_have_begun: false,
         };
-        assert!(records_change(Some(&kcp), OBJ, "a:1", "a:2"));
-        assert!(!records_change(Some(&kcp), OBJ, "a:2", "a:3"));
-        assert!(!records_change(Some(&kcp), "Shard kcp-system/alpha", "a:1", "a:2"));
-        assert!(!records_change(None, OBJ, "a:1", "a:2"));
+        let since: DateTime<Utc> = "2026-12-01T10:00:00Z".parse().unwrap();
+        let after = since + chrono::Duration::seconds(5);
+        assert!(records_change(Some(&kcp), after, since, (OBJ, "a:1", "a:2")));
+        assert!(!records_change(Some(&kcp), after, since, (OBJ, "a:2", "a:3")));
+        assert!(!records_change(Some(&kcp), after, since, ("Shard kcp-system/alpha", "a:1", "a:2")));
+        assert!(!records_change(None, after, since, (OBJ, "a:1", "a:2")));
         assert_eq!(kcp.describe(), "kcp a:1 (before the upgrade to a:2)");
+    }
+
+    #[test]
+    fn an_upgrade_repeated_after_a_rollback_is_snapshotted_again_not_matched_to_the_first_rounds_snapshot() {
+        let kcp = KcpVersion {
+            image: "a:1".into(),
+            object: OBJ.into(),
+            upgrade_to: Some("a:2".into()),
+            after_roll_may_have_begun: false,
+        };
+        // a:1 -> a:2 snapshotted at 10:00, rolled back to a:1 (recorded 10:05), upgraded to a:2 again: the
+        // 10:00 snapshot predates the state the new change follows, so it is not this change's snapshot.
+        let first_round: DateTime<Utc> = "2026-12-01T10:00:00Z".parse().unwrap();
+        let rolled_back: DateTime<Utc> = "2026-12-01T10:05:00Z".parse().unwrap();
+        assert!(!records_change(Some(&kcp), first_round, rolled_back, (OBJ, "a:1", "a:2")));
     }
 
     #[test]

@@ -351,3 +351,30 @@ async fn a_snapshot_before_an_upgrade_that_waited_for_the_shards_lock_is_marked_
     assert_eq!(kcp["afterRollMayHaveBegun"], true, "it waited for another run: {kcp}");
     process.terminate(WAIT);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upgrade_rolled_back_and_made_again_takes_a_fresh_snapshot_each_time_not_the_first_rounds_again() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let (ns, _etcd, mut process) = watching_root(&bed).await;
+    let admin = bed.cluster().client();
+    let (old_tag, new_tag) = (OLD.rsplit_once(':').unwrap().1, "v0.32.3-upgrade");
+    let new = format!("{KCP_REPOSITORY}:{new_tag}");
+
+    set_tag(&admin, &ns, "RootShard", "root", new_tag).await;
+    snapshots(&bed, 1).await;
+    state_names(&bed, &new).await;
+    // Rolled back: a snapshot of the change back.
+    set_tag(&admin, &ns, "RootShard", "root", old_tag).await;
+    snapshots(&bed, 2).await;
+    state_names(&bed, OLD).await;
+    // The same upgrade again: a snapshot of now, not the first round's (which holds nothing written since).
+    set_tag(&admin, &ns, "RootShard", "root", new_tag).await;
+    let taken = snapshots(&bed, 3).await;
+    let upgrades: Vec<_> = taken.iter().filter(|(m, _)| m["kcp"]["upgradeTo"] == new.as_str()).collect();
+    assert_eq!(upgrades.len(), 2, "{taken:?}");
+    let state = state_names(&bed, &new).await;
+    let latest = upgrades.iter().map(|(m, _)| m["id"].as_str().unwrap()).max().unwrap();
+    assert_eq!(state["snapshot"], latest, "the state names the second round's snapshot: {state}");
+    assert!(taken.iter().all(|(_, drill)| drill["passed"] == true), "{taken:?}");
+    process.terminate(WAIT);
+}

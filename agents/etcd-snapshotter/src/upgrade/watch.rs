@@ -183,7 +183,9 @@ impl Watch {
         };
         // The snapshot of this change may be published already (the process died before recording it).
         if let Ok(listed) = catalog::list(store, Some(shard)).await
-            && let Some(taken) = listed.iter().find(|m| records_change(m.kcp.as_ref(), &described, &from, &now))
+            && let Some(since) = recorded.as_ref().map(|r| r.recorded_at)
+            && let Some(taken) =
+                listed.iter().find(|m| records_change(m.kcp.as_ref(), m.started_at, since, (&described, &from, &now)))
         {
             tracing::info!(shard, id = taken.id, "the snapshot before this kcp upgrade is already published");
             self.record(store, recorded, State::new(&described, &now, Some(taken.id.clone()))).await;

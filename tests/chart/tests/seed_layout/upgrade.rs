@@ -16,10 +16,13 @@
 //! - the snapshot's `revisionUpperBound` (the member's revision read once etcd held the snapshot's read
 //!   transaction) and `finishedAt`.
 //!
-//! kcp in the new pod cannot write before its container started, and a sample answered before that start names a
-//! revision the pod's writes all come after; so `revisionUpperBound <= ` the last such sample proves the
-//! snapshot holds nothing the new pod wrote. That is asserted; the margins in time (creation and start minus the
-//! snapshot's finish) and in revisions are printed. Afterwards the image is set back and the roll waited for.
+//! What a snapshot holds is fixed when etcd opens its read transaction, before the stream's first message, not
+//! when the upload finishes: the agent reads `revisionUpperBound` after that first message and stamps `startedAt`
+//! after that read (same host clock). kcp in the new pod cannot write before its container was created, so
+//! `startedAt <=` the container's creation proves the snapshot holds nothing the new pod wrote; that is asserted.
+//! A revision sample answered before the creation and asked after `startedAt` witnesses the same in revisions
+//! (`revisionUpperBound <=` it), asserted when one exists. The margins (creation minus the snapshot's start and
+//! finish, and in revisions) are printed. Afterwards the image is set back and the roll waited for.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -179,26 +182,29 @@ async fn a_changed_shard_image_is_snapshotted_before_the_first_new_pod_wrote_to_
     eprintln!(
         "kcp upgrade race on alpha ({} revision samples): image changed at {changed_at}; snapshot {id} started {snapshot_started} \
          ({:.2} s after the change), finished {finished} ({:.2} s after), revision <= {upper}; first new pod {pod} created {created} \
-         (whole seconds), its container created {started}; margin: pod created {:.2} s and container created {:.2} s after the \
-         snapshot finished (lower bounds of when kcp in it could write); etcd-alpha was at revision {at_start} at {last_at}, \
+         (whole seconds), its container created {started}; margin: container created {:.2} s after the snapshot's content \
+         was fixed, pod created {:.2} s and container created {:.2} s after the snapshot finished (lower bounds of when kcp \
+         in it could write); etcd-alpha was at revision {at_start} at {last_at}, \
          before the container was created: \
          {} revision(s) above the snapshot's upper bound",
         samples.len(),
         seconds(snapshot_started, changed_at),
         seconds(finished, changed_at),
+        seconds(started, snapshot_started),
         seconds(created, finished),
         seconds(started, finished),
         at_start - upper,
     );
     ensure!(
-        finished <= started,
-        "the snapshot finished at {finished}, after the new pod's container was created at {started}: the roll won the race"
+        snapshot_started <= started,
+        "the snapshot's content was fixed before {snapshot_started} (its startedAt), after the new pod's container was \
+         created at {started}: the roll won the race"
     );
-    // The revision witness: a sample asked after the snapshot finished and answered before the container was
-    // created read what etcd-alpha held then, so the snapshot holds no write the new pod made. Each sample starts
-    // a process in the node, so on a loaded machine none may fall in a short margin: then only the times above
-    // say it (they come from the same clock), and the log says the witness is missing.
-    if asked_at >= finished {
+    // The revision witness: a sample asked after the snapshot's content was fixed and answered before the container
+    // was created read what etcd-alpha held then, so the snapshot holds no write the new pod made. Each sample
+    // starts a process in the node, so on a loaded machine none may fall in a short margin: then only the times
+    // above say it (they come from the same clock), and the log says the witness is missing.
+    if asked_at >= snapshot_started {
         ensure!(
             upper <= at_start,
             "the snapshot's revision (<= {upper}) is not below what etcd-alpha held before the new pod's container was \
@@ -206,7 +212,7 @@ async fn a_changed_shard_image_is_snapshotted_before_the_first_new_pod_wrote_to_
         );
     } else {
         eprintln!(
-            "no revision sample fell between the snapshot's end ({finished}) and the container's creation ({started}): \
+            "no revision sample fell between the snapshot's start ({snapshot_started}) and the container's creation ({started}): \
              the last one before it was asked at {asked_at}; the order is proven by the times alone"
         );
     }
