@@ -235,7 +235,13 @@ pub struct State {
 impl State {
     pub fn new(object: &str, image: &str, snapshot: Option<String>) -> Self {
         // The clock snapshots' `startedAt` is stamped by, which [`records_change`] compares with.
-        Self { format_version: 1, object: object.into(), image: image.into(), recorded_at: crate::clock::now(), snapshot }
+        Self {
+            format_version: 1,
+            object: object.into(),
+            image: image.into(),
+            recorded_at: crate::clock::now(),
+            snapshot,
+        }
     }
 
     pub fn to_json(&self) -> Vec<u8> {

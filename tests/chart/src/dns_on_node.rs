@@ -1,137 +1,22 @@
-//! CoreDNS as a cluster runs it, in a pod on the real node (`testbed::node`), and lookups from a pod through it
-//! with the shipped `dns-rewriter check`: shared by the node tests and the seed layout's (both install the chart
+//! Lookups from a pod through the node's cluster DNS (CoreDNS in a pod, `testbed::node::cluster_dns`) with the
+//! shipped `dns-rewriter check`, and node-local-dns in front of it: shared by the node tests and the seed layout's (both install the chart
 //! into [`crate::NAMESPACE`], where the agent's ConfigMap `kcp-keeper-dns-rewriter` is).
 
 use std::time::Duration;
 
 use anyhow::{Result, bail, ensure};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::PostParams;
 use serde_json::{Value, json};
 use testbed::node::{self, Node};
 
 use crate::NAMESPACE;
 use crate::on_node::{create, version};
 
-/// The ClusterIP of the CoreDNS Service the dns-rewriter test runs (kube-dns's customary address, in the
-/// range's static band, so no dynamically allocated Service can hold it).
+/// The ClusterIP of the node's cluster DNS (CoreDNS in a pod behind `kube-dns`, the kubelet's `clusterDNS`:
+/// `testbed::node::cluster_dns`, in k3s form unless a test switches it).
 pub const COREDNS_IP: &str = "10.96.0.10";
-/// The CoreDNS image the node imports (built here from the peer; the name is ours, never pulled).
-pub const COREDNS_IMAGE: &str = "kcp-keeper.test/coredns:peer";
-
-/// CoreDNS as k3s runs it: a Deployment in kube-system whose Corefile (ConfigMap `coredns`) imports
-/// `/etc/coredns/custom/*.override`, where the kubelet projects the optional ConfigMap `coredns-custom`, and
-/// reloads on a change; its Service at [`COREDNS_IP`]. The image holds the peers' CoreDNS binary alone. Started
-/// once per binary: more than one dns-rewriter test resolves through it.
-pub async fn coredns_as_a_pod(node: &Node, client: &kube::Client) -> Result<()> {
-    static STARTED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    STARTED.get_or_try_init(|| start_coredns_as_a_pod(node, client)).await.map(|_| ())
-}
-
-async fn start_coredns_as_a_pod(node: &Node, client: &kube::Client) -> Result<()> {
-    let archive = node::image::single_binary_image(
-        &node.dir,
-        COREDNS_IMAGE,
-        node.peers.path("coredns"),
-        "coredns",
-        "65532:65532",
-    )?;
-    node.import_image(&archive)?;
-    let corefile = ".:1053 {\n    errors\n    ready :8181\n    kubernetes cluster.local in-addr.arpa ip6.arpa {\n        pods insecure\n        fallthrough in-addr.arpa ip6.arpa\n    }\n    import /etc/coredns/custom/*.override\n    reload 2s 1s\n}\n";
-    create::<k8s_openapi::api::core::v1::ConfigMap>(
-        client,
-        "kube-system",
-        json!({"metadata": {"name": "coredns"}, "data": {"Corefile": corefile}}),
-    )
-    .await?;
-    create::<k8s_openapi::api::core::v1::ServiceAccount>(
-        client,
-        "kube-system",
-        json!({"metadata": {"name": "coredns"}}),
-    )
-    .await?;
-    // What the kubernetes plugin reads (as k3s's and kubeadm's system:coredns role grants).
-    let role: ClusterRole = serde_json::from_value(json!({
-        "metadata": {"name": "kcp-keeper-test:coredns"},
-        "rules": [
-            {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
-            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
-        ],
-    }))?;
-    Api::<ClusterRole>::all(client.clone()).create(&PostParams::default(), &role).await?;
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "kcp-keeper-test:coredns"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kcp-keeper-test:coredns"},
-        "subjects": [{"kind": "ServiceAccount", "namespace": "kube-system", "name": "coredns"}],
-    }))?;
-    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await?;
-    create::<Service>(
-        client,
-        "kube-system",
-        json!({
-            "metadata": {"name": "kube-dns"},
-            "spec": {
-                "clusterIP": COREDNS_IP,
-                "selector": {"k8s-app": "kube-dns"},
-                "ports": [
-                    {"name": "dns", "port": 53, "targetPort": 1053, "protocol": "UDP"},
-                    {"name": "dns-tcp", "port": 53, "targetPort": 1053, "protocol": "TCP"},
-                ],
-            },
-        }),
-    )
-    .await?;
-    create::<Deployment>(
-        client,
-        "kube-system",
-        json!({
-            "metadata": {"name": "coredns"},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
-                "template": {
-                    "metadata": {"labels": {"k8s-app": "kube-dns"}},
-                    "spec": {
-                        "serviceAccountName": "coredns",
-                        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
-                        "containers": [{
-                            "name": "coredns",
-                            "image": COREDNS_IMAGE,
-                            "imagePullPolicy": "Never",
-                            "args": ["-conf", "/etc/coredns/Corefile"],
-                            "ports": [{"containerPort": 1053, "protocol": "UDP"}, {"containerPort": 1053, "protocol": "TCP"}],
-                            "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181}, "periodSeconds": 2},
-                            "securityContext": {
-                                "allowPrivilegeEscalation": false,
-                                "readOnlyRootFilesystem": true,
-                                "capabilities": {"drop": ["ALL"]},
-                            },
-                            "volumeMounts": [
-                                {"name": "config", "mountPath": "/etc/coredns", "readOnly": true},
-                                {"name": "custom", "mountPath": "/etc/coredns/custom", "readOnly": true},
-                            ],
-                        }],
-                        "volumes": [
-                            {"name": "config", "configMap": {"name": "coredns", "items": [{"key": "Corefile", "path": "Corefile"}]}},
-                            {"name": "custom", "configMap": {"name": "coredns-custom", "optional": true}},
-                        ],
-                    },
-                },
-            },
-        }),
-    )
-    .await?;
-    let deployments = Api::<Deployment>::namespaced(client.clone(), "kube-system");
-    testbed::eventually(Duration::from_secs(120), "the CoreDNS pod Ready", || async {
-        let status = deployments.get("coredns").await.ok()?.status?;
-        (status.ready_replicas == Some(1)).then_some(())
-    })
-    .await;
-    Ok(())
-}
 
 /// The ServiceAccount `name` with the rights `dns-rewriter check` needs (a Role and RoleBinding of that name in
 /// kcp-system): its own, so a probe pod never borrows the agent's.
@@ -235,18 +120,23 @@ pub fn import_node_cache_image(node: &Node) -> Result<()> {
 }
 
 /// The node-local-dns DaemonSet: node-cache without its dummy interface and iptables rules
-/// (`-setupinterface=false -setupiptables=false`, as this kernel needs), its base Corefile the projected
+/// (`-setupinterface=false -setupiptables=false`, as this kernel needs: the bed puts the addresses on the node's
+/// loopback and writes the rules, `testbed::node::cluster_dns::intercept`), its base Corefile the projected
 /// ConfigMap, which it watches and re-renders into `-conf` (`-reloadwithsignal`: reloaded at once, not after the
-/// reload plugin's interval), root (port 53, as kubeadm's manifest runs it). `on_host`: as a cluster runs it, on
-/// the host network bound to that address (which the test puts on the node); `None`: in a pod of its own,
-/// bound to the pod's address.
-pub fn node_local_daemonset(on_host: Option<std::net::Ipv4Addr>) -> Value {
+/// reload plugin's interval), root (port 53, as kubeadm's manifest runs it). `on_host` not empty: as a cluster
+/// runs it, on the host network bound to those addresses (the link-local one, and in iptables mode the kube-dns
+/// ClusterIP too); empty: in a pod of its own, bound to the pod's address.
+pub fn node_local_daemonset(on_host: &[std::net::Ipv4Addr]) -> Value {
     let (local, metrics, env) = match on_host {
-        Some(ip) => (ip.to_string(), format!("{}:9353", node::NODE_IP), json!([])),
-        None => (
+        [] => (
             "$(POD_IP)".to_string(),
             "$(POD_IP):9353".to_string(),
             json!([{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]),
+        ),
+        ips => (
+            ips.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+            format!("{}:9353", node::NODE_IP),
+            json!([]),
         ),
     };
     json!({
@@ -256,7 +146,7 @@ pub fn node_local_daemonset(on_host: Option<std::net::Ipv4Addr>) -> Value {
             "template": {
                 "metadata": {"labels": {"k8s-app": NODE_LOCAL}},
                 "spec": {
-                    "hostNetwork": on_host.is_some(),
+                    "hostNetwork": !on_host.is_empty(),
                     "dnsPolicy": "Default",
                     "terminationGracePeriodSeconds": 1,
                     "containers": [{

@@ -7,7 +7,6 @@
 use std::time::{Duration, Instant};
 
 use crate::NAMESPACE as KEEPER_NAMESPACE;
-use crate::dns_on_node::coredns_as_a_pod;
 use crate::on_node::{self, HUB, S3_KEY, S3_PORT, S3_SECRET, create, pause_deployment, version};
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -197,8 +196,6 @@ pub async fn install(node: &Node) -> Result<Installed> {
     }
     create::<Deployment>(&client, HUB_NAMESPACE, pause_deployment(HUB)).await?;
     let s3 = s3(node, &client).await?;
-    // kube-dns as k3s runs it, before the install: dns-rewriter verifies its names through it.
-    coredns_as_a_pod(node, &client).await?;
     let started = Instant::now();
     let out = on_node::helm_release(node, "install", &values(), "5m")?;
     let took = started.elapsed();

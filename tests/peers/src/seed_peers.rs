@@ -14,6 +14,8 @@ pub const KCP_OPERATOR: &str = "v0.9.0";
 pub const HTTP_PROBE: &str = "v1";
 /// Our own one-file program (standard library only); bump when `kubeconfig_probe.go` changes.
 pub const KUBECONFIG_PROBE: &str = "v2";
+/// The pod-side `nslookup` of the seed's Verify section: the pod's own resolver configuration, nothing named.
+pub const DNS_LOOKUP: &str = "v1";
 
 pub static SEED_PEERS: &[Peer] = &[
     Peer {
@@ -76,7 +78,23 @@ pub static SEED_PEERS: &[Peer] = &[
         outputs: &["kubeconfig-probe"],
         expected_time: "seconds",
     },
+    // A plain pod's lookup through its resolv.conf (the cluster DNS the kubelet names), as the seed's Verify runs it.
+    Peer {
+        name: "dns-lookup",
+        version: DNS_LOOKUP,
+        recipe: Recipe::Program {
+            go_mod: dns_lookup_go_mod,
+            main_go: include_str!("dns_lookup.go"),
+            output: "dns-lookup",
+        },
+        outputs: &["dns-lookup"],
+        expected_time: "seconds",
+    },
 ];
+
+fn dns_lookup_go_mod(_version: &str) -> Result<String> {
+    Ok("module kcp-keeper.local/dns-lookup\n\ngo 1.22\n".to_string())
+}
 
 /// The probe needs nothing but the standard library.
 fn http_probe_go_mod(_version: &str) -> Result<String> {

@@ -196,7 +196,6 @@ async fn behind_node_local_dns_as_a_daemonset_pod_the_public_name_answers_the_ed
 async fn node_local_dns_before_and_after(node: &'static Node, client: kube::Client) -> Result<()> {
     let client = &client;
     let started = Instant::now();
-    coredns_as_a_pod(node, client).await?;
     let cluster_ip = Api::<Service>::namespaced(client.clone(), "kcp-system")
         .get("root-kcp")
         .await?
@@ -269,7 +268,7 @@ async fn node_local_dns_before_and_after(node: &'static Node, client: kube::Clie
         json!({"metadata": {"name": NODE_LOCAL}, "data": {"Corefile": original}}),
     )
     .await?;
-    create::<k8s_openapi::api::apps::v1::DaemonSet>(client, "kube-system", node_local_daemonset(None)).await?;
+    create::<k8s_openapi::api::apps::v1::DaemonSet>(client, "kube-system", node_local_daemonset(&[])).await?;
     dns_check_account(client, "node-local-dns-probe").await?;
     let pods = Api::<Pod>::namespaced(client.clone(), "kube-system");
     let local = testbed::eventually(Duration::from_secs(120), "the node-local-dns pod Running", || async {

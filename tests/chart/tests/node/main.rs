@@ -21,8 +21,7 @@ use serde_json::{Value, json};
 use testbed::node::{self, Node};
 
 use chart::dns_on_node::{
-    NODE_LOCAL, coredns_as_a_pod, dns_check_account, dns_check_pod, import_node_cache_image, lookup_from_a_pod,
-    node_local_daemonset,
+    NODE_LOCAL, dns_check_account, dns_check_pod, import_node_cache_image, lookup_from_a_pod, node_local_daemonset,
 };
 
 // Each agent's further node tests live in a module of their own (same node, same install, same binary).
@@ -181,7 +180,6 @@ async fn dns_rewriter_in_its_pod_writes_a_rule_coredns_in_a_pod_loads_so_a_publi
         "{snippet}"
     );
     eprintln!("dns-rewriter (in its pod) wrote coredns-custom after {:.1?}", started.elapsed());
-    coredns_as_a_pod(node, &client).await?;
     let cluster_ip = Api::<Service>::namespaced(client.clone(), "kcp-system")
         .get("root-kcp")
         .await?

@@ -43,9 +43,9 @@ const DNS_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// NodeLocal DNSCache's link-local listen address (the chart's default `networkPolicy.dns.nodeLocalDns`).
 const NODE_LOCAL_IP: Ipv4Addr = Ipv4Addr::new(169, 254, 20, 10);
-/// The port the bed's CoreDNS pod listens on (it runs as non-root): where the kube-dns Service's 53 is
-/// translated to, so where the policy sees a lookup through the Service.
-const COREDNS_POD_PORT: u16 = 1053;
+/// The port the bed's CoreDNS pod listens on (as kubeadm's does): where the kube-dns Service's 53 is translated to,
+/// so where the policy sees a lookup through the Service.
+const COREDNS_POD_PORT: u16 = 53;
 /// dns-rewriter's rule (on_node's values) and its Lease.
 const PUBLIC_HOST: &str = "kcp-root.example.com";
 const DNS_REWRITER_LEASE: &str = "kcp-keeper-dns-rewriter";
@@ -97,7 +97,7 @@ fn enforced_values(node_local_rule: bool) -> Value {
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
                 "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
             }],
-            "ports": [53, COREDNS_POD_PORT],
+            "ports": [COREDNS_POD_PORT],
             "nodeLocalDns": node_local,
         },
         "etcdSnapshotter": {"etcd": {"to": node}, "s3": {"to": node}, "secondary": {"to": node}},
@@ -234,9 +234,6 @@ async fn with_the_charts_networkpolicy_enforced_each_agent_does_its_job_through_
 async fn behind_the_policies(node: &'static Node, client: kube::Client, targets: Vec<SocketAddr>) -> Result<()> {
     let client = &client;
     let started = Instant::now();
-    // The cluster DNS as a cluster runs it (a pod behind the kube-dns Service, loading dns-rewriter's rule):
-    // dns-rewriter verifies through it, node-local-dns forwards to it.
-    coredns_as_a_pod(node, client).await?;
     let coredns = Api::<Pod>::namespaced(client.clone(), "kube-system")
         .list(&ListParams::default().labels("k8s-app=kube-dns"))
         .await?
@@ -273,7 +270,7 @@ async fn behind_the_policies(node: &'static Node, client: kube::Client, targets:
         cm.data?.get("Corefile").filter(|c| c.contains(&format!("{PUBLIC_HOST}:53 {{"))).map(|_| ())
     })
     .await;
-    create::<DaemonSet>(client, "kube-system", node_local_daemonset(Some(NODE_LOCAL_IP))).await?;
+    create::<DaemonSet>(client, "kube-system", node_local_daemonset(&[NODE_LOCAL_IP])).await?;
     let local = SocketAddr::from((NODE_LOCAL_IP, 53));
     let offsite_name = format!("{OFFSITE}.kcp-system.svc.cluster.local");
     testbed::eventually_seen(Duration::from_secs(90), "node-local-dns answering on the node", || async {

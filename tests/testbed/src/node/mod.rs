@@ -1,6 +1,6 @@
 //! A real one-node Kubernetes cluster for the chart's tests: etcd, kube-apiserver, kube-controller-manager,
-//! kube-scheduler, kube-proxy (iptables), containerd with runc, kubelet and CoreDNS as the cluster DNS, every one
-//! of them inside a network namespace (and mount namespace) the bed creates, which has no route out. The host
+//! kube-scheduler, kube-proxy (iptables), containerd with runc, kubelet and CoreDNS (the node's resolver; the
+//! cluster DNS is CoreDNS in a pod, [`cluster_dns`]), every one of them inside a network namespace (and mount namespace) the bed creates, which has no route out. The host
 //! reaches the apiserver only through a loopback relay ([`Node::kubeconfig`]); pod and Service addresses exist
 //! only inside the namespace. The facts and workarounds this follows are in `../shared/real-node.md`.
 //!
@@ -10,6 +10,7 @@
 //! kills everything in those cgroups and removes them; the namespaces, their mounts, interfaces and iptables
 //! rules go with their last process. Nothing is left on the host.
 
+pub mod cluster_dns;
 pub mod image;
 mod netpol;
 mod network;
@@ -242,9 +243,13 @@ impl Node {
         })
         .await?;
 
-        // CoreDNS, the cluster DNS, on the node address.
+        // CoreDNS on the node's address: the node's own resolver, the upstream of the cluster DNS (which runs as a
+        // pod, `cluster_dns`), answering the public names at their edge as public DNS would. It knows the cluster
+        // domain too, for the tools that run in the node's own network (which has no route to ClusterIPs); pods
+        // never ask it for cluster names.
         let corefile = format!(
-            ".:53 {{\n    bind {NODE_IP}\n    errors\n    ready 127.0.0.1:8181\n    kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        kubeconfig {} testbed\n        pods insecure\n        fallthrough in-addr.arpa ip6.arpa\n    }}\n    cache 5\n}}\n",
+            ".:53 {{\n    bind {NODE_IP}\n    errors\n    ready 127.0.0.1:8181\n    hosts {{\n        {}\n        fallthrough\n    }}\n    kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        kubeconfig {} testbed\n        pods insecure\n        fallthrough in-addr.arpa ip6.arpa\n    }}\n    cache 5\n}}\n",
+            cluster_dns::upstream_hosts(),
             kc("coredns")
         );
         std::fs::write(dir.join("Corefile"), corefile)?;
@@ -354,6 +359,9 @@ impl Node {
             Ok(())
         })
         .await?;
+        let client = self.client.clone();
+        cluster_dns::start(self, &client).await?;
+        progress(&format!("the cluster DNS (CoreDNS in a pod) Ready at {}", cluster_dns::CLUSTER_DNS_IP));
         self.client_ca = Some(pki.client_ca);
         self.ready_in = started.elapsed();
         progress(&format!("Ready in {:.1?}; KUBECONFIG={}", self.ready_in, self.kubeconfig.display()));
@@ -900,7 +908,7 @@ staticPodPath: {manifests}
 volumePluginDir: {plugins}
 failSwapOn: false
 clusterDomain: cluster.local
-clusterDNS: ["{NODE_IP}"]
+clusterDNS: ["{cluster_dns}"]
 resolvConf: ""
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -927,6 +935,7 @@ syncFrequency: 10s
 fileCheckFrequency: 10s
 "#,
         socket = socket.display(),
+        cluster_dns = cluster_dns::CLUSTER_DNS_IP,
         pod_logs = pod_logs.display(),
         manifests = dir.join("manifests").display(),
         plugins = dir.join("volume-plugins").display(),
