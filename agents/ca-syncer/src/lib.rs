@@ -11,7 +11,8 @@
 //! - [`cli`]: the one-shots, `render` and `watch`.
 //!
 //! The domain, pure (no Kubernetes client, no I/O): [`certs`] (strict parsing), [`bundle`] (byte-stable
-//! bundles), [`rotation`] (keeping rotated-out CAs), [`keystore`] (the JKS and PKCS#12 trust stores). The edges: [`sources`] (reading them), [`state`] (each
+//! bundles), [`rotation`] (keeping rotated-out CAs), [`keystore`] (the JKS and PKCS#12 trust stores), [`report`]
+//! (a pass over a bundle's targets told in one Event). The edges: [`sources`] (reading them), [`state`] (each
 //! bundle's rotation record, in the agent's own namespace), [`observed`] (a target as a pass sees it), [`live_check`], and [`sidecar`]
 //! (`ca-syncer watch`).
 #![forbid(unsafe_code)]
@@ -27,6 +28,7 @@ pub mod live_check;
 pub mod metrics;
 pub mod observed;
 pub mod reconcile;
+pub mod report;
 pub mod rotation;
 pub mod scope;
 pub mod sidecar;

@@ -13,7 +13,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use kcp_keeper_runtime::agent::Context;
 use kcp_keeper_runtime::apply::{self, ApplyError, Outcome, Ownership};
 use kcp_keeper_runtime::consumer_restart::{Done, RestartError, Restarter, Wanted};
@@ -26,13 +26,14 @@ use time::OffsetDateTime;
 
 use crate::bundle::{Bundle as Built, BundleOptions};
 use crate::certs::{Certificate, EmptyPolicy, Fingerprint, parse_certificates};
-use crate::config::{Bundle, Config, LiveCheck, PasswordFrom, Placement, Target, TargetKind};
+use crate::config::{Bundle, Config, LiveCheck, PasswordFrom, Pick, Placement, Source, Target, TargetKind};
 use crate::consumers;
 use crate::error::{PasswordError, SyncError};
 use crate::keystore::Memo;
 use crate::live_check::{self, EndpointFailure, Failures};
 use crate::metrics::{BundleLabel, EndpointLabels, Metrics, Published, ReasonLabels, SkipReason, TargetLabels};
 use crate::observed::{ObjectKey, Observed, Written};
+use crate::report::PassReport;
 use crate::rotation::{self, DropReason, RetentionPlan, RotationState, STATE_ANNOTATION, plan_retention};
 use crate::scope::Scope;
 use crate::sources::{self, Reader};
@@ -49,7 +50,7 @@ pub struct RunFlags {
 }
 
 /// The agent's own namespace and Lease (from `run`'s arguments): the namespace holds the bundles' rotation
-/// records, the Lease gets the Events about sources that have no object of their own.
+/// records, the Lease gets the Events of bundles (and sources) that have no source object of their own.
 pub struct Own {
     pub namespace: String,
     pub lease_name: String,
@@ -112,8 +113,9 @@ struct Syncer {
     scope: Scope,
     terminating: Terminating,
     state: StateStore,
-    /// The agent's Lease: where Events about sources without an object of their own go.
-    own_object: k8s_openapi::api::core::v1::ObjectReference,
+    /// The agent's Lease: where Events about sources without an object of their own go, and a bundle's
+    /// Events when none of its sources is one object.
+    own_object: ObjectReference,
     public_roots: Arc<Vec<Certificate>>,
     /// Our writes the stores have not shown yet ([`crate::observed`]).
     written: Written,
@@ -128,11 +130,23 @@ const FRESH_READS: usize = 16;
 struct Resolved {
     namespace: String,
     config: Target,
+    /// Its bundle writes both Secrets and ConfigMaps: Events name the kind too.
+    qualified: bool,
 }
 
 impl Resolved {
     fn key(&self) -> ObjectKey {
         (self.config.kind, self.namespace.clone(), self.config.name.clone())
+    }
+
+    /// How Events name it: `namespace/name` (`Secret namespace/name` where its bundle writes both kinds), or
+    /// `ClusterTrustBundle/name` (no namespace).
+    fn display(&self) -> String {
+        match self.config.kind {
+            TargetKind::ClusterTrustBundle => format!("ClusterTrustBundle/{}", self.config.name),
+            kind if self.qualified => format!("{} {}/{}", kind.as_str(), self.namespace, self.config.name),
+            TargetKind::Secret | TargetKind::ConfigMap => format!("{}/{}", self.namespace, self.config.name),
+        }
     }
 
     fn labels(&self, bundle: &str) -> TargetLabels {
@@ -169,6 +183,10 @@ impl Syncer {
     /// writes leaves every target as it is. `Ok`: when to look again at the latest.
     async fn sync_bundle(&self, spec: &Bundle, now: OffsetDateTime) -> Result<Option<OffsetDateTime>, SyncError> {
         let (targets, skipped) = self.resolve_targets(spec);
+        let mut report = PassReport::default();
+        for (target, _) in &skipped {
+            report.skipped(target.display());
+        }
         let skipped: Vec<_> = skipped.iter().map(|(t, reason)| (t.labels(&spec.name), *reason)).collect();
         self.metrics.record_skipped(&spec.name, &skipped);
         let current = self.read_sources(spec, &targets).await?;
@@ -187,11 +205,13 @@ impl Syncer {
         if let Some(check) = &spec.live_check
             && let Err(failures) = self.live_check(check, &current, &plans).await
         {
-            return Err(self.live_check_failed(spec, &targets, failures));
+            return Err(self.live_check_failed(spec, &targets, failures).await);
         }
         self.write_record(spec, &current, &plans, &stored, &targets).await?;
-        self.count_certificates(spec, current, &plans, now);
-        self.publish(spec, plans, targets.len(), now).await
+        let certificates = self.count_certificates(spec, current, &plans, now);
+        let result = self.publish(spec, plans, targets.len(), now, &mut report).await;
+        self.tell(spec, &report, certificates).await;
+        result
     }
 
     /// The bundle's certificates from its sources as the stores hold them. A source that cannot be used is
@@ -274,9 +294,9 @@ impl Syncer {
         Ok(plans)
     }
 
-    /// Counts and logs each endpoint that failed the live check and tells every target in an Event: the
-    /// bundle is not published.
-    fn live_check_failed(&self, spec: &Bundle, targets: &[Resolved], failures: Failures) -> SyncError {
+    /// Counts and logs each endpoint that failed the live check and tells it in one Event on the bundle's object
+    /// ([`Syncer::bundle_object`]): the bundle is not published.
+    async fn live_check_failed(&self, spec: &Bundle, targets: &[Resolved], failures: Failures) -> SyncError {
         for failure in &failures.0 {
             let (url, error) = (failure.url(), &failure.error);
             let labels =
@@ -284,10 +304,13 @@ impl Syncer {
             self.metrics.series.live_check_failures.get_or_create(&labels).inc();
             tracing::warn!(bundle = %spec.name, endpoint = %url, reason = error.reason(), error = %error, "live check failed");
         }
-        let note = format!("bundle {} not published: live check failed: {failures}", spec.name);
-        for t in targets {
-            self.event(t, EventType::Warning, "LiveCheckFailed", &note);
-        }
+        let note = format!(
+            "bundle {} not published, its {} targets keep what they hold: live check failed: {failures}",
+            spec.name,
+            targets.len()
+        );
+        let regarding = self.bundle_object(spec);
+        self.events.publish_about(&regarding, &spec.name, EventType::Warning, "LiveCheckFailed", "Sync", &note).await;
         self.out_of_sync(spec, targets);
         SyncError::LiveCheckFailed(failures)
     }
@@ -317,15 +340,15 @@ impl Syncer {
         Ok(())
     }
 
-    /// Sets how many distinct certificates the bundle publishes across its targets (with no target, what its
-    /// sources would give).
+    /// Sets (and returns) how many distinct certificates the bundle publishes across its targets (with no
+    /// target, what its sources would give).
     fn count_certificates(
         &self,
         spec: &Bundle,
         current: Vec<Certificate>,
         plans: &[TargetPlan<'_>],
         now: OffsetDateTime,
-    ) {
+    ) -> usize {
         let certificates = match plans.is_empty() {
             true => Built::build(current, &BundleOptions { drop_expired: spec.drop_expired, now }).len(),
             false => plans.iter().flat_map(|p| p.fingerprints()).collect::<BTreeSet<_>>().len(),
@@ -335,29 +358,30 @@ impl Syncer {
             .certificates
             .get_or_create(&BundleLabel { bundle: spec.name.clone() })
             .set(certificates as i64);
+        certificates
     }
 
-    /// Writes every planned target (of `total`) and brings its consumers to what it now holds; the Events go out
-    /// once every target is written. `Ok`: when to look again at the latest.
+    /// Writes every planned target (of `total`) and brings its consumers to what it now holds, noting each
+    /// target's outcome in `report`. `Ok`: when to look again at the latest.
     async fn publish(
         &self,
         spec: &Bundle,
         plans: Vec<TargetPlan<'_>>,
         total: usize,
         now: OffsetDateTime,
+        report: &mut PassReport,
     ) -> Result<Option<OffsetDateTime>, SyncError> {
         let mut review = None;
         let mut published = Published::default();
         let mut failures: Vec<ApplyError> = Vec::new();
         let mut restart_failure: Option<RestartError> = None;
-        let mut notices = Vec::new();
         for plan in plans {
             let (target, hash) = (plan.target, consumers::content_hash(&plan.pem));
             let held_until = consumers::held_until(plan.bundle.as_ref().and_then(|(b, _)| b.earliest_not_after()), now);
             // A consumer holding the previous bundle trusts the CA this one only retains: it is rolled before that
             // CA leaves the rotation overlap (its notAfter, or rotationGrace), window or not.
             let deadline = plan.retention.as_ref().and_then(RetentionPlan::next_review_at);
-            match self.write_target(spec, plan, &mut published, &mut notices).await {
+            match self.write_target(spec, plan, &mut published, report).await {
                 Ok(at) => {
                     review = min_time(review, at);
                     // Every pass, whatever it wrote: the target now holds `hash`, and a consumer not rolled for
@@ -375,7 +399,6 @@ impl Syncer {
             }
         }
         self.keystores.end_pass();
-        self.send(notices);
         let failed = failures.len();
         self.metrics.forget_stale(&spec.name, published, failed > 0);
         // The first write that failed (with how many did), else the first consumer that could not be
@@ -471,6 +494,9 @@ impl Syncer {
     fn resolve_targets(&self, spec: &Bundle) -> (Vec<Resolved>, Vec<(Resolved, SkipReason)>) {
         let mut out = Vec::new();
         let mut skipped = Vec::new();
+        let namespaced: BTreeSet<TargetKind> =
+            spec.targets.iter().map(|t| t.kind).filter(|k| *k != TargetKind::ClusterTrustBundle).collect();
+        let qualified = namespaced.len() > 1;
         for target in &spec.targets {
             let (namespaces, terminating) = match &target.placement {
                 Placement::Namespace(ns) if self.terminating.is_skipped(ns) => (vec![], vec![ns.clone()]),
@@ -479,7 +505,7 @@ impl Syncer {
                 // Cluster-scoped: no namespace.
                 Placement::Cluster => (vec![String::new()], vec![]),
             };
-            let resolved = |namespace: String| Resolved { namespace, config: target.clone() };
+            let resolved = |namespace: String| Resolved { namespace, config: target.clone(), qualified };
             out.extend(namespaces.into_iter().map(resolved));
             skipped.extend(terminating.into_iter().map(|ns| (resolved(ns), SkipReason::Terminating)));
         }
@@ -554,7 +580,7 @@ impl Syncer {
         spec: &Bundle,
         plan: TargetPlan<'_>,
         published: &mut Published,
-        notices: &mut Vec<Notice>,
+        report: &mut PassReport,
     ) -> Result<Option<OffsetDateTime>, ApplyError> {
         let target = plan.target;
         let labels = target.labels(&spec.name);
@@ -566,8 +592,7 @@ impl Syncer {
         if !metadata.foreign.is_empty() {
             let keys = metadata.foreign.join(", ");
             tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.config.name, keys = %keys, "metadata keys held by another manager left alone");
-            let note = format!("bundle {}: {keys} set by someone else to another value; left as it is", spec.name);
-            notices.push(self.notice(target, EventType::Warning, "MetadataNotOwned", &note));
+            report.metadata_not_owned(&target.display(), &keys);
         }
         let content = Content { pem: &plan.pem, stores: &plan.stores };
         let desired = desired_object(target, &content, &plan.cache, !plan.observed.exists(), &metadata);
@@ -594,21 +619,16 @@ impl Syncer {
         });
         let count = plan.bundle.as_ref().map_or(0, |(b, _)| b.len());
         match outcome {
-            Ok(Outcome::Unchanged) => {}
+            Ok(Outcome::Unchanged) => report.unchanged(),
             Ok(outcome) => {
                 self.metrics.series.writes.get_or_create(&BundleLabel { bundle: spec.name.clone() }).inc();
                 let verb = if outcome == Outcome::Created { "created" } else { "updated" };
-                let note = format!("bundle {}: {verb} key {} with {count} certificates", spec.name, target.config.key);
                 tracing::info!(bundle = %spec.name, namespace = %target.namespace, name = %target.config.name, certificates = count, "{verb}");
-                notices.push(self.notice(target, EventType::Normal, "Published", &note));
+                report.written(target.display());
                 let removed = plan.foreign_removed();
                 if removed > 0 {
-                    let note = format!(
-                        "bundle {}: removed {removed} certificates from key {} that its sources never held",
-                        spec.name, target.config.key
-                    );
                     tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.config.name, removed, "foreign certificates removed");
-                    notices.push(self.notice(target, EventType::Warning, "ForeignCertificateRemoved", &note));
+                    report.foreign_removed(&target.display(), removed);
                 }
             }
             Err(e) => {
@@ -617,25 +637,14 @@ impl Syncer {
                     tracing::info!(bundle = %spec.name, namespace = %target.namespace, "target namespace is being deleted; skipped");
                     self.terminating.skip(&target.namespace);
                     self.metrics.skipped_now(&spec.name, &labels, SkipReason::Terminating, published);
+                    report.skipped(target.display());
                     return Ok(None);
                 }
-                let reason = if matches!(e, ApplyError::Foreign { .. } | ApplyError::ForeignKey { .. }) {
-                    "NotOwned"
-                } else {
-                    "WriteFailed"
-                };
-                tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.config.name, error = %e, "target not written");
+                tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.config.name, reason = e.metric_label(), error = %e, "target not written");
                 in_sync.set(0);
                 // A conflict (the object changed since it was read, often only the cache lagging behind our own
-                // last write) is retried at once with a fresh read; it is not worth a Warning on the object.
-                if !matches!(e, ApplyError::Conflict { .. }) {
-                    notices.push(self.notice(
-                        target,
-                        EventType::Warning,
-                        reason,
-                        &format!("bundle {}: {e}", spec.name),
-                    ));
-                }
+                // last write) is retried at once with a fresh read: the report counts it, not as a failure.
+                report.failed(target.display(), &e);
                 return Err(e);
             }
         }
@@ -677,53 +686,35 @@ impl Syncer {
         first.map_or(Ok(review), Err)
     }
 
-    /// An Event on a target, sent without waiting (one per target written would otherwise double the time a
-    /// bundle takes to reach all its targets).
-    fn event(&self, target: &Resolved, kind: EventType, reason: &'static str, note: &str) {
-        let Notice { regarding, kind, reason, note } = self.notice(target, kind, reason, note);
-        self.events.publish_detached(regarding, kind, reason, "Sync", note);
+    /// The pass's one Event ([`PassReport::event`]), if it has one, on the bundle's object. Sent after every
+    /// target is written (one Event after the writes, so it does not compete with them for the apiserver), and
+    /// awaited: the next pass's Event never overtakes it. Rate limited per bundle as well as per object and
+    /// reason, as bundles may share a source object or the Lease.
+    async fn tell(&self, spec: &Bundle, report: &PassReport, certificates: usize) {
+        let Some((kind, reason, note)) = report.event(&spec.name, certificates) else { return };
+        let regarding = self.bundle_object(spec);
+        self.events.publish_about(&regarding, &spec.name, kind, reason, "Sync", &note).await;
     }
 
-    /// The Events of a pass's target writes, sent once every target is written: in order, one at a time, by a
-    /// task of their own. Sent beside the writes they competed with them for the apiserver (an Event's create
-    /// costs it about what a target's apply does), which held up the last target by most of the time its
-    /// Events took (`cargo xtask bench ca-sync`, docs/benchmarks.md). Like a detached Event, one still queued
-    /// when the process exits is lost.
-    fn send(&self, notices: Vec<Notice>) {
-        if notices.is_empty() {
-            return;
-        }
-        let events = self.events.clone();
-        tokio::spawn(async move {
-            for Notice { regarding, kind, reason, note } in notices {
-                events.publish(&regarding, kind, reason, "Sync", &note).await;
-            }
+    /// Where a bundle's Events go: its first source that is one object (a Secret or ConfigMap by name), which an
+    /// operator finds in the configuration and reads with `kubectl describe`; else (only selectors, files,
+    /// inline certificates or the public roots) the agent's Lease. Both are in namespaces the agent may create
+    /// Events in.
+    fn bundle_object(&self, spec: &Bundle) -> ObjectReference {
+        let named = spec.sources.iter().find_map(|source| match source {
+            Source::Secret(r) => Some(("Secret", &r.namespace, &r.name)),
+            Source::ConfigMap(r) => Some(("ConfigMap", &r.namespace, &r.name)),
+            Source::Selected(selection) => match &selection.pick {
+                Pick::Name(name) => Some((selection.kind.as_str(), &selection.namespace, name)),
+                Pick::Labels(_) => None,
+            },
+            Source::Inline(_) | Source::File(_) | Source::PublicRoots => None,
         });
+        match named {
+            Some((kind, namespace, name)) => reference("v1", kind, namespace, name, None),
+            None => self.own_object.clone(),
+        }
     }
-
-    /// What an Event on a target says, and on which object.
-    fn notice(&self, target: &Resolved, kind: EventType, reason: &'static str, note: &str) -> Notice {
-        let (regarding, note) = match target.config.kind {
-            TargetKind::Secret | TargetKind::ConfigMap => (
-                reference("v1", target.config.kind.as_str(), &target.namespace, &target.config.name, None),
-                note.to_string(),
-            ),
-            // A cluster-scoped object has no namespace to hold its Events: they go on the agent's Lease (whose
-            // namespace the agent may write Events in), naming the bundle object.
-            TargetKind::ClusterTrustBundle => {
-                (self.own_object.clone(), format!("ClusterTrustBundle {}: {note}", target.config.name))
-            }
-        };
-        Notice { regarding, kind, reason, note }
-    }
-}
-
-/// One Event about a target, as [`Syncer::notice`] words it.
-struct Notice {
-    regarding: k8s_openapi::api::core::v1::ObjectReference,
-    kind: EventType,
-    reason: &'static str,
-    note: String,
 }
 
 /// Applies `desired` over `live` (as the cache last saw it) with `live`'s `resourceVersion` as a precondition:

@@ -58,14 +58,21 @@ async fn cert_manager_shaped_source_yields_only_certificates_and_the_key_goes_no
     let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(bed.client(), &dst).get("kcp-ca").await?;
     assert_eq!(cm.data.unwrap()["ca.crt"], bundle, "Secret and ConfigMap targets carry the same bytes");
 
-    // The pass's Events are sent by a task of their own once its targets are written, so ready (the pass has run)
-    // does not mean they are recorded yet: wait for both targets' before gathering what is searched.
+    // One Event for the pass, on the bundle's source, naming both targets (by kind, as the bundle writes both).
     let client = bed.client();
-    eventually(WAIT, "a Published Event per target", || async {
-        let published = events(&client, &dst).await.into_iter().filter(|e| e.reason.as_deref() == Some("Published"));
-        (published.count() >= 2).then_some(())
+    let published = eventually(WAIT, "one Published Event for the pass", || async {
+        events(&client, &src).await.into_iter().find(|e| e.reason.as_deref() == Some("Published"))
     })
     .await;
+    let regarding = published.regarding.clone().unwrap_or_default();
+    assert_eq!((regarding.kind.as_deref(), regarding.name.as_deref()), (Some("Secret"), Some("root-server-ca")));
+    let note = published.note.clone().unwrap_or_default();
+    let written = format!("Written (2): Secret {dst}/kcp-ca, ConfigMap {dst}/kcp-ca.");
+    assert!(
+        note.starts_with("bundle kcp (2 certificates): 2 written, 0 unchanged") && note.contains(&written),
+        "{note}"
+    );
+    assert!(events(&client, &dst).await.is_empty(), "no Event per target");
     // Every byte a consumer, an operator or a log reader could see: decoded target data, Events, the log.
     let mut everything = agent.process.log();
     for s in Api::<Secret>::namespaced(bed.client(), &dst).list(&ListParams::default()).await?.items {
@@ -73,7 +80,7 @@ async fn cert_manager_shaped_source_yields_only_certificates_and_the_key_goes_no
             everything.push_str(&String::from_utf8_lossy(&v.0));
         }
     }
-    everything.push_str(&serde_json::to_string(&events(&bed.client(), &dst).await)?);
+    everything.push_str(&serde_json::to_string(&events(&bed.client(), &src).await)?);
     assert!(everything.contains("Published"), "an Event says what was done");
     testbed::leaks::assert_no_secret_material(&everything.replace("BEGIN CERTIFICATE-----", ""), &[&key_pem]);
     assert!(!bundle.contains("PRIVATE"));
@@ -261,10 +268,112 @@ async fn selector_targets_follow_namespaces_are_restored_and_foreign_secrets_are
     .await;
 
     assert_eq!(key(&bed.client(), foreign_ns, "kcp-ca", "ca.crt").await.as_deref(), Some("theirs"), "left alone");
+    // Reported in the pass's Event on the source, by name and why.
+    let failing = format!(" Failed, not owned (adopt: false) (1): {foreign_ns}/kcp-ca.");
     eventually(Duration::from_secs(60), "the foreign Secret to be reported", || async {
-        events(&client, foreign_ns).await.into_iter().find(|e| e.reason.as_deref() == Some("NotOwned"))
+        events(&client, &src).await.into_iter().find(|e| {
+            e.reason.as_deref() == Some("PublishFailed")
+                && e.type_.as_deref() == Some("Warning")
+                && e.note.as_deref().is_some_and(|n| n.contains(&failing))
+        })
     })
     .await;
+    assert!(events(&client, foreign_ns).await.is_empty(), "nothing on the foreign Secret itself");
+    Ok(())
+}
+
+/// Many targets failing at once: the operator sees one Warning Event for the pass, on the bundle's source, that
+/// counts every failure and names the first twenty with why (the rest counted), and every failing target reads
+/// `target_in_sync 0` with its own series; the Event carries no certificate.
+#[tokio::test]
+async fn thirty_targets_not_owned_at_once_give_one_warning_counting_all_thirty_and_each_reads_0() -> Result<()> {
+    const FAILING: usize = 30;
+    let bed = ControlPlane::start().await?;
+    let src = bed.namespace().await?;
+    let ca = Ca::new("kcp-ca", YEAR)?;
+    Api::<Secret>::namespaced(bed.client(), &src)
+        .create(&PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())]))
+        .await?;
+    let label = ("edge.kcp-keeper.io/trust", "true");
+    let (mut failing, mut written) = (Vec::new(), Vec::new());
+    for i in 0..FAILING + 2 {
+        let name = format!("edge-{i:02}");
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([(label.0.to_string(), label.1.to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(bed.client()).create(&PostParams::default(), &ns).await?;
+        // All but two hold a Secret of that name someone else wrote.
+        if i < FAILING {
+            Api::<Secret>::namespaced(bed.client(), &name)
+                .create(&PostParams::default(), &secret("kcp-ca", &[("ca.crt", "theirs")]))
+                .await?;
+            failing.push(name);
+        } else {
+            written.push(name);
+        }
+    }
+    let config = format!(
+        "bundles:\n- name: edge\n  sources:\n  - secret: {{namespace: {src}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{name: kcp-ca, key: ca.crt, namespaceSelector: {{matchLabels: {{{}: \"{}\"}}}}}}\n",
+        label.0, label.1
+    );
+    let agent = start_agent(&bed, &src, &config)?;
+    let client = bed.client();
+    // The first pass writes the two and fails the thirty; the retries find the two unchanged.
+    let event = eventually(WAIT, "the first pass's Warning", || async {
+        events(&client, &src).await.into_iter().find(|e| {
+            e.reason.as_deref() == Some("PublishFailed") && e.note.as_deref().is_some_and(|n| n.contains(" 2 written,"))
+        })
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let regarding = event.regarding.clone().unwrap_or_default();
+    assert_eq!((regarding.namespace.as_deref(), regarding.name.as_deref()), (Some(src.as_str()), Some("source")));
+    let note = event.note.clone().unwrap_or_default();
+    assert!(note.starts_with("bundle edge (1 certificate): 2 written, 0 unchanged, 0 skipped, 30 failed."), "{note}");
+    let named: Vec<&String> = failing.iter().filter(|ns| note.contains(&format!("{ns}/kcp-ca"))).collect();
+    assert_eq!(named.len(), kcp_keeper_runtime::events::NAMES_SHOWN, "twenty named: {note}");
+    assert!(note.contains(" Failed, not owned (adopt: false) (30): edge-00/kcp-ca, "), "{note}");
+    assert!(note.contains("edge-19/kcp-ca and 10 more."), "{note}");
+    assert!(note.contains("First error: Secret edge-00/kcp-ca exists and was not created by kcp-keeper"), "{note}");
+    assert!(note.contains(" Written (2): edge-30/kcp-ca, edge-31/kcp-ca."), "{note}");
+    testbed::leaks::assert_no_secret_material(&note, &[&ca.cert_pem()]);
+
+    // Every failing target shows in the metrics, each with its own series, beside the two written.
+    let series = |ns: &str| {
+        format!("ca_syncer_target_in_sync{{bundle=\"edge\",kind=\"Secret\",namespace=\"{ns}\",name=\"kcp-ca\"}}")
+    };
+    wait_for_metric(&agent, &series("edge-29"), "the last failing target at 0", |v| v == 0.0).await;
+    let text = metrics(&agent).await;
+    for ns in &failing {
+        assert_eq!(metric(&text, &series(ns))?, 0.0, "{ns}");
+    }
+    for ns in &written {
+        assert_eq!(metric(&text, &series(ns))?, 1.0, "{ns}");
+    }
+    assert!(metric(&text, "ca_syncer_reconcile_errors_total{reason=\"target_not_owned\"}")? >= 1.0, "{text}");
+
+    // Retried passes fail the same way: never an Event per target, at most one per pass, each counting all 30.
+    let passes = "ca_syncer_reconcile_duration_seconds_count";
+    wait_for_metric(&agent, passes, "a retried pass", |v| v >= 3.0).await;
+    for ns in failing.iter().chain(&written) {
+        assert!(events(&client, ns).await.is_empty(), "an Event in target namespace {ns}");
+    }
+    let warnings: Vec<Event> =
+        events(&client, &src).await.into_iter().filter(|e| e.reason.as_deref() == Some("PublishFailed")).collect();
+    let passes = metric(&metrics(&agent).await, passes)?;
+    assert!(warnings.len() as f64 <= passes, "{} Events for {passes} passes", warnings.len());
+    for warning in &warnings {
+        let note = warning.note.as_deref().unwrap_or_default();
+        assert!(note.contains(" 30 failed.") && note.contains("and 10 more."), "{note}");
+    }
+    for ns in &failing {
+        assert_eq!(key(&client, ns, "kcp-ca", "ca.crt").await.as_deref(), Some("theirs"), "{ns} left alone");
+    }
     Ok(())
 }
 
@@ -491,14 +600,18 @@ async fn a_forged_rotation_annotation_with_an_injected_ca_is_put_back_in_one_cyc
         events(&client, &ns).await.into_iter().find(|e| e.reason.as_deref() == Some("ForeignCertificateRemoved"))
     })
     .await;
-    assert_eq!(event.regarding.and_then(|r| r.name).as_deref(), Some("bundle"));
+    // On the bundle's source, naming the target and how many were removed.
+    assert_eq!(event.regarding.and_then(|r| r.name).as_deref(), Some("source"));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains(&format!("removed from (1): {ns}/bundle (1).")), "{note}");
     let after = api.get("bundle").await?;
     let annotation = after.metadata.annotations.unwrap_or_default()["ca-syncer.kcp-keeper.io/rotation-state"].clone();
     assert!(
         !annotation.contains(&fingerprint(&injected.cert_pem())),
         "the forged annotation is put back: {annotation}"
     );
-    // A cycle is counted once it has returned, after its write and the Event task it starts: wait for the count.
+    // A cycle is counted once it has returned, after its write and its Event: wait for the count.
     let series = "ca_syncer_reconcile_duration_seconds_count";
     let took = wait_for_metric(&agent, series, "the cycle the edit triggered", |v| v >= cycles + 1.0).await - cycles;
     assert!((1.0..=2.0).contains(&took), "put back by the cycle the edit triggered (and its own echo): {took}");
@@ -694,10 +807,12 @@ async fn empty_means_public_roots_writes_the_empty_key_only_where_the_public_roo
     .await;
     let data = written.data.unwrap_or_default();
     assert_eq!(data.get("ca.crt").map(|v| v.0.len()), Some(0), "the key is written, and empty");
+    // One Event on the bundles' shared source, naming the bundle that was not published.
     eventually(WAIT, "a LiveCheckFailed Event for the other", || async {
         events(&client, &ns).await.into_iter().find(|e| {
             e.reason.as_deref() == Some("LiveCheckFailed")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("unverified")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("frontproxy-ca")
+                && e.note.as_deref().is_some_and(|n| n.starts_with("bundle unverified not published"))
         })
     })
     .await;

@@ -103,11 +103,13 @@ async fn every_endpoint_of_kcp_must_verify_and_a_shard_serving_from_another_ca_h
         Some(published.as_str()),
         "target kept as it was"
     );
+    // One Event for the bundle, on its source (not one per target).
     let event = eventually(WAIT, "a LiveCheckFailed Event", || async {
-        let events = Api::<Event>::namespaced(client.clone(), &dst).list(&ListParams::default()).await.ok()?;
+        let events = Api::<Event>::namespaced(client.clone(), &src).list(&ListParams::default()).await.ok()?;
         events.items.into_iter().find(|e| e.reason.as_deref() == Some("LiveCheckFailed"))
     })
     .await;
+    assert_eq!(event.regarding.as_ref().and_then(|r| r.name.as_deref()), Some("root-server-ca"));
     let note = event.note.unwrap_or_default();
     assert!(note.contains(alpha.as_str()), "the Event names the failing endpoint: {note}");
     assert!(!note.contains(root.as_str()) && !note.contains(front_proxy.as_str()), "and only it: {note}");

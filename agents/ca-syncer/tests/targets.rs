@@ -25,9 +25,12 @@ async fn labelled_namespace(bed: &ControlPlane, name: &str, labels: &[(&str, &st
     Ok(())
 }
 
-async fn not_owned_event(client: &kube::Client, ns: &str) -> Option<Event> {
-    let events = Api::<Event>::namespaced(client.clone(), ns).list(&ListParams::default()).await.ok()?;
-    events.items.into_iter().find(|e| e.reason.as_deref() == Some("MetadataNotOwned"))
+/// A pass's `MetadataNotOwned` Event (on the bundle's source, in `src`) that names `target` (`namespace/name`).
+async fn not_owned_event(client: &kube::Client, src: &str, target: &str) -> Option<Event> {
+    let events = Api::<Event>::namespaced(client.clone(), src).list(&ListParams::default()).await.ok()?;
+    events.items.into_iter().find(|e| {
+        e.reason.as_deref() == Some("MetadataNotOwned") && e.note.as_deref().is_some_and(|n| n.contains(target))
+    })
 }
 
 #[tokio::test]
@@ -81,9 +84,11 @@ async fn match_expressions_select_namespaces_and_target_metadata_is_ours_but_nev
     let target = Api::<Secret>::namespaced(client.clone(), &adopted).get("kcp-ca").await?;
     assert_eq!(target.metadata.labels.unwrap_or_default()["team"], "theirs", "a foreign key is never overwritten");
     assert_eq!(target.metadata.annotations.unwrap_or_default()["example.com/owner"], "ca-syncer");
-    let event = eventually(WAIT, "a MetadataNotOwned Event", || not_owned_event(&client, &adopted)).await;
+    let adopted_target = format!("{adopted}/kcp-ca");
+    let event = eventually(WAIT, "a MetadataNotOwned Event", || not_owned_event(&client, &src, &adopted_target)).await;
     let note = event.note.unwrap_or_default();
-    assert!(note.contains("label team") && !note.contains("theirs"), "names the key, not the value: {note}");
+    assert!(note.contains(&format!("{adopted}/kcp-ca (label team)")), "names the target and the key: {note}");
+    assert!(!note.contains("theirs"), "never the value: {note}");
 
     // Someone else changes our label on a target: from then on it is theirs, and stays as they set it.
     let prod = Api::<Secret>::namespaced(client.clone(), "expr-prod");
@@ -94,7 +99,10 @@ async fn match_expressions_select_namespaces_and_target_metadata_is_ours_but_nev
         &Patch::Merge(edit),
     )
     .await?;
-    eventually(WAIT, "a MetadataNotOwned Event on the edited target", || not_owned_event(&client, "expr-prod")).await;
+    eventually(WAIT, "a MetadataNotOwned Event naming the edited target", || {
+        not_owned_event(&client, &src, "expr-prod/kcp-ca (label team)")
+    })
+    .await;
     let series = "ca_syncer_last_sync_timestamp_seconds{bundle=\"fleet\"}";
     let mut last = wait_for_metric(&agent, series, "a synced bundle", |v| v > 0.0).await;
     for _ in 0..2 {

@@ -10,7 +10,7 @@
 //! - [`reconcile`]: the daemon, the driver's reconciler; [`metrics`]: its series; [`cli`]: `status`, `rotate`;
 //! - domain modules, pure: [`source`] (the candidate a source offers), [`credential`] (parse, check, rewrite,
 //!   build), [`policy`] (the decisions), [`target`] (what a target holds and is written), [`overlap`] (old and
-//!   new server CAs); with I/O: [`prove`] (the SelfSubjectReview), [`renew`] (the nudge and the forced renewal),
+//!   new server CAs), [`report`] (a pass over the targets told in one Event); with I/O: [`prove`] (the SelfSubjectReview), [`renew`] (the nudge and the forced renewal),
 //!   [`objects`] (the foreign kinds);
 //! - consumer restarts (hash annotation, retries, restart windows) are the runtime's
 //!   [`kcp_keeper_runtime::consumer_restart`], shared with ca-syncer.
@@ -33,6 +33,7 @@ pub mod policy;
 pub mod prove;
 pub mod reconcile;
 pub mod renew;
+pub mod report;
 pub mod scope;
 pub mod source;
 pub mod target;

@@ -2,9 +2,11 @@
 //! configuration ([`crate::scope`]). A reconcile follows the source (for a kcp-operator `Kubeconfig`: its
 //! Certificate, the certificate Secret, the rendered Secret; [`crate::source`]), nudges a stale render, forces a
 //! renewal that is overdue ([`crate::renew`]), checks and proves the candidate ([`crate::prove`]), and publishes
-//! it to every target that holds nothing better ([`crate::target`]).
+//! it to every target that holds nothing better ([`crate::target`]). What the pass did to its targets is told in
+//! one Event on the source ([`crate::report`]).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
@@ -27,8 +29,9 @@ use crate::overlap;
 use crate::policy::{self, Expected, Live, TargetAction};
 use crate::prove;
 use crate::renew::{self, nudge_due};
+use crate::report::PassReport;
 use crate::scope::{Reader, Snapshot, Stores, secret_key};
-use crate::source::{Resolved, candidate, resolve};
+use crate::source::{self as source_object, Resolved, candidate, resolve};
 use crate::target::{desired_secret, live_state, published_ca, restart_keys, split_keys_current};
 
 /// How soon to look again after a nudge or a forced renewal: the operator or cert-manager answers in seconds.
@@ -39,10 +42,17 @@ pub async fn daemon(ctx: Context<Config>, metrics: Metrics, reconcile: Reconcile
     // The configured resyncInterval comes back as each reconcile's requeue, so a reload applies at once.
     let settings = Settings { resync: Duration::from_secs(3600), ..Settings::default() };
     let (client, events) = (ctx.client.clone(), ctx.events.clone());
+    let kept_told = KeptTold::default();
     driver::run(&ctx, &reconcile, settings, |config: Arc<Config>| {
         let (stores, watches) = Stores::build(&client, &config);
-        let rotator =
-            Rotator { client: client.clone(), events: events.clone(), metrics: metrics.clone(), config, stores };
+        let rotator = Rotator {
+            client: client.clone(),
+            events: events.clone(),
+            metrics: metrics.clone(),
+            config,
+            stores,
+            kept_told: kept_told.clone(),
+        };
         (rotator, watches)
     })
     .await;
@@ -56,7 +66,12 @@ pub struct Rotator {
     pub metrics: Metrics,
     pub config: Arc<Config>,
     pub stores: Stores,
+    /// Per kubeconfig, the targets kept longer as its last pass found them: keeping them again is no news.
+    pub kept_told: KeptTold,
 }
+
+/// What each kubeconfig's last pass kept longer ([`PassReport::kept`]); it outlives a configuration reload.
+pub type KeptTold = Arc<Mutex<BTreeMap<String, Vec<String>>>>;
 
 impl Reconciler for Rotator {
     type Item = Named;
@@ -74,8 +89,11 @@ impl Reconciler for Rotator {
         self.metrics.targets(kc, &targets);
         // Withdrawn first and whatever the source's state: a copy where it no longer belongs goes even while
         // no candidate can be published.
-        let withdrawn = self.withdraw(kc, &snap).await;
-        let next = self.sync(kc, &targets, &snap, OffsetDateTime::now_utc()).await?;
+        let mut report = PassReport::default();
+        let withdrawn = self.withdraw(kc, &snap, &mut report).await;
+        let next = self.sync(kc, &targets, &snap, OffsetDateTime::now_utc(), &mut report).await;
+        self.tell(kc, &snap, &report).await;
+        let next = next?;
         withdrawn.map(|()| Some(next))
     }
 }
@@ -83,8 +101,8 @@ impl Reconciler for Rotator {
 impl Rotator {
     /// Deletes every copy of a selector target in a namespace no longer both selected and allowed
     /// ([`Snapshot::withdrawals`]), as the agent last saw it (uid and resourceVersion preconditions: a copy
-    /// rewritten since is looked at again next pass), each with an Event in its namespace.
-    async fn withdraw(&self, kc: &Kubeconfig, snap: &Snapshot) -> Result<(), SyncError> {
+    /// rewritten since is looked at again next pass), each noted in `report`.
+    async fn withdraw(&self, kc: &Kubeconfig, snap: &Snapshot, report: &mut PassReport) -> Result<(), SyncError> {
         let mut first = None;
         for copy in snap.withdrawals(kc) {
             let (ns, name) = (copy.namespace().unwrap_or_default(), copy.name_any());
@@ -97,23 +115,32 @@ impl Rotator {
             };
             match Api::<Secret>::namespaced(self.client.clone(), &ns).delete(&name, &params).await {
                 Ok(_) => {
-                    let note = format!(
-                        "kubeconfig {}: namespace {ns} is no longer selected by the target's namespaceSelector or no longer in its allowedNamespaces; deleted its copy of the kubeconfig",
-                        kc.name
-                    );
                     tracing::info!(kubeconfig = %kc.name, namespace = %ns, name = %name, "withdrew a copy from a namespace no longer selected or allowed");
-                    let regarding = reference("v1", "Secret", &ns, &name, copy.metadata.uid.clone());
-                    self.events.publish(&regarding, EventType::Normal, "Withdrawn", "Withdraw", &note).await;
+                    report.withdrawn(format!("{ns}/{name}"));
                 }
                 // Gone already (the store has not seen our own delete yet, or someone else's).
                 Err(kube::Error::Api(status)) if status.code == 404 => {}
                 Err(source) => {
                     tracing::warn!(kubeconfig = %kc.name, namespace = %ns, name = %name, error = %source, "a copy not withdrawn");
+                    report.withdraw_failed(format!("{ns}/{name}"), &source);
                     first.get_or_insert(SyncError::WithdrawFailed { object: format!("{ns}/{name}"), source });
                 }
             }
         }
         first.map_or(Ok(()), Err)
+    }
+
+    /// The pass's one Event ([`PassReport::event`]), if it has one, on the source: after every target is written
+    /// and every copy withdrawn. Rate limited per kubeconfig as well, as kubeconfigs may share a source Secret.
+    async fn tell(&self, kc: &Kubeconfig, snap: &Snapshot, report: &PassReport) {
+        // Only a pass that reached the targets says what is kept (a rejected candidate keeps every target as is).
+        let kept_is_news = report.reached_targets() && {
+            let mut told = self.kept_told.lock().unwrap_or_else(|e| e.into_inner());
+            told.insert(kc.name.clone(), report.kept().to_vec()).as_deref() != Some(report.kept())
+        };
+        let Some((kind, reason, note)) = report.event(&kc.name, kept_is_news) else { return };
+        let regarding = source_object::regarding(kc, snap);
+        self.events.publish_about(&regarding, &kc.name, kind, reason, "Publish", &note).await;
     }
 
     async fn sync(
@@ -122,6 +149,7 @@ impl Rotator {
         targets: &[Target],
         snap: &Snapshot,
         now: OffsetDateTime,
+        report: &mut PassReport,
     ) -> Result<Duration, SyncError> {
         let source = resolve(kc, snap)?;
         let mut follow_up = false;
@@ -145,10 +173,11 @@ impl Rotator {
             return Err(SyncError::ProofFailed(e));
         }
         self.metrics.proven(&kc.name, candidate.cert.not_after, now);
+        report.candidate(&candidate.cert.serial, &rfc3339(candidate.cert.not_after));
 
         let (mut failures, mut wake) = (Vec::new(), None);
         for target in targets {
-            match self.sync_target(kc, target, &candidate, &source.expected, snap, now).await {
+            match self.sync_target(kc, target, &candidate, &source.expected, snap, now, report).await {
                 Err(e) => failures.push(e),
                 Ok(Some(until)) => wake = Some(wake.map_or(until, |w: OffsetDateTime| w.min(until))),
                 Ok(None) => {}
@@ -258,6 +287,7 @@ impl Rotator {
     /// One target: read it, decide what it holds after this pass (what it holds, proven, when that lasts longer;
     /// otherwise the candidate, written), then restart its consumers for that. Returns when a deferred restart
     /// wants another look.
+    #[allow(clippy::too_many_arguments)]
     async fn sync_target(
         &self,
         kc: &Kubeconfig,
@@ -266,48 +296,48 @@ impl Rotator {
         expected: &Expected,
         snap: &Snapshot,
         now: OffsetDateTime,
+        report: &mut PassReport,
     ) -> Result<Option<OffsetDateTime>, TargetFailure> {
         let series = self.metrics.target(kc, target);
         let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
-        let fetched = read_unstored(&api, target, snap).await?;
+        let fetched = match read_unstored(&api, target, snap).await {
+            Ok(fetched) => fetched,
+            Err(e) => {
+                series.not_in_sync();
+                self.write_failed(kc, target, &e, report);
+                return Err(TargetFailure::Write(e));
+            }
+        };
         let live_secret = snap.secret(&target.namespace, &target.name).or(fetched.as_ref());
         let live = live_state(live_secret, target, now);
         let overlapped = with_held_cas(kc, candidate, live_secret, target, now);
         let candidate = overlapped.as_ref().unwrap_or(candidate);
         let complete = split_keys_current(live_secret, target, candidate);
         let regarding = reference("v1", "Secret", &target.namespace, &target.name, None);
+        let name = format!("{}/{}", target.namespace, target.name);
         // What the target holds after this pass.
         let mut action = policy::target_action(&live, candidate, complete);
         match (action, &live) {
             (TargetAction::KeepLonger, _) => {
-                action = self.prove_held(kc, live_secret, target, expected, &regarding, now).await;
+                action = self.prove_held(kc, live_secret, target, expected, now, report).await;
             }
             (TargetAction::Repoint, Live::Valid { cert, .. }) => {
                 // Neither server is named: a URL may carry what does not belong in an Event.
-                let note = format!(
-                    "kubeconfig {}: the target's serial {} lasts longer but points at another server than the candidate; replaced by the proven candidate",
-                    kc.name, cert.serial
-                );
                 tracing::info!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, "a longer-lived target points at another server: replaced");
-                self.events.publish(&regarding, EventType::Normal, "ReplacedOtherServer", "Publish", &note).await;
+                report.replaced_other_server(name.clone(), &cert.serial);
             }
             _ => {}
         }
         let (held_hash, held_not_after) = match (action, &live) {
             (TargetAction::Unchanged, _) => {
                 series.holds(candidate.cert.not_after, true);
+                report.unchanged();
                 (candidate.hash(), candidate.cert.not_after)
             }
             (TargetAction::KeepLonger, Live::Valid { cert, hash, .. }) => {
                 series.holds(cert.not_after, false);
-                let note = format!(
-                    "kubeconfig {}: kept serial {} (valid until {}): the candidate, serial {}, expires sooner",
-                    kc.name,
-                    cert.serial,
-                    rfc3339(cert.not_after),
-                    candidate.cert.serial,
-                );
-                self.events.publish(&regarding, EventType::Normal, "KeptLonger", "Publish", &note).await;
+                tracing::info!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, serial = %cert.serial, candidate = %candidate.cert.serial, "kept a longer-lived credential");
+                report.kept_longer(name, &cert.serial, &rfc3339(cert.not_after));
                 (hash.clone(), cert.not_after)
             }
             _ => {
@@ -315,11 +345,11 @@ impl Rotator {
                 let desired = desired_secret(kc, target, candidate, rv, live_secret.is_none());
                 let ownership = Ownership::Owned { adopt: target.adopt };
                 match apply::apply_over(&api, desired, ownership, live_secret).await {
-                    Ok(Outcome::Unchanged) => {}
-                    Ok(_) => self.published(kc, target, candidate, &live, &regarding).await,
+                    Ok(Outcome::Unchanged) => report.unchanged(),
+                    Ok(_) => self.published(kc, target, candidate, &live, report),
                     Err(e) => {
                         series.not_in_sync();
-                        self.write_failed(kc, target, &e, &regarding).await;
+                        self.write_failed(kc, target, &e, report);
                         return Err(TargetFailure::Write(e));
                     }
                 }
@@ -330,13 +360,10 @@ impl Rotator {
         self.restart_consumers(kc, target, &held_hash, held_not_after, &regarding, now).await
     }
 
-    /// A target not written: log and Event (NotOwned when it is someone else's, else WriteFailed).
-    async fn write_failed(&self, kc: &Kubeconfig, target: &Target, e: &ApplyError, regarding: &ObjectReference) {
-        let reason = if e.metric_label() == "not_owned" { "NotOwned" } else { "WriteFailed" };
-        tracing::warn!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, error = %e, "target not written");
-        self.events
-            .publish(regarding, EventType::Warning, reason, "Publish", &format!("kubeconfig {}: {e}", kc.name))
-            .await;
+    /// A target not written: logged with the whole error, and noted in the pass's report.
+    fn write_failed(&self, kc: &Kubeconfig, target: &Target, e: &ApplyError, report: &mut PassReport) {
+        tracing::warn!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, reason = e.metric_label(), error = %e, "target not written");
+        report.write_failed(format!("{}/{}", target.namespace, target.name), e);
     }
 
     /// Every pass, whether it wrote or not: a consumer not yet restarted for what the target holds (`held_hash`,
@@ -381,67 +408,66 @@ impl Rotator {
         secret: Option<&Secret>,
         target: &Target,
         expected: &Expected,
-        regarding: &ObjectReference,
         now: OffsetDateTime,
+        report: &mut PassReport,
     ) -> TargetAction {
         let held = secret_key(secret, &target.key).map(|bytes| credential::parse(bytes, now));
         let Some(Ok(held)) = held else { return TargetAction::Write };
         match prove::prove(&held, expected).await {
             Ok(()) => TargetAction::KeepLonger,
             Err(e) => {
-                let note = format!(
-                    "kubeconfig {}: the target's serial {} lasts longer but failed its proof ({e}); replaced by the proven candidate",
-                    kc.name, held.cert.serial
-                );
                 tracing::warn!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, reason = <&str>::from(&e), "a longer-lived target failed its proof");
-                self.events.publish(regarding, EventType::Warning, "ReplacedUnproven", "Publish", &note).await;
+                let name = format!("{}/{}", target.namespace, target.name);
+                // The proof's message names the kind of failure, never a value of the credential.
+                report.replaced_unproven(name, &held.cert.serial, &e.to_string());
                 TargetAction::Write
             }
         }
     }
 
-    /// After a write: metrics, log and Event, saying whether the certificate changed.
-    async fn published(
+    /// After a write: metrics, log and the pass's report, saying whether the certificate changed.
+    fn published(
         &self,
         kc: &Kubeconfig,
         target: &Target,
         candidate: &Credential,
         live: &Live,
-        regarding: &ObjectReference,
+        report: &mut PassReport,
     ) {
-        let (reason, what) = match live {
-            Live::Missing => ("Published", "published".to_string()),
-            Live::Valid { cert, .. } if cert.serial == candidate.cert.serial => ("Updated", "rewrote".to_string()),
+        let name = format!("{}/{}", target.namespace, target.name);
+        let what = match live {
+            Live::Missing => {
+                report.published(name);
+                "published"
+            }
+            Live::Valid { cert, .. } if cert.serial == candidate.cert.serial => {
+                report.updated(name);
+                "updated"
+            }
             Live::Valid { cert, .. } => {
                 self.metrics.rotated(&kc.name);
-                ("Rotated", format!("rotated from serial {} (notAfter {}) to", cert.serial, rfc3339(cert.not_after)))
+                report.rotated(name, Some(&cert.serial));
+                "rotated"
             }
             Live::Unusable => {
                 self.metrics.rotated(&kc.name);
-                ("Rotated", "replaced an unusable credential with".to_string())
+                report.rotated(name, None);
+                "rotated"
             }
         };
-        let note = format!(
-            "kubeconfig {}: {what} serial {} (notAfter {}) under key {}",
-            kc.name,
-            candidate.cert.serial,
-            rfc3339(candidate.cert.not_after),
-            target.key
-        );
-        tracing::info!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, serial = %candidate.cert.serial, not_after = %rfc3339(candidate.cert.not_after), "{}", reason.to_lowercase());
-        self.events.publish(regarding, EventType::Normal, reason, "Publish", &note).await;
+        tracing::info!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, serial = %candidate.cert.serial, not_after = %rfc3339(candidate.cert.not_after), "{what}");
     }
 }
 
 /// A target the store does not hold yet is read once more: creating it carries no resourceVersion precondition,
 /// so a store that lags (our own write, or someone else's) must not decide a blind write. `None` when the store
 /// holds it (or it does not exist).
-async fn read_unstored(api: &Api<Secret>, target: &Target, snap: &Snapshot) -> Result<Option<Secret>, TargetFailure> {
+async fn read_unstored(api: &Api<Secret>, target: &Target, snap: &Snapshot) -> Result<Option<Secret>, ApplyError> {
     match snap.secret(&target.namespace, &target.name) {
         Some(_) => Ok(None),
         None => api.get_opt(&target.name).await.map_err(|source| {
             let object = format!("{}/{}", target.namespace, target.name);
-            TargetFailure::Write(ApplyError::Kube { kind: "Secret".into(), object, source })
+            ApplyError::Kube { kind: "Secret".into(), object, source }
         }),
     }
 }

@@ -26,6 +26,19 @@ pub struct Resolved {
     pub missing: Option<String>,
 }
 
+/// Where Events about `kc` go: its source object, the `Kubeconfig` (with its uid once the store holds it) or the
+/// Secret; known from the configuration, so also when the source is missing.
+pub fn regarding(kc: &Kubeconfig, snap: &Snapshot) -> ObjectReference {
+    match &kc.source {
+        Source::Operator { namespace, name, .. } => {
+            let uid = snap.kubeconfig.as_ref().and_then(|k| k.metadata.uid.clone());
+            reference("operator.kcp.io/v1alpha1", "Kubeconfig", namespace, name, uid)
+        }
+        Source::Secret(r) => reference("v1", "Secret", &r.namespace, &r.name, None),
+        Source::CertificateSecret { namespace, name, .. } => reference("v1", "Secret", namespace, name, None),
+    }
+}
+
 /// Reads the source out of `snap`; pure apart from building the candidate.
 pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> {
     let key = |ns: &str, name: &str, key: &str| {
@@ -61,8 +74,7 @@ pub fn resolve(kc: &Kubeconfig, snap: &Snapshot) -> Result<Resolved, SyncError> 
             let bytes = snap.key(namespace, rendered_secret, KUBECONFIG_KEY).map(<[u8]>::to_vec);
             let missing = bytes.is_none().then(|| format!("Secret {namespace}/{rendered_secret} key {KUBECONFIG_KEY}"));
             let bytes = bytes.unwrap_or_default();
-            let regarding =
-                reference("operator.kcp.io/v1alpha1", "Kubeconfig", namespace, name, kubeconfig.metadata.uid.clone());
+            let regarding = regarding(kc, snap);
             Ok(Resolved { bytes, expected, regarding, issued, certificate: snap.certificate.clone(), missing })
         }
         Source::Secret(r) => {

@@ -167,7 +167,11 @@ async fn the_target_stays_valid_across_rotations_for_a_probe_every_200ms_through
         )?,
         0.0
     );
-    assert!(!layout.events(&layout.dst, "Rotated").await.is_empty(), "an Event on the target says it rotated");
+    // One Event per pass, on the source (the Kubeconfig), naming the target it rotated; none on the target.
+    let rotated = layout.events(&layout.src, "Rotated").await;
+    let target = format!("Rotated (1): {}/{TARGET} (from serial ", layout.dst);
+    assert!(rotated.iter().any(|n| n.contains(&target)), "an Event on the source says it rotated: {rotated:?}");
+    assert!(layout.events(&layout.dst, "Rotated").await.is_empty(), "no Event per target");
 
     // `status` shows the kubeconfig in sync; `rotate` forces one more certificate, which reaches the target.
     let kubeconfig_path = layout.bed.apiserver.admin_kubeconfig.display().to_string();
@@ -379,9 +383,10 @@ async fn bad_candidates_are_never_published_and_a_longer_lived_target_is_never_r
     // A valid, proven credential that expires sooner than the target's is not published.
     let shorter = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR)?;
     put(kubeconfig_for(&layout, &shorter, ADMIN_USER).into_bytes()).await?;
-    testbed::eventually(WAIT, "a KeptLonger Event on the target", || async {
-        let notes = layout.events(&layout.dst, "KeptLonger").await;
-        (!notes.is_empty()).then_some(notes)
+    let kept = format!("Kept, lasting longer than the candidate (1): {}/{TARGET} (serial ", layout.dst);
+    testbed::eventually(WAIT, "a KeptLonger Event on the source naming the target", || async {
+        let notes = layout.events(&layout.src, "KeptLonger").await;
+        notes.iter().any(|n| n.contains(&kept)).then_some(notes)
     })
     .await;
     assert_eq!(key(&layout.target().await.expect("target"), TARGET_KEY).as_deref(), Some(&published[..]));
@@ -694,11 +699,16 @@ async fn a_longer_lived_target_that_kcp_no_longer_accepts_is_replaced_by_a_prove
     })
     .await;
     assert_eq!(self_subject_review(&published).await?, ADMIN_USER, "what replaced it authenticates");
-    let notes = layout.events(&layout.dst, "KeptLonger").await;
+    let notes = layout.events(&layout.src, "KeptLonger").await;
     assert!(notes.is_empty(), "an unproven target is never kept: {notes:?}");
-    testbed::eventually(WAIT, "an Event saying why it was replaced", || async {
-        let notes = layout.events(&layout.dst, "ReplacedUnproven").await;
-        notes.iter().any(|n| n.contains("refused")).then_some(())
+    let replaced = format!(
+        "failing its proof (1): {}/{TARGET} (serial {}: the server refused the credential (401)).",
+        layout.dst,
+        serial_of(&stale)
+    );
+    testbed::eventually(WAIT, "an Event on the source saying why it was replaced", || async {
+        let notes = layout.events(&layout.src, "ReplacedUnproven").await;
+        notes.iter().any(|n| n.contains(&replaced)).then_some(())
     })
     .await;
     testbed::assert_no_secret_material(&agent.process.log(), &[&good.key_pem, &stale.key_pem]);
@@ -739,9 +749,10 @@ async fn a_longer_lived_target_for_another_front_proxy_name_is_replaced_by_the_c
     let parsed = credential::parse(&published, OffsetDateTime::now_utc()).expect("the target parses");
     assert_eq!(parsed.server, format!("https://localhost:{port}/clusters/root"), "the rewritten server");
     assert_eq!(self_subject_review(&published).await?, ADMIN_USER, "what replaced it authenticates");
-    testbed::eventually(WAIT, "an Event saying why it was replaced", || async {
-        let notes = layout.events(&layout.dst, "ReplacedOtherServer").await;
-        notes.iter().any(|n| n.contains(&serial_of(&old))).then_some(())
+    let replaced = format!("another server (1): {}/{TARGET} (serial {}).", layout.dst, serial_of(&old));
+    testbed::eventually(WAIT, "an Event on the source saying why it was replaced", || async {
+        let notes = layout.events(&layout.src, "ReplacedOtherServer").await;
+        notes.iter().any(|n| n.contains(&replaced)).then_some(())
     })
     .await;
 
@@ -751,7 +762,7 @@ async fn a_longer_lived_target_for_another_front_proxy_name_is_replaced_by_the_c
     wait_for_metric(&agent, synced, "two more synced cycles", |v| v >= first_sync + 2.0).await;
     let held = key(&layout.target().await.expect("target"), TARGET_KEY);
     assert_eq!(held.as_deref(), Some(&published[..]), "the candidate stays");
-    let notes = layout.events(&layout.dst, "KeptLonger").await;
+    let notes = layout.events(&layout.src, "KeptLonger").await;
     assert!(notes.is_empty(), "a target for another server is never kept: {notes:?}");
     let notes = layout.all_event_notes().await;
     assert!(!notes.contains("localhost") && !notes.contains("127.0.0.1"), "no server in an Event: {notes}");
@@ -1257,11 +1268,14 @@ async fn a_selector_target_reaches_allowed_namespaces_labelled_later_never_one_i
     })
     .await;
 
-    // The foreign Secret: refused, reported, left byte for byte as it was.
-    testbed::eventually(WAIT, "a NotOwned Event in the foreign namespace", || async {
-        (!layout.events(&foreign, "NotOwned").await.is_empty()).then_some(())
+    // The foreign Secret: refused, reported in the pass's Warning on the source, left byte for byte as it was.
+    let not_owned = format!(" Failed, not owned (adopt: false) (1): {foreign}/{TARGET}.");
+    testbed::eventually(WAIT, "a PublishFailed Event on the source naming the foreign namespace", || async {
+        let notes = layout.events(&layout.src, "PublishFailed").await;
+        notes.iter().any(|n| n.contains(&not_owned)).then_some(())
     })
     .await;
+    assert!(layout.events(&foreign, "PublishFailed").await.is_empty(), "nothing on the foreign Secret itself");
     wait_for_metric(&agent, &target_series("target_in_sync", &foreign), "the foreign target not in sync", |v| v == 0.0)
         .await;
     let left = in_namespace(foreign.clone()).await.expect("the foreign Secret");
@@ -1283,6 +1297,8 @@ async fn a_selector_target_reaches_allowed_namespaces_labelled_later_never_one_i
     assert!(in_namespace(dev.clone()).await.is_none(), "tier=dev is not selected");
     assert!(in_namespace(tenant.clone()).await.is_none(), "a namespace its tenant labelled gets nothing");
     assert!(layout.events(&tenant, "Published").await.is_empty(), "nothing was published there");
+    let told = layout.all_event_notes().await;
+    assert!(!told.contains(&format!("{tenant}/")), "no Event names the tenant's namespace: {told}");
 
     // The target is watched across the cluster, by its name only: every cluster-wide Secret request the agent
     // made carried that field selector, and its token reads no other Secret anywhere.
@@ -1315,9 +1331,11 @@ async fn a_selector_target_reaches_allowed_namespaces_labelled_later_never_one_i
         in_namespace(selected.clone()).await.is_none().then_some(())
     })
     .await;
-    testbed::eventually(WAIT, "an Event saying it was withdrawn", || async {
-        let notes = layout.events(&selected, "Withdrawn").await;
-        notes.iter().any(|n| n.contains("no longer selected")).then_some(())
+    // The foreign Secret fails every pass, so the pass that withdraws is a PublishFailed one: its note says both.
+    let withdrawn = format!("Withdrawn, no longer selected or allowed (1): {selected}/{TARGET}.");
+    testbed::eventually(WAIT, "an Event on the source saying it was withdrawn", || async {
+        let notes = layout.events(&layout.src, "PublishFailed").await;
+        notes.iter().any(|n| n.contains(&withdrawn) && n.contains(&not_owned)).then_some(())
     })
     .await;
     testbed::eventually(WAIT, "the unlabelled namespace's series dropped", || async {

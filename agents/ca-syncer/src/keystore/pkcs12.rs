@@ -13,6 +13,13 @@
 //! random source, so the same certificates and password give the same bytes and an unchanged bundle is not
 //! rewritten. They never come from the password (the salt is public). What a salt protects against, a table of
 //! precomputed keys, does not apply to a file whose content is public anyway.
+//!
+//! Written by hand, not with the `p12-keystore` crate (0.4.1 looked at): its only writer, `Pkcs12Writer::write`,
+//! takes every salt and the IV from `rand::random()` (its `src/codec.rs`, `encrypt` and `compute_traditional_mac!`)
+//! and offers no way to pass them or an RNG, so the bytes would change on every pass; it always encrypts and MACs
+//! (with an empty password too, which keytool then refuses under any other store password), so the passwordless
+//! form is out of reach; and it writes the bags in alias order (a `BTreeMap`), not the bundle's. Its PBES2 also
+//! brings scrypt and AES-GCM as second versions beside age's.
 
 use aes::Aes256;
 use aes::cipher::generic_array::GenericArray;
