@@ -61,7 +61,7 @@ impl PassReport {
             return;
         }
         self.first_error.get_or_insert_with(|| error.to_string());
-        self.failed.push((target, short_reason(error)));
+        self.failed.push((target, error.short_reason()));
     }
 
     pub fn foreign_removed(&mut self, target: &str, removed: usize) {
@@ -101,44 +101,13 @@ impl PassReport {
         }
         head.push('.');
         let mut note = Note::new(&head);
-        // Failures grouped by their reason, in the order each reason first came up.
-        let mut groups: Vec<(&str, Vec<String>)> = Vec::new();
-        for (target, why) in &self.failed {
-            match groups.iter_mut().find(|(w, _)| w == why) {
-                Some((_, names)) => names.push(target.clone()),
-                None => groups.push((why, vec![target.clone()])),
-            }
-        }
-        for (why, names) in &groups {
-            note.list(&format!("Failed, {why}"), names);
-        }
-        if let Some(error) = &self.first_error {
-            note.sentence(&format!("First error: {error}."));
-        }
+        note.failures(&self.failed, self.first_error.as_deref());
         note.list("Certificates the sources never held removed from", &self.foreign_removed)
             .list("Metadata left to another manager in", &self.metadata_not_owned)
             .list("Changed since read, retried", &self.retried)
             .list("Skipped, namespace being deleted", &self.skipped)
             .list("Written", &self.written);
         Some((kind, reason, note.finish()))
-    }
-}
-
-/// Why a target was not written, in a few words: a group of the note. The whole error is in the log (and the
-/// first one in the note).
-fn short_reason(error: &ApplyError) -> String {
-    match error {
-        ApplyError::Foreign { .. } => "not owned (adopt: false)".into(),
-        ApplyError::ForeignKey { key, .. } => format!("key {key} not owned (adopt: false)"),
-        ApplyError::Conflict { .. } => "conflict".into(),
-        ApplyError::Kube { source: kube::Error::Api(status), .. } if status.reason.is_empty() => {
-            format!("refused {}", status.code)
-        }
-        ApplyError::Kube { source: kube::Error::Api(status), .. } => {
-            format!("refused {} {}", status.code, status.reason)
-        }
-        ApplyError::Kube { .. } => "request failed".into(),
-        ApplyError::Malformed(_) => "malformed".into(),
     }
 }
 

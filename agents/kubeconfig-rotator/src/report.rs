@@ -94,12 +94,12 @@ impl PassReport {
 
     pub fn write_failed(&mut self, target: String, error: &ApplyError) {
         self.first_error.get_or_insert_with(|| error.to_string());
-        self.failed.push((target, write_reason(error)));
+        self.failed.push((target, error.short_reason()));
     }
 
     pub fn withdraw_failed(&mut self, target: String, error: &kube::Error) {
         self.first_error.get_or_insert_with(|| format!("deleting {target}: {error}"));
-        self.failed.push((target, format!("not withdrawn, {}", kube_reason(error))));
+        self.failed.push((target, format!("not withdrawn, {}", kcp_keeper_runtime::apply::refused(error))));
     }
 
     /// The pass's Event: type, reason and note; `None` when it changed nothing and nothing failed. A target
@@ -139,20 +139,7 @@ impl PassReport {
             self.failed.len()
         );
         let mut note = Note::new(&head);
-        // Failures grouped by their reason, in the order each reason first came up.
-        let mut groups: Vec<(&str, Vec<String>)> = Vec::new();
-        for (target, why) in &self.failed {
-            match groups.iter_mut().find(|(w, _)| w == why) {
-                Some((_, names)) => names.push(target.clone()),
-                None => groups.push((why, vec![target.clone()])),
-            }
-        }
-        for (why, names) in &groups {
-            note.list(&format!("Failed, {why}"), names);
-        }
-        if let Some(error) = &self.first_error {
-            note.sentence(&format!("First error: {error}."));
-        }
+        note.failures(&self.failed, self.first_error.as_deref());
         note.list("Replaced, lasting longer but failing its proof", &self.replaced_unproven)
             .list("Replaced, lasting longer but pointing at another server", &self.replaced_other_server)
             .list("Rotated", &self.rotated)
@@ -161,25 +148,6 @@ impl PassReport {
             .list("Withdrawn, no longer selected or allowed", &self.withdrawn)
             .list("Kept, lasting longer than the candidate", &self.kept_longer);
         Some((kind, reason, note.finish()))
-    }
-}
-
-/// Why a target was not written, in a few words: a group of the note.
-fn write_reason(error: &ApplyError) -> String {
-    match error {
-        ApplyError::Foreign { .. } => "not owned (adopt: false)".into(),
-        ApplyError::ForeignKey { key, .. } => format!("key {key} not owned (adopt: false)"),
-        ApplyError::Conflict { .. } => "conflict".into(),
-        ApplyError::Kube { source, .. } => kube_reason(source),
-        ApplyError::Malformed(_) => "malformed".into(),
-    }
-}
-
-fn kube_reason(error: &kube::Error) -> String {
-    match error {
-        kube::Error::Api(status) if status.reason.is_empty() => format!("refused {}", status.code),
-        kube::Error::Api(status) => format!("refused {} {}", status.code, status.reason),
-        _ => "request failed".into(),
     }
 }
 

@@ -56,6 +56,29 @@ pub enum ApplyError {
 }
 
 impl ApplyError {
+    /// Why the object was not written, in a few words (`not owned (adopt: false)`, `refused 403 Forbidden`): a
+    /// group in a pass's Event note. The whole error is for the log.
+    pub fn short_reason(&self) -> String {
+        match self {
+            ApplyError::Foreign { .. } => "not owned (adopt: false)".into(),
+            ApplyError::ForeignKey { key, .. } => format!("key {key} not owned (adopt: false)"),
+            ApplyError::Conflict { .. } => "conflict".into(),
+            ApplyError::Kube { source, .. } => refused(source),
+            ApplyError::Malformed(_) => "malformed".into(),
+        }
+    }
+}
+
+/// A failed request in a few words: `refused <code> [<reason>]` when the apiserver answered, else `request failed`.
+pub fn refused(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) if status.reason.is_empty() => format!("refused {}", status.code),
+        kube::Error::Api(status) => format!("refused {} {}", status.code, status.reason),
+        _ => "request failed".into(),
+    }
+}
+
+impl ApplyError {
     pub fn metric_label(&self) -> &'static str {
         match self {
             ApplyError::Foreign { .. } | ApplyError::ForeignKey { .. } => "not_owned",

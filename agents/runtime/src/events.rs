@@ -226,6 +226,25 @@ impl Note {
         self
     }
 
+    /// Appends the failures (`(target, why in a few words)`) grouped by why, in the order each reason first came
+    /// up (` Failed, <why> (<count>): a, b.`), then ` First error: <error>.` when there is one.
+    pub fn failures(&mut self, failed: &[(String, String)], first_error: Option<&str>) -> &mut Self {
+        let mut groups: Vec<(&str, Vec<String>)> = Vec::new();
+        for (target, why) in failed {
+            match groups.iter_mut().find(|(w, _)| w == why) {
+                Some((_, names)) => names.push(target.clone()),
+                None => groups.push((why, vec![target.clone()])),
+            }
+        }
+        for (why, names) in &groups {
+            self.list(&format!("Failed, {why}"), names);
+        }
+        if let Some(error) = first_error {
+            self.sentence(&format!("First error: {error}."));
+        }
+        self
+    }
+
     /// Appends ` <text>`, cut (with `...`) to what room is left.
     pub fn sentence(&mut self, text: &str) -> &mut Self {
         let room = NOTE_LIMIT.saturating_sub(self.0.len() + 1);

@@ -11,11 +11,12 @@
 //! - in each namespace the configuration names: get/list/watch on exactly the Secrets and ConfigMaps named
 //!   there, trust stores' password Secrets among them (list and watch are limited by `resourceNames` through
 //!   the `metadata.name` field selector every watch uses), create/patch on the targets among them, get/patch on exactly the Deployments, StatefulSets
-//!   and DaemonSets those targets roll (`restartDeployments`...), create on Events;
+//!   and DaemonSets those targets roll (`restartDeployments`...), create on Events where a source is or a
+//!   target rolls a consumer (a namespace that only holds targets gets none: a pass is told on its source);
 //! - in a namespace a selector source reads from: list/watch on that kind without names (RBAC has no label
 //!   narrowing; the watch carries the label selector, and there is no `get`, so no object is read by name);
 //! - for namespace-selector targets: a ClusterRole with the same verbs on that object name only, list/watch on
-//!   Namespaces (their labels are not secret), create on Events;
+//!   Namespaces (their labels are not secret), and no Events;
 //! - in the agent's own namespace: each bundle's rotation record ([`crate::state`]: get/update by name, and
 //!   create, which cannot be limited by name), create on Events (about file sources, on the Lease), and its
 //!   Lease (create again not limited by name: the name of an object to create is not in the URL, so RBAC never
@@ -26,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kcp_keeper_runtime::consumer_restart::Kind as ConsumerKind;
 use kcp_keeper_runtime::rbac::{Rbac, Subjects, lease_rules, named_rule as rule};
 
-use crate::config::{Config, Placement, TargetKind};
+use crate::config::{Config, Placement, Source, TargetKind};
 use crate::scope::Plan;
 
 /// The name of every Role, ClusterRole and binding rendered.
@@ -80,6 +81,7 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
         }
     }
     namespaces.entry(who.namespace.clone()).or_default();
+    let told = told_in(config, who);
 
     let mut rbac = Rbac::default();
     for (ns, access) in &namespaces {
@@ -106,7 +108,7 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
             rules.push(rule("", "configmaps", &records, &["get", "update"]));
             rules.push(rule("", "configmaps", &BTreeSet::new(), &["create"]));
         }
-        if !rules.is_empty() {
+        if told.contains(ns) {
             rules.push(rule("events.k8s.io", "events", &BTreeSet::new(), &["create"]));
         }
         if *ns == who.namespace {
@@ -134,15 +136,38 @@ pub fn render(config: &Config, who: &Subjects) -> Rbac {
         if !signers.is_empty() {
             rules.push(rule("certificates.k8s.io", "signers", &signers, &["attest"]));
         }
-        // Only namespace-selector targets watch Namespaces and put Events outside the named namespaces; Events
-        // about a ClusterTrustBundle go on the agent's Lease.
+        // Only namespace-selector targets watch Namespaces. No Event goes on a target (a pass is told on the
+        // bundle's source or the Lease, [`told_in`]), so nothing is created in the namespaces they select.
         if !plan.namespace_selectors.is_empty() {
             rules.push(rule("", "namespaces", &BTreeSet::new(), &["list", "watch"]));
-            rules.push(rule("events.k8s.io", "events", &BTreeSet::new(), &["create"]));
         }
         rbac.add_cluster(ROLE_NAME, APP, rules, who);
     }
     rbac
+}
+
+/// The namespaces the agent creates Events in: its own (the Lease), each source's (a bundle's pass and a rejected
+/// source are told on the source object), and each one whose targets roll consumers (the runtime's restart Events
+/// go on the workload, a missing one's on the target). Not a namespace that only holds targets.
+fn told_in(config: &Config, who: &Subjects) -> BTreeSet<String> {
+    let mut told = BTreeSet::from([who.namespace.clone()]);
+    for bundle in &config.bundles {
+        for source in &bundle.sources {
+            match source {
+                Source::Secret(r) | Source::ConfigMap(r) => told.insert(r.namespace.clone()),
+                Source::Selected(selection) => told.insert(selection.namespace.clone()),
+                Source::Inline(_) | Source::File(_) | Source::PublicRoots => continue,
+            };
+        }
+        for target in &bundle.targets {
+            if let Placement::Namespace(ns) = &target.placement
+                && !target.consumers.is_empty()
+            {
+                told.insert(ns.clone());
+            }
+        }
+    }
+    told
 }
 
 fn resource(kind: TargetKind) -> &'static str {
