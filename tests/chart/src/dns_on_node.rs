@@ -82,8 +82,20 @@ pub async fn lookup_from_a_pod(node: &Node, client: &kube::Client) -> Result<Str
     let pod = dns_check_pod("dns-probe", "dns-probe", &format!("{COREDNS_IP}:53"))?;
     create::<Pod>(client, NAMESPACE, pod).await?;
     let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
-    let passed = testbed::eventually(Duration::from_secs(180), "the lookup pod to pass or fail thrice", || async {
-        let status = pods.get("dns-probe").await.ok()?.status?;
+    if !passed_or_failed_thrice(&pods, "dns-probe").await {
+        let out = node.kubectl(&["logs", "-n", NAMESPACE, "dns-probe", "--previous"])?;
+        bail!("the lookup failed thrice; the last time:\n{}", String::from_utf8_lossy(&out.stdout));
+    }
+    let out = node.kubectl(&["logs", "-n", NAMESPACE, "dns-probe"])?;
+    ensure!(out.status.success(), "kubectl logs: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Waits for the pod `name` (`restartPolicy: OnFailure`) to succeed (true) or to have failed three times
+/// (false), for at most three minutes.
+pub async fn passed_or_failed_thrice(pods: &Api<Pod>, name: &str) -> bool {
+    testbed::eventually(Duration::from_secs(180), &format!("pod {name} to pass or fail thrice"), || async {
+        let status = pods.get(name).await.ok()?.status?;
         let restarts = status.container_statuses.as_ref()?.first()?.restart_count;
         match status.phase.as_deref() {
             Some("Succeeded") => Some(true),
@@ -91,14 +103,7 @@ pub async fn lookup_from_a_pod(node: &Node, client: &kube::Client) -> Result<Str
             _ => None,
         }
     })
-    .await;
-    if !passed {
-        let out = node.kubectl(&["logs", "-n", NAMESPACE, "dns-probe", "--previous"])?;
-        bail!("the lookup failed thrice; the last time:\n{}", String::from_utf8_lossy(&out.stdout));
-    }
-    let out = node.kubectl(&["logs", "-n", NAMESPACE, "dns-probe"])?;
-    ensure!(out.status.success(), "kubectl logs: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    .await
 }
 
 /// The node-cache image the node imports (built here from the peer; the name is ours, never pulled).

@@ -234,13 +234,7 @@ async fn with_the_charts_networkpolicy_enforced_each_agent_does_its_job_through_
 async fn behind_the_policies(node: &'static Node, client: kube::Client, targets: Vec<SocketAddr>) -> Result<()> {
     let client = &client;
     let started = Instant::now();
-    let coredns = Api::<Pod>::namespaced(client.clone(), "kube-system")
-        .list(&ListParams::default().labels("k8s-app=kube-dns"))
-        .await?
-        .items
-        .into_iter()
-        .find_map(|p| p.status?.pod_ip)
-        .context("the CoreDNS pod has no address")?;
+    let coredns = testbed::node::cluster_dns::pod_address(client).await?;
     let cluster_ip = service_ip(client, "kcp-system", "root-kcp").await?;
     let _offsite = second_store(node, client).await?;
     let offsite_ip = service_ip(client, "kcp-system", OFFSITE).await?;

@@ -104,16 +104,7 @@ async fn plain_pod_lookup(node: &testbed::node::Node, client: &kube::Client, nam
     })
     .await;
     pods.create(&PostParams::default(), &pod).await?;
-    let passed = testbed::eventually(Duration::from_secs(180), "the lookup pod to pass or fail thrice", || async {
-        let status = pods.get(name).await.ok()?.status?;
-        let restarts = status.container_statuses.as_ref()?.first()?.restart_count;
-        match status.phase.as_deref() {
-            Some("Succeeded") => Some(true),
-            _ if restarts >= 3 => Some(false),
-            _ => None,
-        }
-    })
-    .await;
+    let passed = chart::dns_on_node::passed_or_failed_thrice(&pods, name).await;
     let mut args = vec!["logs", "-n", namespace, name];
     if !passed {
         args.push("--previous");
@@ -217,13 +208,7 @@ const NODE_LOCAL_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 20, 
 /// same plain pod resolves every public name to its Service. Everything it added is removed at the end.
 async fn node_local_dns(node: &'static testbed::node::Node, client: &kube::Client) -> Result<()> {
     import_node_cache_image(node)?;
-    let coredns = Api::<Pod>::namespaced(client.clone(), "kube-system")
-        .list(&ListParams::default().labels("k8s-app=kube-dns"))
-        .await?
-        .items
-        .into_iter()
-        .find_map(|p| p.status?.pod_ip)
-        .context("the cluster DNS pod has no address")?;
+    let coredns = testbed::node::cluster_dns::pod_address(client).await?;
     let mut values = chart::on_seed::values();
     values["dnsRewriter"]["config"]["nodeLocalDns"] = serde_json::json!({"enabled": false});
     let out = chart::on_node::helm_release(node, "upgrade", &values, "5m")?;

@@ -155,6 +155,15 @@ pub(super) async fn start(node: &Node, client: &kube::Client) -> Result<()> {
     }
 }
 
+/// The cluster DNS pod's address (one of the kube-dns Service's endpoints): where a host-network client sends
+/// what it would send the Service (the node's own network has no route to the Service range).
+pub async fn pod_address(client: &kube::Client) -> Result<String> {
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), "kube-system")
+        .list(&kube::api::ListParams::default().labels("k8s-app=kube-dns"))
+        .await?;
+    pods.items.into_iter().find_map(|p| p.status?.pod_ip).context("the cluster DNS pod has no address")
+}
+
 /// Switches the cluster DNS to `form` (its ConfigMap's Corefile; CoreDNS reloads it once the kubelet has
 /// projected it).
 pub async fn set_form(client: &kube::Client, form: Form) -> Result<()> {
