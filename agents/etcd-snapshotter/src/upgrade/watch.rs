@@ -181,8 +181,11 @@ impl Watch {
             }
             Step::Snapshot { from, late } => (from, late),
         };
-        // The snapshot of this change may be published already (the process died before recording it).
-        if let Ok(listed) = catalog::list(store, Some(shard)).await
+        // A change found on a session's first reading may have its snapshot published already (a process died
+        // after publishing it, before recording it). A change seen live came after that reading, so no earlier
+        // process saw it: it skips the catalog's list and reads, time the operator's roll would have.
+        if late
+            && let Ok(listed) = catalog::list(store, Some(shard)).await
             && let Some(since) = recorded.as_ref().map(|r| r.recorded_at)
             && let Some(taken) =
                 listed.iter().find(|m| records_change(m.kcp.as_ref(), m.started_at, since, (&described, &from, &now)))
