@@ -9,6 +9,8 @@ mod awscli;
 mod ca_sync;
 #[path = "bench/common.rs"]
 mod common;
+#[path = "bench/curve.rs"]
+mod curve;
 #[path = "bench/deltas.rs"]
 mod deltas;
 #[path = "bench/dns.rs"]
@@ -33,7 +35,8 @@ use clap::Parser;
 
 #[derive(Parser)]
 struct Args {
-    /// Run only the benchmark with this name (ca-bundle-public-roots, idle, snapshot, ca-sync, drill, rotate, dns).
+    /// Run only the benchmark with this name (ca-bundle-public-roots, idle, snapshot, ca-sync, drill, rotate, dns),
+    /// or a scale curve (ca-sync-curve, dns-curve, rotate-curve), which runs only when named.
     name: Option<String>,
     /// Rounds of the micro-benchmark (each round times the subject and the baseline once).
     #[arg(long, default_value_t = 31)]
@@ -48,9 +51,15 @@ struct Args {
     /// Quick try: the snapshot and drill benchmarks use only the 256 MiB database (the documented run uses both).
     #[arg(long, env = "KCP_KEEPER_BENCH_QUICK", value_parser = clap::builder::BoolishValueParser::new())]
     quick: bool,
+    /// The sizes of a scale curve, comma-separated (ca-sync-curve: namespaces, default 100,1000,5000;
+    /// dns-curve: hosts per round, default 10,100,1000; rotate-curve: targets, default 10,100,500).
+    #[arg(long, env = "KCP_KEEPER_BENCH_SIZES", value_delimiter = ',')]
+    sizes: Vec<usize>,
 }
 
 const NAMES: &[&str] = &["ca-bundle-public-roots", "idle", "ca-sync", "rotate", "dns", "snapshot", "drill", "deltas"];
+/// Scale curves: each runs its benchmark at several sizes, so they run only when named.
+const CURVES: &[&str] = &["ca-sync-curve", "dns-curve", "rotate-curve"];
 
 /// `target/bench`: the JSON reports, and the big benchmarks' scratch space (removed after each).
 pub fn bench_dir() -> std::path::PathBuf {
@@ -61,14 +70,25 @@ pub fn bench_dir() -> std::path::PathBuf {
 async fn main() -> Result<()> {
     let args = Args::parse();
     if let Some(name) = &args.name {
-        anyhow::ensure!(NAMES.contains(&name.as_str()), "no benchmark named {name:?}; there are: {}", NAMES.join(", "));
+        anyhow::ensure!(
+            NAMES.contains(&name.as_str()) || CURVES.contains(&name.as_str()),
+            "no benchmark named {name:?}; there are: {}",
+            [NAMES, CURVES].concat().join(", ")
+        );
     }
     testbed::init_crypto();
     let dir = bench_dir();
     std::fs::create_dir_all(&dir)?;
     let mut table = Vec::new();
     let mut failed = Vec::new();
-    for name in NAMES.iter().filter(|n| args.name.as_deref().is_none_or(|a| a == **n)) {
+    let named: Vec<&&str> = CURVES.iter().filter(|n| args.name.as_deref() == Some(**n)).collect();
+    let names = if named.is_empty() {
+        NAMES.iter().filter(|n| args.name.as_deref().is_none_or(|a| a == **n)).collect()
+    } else {
+        named
+    };
+    let sizes = |default: &[usize]| if args.sizes.is_empty() { default.to_vec() } else { args.sizes.clone() };
+    for name in names {
         let load_before = common::load_average();
         let started = std::time::Instant::now();
         let report = match *name {
@@ -80,6 +100,9 @@ async fn main() -> Result<()> {
             "deltas" => deltas::run(args.quick).await,
             "rotate" => rotate::run(args.process_rounds).await,
             "dns" => dns::run(args.process_rounds).await,
+            "ca-sync-curve" => ca_sync::curve(args.process_rounds, &sizes(ca_sync::CURVE_SIZES)).await,
+            "dns-curve" => dns::curve(args.process_rounds, &sizes(dns::CURVE_SIZES)).await,
+            "rotate-curve" => rotate::curve(args.process_rounds, &sizes(rotate::CURVE_SIZES)).await,
             _ => unreachable!("listed in NAMES"),
         };
         // One benchmark failing does not lose the others' figures; the run still fails at the end.

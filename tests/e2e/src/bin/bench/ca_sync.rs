@@ -1,7 +1,7 @@
 //! `ca-sync`: one change to a source CA propagated by ca-syncer to the target of each of 200 namespaces (or
 //! `--ca-namespaces`) picked by a namespace selector, once into a ConfigMap and once into a Secret: time until the
-//! last target holds the new certificate, the requests the agent sent (audit log, by its own user) and its peak
-//! memory. In alternate rounds of the same run, for each target kind: the floor, the same objects, prepared in
+//! last target holds the new certificate, the requests the agent sent (audit log, by its own user; against the one
+//! write per target the raw apply loop sends) and its peak memory. In alternate rounds of the same run, for each target kind: the floor, the same objects, prepared in
 //! advance, server-side-applied by a minimal kube-rs client at the same concurrency (ca-syncer writes a bundle's
 //! targets one after another, so one in flight), and the anchor, trust-manager (what a user would install instead;
 //! see `trust_manager.rs`) with a `Bundle` of the same two sources and the same namespace selector. All are timed
@@ -23,6 +23,7 @@ use testbed::agent_process::AgentUnderTest;
 use testbed::certs::Ca;
 
 use crate::common::{self, Report, Row};
+use crate::curve;
 use crate::trust_manager;
 
 /// Tenant namespaces unless `--ca-namespaces` says otherwise (the targets are stated at 200 and at 1000).
@@ -45,7 +46,7 @@ fn agent_ns(kind: Kind) -> String {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum Kind {
+pub enum Kind {
     ConfigMap,
     Secret,
 }
@@ -58,7 +59,7 @@ impl Kind {
         }
     }
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Kind::ConfigMap => "ConfigMap",
             Kind::Secret => "Secret",
@@ -67,24 +68,249 @@ impl Kind {
 }
 
 /// Every figure of one target kind.
-struct Measured {
-    kind: Kind,
-    ours: Vec<f64>,
-    raw: Vec<f64>,
-    anchor: Vec<f64>,
-    requests: Vec<f64>,
-    anchor_requests: Vec<f64>,
+pub struct Measured {
+    pub kind: Kind,
+    pub ours: Vec<f64>,
+    pub raw: Vec<f64>,
+    /// Empty when trust-manager was not run (the scale curve leaves it out where it would not finish in time).
+    pub anchor: Vec<f64>,
+    pub requests: Vec<f64>,
+    pub anchor_requests: Vec<f64>,
     breakdown: BTreeMap<(String, String), f64>,
     /// Where each round's time went, from the apiserver's own timestamps (audit log).
     split: Vec<serde_json::Value>,
     raw_split: Vec<serde_json::Value>,
-    hwm: u64,
-    anchor_hwm: u64,
+    pub hwm: u64,
+    /// 0 when trust-manager was not run.
+    pub anchor_hwm: u64,
     rss_after_first_sync: u64,
-    anchor_first_sync: f64,
+    /// ca-syncer's resident memory after the rounds by mapping kind (`/proc/<pid>/smaps`): what holds it.
+    pub rss_by_kind: BTreeMap<String, u64>,
+    /// 0 when trust-manager was not run.
+    pub anchor_first_sync: f64,
+}
+
+impl Measured {
+    /// Every figure, for the JSON report.
+    pub fn json(&self) -> serde_json::Value {
+        let (o, r, a) = (common::median(&self.ours), common::median(&self.raw), common::median(&self.anchor));
+        json!({
+            "target_kind": self.kind.name(),
+            "agent_seconds": self.ours, "raw_apply_seconds": self.raw, "trust_manager_seconds": self.anchor,
+            "ratio_floor": o / r, "ratio_anchor": if self.anchor.is_empty() { json!(null) } else { json!(o / a) },
+            "agent_requests_per_change": self.requests, "trust_manager_requests_per_change": self.anchor_requests,
+            "agent_requests_last_change_by_verb": common::by_verb_json(&self.breakdown),
+            "agent_split": self.split, "raw_apply_split": self.raw_split,
+            "agent_peak_rss_bytes": self.hwm, "trust_manager_peak_rss_bytes": self.anchor_hwm,
+            "agent_rss_after_first_sync_bytes": self.rss_after_first_sync,
+            "agent_rss_after_rounds_by_kind_bytes": self.rss_by_kind,
+            "trust_manager_first_sync_seconds": self.anchor_first_sync,
+        })
+    }
 }
 
 pub async fn run(rounds: usize, count: usize) -> Result<Report> {
+    let (measured, unrelated) = measure(rounds, count, &[Kind::ConfigMap, Kind::Secret], true).await?;
+    let mut rows = Vec::new();
+    let mut json_kinds = Vec::new();
+    for m in &measured {
+        let (o, r, a) = (common::median(&m.ours), common::median(&m.raw), common::median(&m.anchor));
+        let (req, anchor_req) = (common::median(&m.requests), common::median(&m.anchor_requests));
+        let kind = m.kind.name();
+        rows.push(
+            Row::new(
+                format!("{kind}: time to the last of {count} targets updated, vs raw apply (floor; median)"),
+                common::secs(o),
+            )
+            .baseline(common::secs(r), o / r)
+            .target(if o / r <= 1.5 {
+                "<= 1.5".into()
+            } else {
+                format!("<= 1.5: missed by {:.0}%", (o / r / 1.5 - 1.0) * 100.0)
+            }),
+        );
+        rows.push(
+            Row::new(
+                format!("{kind}: the same, vs trust-manager {} (anchor; median)", peers::TRUST_MANAGER),
+                common::secs(o),
+            )
+            .baseline(common::secs(a), o / a),
+        );
+        rows.push(
+            Row::new(
+                format!("{kind}: requests sent per change (audit log): ca-syncer vs trust-manager"),
+                format!("{req:.0}"),
+            )
+            .baseline(format!("{anchor_req:.0} (raw apply: {count})"), req / anchor_req),
+        );
+        rows.push(
+            Row::new(
+                format!("{kind}: requests sent per change (audit log): ca-syncer vs the raw apply loop (one write per target)"),
+                format!("{req:.0}"),
+            )
+            .baseline(count.to_string(), req / count as f64)
+            .target(if req / count as f64 <= 1.05 {
+                "<= 1.05".into()
+            } else {
+                format!("<= 1.05: missed by {:.1}%", (req / count as f64 / 1.05 - 1.0) * 100.0)
+            }),
+        );
+        rows.push(
+            Row::new(format!("{kind}: peak RSS (VmHWM): ca-syncer vs trust-manager"), common::mib(m.hwm))
+                .baseline(common::mib(m.anchor_hwm), m.hwm as f64 / m.anchor_hwm as f64),
+        );
+        json_kinds.push(m.json());
+    }
+    rows.push(Row::new("reads of unrelated objects by the agent (audit log)", unrelated.len().to_string()).target("0"));
+    Ok(Report {
+        rows,
+        json: json!({
+            "namespaces": count, "rounds": rounds, "concurrency": 1, "trust_manager": peers::TRUST_MANAGER,
+            "kinds": json_kinds, "unrelated_reads": unrelated,
+        }),
+    })
+}
+
+/// The sizes of `ca-sync-curve` unless `--sizes` says otherwise.
+pub const CURVE_SIZES: &[usize] = &[100, 1000, 5000];
+/// trust-manager is run at a size only while its propagation, extrapolated linearly from the size before, stays
+/// within this (its first sync takes as long again).
+const ANCHOR_LIMIT_SECONDS: f64 = 600.0;
+
+/// `ca-sync-curve`: `measure` at each size (ConfigMap targets; a fresh control plane per size), ca-syncer with the
+/// raw apply loop beside it at every size and trust-manager where it finishes in time; writes the plot.
+pub async fn curve(rounds: usize, sizes: &[usize]) -> Result<Report> {
+    let mut points: Vec<(usize, Measured, Option<String>)> = Vec::new();
+    let mut anchor_last: Option<(usize, f64)> = None;
+    let mut anchor_stopped: Option<String> = None;
+    for &count in sizes {
+        let skip = anchor_stopped.clone().or_else(|| {
+            let (size, seconds) = anchor_last?;
+            let expected = seconds * count as f64 / size as f64;
+            (expected > ANCHOR_LIMIT_SECONDS).then(|| {
+                format!(
+                    "not run from {count} namespaces on: {} at {size} extrapolates to {} per change (limit {})",
+                    common::secs(seconds),
+                    common::secs(expected),
+                    common::secs(ANCHOR_LIMIT_SECONDS)
+                )
+            })
+        });
+        anchor_stopped = skip.clone();
+        eprintln!(
+            "ca-sync-curve: {count} namespaces{}",
+            skip.as_deref().map(|s| format!("; trust-manager {s}")).unwrap_or_default()
+        );
+        let (mut measured, unrelated) = measure(rounds, count, &[Kind::ConfigMap], skip.is_none()).await?;
+        anyhow::ensure!(unrelated.is_empty(), "ca-syncer read unrelated objects at {count} namespaces: {unrelated:?}");
+        let m = measured.pop().context("one target kind measured")?;
+        if !m.anchor.is_empty() {
+            anchor_last = Some((count, common::median(&m.anchor)));
+        }
+        eprintln!(
+            "ca-sync-curve: {count} namespaces: ca-syncer {} ({:.0} requests, peak {}), raw apply {}, trust-manager {}; \
+             ca-syncer resident by kind after the rounds: {:?}",
+            common::secs(common::median(&m.ours)),
+            common::median(&m.requests),
+            common::mib(m.hwm),
+            common::secs(common::median(&m.raw)),
+            if m.anchor.is_empty() { "not run".into() } else { common::secs(common::median(&m.anchor)) },
+            m.rss_by_kind.iter().map(|(k, v)| format!("{k} {}", common::mib(*v))).collect::<Vec<_>>()
+        );
+        points.push((count, m, skip));
+    }
+
+    let series = |f: &dyn Fn(usize, &Measured) -> f64| -> Vec<(f64, f64)> {
+        points.iter().map(|(n, m, _)| (*n as f64, f(*n, m))).collect()
+    };
+    let tm = format!("trust-manager {}", peers::TRUST_MANAGER);
+    let time = [
+        curve::Series::new("ca-syncer", series(&|_, m| common::median(&m.ours))),
+        curve::Series::new("raw apply loop (floor)", series(&|_, m| common::median(&m.raw))),
+        curve::Series::new(tm.clone(), series(&|_, m| common::median(&m.anchor))),
+    ];
+    let requests = [
+        curve::Series::new("ca-syncer", series(&|_, m| common::median(&m.requests))),
+        curve::Series::new("raw apply loop (floor)", series(&|n, _| n as f64)),
+        curve::Series::new(tm.clone(), series(&|_, m| common::median(&m.anchor_requests))),
+    ];
+    let memory = [
+        curve::Series::new("ca-syncer", series(&|_, m| m.hwm as f64 / common::MIB)),
+        curve::Series::new(tm.clone(), series(&|_, m| m.anchor_hwm as f64 / common::MIB)),
+    ];
+    let exponents = |all: &[curve::Series]| -> serde_json::Value {
+        all.iter().map(|s| (s.label.clone(), json!(curve::exponent(&s.points)))).collect()
+    };
+    let json_exponents = json!({
+        "time": exponents(&time), "requests": exponents(&requests), "peak_memory": exponents(&memory),
+    });
+    let mut rows = Vec::new();
+    for (count, m, skip) in &points {
+        let (o, r) = (common::median(&m.ours), common::median(&m.raw));
+        rows.push(
+            Row::new(
+                format!("{count} namespaces: time to the last ConfigMap updated, vs raw apply (floor)"),
+                common::secs(o),
+            )
+            .baseline(common::secs(r), o / r),
+        );
+        let anchor_row = Row::new(format!("{count} namespaces: the same, vs {tm}"), common::secs(o));
+        rows.push(match skip {
+            None => anchor_row.baseline(common::secs(common::median(&m.anchor)), o / common::median(&m.anchor)),
+            Some(why) => anchor_row.target(why.clone()),
+        });
+        let req = common::median(&m.requests);
+        let anchor_req =
+            if skip.is_none() { format!("; {tm}: {:.0}", common::median(&m.anchor_requests)) } else { String::new() };
+        rows.push(
+            Row::new(format!("{count} namespaces: requests per change (audit log), vs raw apply"), format!("{req:.0}"))
+                .baseline(format!("{count}{anchor_req}"), req / *count as f64),
+        );
+        let memory_row = Row::new(format!("{count} namespaces: peak RSS (VmHWM), vs {tm}"), common::mib(m.hwm));
+        rows.push(if skip.is_none() {
+            memory_row.baseline(common::mib(m.anchor_hwm), m.hwm as f64 / m.anchor_hwm as f64)
+        } else {
+            memory_row
+        });
+    }
+    for (what, all) in [("time", &time[..]), ("requests", &requests[..]), ("peak memory", &memory[..])] {
+        let text: Vec<String> =
+            all.iter().filter_map(|s| curve::exponent(&s.points).map(|k| format!("{} {k:.2}", s.label))).collect();
+        rows.push(Row::new(format!("growth exponent of {what} against namespaces (log-log fit)"), text.join("; ")));
+    }
+    let svg = curve::plot(
+        "ca-sync-curve",
+        &format!("ca-sync: one CA change to N namespaces' ConfigMaps ({rounds} round(s) per size)"),
+        "namespaces",
+        &[
+            curve::Panel { title: "time to the last target".into(), unit: "seconds".into(), series: time.into() },
+            curve::Panel { title: "requests per change".into(), unit: "requests".into(), series: requests.into() },
+            curve::Panel { title: "peak memory (VmHWM)".into(), unit: "MiB".into(), series: memory.into() },
+        ],
+    )?;
+    eprintln!("ca-sync-curve: plot written to {}", svg.display());
+    Ok(Report {
+        rows,
+        json: json!({
+            "rounds": rounds, "target_kind": "ConfigMap", "trust_manager": peers::TRUST_MANAGER,
+            "anchor_limit_seconds": ANCHOR_LIMIT_SECONDS,
+            "sizes": points.iter().map(|(n, m, skip)| json!({
+                "namespaces": n, "trust_manager_not_run": skip, "figures": m.json(),
+            })).collect::<Vec<_>>(),
+            "exponents": json_exponents,
+        }),
+    })
+}
+
+/// One fresh control plane with `count` tenant namespaces; for each of `kinds`, a fresh ca-syncer and `rounds`
+/// changes, each followed by the raw apply loop's round and (with `anchor`) trust-manager's. Returns each kind's
+/// figures and the agent's reads of unrelated objects.
+pub async fn measure(
+    rounds: usize,
+    count: usize,
+    kinds: &[Kind],
+    anchor: bool,
+) -> Result<(Vec<Measured>, Vec<String>)> {
     let tm = peers::ensure_bench(&["trust-manager", "trust-manager-crds"])?;
     eprintln!("ca-sync: starting etcd and kube-apiserver; creating {count} namespaces");
     let bed = testbed::ControlPlane::start().await?;
@@ -96,30 +322,10 @@ pub async fn run(rounds: usize, count: usize) -> Result<Report> {
     }
     trust_manager::install_crd(&client, tm.path("trust-manager-crds")).await?;
     let namespaces: Vec<String> = (0..count).map(|i| format!("tenant-{i:04}")).collect();
-    for ns in &namespaces {
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(ns.clone()),
-                labels: Some(BTreeMap::from([(LABEL.0.into(), LABEL.1.into())])),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
-        // What else lives in a tenant namespace, which ca-syncer has no business reading.
-        let unrelated = Secret {
-            metadata: meta("app-credentials"),
-            string_data: Some(BTreeMap::from([("password".into(), "not for ca-syncer".into())])),
-            ..Default::default()
-        };
-        Api::<Secret>::namespaced(client.clone(), ns).create(&PostParams::default(), &unrelated).await?;
-        let config = ConfigMap {
-            metadata: meta("app-config"),
-            data: Some(BTreeMap::from([("k".into(), "v".into())])),
-            ..Default::default()
-        };
-        Api::<ConfigMap>::namespaced(client.clone(), ns).create(&PostParams::default(), &config).await?;
-    }
+    // Eight at a time: thousands of namespaces one by one (three creates each) take minutes before the clock starts.
+    let creates = namespaces.iter().map(|ns| create_tenant(client.clone(), ns.clone()));
+    let created: Vec<Result<()>> = futures::stream::iter(creates).buffer_unordered(8).collect().await;
+    created.into_iter().collect::<Result<()>>()?;
     let root = Ca::new("bench root CA", Duration::from_secs(30 * 24 * 3600))?;
     let week = Duration::from_secs(7 * 24 * 3600);
     // ca-syncer's source and trust-manager's (in its trust namespace): the same cert-manager-shaped Secret.
@@ -144,7 +350,7 @@ pub async fn run(rounds: usize, count: usize) -> Result<Report> {
     let binary = common::agent_binary("ca-syncer")?;
     let mut measured = Vec::new();
     let mut current = first;
-    for kind in [Kind::ConfigMap, Kind::Secret] {
+    for &kind in kinds {
         let target_kind = if kind == Kind::Secret { "secret" } else { "configMap" };
         let config = bed.subdir(&format!("ca-syncer-{}", kind.key()))?.join("config.yaml");
         std::fs::write(
@@ -165,19 +371,27 @@ pub async fn run(rounds: usize, count: usize) -> Result<Report> {
         wait_all(&seen, kind, &namespaces, TARGET, &marker(&current), started).await.context("the first sync")?;
         let rss_after_first_sync = common::status_bytes(pid, "VmRSS").unwrap_or_default();
 
-        eprintln!("ca-sync: {}: starting trust-manager and its Bundle", kind.name());
-        let mut anchor = trust_manager::start(
-            tm.path("trust-manager"),
-            &bed,
-            &bed.subdir(&format!("trust-manager-{}", kind.key()))?,
-            kind == Kind::Secret,
-        )?;
-        let anchor_pid = anchor.pid().context("trust-manager exited")?;
-        let t0 = Instant::now();
-        trust_manager::create_bundle(&client, ANCHOR, "root-ca", kind.name(), "ca.crt", LABEL).await?;
-        let anchor_first_sync = wait_all(&seen, kind, &namespaces, ANCHOR, &marker(&anchor_ca), t0)
-            .await
-            .with_context(|| format!("trust-manager's first sync (its log: {})", bed.dir().display()))?;
+        let (mut anchor_process, anchor_first_sync) = if anchor {
+            eprintln!("ca-sync: {}: starting trust-manager and its Bundle", kind.name());
+            let process = trust_manager::start(
+                tm.path("trust-manager"),
+                &bed,
+                &bed.subdir(&format!("trust-manager-{}", kind.key()))?,
+                kind == Kind::Secret,
+            )?;
+            let t0 = Instant::now();
+            trust_manager::create_bundle(&client, ANCHOR, "root-ca", kind.name(), "ca.crt", LABEL).await?;
+            let first_sync = wait_all(&seen, kind, &namespaces, ANCHOR, &marker(&anchor_ca), t0)
+                .await
+                .with_context(|| format!("trust-manager's first sync (its log: {})", bed.dir().display()))?;
+            (Some(process), first_sync)
+        } else {
+            (None, 0.0)
+        };
+        let anchor_pid = match &anchor_process {
+            Some(process) => Some(process.pid().context("trust-manager exited")?),
+            None => None,
+        };
 
         let mut m = Measured {
             kind,
@@ -192,17 +406,18 @@ pub async fn run(rounds: usize, count: usize) -> Result<Report> {
             hwm: 0,
             anchor_hwm: 0,
             rss_after_first_sync,
+            rss_by_kind: BTreeMap::new(),
             anchor_first_sync,
         };
         for round in 0..rounds {
             eprintln!("ca-sync: {} round {}/{rounds}", kind.name(), round + 1);
             let ca = next_ca("ca-syncer")?;
-            let before = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
+            let before = audit_count(&bed.apiserver.audit_log, USER)?;
             let (t0, wall0) = (Instant::now(), unix(SystemTime::now()));
             sources.replace("root-ca", &PostParams::default(), &source(&root, &ca)).await?;
             m.ours.push(wait_all(&seen, kind, &namespaces, TARGET, &marker(&ca), t0).await?);
-            // The agent sends each written target's Event after the pass's writes: counted with this change, and
-            // finished before the floor's round, which they would otherwise slow down.
+            // The agent sends its pass's one Event after the pass's writes: counted with this change, and finished
+            // before the floor's round.
             let events_done = events_sent(&bed.apiserver.audit_log, &before, t0).await?;
             let split = Split::of(&timed(&bed.apiserver.audit_log, wall0)?, Some(USER), TARGET, wall0);
             eprintln!(
@@ -213,7 +428,7 @@ pub async fn run(rounds: usize, count: usize) -> Result<Report> {
             );
             m.split.push(json!({"split": split.json(), "last_event_seconds": events_done}));
             // The agent's requests for this change: what it sent from the change until the last target was written.
-            let after = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
+            let after = audit_count(&bed.apiserver.audit_log, USER)?;
             m.breakdown = after
                 .iter()
                 .map(|(k, n)| (k.clone(), (n - before.get(k).copied().unwrap_or(0)) as f64))
@@ -269,82 +484,59 @@ pub async fn run(rounds: usize, count: usize) -> Result<Report> {
             m.raw_split.push(split.json());
 
             // The anchor: the same change to its own source.
+            if !anchor {
+                continue;
+            }
             anchor_ca = next_ca("trust-manager")?;
-            let before = testbed::audit::count(&bed.apiserver.audit_log, trust_manager::USER)?;
+            let before = audit_count(&bed.apiserver.audit_log, trust_manager::USER)?;
             let t0 = Instant::now();
             anchor_sources.replace("root-ca", &PostParams::default(), &source(&root, &anchor_ca)).await?;
             m.anchor.push(wait_all(&seen, kind, &namespaces, ANCHOR, &marker(&anchor_ca), t0).await?);
-            let after = testbed::audit::count(&bed.apiserver.audit_log, trust_manager::USER)?;
+            let after = audit_count(&bed.apiserver.audit_log, trust_manager::USER)?;
             m.anchor_requests.push(total(&after) - total(&before));
         }
         m.hwm = common::status_bytes(pid, "VmHWM").context("ca-syncer's VmHWM")?;
-        m.anchor_hwm = common::status_bytes(anchor_pid, "VmHWM").context("trust-manager's VmHWM")?;
+        m.rss_by_kind = common::resident_by_kind(pid);
+        if let (Some(anchor_pid), Some(process)) = (anchor_pid, anchor_process.as_mut()) {
+            m.anchor_hwm = common::status_bytes(anchor_pid, "VmHWM").context("trust-manager's VmHWM")?;
+            trust_manager::delete_bundle(&client, ANCHOR).await?;
+            process.stop(Duration::from_secs(10));
+        }
         agent.terminate(Duration::from_secs(10));
-        trust_manager::delete_bundle(&client, ANCHOR).await?;
-        anchor.stop(Duration::from_secs(10));
         measured.push(m);
     }
     for watch in watches {
         watch.abort();
     }
     let unrelated = unrelated_reads(&bed)?;
+    Ok((measured, unrelated))
+}
 
-    let mut rows = Vec::new();
-    let mut json_kinds = Vec::new();
-    for m in &measured {
-        let (o, r, a) = (common::median(&m.ours), common::median(&m.raw), common::median(&m.anchor));
-        let (req, anchor_req) = (common::median(&m.requests), common::median(&m.anchor_requests));
-        let kind = m.kind.name();
-        rows.push(
-            Row::new(
-                format!("{kind}: time to the last of {count} targets updated, vs raw apply (floor; median)"),
-                common::secs(o),
-            )
-            .baseline(common::secs(r), o / r)
-            .target(if o / r <= 1.5 {
-                "<= 1.5".into()
-            } else {
-                format!("<= 1.5: missed by {:.0}%", (o / r / 1.5 - 1.0) * 100.0)
-            }),
-        );
-        rows.push(
-            Row::new(
-                format!("{kind}: the same, vs trust-manager {} (anchor; median)", peers::TRUST_MANAGER),
-                common::secs(o),
-            )
-            .baseline(common::secs(a), o / a),
-        );
-        rows.push(
-            Row::new(
-                format!("{kind}: requests sent per change (audit log): ca-syncer vs trust-manager"),
-                format!("{req:.0}"),
-            )
-            .baseline(format!("{anchor_req:.0} (raw apply: {count})"), req / anchor_req),
-        );
-        rows.push(
-            Row::new(format!("{kind}: peak RSS (VmHWM): ca-syncer vs trust-manager"), common::mib(m.hwm))
-                .baseline(common::mib(m.anchor_hwm), m.hwm as f64 / m.anchor_hwm as f64),
-        );
-        json_kinds.push(json!({
-            "target_kind": kind,
-            "agent_seconds": m.ours, "raw_apply_seconds": m.raw, "trust_manager_seconds": m.anchor,
-            "ratio_floor": o / r, "ratio_anchor": o / a,
-            "agent_requests_per_change": m.requests, "trust_manager_requests_per_change": m.anchor_requests,
-            "agent_requests_last_change_by_verb": common::by_verb_json(&m.breakdown),
-            "agent_split": m.split, "raw_apply_split": m.raw_split,
-            "agent_peak_rss_bytes": m.hwm, "trust_manager_peak_rss_bytes": m.anchor_hwm,
-            "agent_rss_after_first_sync_bytes": m.rss_after_first_sync,
-            "trust_manager_first_sync_seconds": m.anchor_first_sync,
-        }));
-    }
-    rows.push(Row::new("reads of unrelated objects by the agent (audit log)", unrelated.len().to_string()).target("0"));
-    Ok(Report {
-        rows,
-        json: json!({
-            "namespaces": count, "rounds": rounds, "concurrency": 1, "trust_manager": peers::TRUST_MANAGER,
-            "kinds": json_kinds, "unrelated_reads": unrelated,
-        }),
-    })
+/// A tenant namespace with the selector's label, and what else lives there (an unrelated Secret and ConfigMap).
+async fn create_tenant(client: kube::Client, ns: String) -> Result<()> {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(ns.clone()),
+            labels: Some(BTreeMap::from([(LABEL.0.into(), LABEL.1.into())])),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
+    // What else lives in a tenant namespace, which ca-syncer has no business reading.
+    let unrelated = Secret {
+        metadata: meta("app-credentials"),
+        string_data: Some(BTreeMap::from([("password".into(), "not for ca-syncer".into())])),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), &ns).create(&PostParams::default(), &unrelated).await?;
+    let config = ConfigMap {
+        metadata: meta("app-config"),
+        data: Some(BTreeMap::from([("k".into(), "v".into())])),
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(client.clone(), &ns).create(&PostParams::default(), &config).await?;
+    Ok(())
 }
 
 fn meta(name: &str) -> ObjectMeta {
@@ -443,6 +635,59 @@ async fn wait_all(
     }
 }
 
+/// The audit log and the files the apiserver rotated it into, oldest first: it rotates at 100 MB (the default
+/// of its `--audit-log-maxsize`, which the test bed leaves), which a run at 5,000 namespaces goes past.
+fn audit_logs(log: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let (Some(dir), Some(stem)) = (log.parent(), log.file_stem().and_then(|s| s.to_str())) else {
+        return vec![log.to_path_buf()];
+    };
+    let mut rotated: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{stem}-")) && n.ends_with(".log"))
+        })
+        .collect();
+    // Their names carry the rotation's time, so the name's order is the time's.
+    rotated.sort();
+    rotated.push(log.to_path_buf());
+    rotated
+}
+
+/// Retries `read` while a file is missing: for a moment during a rotation the log is not there.
+fn retry_missing<T>(mut read: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut tries = 0;
+    loop {
+        match read() {
+            Err(e)
+                if tries < 40
+                    && e.chain().any(|c| {
+                        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
+                    }) =>
+            {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// `testbed::audit::count` over the log and the files it was rotated into.
+fn audit_count(log: &std::path::Path, user: &str) -> Result<BTreeMap<(String, String), usize>> {
+    let mut counts = BTreeMap::new();
+    for file in audit_logs(log) {
+        for (key, n) in retry_missing(|| testbed::audit::count(&file, user))? {
+            *counts.entry(key).or_insert(0) += n;
+        }
+    }
+    Ok(counts)
+}
+
 fn total(counts: &BTreeMap<(String, String), usize>) -> f64 {
     counts.values().sum::<usize>() as f64
 }
@@ -454,7 +699,10 @@ fn own_ns(namespace: Option<&str>) -> bool {
 }
 
 fn unrelated_reads(bed: &testbed::ControlPlane) -> Result<Vec<String>> {
-    let requests = testbed::audit::by_user(&bed.apiserver.audit_log, USER)?;
+    let mut requests = Vec::new();
+    for file in audit_logs(&bed.apiserver.audit_log) {
+        requests.extend(retry_missing(|| testbed::audit::by_user(&file, USER))?);
+    }
     Ok(requests
         .into_iter()
         .filter(|r| matches!(r.resource.as_str(), "secrets" | "configmaps") && !r.is_write())
@@ -466,8 +714,8 @@ fn unrelated_reads(bed: &testbed::ControlPlane) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Waits until ca-syncer (its audit counts were `before` the change) has sent an Event for every target it
-/// wrote since; seconds from `t0` until it had.
+/// Waits until ca-syncer (its audit counts were `before` the change) has sent the Event of the pass that wrote
+/// its targets (one per pass, after the pass's writes); seconds from `t0` until it had.
 async fn events_sent(log: &std::path::Path, before: &BTreeMap<(String, String), usize>, t0: Instant) -> Result<f64> {
     let delta = |after: &BTreeMap<(String, String), usize>, verb: &str, resource: &str| {
         let key = (verb.to_string(), resource.to_string());
@@ -475,12 +723,12 @@ async fn events_sent(log: &std::path::Path, before: &BTreeMap<(String, String), 
     };
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let after = testbed::audit::count(log, USER)?;
+        let after = audit_count(log, USER)?;
         let written = delta(&after, "patch", "configmaps") + delta(&after, "patch", "secrets");
-        if delta(&after, "create", "events") >= written {
+        if written > 0 && delta(&after, "create", "events") >= 1 {
             return Ok(t0.elapsed().as_secs_f64());
         }
-        anyhow::ensure!(Instant::now() < deadline, "ca-syncer sent no Event for some of its {written} writes");
+        anyhow::ensure!(Instant::now() < deadline, "ca-syncer sent no Event for the pass of its {written} writes");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -503,7 +751,11 @@ struct Timed {
 
 /// Every completed request received at or after `from` (the audit log's `ResponseComplete` lines).
 fn timed(log: &std::path::Path, from: f64) -> Result<Vec<Timed>> {
-    let text = std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
+    let mut text = String::new();
+    for file in audit_logs(log) {
+        text +=
+            &retry_missing(|| std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display())))?;
+    }
     let mut out = Vec::new();
     for line in text.lines() {
         // The last line may be half-written while the apiserver runs.

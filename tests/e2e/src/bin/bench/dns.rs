@@ -18,8 +18,12 @@ use serde_json::json;
 use testbed::agent_process::AgentUnderTest;
 
 use crate::common::{self, MIB, Report, Row};
+use crate::curve;
 
-const HOSTS: usize = 5;
+/// Hosts per round unless the scale curve says otherwise.
+pub const HOSTS: usize = 5;
+/// The sizes of `dns-curve` (hosts per round, so rules per round) unless `--sizes` says otherwise.
+pub const CURVE_SIZES: &[usize] = &[10, 100, 1000];
 const NS: &str = "kcp-system";
 const USER: &str = "bench-dns-rewriter";
 
@@ -43,18 +47,127 @@ fn all_rounds(rounds: usize) -> impl Iterator<Item = Option<usize>> {
     std::iter::once(None).chain((0..rounds).map(Some))
 }
 
+/// Every figure of one size.
+struct Measured {
+    total: Vec<f64>,
+    write: Vec<f64>,
+    reload: Vec<f64>,
+    /// The agent's requests (audit log, Lease renewals apart) from a round's change until its pass ended.
+    requests: Vec<f64>,
+    writes_per_noop_cycle: f64,
+    hwm: u64,
+}
+
 pub async fn run(rounds: usize) -> Result<Report> {
+    let Measured { total, write, reload, requests, writes_per_noop_cycle, hwm } = measure(rounds, HOSTS).await?;
+    let m = |v: &[f64]| common::median(v);
+    let rows = vec![
+        Row::new(
+            format!("{HOSTS} Services created -> their hosts answer through CoreDNS (median)"),
+            common::secs(m(&total)),
+        ),
+        Row::new("  of which: our write (agent's write timestamp)", common::secs(m(&write))),
+        Row::new("  of which: projection into CoreDNS + CoreDNS reload (reload 2s)", common::secs(m(&reload))),
+        Row::new(
+            "writes per no-op cycle by the agent's user (audit log, 3 cycles)",
+            format!("{writes_per_noop_cycle:.1}"),
+        )
+        .target("0"),
+        Row::new("agent peak RSS (VmHWM)", format!("{:.1} MiB", hwm as f64 / MIB)),
+    ];
+    Ok(Report {
+        rows,
+        json: json!({
+            "hosts": HOSTS, "rounds": rounds, "total_seconds": total, "write_seconds": write,
+            "projection_and_reload_seconds": reload, "requests_per_change": requests,
+            "writes_per_noop_cycle": writes_per_noop_cycle, "agent_peak_rss_bytes": hwm,
+        }),
+    })
+}
+
+/// `dns-curve`: `measure` at each size (a fresh control plane and CoreDNS per size), time split into our write
+/// and CoreDNS's part (projection and reload; there is no other tool to compare with), requests and peak memory.
+pub async fn curve(rounds: usize, sizes: &[usize]) -> Result<Report> {
+    let mut points = Vec::new();
+    for &hosts in sizes {
+        eprintln!("dns-curve: {hosts} hosts per round");
+        points.push((hosts, measure(rounds, hosts).await?));
+    }
+    let m = |v: &[f64]| common::median(v);
+    let series =
+        |f: &dyn Fn(&Measured) -> f64| -> Vec<(f64, f64)> { points.iter().map(|(n, p)| (*n as f64, f(p))).collect() };
+    let time = vec![
+        curve::Series::new("change to every host answering", series(&|p| m(&p.total))),
+        curve::Series::new("of which our write", series(&|p| m(&p.write))),
+        curve::Series::new("of which projection + CoreDNS reload", series(&|p| m(&p.reload))),
+    ];
+    let requests = vec![curve::Series::new("dns-rewriter", series(&|p| m(&p.requests)))];
+    let memory = vec![curve::Series::new("dns-rewriter", series(&|p| p.hwm as f64 / MIB))];
+    let mut rows = Vec::new();
+    for (hosts, p) in &points {
+        rows.push(Row::new(
+            format!("{hosts} hosts: Services created -> every host answers"),
+            common::secs(m(&p.total)),
+        ));
+        rows.push(Row::new(format!("{hosts} hosts:   of which our write"), common::secs(m(&p.write))));
+        rows.push(Row::new(
+            format!("{hosts} hosts:   of which projection + CoreDNS reload"),
+            common::secs(m(&p.reload)),
+        ));
+        rows.push(Row::new(
+            format!("{hosts} hosts: requests per change (audit log)"),
+            format!("{:.0}", m(&p.requests)),
+        ));
+        rows.push(Row::new(format!("{hosts} hosts: agent peak RSS (VmHWM)"), common::mib(p.hwm)));
+    }
+    let exponents = |all: &[curve::Series]| -> serde_json::Value {
+        all.iter().map(|s| (s.label.clone(), json!(curve::exponent(&s.points)))).collect()
+    };
+    for (what, all) in [("time", &time), ("requests", &requests), ("peak memory", &memory)] {
+        let text: Vec<String> =
+            all.iter().filter_map(|s| curve::exponent(&s.points).map(|k| format!("{} {k:.2}", s.label))).collect();
+        rows.push(Row::new(format!("growth exponent of {what} against hosts (log-log fit)"), text.join("; ")));
+    }
+    let json_exponents =
+        json!({"time": exponents(&time), "requests": exponents(&requests), "peak_memory": exponents(&memory)});
+    curve::plot(
+        "dns-curve",
+        &format!("dns: N Services appear until their N hosts answer through CoreDNS ({rounds} round(s) per size)"),
+        "hosts (rules) per round",
+        &[
+            curve::Panel { title: "time to every host answering".into(), unit: "seconds".into(), series: time },
+            curve::Panel { title: "requests per change".into(), unit: "requests".into(), series: requests },
+            curve::Panel { title: "peak memory (VmHWM)".into(), unit: "MiB".into(), series: memory },
+        ],
+    )?;
+    Ok(Report {
+        rows,
+        json: json!({
+            "rounds": rounds,
+            "sizes": points.iter().map(|(n, p)| json!({
+                "hosts": n, "total_seconds": p.total, "write_seconds": p.write,
+                "projection_and_reload_seconds": p.reload, "requests_per_change": p.requests,
+                "writes_per_noop_cycle": p.writes_per_noop_cycle, "agent_peak_rss_bytes": p.hwm,
+            })).collect::<Vec<_>>(),
+            "exponents": json_exponents,
+        }),
+    })
+}
+
+/// One fresh control plane and CoreDNS; `hosts` rules whose Services exist from the start, and `hosts` more per
+/// round whose Services appear in that round.
+async fn measure(rounds: usize, hosts: usize) -> Result<Measured> {
     eprintln!("dns: starting etcd, kube-apiserver and CoreDNS");
     let bed = testbed::ControlPlane::start().await?;
     bed.create_namespace(NS).await?;
     let dns = bed.coredns(testbed::coredns::K3S_COREFILE).await?;
     let _projection = crate::idle::prepare_dns(&bed, &dns).await?;
     let services = Api::<Service>::namespaced(bed.client(), NS);
-    for i in 0..HOSTS {
+    for i in 0..hosts {
         create_service(&services, &service(None, i)).await?;
     }
     let rules: String = all_rounds(rounds)
-        .flat_map(|round| (0..HOSTS).map(move |i| (round, i)))
+        .flat_map(|round| (0..hosts).map(move |i| (round, i)))
         .map(|(round, i)| {
             format!(
                 "- {{host: {}, service: {{namespace: {NS}, name: {}}}, port: 6443}}\n",
@@ -77,19 +190,20 @@ pub async fn run(rounds: usize) -> Result<Report> {
     let agent = AgentUnderTest::new(&bed, &binary, &config).kubeconfig(&kubeconfig).namespace(NS);
     let mut agent = agent.identity("dns-rewriter").envs(&env).ready_within(Duration::from_secs(60)).start().await?;
     let pid = agent.process.pid().context("the agent exited")?;
-    for i in 0..HOSTS {
+    for i in 0..hosts {
         let series = format!("dns_rewriter_host_verified{{host=\"{}\"}}", host(None, i));
         agent.wait_for_metric(&series, Duration::from_secs(90), |v| v == 1.0).await;
     }
 
-    let (mut total, mut write, mut reload) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut total, mut write, mut reload, mut requests) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         eprintln!("dns: round {}/{rounds}", round + 1);
         let written = agent.metric("dns_rewriter_write_timestamp_seconds ").await?;
+        let before = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
         let t0 = Instant::now();
         let t0_unix = unix_now();
         let mut expected = BTreeMap::new();
-        for i in 0..HOSTS {
+        for i in 0..hosts {
             expected.insert(host(Some(round), i), create_service(&services, &service(Some(round), i)).await?);
         }
         wait_answers(&dns, &expected, Duration::from_secs(120)).await?;
@@ -104,6 +218,13 @@ pub async fn run(rounds: usize) -> Result<Report> {
         agent
             .wait_for_metric("dns_rewriter_reconcile_pass_timestamp_seconds ", Duration::from_secs(90), |v| v >= wrote)
             .await;
+        let after = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
+        let sent: usize = after
+            .iter()
+            .filter(|((_, resource), _)| resource != "leases")
+            .map(|(k, n)| n - before.get(k).copied().unwrap_or(0))
+            .sum();
+        requests.push(sent as f64);
     }
 
     // No-op cycles: the rules and Services stay; count the agent's writes over three of them.
@@ -123,29 +244,7 @@ pub async fn run(rounds: usize) -> Result<Report> {
     let hwm = common::status_bytes(pid, "VmHWM").context("VmHWM")?;
     agent.terminate(Duration::from_secs(10));
 
-    let m = |v: &[f64]| common::median(v);
-    let rows = vec![
-        Row::new(
-            format!("{HOSTS} Services created -> their hosts answer through CoreDNS (median)"),
-            common::secs(m(&total)),
-        ),
-        Row::new("  of which: our write (agent's write timestamp)", common::secs(m(&write))),
-        Row::new("  of which: projection into CoreDNS + CoreDNS reload (reload 2s)", common::secs(m(&reload))),
-        Row::new(
-            "writes per no-op cycle by the agent's user (audit log, 3 cycles)",
-            format!("{:.1}", writes as f64 / 3.0),
-        )
-        .target("0"),
-        Row::new("agent peak RSS (VmHWM)", format!("{:.1} MiB", hwm as f64 / MIB)),
-    ];
-    Ok(Report {
-        rows,
-        json: json!({
-            "hosts": HOSTS, "rounds": rounds, "total_seconds": total, "write_seconds": write,
-            "projection_and_reload_seconds": reload, "writes_per_noop_cycle": writes as f64 / 3.0,
-            "agent_peak_rss_bytes": hwm,
-        }),
-    })
+    Ok(Measured { total, write, reload, requests, writes_per_noop_cycle: writes as f64 / 3.0, hwm })
 }
 
 fn unix_now() -> f64 {
