@@ -238,12 +238,6 @@ pub async fn curve(rounds: usize, sizes: &[usize]) -> Result<Report> {
         curve::Series::new("ca-syncer", series(&|_, m| m.hwm as f64 / common::MIB)),
         curve::Series::new(tm.clone(), series(&|_, m| m.anchor_hwm as f64 / common::MIB)),
     ];
-    let exponents = |all: &[curve::Series]| -> serde_json::Value {
-        all.iter().map(|s| (s.label.clone(), json!(curve::exponent(&s.points)))).collect()
-    };
-    let json_exponents = json!({
-        "time": exponents(&time), "requests": exponents(&requests), "peak_memory": exponents(&memory),
-    });
     let mut rows = Vec::new();
     for (count, m, skip) in &points {
         let (o, r) = (common::median(&m.ours), common::median(&m.raw));
@@ -273,20 +267,15 @@ pub async fn curve(rounds: usize, sizes: &[usize]) -> Result<Report> {
             memory_row
         });
     }
-    for (what, all) in [("time", &time[..]), ("requests", &requests[..]), ("peak memory", &memory[..])] {
-        let text: Vec<String> =
-            all.iter().filter_map(|s| curve::exponent(&s.points).map(|k| format!("{} {k:.2}", s.label))).collect();
-        rows.push(Row::new(format!("growth exponent of {what} against namespaces (log-log fit)"), text.join("; ")));
-    }
-    let svg = curve::plot(
-        "ca-sync-curve",
-        &format!("ca-sync: one CA change to N namespaces' ConfigMaps ({rounds} round(s) per size)"),
-        "namespaces",
-        &[
-            curve::Panel { title: "time to the last target".into(), unit: "seconds".into(), series: time.into() },
-            curve::Panel { title: "requests per change".into(), unit: "requests".into(), series: requests.into() },
-            curve::Panel { title: "peak memory (VmHWM)".into(), unit: "MiB".into(), series: memory.into() },
-        ],
+    let (json_exponents, svg) = curve::finish(
+        &mut rows,
+        (
+            "ca-sync-curve",
+            &format!("ca-sync: one CA change to N namespaces' ConfigMaps ({rounds} round(s) per size)"),
+            "namespaces",
+        ),
+        ("time to the last target", "requests per change"),
+        curve::Measures { time: time.into(), requests: requests.into(), memory: memory.into() },
     )?;
     eprintln!("ca-sync-curve: plot written to {}", svg.display());
     Ok(Report {

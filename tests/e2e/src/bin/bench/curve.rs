@@ -41,6 +41,49 @@ pub fn exponent(points: &[(f64, f64)]) -> Option<f64> {
     (sxx > 0.0).then(|| sxy / sxx)
 }
 
+/// A curve's three measures against size, each a set of series (one per program measured).
+pub struct Measures {
+    pub time: Vec<Series>,
+    pub requests: Vec<Series>,
+    pub memory: Vec<Series>,
+}
+
+/// What every curve ends with: a row per measure giving each series' growth exponent against `size_label`, the
+/// exponents as JSON, and the plot (`name`, `title`, the panels' titles for time and requests; memory is VmHWM).
+pub fn finish(
+    rows: &mut Vec<crate::common::Row>,
+    (name, title, size_label): (&str, &str, &str),
+    (time_title, requests_title): (&str, &str),
+    measures: Measures,
+) -> Result<(serde_json::Value, PathBuf)> {
+    let Measures { time, requests, memory } = measures;
+    let exponents = |all: &[Series]| -> serde_json::Value {
+        all.iter().map(|s| (s.label.clone(), serde_json::json!(exponent(&s.points)))).collect()
+    };
+    let json = serde_json::json!({
+        "time": exponents(&time), "requests": exponents(&requests), "peak_memory": exponents(&memory),
+    });
+    for (what, all) in [("time", &time), ("requests", &requests), ("peak memory", &memory)] {
+        let text: Vec<String> =
+            all.iter().filter_map(|s| exponent(&s.points).map(|k| format!("{} {k:.2}", s.label))).collect();
+        rows.push(crate::common::Row::new(
+            format!("growth exponent of {what} against {size_label} (log-log fit)"),
+            text.join("; "),
+        ));
+    }
+    let svg = plot(
+        name,
+        title,
+        size_label,
+        &[
+            Panel { title: time_title.into(), unit: "seconds".into(), series: time },
+            Panel { title: requests_title.into(), unit: "requests".into(), series: requests },
+            Panel { title: "peak memory (VmHWM)".into(), unit: "MiB".into(), series: memory },
+        ],
+    )?;
+    Ok((json, svg))
+}
+
 /// `target/bench/<name>.svg`, and the copy the docs embed, `docs/benchmarks/<name>.svg`.
 pub fn svg_paths(name: &str) -> (PathBuf, PathBuf) {
     let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/benchmarks");

@@ -101,25 +101,15 @@ pub async fn curve(rounds: usize, sizes: &[usize]) -> Result<Report> {
         ));
         rows.push(Row::new(format!("{targets} targets: agent peak RSS (VmHWM)"), common::mib(p.hwm)));
     }
-    let exponents = |all: &[curve::Series]| -> serde_json::Value {
-        all.iter().map(|s| (s.label.clone(), json!(curve::exponent(&s.points)))).collect()
-    };
-    for (what, all) in [("time", &time), ("requests", &requests), ("peak memory", &memory)] {
-        let text: Vec<String> =
-            all.iter().filter_map(|s| curve::exponent(&s.points).map(|k| format!("{} {k:.2}", s.label))).collect();
-        rows.push(Row::new(format!("growth exponent of {what} against targets (log-log fit)"), text.join("; ")));
-    }
-    let json_exponents =
-        json!({"time": exponents(&time), "requests": exponents(&requests), "peak_memory": exponents(&memory)});
-    curve::plot(
-        "rotate-curve",
-        &format!("rotate: one renewed certificate to N target kubeconfigs ({rounds} round(s) per size)"),
-        "targets",
-        &[
-            curve::Panel { title: "time to the last target".into(), unit: "seconds".into(), series: time },
-            curve::Panel { title: "requests per renewal".into(), unit: "requests".into(), series: requests },
-            curve::Panel { title: "peak memory (VmHWM)".into(), unit: "MiB".into(), series: memory },
-        ],
+    let (json_exponents, _svg) = curve::finish(
+        &mut rows,
+        (
+            "rotate-curve",
+            &format!("rotate: one renewed certificate to N target kubeconfigs ({rounds} round(s) per size)"),
+            "targets",
+        ),
+        ("time to the last target", "requests per renewal"),
+        curve::Measures { time, requests, memory },
     )?;
     Ok(Report {
         rows,
