@@ -76,24 +76,17 @@ pub(super) async fn start(node: &Node, client: &kube::Client) -> Result<()> {
         "65532:65532",
     )?;
     node.import_image(&archive)?;
-    let system = |kind: &str, name: &str, rest: Value| {
-        let mut object =
-            json!({"apiVersion": "v1", "kind": kind, "metadata": {"name": name, "namespace": "kube-system"}});
-        if let (Some(object), Some(rest)) = (object.as_object_mut(), rest.as_object()) {
-            object.extend(rest.clone());
-        }
-        object
-    };
+    let meta = json!({"name": "coredns", "namespace": "kube-system"});
     server_side(
         &Api::<ConfigMap>::namespaced(client.clone(), "kube-system"),
         "coredns",
-        system("ConfigMap", "coredns", json!({"data": {"Corefile": corefile(Form::K3s)}})),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"Corefile": corefile(Form::K3s)}}),
     )
     .await?;
     server_side(
         &Api::<ServiceAccount>::namespaced(client.clone(), "kube-system"),
         "coredns",
-        system("ServiceAccount", "coredns", json!({})),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}),
     )
     .await?;
     // What the kubernetes plugin reads (as k3s's and kubeadm's system:coredns role grants).
@@ -140,19 +133,17 @@ pub(super) async fn start(node: &Node, client: &kube::Client) -> Result<()> {
     .await?;
     server_side(&Api::<Deployment>::namespaced(client.clone(), "kube-system"), "coredns", deployment()).await?;
     let deployments = Api::<Deployment>::namespaced(client.clone(), "kube-system");
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let ready = deployments.get("coredns").await.ok().and_then(|d| d.status).and_then(|s| s.ready_replicas);
-        if ready == Some(1) {
-            return Ok(());
-        }
-        if std::time::Instant::now() > deadline {
-            let log = std::fs::read_to_string(node.dir.join("logs/kubelet.log")).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(20).collect();
-            anyhow::bail!("the cluster DNS pod (CoreDNS) was not Ready within 120 s; kubelet's last lines: {tail:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let ready = crate::eventually_seen(Duration::from_secs(120), "the cluster DNS pod (CoreDNS) Ready", || async {
+        let status = deployments.get("coredns").await.ok().and_then(|d| d.status);
+        let ready = status.as_ref().and_then(|s| s.ready_replicas);
+        Ok(if ready == Some(1) { Ok(()) } else { Err(format!("{status:?}")) })
+    })
+    .await;
+    ready.map_err(|e| {
+        let log = std::fs::read_to_string(node.dir.join("logs/kubelet.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        e.context(format!("kubelet's last lines: {tail:#?}"))
+    })
 }
 
 /// The cluster DNS pod's address (one of the kube-dns Service's endpoints): where a host-network client sends
