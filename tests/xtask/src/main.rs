@@ -15,6 +15,7 @@ mod house;
 mod images;
 mod lanes;
 mod prereqs;
+mod prune;
 mod publish;
 mod release;
 mod supply_chain;
@@ -258,6 +259,8 @@ fn tests(only: &[String], args: &[String]) -> Result<()> {
         job.args = args.to_vec();
     }
     if only.is_empty() {
+        let current: Vec<_> = jobs.iter().map(|j| j.program.clone()).collect();
+        prune::remove_superseded(&current);
         let cargo_program = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         jobs.push(lanes::doc_tests(&cargo_program, &images::workspace_root()));
     }
