@@ -35,8 +35,8 @@ pub use secondary::{RawSecondary, Secondary};
 pub use shards::{RawShard, Shard, TlsFiles};
 pub use spill::{MIN_PART_SIZE, RawSpill, Size, Spill, parse_size};
 pub use storage::{
-    ChecksumMode, Credentials, Empty, Integrity, RawCredentials, RawSse, RawStorage, ServerSideEncryption, SseKind,
-    Storage, WebIdentity,
+    ChecksumMode, Credentials, Empty, Integrity, LockMode, ObjectLock, RawCredentials, RawObjectLock, RawSse,
+    RawStorage, ServerSideEncryption, SseKind, Storage, WebIdentity,
 };
 
 use crate::retention::Policy;
@@ -276,6 +276,22 @@ mod tests {
         assert_names_paths_not_values(&short, &["storage.lockExpiry"], &[]);
         let set = EXAMPLE.replace("  region:", "  lockExpiry: 12s\n  region:");
         assert_eq!(load(&set).unwrap().storage.lock_expiry, Duration::from_secs(12));
+    }
+
+    #[test]
+    fn object_lock_is_off_by_default_and_a_bad_mode_period_or_readback_store_is_refused_naming_its_field() {
+        assert_eq!(load(EXAMPLE).unwrap().storage.object_lock, None);
+        let with = |lines: &str| EXAMPLE.replace("  region:", &format!("{lines}  region:"));
+        let set = with("  objectLock:\n    mode: governance\n    retainFor: 720h\n");
+        let lock = load(&set).unwrap().storage.object_lock.unwrap();
+        assert_eq!((lock.mode, lock.retain_for), (LockMode::Governance, Duration::from_secs(720 * 3600)));
+        let zero = with("  objectLock:\n    mode: compliance\n    retainFor: 0s\n");
+        assert_names_paths_not_values(&zero, &["storage.objectLock.retainFor"], &[]);
+        let forever = with("  objectLock:\n    mode: compliance\n    retainFor: 900000h\n");
+        assert_names_paths_not_values(&forever, &["storage.objectLock.retainFor"], &[]);
+        let read_back = with("  integrity: readBack\n  objectLock:\n    mode: compliance\n    retainFor: 1h\n");
+        assert_names_paths_not_values(&read_back, &["storage.objectLock"], &[]);
+        assert!(load(&with("  objectLock:\n    mode: legal\n    retainFor: 1h\n")).is_err());
     }
 
     #[test]

@@ -276,7 +276,7 @@ async fn locked(
         spilled_bytes: streamed.spilled_bytes,
         verified_at: None,
     };
-    store.put(&location.manifest_key(), manifest.to_json()).await?;
+    store.put_backup(&location.manifest_key(), manifest.to_json()).await?;
     let retention = retention(config, store, metrics, &shard.name, &manifest, &own).await;
     Ok((manifest, retention))
 }

@@ -22,7 +22,9 @@ use kcp_keeper_runtime::Sensitive;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use crate::config::{ChecksumMode, Credentials, Integrity, ServerSideEncryption, Storage, WebIdentity};
+use crate::config::{
+    ChecksumMode, Credentials, Integrity, LockMode, ObjectLock, ServerSideEncryption, Storage, WebIdentity,
+};
 use crate::integrity;
 use crate::labels::RetryLabels;
 use crate::retries::RetryCounter;
@@ -128,6 +130,8 @@ pub struct Store {
     delete_versions: bool,
     /// How long the shard's lock outlives its holder (`storage.lockExpiry`).
     pub lock_expiry: Duration,
+    /// Object lock on every backup object written (`storage.objectLock`).
+    object_lock: Option<ObjectLock>,
 }
 
 /// The SDK's standard retry strategy with `attempts` attempts: exponential backoff with jitter, 500 ms to 10 s.
@@ -236,7 +240,49 @@ impl Store {
             integrity: storage.integrity,
             delete_versions: storage.delete_versions,
             lock_expiry: storage.lock_expiry,
+            object_lock: storage.object_lock,
         })
+    }
+
+    /// The object lock a backup object written now gets: its mode and the end of its retention (the store's
+    /// time, as far as the answers so far prove it, plus `retainFor`); none when not configured.
+    fn lock_now(&self) -> Option<(aws_sdk_s3::types::ObjectLockMode, aws_smithy_types::DateTime)> {
+        let lock = self.object_lock?;
+        let mode = match lock.mode {
+            LockMode::Governance => aws_sdk_s3::types::ObjectLockMode::Governance,
+            LockMode::Compliance => aws_sdk_s3::types::ObjectLockMode::Compliance,
+        };
+        let until = crate::clock::now() + lock.retain_for;
+        Some((mode, aws_smithy_types::DateTime::from_millis(until.timestamp_millis())))
+    }
+
+    /// With `objectLock` configured, that the bucket has object lock enabled: a bucket without it would refuse
+    /// every locked write, or, worse, a store that ignores the headers would keep deletable backups while the
+    /// operator believes them immutable.
+    pub async fn check_object_lock(&self) -> Result<(), StorageError> {
+        if self.object_lock.is_none() {
+            return Ok(());
+        }
+        let enabled = match self.client.get_object_lock_configuration().bucket(&self.bucket).send().await {
+            Ok(out) => out
+                .object_lock_configuration
+                .and_then(|c| c.object_lock_enabled)
+                .is_some_and(|e| e == aws_sdk_s3::types::ObjectLockEnabled::Enabled),
+            Err(e) if e.code() == Some("ObjectLockConfigurationNotFoundError") => false,
+            Err(e) => return Err(StorageError::request("GetObjectLockConfiguration", e)),
+        };
+        if enabled {
+            Ok(())
+        } else {
+            Err(StorageError::Request {
+                operation: "GetObjectLockConfiguration",
+                detail: format!(
+                    "storage.objectLock is set but bucket {} has no object lock enabled (S3 enables it only when \
+                     the bucket is created; create the bucket with object lock, or remove storage.objectLock)",
+                    self.bucket
+                ),
+            })
+        }
     }
 
     /// Counts every retry of this store's requests in `family` (the daemon's `etcd_snapshotter_retries_total`).
@@ -261,7 +307,7 @@ impl Store {
             .send()
             .await
             .map_err(|e| StorageError::request("HeadBucket", e))?;
-        Ok(())
+        self.check_object_lock().await
     }
 
     pub async fn create_upload(&self, key: &str) -> Result<String, StorageError> {
@@ -283,6 +329,9 @@ impl Store {
             .set_metadata(Some(mirror::with_written_by(metadata)))
             .set_server_side_encryption(sse)
             .set_ssekms_key_id(kms);
+        if let Some((mode, until)) = self.lock_now() {
+            request = request.object_lock_mode(mode).object_lock_retain_until_date(until);
+        }
         if self.integrity == Integrity::Checksums {
             // The parts then carry their SHA-256 and the object gets S3's checksum of them.
             request = request.checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Sha256);
@@ -477,6 +526,29 @@ impl Store {
         Ok(())
     }
 
+    /// [`Self::put`] of a backup object (a snapshot's manifest): under object lock when configured, with its
+    /// SHA-256 (S3 refuses a locked write without an integrity header).
+    pub async fn put_backup(&self, key: &str, body: Vec<u8>) -> Result<(), StorageError> {
+        let request = self.locked(self.put_ours(key, Some("application/json")), &body);
+        request.body(ByteStream::from(body)).send().await.map_err(|e| StorageError::request("PutObject", e))?;
+        Ok(())
+    }
+
+    /// `request` (a PutObject of `body`) under object lock when configured, with the body's SHA-256.
+    fn locked(
+        &self,
+        request: aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder,
+        body: &[u8],
+    ) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
+        match self.lock_now() {
+            Some((mode, until)) => request
+                .object_lock_mode(mode)
+                .object_lock_retain_until_date(until)
+                .checksum_sha256(integrity::sha256_base64(body)),
+            None => request,
+        }
+    }
+
     pub async fn get_bytes(&self, key: &str) -> Result<Vec<u8>, StorageError> {
         let out = self.get(key).await?;
         let bytes =
@@ -636,6 +708,7 @@ impl Store {
         if self.integrity == Integrity::Checksums {
             request = request.checksum_sha256(integrity::sha256_base64(&body));
         }
+        request = self.locked(request, &body);
         for (name, value) in metadata {
             request = request.metadata(*name, value);
         }

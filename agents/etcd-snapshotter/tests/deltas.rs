@@ -482,6 +482,40 @@ async fn retention_deletes_a_snapshots_deltas_with_it_and_clean_up_removes_orpha
     assert!(!left.iter().any(|k| k.starts_with(&format!("{PREFIX}/{old}/snapshot.db"))), "the snapshot itself went");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn with_object_lock_every_delta_is_written_locked_and_the_agents_own_key_cannot_delete_it() {
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/base", 5, 100).await.unwrap();
+    let s3 = bed.s3.client();
+    s3.create_bucket().bucket("locked-deltas").object_lock_enabled_for_bucket(true).send().await.unwrap();
+    let mut options =
+        Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]).with_deltas("1s", Some("64Ki"));
+    options.bucket = "locked-deltas".into();
+    options.extra_storage = "  objectLock:\n    mode: compliance\n    retainFor: 1h\n";
+    let config = write_config(&bed, &options).unwrap();
+    snapshot_ok(&config);
+    let (id, snapshot_revision) = only_manifest(&manifests(&s3, "locked-deltas").await);
+    let _agent = agent(cluster, &config, &ns).start().await.unwrap();
+    load(&mut client, "/registry/after", 10, 100).await.unwrap();
+    let (now, _) = revision_and_keys(&mut client).await;
+    let deltas = wait_until_stored(&s3, "locked-deltas", &id, now).await;
+    assert_chain(&deltas, snapshot_revision);
+    let written = chrono::Utc::now().timestamp();
+    for delta in &deltas {
+        let head = s3.head_object().bucket("locked-deltas").key(&delta.key).send().await.unwrap();
+        assert_eq!(head.object_lock_mode().map(|m| m.as_str()), Some("COMPLIANCE"), "{}", delta.key);
+        let until = head.object_lock_retain_until_date().expect("a retention date").secs();
+        assert!(until > written + 3500 && until <= written + 3602, "{} locked until {until}", delta.key);
+        let deleted = s3.delete_object().bucket("locked-deltas").key(&delta.key).send().await;
+        assert!(deleted.is_err(), "a delete of {} with the agent's key went through during its lock", delta.key);
+    }
+    assert_eq!(deltas_of(&s3, "locked-deltas", &id).await.len(), deltas.len(), "every delta is still there");
+}
+
 /// A daemon writing deltas with the live member's record on every delta, and drills configured.
 fn drilled_deltas_config(bed: &Bed, endpoint: &str) -> std::path::PathBuf {
     let mut options =

@@ -303,6 +303,82 @@ async fn retention_orders_by_revision_keeps_the_newest_and_skips_objects_under_o
     assert_eq!(remaining.len(), 3, "{remaining:?}");
 }
 
+/// The object lock S3 reports on `key`: mode and the end of its retention (Unix seconds).
+async fn lock_of(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> (Option<String>, Option<i64>) {
+    let head = s3.head_object().bucket(bucket).key(key).send().await.unwrap();
+    (head.object_lock_mode().map(|m| m.as_str().to_string()), head.object_lock_retain_until_date().map(|d| d.secs()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_object_lock_every_snapshot_and_manifest_is_locked_the_agents_own_key_cannot_delete_them_and_retention_waits_for_the_lock()
+ {
+    let bed = Bed::start().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    // The test's client signs with the same keys the agent is given: what it cannot delete, the agent cannot.
+    let s3 = bed.s3.client();
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.keep_last = 1;
+
+    // A bucket without object lock is refused before anything is written: backups the operator believes
+    // immutable must not land deletable.
+    s3.create_bucket().bucket("unlocked").send().await.unwrap();
+    options.bucket = "unlocked".into();
+    options.extra_storage = "  objectLock:\n    mode: compliance\n    retainFor: 1h\n";
+    let refused = cli(&["snapshot", "--config", write_config(&bed, &options).unwrap().to_str().unwrap()]);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(text(&refused).contains("bucket unlocked has no object lock enabled"), "{}", text(&refused));
+    assert!(keys(&s3, "unlocked").await.is_empty(), "nothing written: {:?}", keys(&s3, "unlocked").await);
+
+    s3.create_bucket().bucket("locked").object_lock_enabled_for_bucket(true).send().await.unwrap();
+    options.bucket = "locked".into();
+    let config = write_config(&bed, &options).unwrap();
+    let mut ids = Vec::new();
+    for round in 0..2 {
+        load(&mut client, &format!("/registry/round{round}"), 20, 100).await.unwrap();
+        let before = chrono::Utc::now().timestamp();
+        let out = snapshot_ok(&config);
+        let after = chrono::Utc::now().timestamp();
+        let id =
+            manifests(&s3, "locked").await.into_iter().map(|m| m["id"].as_str().unwrap().to_string()).max().unwrap();
+        for object in ["snapshot.db.zst", "manifest.json"] {
+            let (mode, until) = lock_of(&s3, "locked", &format!("{PREFIX}/{id}/{object}")).await;
+            assert_eq!(mode.as_deref(), Some("COMPLIANCE"), "{object} of {id}");
+            let until = until.expect("a retention date");
+            assert!(
+                (before + 3600 - 2..=after + 3600 + 2).contains(&until),
+                "{object}: locked until {until}, written {before}..{after}"
+            );
+        }
+        if round == 1 {
+            // keepLast 1 would delete the first snapshot; its lock holds it, and retention says so.
+            assert!(out.contains("locked 1"), "{out}");
+        }
+        ids.push(id);
+    }
+    let listed: Vec<String> =
+        manifests(&s3, "locked").await.iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(listed.len(), 2, "both snapshots stay while locked: {listed:?}");
+    for object in ["snapshot.db.zst", "manifest.json"] {
+        let key = format!("{PREFIX}/{}/{object}", ids[0]);
+        let deleted = s3.delete_object().bucket("locked").key(&key).send().await;
+        assert!(deleted.is_err(), "a delete of {key} with the agent's key went through during its lock");
+        assert!(s3.head_object().bucket("locked").key(&key).send().await.is_ok(), "{key} is still there");
+    }
+
+    // Once the lock ends, retention deletes as configured.
+    s3.create_bucket().bucket("short-lock").object_lock_enabled_for_bucket(true).send().await.unwrap();
+    options.bucket = "short-lock".into();
+    options.extra_storage = "  objectLock:\n    mode: governance\n    retainFor: 2s\n";
+    let short = write_config(&bed, &options).unwrap();
+    snapshot_ok(&short);
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    load(&mut client, "/registry/later", 5, 100).await.unwrap();
+    let out = snapshot_ok(&short);
+    assert!(!out.contains("locked 1"), "{out}");
+    assert_eq!(manifests(&s3, "short-lock").await.len(), 1, "keepLast 1 once the first lock ended: {out}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn static_credentials_come_from_the_environment_and_missing_ones_fail_clearly() {
     let bed = Bed::start().await.unwrap();

@@ -62,7 +62,43 @@ pub struct RawStorage {
     /// gone for good); false (the default) leaves a delete marker and the bucket's lifecycle decides.
     #[serde(default)]
     pub delete_versions: bool,
+    /// S3 Object Lock on every snapshot, delta and manifest written: none can be deleted or overwritten, even
+    /// with this agent's own key, until its retention ends. The bucket must have been created with object lock
+    /// enabled (the agent checks at start); the shard's lock object and drill reports are not locked.
+    #[serde(default)]
+    pub object_lock: Option<RawObjectLock>,
 }
+
+/// Object lock asked for every backup object.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawObjectLock {
+    /// `governance` (a principal allowed to bypass governance retention may still delete) or `compliance`
+    /// (no one can, the bucket's owner included, until the retention ends).
+    pub mode: LockMode,
+    /// Go-style duration, from 1s to 100 years (`876000h`): how long each object stays locked after it is
+    /// written. Retention never deletes an object before its lock ends; set `retention` to keep at least this
+    /// long, or snapshots past their retention stay (and are reported as locked) until their locks end.
+    pub retain_for: Checked<GoDuration>,
+}
+
+/// S3's two object lock modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum LockMode {
+    Governance,
+    Compliance,
+}
+
+/// Object lock as validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectLock {
+    pub mode: LockMode,
+    pub retain_for: Duration,
+}
+
+/// The longest retention accepted: 100 years.
+const LONGEST_LOCK: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 fn default_attempts() -> u32 {
     4
@@ -178,6 +214,7 @@ pub struct Storage {
     pub lock_expiry: Duration,
     pub integrity: Integrity,
     pub delete_versions: bool,
+    pub object_lock: Option<ObjectLock>,
 }
 
 pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<Storage> {
@@ -225,6 +262,21 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
         "must be a Go duration from 6s to 1h like 2m",
         errors,
     );
+    let object_lock = raw.object_lock.map(|lock| {
+        if raw.integrity != Integrity::Checksums {
+            // S3 refuses a locked write without an integrity header; `readBack` stores send none.
+            errors.push(FieldError::new("storage.objectLock", "needs `integrity: checksums` (the default)"));
+        }
+        let retain_for = duration_within(
+            Some(lock.retain_for),
+            Duration::from_secs(1)..=LONGEST_LOCK,
+            Duration::ZERO,
+            "storage.objectLock.retainFor",
+            "must be a Go duration from 1s to 876000h (100 years), like 720h",
+            errors,
+        );
+        ObjectLock { mode: lock.mode, retain_for }
+    });
     let c = raw.credentials;
     let credentials = match (c.secret_directory, c.environment, c.web_identity) {
         (Some(dir), None, None) if dir.is_absolute() => Some(Credentials::SecretDirectory(dir)),
@@ -265,5 +317,6 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
         lock_expiry,
         integrity: raw.integrity,
         delete_versions: raw.delete_versions,
+        object_lock,
     })
 }

@@ -129,6 +129,7 @@ impl Store {
         if self.integrity == Integrity::Checksums {
             request = request.checksum_sha256(aws_smithy_types::base64::encode(sha256));
         }
+        request = self.locked(request, &body);
         let out =
             request.body(ByteStream::from(body)).send().await.map_err(|e| StorageError::request("PutObject", e))?;
         Ok(out.e_tag.unwrap_or_default())
