@@ -78,6 +78,10 @@ pub struct RawConfig {
     /// bucket can append one.
     #[serde(default)]
     pub delta_signing_key_file: Option<std::path::PathBuf>,
+    /// Mirror every published snapshot as an `EtcdSnapshot` object and each shard as an `EtcdShardBackup`, in the
+    /// agent's namespace (the chart ships their CustomResourceDefinitions and turns this on); false when absent.
+    #[serde(default)]
+    pub snapshot_objects: bool,
 }
 
 /// How snapshots are compressed before encryption.
@@ -119,6 +123,8 @@ pub struct Config {
     pub secondary: Option<Secondary>,
     /// The delta signing key, read from `deltaSigningKeyFile` at load.
     pub delta_key: Option<crate::signing::SigningKey>,
+    /// `snapshotObjects`.
+    pub snapshot_objects: bool,
 }
 
 /// An age recipient with the text it was written as (its id in manifests).
@@ -173,6 +179,7 @@ impl AgentConfig for Config {
                 retry,
                 secondary,
                 delta_key,
+                snapshot_objects: raw.snapshot_objects,
             }),
             _ => Err(errors),
         }

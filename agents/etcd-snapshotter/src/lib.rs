@@ -42,6 +42,7 @@ pub mod labels;
 pub mod manifest;
 pub mod member;
 pub mod metrics;
+pub mod objects;
 pub mod part_buf;
 pub mod parts;
 pub mod restore;

@@ -48,6 +48,8 @@ kcp_keeper_runtime::metrics! {
         /// object stores' clock minus this host's, as their answers prove it; 0 while the bounds hold zero).
         pub clock_offset: GaugeF64 => "clock_offset" [Seconds],
             "Correction added to this host's clock for recorded times: the object stores' clock minus this host's";
+        pub object_sync_failures: Counter => "object_sync_failures",
+            "Passes that could not bring the EtcdSnapshot and EtcdShardBackup objects in line with the bucket";
         pub storage_reachable: Gauge => "storage_reachable",
             "Whether the bucket answered the last request (1) or not (0)";
         pub memory_budget: Gauge => "memory_budget" [Bytes], "Configured bound on snapshot bytes held in memory";

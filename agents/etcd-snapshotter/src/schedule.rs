@@ -64,6 +64,13 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
         ctx.health.mark_synced();
         let schedules = ctx.shutdown.child_token();
         let mut tasks = tokio::task::JoinSet::new();
+        // The objects mirroring the bucket: a pass after every snapshot and drill (`Job::changed`).
+        let objects = config.snapshot_objects.then(|| Arc::new(tokio::sync::Notify::new()));
+        if let Some(nudge) = objects.clone() {
+            let (config, metrics, client) = (config.clone(), metrics.clone(), ctx.client.clone());
+            let (namespace, leadership, token) = (ctx.namespace.clone(), ctx.leadership.clone(), schedules.clone());
+            tasks.spawn(crate::objects::run(config, metrics, client, namespace, leadership, nudge, token));
+        }
         for shard in config.shards.clone() {
             let job = |one_at_a_time: &Arc<tokio::sync::Mutex<()>>| {
                 Arc::new(Job {
@@ -74,6 +81,7 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
                     regarding: regarding.clone(),
                     shutdown: ctx.shutdown.clone(),
                     one_at_a_time: one_at_a_time.clone(),
+                    objects: objects.clone(),
                 })
             };
             let snapshots = job(&one_at_a_time);
@@ -203,9 +211,18 @@ struct Job {
     regarding: Arc<ObjectReference>,
     shutdown: CancellationToken,
     one_at_a_time: Arc<tokio::sync::Mutex<()>>,
+    /// Wakes the objects' pass (`snapshotObjects`).
+    objects: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Job {
+    /// What the bucket holds changed (a snapshot published, a drill reported): the objects follow.
+    fn changed(&self) {
+        if let Some(nudge) = &self.objects {
+            nudge.notify_one();
+        }
+    }
+
     /// One run of the tick's snapshot (no tick: one the delta writer needs, its start revision compacted
     /// away): `Some(reason)` when it failed.
     async fn snapshot(&self, tick: Option<&Tick>) -> Option<&'static str> {
@@ -251,6 +268,7 @@ impl Job {
             manifest.id, manifest.revision, manifest.key_count, manifest.object_size_bytes, manifest.total_seconds
         );
         self.events.publish(&self.regarding, EventType::Normal, "SnapshotTaken", "Snapshot", &note).await;
+        self.changed();
         if let Ok(report) = retention
             && report.other_clusters > 0
         {
@@ -458,6 +476,7 @@ impl Job {
         let shard = &self.shard.name;
         let report = &outcome.report;
         self.metrics.drill_outcome(shard, outcome);
+        self.changed();
         if let Some(seconds) = report.restore_seconds {
             self.metrics.drill.restore.get_or_create(&self.metrics.shard(shard)).set(seconds);
         }

@@ -632,6 +632,134 @@ async fn snapshots_of_another_etcd_cluster_under_the_shard_are_reported_by_metri
     assert_eq!(left.len(), 2, "one of this cluster's, one foreign: {left:?}");
 }
 
+/// Creates the CustomResourceDefinitions the chart ships and waits until the apiserver serves them.
+async fn install_chart_crds(client: &kube::Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/kcp-keeper/crds/etcd-snapshotter.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    for doc in text.split("\n---\n").filter(|d| d.contains("kind: CustomResourceDefinition")) {
+        let crd: CustomResourceDefinition = serde_yaml::from_str(doc).unwrap();
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    testbed::eventually(WAIT, "the CRDs served", || async {
+        let snapshots = Api::<etcd_snapshotter::objects::EtcdSnapshot>::all(client.clone());
+        let shards = Api::<etcd_snapshotter::objects::EtcdShardBackup>::all(client.clone());
+        (snapshots.list(&ListParams::default()).await.is_ok() && shards.list(&ListParams::default()).await.is_ok())
+            .then_some(())
+    })
+    .await;
+}
+
+/// `(name, snapshot id, revision)` of every EtcdSnapshot in `ns`, sorted.
+async fn snapshot_objects(client: &kube::Client, ns: &str) -> Vec<(String, String, u64)> {
+    let api = Api::<etcd_snapshotter::objects::EtcdSnapshot>::namespaced(client.clone(), ns);
+    let mut out: Vec<_> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|o| (kube::ResourceExt::name_any(&o), o.spec.snapshot_id, o.spec.revision))
+        .collect();
+    out.sort();
+    out
+}
+
+/// `(name, id, revision)` the objects must show for the bucket's manifests.
+async fn expected_objects(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<(String, String, u64)> {
+    let mut out: Vec<_> = manifests(s3, bucket)
+        .await
+        .iter()
+        .map(|m| {
+            let id = m["id"].as_str().unwrap().to_string();
+            (etcd_snapshotter::objects::name_of(&id), id, m["revision"].as_u64().unwrap())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_objects_follow_the_bucket_through_retention_come_back_when_deleted_and_need_only_the_documented_rbac()
+{
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 20, 100).await.unwrap();
+    install_chart_crds(&cluster.client()).await;
+    let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    options.cron = EVERY_FIVE_SECONDS;
+    options.keep_last = 2;
+    let config = write_config(&bed, &options).unwrap();
+    let mut file = std::fs::read_to_string(&config).unwrap();
+    file.push_str("snapshotObjects: true\n");
+    std::fs::write(&config, file).unwrap();
+    // The Role `rbac --config` prints for this configuration, and nothing else.
+    let out = cli(&[
+        "rbac",
+        "--config",
+        config.to_str().unwrap(),
+        "--namespace",
+        &ns,
+        "--service-account",
+        "etcd-snapshotter",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    assert!(yaml.contains("etcdsnapshots"), "{yaml}");
+    let mut docs = yaml.split("\n---\n");
+    let role: Role = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+    let binding: RoleBinding = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+    let admin = cluster.client();
+    Api::<Role>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &role).await.unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &binding).await.unwrap();
+    let (kubeconfig, user) = cluster.service_account_kubeconfig(&ns, "etcd-snapshotter").await.unwrap();
+    let mut agent = agent(cluster, &config, &ns).identity("replica-a").kubeconfig(&kubeconfig).spawn().unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+
+    // Snapshots every five seconds, keepLast 2: after the fourth, two snapshots were deleted by retention, and the
+    // objects are exactly the two the bucket keeps.
+    let s3 = bed.s3.client();
+    let shown =
+        testbed::eventually(Duration::from_secs(120), "objects equal to the bucket after retention", || async {
+            let taken = agent.metric("etcd_snapshotter_revision{shard=\"root\"}").await.ok()?;
+            let expected = expected_objects(&s3, &bed.s3.bucket).await;
+            let shown = snapshot_objects(&admin, &ns).await;
+            let published = events(&admin, &ns, "SnapshotTaken").await.len();
+            (taken > 0.0 && published >= 4 && expected.len() == 2 && shown == expected).then_some(shown)
+        })
+        .await;
+    let shards = Api::<etcd_snapshotter::objects::EtcdShardBackup>::namespaced(admin.clone(), &ns);
+    testbed::eventually(WAIT, "the shard's object names the newest snapshot", || async {
+        let expected = expected_objects(&s3, &bed.s3.bucket).await;
+        let newest = expected.iter().map(|(_, id, _)| id.clone()).max()?;
+        let shard = shards.get("root").await.ok()?;
+        (shard.spec.last_snapshot.as_ref() == Some(&newest)
+            && shard.spec.snapshots == 2
+            && shard.spec.recovery_point.is_some())
+        .then_some(())
+    })
+    .await;
+
+    // An object deleted by hand comes back from the bucket, long before the periodic pass.
+    let gone = &shown[0].0;
+    let api = Api::<etcd_snapshotter::objects::EtcdSnapshot>::namespaced(admin.clone(), &ns);
+    let uid = api.get(gone).await.unwrap().metadata.uid;
+    api.delete(gone, &Default::default()).await.unwrap();
+    testbed::eventually(Duration::from_secs(60), "the deleted object rebuilt", || async {
+        let rebuilt = api.get_opt(gone).await.ok()??;
+        (rebuilt.metadata.uid != uid).then_some(())
+    })
+    .await;
+    let metrics = scrape(&agent.admin_url).await;
+    assert_eq!(value(&metrics, "etcd_snapshotter_object_sync_failures_total").unwrap(), 0.0);
+    stop_with_nothing_refused(&bed, &user, [&mut agent]);
+}
+
 /// By default a drill never runs beside a snapshot in the same process (the pod's memory and disk are sized for
 /// one of them): drills due every 5 s while the daemon's upload is slowed to several seconds wait for it, and
 /// run once it is published.

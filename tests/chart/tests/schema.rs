@@ -1,4 +1,4 @@
-//! `values.schema.json` and the chart's README.md are generated (from tests/chart/schema/base.json, values.yaml's
+//! `values.schema.json`, the chart's README.md and its CRDs are generated (from tests/chart/schema/base.json, values.yaml's
 //! comments and each agent's configuration types): these tests fail when the committed files differ from what
 //! the code generates. `cargo xtask schema` (which sets `KCP_KEEPER_BLESS=1`) writes them instead.
 
@@ -26,6 +26,13 @@ fn check_or_write(file: &str, generated: &str) -> Result<()> {
 #[test]
 fn the_committed_values_schema_is_the_one_the_agents_configuration_types_generate() -> Result<()> {
     check_or_write("values.schema.json", &schema::render(&schema::generate()?))
+}
+
+#[test]
+fn the_committed_crds_are_the_ones_etcd_snapshotters_object_types_generate() -> Result<()> {
+    let header = "# EtcdSnapshot and EtcdShardBackup: etcd-snapshotter's objects (`snapshotObjects`), generated from its\n\
+                  # types by `cargo xtask schema`. Helm installs them before the release and never deletes them.\n";
+    check_or_write("crds/etcd-snapshotter.yaml", &format!("{header}{}", etcd_snapshotter::objects::crds_yaml()))
 }
 
 #[test]

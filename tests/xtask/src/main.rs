@@ -102,7 +102,7 @@ enum Task {
     /// repository has and name no issue numbers (docs.rs); and the workspace, the chart and CHANGELOG.md name one
     /// version (release.rs); `test` runs it before clippy.
     House,
-    /// Write the chart's values.schema.json and README.md from the agents' configuration types and
+    /// Write the chart's values.schema.json, README.md and CRDs from the agents' configuration and object types and
     /// values.yaml's comments (the chart's `schema` tests check that the committed files are these).
     Schema,
     /// Start the local control plane with a kcp-like layout and run the agents against it.
@@ -340,8 +340,8 @@ fn schema() -> Result<()> {
     prereqs::ensure_protoc()?;
     let mut cmd = cargo(&["test", "--quiet", "--locked", "--package", "chart", "--test", "schema"]);
     cmd.env("KCP_KEEPER_BLESS", "1");
-    step("generate charts/kcp-keeper/values.schema.json and README.md", cmd)?;
-    eprintln!("xtask: wrote charts/kcp-keeper/values.schema.json and charts/kcp-keeper/README.md");
+    step("generate charts/kcp-keeper/values.schema.json, README.md and crds/", cmd)?;
+    eprintln!("xtask: wrote charts/kcp-keeper/values.schema.json, README.md and crds/etcd-snapshotter.yaml");
     Ok(())
 }
 

@@ -4,7 +4,8 @@
 //! configuration, the objects `beforeUpgrade` watches ([`super::watched`]): in each namespace of a watched
 //! object, get/list/watch on exactly the RootShards and Shards named (a watch by name is authorised against
 //! `resourceNames`: its field selector names the object), and create on Events (about those objects). In the
-//! agent's own namespace these rules join its Role, which already creates Events.
+//! agent's own namespace these rules join its Role, which already creates Events. With `snapshotObjects`, the
+//! Role also manages the `EtcdSnapshot` and `EtcdShardBackup` objects of its namespace.
 
 use std::collections::BTreeMap;
 
@@ -21,11 +22,17 @@ pub const ROLE: &str = "etcd-snapshotter";
 /// objects' rules ([`watched`]).
 pub fn render(agent: &str, who: &Subjects, config: Option<&Config>) -> Rbac {
     let lease = Lease::of(who);
-    let rules = vec![
+    let mut rules = vec![
         rule("coordination.k8s.io", &["leases"], &[&lease.name], &["get", "update", "patch"]),
         rule("coordination.k8s.io", &["leases"], &[], &["create"]),
         rule("events.k8s.io", &["events"], &[], &["create"]),
     ];
+    if config.is_some_and(|c| c.snapshot_objects) {
+        // The objects mirroring the bucket, in the agent's namespace (`crate::objects`): applied (create and
+        // patch), listed, watched for deletions, and deleted after retention.
+        let verbs = ["get", "list", "watch", "create", "patch", "delete"];
+        rules.push(rule(crate::objects::GROUP, &["etcdsnapshots", "etcdshardbackups"], &[], &verbs));
+    }
     let mut rbac = Rbac::default();
     rbac.add(&lease.namespace, ROLE, agent, rules, who);
     if let Some(config) = config {
