@@ -45,6 +45,7 @@ pub mod metrics;
 pub mod objects;
 pub mod part_buf;
 pub mod parts;
+pub mod requests;
 pub mod restore;
 pub mod retention;
 pub mod retries;

@@ -323,7 +323,7 @@ pub async fn run(
 pub fn crds_yaml() -> String {
     use kube::CustomResourceExt;
     let mut out = String::new();
-    for crd in [EtcdSnapshot::crd(), EtcdShardBackup::crd()] {
+    for crd in [EtcdSnapshot::crd(), EtcdShardBackup::crd(), crate::requests::EtcdSnapshotRequest::crd()] {
         out.push_str("---\n");
         out.push_str(&serde_yaml::to_string(&crd).expect("a CRD serialises"));
     }

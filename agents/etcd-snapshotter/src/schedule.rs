@@ -64,6 +64,8 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
         ctx.health.mark_synced();
         let schedules = ctx.shutdown.child_token();
         let mut tasks = tokio::task::JoinSet::new();
+        // On-demand snapshots by object: each shard's snapshot job, as a scheduled run takes it.
+        let mut on_demand: std::collections::BTreeMap<String, crate::requests::Snapshotter> = Default::default();
         // The objects mirroring the bucket: a pass after every snapshot and drill (`Job::changed`).
         let objects = config.snapshot_objects.then(|| Arc::new(tokio::sync::Notify::new()));
         if let Some(nudge) = objects.clone() {
@@ -85,6 +87,14 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
                 })
             };
             let snapshots = job(&one_at_a_time);
+            let requested = snapshots.clone();
+            on_demand.insert(
+                shard.name.clone(),
+                Arc::new(move || {
+                    let job = requested.clone();
+                    Box::pin(async move { job.published(None).await })
+                }),
+            );
             if let Some(deltas) = shard.deltas.clone() {
                 let (job, leadership, token) = (snapshots.clone(), ctx.leadership.clone(), schedules.clone());
                 tasks.spawn(async move { job.deltas_while_leading(deltas, leadership, token).await });
@@ -113,6 +123,10 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
                 let job = drills.clone();
                 async move { job.drill(tick).await }
             });
+        }
+        if config.snapshot_objects {
+            let (client, namespace, leadership) = (ctx.client.clone(), ctx.namespace.clone(), ctx.leadership.clone());
+            tasks.spawn(crate::requests::run(client, namespace, leadership, on_demand, schedules.clone()));
         }
         let drills_turn = if config.drills.alongside_snapshots { &one_drill_at_a_time } else { &one_at_a_time };
         spawn_upgrade_watches(&mut tasks, &ctx, &config, &metrics, (&one_at_a_time, drills_turn), &schedules);
@@ -226,13 +240,18 @@ impl Job {
     /// One run of the tick's snapshot (no tick: one the delta writer needs, its start revision compacted
     /// away): `Some(reason)` when it failed.
     async fn snapshot(&self, tick: Option<&Tick>) -> Option<&'static str> {
+        self.published(tick).await.err()
+    }
+
+    /// [`Self::snapshot`], with the published snapshot's id.
+    async fn published(&self, tick: Option<&Tick>) -> Result<String, &'static str> {
         let _turn = self.one_at_a_time.lock().await;
         let shard = &self.shard.name;
         let started = std::time::Instant::now();
         // Credentials are read per run, so a rotated Secret is used without a restart.
         let store = match Store::new(&self.config.storage).map(|s| s.counting_retries(self.metrics.retries.clone())) {
             Ok(store) => store,
-            Err(e) => return self.snapshot_failed(&SnapshotError::Storage(e), started).await,
+            Err(e) => return Err(self.snapshot_failed(&SnapshotError::Storage(e), started).await),
         };
         let waiting = |holder: &str| tracing::warn!(shard, holder, "another run holds the shard's lock; waiting");
         let run = snapshot::Run {
@@ -257,7 +276,7 @@ impl Job {
         kcp_keeper_runtime::release_resident::release();
         let snapshot::Taken { manifest, retention } = match taken {
             Ok(taken) => taken,
-            Err(error) => return self.snapshot_failed(&error, started).await,
+            Err(error) => return Err(self.snapshot_failed(&error, started).await),
         };
         tracing::info!(
             shard, id = manifest.id, tick = ?tick.map(|t| t.at), revision = manifest.revision, keys = manifest.key_count,
@@ -280,7 +299,7 @@ impl Job {
             );
             self.events.publish(&self.regarding, EventType::Warning, "OtherClusterSnapshots", "Retention", &note).await;
         }
-        None
+        Ok(manifest.id)
     }
 
     /// The shard's delta writer while this replica leads, until `token` is cancelled: session after session
@@ -334,7 +353,7 @@ impl Job {
         }
     }
 
-    async fn snapshot_failed(&self, error: &SnapshotError, started: std::time::Instant) -> Option<&'static str> {
+    async fn snapshot_failed(&self, error: &SnapshotError, started: std::time::Instant) -> &'static str {
         let shard = &self.shard.name;
         let reason: &'static str = error.into();
         self.metrics.failed(shard, error);
@@ -342,7 +361,7 @@ impl Job {
         tracing::error!(shard, reason, error = %error, "snapshot failed; nothing was published and retention did not run");
         let note = format!("snapshot of shard {shard} failed ({reason}): {error}");
         self.events.publish(&self.regarding, EventType::Warning, "SnapshotFailed", "Snapshot", &note).await;
-        Some(reason)
+        reason
     }
 
     /// The tick's snapshot, run again after a failure while the tick's retry window lasts (`retry` in the

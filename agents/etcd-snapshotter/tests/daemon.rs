@@ -760,6 +760,81 @@ async fn snapshot_objects_follow_the_bucket_through_retention_come_back_when_del
     stop_with_nothing_refused(&bed, &user, [&mut agent]);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_request_object_is_carried_out_now_with_its_ids_and_one_naming_an_unknown_shard_fails_at_once() {
+    use etcd_snapshotter::requests::EtcdSnapshotRequest;
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let etcd = bed.etcd("root", 1).await.unwrap();
+    let mut client = etcd.member_client(0).await.unwrap();
+    load(&mut client, "/registry/things", 20, 100).await.unwrap();
+    install_chart_crds(&cluster.client()).await;
+    // No schedule fires during the test (1 January, midnight): every snapshot is a requested one.
+    let options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
+    let config = write_config(&bed, &options).unwrap();
+    let mut file = std::fs::read_to_string(&config).unwrap();
+    file.push_str("snapshotObjects: true\n");
+    std::fs::write(&config, file).unwrap();
+    let out = cli(&[
+        "rbac",
+        "--config",
+        config.to_str().unwrap(),
+        "--namespace",
+        &ns,
+        "--service-account",
+        "etcd-snapshotter",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    let mut docs = yaml.split("\n---\n");
+    let role: Role = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+    let binding: RoleBinding = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+    let admin = cluster.client();
+    Api::<Role>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &role).await.unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &binding).await.unwrap();
+    let (kubeconfig, user) = cluster.service_account_kubeconfig(&ns, "etcd-snapshotter").await.unwrap();
+    let mut agent = agent(cluster, &config, &ns).identity("replica-a").kubeconfig(&kubeconfig).spawn().unwrap();
+    agent.wait_ready(WAIT).await.unwrap();
+
+    let requests = Api::<EtcdSnapshotRequest>::namespaced(admin.clone(), &ns);
+    let request = |name: &str, shards: &[&str]| {
+        let spec = etcd_snapshotter::requests::EtcdSnapshotRequestSpec {
+            shards: shards.iter().map(|s| s.to_string()).collect(),
+        };
+        EtcdSnapshotRequest::new(name, spec)
+    };
+    requests.create(&PostParams::default(), &request("now", &["root"])).await.unwrap();
+    requests.create(&PostParams::default(), &request("typo", &["roots"])).await.unwrap();
+    let finished = |name: &'static str| {
+        let requests = requests.clone();
+        async move {
+            testbed::eventually(Duration::from_secs(90), &format!("request {name} finished"), || async {
+                let status = requests.get(name).await.ok()?.status?;
+                matches!(status.phase.as_deref(), Some("Done" | "Failed")).then_some(status)
+            })
+            .await
+        }
+    };
+    let done = finished("now").await;
+    assert_eq!(done.phase.as_deref(), Some("Done"), "{done:?}");
+    assert_eq!(done.snapshots.len(), 1, "{done:?}");
+    let s3 = bed.s3.client();
+    let published: Vec<String> =
+        manifests(&s3, &bed.s3.bucket).await.iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(published, done.snapshots, "the id the request names is the one snapshot in the bucket");
+    let failed = finished("typo").await;
+    assert_eq!(failed.phase.as_deref(), Some("Failed"), "{failed:?}");
+    assert_eq!(failed.reason.as_deref(), Some("unknown shard roots: this agent snapshots root"), "{failed:?}");
+    assert!(failed.snapshots.is_empty());
+    // Not retried: a later request still runs, and the failed one keeps its status.
+    requests.create(&PostParams::default(), &request("again", &["root"])).await.unwrap();
+    assert_eq!(finished("again").await.phase.as_deref(), Some("Done"));
+    assert_eq!(requests.get("typo").await.unwrap().status, Some(failed));
+    assert_eq!(manifests(&s3, &bed.s3.bucket).await.len(), 2);
+    stop_with_nothing_refused(&bed, &user, [&mut agent]);
+}
+
 /// By default a drill never runs beside a snapshot in the same process (the pod's memory and disk are sized for
 /// one of them): drills due every 5 s while the daemon's upload is slowed to several seconds wait for it, and
 /// run once it is published.

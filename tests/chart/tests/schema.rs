@@ -30,8 +30,9 @@ fn the_committed_values_schema_is_the_one_the_agents_configuration_types_generat
 
 #[test]
 fn the_committed_crds_are_the_ones_etcd_snapshotters_object_types_generate() -> Result<()> {
-    let header = "# EtcdSnapshot and EtcdShardBackup: etcd-snapshotter's objects (`snapshotObjects`), generated from its\n\
-                  # types by `cargo xtask schema`. Helm installs them before the release and never deletes them.\n";
+    let header = "# EtcdSnapshot, EtcdShardBackup and EtcdSnapshotRequest: etcd-snapshotter's objects (`snapshotObjects`),\n\
+                  # generated from its types by `cargo xtask schema`. Helm installs them before the release and never\n\
+                  # deletes them.\n";
     check_or_write("crds/etcd-snapshotter.yaml", &format!("{header}{}", etcd_snapshotter::objects::crds_yaml()))
 }
 

@@ -32,6 +32,9 @@ pub fn render(agent: &str, who: &Subjects, config: Option<&Config>) -> Rbac {
         // patch), listed, watched for deletions, and deleted after retention.
         let verbs = ["get", "list", "watch", "create", "patch", "delete"];
         rules.push(rule(crate::objects::GROUP, &["etcdsnapshots", "etcdshardbackups"], &[], &verbs));
+        // On-demand snapshot requests: read, and their status written (`crate::requests`).
+        rules.push(rule(crate::objects::GROUP, &["etcdsnapshotrequests"], &[], &["get", "list", "watch"]));
+        rules.push(rule(crate::objects::GROUP, &["etcdsnapshotrequests/status"], &[], &["patch"]));
     }
     let mut rbac = Rbac::default();
     rbac.add(&lease.namespace, ROLE, agent, rules, who);
