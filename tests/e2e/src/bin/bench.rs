@@ -27,6 +27,8 @@ mod micro;
 mod rotate;
 #[path = "bench/snapshot.rs"]
 mod snapshot;
+#[path = "bench/snapshot_curve.rs"]
+mod snapshot_curve;
 #[path = "bench/trust_manager.rs"]
 mod trust_manager;
 
@@ -36,7 +38,7 @@ use clap::Parser;
 #[derive(Parser)]
 struct Args {
     /// Run only the benchmark with this name (ca-bundle-public-roots, idle, snapshot, ca-sync, drill, rotate, dns),
-    /// or a scale curve (ca-sync-curve, dns-curve, rotate-curve), which runs only when named.
+    /// or a scale curve (ca-sync-curve, dns-curve, rotate-curve, snapshot-curve), which runs only when named.
     name: Option<String>,
     /// Rounds of the micro-benchmark (each round times the subject and the baseline once).
     #[arg(long, default_value_t = 31)]
@@ -52,14 +54,15 @@ struct Args {
     #[arg(long, env = "KCP_KEEPER_BENCH_QUICK", value_parser = clap::builder::BoolishValueParser::new())]
     quick: bool,
     /// The sizes of a scale curve, comma-separated (ca-sync-curve: namespaces, default 100,1000,5000;
-    /// dns-curve: hosts per round, default 10,100,1000; rotate-curve: targets, default 10,100,500).
+    /// dns-curve: hosts per round, default 10,100,1000; rotate-curve: targets, default 10,100,500;
+    /// snapshot-curve: shards in one replica, default 1,5,20).
     #[arg(long, env = "KCP_KEEPER_BENCH_SIZES", value_delimiter = ',')]
     sizes: Vec<usize>,
 }
 
 const NAMES: &[&str] = &["ca-bundle-public-roots", "idle", "ca-sync", "rotate", "dns", "snapshot", "drill", "deltas"];
 /// Scale curves: each runs its benchmark at several sizes, so they run only when named.
-const CURVES: &[&str] = &["ca-sync-curve", "dns-curve", "rotate-curve"];
+const CURVES: &[&str] = &["ca-sync-curve", "dns-curve", "rotate-curve", "snapshot-curve"];
 
 /// `target/bench`: the JSON reports, and the big benchmarks' scratch space (removed after each).
 pub fn bench_dir() -> std::path::PathBuf {
@@ -103,6 +106,7 @@ async fn main() -> Result<()> {
             "ca-sync-curve" => ca_sync::curve(args.process_rounds, &sizes(ca_sync::CURVE_SIZES)).await,
             "dns-curve" => dns::curve(args.process_rounds, &sizes(dns::CURVE_SIZES)).await,
             "rotate-curve" => rotate::curve(args.process_rounds, &sizes(rotate::CURVE_SIZES)).await,
+            "snapshot-curve" => snapshot_curve::curve(args.process_rounds, &sizes(snapshot_curve::CURVE_SIZES)).await,
             _ => unreachable!("listed in NAMES"),
         };
         // One benchmark failing does not lose the others' figures; the run still fails at the end.
