@@ -5,6 +5,8 @@
 //! restarted once). After the upgrade every agent runs the new image and has done a pass, and what users rely on
 //! is kept: every snapshot the previous release took is still listed and one of them restores (a drill by the
 //! new agent), the synced CA and the published kubeconfig are not rewritten, and the consumer is not restarted.
+//! The CRDs new in this version are applied first, as the changelog says, and every snapshot, the previous
+//! release's included, then shows as an `EtcdSnapshot`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -59,6 +61,20 @@ fn last_pass(node: &node::Node, pods: &[(String, String, i32, bool)], agent: &st
         .fold(0.0, f64::max)
 }
 
+/// Creates (or leaves) the CustomResourceDefinitions in this tree's chart, as `kubectl apply -f crds/` would.
+async fn apply_chart_crds(client: &kube::Client) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let text = std::fs::read_to_string(chart::chart_dir().join("crds/etcd-snapshotter.yaml"))?;
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    for doc in text.split("\n---\n").filter(|d| d.contains("kind: CustomResourceDefinition")) {
+        let crd: CustomResourceDefinition = serde_yaml::from_str(doc)?;
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crds.patch(&name, &kube::api::PatchParams::apply("upgrade-test").force(), &kube::api::Patch::Apply(&crd))
+            .await?;
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn helm_upgrade_from_the_previous_release_keeps_every_snapshot_restorable_the_synced_targets_and_restarts_no_consumer()
 -> Result<()> {
@@ -101,6 +117,8 @@ async fn helm_upgrade_from_the_previous_release_keeps_every_snapshot_restorable_
         .await;
     eprintln!("before: {} snapshots, CA and kubeconfig published, consumer {hub_before:?}", before.len());
 
+    // What the changelog tells users to do first: `helm upgrade` installs no CRD that came with a new version.
+    apply_chart_crds(&client).await?;
     let upgraded_at = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64();
     let out = on_node::helm_release_of(node, "upgrade", Some(&current), &values, "5m")?;
     ensure!(out.success, "helm upgrade to {current} failed: {}", out.stderr);
@@ -128,6 +146,16 @@ async fn helm_upgrade_from_the_previous_release_keeps_every_snapshot_restorable_
         })
         .await;
     }
+
+    // The new release mirrors every snapshot, the previous release's too, as an EtcdSnapshot.
+    let objects = Api::<etcd_snapshotter::objects::EtcdSnapshot>::namespaced(client.clone(), NAMESPACE);
+    testbed::eventually(Duration::from_secs(180), "an EtcdSnapshot for every snapshot listed", || async {
+        let shown: Vec<String> =
+            objects.list(&ListParams::default()).await.ok()?.items.into_iter().map(|o| o.spec.snapshot_id).collect();
+        let listed = snapshot_ids(node)?;
+        listed.iter().all(|id| shown.contains(id)).then_some(())
+    })
+    .await;
 
     // What users rely on, kept.
     let lost: Vec<&String> = before.iter().filter(|id| !after.contains(id)).collect();
