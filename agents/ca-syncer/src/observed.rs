@@ -1,16 +1,29 @@
 //! Each target as a pass sees it, and what makes that view trustworthy right after our own writes.
 //!
 //! Targets are read through reflector stores, which lag behind the apiserver: the driver does not consume the
-//! watches while a pass writes, so after a fan-out to many new targets the next pass (woken by the first of
-//! their watch events) can find the store without most of them, or at the version before our write. Comparing
-//! with that view re-applies what was just written: a no-op for the apiserver, but a write all the same (two
-//! per target on a first fan-out). So every write's `resourceVersion` is remembered ([`Written`]); while the
-//! store does not hold that version for the object, the object is read fresh (a GET, never a write) and the pass
-//! decides on what the apiserver holds. Once the store has caught up (it holds our version, or the same
-//! version a fresh read returns) the entry is forgotten and the store is trusted again.
+//! watches while a pass writes, so the next pass (woken by the first watch events of those writes) can find the
+//! store without most of them, or at the version before our write; after a fan-out to thousands of targets the
+//! watch may even be restarted, and the store stays behind for seconds. Comparing with that view would
+//! re-apply what was just written (a no-op for the apiserver, but a write all the same), and reading every
+//! such target back costs a GET each. So every write is remembered ([`Written`]): the version it replaced, the
+//! version it made, and a digest of the object it sent. A pass then sees each target as follows:
+//! - the store holds the version our last write made: the store has caught up; the entry is forgotten;
+//! - the store still holds the version our last write replaced (a [`View`] with `behind`): the pass plans from
+//!   the very view that write was planned from, so when it arrives at the same object (the same digest), that
+//!   object is what the apiserver holds and the target is settled with no read and no write. A change someone
+//!   else made after our write reaches the store after our own, and its event wakes another pass, which sees it.
+//!   Only a plan that differs (the sources changed again before the store caught up) reads the target fresh
+//!   (a GET) and plans again from what the apiserver holds, so nothing our last write put there is lost;
+//! - a target we created that the store does not show yet is taken the same way, but only for
+//!   [`CREATED_TRUSTED`] after the write: the store cannot tell "not seen yet" from "seen, then deleted by
+//!   someone else", so a pass is due by the end of that time, and from then on such a target is read fresh;
+//! - anything else (a version that is neither, or a created target the store still does not show after that
+//!   time): the target is read fresh, and the pass decides on what the apiserver holds. Once the store holds
+//!   what a fresh read returns, the entry is forgotten and the store is trusted again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -62,35 +75,85 @@ impl Observed {
 /// A target object: kind, namespace, name.
 pub type ObjectKey = (TargetKind, String, String);
 
-/// The `resourceVersion` of each target this generation of the agent wrote, until its store has seen it.
+/// A digest of the object a write sent ([`digest`]).
+pub type Digest = [u8; 32];
+
+/// The SHA-256 of `desired` as JSON: equal for equal objects built the same way.
+pub fn digest(desired: &serde_json::Value) -> Digest {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(serde_json::to_vec(desired).unwrap_or_default()).into()
+}
+
+/// Our last write of one target.
+#[derive(Clone)]
+struct Wrote {
+    /// The version it was planned from and held to (`None`: it created the object).
+    over: Option<String>,
+    /// The version it made.
+    version: String,
+    sent: Digest,
+    at: Instant,
+}
+
+/// How long a target we created and the store does not show yet is taken to be as we created it. The store
+/// cannot tell "not seen yet" from "seen, then deleted by someone else": past this, it is read fresh, and a pass
+/// is due by then so that such a deletion is undone within it.
+pub const CREATED_TRUSTED: Duration = Duration::from_secs(20);
+
+/// One target as a pass sees it ([`Written::observe`]).
+pub struct View {
+    pub observed: Observed,
+    /// The store still holds the version our last write of the target replaced: the digest of what it sent.
+    pub behind: Option<Digest>,
+    /// The target is one we created that the store does not show yet: look again within this, when it is read
+    /// fresh if the store still does not show it ([`CREATED_TRUSTED`]).
+    pub recheck: Option<Duration>,
+}
+
+/// Each target this generation of the agent wrote, until its store has seen the write.
 #[derive(Default, Clone)]
-pub struct Written(Arc<Mutex<HashMap<ObjectKey, String>>>);
+pub struct Written(Arc<Mutex<HashMap<ObjectKey, Wrote>>>);
 
 impl Written {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, String>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Wrote>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records a write that produced `version`.
-    pub fn wrote(&self, key: ObjectKey, version: String) {
-        self.map().insert(key, version);
+    /// Records a write that was planned from version `over` (`None`: a create), sent an object of digest `sent`
+    /// and produced `version`.
+    pub fn wrote(&self, key: ObjectKey, over: Option<String>, version: String, sent: Digest) {
+        self.map().insert(key, Wrote { over, version, sent, at: Instant::now() });
     }
 
-    /// The object as this pass must see it: from `scope`'s store, unless the store has not caught up with our
-    /// last write of it; then read fresh through `client`. A failed read falls back to the store (at worst one
-    /// write the apiserver finds to be a no-op).
-    pub async fn observe(&self, client: &kube::Client, scope: &Scope, key: &ObjectKey) -> Observed {
+    /// The object as this pass must see it: from `scope`'s store, marked `behind` while the store still holds
+    /// what our last write replaced, else read fresh where the store shows neither that nor our write.
+    pub async fn observe(&self, client: &kube::Client, scope: &Scope, key: &ObjectKey) -> View {
         let (kind, namespace, name) = key;
         let cached = match kind {
             TargetKind::Secret => Observed::Secret(scope.secret(namespace, name)),
             TargetKind::ConfigMap => Observed::ConfigMap(scope.config_map(namespace, name)),
             TargetKind::ClusterTrustBundle => Observed::ClusterTrustBundle(scope.trust_bundle(name)),
         };
-        let Some(ours) = self.map().get(key).cloned() else { return cached };
-        if cached.resource_version() == Some(ours.as_str()) {
+        let store = |observed| View { observed, behind: None, recheck: None };
+        let Some(ours) = self.map().get(key).cloned() else { return store(cached) };
+        if cached.resource_version() == Some(ours.version.as_str()) {
             self.map().remove(key);
-            return cached;
+            return store(cached);
         }
+        if ours.over.is_some() && cached.resource_version() == ours.over.as_deref() {
+            return View { observed: cached, behind: Some(ours.sent), recheck: None };
+        }
+        let trusted = CREATED_TRUSTED.saturating_sub(ours.at.elapsed());
+        if ours.over.is_none() && !cached.exists() && !trusted.is_zero() {
+            return View { observed: cached, behind: Some(ours.sent), recheck: Some(trusted) };
+        }
+        store(self.read(client, key, cached).await)
+    }
+
+    /// The object read fresh through `client` (`cached`: as the store holds it). A failed read falls back to the
+    /// store (at worst one write the apiserver finds to be a no-op, or refuses as a conflict).
+    pub async fn read(&self, client: &kube::Client, key: &ObjectKey, cached: Observed) -> Observed {
+        let (kind, namespace, name) = key;
         let client = client.clone();
         let fresh = match kind {
             TargetKind::Secret => get(Api::namespaced(client, namespace), name).await.map(Observed::Secret),

@@ -32,7 +32,7 @@ use crate::error::{PasswordError, SyncError};
 use crate::keystore::Memo;
 use crate::live_check::{self, EndpointFailure, Failures};
 use crate::metrics::{BundleLabel, EndpointLabels, Metrics, Published, ReasonLabels, SkipReason, TargetLabels};
-use crate::observed::{ObjectKey, Observed, Written};
+use crate::observed::{ObjectKey, Observed, View, Written, digest};
 use crate::report::PassReport;
 use crate::rotation::{self, DropReason, RetentionPlan, RotationState, STATE_ANNOTATION, plan_retention};
 use crate::scope::Scope;
@@ -262,7 +262,8 @@ impl Syncer {
     }
 
     /// Every target's plan ([`Syncer::plan_target`]) with its trust stores, from the objects as they are now
-    /// (read fresh where the stores have not shown our last write yet).
+    /// ([`crate::observed`]): a target whose store is behind our last write of it, planned to the object that
+    /// write sent, is settled; one planned to anything else is read fresh and planned again.
     async fn plan_targets<'a>(
         &self,
         spec: &Bundle,
@@ -273,23 +274,46 @@ impl Syncer {
         now: OffsetDateTime,
     ) -> Result<Vec<TargetPlan<'a>>, SyncError> {
         let (written, client, scope) = (&self.written, &self.client, &self.scope);
-        let observed: Vec<Observed> = futures::stream::iter(targets.iter().map(Resolved::key))
+        let views: Vec<View> = futures::stream::iter(targets.iter().map(Resolved::key))
             .map(|key| async move { written.observe(client, scope, &key).await })
             .buffered(FRESH_READS)
             .collect()
             .await;
+        // `None`: the target's rotation state would be too large to write.
+        let plan = |target: &'a Resolved, observed: Observed| {
+            self.plan_target(spec, current, record, target, observed, now).map(|mut plan| {
+                plan.stores = self.stores(&plan, passwords);
+                plan
+            })
+        };
+        let too_large = || {
+            self.out_of_sync(spec, targets);
+            SyncError::RotationStateTooLarge
+        };
         let mut plans = Vec::with_capacity(targets.len());
-        for (target, observed) in targets.iter().zip(observed) {
-            match self.plan_target(spec, current, record, target, observed, now) {
-                Some(mut plan) => {
-                    plan.stores = self.stores(&plan, passwords);
-                    plans.push(plan);
+        // Behind our last write, but planned to something else: read fresh.
+        let mut unsettled = Vec::new();
+        for (index, (target, view)) in targets.iter().zip(views).enumerate() {
+            let mut planned = plan(target, view.observed).ok_or_else(too_large)?;
+            match view.behind {
+                Some(sent) if digest(&desired(&planned).0) == sent => {
+                    planned.settled = true;
+                    planned.recheck = view.recheck.map(|after| now + after);
                 }
-                None => {
-                    self.out_of_sync(spec, targets);
-                    return Err(SyncError::RotationStateTooLarge);
-                }
+                Some(_) => unsettled.push(index),
+                None => {}
             }
+            plans.push(planned);
+        }
+        let reads: Vec<(ObjectKey, Observed)> =
+            unsettled.iter().map(|&index| (targets[index].key(), plans[index].observed.clone())).collect();
+        let fresh: Vec<Observed> = futures::stream::iter(reads)
+            .map(|(key, cached)| async move { written.read(client, &key, cached).await })
+            .buffered(FRESH_READS)
+            .collect()
+            .await;
+        for (index, observed) in unsettled.into_iter().zip(fresh) {
+            plans[index] = plan(&targets[index], observed).ok_or_else(too_large)?;
         }
         Ok(plans)
     }
@@ -532,6 +556,8 @@ impl Syncer {
             cache: String::new(),
             bundle: None,
             retention: None,
+            settled: false,
+            recheck: None,
         };
         if current.is_empty() {
             // Empty-means-public mode: the key is written empty, with nothing retained, because a consumer
@@ -588,16 +614,17 @@ impl Syncer {
         // A new series starts at 0; an existing one keeps its value until this pass knows better, so a target
         // that stays in sync never reads 0 mid-pass (an alert or a reader would see a flap).
         let in_sync = self.metrics.series.target_in_sync.get_or_create(&labels).clone();
-        let metadata = target_metadata::decide(&target.config.metadata, plan.observed.meta());
+        let (desired, metadata) = desired(&plan);
         if !metadata.foreign.is_empty() {
             let keys = metadata.foreign.join(", ");
             tracing::warn!(bundle = %spec.name, namespace = %target.namespace, name = %target.config.name, keys = %keys, "metadata keys held by another manager left alone");
             report.metadata_not_owned(&target.display(), &keys);
         }
-        let content = Content { pem: &plan.pem, stores: &plan.stores };
-        let desired = desired_object(target, &content, &plan.cache, !plan.observed.exists(), &metadata);
         let ownership = Ownership::Owned { adopt: target.config.adopt };
+        let (sent, over) = (digest(&desired), plan.observed.resource_version().map(str::to_string));
         let written = match &plan.observed {
+            // Our last write sent this very object, and the apiserver holds it ([`crate::observed`]).
+            _ if plan.settled => Ok((Outcome::Unchanged, None)),
             Observed::Secret(live) => {
                 let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
                 write_checked(&api, desired, ownership, live.as_deref()).await
@@ -613,7 +640,7 @@ impl Syncer {
         };
         let outcome = written.map(|(outcome, version)| {
             if let Some(version) = version {
-                self.written.wrote(target.key(), version);
+                self.written.wrote(target.key(), over, version, sent);
             }
             outcome
         });
@@ -649,9 +676,9 @@ impl Syncer {
             }
         }
         in_sync.set(1);
-        let Some((bundle, review)) = plan.bundle else { return Ok(None) };
+        let Some((bundle, review)) = plan.bundle else { return Ok(plan.recheck) };
         self.metrics.holds(&spec.name, bundle.certificates(), published);
-        Ok(review)
+        Ok(min_time(review, plan.recheck))
     }
 
     /// Brings the target's consumers to `wanted` ([`Restarter::converge`]): the first error, or when to look
@@ -780,6 +807,11 @@ struct TargetPlan<'a> {
     cache: String,
     bundle: Option<(Built, Option<OffsetDateTime>)>,
     retention: Option<RetentionPlan>,
+    /// The store is behind our last write of the target, and this plan arrives at the object that write sent:
+    /// nothing to write ([`crate::observed`]).
+    settled: bool,
+    /// Settled on a create the store does not show yet: look again by then ([`crate::observed::View::recheck`]).
+    recheck: Option<OffsetDateTime>,
 }
 
 impl TargetPlan<'_> {
@@ -791,6 +823,15 @@ impl TargetPlan<'_> {
     fn foreign_removed(&self) -> usize {
         self.retention.iter().flat_map(|r| &r.dropped).filter(|d| d.reason == DropReason::NotPublishedByUs).count()
     }
+}
+
+/// The object a write of `plan`'s target sends ([`desired_object`]), with its labels and annotations decided
+/// against the object as the plan saw it.
+fn desired<'a>(plan: &TargetPlan<'a>) -> (serde_json::Value, Decided<'a>) {
+    let target = plan.target;
+    let metadata = target_metadata::decide(&target.config.metadata, plan.observed.meta());
+    let content = Content { pem: &plan.pem, stores: &plan.stores };
+    (desired_object(target, &content, &plan.cache, !plan.observed.exists(), &metadata), metadata)
 }
 
 /// What a target's keys hold: the PEM bundle, and each trust store by its key.

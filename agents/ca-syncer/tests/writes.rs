@@ -13,7 +13,8 @@ use anyhow::Result;
 use common::*;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use testbed::agent_process::AgentProcess;
 use testbed::certs::Ca;
 use testbed::{ControlPlane, eventually};
@@ -107,12 +108,40 @@ fn assert_one_write_each(
     );
 }
 
-async fn one_write_per_target(count: usize) -> Result<()> {
+/// A control plane with a source Secret and `count` new namespaces the bundle's selector picks, and ca-syncer
+/// (as [`USER`] in `groups`, `resyncInterval: 1s`, with `env`) after its first fan-out has written every target
+/// and three more passes ran.
+struct Fleet {
+    bed: ControlPlane,
+    agent: AgentProcess,
+    src: String,
+    sources: Api<Secret>,
+    namespaces: Vec<String>,
+}
+
+impl Fleet {
+    /// Puts `ca` in the source in place of the CA it held.
+    async fn change_to(&self, ca: &Ca) -> Result<()> {
+        self.sources
+            .replace("source", &PostParams::default(), &secret("source", &[("ca.crt", &ca.cert_pem())]))
+            .await?;
+        Ok(())
+    }
+}
+
+fn marker(ca: &Ca) -> String {
+    ca.cert_pem().lines().nth(1).unwrap_or_default().to_string()
+}
+
+async fn fleet(count: usize, groups: &[&str], env: &[(&str, &str)], before_start: &str) -> Result<Fleet> {
     let bed = ControlPlane::start().await?;
     let src = bed.namespace().await?;
     let first = Ca::new("kcp-ca", YEAR)?;
     let sources = Api::<Secret>::namespaced(bed.client(), &src);
     sources.create(&PostParams::default(), &secret("source", &[("ca.crt", &first.cert_pem())])).await?;
+    if !before_start.is_empty() {
+        apply_yaml(&bed.client(), &before_start.replace("SOURCE_NAMESPACE", &src)).await?;
+    }
     let namespaces: Vec<String> = (0..count).map(|i| format!("fleet-{count}-{i:04}")).collect();
     let api = Api::<Namespace>::all(bed.client());
     futures::stream::iter(&namespaces)
@@ -133,22 +162,39 @@ async fn one_write_per_target(count: usize) -> Result<()> {
     let config = format!(
         "resyncInterval: 1s\nbundles:\n- name: fleet\n  sources:\n  - secret: {{namespace: {src}, name: source, key: ca.crt}}\n  targets:\n  - secret: {{name: {TARGET}, key: ca.crt, namespaceSelector: {{matchLabels: {{{LABEL}: \"true\"}}}}}}\n"
     );
-    let kubeconfig = bed.apiserver.user_kubeconfig(USER, &["system:masters"], Duration::from_secs(3600))?;
-    let mut agent = common::agent(&bed, &write_config(&bed, &config)?, &src).kubeconfig(&kubeconfig).spawn()?;
+    let kubeconfig = bed.apiserver.user_kubeconfig(USER, groups, Duration::from_secs(3600))?;
+    let agent = common::agent(&bed, &write_config(&bed, &config)?, &src).kubeconfig(&kubeconfig).envs(env);
+    let mut agent = agent.spawn()?;
     agent.wait_ready(FAN_OUT).await?;
-    let marker = |ca: &Ca| ca.cert_pem().lines().nth(1).unwrap_or_default().to_string();
     wait_all_hold(&bed.client(), &namespaces, &marker(&first)).await;
     settle(&agent, 3).await;
-    let created = writes_by_namespace(&bed)?;
-    assert_one_write_each("the first fan-out", &namespaces, &BTreeMap::new(), &created);
+    Ok(Fleet { bed, agent, src, sources, namespaces })
+}
+
+/// The agent's GETs of target Secrets among its requests from the `from`th on, by namespace.
+fn target_reads(bed: &ControlPlane, from: usize) -> Result<BTreeMap<String, usize>> {
+    let mut by_ns = BTreeMap::new();
+    for r in testbed::audit::by_user(&bed.apiserver.audit_log, USER)?.into_iter().skip(from) {
+        if r.resource == "secrets" && r.name.as_deref() == Some(TARGET) && r.verb == "get" {
+            *by_ns.entry(r.namespace.unwrap_or_default()).or_default() += 1;
+        }
+    }
+    Ok(by_ns)
+}
+
+async fn one_write_per_target(count: usize) -> Result<()> {
+    let fleet = fleet(count, &["system:masters"], &[], "").await?;
+    let Fleet { bed, agent, namespaces, .. } = &fleet;
+    let created = writes_by_namespace(bed)?;
+    assert_one_write_each("the first fan-out", namespaces, &BTreeMap::new(), &created);
 
     let next = Ca::new("kcp-ca", YEAR)?;
     let from = testbed::audit::by_user(&bed.apiserver.audit_log, USER)?.len();
-    sources.replace("source", &PostParams::default(), &secret("source", &[("ca.crt", &next.cert_pem())])).await?;
-    wait_all_hold(&bed.client(), &namespaces, &marker(&next)).await;
-    let change = requests_for_the_change(&bed, from).await;
-    settle(&agent, 3).await;
-    assert_one_write_each("the CA change", &namespaces, &created, &writes_by_namespace(&bed)?);
+    fleet.change_to(&next).await?;
+    wait_all_hold(&bed.client(), namespaces, &marker(&next)).await;
+    let change = requests_for_the_change(bed, from).await;
+    settle(agent, 3).await;
+    assert_one_write_each("the CA change", namespaces, &created, &writes_by_namespace(bed)?);
 
     // What the change cost: one write per target and, beside them, one Event and the rotation record (a read
     // and a write), against the one write per target a raw apply loop sends.
@@ -177,4 +223,136 @@ async fn a_fan_out_to_300_new_targets_and_a_ca_change_write_each_once_and_the_ch
 async fn a_fan_out_to_1000_new_targets_and_a_ca_change_write_each_once_and_the_change_sends_at_most_1_05x_the_writes()
 -> Result<()> {
     one_write_per_target(1000).await
+}
+
+/// ca-syncer's rights in [`a_pass_whose_store_is_behind_its_own_writes_reads_no_target_back`]: everything it
+/// does, with the cluster-wide list and watch of Secrets (the targets' watch) in a binding of its own, and the
+/// source's watch in a Role of the source's namespace.
+const RBAC: &str = "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: writes-agent}
+rules:
+- {apiGroups: [''], resources: [configmaps, events, namespaces], verbs: ['*']}
+- {apiGroups: [events.k8s.io], resources: [events], verbs: ['*']}
+- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: ['*']}
+- {apiGroups: [''], resources: [secrets], verbs: [get, create, update, patch]}
+- {nonResourceURLs: ['*'], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: writes-agent}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: writes-agent}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: writes-agent}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: writes-agent-watch-targets}
+rules:
+- {apiGroups: [''], resources: [secrets], verbs: [list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: writes-agent-watch-targets}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: writes-agent-watch-targets}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: writes-agent}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: writes-agent-source, namespace: SOURCE_NAMESPACE}
+rules:
+- {apiGroups: [''], resources: [secrets], verbs: [list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: writes-agent-source, namespace: SOURCE_NAMESPACE}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: writes-agent-source}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: writes-agent}]
+";
+
+/// A pass whose reflector store is behind the agent's own last writes (what the pass after a fan-out to
+/// thousands of targets meets: it is woken by the first watch events of those writes, and the watch lags or
+/// restarts) must not read every target back. Here the store is held behind for good: after the first fan-out
+/// the targets' watch loses its right to list and the apiserver restarts, so the store keeps the targets as
+/// they were before the change. The CA change then costs one write per target, and the passes after it (every
+/// second) no GET of any target: each plans from the same view as the write and arrives at what it wrote.
+/// A target the agent creates meanwhile (the store never shows it) and someone deletes at once is created again
+/// once the agent's trust in its own create runs out. Once the watch may list again, a change made by someone
+/// else after the agent's write is seen and corrected.
+#[tokio::test]
+async fn a_pass_whose_store_is_behind_its_own_writes_reads_no_target_back() -> Result<()> {
+    let env = [("KCP_KEEPER_LEADER_ELECTION", "false")];
+    let mut fleet = fleet(300, &["writes-agent"], &env, RBAC).await?;
+    let client = fleet.bed.client();
+    let bindings = Api::<ClusterRoleBinding>::all(client.clone());
+    let watch_binding = bindings.get("writes-agent-watch-targets").await?;
+    bindings.delete("writes-agent-watch-targets", &DeleteParams::default()).await?;
+    let restarted_at = testbed::audit::by_user(&fleet.bed.apiserver.audit_log, USER)?.len();
+    fleet.bed.apiserver.restart().await?;
+    let Fleet { bed, agent, namespaces, src, .. } = &fleet;
+    eventually(FAN_OUT, "the targets' watch refused and the source's watching again", || async {
+        let after = testbed::audit::by_user(&bed.apiserver.audit_log, USER).ok()?.split_off(restarted_at);
+        let refused = after.iter().any(|r| r.resource == "secrets" && r.namespace.is_none() && r.code == Some(403));
+        let source = after
+            .iter()
+            .any(|r| r.resource == "secrets" && r.verb == "watch" && r.namespace.as_deref() == Some(src.as_str()));
+        (refused && source).then_some(())
+    })
+    .await;
+    settle(agent, 2).await;
+    let before = writes_by_namespace(bed)?;
+
+    let next = Ca::new("kcp-ca", YEAR)?;
+    let from = testbed::audit::by_user(&bed.apiserver.audit_log, USER)?.len();
+    fleet.change_to(&next).await?;
+    wait_all_hold(&client, namespaces, &marker(&next)).await;
+    // The change's pass and four more, all with the store behind the change's writes.
+    settle(agent, 5).await;
+    assert_one_write_each("the CA change", namespaces, &before, &writes_by_namespace(bed)?);
+    let reads = target_reads(bed, from)?;
+    let total: usize = reads.values().sum();
+    assert_eq!(
+        total,
+        0,
+        "{total} GETs of {} targets after the change (first: {:?})",
+        reads.len(),
+        reads.iter().take(5).collect::<Vec<_>>()
+    );
+
+    // A namespace labelled now gets its target, which the store never shows; someone deletes it at once. The
+    // agent takes a target it created as created for a while, and then reads it: it is created again.
+    let late = bed.namespace().await?;
+    let labels = serde_json::json!({"metadata": {"labels": {LABEL: "true"}}});
+    Api::<Namespace>::all(client.clone()).patch(&late, &PatchParams::default(), &Patch::Merge(labels)).await?;
+    let late_targets = Api::<Secret>::namespaced(client.clone(), &late);
+    let first = eventually(FAN_OUT, "the late namespace's target", || async {
+        late_targets.get_opt(TARGET).await.ok().flatten()
+    })
+    .await;
+    late_targets.delete(TARGET, &DeleteParams::default()).await?;
+    let again = eventually(Duration::from_secs(60), "the deleted target created again", || async {
+        late_targets.get_opt(TARGET).await.ok().flatten()
+    })
+    .await;
+    assert_ne!(again.metadata.uid, first.metadata.uid, "a new object");
+
+    // The watch may list again; someone else then replaces a target's content with something that is not a
+    // bundle: the agent writes the bundle back (what its sources hold: nothing is retained from what it cannot
+    // parse).
+    let mut back = watch_binding;
+    back.metadata = ObjectMeta { name: back.metadata.name.clone(), ..Default::default() };
+    bindings.create(&PostParams::default(), &back).await?;
+    let edited = &namespaces[7];
+    let targets = Api::<Secret>::namespaced(client.clone(), edited);
+    let patch = serde_json::json!({"data": {"ca.crt": base64_of("not a bundle")}});
+    targets.patch(TARGET, &PatchParams::default(), &Patch::Merge(patch)).await?;
+    eventually(FAN_OUT, "the edited target to hold the bundle again", || async {
+        key(&client, edited, TARGET, "ca.crt").await.filter(|pem| pem.contains(&marker(&next))).map(|_| ())
+    })
+    .await;
+    Ok(())
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
 }
