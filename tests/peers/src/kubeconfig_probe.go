@@ -1,24 +1,39 @@
-// kubeconfig-probe uses a kubeconfig file the way a hub that reloads its mounted kubeconfig would: every
-// -every it reads the file again (the kubelet swaps a mounted Secret's files atomically), and POSTs a
-// SelfSubjectReview to its current context's server over a new TLS connection (no keep-alive: a connection made
-// with an old certificate would hide that certificate's expiry), with the client certificate and key and the CA
-// the file holds now. It counts requests and failures; a request fails unless it is answered 201 naming the
-// expected user.
+// kubeconfig-probe uses a kubeconfig file the way a hub that reloads its mounted kubeconfig would: it POSTs a
+// SelfSubjectReview to its current context's server every -every over a new TLS connection (no keep-alive: a
+// connection made with an old certificate would hide that certificate's expiry), with the client certificate and
+// key and the CA the file holds, or the CA of the -ca file when one is given. The host is resolved by Go's own
+// resolver from the pod's /etc/resolv.conf and /etc/hosts (the default resolver of a static Go program). -server
+// https://HOST:PORT sends to that host instead, keeping the kubeconfig server's path. It counts requests and
+// failures; a request fails unless it is answered 201 naming the expected user.
 //
-// It prints one line per failure ("fail <n> <why>", with "(the client certificate ended at <RFC 3339>)" when it
-// was used past its notAfter: a renewal that reached the file too late, not a refused valid one), one line whenever the client certificate changes ("cert
-// <serial> notAfter <RFC 3339>"), and a summary line every second ("requests <n> failures <n> certs <n>"), so
-// the last summary line of its log says how it went.
+// What it reads, and when (-reload):
+//
+//	request  every file before every request (the default);
+//	change   the kubeconfig again whenever the file changed (the kubelet swaps a mounted Secret's files
+//	         atomically); the -ca file only on SIGHUP (what the ca-syncer sidecar sends);
+//	once     both at start only (a read-once consumer, which a restart reloads); SIGHUP still reloads both.
+//
+// It prints one line per failure ("fail <n> <class> <why>", class one of resolution, connect, tls, timeout, 401,
+// 403, 5xx, http (another status), user (another user), config (the files); with "(the client certificate ended
+// at <RFC 3339>)" when it was used past its notAfter: a renewal that reached the file too late, not a refused
+// valid one), one line whenever the client certificate changes ("cert <serial> notAfter <RFC 3339>"), one
+// whenever a file was read again with new content ("reload <what>"), and a summary line every second ("requests
+// <n> failures <n> certs <n>", also at SIGTERM), so the last summary line of its log says how it went.
+// openssl-probe prints the same lines. Before its first request it waits until the files can be read and the
+// server's name resolves ("ready after <n> check(s)"), as a hub waits for its configuration: nothing is counted
+// before.
 //
 // The kubeconfig is parsed for exactly what it needs (current-context, its context's cluster and user, their
 // server, certificate-authority-data, client-certificate-data and client-key-data) by a reader of the block
 // YAML kubeconfig writers emit; anything else in the file is ignored.
 //
-// Usage: kubeconfig-probe -kubeconfig FILE -user NAME [-every 200ms]
+// Usage: kubeconfig-probe -kubeconfig FILE -user NAME [-ca FILE] [-server https://HOST:PORT] [-every 200ms]
+// [-reload request|change|once]
 package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -28,84 +43,293 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"os/signal"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 )
+
+// failure is an error with its class.
+type failure struct {
+	class string
+	err   error
+}
+
+func (f failure) Error() string { return f.err.Error() }
+
+func classed(class string, err error) error { return failure{class, err} }
+
+// classOf names what kind of failure err is.
+func classOf(err error) string {
+	var f failure
+	if errors.As(err, &f) {
+		return f.class
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return "resolution"
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		return "timeout"
+	}
+	var verify *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var record tls.RecordHeaderError
+	var alert tls.AlertError
+	if errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) ||
+		errors.As(err, &invalid) || errors.As(err, &record) || errors.As(err, &alert) ||
+		strings.Contains(err.Error(), "tls: ") {
+		return "tls"
+	}
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return "connect"
+	}
+	return "connect"
+}
+
+type state struct {
+	file, caFile, server string
+	k                    kubeconfig
+	ca                   []byte
+	client               *http.Client
+	leaf                 *x509.Certificate
+	stamp                os.FileInfo
+}
 
 func main() {
 	file := flag.String("kubeconfig", "", "the kubeconfig file (required)")
 	user := flag.String("user", "", "the username the SelfSubjectReview must report (required)")
 	every := flag.Duration("every", 200*time.Millisecond, "how often to make a request")
+	caFile := flag.String("ca", "", "trust this CA file instead of the kubeconfig's certificate-authority-data")
+	server := flag.String("server", "", "send to this https://HOST:PORT instead, keeping the kubeconfig server's path")
+	reload := flag.String("reload", "request", "when to read the files again: request, change or once")
 	flag.Parse()
-	if *file == "" || *user == "" {
-		fmt.Fprintln(os.Stderr, "usage: kubeconfig-probe -kubeconfig FILE -user NAME [-every 200ms]")
+	if *file == "" || *user == "" || (*reload != "request" && *reload != "change" && *reload != "once") {
+		fmt.Fprintln(os.Stderr, "usage: kubeconfig-probe -kubeconfig FILE -user NAME [-ca FILE] [-server https://HOST:PORT] [-every 200ms] [-reload request|change|once]")
 		os.Exit(2)
+	}
+	var hup, term atomic.Bool
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM)
+	go func() {
+		for sig := range signals {
+			if sig == syscall.SIGTERM {
+				term.Store(true)
+			} else {
+				hup.Store(true)
+			}
+		}
+	}()
+	s := &state{file: *file, caFile: *caFile, server: *server}
+	// Start-up: wait until the files can be read and the server's name resolves, as a hub waits for its
+	// configuration; nothing is counted before.
+	for checks := 1; ; checks++ {
+		if ready(*file, *caFile, *server) {
+			fmt.Printf("ready after %d check(s)\n", checks)
+			break
+		}
+		if term.Load() {
+			return
+		}
+		if checks == 1 {
+			fmt.Println("waiting for the files and the server's name")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	var requests, failures, certs int
 	lastCert := ""
 	lastSummary := time.Now()
+	first := true
 	for tick := time.NewTicker(*every); ; <-tick.C {
 		requests++
-		cert, err := probe(*file, *user)
-		if cert != "" && cert != lastCert {
-			certs++
-			lastCert = cert
-			fmt.Println(cert)
+		signalled := hup.Swap(false)
+		readKube := first || *reload == "request" || signalled || s.client == nil
+		if *reload == "change" && !readKube {
+			info, err := os.Stat(*file)
+			readKube = err != nil || s.stamp == nil || !sameFile(info, s.stamp)
+		}
+		readCA := *caFile != "" && (first || *reload == "request" || signalled || s.ca == nil)
+		first = false
+		err := s.load(readKube, readCA, signalled)
+		if err == nil {
+			err = s.probe(*user)
+		}
+		if s.leaf != nil {
+			cert := fmt.Sprintf("cert %s notAfter %s", s.leaf.SerialNumber.Text(16), s.leaf.NotAfter.UTC().Format(time.RFC3339))
+			if cert != lastCert {
+				certs++
+				lastCert = cert
+				fmt.Println(cert)
+			}
 		}
 		if err != nil {
 			failures++
-			fmt.Printf("fail %d %v\n", requests, err)
+			fmt.Printf("fail %d %s %v\n", requests, classOf(err), err)
 		}
-		if time.Since(lastSummary) >= time.Second {
+		if term.Load() || time.Since(lastSummary) >= time.Second {
 			lastSummary = time.Now()
 			fmt.Printf("requests %d failures %d certs %d\n", requests, failures, certs)
+		}
+		if term.Load() {
+			return
 		}
 	}
 }
 
-// probe makes one request with the file as it is now; it returns the client certificate's "cert" line when it
-// could read one.
-func probe(file, user string) (string, error) {
+// ready says whether the files can be read and the server's name resolves.
+func ready(file, caFile, server string) bool {
 	text, err := os.ReadFile(file)
 	if err != nil {
-		return "", err
+		return false
 	}
 	k, err := parseKubeconfig(string(text))
 	if err != nil {
-		return "", err
+		return false
 	}
-	pair, err := tls.X509KeyPair(k.cert, k.key)
+	if caFile != "" {
+		if _, err := os.ReadFile(caFile); err != nil {
+			return false
+		}
+	}
+	if server != "" {
+		if k.server, err = override(k.server, server); err != nil {
+			return false
+		}
+	}
+	u, err := url.Parse(k.server)
 	if err != nil {
-		return "", fmt.Errorf("client certificate and key: %w", err)
+		return false
+	}
+	_, err = net.DefaultResolver.LookupHost(context.Background(), u.Hostname())
+	return err == nil
+}
+
+func sameFile(a, b os.FileInfo) bool {
+	return os.SameFile(a, b) && a.Size() == b.Size() && a.ModTime().Equal(b.ModTime())
+}
+
+// load reads what is due and, when anything changed, builds a new client from it.
+func (s *state) load(readKube, readCA, signalled bool) error {
+	changed := false
+	how := ""
+	if signalled {
+		how = " (SIGHUP)"
+	}
+	if readKube {
+		info, statErr := os.Stat(s.file)
+		text, err := os.ReadFile(s.file)
+		if err != nil {
+			return classed("config", err)
+		}
+		k, err := parseKubeconfig(string(text))
+		if err != nil {
+			return classed("config", err)
+		}
+		if s.server != "" {
+			k.server, err = override(k.server, s.server)
+			if err != nil {
+				return classed("config", err)
+			}
+		}
+		if s.client == nil || !bytes.Equal(k.ca, s.k.ca) || !bytes.Equal(k.cert, s.k.cert) ||
+			!bytes.Equal(k.key, s.k.key) || k.server != s.k.server {
+			if s.client != nil {
+				fmt.Println("reload kubeconfig" + how)
+			}
+			changed = true
+		}
+		s.k = k
+		if statErr == nil {
+			s.stamp = info
+		}
+	}
+	if readCA {
+		ca, err := os.ReadFile(s.caFile)
+		if err != nil {
+			return classed("config", err)
+		}
+		if s.ca != nil && !bytes.Equal(ca, s.ca) {
+			fmt.Println("reload ca" + how)
+			changed = true
+		}
+		if s.ca == nil {
+			changed = true
+		}
+		s.ca = ca
+	}
+	if !changed && s.client != nil {
+		return nil
+	}
+	pair, err := tls.X509KeyPair(s.k.cert, s.k.key)
+	if err != nil {
+		return classed("config", fmt.Errorf("client certificate and key: %w", err))
 	}
 	leaf, err := x509.ParseCertificate(pair.Certificate[0])
 	if err != nil {
-		return "", err
+		return classed("config", err)
 	}
-	certLine := fmt.Sprintf("cert %s notAfter %s", leaf.SerialNumber.Text(16), leaf.NotAfter.UTC().Format(time.RFC3339))
+	s.leaf = leaf
+	trust := s.k.ca
+	if s.caFile != "" {
+		trust = s.ca
+	}
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(k.ca) {
-		return certLine, errors.New("certificate-authority-data holds no PEM certificate")
+	if !pool.AppendCertsFromPEM(trust) {
+		return classed("config", errors.New("the CA holds no PEM certificate"))
 	}
-	client := &http.Client{
+	s.client = &http.Client{
 		Timeout: 10 * time.Second,
 		Transport: &http.Transport{
 			DisableKeepAlives: true,
 			TLSClientConfig:   &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}},
 		},
 	}
-	body := `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`
-	url := strings.TrimSuffix(k.server, "/") + "/apis/authentication.k8s.io/v1/selfsubjectreviews"
-	resp, err := client.Post(url, "application/json", strings.NewReader(body))
+	return nil
+}
+
+// override replaces the scheme, host and port of server with those of with, keeping server's path.
+func override(server, with string) (string, error) {
+	u, err := url.Parse(server)
 	if err != nil {
-		return certLine, ended(leaf, err)
+		return "", err
+	}
+	w, err := url.Parse(with)
+	if err != nil || w.Scheme != "https" || w.Host == "" {
+		return "", fmt.Errorf("-server %s is not an https URL", with)
+	}
+	u.Scheme, u.Host = w.Scheme, w.Host
+	return u.String(), nil
+}
+
+// probe makes one request with what was loaded.
+func (s *state) probe(user string) error {
+	leaf := s.leaf
+	body := `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`
+	url := strings.TrimSuffix(s.k.server, "/") + "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+	resp, err := s.client.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		return ended(leaf, err)
 	}
 	defer resp.Body.Close()
 	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 	if resp.StatusCode != http.StatusCreated {
-		return certLine, ended(leaf, fmt.Errorf("%s: %d %s", url, resp.StatusCode, bytes.TrimSpace(answer)))
+		class := "http"
+		switch {
+		case resp.StatusCode == 401, resp.StatusCode == 403:
+			class = fmt.Sprint(resp.StatusCode)
+		case resp.StatusCode >= 500:
+			class = "5xx"
+		}
+		return classed(class, ended(leaf, fmt.Errorf("%s: %d %s", url, resp.StatusCode, bytes.TrimSpace(answer))))
 	}
 	var review struct {
 		Status struct {
@@ -115,12 +339,12 @@ func probe(file, user string) (string, error) {
 		} `json:"status"`
 	}
 	if err := json.Unmarshal(answer, &review); err != nil {
-		return certLine, fmt.Errorf("the review: %w", err)
+		return classed("user", fmt.Errorf("the review: %w", err))
 	}
 	if review.Status.UserInfo.Username != user {
-		return certLine, fmt.Errorf("the server says %q, not %q", review.Status.UserInfo.Username, user)
+		return classed("user", fmt.Errorf("the server says %q, not %q", review.Status.UserInfo.Username, user))
 	}
-	return certLine, nil
+	return nil
 }
 
 type kubeconfig struct {
@@ -307,7 +531,7 @@ func unquote(s string) string {
 // ended marks err when the client certificate was past its notAfter as the request finished.
 func ended(leaf *x509.Certificate, err error) error {
 	if time.Now().After(leaf.NotAfter) {
-		return fmt.Errorf("%w (the client certificate ended at %s)", err, leaf.NotAfter.UTC().Format(time.RFC3339))
+		return classed(classOf(err), fmt.Errorf("%w (the client certificate ended at %s)", err, leaf.NotAfter.UTC().Format(time.RFC3339)))
 	}
 	return err
 }

@@ -301,6 +301,17 @@ fn build(peer: &Peer) -> Result<()> {
                 .arg(".");
             run(cmd)?;
         }
+        Recipe::StaticC { main_c, output, libs } => {
+            let source = scratch.join("main.c");
+            io("writing main.c", fs::write(&source, main_c))?;
+            eprintln!("peers: gcc -static {output}");
+            let mut gcc = Command::new("gcc");
+            gcc.args(["-O2", "-Wall", "-Werror", "-static", "-o"]).arg(out.join(output)).arg(&source);
+            gcc.args(libs.iter().map(|l| format!("-l{l}")));
+            run(gcc).map_err(|e| {
+                Error::Other(format!("{e} (gcc -static needs gcc, libc6-dev and the libraries' -dev packages)"))
+            })?;
+        }
         Recipe::Pause { kubernetes } => {
             let source = module_dir("k8s.io/kubernetes", kubernetes)?.join("build/pause");
             build_pause(&source, peer.version, kubernetes, &scratch, &out)?;

@@ -75,6 +75,9 @@ pub enum Recipe {
         builds: &'static [(&'static str, &'static str)],
         files: &'static [(&'static str, &'static str)],
     },
+    /// A one-file C program of ours (`main_c`), compiled and linked fully static with `gcc -O2 -Wall -Werror
+    /// -static` against the machine's static `libs` (`-l<lib>`, in order), so it runs in a `FROM scratch` image.
+    StaticC { main_c: &'static str, output: &'static str, libs: &'static [&'static str] },
     /// Kubernetes' pause program, compiled with `gcc -static` from `build/pause/linux/pause.c` of the
     /// `k8s.io/kubernetes` module download, and a one-layer image holding it as a docker-archive tar (what
     /// `ctr images import` reads): the node's sandbox image, as no registry can be reached.

@@ -13,7 +13,10 @@ pub const KCP_OPERATOR: &str = "v0.9.0";
 /// Our own one-file program (standard library only); bump when `http_probe.go` changes.
 pub const HTTP_PROBE: &str = "v1";
 /// Our own one-file program (standard library only); bump when `kubeconfig_probe.go` changes.
-pub const KUBECONFIG_PROBE: &str = "v2";
+pub const KUBECONFIG_PROBE: &str = "v3";
+/// Our own one-file C program on OpenSSL (`openssl_probe.c`); bump when it changes. It links the machine's
+/// `libssl.a` and `libcrypto.a` (Debian bookworm's libssl-dev: OpenSSL 3.0), and prints that version at start.
+pub const OPENSSL_PROBE: &str = "v2";
 /// The pod-side `nslookup` of the seed's Verify section: the pod's own resolver configuration, nothing named.
 pub const DNS_LOOKUP: &str = "v1";
 
@@ -76,6 +79,18 @@ pub static SEED_PEERS: &[Peer] = &[
             output: "kubeconfig-probe",
         },
         outputs: &["kubeconfig-probe"],
+        expected_time: "seconds",
+    },
+    // kubeconfig-probe's twin on OpenSSL: the chain built and verified by OpenSSL, as curl's is (the consumer tests).
+    Peer {
+        name: "openssl-probe",
+        version: OPENSSL_PROBE,
+        recipe: Recipe::StaticC {
+            main_c: include_str!("openssl_probe.c"),
+            output: "openssl-probe",
+            libs: &["ssl", "crypto", "pthread"],
+        },
+        outputs: &["openssl-probe"],
         expected_time: "seconds",
     },
     // A plain pod's lookup through its resolv.conf (the cluster DNS the kubelet names), as the seed's Verify runs it.

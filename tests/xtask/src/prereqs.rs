@@ -11,7 +11,8 @@
 //!   zstd-sys compile C for the target: cc-rs picks `musl-gcc`, from Debian's `musl-tools`), and buildah.
 //! - For the peers of the real node (`testbed::node`): a cgo build against libseccomp (runc's seccomp support,
 //!   which the restricted profile's `RuntimeDefault` needs: Debian's `libseccomp-dev` and `pkg-config`), a static
-//!   C build (Kubernetes' pause, `gcc -static`: `gcc` and `libc6-dev`); to run the node, the CNI plugins
+//!   C build (Kubernetes' pause, `gcc -static`: `gcc` and `libc6-dev`), a static C build against OpenSSL (the
+//!   seed layout's openssl-probe, `gcc -static ... -lssl -lcrypto`: Debian's `libssl-dev`); to run the node, the CNI plugins
 //!   (Debian's `containernetworking-plugins` in `/usr/lib/cni`), iptables (kube-proxy's iptables mode) and
 //!   ipset (kube-router's NetworkPolicy firewall, which the node runs for the enforcement tests).
 //! - For ca-syncer's trust store tests: Java's keytool and `openssl pkcs12`, which read its JKS and PKCS#12
@@ -424,13 +425,23 @@ pub fn check_seccomp_cgo() -> Result<(), String> {
     check_c_build("#include <seccomp.h>\nint main(void) { return seccomp_version() == 0; }\n", &flags)
 }
 
-/// Makes the peer builds' C parts work: runc's cgo with libseccomp, pause's `gcc -static`.
+/// A static C build against OpenSSL's `libssl.a` and `libcrypto.a`, as the seed's openssl-probe is built.
+const STATIC_OPENSSL_C: &str =
+    "#include <openssl/ssl.h>\nint main(void) { return SSL_CTX_new(TLS_client_method()) == 0; }\n";
+const STATIC_OPENSSL_FLAGS: &[&str] = &["-static", "-lssl", "-lcrypto", "-lpthread"];
+
+/// Makes the peer builds' C parts work: runc's cgo with libseccomp, pause's `gcc -static`, openssl-probe's
+/// `gcc -static` against libssl.
 pub fn ensure_peer_c_builds() -> Result<()> {
     let static_c = "#include <stdio.h>\nint main(void) { return puts(\"probe\") < 0; }\n";
     let mut missing = Vec::new();
     if let Err(why) = check_c_build(static_c, &["-static"]) {
         eprintln!("xtask: no static C build ({why}); Kubernetes' pause is compiled with gcc -static");
         missing.extend(["gcc", "libc6-dev"]);
+    }
+    if let Err(why) = check_c_build(STATIC_OPENSSL_C, STATIC_OPENSSL_FLAGS) {
+        eprintln!("xtask: no static C build against OpenSSL ({why}); the seed's openssl-probe links libssl.a");
+        missing.push("libssl-dev");
     }
     if let Err(why) = check_seccomp_cgo() {
         eprintln!("xtask: no libseccomp for cgo ({why}); runc is built with seccomp support");
@@ -441,6 +452,8 @@ pub fn ensure_peer_c_builds() -> Result<()> {
     }
     apt_install(&missing)?;
     check_c_build(static_c, &["-static"]).map_err(|why| anyhow::anyhow!("still no static C build: {why}"))?;
+    check_c_build(STATIC_OPENSSL_C, STATIC_OPENSSL_FLAGS)
+        .map_err(|why| anyhow::anyhow!("still no static C build against OpenSSL after installing libssl-dev: {why}"))?;
     check_seccomp_cgo().map_err(|why| anyhow::anyhow!("still no libseccomp for cgo after installing it: {why}"))
 }
 

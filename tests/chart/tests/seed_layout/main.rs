@@ -19,6 +19,7 @@ use testbed::seed::layout::{self, ADMIN_GROUP, ADMIN_USER, EXTERNAL_HOST, EXTERN
 use testbed::seed::{self, Installed};
 
 mod ca_syncer;
+mod consumer;
 mod dns_rewriter;
 mod doctor;
 mod etcd_snapshotter;

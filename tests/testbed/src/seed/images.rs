@@ -2,7 +2,7 @@
 //! references the layout names, so `ctr images import` puts them where kubelet looks and nothing is pulled:
 //! kcp under the kcp-operator's default (`ghcr.io/kcp-dev/kcp:v0.32.3`, also pinned in every object), etcd,
 //! the operator and cert-manager's controller under their upstream names, and a probe image (kubectl,
-//! http-probe, kubeconfig-probe, dns-lookup and pause) for the checks run from a pod. Each is `FROM scratch` with static binaries from the peer cache, laid out as
+//! http-probe, kubeconfig-probe, openssl-probe, dns-lookup and pause) for the checks run from a pod. Each is `FROM scratch` with static binaries from the peer cache, laid out as
 //! the upstream image lays them out (entrypoints, the non-root user, kcp's writable `/.kcp`).
 //!
 //! Built once per machine into `<cache>/images/seed/<name>.tar` (docker-archives) with their own buildah
@@ -38,9 +38,9 @@ pub const ETCD_IMAGE: &str = "quay.io/coreos/etcd:v3.6.16";
 pub const OPERATOR_IMAGE: &str = "ghcr.io/kcp-dev/kcp-operator:v0.9.0";
 pub const CERT_MANAGER_REPOSITORY: &str = "quay.io/jetstack/cert-manager-controller";
 pub const CERT_MANAGER_IMAGE: &str = "quay.io/jetstack/cert-manager-controller:v1.21.1";
-/// kubectl (v1.37.2), http-probe, kubeconfig-probe, dns-lookup and pause; the tag names the set of files (the cache is keyed by the reference),
-/// so bump it when they change.
-pub const PROBE_IMAGE: &str = "kcp-keeper.local/seed-probe:5";
+/// kubectl (v1.37.2), http-probe, kubeconfig-probe, openssl-probe, dns-lookup and pause; the tag names the set of
+/// files (the cache is keyed by the reference), so bump it when they change.
+pub const PROBE_IMAGE: &str = "kcp-keeper.local/seed-probe:7";
 
 pub static IMAGES: &[Image] = &[
     Image {
@@ -82,6 +82,7 @@ pub static IMAGES: &[Image] = &[
             ("kubectl", "/kubectl"),
             ("http-probe", "/http-probe"),
             ("kubeconfig-probe", "/kubeconfig-probe"),
+            ("openssl-probe", "/openssl-probe"),
             ("dns-lookup", "/dns-lookup"),
             ("pause", "/pause"),
         ],
@@ -102,6 +103,7 @@ pub const PEERS: &[&str] = &[
     "kubectl",
     "http-probe",
     "kubeconfig-probe",
+    "openssl-probe",
     "dns-lookup",
     "pause",
 ];
