@@ -652,6 +652,39 @@ async fn install_chart_crds(client: &kube::Client) {
     .await;
 }
 
+/// `options` written with `snapshotObjects: true`, and a ServiceAccount in `ns` holding exactly the Role
+/// `rbac --config` prints for it: the file, the account's kubeconfig and its user.
+async fn with_snapshot_objects(
+    bed: &Bed,
+    options: &Options<'_>,
+    ns: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let config = write_config(bed, options).unwrap();
+    let mut file = std::fs::read_to_string(&config).unwrap();
+    file.push_str("snapshotObjects: true\n");
+    std::fs::write(&config, file).unwrap();
+    let out = cli(&[
+        "rbac",
+        "--config",
+        config.to_str().unwrap(),
+        "--namespace",
+        ns,
+        "--service-account",
+        "etcd-snapshotter",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    assert!(yaml.contains("etcdsnapshots") && yaml.contains("etcdsnapshotrequests/status"), "{yaml}");
+    let mut docs = yaml.split("\n---\n");
+    let role: Role = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+    let binding: RoleBinding = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+    let admin = bed.cluster().client();
+    Api::<Role>::namespaced(admin.clone(), ns).create(&PostParams::default(), &role).await.unwrap();
+    Api::<RoleBinding>::namespaced(admin, ns).create(&PostParams::default(), &binding).await.unwrap();
+    let (kubeconfig, user) = bed.cluster().service_account_kubeconfig(ns, "etcd-snapshotter").await.unwrap();
+    (config, kubeconfig, user)
+}
+
 /// `(name, snapshot id, revision)` of every EtcdSnapshot in `ns`, sorted.
 async fn snapshot_objects(client: &kube::Client, ns: &str) -> Vec<(String, String, u64)> {
     let api = Api::<etcd_snapshotter::objects::EtcdSnapshot>::namespaced(client.clone(), ns);
@@ -694,30 +727,8 @@ async fn snapshot_objects_follow_the_bucket_through_retention_come_back_when_del
     let mut options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
     options.cron = EVERY_FIVE_SECONDS;
     options.keep_last = 2;
-    let config = write_config(&bed, &options).unwrap();
-    let mut file = std::fs::read_to_string(&config).unwrap();
-    file.push_str("snapshotObjects: true\n");
-    std::fs::write(&config, file).unwrap();
-    // The Role `rbac --config` prints for this configuration, and nothing else.
-    let out = cli(&[
-        "rbac",
-        "--config",
-        config.to_str().unwrap(),
-        "--namespace",
-        &ns,
-        "--service-account",
-        "etcd-snapshotter",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let yaml = String::from_utf8(out.stdout).unwrap();
-    assert!(yaml.contains("etcdsnapshots"), "{yaml}");
-    let mut docs = yaml.split("\n---\n");
-    let role: Role = serde_yaml::from_str(docs.next().unwrap()).unwrap();
-    let binding: RoleBinding = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+    let (config, kubeconfig, user) = with_snapshot_objects(&bed, &options, &ns).await;
     let admin = cluster.client();
-    Api::<Role>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &role).await.unwrap();
-    Api::<RoleBinding>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &binding).await.unwrap();
-    let (kubeconfig, user) = cluster.service_account_kubeconfig(&ns, "etcd-snapshotter").await.unwrap();
     let mut agent = agent(cluster, &config, &ns).identity("replica-a").kubeconfig(&kubeconfig).spawn().unwrap();
     agent.wait_ready(WAIT).await.unwrap();
 
@@ -772,28 +783,8 @@ async fn a_snapshot_request_object_is_carried_out_now_with_its_ids_and_one_namin
     install_chart_crds(&cluster.client()).await;
     // No schedule fires during the test (1 January, midnight): every snapshot is a requested one.
     let options = Options::new(&bed, "root", vec![etcd.members[0].client_url.clone()]);
-    let config = write_config(&bed, &options).unwrap();
-    let mut file = std::fs::read_to_string(&config).unwrap();
-    file.push_str("snapshotObjects: true\n");
-    std::fs::write(&config, file).unwrap();
-    let out = cli(&[
-        "rbac",
-        "--config",
-        config.to_str().unwrap(),
-        "--namespace",
-        &ns,
-        "--service-account",
-        "etcd-snapshotter",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let yaml = String::from_utf8(out.stdout).unwrap();
-    let mut docs = yaml.split("\n---\n");
-    let role: Role = serde_yaml::from_str(docs.next().unwrap()).unwrap();
-    let binding: RoleBinding = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+    let (config, kubeconfig, user) = with_snapshot_objects(&bed, &options, &ns).await;
     let admin = cluster.client();
-    Api::<Role>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &role).await.unwrap();
-    Api::<RoleBinding>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &binding).await.unwrap();
-    let (kubeconfig, user) = cluster.service_account_kubeconfig(&ns, "etcd-snapshotter").await.unwrap();
     let mut agent = agent(cluster, &config, &ns).identity("replica-a").kubeconfig(&kubeconfig).spawn().unwrap();
     agent.wait_ready(WAIT).await.unwrap();
 
