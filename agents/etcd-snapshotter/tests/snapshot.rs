@@ -372,7 +372,16 @@ async fn with_object_lock_every_snapshot_and_manifest_is_locked_the_agents_own_k
     options.extra_storage = "  objectLock:\n    mode: governance\n    retainFor: 2s\n";
     let short = write_config(&bed, &options).unwrap();
     snapshot_ok(&short);
-    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    // Until the store's own retention date of the first snapshot's objects has passed.
+    let first = manifests(&s3, "short-lock").await[0]["id"].as_str().unwrap().to_string();
+    testbed::eventually(WAIT, "the first snapshot's locks ended", || async {
+        let mut latest = 0;
+        for object in ["snapshot.db.zst", "manifest.json"] {
+            latest = latest.max(lock_of(&s3, "short-lock", &format!("{PREFIX}/{first}/{object}")).await.1?);
+        }
+        (chrono::Utc::now().timestamp() > latest).then_some(())
+    })
+    .await;
     load(&mut client, "/registry/later", 5, 100).await.unwrap();
     let out = snapshot_ok(&short);
     assert!(!out.contains("locked 1"), "{out}");
