@@ -335,10 +335,23 @@ async fn observe(node: &Node, client: &kube::Client, app: &str, what: &str) -> R
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    // A few more seconds on the last certificate, then the final logs.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    followers.poll(node, client, app).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Twenty more requests by each probe on the last certificate, then the final logs.
+    let sent = |logs: &BTreeMap<&'static str, Vec<(String, String)>>, probe: &str| {
+        counts(logs.get(probe).map(Vec::as_slice).unwrap_or_default()).requests
+    };
+    let before: Vec<u64> = PROBES.iter().map(|(p, _)| sent(&followers.logs(), p)).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        followers.poll(node, client, app).await?;
+        let logs = followers.logs();
+        if PROBES.iter().zip(&before).all(|((p, _), b)| sent(&logs, p) >= b + 20) {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("{what}: the consumers sent fewer than 20 requests on the last certificate within a minute");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     let logs = followers.logs();
     let mut problems = Vec::new();
     for (probe, _) in PROBES {
