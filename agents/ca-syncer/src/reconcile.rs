@@ -3,7 +3,7 @@
 //! builds the bundle per target (keeping rotated-out CAs until they expire), verifies it against the live
 //! endpoint, and writes only what changed. The series it sets are kept true by [`crate::metrics`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -129,7 +129,8 @@ const FRESH_READS: usize = 16;
 /// One object a target resolves to: the target as configured, in one namespace.
 struct Resolved {
     namespace: String,
-    config: Target,
+    /// Shared by every namespace the target resolves to.
+    config: Arc<Target>,
     /// Its bundle writes both Secrets and ConfigMaps: Events name the kind too.
     qualified: bool,
 }
@@ -279,9 +280,11 @@ impl Syncer {
             .buffered(FRESH_READS)
             .collect()
             .await;
+        // What each distinct content is planned to, shared by the targets that hold it.
+        let memo = Mutex::new(HashMap::new());
         // `None`: the target's rotation state would be too large to write.
         let plan = |target: &'a Resolved, observed: Observed| {
-            self.plan_target(spec, current, record, target, observed, now).map(|mut plan| {
+            self.plan_target(spec, current, record, target, observed, now, &memo).map(|mut plan| {
                 plan.stores = self.stores(&plan, passwords);
                 plan
             })
@@ -353,7 +356,7 @@ impl Syncer {
         let record = if current.is_empty() {
             RotationState::default()
         } else {
-            rotation::next_state(current, plans.iter().filter_map(|p| p.retention.as_ref()))
+            rotation::next_state(current, plans.iter().filter_map(|p| p.planned.retention.as_ref()))
         };
         if record != stored.decoded.state
             && let Err(e) = self.state.write(&spec.name, stored, &record).await
@@ -400,11 +403,12 @@ impl Syncer {
         let mut failures: Vec<ApplyError> = Vec::new();
         let mut restart_failure: Option<RestartError> = None;
         for plan in plans {
-            let (target, hash) = (plan.target, consumers::content_hash(&plan.pem));
-            let held_until = consumers::held_until(plan.bundle.as_ref().and_then(|(b, _)| b.earliest_not_after()), now);
+            let (target, hash) = (plan.target, consumers::content_hash(&plan.planned.pem));
+            let earliest = plan.planned.bundle.as_ref().and_then(|(b, _)| b.earliest_not_after());
+            let held_until = consumers::held_until(earliest, now);
             // A consumer holding the previous bundle trusts the CA this one only retains: it is rolled before that
             // CA leaves the rotation overlap (its notAfter, or rotationGrace), window or not.
-            let deadline = plan.retention.as_ref().and_then(RetentionPlan::next_review_at);
+            let deadline = plan.planned.retention.as_ref().and_then(RetentionPlan::next_review_at);
             match self.write_target(spec, plan, &mut published, report).await {
                 Ok(at) => {
                     review = min_time(review, at);
@@ -458,7 +462,7 @@ impl Syncer {
             bundles.insert(Vec::new(), &self.public_roots);
         } else {
             for plan in plans {
-                if let Some((built, _)) = &plan.bundle {
+                if let Some((built, _)) = &plan.planned.bundle {
                     bundles.entry(built.fingerprints().collect()).or_insert_with(|| built.certificates());
                 }
             }
@@ -529,7 +533,8 @@ impl Syncer {
                 // Cluster-scoped: no namespace.
                 Placement::Cluster => (vec![String::new()], vec![]),
             };
-            let resolved = |namespace: String| Resolved { namespace, config: target.clone(), qualified };
+            let config = Arc::new(target.clone());
+            let resolved = |namespace: String| Resolved { namespace, config: config.clone(), qualified };
             out.extend(namespaces.into_iter().map(resolved));
             skipped.extend(terminating.into_iter().map(|ns| (resolved(ns), SkipReason::Terminating)));
         }
@@ -537,7 +542,9 @@ impl Syncer {
     }
 
     /// What to write to one target: the sources plus what it retains, per the bundle's record.
-    /// `None` when the cache annotation would be too large to write.
+    /// `None` when the cache annotation would be too large to write. Planned once per distinct content the
+    /// targets hold (`memo`, for one pass): the plan depends on nothing else of the target.
+    #[allow(clippy::too_many_arguments)]
     fn plan_target<'a>(
         &self,
         spec: &Bundle,
@@ -546,30 +553,40 @@ impl Syncer {
         target: &'a Resolved,
         observed: Observed,
         now: OffsetDateTime,
+        memo: &Mutex<HashMap<Vec<u8>, Arc<Planned>>>,
     ) -> Option<TargetPlan<'a>> {
-        let live = observed.content(&target.config.key);
-        let mut plan = TargetPlan {
-            target,
-            observed,
-            pem: String::new(),
-            stores: Vec::new(),
-            cache: String::new(),
-            bundle: None,
-            retention: None,
-            settled: false,
-            recheck: None,
+        let live = observed.content(&target.config.key).unwrap_or_default();
+        let known = memo.lock().unwrap_or_else(|e| e.into_inner()).get(&live).cloned();
+        let planned = match known {
+            Some(planned) => planned,
+            None => {
+                let planned = Arc::new(Self::planned(spec, current, record, &live, now)?);
+                memo.lock().unwrap_or_else(|e| e.into_inner()).insert(live, planned.clone());
+                planned
+            }
         };
+        Some(TargetPlan { target, observed, planned, stores: Vec::new(), settled: false, recheck: None })
+    }
+
+    /// What a target holding `live` is written ([`Syncer::plan_target`]).
+    fn planned(
+        spec: &Bundle,
+        current: &[Certificate],
+        record: &RotationState,
+        live: &[u8],
+        now: OffsetDateTime,
+    ) -> Option<Planned> {
         if current.is_empty() {
             // Empty-means-public mode: the key is written empty, with nothing retained, because a consumer
             // holding any CA would stop trusting the public roots.
-            return Some(plan);
+            return Some(Planned::default());
         }
         // A target we cannot parse is simply replaced; nothing from it is retained.
-        let previous = parse_certificates(&live.unwrap_or_default(), EmptyPolicy::Allow).unwrap_or_default();
+        let previous = parse_certificates(live, EmptyPolicy::Allow).unwrap_or_default();
         let retention = plan_retention(current, &previous, record, now, spec.rotation_grace);
         let bundle =
             Built::build(retention.certificates.clone(), &BundleOptions { drop_expired: spec.drop_expired, now });
-        plan.cache = match retention.state_for(&bundle).encode() {
+        let cache = match retention.state_for(&bundle).encode() {
             Ok(cache) => cache,
             Err(e) => {
                 tracing::warn!(bundle = %spec.name, error = %e, "rotation state too large; not written");
@@ -577,10 +594,7 @@ impl Syncer {
             }
         };
         let review = min_time(retention.next_review_at(), bundle.earliest_not_after().filter(|_| spec.drop_expired));
-        plan.pem = bundle.render();
-        plan.bundle = Some((bundle, review));
-        plan.retention = Some(retention);
-        Some(plan)
+        Some(Planned { pem: bundle.render(), cache, bundle: Some((bundle, review)), retention: Some(retention) })
     }
 
     /// The trust stores of a planned target: the same certificates as its PEM key, in the same order. None in
@@ -590,7 +604,7 @@ impl Syncer {
         plan: &TargetPlan<'_>,
         passwords: &BTreeMap<&PasswordFrom, String>,
     ) -> Vec<(String, Arc<Vec<u8>>)> {
-        let Some((bundle, _)) = &plan.bundle else { return Vec::new() };
+        let Some((bundle, _)) = &plan.planned.bundle else { return Vec::new() };
         let formats = &plan.target.config.formats;
         formats
             .iter()
@@ -644,7 +658,7 @@ impl Syncer {
             }
             outcome
         });
-        let count = plan.bundle.as_ref().map_or(0, |(b, _)| b.len());
+        let count = plan.planned.bundle.as_ref().map_or(0, |(b, _)| b.len());
         match outcome {
             Ok(Outcome::Unchanged) => report.unchanged(),
             Ok(outcome) => {
@@ -676,9 +690,9 @@ impl Syncer {
             }
         }
         in_sync.set(1);
-        let Some((bundle, review)) = plan.bundle else { return Ok(plan.recheck) };
+        let Some((bundle, review)) = &plan.planned.bundle else { return Ok(plan.recheck) };
         self.metrics.holds(&spec.name, bundle.certificates(), published);
-        Ok(min_time(review, plan.recheck))
+        Ok(min_time(*review, plan.recheck))
     }
 
     /// Brings the target's consumers to `wanted` ([`Restarter::converge`]): the first error, or when to look
@@ -800,13 +814,10 @@ struct TargetPlan<'a> {
     target: &'a Resolved,
     /// The object as this pass saw it: what is compared with, and the version the write is held to.
     observed: Observed,
-    pem: String,
+    /// What it is written, shared with every target of the pass that holds the same content.
+    planned: Arc<Planned>,
     /// The trust stores (`additionalFormats`): data key and bytes.
     stores: Vec<(String, Arc<Vec<u8>>)>,
-    /// The cache annotation: what this target holds, for people reading it. Never read back.
-    cache: String,
-    bundle: Option<(Built, Option<OffsetDateTime>)>,
-    retention: Option<RetentionPlan>,
     /// The store is behind our last write of the target, and this plan arrives at the object that write sent:
     /// nothing to write ([`crate::observed`]).
     settled: bool,
@@ -814,14 +825,30 @@ struct TargetPlan<'a> {
     recheck: Option<OffsetDateTime>,
 }
 
+/// What a target is written, decided from what it holds now ([`Syncer::planned`]): the same for every target
+/// holding the same content, so a pass over thousands of targets holding one bundle plans (and keeps) it once.
+#[derive(Default)]
+struct Planned {
+    pem: String,
+    /// The cache annotation: what the target holds, for people reading it. Never read back.
+    cache: String,
+    bundle: Option<(Built, Option<OffsetDateTime>)>,
+    retention: Option<RetentionPlan>,
+}
+
 impl TargetPlan<'_> {
     fn fingerprints(&self) -> impl Iterator<Item = Fingerprint> + '_ {
-        self.bundle.iter().flat_map(|(b, _)| b.fingerprints())
+        self.planned.bundle.iter().flat_map(|(b, _)| b.fingerprints())
     }
 
     /// Certificates found in the target that the bundle's sources never held (hand-edited in).
     fn foreign_removed(&self) -> usize {
-        self.retention.iter().flat_map(|r| &r.dropped).filter(|d| d.reason == DropReason::NotPublishedByUs).count()
+        self.planned
+            .retention
+            .iter()
+            .flat_map(|r| &r.dropped)
+            .filter(|d| d.reason == DropReason::NotPublishedByUs)
+            .count()
     }
 }
 
@@ -830,8 +857,8 @@ impl TargetPlan<'_> {
 fn desired<'a>(plan: &TargetPlan<'a>) -> (serde_json::Value, Decided<'a>) {
     let target = plan.target;
     let metadata = target_metadata::decide(&target.config.metadata, plan.observed.meta());
-    let content = Content { pem: &plan.pem, stores: &plan.stores };
-    (desired_object(target, &content, &plan.cache, !plan.observed.exists(), &metadata), metadata)
+    let content = Content { pem: &plan.planned.pem, stores: &plan.stores };
+    (desired_object(target, &content, &plan.planned.cache, !plan.observed.exists(), &metadata), metadata)
 }
 
 /// What a target's keys hold: the PEM bundle, and each trust store by its key.

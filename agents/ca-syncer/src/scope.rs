@@ -10,6 +10,12 @@
 //!   selector; a ClusterRole with `resourceNames` allows exactly that, as trust-manager does), and a watch of
 //!   Namespaces by the selector's labels. Namespaces are watched only when a selector is configured.
 //!
+//! Each store keeps only what a pass reads ([`Reads`]): of a source, the keys it names; of a target, the keys
+//! it writes, kcp-keeper's own labels and annotations and the configured ones, and (only when the target has
+//! configured labels or annotations) which of those kcp-keeper set. Namespaces are watched metadata-only: a
+//! pass reads their names and whether they are being deleted. So the stores grow with the targets' bundles,
+//! not with whatever else those objects and namespaces carry.
+//!
 //! [`rbac`] renders the Roles these watches (and the writes) need, from the same [`Plan`].
 
 pub mod rbac;
@@ -18,12 +24,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kcp_keeper_runtime::watch::{Watches, by_name};
-use kube::api::Api;
+use kcp_keeper_runtime::apply::{MANAGED_BY_LABEL, OWNED_KEYS_ANNOTATION};
+use kcp_keeper_runtime::watch::{Trim, Watches, by_name, keep_keys};
+use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use crate::config::{Config, PasswordFrom, Pick, Placement, Selection, Selector, Source, TargetKind};
+use crate::config::{Config, Keys, PasswordFrom, Pick, Placement, Selection, Selector, Source, Target, TargetKind};
+use crate::rotation::STATE_ANNOTATION;
 
 /// One object the configuration names: its kind, namespace (`None`: every namespace) and name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -50,7 +58,83 @@ pub struct Plan {
     pub namespace_selectors: BTreeSet<String>,
     /// Selector sources: kind, namespace and label selector.
     pub selected: BTreeSet<(TargetKind, String, String)>,
+    /// What a pass reads of each object watched by name (`named` and `cluster_wide`; namespace `None`: every
+    /// namespace), and of the objects each selector source's watch holds.
+    pub reads: BTreeMap<(TargetKind, Option<String>, String), Reads>,
+    pub selected_reads: BTreeMap<(TargetKind, String, String), Reads>,
 }
+
+/// What a pass reads of the objects one watch holds: what its store keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reads {
+    /// The data keys read (`None`: every key, for a selection of all keys).
+    pub keys: Option<BTreeSet<String>>,
+    /// Labels and annotations read: a target's own marks and configured keys; a source's none.
+    pub labels: BTreeSet<String>,
+    pub annotations: BTreeSet<String>,
+    /// Which configured labels and annotations kcp-keeper set (`managedFields`): read only to decide a
+    /// configured key another manager changed.
+    pub ownership: bool,
+}
+
+impl Default for Reads {
+    fn default() -> Self {
+        Self { keys: Some(BTreeSet::new()), labels: BTreeSet::new(), annotations: BTreeSet::new(), ownership: false }
+    }
+}
+
+impl Reads {
+    fn key(&mut self, key: &str) {
+        if let Some(keys) = &mut self.keys {
+            keys.insert(key.to_string());
+        }
+    }
+
+    fn keys(&mut self, keys: &Keys) {
+        match keys {
+            Keys::One(key) => self.key(key),
+            Keys::All => self.keys = None,
+        }
+    }
+
+    /// A target: the keys it writes, and the labels and annotations a write is compared with and decided on.
+    fn target(&mut self, target: &Target) {
+        self.key(&target.key);
+        for format in &target.formats {
+            self.key(&format.key);
+        }
+        self.labels.insert(MANAGED_BY_LABEL.to_string());
+        self.labels.extend(target.metadata.labels.keys().cloned());
+        self.annotations.extend([STATE_ANNOTATION.to_string(), OWNED_KEYS_ANNOTATION.to_string()]);
+        self.annotations.extend(target.metadata.annotations.keys().cloned());
+        self.ownership |= !target.metadata.labels.is_empty() || !target.metadata.annotations.is_empty();
+    }
+
+    /// The store's trim: metadata as read, and `data` (the kind's data keys) cut to the keys read.
+    fn trim<K: kube::Resource + 'static>(&self, data: fn(&mut K, &BTreeSet<String>)) -> Trim<K> {
+        let trim = Trim::default()
+            .labels(self.labels.iter().cloned())
+            .annotations(self.annotations.iter().cloned())
+            .own_metadata_ownership(self.ownership);
+        match self.keys.clone() {
+            Some(keys) => trim.object(move |object| data(object, &keys)),
+            None => trim,
+        }
+    }
+}
+
+fn secret_data(secret: &mut Secret, keys: &BTreeSet<String>) {
+    keep_keys(&mut secret.data, keys);
+    keep_keys(&mut secret.string_data, keys);
+}
+
+fn config_map_data(config_map: &mut ConfigMap, keys: &BTreeSet<String>) {
+    keep_keys(&mut config_map.data, keys);
+    keep_keys(&mut config_map.binary_data, keys);
+}
+
+/// A ClusterTrustBundle's content is its `spec.trustBundle`, whatever the key: nothing to cut.
+fn no_data(_: &mut ClusterTrustBundle, _: &BTreeSet<String>) {}
 
 impl Plan {
     /// What `config` names. Pure, so the scope and the RBAC rendered from it agree by construction.
@@ -58,39 +142,48 @@ impl Plan {
         let mut plan = Plan::default();
         for bundle in &config.bundles {
             for source in &bundle.sources {
-                let (kind, namespace, name) = match source {
-                    Source::Secret(r) => (TargetKind::Secret, &r.namespace, &r.name),
-                    Source::ConfigMap(r) => (TargetKind::ConfigMap, &r.namespace, &r.name),
-                    Source::Selected(Selection { kind, namespace, pick: Pick::Name(name), .. }) => {
-                        (*kind, namespace, name)
+                let (kind, namespace, name, keys) = match source {
+                    Source::Secret(r) => (TargetKind::Secret, &r.namespace, &r.name, Keys::One(r.key.clone())),
+                    Source::ConfigMap(r) => (TargetKind::ConfigMap, &r.namespace, &r.name, Keys::One(r.key.clone())),
+                    Source::Selected(Selection { kind, namespace, pick: Pick::Name(name), keys }) => {
+                        (*kind, namespace, name, keys.clone())
                     }
-                    Source::Selected(Selection { kind, namespace, pick: Pick::Labels(selector), .. }) => {
-                        plan.selected.insert((*kind, namespace.clone(), selector.label_selector()));
+                    Source::Selected(Selection { kind, namespace, pick: Pick::Labels(selector), keys }) => {
+                        let watch = (*kind, namespace.clone(), selector.label_selector());
+                        plan.selected_reads.entry(watch.clone()).or_default().keys(keys);
+                        plan.selected.insert(watch);
                         continue;
                     }
                     Source::Inline(_) | Source::File(_) | Source::PublicRoots => continue,
                 };
+                plan.reads.entry((kind, Some(namespace.clone()), name.clone())).or_default().keys(&keys);
                 plan.named.insert(Named::new(kind, namespace, name));
             }
             for target in &bundle.targets {
                 // A trust store's password Secret is read like a source: watched by name in its namespace.
                 for format in &target.formats {
-                    if let PasswordFrom::Secret { namespace, name, .. } = &format.password {
+                    if let PasswordFrom::Secret { namespace, name, key } = &format.password {
+                        let watch = (TargetKind::Secret, Some(namespace.clone()), name.clone());
+                        plan.reads.entry(watch).or_default().key(key);
                         plan.named.insert(Named::new(TargetKind::Secret, namespace, name));
                     }
                 }
-                match &target.placement {
+                let namespace = match &target.placement {
                     Placement::Namespace(ns) => {
                         plan.named.insert(Named::new(target.kind, ns, &target.name));
+                        Some(ns.clone())
                     }
                     Placement::Selector(selector) => {
                         plan.cluster_wide.insert((target.kind, target.name.clone()));
                         plan.namespace_selectors.insert(selector.label_selector());
+                        None
                     }
                     Placement::Cluster => {
                         plan.cluster_wide.insert((target.kind, target.name.clone()));
+                        None
                     }
-                }
+                };
+                plan.reads.entry((target.kind, namespace, target.name.clone())).or_default().target(target);
             }
         }
         plan
@@ -102,7 +195,7 @@ impl Plan {
 pub struct Scope {
     secrets: BTreeMap<(Option<String>, String), Store<Secret>>,
     config_maps: BTreeMap<(Option<String>, String), Store<ConfigMap>>,
-    namespaces: BTreeMap<String, Store<Namespace>>,
+    namespaces: BTreeMap<String, Store<PartialObjectMeta<Namespace>>>,
     /// Selector sources' stores, by namespace and label selector.
     selected_secrets: BTreeMap<(String, String), Store<Secret>>,
     selected_config_maps: BTreeMap<(String, String), Store<ConfigMap>>,
@@ -123,47 +216,58 @@ impl Scope {
             .chain(plan.cluster_wide.iter().map(|(kind, name)| (*kind, None, name.clone())));
         for (kind, namespace, name) in objects {
             let what = format!("{} {}/{name}", kind.as_str(), namespace.as_deref().unwrap_or("*"));
+            let reads = plan.reads.get(&(kind, namespace.clone(), name.clone())).cloned().unwrap_or_default();
             match kind {
                 TargetKind::Secret => {
                     let api = match &namespace {
                         Some(ns) => Api::<Secret>::namespaced(client.clone(), ns),
                         None => Api::all(client.clone()),
                     };
-                    scope.secrets.insert((namespace, name.clone()), watches.add(what, api, by_name(&name)));
+                    let store = watches.add_trimmed(what, api, by_name(&name), reads.trim(secret_data));
+                    scope.secrets.insert((namespace, name.clone()), store);
                 }
                 TargetKind::ConfigMap => {
                     let api = match &namespace {
                         Some(ns) => Api::<ConfigMap>::namespaced(client.clone(), ns),
                         None => Api::all(client.clone()),
                     };
-                    scope.config_maps.insert((namespace, name.clone()), watches.add(what, api, by_name(&name)));
+                    let store = watches.add_trimmed(what, api, by_name(&name), reads.trim(config_map_data));
+                    scope.config_maps.insert((namespace, name.clone()), store);
                 }
                 TargetKind::ClusterTrustBundle => {
                     let api = Api::<ClusterTrustBundle>::all(client.clone());
-                    scope.trust_bundles.insert(name.clone(), watches.add(what, api, by_name(&name)));
+                    let store = watches.add_trimmed(what, api, by_name(&name), reads.trim(no_data));
+                    scope.trust_bundles.insert(name.clone(), store);
                 }
             }
         }
         for (kind, namespace, selector) in plan.selected {
             let what = format!("{}s {namespace} {selector}", kind.as_str());
             let by_labels = watcher::Config::default().labels(&selector);
+            let reads = plan.selected_reads.get(&(kind, namespace.clone(), selector.clone())).cloned();
+            let reads = reads.unwrap_or_default();
             match kind {
                 TargetKind::Secret => {
                     let api = Api::<Secret>::namespaced(client.clone(), &namespace);
-                    scope.selected_secrets.insert((namespace, selector), watches.add(what, api, by_labels));
+                    let store = watches.add_trimmed(what, api, by_labels, reads.trim(secret_data));
+                    scope.selected_secrets.insert((namespace, selector), store);
                 }
                 TargetKind::ConfigMap => {
                     let api = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
-                    scope.selected_config_maps.insert((namespace, selector), watches.add(what, api, by_labels));
+                    let store = watches.add_trimmed(what, api, by_labels, reads.trim(config_map_data));
+                    scope.selected_config_maps.insert((namespace, selector), store);
                 }
                 // Never a source: the configuration has no such field.
                 TargetKind::ClusterTrustBundle => {}
             }
         }
         for selector in plan.namespace_selectors {
-            let api = Api::<Namespace>::all(client.clone());
-            let store =
-                watches.add(format!("Namespaces {selector}"), api, watcher::Config::default().labels(&selector));
+            let api = Api::<PartialObjectMeta<Namespace>>::all(client.clone());
+            let store = watches.add_metadata(
+                format!("Namespaces {selector}"),
+                api,
+                watcher::Config::default().labels(&selector),
+            );
             scope.namespaces.insert(selector, store);
         }
         (scope, watches)
@@ -198,15 +302,14 @@ impl Scope {
     }
 
     /// The namespaces `labels` selects, sorted: those that take new objects, and those being deleted (they
-    /// refuse new objects, so their targets are skipped and counted as such).
+    /// refuse new objects, so their targets are skipped and counted as such). A namespace is being deleted once
+    /// it has a deletion timestamp (its `Terminating` phase follows from that; the watch is metadata-only).
     pub fn namespaces(&self, selector: &Selector) -> (Vec<String>, Vec<String>) {
         let Some(store) = self.namespaces.get(&selector.label_selector()) else { return Default::default() };
         let (mut active, mut terminating) = (Vec::new(), Vec::new());
         for ns in store.state() {
             let Some(name) = ns.metadata.name.clone() else { continue };
-            let deleting = ns.metadata.deletion_timestamp.is_some()
-                || ns.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating");
-            if deleting { terminating.push(name) } else { active.push(name) }
+            if ns.metadata.deletion_timestamp.is_some() { terminating.push(name) } else { active.push(name) }
         }
         active.sort();
         terminating.sort();

@@ -5,7 +5,8 @@
 //! Namespaces by the selector's labels (only when a selector is configured). It is a target only in a namespace
 //! both selected and allowed by name; a copy the agent wrote anywhere else is found by that same watch and
 //! deleted ([`Snapshot::withdrawals`]). The one-shots read the same objects with plain GETs and a Namespace list
-//! ([`Reader::Client`]), and [`rbac`] grants exactly them.
+//! ([`Reader::Client`]), and [`rbac`] grants exactly them. The stores keep no `managedFields`, and the Namespaces
+//! are watched metadata-only (their names and whether they are being deleted are all a pass reads of them).
 
 pub mod rbac;
 
@@ -13,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kcp_keeper_runtime::watch::{Namespaced, Watches, by_name};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, ObjectMeta, PartialObjectMeta};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
@@ -79,8 +80,8 @@ pub struct Stores {
     secrets: BTreeMap<Key, Store<Secret>>,
     /// Selector targets, by Secret name, across the cluster.
     cluster_secrets: BTreeMap<String, Store<Secret>>,
-    /// Namespaces, by label selector.
-    namespaces: BTreeMap<String, Store<Namespace>>,
+    /// Namespaces (metadata only), by label selector.
+    namespaces: BTreeMap<String, Store<PartialObjectMeta<Namespace>>>,
 }
 
 impl Stores {
@@ -110,11 +111,11 @@ impl Stores {
             }
             for selector in &n.selectors {
                 if !stores.namespaces.contains_key(selector) {
-                    let api = Api::<Namespace>::all(client.clone());
+                    let api = Api::<PartialObjectMeta<Namespace>>::all(client.clone());
                     let config = watcher::Config::default().labels(selector);
                     stores
                         .namespaces
-                        .insert(selector.clone(), watches.add(format!("Namespaces {selector}"), api, config));
+                        .insert(selector.clone(), watches.add_metadata(format!("Namespaces {selector}"), api, config));
                 }
             }
             for (ns, name) in n.source_secrets.into_iter().chain(n.target_secrets) {
@@ -266,22 +267,26 @@ impl Reader<'_> {
     /// The namespaces `selector` selects, without those being deleted (they refuse new objects), sorted; and
     /// those being deleted.
     async fn selected(&self, selector: &str) -> Result<(Vec<String>, Vec<String>), kube::Error> {
-        let namespaces: Vec<Namespace> = match self {
+        // A namespace being deleted has a deletion timestamp (its `Terminating` phase follows from it): the
+        // metadata is all that is read.
+        let namespaces: Vec<ObjectMeta> = match self {
             Reader::Stores(stores) => stores
                 .namespaces
                 .get(selector)
-                .map(|s| s.state().iter().map(|n| (**n).clone()).collect())
+                .map(|s| s.state().iter().map(|n| n.metadata.clone()).collect())
                 .unwrap_or_default(),
-            Reader::Client(client) => {
-                Api::<Namespace>::all((*client).clone()).list(&ListParams::default().labels(selector)).await?.items
-            }
+            Reader::Client(client) => Api::<Namespace>::all((*client).clone())
+                .list(&ListParams::default().labels(selector))
+                .await?
+                .items
+                .into_iter()
+                .map(|ns| ns.metadata)
+                .collect(),
         };
-        let (live, terminating): (Vec<Namespace>, Vec<Namespace>) = namespaces.into_iter().partition(|ns| {
-            ns.metadata.deletion_timestamp.is_none()
-                && ns.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Terminating")
-        });
-        let names = |list: Vec<Namespace>| {
-            let mut names: Vec<String> = list.into_iter().filter_map(|ns| ns.metadata.name).collect();
+        let (live, terminating): (Vec<ObjectMeta>, Vec<ObjectMeta>) =
+            namespaces.into_iter().partition(|ns| ns.deletion_timestamp.is_none());
+        let names = |list: Vec<ObjectMeta>| {
+            let mut names: Vec<String> = list.into_iter().filter_map(|ns| ns.name).collect();
             names.sort();
             names.dedup();
             names
