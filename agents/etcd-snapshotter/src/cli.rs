@@ -1,5 +1,5 @@
-//! The one-shots for operators: `snapshot` (now), `list`, `verify ID`, `drill [ID]` and `restore`, beside the
-//! runtime's `run` and `rbac`.
+//! The one-shots for operators: `snapshot` (now), `list`, `verify ID`, `drill [ID]`, `restore` and `plan`,
+//! beside the runtime's `run` and `rbac`.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -66,6 +66,10 @@ pub enum Command {
     Drill(DrillArgs),
     /// Download, verify and `etcdutl snapshot restore` a snapshot into a new member data directory.
     Restore(RestoreArgs),
+    /// Plan a restore of every shard (or those named) to one point in time, from the bucket alone: per shard
+    /// the snapshot, the deltas to replay, the time reached and the data lost. Exit 1 when a shard cannot reach
+    /// the point, naming it and what it reaches.
+    Plan(PlanArgs),
     /// One copy pass to the second store now (the daemon runs one every secondary.interval): copies and
     /// verifies what it lacks, applies its retention; one line per shard. Exit 1 when a shard is behind.
     SyncSecondary {
@@ -88,6 +92,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::SyncSecondary { config } => crate::secondary::sync_once(&config).await,
         Command::Drill(args) => drill(args).await,
         Command::Restore(args) => return restore(args).await,
+        Command::Plan(args) => plan(args).await,
     }?;
     Ok(ExitCode::SUCCESS)
 }
@@ -357,6 +362,57 @@ pub async fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
     }
     print!("{}", restore::next_steps(&fetched.manifest, &args.member));
     Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlanArgs {
+    #[arg(long, env = "KCP_KEEPER_CONFIG")]
+    pub config: PathBuf,
+    /// The point: an RFC 3339 time, or `latest-consistent` (the newest time every shard reaches).
+    #[arg(long, value_parser = parse_plan_point)]
+    pub at: crate::plan::At,
+    /// Only these shards (repeatable; default: every configured shard).
+    #[arg(long)]
+    pub shard: Vec<String>,
+    /// age identity file for encrypted deltas (default: the configuration's drills.identityFile).
+    #[arg(long)]
+    pub identity_file: Option<PathBuf>,
+    /// `text` or `json`.
+    #[arg(short, long, value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+fn parse_plan_point(text: &str) -> Result<crate::plan::At, String> {
+    text.parse()
+}
+
+/// Prints the plan of a restore of the shards to one point (see [`crate::plan`]); fails naming every shard
+/// that cannot reach it.
+pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
+    let (config, store) = open(&args.config)?;
+    for name in &args.shard {
+        anyhow::ensure!(config.shards.iter().any(|s| &s.name == name), "no shard named {name:?} in the configuration");
+    }
+    let shards: Vec<String> = config
+        .shards
+        .iter()
+        .filter(|s| args.shard.is_empty() || args.shard.contains(&s.name))
+        .map(|s| s.name.clone())
+        .collect();
+    let identities = identities(args.identity_file.as_deref().or(config.drills.identity_file.as_deref()))?;
+    let keys = (identities.as_deref(), config.delta_key.as_ref());
+    let plan = crate::plan::plan(&store, &shards, args.at, keys).await?;
+    match args.output {
+        Output::Text => print!("{}", crate::plan::text(&plan)),
+        Output::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -16,6 +16,7 @@
 //! ([`Live`]: HashKV, its compact revision, the key count), in its metadata and its payload's header alike:
 //! a drill replays the chain to the newest delta that carries one and compares (`drill::chain`).
 
+pub mod recovery;
 pub mod replay;
 pub mod writer;
 

@@ -7,7 +7,7 @@
 //!   and [`scope::rbac`], the Role for it;
 //! - [`schedule`]: the daemon, every shard's snapshot and drill schedules;
 //! - [`metrics`] (composing each feature's own metrics; the label types are [`labels`], a leaf);
-//! - [`cli`]: the one-shots (`snapshot`, `list`, `verify`, `drill`, `restore`).
+//! - [`cli`]: the one-shots (`snapshot`, `list`, `verify`, `drill`, `restore`, `plan`).
 //!
 //! The domain, pure logic: [`retention`], [`manifest`] (bucket layout and manifest format), [`parts`] (part
 //! sizes within S3's 10,000 parts), [`trailer`]
@@ -17,7 +17,8 @@
 //! a snapshot belongs to), [`restore`] and [`drill`] (restore drills; [`drill_report`] is the report's format,
 //! beside the manifest), [`throwaway`] (the throwaway etcd and the one `etcdutl snapshot restore` wrapper every
 //! restore, drill and replay goes through), [`delta`] (delta snapshots: the format
-//! and chain, pure; `delta::writer` the leader's watch, `delta::replay` point-in-time restore), [`health`]
+//! and chain, pure; `delta::writer` the leader's watch, `delta::replay` point-in-time restore, `delta::recovery` the recovery point stored per
+//! shard), [`plan`] (a restore of every shard to one point in time, planned from the bucket), [`health`]
 //! (every member's database size, quota, alarms and leader changes, read every 15 s), [`defrag`] (scheduled
 //! defragmentation of the followers, one at a time: the decisions, pure; `defrag::run` the etcd calls),
 //! [`upgrade`] (a snapshot before every kcp upgrade: the operator's object watched by the leader).
@@ -45,6 +46,7 @@ pub mod metrics;
 pub mod objects;
 pub mod part_buf;
 pub mod parts;
+pub mod plan;
 pub mod requests;
 pub mod restore;
 pub mod retention;

@@ -100,6 +100,9 @@ pub struct Outcome {
     /// When the agent received that revision's events (absent when no delta was replayed).
     pub received_at: Option<DateTime<Utc>>,
     pub deltas: usize,
+    /// The first and the last delta read (each's `from` and `to`), the last perhaps replayed only in part.
+    pub first_delta: Option<(u64, u64)>,
+    pub last_delta: Option<(u64, u64)>,
     pub transactions: u64,
     /// Why the replay stopped before the point: a broken chain, named.
     pub broken: Option<String>,
@@ -119,6 +122,8 @@ impl Outcome {
             revision,
             received_at: None,
             deltas: 0,
+            first_delta: None,
+            last_delta: None,
             transactions: 0,
             broken: None,
             live: None,
@@ -234,7 +239,8 @@ pub async fn restore_at(
         throwaway::restore_and_start(&mut scratch, (tools.etcdutl, tools.etcd), &fetched.db, quota).await?;
 
     let mut outcome = Outcome { disarmed, ..Outcome::new(&manifest, exact) };
-    replay(store, &manifest, point, (identities.as_deref(), tools.signing), &mut client, &mut outcome).await?;
+    let keys = (identities.as_deref(), tools.signing);
+    replay(store, &manifest, point, keys, Some(&mut client), &mut outcome).await?;
     let live = crate::member::revision(&mut client).await?;
     ensure!(
         live as u64 == outcome.revision,
@@ -260,13 +266,14 @@ pub async fn restore_at(
 
 /// Walks the chain from the snapshot and replays it into `client` up to `point`; a broken link ends the walk
 /// with `outcome.broken` set. `outcome` starts at the snapshot's exact revision (`revision`), no delta
-/// replayed.
+/// replayed. Without a client (`plan`), the same walk, every delta read and proven, nothing applied: the
+/// outcome is what a restore to `point` would replay.
 pub(crate) async fn replay(
     store: &Store,
     manifest: &Manifest,
     point: Point,
     (identities, signing): (Option<&[Identity]>, Option<&SigningKey>),
-    client: &mut etcd_client::Client,
+    mut client: Option<&mut etcd_client::Client>,
     outcome: &mut Outcome,
 ) -> anyhow::Result<()> {
     let location = Location::from_id(&store.prefix, &manifest.id).context("the manifest's id is not valid")?;
@@ -308,6 +315,8 @@ pub(crate) async fn replay(
             return Ok(());
         }
         outcome.deltas += 1;
+        outcome.first_delta.get_or_insert((meta.from, meta.to));
+        outcome.last_delta = Some((meta.from, meta.to));
         for (revision, group) in by_revision(&events) {
             if revision <= outcome.revision {
                 // The snapshot already holds it (its exact revision is at or past the manifest's lower bound).
@@ -337,7 +346,9 @@ pub(crate) async fn replay(
                 );
                 return Ok(());
             }
-            apply(client, revision, group, &mut leases).await?;
+            if let Some(client) = client.as_deref_mut() {
+                apply(client, revision, group, &mut leases).await?;
+            }
             outcome.revision = revision;
             outcome.received_at = DateTime::from_timestamp_millis(group[0].received_ms);
             outcome.transactions += 1;

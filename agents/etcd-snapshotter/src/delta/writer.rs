@@ -20,7 +20,9 @@
 //! time: that time is `delta_stored_through_timestamp_seconds`, and `time() - it` is the recovery point. The
 //! watch's progress answers only say when the buffer holds every event up to a revision and may be written.
 //! The watch and every read are marked as needing a leader: a member that loses its peers ends the watch
-//! within a few election timeouts, and the next session watches a member that still has a quorum.
+//! within a few election timeouts, and the next session watches a member that still has a quorum. The proven
+//! point is also written to the store, beside the shard's snapshots, when it advanced, at most once per tick
+//! (`super::recovery`): a one-shot reads how far each shard's chain reaches in time from the bucket alone.
 
 //! A flush at most every `deltas.hashKvInterval` (and the session's first) also asks the member for `HashKV(to)` and
 //! the key count at `to`, and the delta carries them ([`super::Live`]) for drills to compare with. Not every
@@ -34,6 +36,7 @@ use etcd_client::{EventType, WatchOptions, WatchResponse, WatchStream};
 use kcp_keeper_runtime::metrics::unix_now;
 use tokio_util::sync::CancellationToken;
 
+use super::recovery::{Recorder, RecoveryPoint};
 use super::{Event, Header, Kind, Live, Meta};
 use crate::catalog;
 use crate::config::{Config, Deltas, Shard};
@@ -181,6 +184,9 @@ impl Writer {
             buffered: 0,
             asked: None,
             claims: VecDeque::new(),
+            proven: None,
+            recorder: Recorder::default(),
+            recorded: None,
             watching_since_ms,
         };
         Ok(Ok((session, watch)))
@@ -201,6 +207,7 @@ impl Writer {
             return Ok(Some(end));
         }
         session.claim(&self.metrics).await;
+        session.record(&self.shard.name, self.config.delta_key.as_ref(), self.deltas.interval).await;
         if session.asked.is_none() || session.asked.as_ref().is_some_and(|a| a.elapsed() >= self.deltas.interval * 3) {
             watch.request_progress().await?;
             session.asked = Some(Instant::now());
@@ -342,6 +349,12 @@ struct Session {
     asked: Option<Instant>,
     /// Quorum reads not yet proven stored, oldest first: when each was sent and the revision it read.
     claims: VecDeque<(f64, u64)>,
+    /// The newest claim proven stored: when it was sent and the revision it read.
+    proven: Option<(f64, u64)>,
+    /// Writes the proven point to the store ([`super::recovery`]).
+    recorder: Recorder,
+    /// The proven point last written, and when.
+    recorded: Option<(f64, Instant)>,
     /// When the watch opened (Unix ms), carried by every delta of the session.
     watching_since_ms: i64,
 }
@@ -368,14 +381,36 @@ impl Session {
     fn prove(&mut self, metrics: &Metrics) {
         let stored = self.chain.next - 1;
         let mut proven = None;
-        while let Some(&(sent, revision)) = self.claims.front()
-            && revision <= stored
+        while let Some(&claim) = self.claims.front()
+            && claim.1 <= stored
         {
-            proven = Some(sent);
+            proven = Some(claim);
             self.claims.pop_front();
         }
-        if let Some(sent) = proven {
+        if let Some((sent, _)) = proven {
             metrics.delta.stored_through.get_or_create(&self.label).set(sent);
+            self.proven = proven;
+        }
+    }
+
+    /// Writes the proven point to the store when it advanced, at most once per `every` (`deltas.interval`): one
+    /// PutObject per interval on a shard that is written to or idle alike. A failed write is said and tried
+    /// again at the next tick; the deltas go on.
+    async fn record(&mut self, shard: &str, key: Option<&super::SigningKey>, every: Duration) {
+        let Some((sent, revision)) = self.proven else { return };
+        let due = self.recorded.is_none_or(|(last, at)| sent > last && at.elapsed() >= every.mul_f64(0.9));
+        if !due {
+            return;
+        }
+        let point = RecoveryPoint::new(
+            shard,
+            ((sent * 1000.0).round() as i64, revision, self.chain.next - 1),
+            (&self.chain.snapshot.id, &self.own.cluster_id),
+            key,
+        );
+        match self.recorder.record(&self.store, &point).await {
+            Ok(_) => self.recorded = Some((sent, Instant::now())),
+            Err(e) => tracing::warn!(shard, error = %format!("{e:#}"), "writing the recovery point to the store"),
         }
     }
 

@@ -69,7 +69,7 @@ pub async fn prove(
         return Ok(None);
     }
     let mut outcome = Outcome::new(manifest, revision);
-    replay::replay(store, manifest, Point::Latest, keys, client, &mut outcome)
+    replay::replay(store, manifest, Point::Latest, keys, Some(client), &mut outcome)
         .await
         .map_err(|e| DrillError::DeltaReplay(format!("{e:#}")))?;
     if let Some(broken) = &outcome.broken {

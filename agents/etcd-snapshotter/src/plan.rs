@@ -1,0 +1,268 @@
+//! `plan --at <time|latest-consistent>`: what restoring every shard to one point in time would take, read from
+//! the bucket alone (no etcd is asked, nothing is written). A kcp installation is several shards on independent
+//! etcds: restored to different times they hold a state that never existed, so they are restored to one.
+//!
+//! Per shard, what it can reach: from its oldest snapshot's start to its newest recovery point, the time its
+//! delta writer proved and stored (`delta::recovery`), or its newest snapshot's start when that is later (a
+//! shard without deltas reaches only that). `latest-consistent` is the newest time every shard reaches: the
+//! minimum of those recovery points. For the point, each shard's base is chosen and its chain walked exactly as
+//! `restore --at` does (`replay::base`, then `replay::replay` without a member: every delta read and proven,
+//! nothing applied), so the plan names the snapshot, the deltas and the revision that restore would use. A
+//! point a shard cannot reach (before its oldest snapshot, after its recovery point, behind a broken chain) is
+//! an error naming the shard and what it reaches.
+
+use std::str::FromStr;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+use crate::delta::SigningKey;
+use crate::delta::recovery::{self, RecoveryPoint};
+use crate::delta::replay::{self, Outcome, Point};
+use crate::encode::Identity;
+use crate::generation::{self, Own};
+use crate::manifest::Manifest;
+use crate::storage::Store;
+
+/// The point a plan restores every shard to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    Time(DateTime<Utc>),
+    /// The newest time every shard reaches.
+    LatestConsistent,
+}
+
+impl FromStr for At {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text == "latest-consistent" {
+            return Ok(At::LatestConsistent);
+        }
+        DateTime::parse_from_rfc3339(text)
+            .map(|t| At::Time(t.with_timezone(&Utc)))
+            .map_err(|_| "an RFC 3339 time (2026-12-01T12:00:00Z) or latest-consistent".into())
+    }
+}
+
+/// What one shard can reach, from the bucket.
+#[derive(Debug, Clone)]
+pub struct Reach {
+    pub shard: String,
+    /// The shard's cluster: the recovery point's, else the one cluster of its snapshots.
+    own: Option<Own>,
+    /// The oldest snapshot of that cluster (by start).
+    pub oldest: Manifest,
+    /// Its newest recovery point: the stored one, or the newest snapshot's start when that is later.
+    pub newest: DateTime<Utc>,
+    pub stored: Option<RecoveryPoint>,
+}
+
+impl Reach {
+    fn describe(&self) -> String {
+        let from = stamp(self.oldest.started_at);
+        let how = match &self.stored {
+            Some(point) if point.time() >= self.newest => "its stored recovery point",
+            Some(_) => "its newest snapshot's start, past its stored recovery point",
+            None => "its newest snapshot's start: no recovery point is stored (no deltas)",
+        };
+        format!("it reaches from {from} (snapshot {}) to {} ({how})", self.oldest.id, stamp(self.newest))
+    }
+}
+
+/// Reads what `shard` can reach: its snapshots and its stored recovery point (refused when it is not signed by
+/// `key`, if one is configured).
+pub async fn reach(store: &Store, shard: &str, key: Option<&SigningKey>) -> anyhow::Result<Reach> {
+    let all = crate::catalog::list(store, Some(shard)).await?;
+    let stored = recovery::read(store, shard, key).await?;
+    let cluster = match &stored {
+        Some(point) => Some(point.cluster_id.clone()),
+        None => generation::only_cluster(&all).map_err(|e| anyhow::anyhow!("shard {shard}: {e}"))?,
+    };
+    let own: Vec<Manifest> =
+        all.into_iter().filter(|m| cluster.as_deref().is_none_or(|c| generation::cluster_of(m) == c)).collect();
+    let (Some(oldest), Some(newest)) =
+        (own.iter().min_by_key(|m| m.started_at), own.iter().map(|m| m.started_at).max())
+    else {
+        anyhow::bail!("shard {shard}: no published snapshot of its etcd cluster in the bucket");
+    };
+    let newest = stored.as_ref().map_or(newest, |point| point.time().max(newest));
+    let own = stored.as_ref().map(|point| Own {
+        cluster_id: point.cluster_id.clone(),
+        member_ids: own.iter().map(|m| m.member.id.clone()).collect(),
+    });
+    Ok(Reach { shard: shard.into(), own, oldest: oldest.clone(), newest, stored })
+}
+
+/// A delta, as the plan names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeltaRange {
+    pub from: u64,
+    pub to: u64,
+}
+
+/// What restoring one shard to the point takes.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardPlan {
+    pub shard: String,
+    /// The full snapshot restored first.
+    pub snapshot: String,
+    /// Its revision (a lower bound when `snapshotRevisionUpperBound` differs).
+    pub snapshot_revision: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_revision_upper_bound: Option<u64>,
+    pub snapshot_started_at: DateTime<Utc>,
+    /// How many deltas are read, the first and the last (the last perhaps replayed only in part).
+    pub deltas: usize,
+    pub first_delta: Option<DeltaRange>,
+    pub last_delta: Option<DeltaRange>,
+    /// The last source revision replayed (the snapshot's when no delta is).
+    pub revision: u64,
+    /// When the agent received that revision's events (absent when none is replayed).
+    pub last_change_received_at: Option<DateTime<Utc>>,
+    /// The time this shard is restored to: the plan's point.
+    pub reaches: DateTime<Utc>,
+    /// The shard's newest recovery point, and the span after the point up to it: the data the restore loses.
+    pub recovery_point: DateTime<Utc>,
+    pub lost_seconds: f64,
+}
+
+/// The whole plan.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    pub at: DateTime<Utc>,
+    /// Whether `at` was chosen as the newest time every shard reaches.
+    pub latest_consistent: bool,
+    pub shards: Vec<ShardPlan>,
+}
+
+/// The keys a walk needs: age identities for encrypted deltas, the installation's delta key.
+pub type Keys<'a> = (Option<&'a [Identity]>, Option<&'a SigningKey>);
+
+/// The plan for `shards` at `at`: every shard's reach, the point, then each shard's base and chain. Fails when
+/// any shard cannot reach the point, naming each such shard and what it reaches.
+pub async fn plan(store: &Store, shards: &[String], at: At, keys: Keys<'_>) -> anyhow::Result<Plan> {
+    anyhow::ensure!(!shards.is_empty(), "no shard to plan");
+    let mut reaches = Vec::new();
+    for shard in shards {
+        reaches.push(reach(store, shard, keys.1).await?);
+    }
+    let t = match at {
+        At::Time(t) => t,
+        At::LatestConsistent => reaches.iter().map(|r| r.newest).min().expect("at least one shard"),
+    };
+    let mut planned = Vec::new();
+    let mut unreachable = Vec::new();
+    for reach in &reaches {
+        match shard_plan(store, reach, t, keys).await? {
+            Ok(plan) => planned.push(plan),
+            Err(why) => unreachable.push(format!("shard {}: {why}; {}", reach.shard, reach.describe())),
+        }
+    }
+    anyhow::ensure!(
+        unreachable.is_empty(),
+        "{} shard(s) cannot be restored to {}:\n  {}",
+        unreachable.len(),
+        stamp(t),
+        unreachable.join("\n  ")
+    );
+    Ok(Plan { at: t, latest_consistent: at == At::LatestConsistent, shards: planned })
+}
+
+/// One shard's base and chain at `t`, or why it cannot reach `t`.
+async fn shard_plan(
+    store: &Store,
+    reach: &Reach,
+    t: DateTime<Utc>,
+    keys: Keys<'_>,
+) -> anyhow::Result<Result<ShardPlan, String>> {
+    if t < reach.oldest.started_at {
+        return Ok(Err(format!("{} is before its oldest snapshot", stamp(t))));
+    }
+    if t > reach.newest {
+        return Ok(Err(format!("{} is past its newest recovery point", stamp(t))));
+    }
+    let point = Point::Time(t);
+    let base = match replay::base(store, &reach.shard, reach.own.as_ref(), point).await {
+        Ok(base) => base,
+        Err(e) => return Ok(Err(format!("{e:#}"))),
+    };
+    // The walk a restore makes, from the manifest's revision (the restore starts at the snapshot's exact one,
+    // at or past it: only the count of transactions can differ).
+    let mut outcome = Outcome::new(&base, base.revision);
+    replay::replay(store, &base, point, keys, None, &mut outcome).await?;
+    if let Some(broken) = outcome.broken {
+        return Ok(Err(broken));
+    }
+    let range = |(from, to)| DeltaRange { from, to };
+    Ok(Ok(ShardPlan {
+        shard: reach.shard.clone(),
+        snapshot: base.id.clone(),
+        snapshot_revision: base.revision,
+        snapshot_revision_upper_bound: base.revision_upper_bound.filter(|upper| *upper != base.revision),
+        snapshot_started_at: base.started_at,
+        deltas: outcome.deltas,
+        first_delta: outcome.first_delta.map(range),
+        last_delta: outcome.last_delta.map(range),
+        revision: outcome.revision,
+        last_change_received_at: outcome.received_at,
+        reaches: t,
+        recovery_point: reach.newest,
+        lost_seconds: (reach.newest - t).num_milliseconds() as f64 / 1000.0,
+    }))
+}
+
+fn stamp(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// The plan for people: one block per shard.
+pub fn text(plan: &Plan) -> String {
+    let how = if plan.latest_consistent { " (latest-consistent: the newest time every shard reaches)" } else { "" };
+    let mut out = format!("restore every shard as it was at {}{how}\n", stamp(plan.at));
+    for s in &plan.shards {
+        let bounds = s.snapshot_revision_upper_bound.map_or(String::new(), |upper| format!("..{upper}"));
+        out.push_str(&format!(
+            "shard {}\n  snapshot        {} (revision {}{bounds}, started {})\n",
+            s.shard,
+            s.snapshot,
+            s.snapshot_revision,
+            stamp(s.snapshot_started_at)
+        ));
+        let deltas = match (s.first_delta, s.last_delta) {
+            (Some(first), Some(last)) => format!(
+                "{} to read, from the delta of revisions {}-{} to the one of {}-{}; replayed up to revision {}",
+                s.deltas, first.from, first.to, last.from, last.to, s.revision
+            ),
+            _ => "none: the snapshot alone".into(),
+        };
+        out.push_str(&format!("  deltas          {deltas}\n"));
+        let change =
+            s.last_change_received_at.map_or(String::new(), |at| format!(", last change received {}", stamp(at)));
+        out.push_str(&format!("  reaches         {} (revision {}{change})\n", stamp(s.reaches), s.revision));
+        out.push_str(&format!(
+            "  recovery point  {}\n  data lost       {:.3} s (what the shard stored after the point)\n",
+            stamp(s.recovery_point),
+            s.lost_seconds
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_point_is_an_rfc3339_time_or_latest_consistent_and_nothing_else() {
+        assert_eq!("latest-consistent".parse(), Ok(At::LatestConsistent));
+        let t = DateTime::parse_from_rfc3339("2026-12-01T12:00:00+01:00").unwrap().with_timezone(&Utc);
+        assert_eq!("2026-12-01T12:00:00+01:00".parse(), Ok(At::Time(t)));
+        for bad in ["latest", "1042", "yesterday"] {
+            assert!(bad.parse::<At>().is_err(), "{bad}");
+        }
+    }
+}
