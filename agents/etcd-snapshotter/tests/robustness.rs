@@ -924,8 +924,9 @@ fn overlapping_uploads(requests: &[(f64, String, String)]) -> Vec<(String, Strin
     ordered.windows(2).filter(|w| w[1].1.0 < w[0].1.1).map(|w| (w[0].0.clone(), w[1].0.clone())).collect()
 }
 
-/// Keys under the shard's folder that no listed snapshot accounts for: anything but the shard's lock, `foreign`
-/// and the objects of a snapshot whose manifest is there (its data object, drill report and deltas).
+/// Keys under the shard's folder that no listed snapshot accounts for: anything but the shard's lock, its stored
+/// recovery point, `foreign` and the objects of a snapshot whose manifest is there (its data object, drill report
+/// and deltas).
 fn unaccounted(listed: &[String], prefix: &str, foreign: &str) -> Vec<String> {
     let shard = format!("{prefix}/root/");
     let snapshots: std::collections::BTreeSet<&str> = listed
@@ -937,7 +938,9 @@ fn unaccounted(listed: &[String], prefix: &str, foreign: &str) -> Vec<String> {
         .filter(|k| k.as_str() != foreign)
         .filter(|k| {
             let Some(rest) = k.strip_prefix(&shard) else { return true };
-            let Some((id, object)) = rest.split_once('/') else { return rest != "run.lock" };
+            let Some((id, object)) = rest.split_once('/') else {
+                return rest != "run.lock" && rest != "recovery-point.json";
+            };
             let known = object == "manifest.json"
                 || object == "drill.json"
                 || object.starts_with("snapshot.db")
