@@ -6,7 +6,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use common::*;
@@ -254,14 +253,17 @@ async fn plan_at_a_time_between_two_writes_names_the_base_and_deltas_that_restor
         })
         .await;
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The point: after the early writes were received (they are stored), before the late ones are made (the clock
+    // has left the point's millisecond first).
     let at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let t = DateTime::parse_from_rfc3339(&at).unwrap().with_timezone(&Utc);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    testbed::eventually(WAIT, "the clock past the point", || async { (now_ms() > t.timestamp_millis()).then_some(()) })
+        .await;
     for client in clients.iter_mut() {
         load(client, "/registry/late", 8, 100).await.unwrap();
     }
-    let after_late = now_ms();
+    // Each shard's stored point past the late writes, and at least 1.5 s past the point.
+    let after_late = now_ms().max(t.timestamp_millis() + 1500);
     for shard in SHARDS {
         point_after(&s3, &bucket, shard, after_late).await;
     }
