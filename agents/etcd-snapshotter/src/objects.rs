@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{self, Listed};
 use crate::config::Config;
+use crate::delta::recovery::{self, RecoveryPoint};
 use crate::metrics::Metrics;
 use crate::storage::Store;
 
@@ -99,8 +100,9 @@ pub struct EtcdSnapshotSpec {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdShardBackupSpec {
-    /// The newest time a restore can reach (RFC 3339): where the stored deltas end when the shard keeps deltas,
-    /// else the newest snapshot's start. Absent while nothing is stored.
+    /// The newest time a restore can reach (RFC 3339), as `plan` reads it from the bucket: the shard's stored
+    /// recovery point when it keeps deltas (the time every acknowledged write before it is stored), else the
+    /// newest snapshot's start. Absent while nothing is stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_point: Option<String>,
     /// The newest snapshot's id.
@@ -146,7 +148,7 @@ pub fn desired(
     shard: &str,
     primary: &[Listed],
     secondary: &[Listed],
-    stored_through: Option<f64>,
+    stored: Option<&RecoveryPoint>,
 ) -> (Vec<EtcdSnapshot>, EtcdShardBackup) {
     let in_secondary: BTreeSet<&str> = secondary.iter().map(|l| l.manifest.id.as_str()).collect();
     let in_primary: BTreeSet<&str> = primary.iter().map(|l| l.manifest.id.as_str()).collect();
@@ -180,10 +182,10 @@ pub fn desired(
         .iter()
         .filter_map(|l| l.report.as_ref().map(|r| (r, &l.manifest.id)))
         .max_by_key(|(r, _)| r.finished_at);
-    let recovery_point = match stored_through.filter(|t| *t > 0.0) {
-        Some(t) => chrono::DateTime::from_timestamp_millis((t * 1000.0) as i64),
-        None => newest.map(|m| m.started_at),
-    };
+    // As `plan` reads it: the stored recovery point, or the newest snapshot's start when that is later (or no
+    // point is stored). A point whose snapshot retention deleted is no longer reachable and is not shown.
+    let reachable = stored.filter(|p| primary.iter().any(|l| l.manifest.id == p.snapshot)).map(RecoveryPoint::time);
+    let recovery_point = newest.map(|m| reachable.map_or(m.started_at, |t| t.max(m.started_at)));
     let spec = EtcdShardBackupSpec {
         recovery_point: recovery_point.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
         last_snapshot: newest.map(|m| m.id.clone()),
@@ -215,12 +217,7 @@ pub struct Changes {
 
 /// One pass over every shard: the objects made to match the stores. A store that cannot be listed fails the
 /// pass before any object of that shard is touched (a listing error never reads as "no snapshots").
-pub async fn pass(
-    config: &Config,
-    metrics: &Metrics,
-    client: &kube::Client,
-    namespace: &str,
-) -> anyhow::Result<Changes> {
+pub async fn pass(config: &Config, client: &kube::Client, namespace: &str) -> anyhow::Result<Changes> {
     let primary = Store::new(&config.storage)?;
     let secondary = config.secondary.as_ref().map(|s| Store::new(&s.storage)).transpose()?;
     let snapshots: Api<EtcdSnapshot> = Api::namespaced(client.clone(), namespace);
@@ -232,11 +229,15 @@ pub async fn pass(
             Some(store) => catalog::list_with_drills(store, Some(&shard.name)).await?,
             None => Vec::new(),
         };
-        let through = shard
-            .deltas
-            .as_ref()
-            .map(|_| metrics.delta.stored_through.get_or_create(&metrics.shard(&shard.name)).get());
-        let (wanted, backup) = desired(&shard.name, &listed, &second, through);
+        let stored = match recovery::read(&primary, &shard.name, config.delta_key.as_ref()).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                // Shown as the newest snapshot's start, the point a restore reaches without it.
+                tracing::warn!(shard = %shard.name, "{e:#}");
+                None
+            }
+        };
+        let (wanted, backup) = desired(&shard.name, &listed, &second, stored.as_ref());
         let selector = format!("{}={},{SHARD_LABEL}={}", MANAGED_BY.0, MANAGED_BY.1, shard.name);
         let existing: BTreeMap<String, EtcdSnapshot> = snapshots
             .list(&ListParams::default().labels(&selector))
@@ -295,7 +296,7 @@ pub async fn run(
         }
         let outcome = tokio::select! {
             () = token.cancelled() => return,
-            outcome = pass(&config, &metrics, &client, &namespace) => outcome,
+            outcome = pass(&config, &client, &namespace) => outcome,
         };
         match outcome {
             Ok(changes) if changes != Changes::default() => {
@@ -341,5 +342,22 @@ mod tests {
         assert_eq!(reason_word("<script>\nEVIL secret=x"), "scriptsecretx");
         assert_eq!(reason_word(&"a".repeat(100)).len(), 40);
         assert_eq!(reason_word("!!"), "unknown");
+    }
+
+    #[test]
+    fn the_shards_recovery_point_is_the_stored_one_while_its_snapshot_is_kept_else_the_newest_snapshots_start() {
+        let manifest = crate::manifest::sample();
+        let listed = [Listed { manifest: manifest.clone(), report: None, verified_at: None }];
+        let point = |snapshot: &str, after: i64| {
+            let proven_ms = manifest.started_at.timestamp_millis() + after;
+            RecoveryPoint::new("root", (proven_ms, 1010, 1012), (snapshot, "cdf818194e3a8c32"), None)
+        };
+        let shown = |stored: Option<&RecoveryPoint>| desired("root", &listed, &[], stored).1.spec.recovery_point;
+        let started = Some("2026-11-30T12:00:00Z".to_string());
+        assert_eq!(shown(None), started, "no stored point: the newest snapshot's start");
+        assert_eq!(shown(Some(&point(&manifest.id, 90_000))), Some("2026-11-30T12:01:30Z".into()));
+        assert_eq!(shown(Some(&point("root/20261130T110000Z-r900", 90_000))), started, "its snapshot is gone");
+        assert_eq!(shown(Some(&point(&manifest.id, -60_000))), started, "never before the newest snapshot");
+        assert_eq!(desired("root", &[], &[], Some(&point(&manifest.id, 1))).1.spec.recovery_point, None);
     }
 }
