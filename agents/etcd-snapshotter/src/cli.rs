@@ -438,6 +438,15 @@ pub struct DrillArgs {
     /// the configuration names nothing).
     #[arg(long, env = "KCP")]
     pub kcp: Option<PathBuf>,
+    /// Drill the whole installation at one point (--at): every configured shard restored to it (its snapshot and
+    /// deltas, as `plan --at` names them) on a throwaway etcd of its own, a real kcp on each (the shard named
+    /// `root` as the root shard, every other wired to it), each shard's `drill.kcp` read through it. Needs a kcp
+    /// binary (--kcp or drills.kcp); writes no report. Exit 1 naming every shard that failed.
+    #[arg(long, requires = "at", conflicts_with_all = ["id", "shard"])]
+    pub installation: bool,
+    /// The point of --installation: an RFC 3339 time, or `latest-consistent` (the newest time every shard reaches).
+    #[arg(long, value_parser = parse_plan_point, requires = "installation")]
+    pub at: Option<crate::plan::At>,
 }
 
 /// Drills the snapshot named (or each shard's newest), writes each report beside its manifest, prints one
@@ -451,6 +460,9 @@ pub async fn drill(args: DrillArgs) -> anyhow::Result<()> {
     drills.etcd = args.etcd.unwrap_or(drills.etcd);
     let kcp_everywhere = args.kcp.is_some();
     drills.kcp = args.kcp.or(drills.kcp);
+    if let Some(at) = args.installation.then_some(args.at).flatten() {
+        return drill_installation(&config, &store, &drills, at).await;
+    }
     let readyz_only = KcpExpect::default();
     if let Some(name) = &args.shard {
         anyhow::ensure!(config.shards.iter().any(|s| &s.name == name), "no shard named {name:?} in the configuration");
@@ -503,6 +515,44 @@ pub async fn drill(args: DrillArgs) -> anyhow::Result<()> {
     }
     anyhow::ensure!(failed.is_empty(), "{} drill(s) failed: {}", failed.len(), failed.join(", "));
     Ok(())
+}
+
+/// `drill --installation --at`: every shard at one point, with kcp on each (see [`crate::drill::installation`]);
+/// one line per shard. SIGTERM or Ctrl-C stop it and clean up every shard's processes and directory first.
+async fn drill_installation(
+    config: &Config,
+    store: &Store,
+    drills: &crate::config::Drills,
+    at: crate::plan::At,
+) -> anyhow::Result<()> {
+    use crate::drill::installation;
+    let kcp = drills.kcp.as_deref().context("the installation drill needs a kcp binary: --kcp or drills.kcp")?;
+    let tools = installation::Tools {
+        etcdutl: &drills.etcdutl,
+        etcd: &drills.etcd,
+        kcp,
+        scratch_root: &drills.directory,
+        identity_file: drills.identity_file.as_deref(),
+        signing: config.delta_key.as_ref(),
+    };
+    let run = tokio::time::timeout(drills.timeout, installation::drill(store, config, at, &tools));
+    let drilled = tokio::select! {
+        drilled = run => drilled,
+        signal = stop_signal() => {
+            // The drill's future is dropped here: every shard's Scratch kills its processes and removes its directory.
+            anyhow::bail!("interrupted by {signal}: the installation drill was stopped and cleaned up");
+        }
+    };
+    let installation = drilled
+        .map_err(|_| anyhow::anyhow!("timeout: the installation drill did not finish within {:?}", drills.timeout))??;
+    let (lines, verdict) = installation::summary(&installation);
+    for line in lines {
+        if line.starts_with("ok ") { println!("{line}") } else { eprintln!("{line}") }
+    }
+    match verdict {
+        Some(verdict) => anyhow::bail!(verdict),
+        None => Ok(()),
+    }
 }
 
 /// SIGTERM or SIGINT, whichever comes first.

@@ -2,6 +2,7 @@
 //! RTO). The steps and what each proves are in docs/etcd-snapshotter.md ("Restore drills").
 
 pub mod chain;
+pub mod installation;
 pub mod kcp;
 pub mod run;
 

@@ -14,7 +14,7 @@ use crate::error::DrillError;
 use crate::throwaway::{Scratch, free_port, last_lines};
 
 /// kcp takes tens of seconds to become ready (longer on a small node).
-const READY_TIMEOUT: Duration = Duration::from_secs(300);
+pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Starts kcp on `etcd_url`, waits for `/readyz` and reads every expected workspace and object.
 pub async fn check(
@@ -39,18 +39,23 @@ pub async fn check(
     )?;
     let client = wait_ready(scratch, process, &root.join("admin.kubeconfig"), &log).await?;
     let ready_seconds = started.elapsed().as_secs_f64();
+    let objects = read_expected(&client, expect).await?;
+    Ok(KcpLevel { ready_seconds, workspaces: expect.workspaces.clone(), objects })
+}
 
+/// Reads every expected workspace and object through `client` (a shard's admin); the paths of the objects read.
+pub(super) async fn read_expected(client: &kube::Client, expect: &KcpExpect) -> Result<Vec<String>, DrillError> {
     for workspace in &expect.workspaces {
         let path = workspace_object_path(workspace);
-        get(&client, &path).await.map_err(|e| DrillError::Kcp(format!("workspace {workspace}: {e}")))?;
+        get(client, &path).await.map_err(|e| DrillError::Kcp(format!("workspace {workspace}: {e}")))?;
     }
     let mut objects = Vec::new();
     for object in &expect.objects {
         let path = format!("/clusters/{}{}", object.workspace, object.path);
-        get(&client, &path).await.map_err(|e| DrillError::Kcp(format!("object {path}: {e}")))?;
+        get(client, &path).await.map_err(|e| DrillError::Kcp(format!("object {path}: {e}")))?;
         objects.push(path);
     }
-    Ok(KcpLevel { ready_seconds, workspaces: expect.workspaces.clone(), objects })
+    Ok(objects)
 }
 
 /// Where a workspace is read: `root:a:b` is the Workspace `b` in `root:a`; `root` is its own logical cluster.
@@ -61,7 +66,7 @@ pub fn workspace_object_path(workspace: &str) -> String {
     }
 }
 
-async fn wait_ready(
+pub(super) async fn wait_ready(
     scratch: &mut Scratch,
     process: usize,
     kubeconfig: &Path,
