@@ -220,18 +220,7 @@ async fn a_drill_stopped_by_sigterm_leaves_no_process_and_no_directory_behind() 
         assert!(std::time::Instant::now() < deadline, "the drill's etcd never ran");
         tokio::time::sleep(Duration::from_millis(2)).await;
     };
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "the drill did not stop after SIGTERM");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(status.code(), Some(1), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted by SIGTERM"), "{}", text(&out));
+    sigterm_interrupts(child).await;
     // Gone, or at most a zombie waiting for init to reap it (the agent exited right after killing it).
     let state = std::fs::read_to_string(format!("/proc/{}/stat", etcd.0)).unwrap_or_default();
     let state = state.rsplit_once(") ").map(|(_, rest)| rest.chars().next().unwrap_or('?')).unwrap_or('-');

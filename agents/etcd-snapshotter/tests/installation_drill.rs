@@ -224,7 +224,7 @@ async fn the_daemon_runs_the_installation_drill_on_its_schedule_and_reports_a_pa
 /// Starts the drill, sends SIGTERM once the alpha shard's kcp runs beside the root shard's, and checks that the
 /// drill stops naming the signal and leaves no process and no directory behind.
 async fn sigterm_once_both_kcp_shards_run(bed: &Bed, config: &Path, at: &str) {
-    let mut child = std::process::Command::new(BINARY)
+    let child = std::process::Command::new(BINARY)
         .args(["drill", "--config", config.to_str().unwrap(), "--installation", "--at", at])
         .env(NO_METADATA.0, NO_METADATA.1)
         .stdout(std::process::Stdio::piped())
@@ -232,18 +232,7 @@ async fn sigterm_once_both_kcp_shards_run(bed: &Bed, config: &Path, at: &str) {
         .spawn()
         .unwrap();
     let running = both_kcp_shards_running(bed).await;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
-    let stopped = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(stopped.elapsed() < Duration::from_secs(30), "the drill did not stop after SIGTERM");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(status.code(), Some(1), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted by SIGTERM"), "{}", text(&out));
+    sigterm_interrupts(child).await;
     nothing_left(bed, running);
 }
 

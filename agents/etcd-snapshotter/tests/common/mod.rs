@@ -254,6 +254,20 @@ pub fn cli(args: &[&str]) -> Output {
     std::process::Command::new(BINARY).args(args).env(NO_METADATA.0, NO_METADATA.1).output().expect("the binary runs")
 }
 
+/// Sends SIGTERM to a one-shot run and waits (up to 30 s) until it exits 1 saying it was interrupted: its output.
+pub async fn sigterm_interrupts(mut child: std::process::Child) -> Output {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let sent = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(sent.elapsed() < Duration::from_secs(30), "the run did not stop after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted by SIGTERM"), "{}", text(&out));
+    out
+}
+
 pub fn text(out: &Output) -> String {
     format!(
         "exit {:?}\nstdout:\n{}\nstderr:\n{}",
