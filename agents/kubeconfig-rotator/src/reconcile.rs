@@ -168,7 +168,7 @@ impl Rotator {
                 return Err(SyncError::CandidateRejected(e));
             }
         };
-        if let Err(e) = prove::prove(&candidate, &source.expected).await {
+        if let Err(e) = prove_offered(kc, &candidate, &source.expected, targets, snap, now).await {
             self.reject(kc, &source, e.reason(), &e.to_string()).await;
             return Err(SyncError::ProofFailed(e));
         }
@@ -486,6 +486,38 @@ fn with_held_cas(
         .flatten()
         .and_then(|held| overlap::overlap(&candidate.ca_pem, &held, now))
         .map(|ca| candidate.with_ca(ca))
+}
+
+/// Proves the candidate. With CA overlap, a candidate whose own CA data does not verify the server is proven once
+/// more as the targets will be offered it, with the previous server CAs they hold beside its own: after a
+/// server-CA rotation the servers serve from the previous CA until their certificates are re-issued, and a
+/// kubeconfig carrying both works against them now and after. Without it every candidate would be refused until
+/// the serving certificates change, and a read-once consumer would hold only the previous CA when they do.
+async fn prove_offered(
+    kc: &Kubeconfig,
+    candidate: &Credential,
+    expected: &Expected,
+    targets: &[Target],
+    snap: &Snapshot,
+    now: OffsetDateTime,
+) -> Result<(), prove::ProofError> {
+    match prove::prove(candidate, expected).await {
+        Err(prove::ProofError::Unreachable) if kc.ca_overlap => {
+            let held: Vec<u8> = targets
+                .iter()
+                .filter_map(|t| published_ca(snap.secret(&t.namespace, &t.name), t))
+                .flat_map(|mut ca| {
+                    ca.push(b'\n');
+                    ca
+                })
+                .collect();
+            match overlap::overlap(&candidate.ca_pem, &held, now) {
+                Some(ca) => prove::prove(&candidate.with_ca(ca), expected).await,
+                None => Err(prove::ProofError::Unreachable),
+            }
+        }
+        other => other,
+    }
 }
 
 enum TargetFailure {

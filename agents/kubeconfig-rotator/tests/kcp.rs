@@ -1349,3 +1349,69 @@ async fn a_selector_target_reaches_allowed_namespaces_labelled_later_never_one_i
     testbed::assert_no_secret_material(&agent.process.log(), &[&good.key_pem]);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_server_ca_rotated_before_kcp_serves_from_it_is_published_beside_the_held_ca_and_refused_as_unreachable_without_overlap()
+-> Result<()> {
+    let layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    let client_ca = &layout.kcp.pki.client_ca;
+    let first = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 30)?;
+    let config = plain_source(&layout, &first, "").await?;
+    let agent = layout.start(&config).await?;
+    testbed::eventually(WAIT, "the first credential published", || async {
+        (layout.target_serial().await? == serial_of(&first)).then_some(())
+    })
+    .await;
+    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    let put = |kubeconfig: Vec<u8>| {
+        let patch = json!({"data": {"kubeconfig": base64_encode(&kubeconfig)}});
+        let sources = sources.clone();
+        async move { sources.patch("plain", &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ()) }
+    };
+
+    // cert-manager re-issued the server CA with a new key, and the operator rendered the kubeconfig with the new
+    // CA alone, while kcp still serves from the old one: its serving certificates are re-issued later.
+    let next_ca = Ca::new("testbed-server-ca", HOUR * 24 * 365)?;
+    let with_next_ca = |cred: &Credential| {
+        edited(&layout, cred, |doc| {
+            let data = base64_encode(next_ca.cert_pem().as_bytes());
+            set(doc, "clusters", "cluster", "certificate-authority-data", data.into());
+        })
+    };
+    let second = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 60)?;
+    let alone = with_next_ca(&second);
+    assert!(self_subject_review(&alone).await.is_err(), "the new CA alone does not verify kcp's server yet");
+    put(alone).await?;
+    let published = testbed::eventually(WAIT, "the renewed credential published", || async {
+        let target = layout.target().await?;
+        (annotation(&target, "kcp-keeper.io/serial")? == serial_of(&second)).then(|| key(&target, TARGET_KEY))?
+    })
+    .await;
+    let parsed = credential::parse(&published, OffsetDateTime::now_utc()).expect("the target parses");
+    assert!(credential::ca_contains(&parsed.ca_pem, next_ca.cert_pem().as_bytes()), "it trusts the new CA");
+    let serving = layout.kcp.pki.server_ca_bundle();
+    assert!(credential::ca_contains(&parsed.ca_pem, serving.as_bytes()), "and the CA kcp serves from now");
+    assert_eq!(self_subject_review(&published).await?, ADMIN_USER, "what is published works now");
+    drop(agent);
+
+    // Without the overlap, a candidate whose CA does not verify the server is refused as unreachable and the
+    // target keeps what it holds.
+    let strict = layout.write_config(&format!(
+        "resyncInterval: 2s\nkubeconfigs:\n- name: {KUBECONFIG}\n  caOverlap: false\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}}}\n",
+        src = layout.src,
+        dst = layout.dst,
+    ))?;
+    let agent = layout.start(&strict).await?;
+    let third = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 90)?;
+    put(with_next_ca(&third)).await?;
+    let series =
+        format!("kubeconfig_rotator_verification_failures_total{{kubeconfig=\"{KUBECONFIG}\",reason=\"unreachable\"}}");
+    wait_for_metric(&agent, &series, "the candidate refused as unreachable", |v| v >= 1.0).await;
+    let held = key(&layout.target().await.expect("target"), TARGET_KEY);
+    assert_eq!(held.as_deref(), Some(&published[..]), "the target keeps the credential that works");
+    let keys: [&str; 3] = [&first.key_pem, &second.key_pem, &third.key_pem];
+    testbed::assert_no_secret_material(&agent.process.log(), &keys);
+    testbed::assert_no_secret_material(&layout.all_event_notes().await, &keys);
+    Ok(())
+}

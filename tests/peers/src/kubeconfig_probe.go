@@ -17,6 +17,7 @@
 // 403, 5xx, http (another status), user (another user), config (the files); with "(the client certificate ended
 // at <RFC 3339>)" when it was used past its notAfter: a renewal that reached the file too late, not a refused
 // valid one), one line whenever the client certificate changes ("cert <serial> notAfter <RFC 3339>"), one
+// whenever the server's certificate changes ("server <serial> authorityKeyId <aa:bb:..>", its issuer's key), one
 // whenever a file was read again with new content ("reload <what>"), and a summary line every second ("requests
 // <n> failures <n> certs <n>", also at SIGTERM), so the last summary line of its log says how it went.
 // openssl-probe prints the same lines. Before its first request it waits until the files can be read and the
@@ -103,6 +104,7 @@ type state struct {
 	client               *http.Client
 	leaf                 *x509.Certificate
 	stamp                os.FileInfo
+	lastServer           string
 }
 
 func main() {
@@ -321,6 +323,14 @@ func (s *state) probe(user string) error {
 	}
 	defer resp.Body.Close()
 	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if resp.TLS != nil && len(resp.TLS.PeerCertificates) > 0 {
+		served := resp.TLS.PeerCertificates[0]
+		line := fmt.Sprintf("server %s authorityKeyId %s", served.SerialNumber.Text(16), colonHex(served.AuthorityKeyId))
+		if line != s.lastServer {
+			s.lastServer = line
+			fmt.Println(line)
+		}
+	}
 	if resp.StatusCode != http.StatusCreated {
 		class := "http"
 		switch {
@@ -345,6 +355,18 @@ func (s *state) probe(user string) error {
 		return classed("user", fmt.Errorf("the server says %q, not %q", review.Status.UserInfo.Username, user))
 	}
 	return nil
+}
+
+// colonHex is b as lower-case hex bytes joined by colons (OpenSSL's form), or "none".
+func colonHex(b []byte) string {
+	if len(b) == 0 {
+		return "none"
+	}
+	parts := make([]string, len(b))
+	for i, c := range b {
+		parts[i] = fmt.Sprintf("%02x", c)
+	}
+	return strings.Join(parts, ":")
 }
 
 type kubeconfig struct {

@@ -18,13 +18,13 @@
  *
  * Output, line-buffered, as kubeconfig-probe's: "fail <n> <class> <why>" per failure, class one of resolution,
  * connect, tls, timeout, 401, 403, 5xx, http (another status), user (another user), config (the files); "cert
- * <serial> notAfter <RFC 3339>" whenever the client certificate changes; "reload <what>" whenever a file was read
- * again with new content; after the first handshake and on the first few TLS failures, "chain ..." and "trust ..."
- * lines describing the chain the server sent and the CA certificates it was checked against (subject, issuer, key
- * identifiers, serial, notAfter), and a summary
- * every second and at SIGTERM: "requests <n> failures <n> certs <n>". Before its first request it waits until the
- * files can be read and the server's name resolves ("ready after <n> check(s)"), as a hub waits for its
- * configuration: nothing is counted before.
+ * <serial> notAfter <RFC 3339>" whenever the client certificate changes; "server <serial> authorityKeyId
+ * <aa:bb:..>" whenever the server's certificate changes; "reload <what>" whenever a file was read again with new
+ * content; after the first handshake and on the first few TLS failures, "chain ..." and "trust ..." lines
+ * describing the chain the server sent and the CA certificates it was checked against (subject, issuer, key
+ * identifiers, serial, notAfter), and a summary every second and at SIGTERM: "requests <n> failures <n> certs <n>".
+ * Before its first request it waits until the files can be read and the server's name resolves ("ready after <n>
+ * check(s)"), as a hub waits for its configuration: nothing is counted before.
  *
  * Usage: openssl-probe -kubeconfig FILE -user NAME [-ca FILE] [-server https://HOST:PORT] [-every 100ms]
  *                      [-reload request|change|once]
@@ -558,6 +558,27 @@ static int request(const struct config *c, SSL_CTX *ctx, const char *user) {
         }
         ERR_clear_error();
         goto out;
+    }
+    {
+        /* Whenever the server's certificate changes: its serial and its issuer's key, as the Go probe prints. */
+        static char last_server[256];
+        X509 *served = SSL_get0_peer_certificate(ssl);
+        if (served) {
+            char aki[200], line[256];
+            hex(X509_get0_authority_key_id(served), aki, sizeof aki);
+            BIGNUM *bn = ASN1_INTEGER_to_BN(X509_get0_serialNumber(served), NULL);
+            char *serial = BN_bn2hex(bn);
+            for (char *p = serial; p && *p; p++) *p = (char)(*p >= 'A' && *p <= 'F' ? *p - 'A' + 'a' : *p);
+            const char *trimmed = serial ? serial : "?";
+            while (trimmed[0] == '0' && trimmed[1]) trimmed++;
+            snprintf(line, sizeof line, "server %s authorityKeyId %s", trimmed, aki);
+            if (strcmp(line, last_server) != 0) {
+                snprintf(last_server, sizeof last_server, "%s", line);
+                printf("%s\n", line);
+            }
+            OPENSSL_free(serial);
+            BN_free(bn);
+        }
     }
     if (!chain_described) {
         /* Once: the chain the server sent and what it was checked against, for whoever reads the log. */

@@ -13,10 +13,10 @@ pub const KCP_OPERATOR: &str = "v0.9.0";
 /// Our own one-file program (standard library only); bump when `http_probe.go` changes.
 pub const HTTP_PROBE: &str = "v1";
 /// Our own one-file program (standard library only); bump when `kubeconfig_probe.go` changes.
-pub const KUBECONFIG_PROBE: &str = "v3";
+pub const KUBECONFIG_PROBE: &str = "v4";
 /// Our own one-file C program on OpenSSL (`openssl_probe.c`); bump when it changes. It links the machine's
 /// `libssl.a` and `libcrypto.a` (Debian bookworm's libssl-dev: OpenSSL 3.0), and prints that version at start.
-pub const OPENSSL_PROBE: &str = "v2";
+pub const OPENSSL_PROBE: &str = "v3";
 /// The pod-side `nslookup` of the seed's Verify section: the pod's own resolver configuration, nothing named.
 pub const DNS_LOOKUP: &str = "v1";
 

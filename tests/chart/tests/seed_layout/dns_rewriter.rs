@@ -68,20 +68,31 @@ async fn dns_rewriter_discovers_the_public_names_from_the_operators_objects_and_
 
 /// What `dns-lookup` printed in a plain pod (no `dnsConfig`, no `hostAliases`, the default `ClusterFirst`): the
 /// nameservers the kubelet gave it, and each name's addresses (or `error ...`).
-struct Lookup {
+pub(crate) struct Lookup {
     nameservers: Vec<String>,
-    answers: std::collections::BTreeMap<String, String>,
-    log: String,
+    pub(crate) answers: std::collections::BTreeMap<String, String>,
+    pub(crate) log: String,
 }
 
 /// Runs `dns-lookup` over the public names, the name no rule covers and a short cluster name in a plain pod
 /// `name` of the hub's namespace (as a hub resolves), until every name resolved (or thrice failed).
 async fn plain_pod_lookup(node: &testbed::node::Node, client: &kube::Client, name: &str) -> Result<Lookup> {
-    let namespace = chart::on_seed::HUB_NAMESPACE;
     let mut names: Vec<&str> = wanted().iter().map(|(host, ..)| *host).collect();
     names.extend([EXTERNAL_NAME, "kubernetes.default"]);
+    lookup_names(node, client, name, &names).await
+}
+
+/// `dns-lookup` of `names` in a plain pod `name` of the hub's namespace, until every name resolved (or thrice
+/// failed).
+pub(crate) async fn lookup_names(
+    node: &testbed::node::Node,
+    client: &kube::Client,
+    name: &str,
+    names: &[&str],
+) -> Result<Lookup> {
+    let namespace = chart::on_seed::HUB_NAMESPACE;
     let mut command = vec!["/dns-lookup"];
-    command.extend(&names);
+    command.extend(names);
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name},
         "spec": {

@@ -10,7 +10,7 @@ use testbed::node::{self, Node};
 use testbed::seed::layout;
 
 /// The newest listed snapshot id of `shard` (`etcd-snapshotter list` in the agent's pod).
-fn newest(node: &Node, shard: &str) -> Option<String> {
+pub(crate) fn newest(node: &Node, shard: &str) -> Option<String> {
     let listed = exec_in_agent(node, "etcd-snapshotter", &["/etcd-snapshotter", "list", "--shard", shard]).ok()?;
     listed
         .lines()

@@ -23,6 +23,7 @@ mod consumer;
 mod dns_rewriter;
 mod doctor;
 mod etcd_snapshotter;
+mod everything;
 mod kubeconfig_rotator;
 mod upgrade;
 
