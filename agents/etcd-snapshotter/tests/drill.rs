@@ -179,21 +179,6 @@ async fn a_manifest_with_an_altered_key_count_or_revision_fails_with_the_field_n
     }
 }
 
-/// The pids whose command line mentions `needle` (the drill's processes all run inside its directory).
-fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        // The agent itself names the configuration, never the drills directory.
-        if cmdline.contains(needle) && !cmdline.starts_with(BINARY) {
-            out.push((pid, cmdline));
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_drill_stopped_by_sigterm_leaves_no_process_and_no_directory_behind() {
     let d = bed_with_snapshot("", 10).await;

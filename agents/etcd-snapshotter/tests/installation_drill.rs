@@ -173,18 +173,3 @@ async fn sigterm_once_both_kcp_shards_run(bed: &Bed, config: &Path, at: &str) {
     let left: Vec<_> = std::fs::read_dir(bed.drills_dir()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "drill directories left behind: {left:?}");
 }
-
-/// The pids whose command line mentions `needle` (the drill's processes all run inside its directories).
-fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        // The agent itself names the configuration, never the drills directory.
-        if cmdline.contains(needle) && !cmdline.starts_with(BINARY) {
-            out.push((pid, cmdline));
-        }
-    }
-    out
-}
