@@ -328,11 +328,6 @@ async fn bad_candidates_are_never_published_and_a_longer_lived_target_is_never_r
     let _logs = layout.kcp.logs_on_failure();
     let client_ca = &layout.kcp.pki.client_ca;
     let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
-    let put = |kubeconfig: Vec<u8>| {
-        let patch = json!({"data": {"kubeconfig": base64_encode(&kubeconfig)}});
-        let sources = sources.clone();
-        async move { sources.patch("plain", &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ()) }
-    };
     let good = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 365)?;
     let good_kubeconfig = kubeconfig_for(&layout, &good, ADMIN_USER);
     sources.create(&PostParams::default(), &secret("plain", &[("kubeconfig", good_kubeconfig.as_bytes())])).await?;
@@ -366,7 +361,7 @@ async fn bad_candidates_are_never_published_and_a_longer_lived_target_is_never_r
     let mut secrets =
         vec![good.key_pem.clone(), other.key_pem.clone(), rogue.key_pem.clone(), intruder.key_pem.clone()];
     for (reason, kubeconfig) in cases {
-        put(kubeconfig).await?;
+        put_source(&layout, kubeconfig).await?;
         let series =
             format!("kubeconfig_rotator_verification_failures_total{{kubeconfig=\"plain\",reason=\"{reason}\"}}");
         wait_for_metric(&agent, &series, &format!("a rejection for {reason}"), |v| v >= 1.0).await;
@@ -382,7 +377,7 @@ async fn bad_candidates_are_never_published_and_a_longer_lived_target_is_never_r
 
     // A valid, proven credential that expires sooner than the target's is not published.
     let shorter = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR)?;
-    put(kubeconfig_for(&layout, &shorter, ADMIN_USER).into_bytes()).await?;
+    put_source(&layout, kubeconfig_for(&layout, &shorter, ADMIN_USER).into_bytes()).await?;
     let kept = format!("Kept, lasting longer than the candidate (1): {}/{TARGET} (serial ", layout.dst);
     testbed::eventually(WAIT, "a KeptLonger Event on the source naming the target", || async {
         let notes = layout.events(&layout.src, "KeptLonger").await;
@@ -392,7 +387,7 @@ async fn bad_candidates_are_never_published_and_a_longer_lived_target_is_never_r
     assert_eq!(key(&layout.target().await.expect("target"), TARGET_KEY).as_deref(), Some(&published[..]));
     // A longer-lived one is.
     let longer = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 700)?;
-    put(kubeconfig_for(&layout, &longer, ADMIN_USER).into_bytes()).await?;
+    put_source(&layout, kubeconfig_for(&layout, &longer, ADMIN_USER).into_bytes()).await?;
     testbed::eventually(WAIT, "the longer-lived credential to be published", || async {
         key(&layout.target().await?, TARGET_KEY).filter(|k| client_cert(k).serial == serial_of(&longer))
     })
@@ -525,11 +520,6 @@ async fn a_candidate_carrying_more_than_server_ca_and_client_certificate_is_refu
     let _logs = layout.kcp.logs_on_failure();
     let client_ca = &layout.kcp.pki.client_ca;
     let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
-    let put = |kubeconfig: Vec<u8>| {
-        let patch = json!({"data": {"kubeconfig": base64_encode(&kubeconfig)}});
-        let sources = sources.clone();
-        async move { sources.patch("plain", &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ()) }
-    };
     let good = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 365)?;
     sources
         .create(
@@ -632,7 +622,7 @@ async fn a_candidate_carrying_more_than_server_ca_and_client_certificate_is_refu
         ),
     ];
     for (n, (field, kubeconfig)) in cases.into_iter().enumerate() {
-        put(kubeconfig).await?;
+        put_source(&layout, kubeconfig).await?;
         let want = (n + 1) as f64;
         testbed::eventually(WAIT, &format!("{field}: refused, or a request at the attacker"), || async {
             let refused = metric(&metrics(&agent).await, series).ok().filter(|v| *v >= want);
@@ -769,6 +759,13 @@ async fn a_longer_lived_target_for_another_front_proxy_name_is_replaced_by_the_c
     testbed::assert_no_secret_material(&agent.process.log(), &[&good.key_pem, &old.key_pem]);
     testbed::assert_no_secret_material(&notes, &[&good.key_pem, &old.key_pem]);
     Ok(())
+}
+
+/// Replaces the kubeconfig of the plain source `plain`.
+async fn put_source(layout: &Layout, kubeconfig: Vec<u8>) -> kube::Result<()> {
+    let patch = json!({"data": {"kubeconfig": base64_encode(&kubeconfig)}});
+    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    sources.patch("plain", &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
 }
 
 fn base64_encode(bytes: &[u8]) -> String {
@@ -1363,12 +1360,6 @@ async fn a_server_ca_rotated_before_kcp_serves_from_it_is_published_beside_the_h
         (layout.target_serial().await? == serial_of(&first)).then_some(())
     })
     .await;
-    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
-    let put = |kubeconfig: Vec<u8>| {
-        let patch = json!({"data": {"kubeconfig": base64_encode(&kubeconfig)}});
-        let sources = sources.clone();
-        async move { sources.patch("plain", &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ()) }
-    };
 
     // cert-manager re-issued the server CA with a new key, and the operator rendered the kubeconfig with the new
     // CA alone, while kcp still serves from the old one: its serving certificates are re-issued later.
@@ -1382,7 +1373,7 @@ async fn a_server_ca_rotated_before_kcp_serves_from_it_is_published_beside_the_h
     let second = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 60)?;
     let alone = with_next_ca(&second);
     assert!(self_subject_review(&alone).await.is_err(), "the new CA alone does not verify kcp's server yet");
-    put(alone).await?;
+    put_source(&layout, alone).await?;
     let published = testbed::eventually(WAIT, "the renewed credential published", || async {
         let target = layout.target().await?;
         (annotation(&target, "kcp-keeper.io/serial")? == serial_of(&second)).then(|| key(&target, TARGET_KEY))?
@@ -1404,7 +1395,7 @@ async fn a_server_ca_rotated_before_kcp_serves_from_it_is_published_beside_the_h
     ))?;
     let agent = layout.start(&strict).await?;
     let third = client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR * 24 * 90)?;
-    put(with_next_ca(&third)).await?;
+    put_source(&layout, with_next_ca(&third)).await?;
     let series =
         format!("kubeconfig_rotator_verification_failures_total{{kubeconfig=\"{KUBECONFIG}\",reason=\"unreachable\"}}");
     wait_for_metric(&agent, &series, "the candidate refused as unreachable", |v| v >= 1.0).await;

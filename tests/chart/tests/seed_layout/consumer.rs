@@ -114,7 +114,15 @@ fn sidecar_deployment(app: &str, kubeconfig: &str, user: &str) -> Result<Value> 
         }));
         volumes.push(json!({"name": format!("bundle-{name}"), "emptyDir": {"sizeLimit": "1Mi"}}));
     }
-    Ok(json!({
+    let mut deployment = consumer_deployment(app, containers, volumes);
+    // The sidecar signals the consumer's process in the same pod.
+    deployment["spec"]["template"]["spec"]["shareProcessNamespace"] = json!(true);
+    Ok(deployment)
+}
+
+/// A one-replica Deployment of the hub's namespace running `containers` with `volumes`, as the consumers run.
+fn consumer_deployment(app: &str, containers: Vec<Value>, volumes: Vec<Value>) -> Value {
+    json!({
         "metadata": {"name": app, "namespace": HUB_NAMESPACE},
         "spec": {
             "replicas": 1,
@@ -122,7 +130,6 @@ fn sidecar_deployment(app: &str, kubeconfig: &str, user: &str) -> Result<Value> 
             "template": {
                 "metadata": {"labels": {"app": app}},
                 "spec": {
-                    "shareProcessNamespace": true,
                     "terminationGracePeriodSeconds": 5,
                     "securityContext": pod_security(),
                     "containers": containers,
@@ -130,7 +137,7 @@ fn sidecar_deployment(app: &str, kubeconfig: &str, user: &str) -> Result<Value> 
                 },
             },
         },
-    }))
+    })
 }
 
 /// The restart path: the hub's own Deployment (the one the rotator restarts, `restartDeployments` of the chart's
@@ -157,22 +164,7 @@ fn once_deployment(app: &str, kubeconfig: &str, user: &str) -> Value {
     for (name, _) in PROBES {
         volumes.push(json!({"name": format!("bundle-{name}"), "secret": {"secretName": CA_TARGET}}));
     }
-    json!({
-        "metadata": {"name": app, "namespace": HUB_NAMESPACE},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": app}},
-            "template": {
-                "metadata": {"labels": {"app": app}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "securityContext": pod_security(),
-                    "containers": containers,
-                    "volumes": volumes,
-                },
-            },
-        },
-    })
+    consumer_deployment(app, containers, volumes)
 }
 
 /// `kubectl logs -f --timestamps` of every container of every pod of a Deployment, each into its own file, so a
@@ -386,18 +378,18 @@ async fn started(
 /// Waits until each probe has sent twenty more requests, then returns the counts.
 async fn twenty_more(node: &Node, client: &kube::Client, app: &str, what: &str, f: &mut Followers) -> Result<ByProbe> {
     let before = by_probe(f);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let followers = tokio::sync::Mutex::new(f);
+    let (followers, before) = (&followers, &before);
+    let what = format!("{what}: each consumer sending 20 more requests");
+    testbed::eventually_seen(Duration::from_secs(60), &what, || async move {
+        let mut f = followers.lock().await;
         f.poll(node, client, app).await?;
-        let now = by_probe(f);
-        if now.iter().all(|(p, c)| c.requests >= before[p].requests + 20) {
-            return Ok(now);
-        }
-        if Instant::now() > deadline {
-            bail!("{what}: the consumers sent fewer than 20 more requests within a minute");
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+        let now = by_probe(&f);
+        let short: Vec<_> =
+            now.iter().filter(|(p, c)| c.requests < before[*p].requests + 20).map(|(p, _)| *p).collect();
+        Ok(if short.is_empty() { Ok(now) } else { Err(format!("not yet: {short:?}")) })
+    })
+    .await
 }
 
 /// Runs the consumers of `app` until the rotator has published two renewals after they started, each probe has

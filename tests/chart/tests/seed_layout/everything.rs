@@ -5,12 +5,14 @@
 //!   second public name in its server certificate, then both undone;
 //! - restore drills of both shards while the scheduled snapshots (every 20 s) go on.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use chart::on_node::exec_in_agent;
 use chart::on_seed::{CA_TARGET, HUB_KEY, HUB_NAMESPACE, HUB_SECRET};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -76,7 +78,7 @@ async fn renew(client: &kube::Client, name: &str) -> Result<()> {
         .collect();
     conditions.push(json!({
         "type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
-        "message": "re-issued by the consumer test", "lastTransitionTime": now_rfc3339(),
+        "message": "re-issued by the consumer test", "lastTransitionTime": Time(Timestamp::now()),
     }));
     // As `cmctl renew`: conditional on the version read, so a status cert-manager wrote meanwhile is not replaced
     // by this stale copy (a conflict is tried again by the caller).
@@ -88,22 +90,6 @@ async fn renew(client: &kube::Client, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
-}
-
 /// Renews the Certificate `name` and waits until its Secret holds another `tls.crt`, which it returns. A renewal
 /// that has not changed the Secret within a minute (it met an issuance of the operator's in flight, or its status
 /// write conflicted) is asked for again, up to four times; the Certificate's conditions are in the error.
@@ -113,12 +99,13 @@ async fn reissue(client: &kube::Client, name: &str, secret: &str) -> Result<Stri
         if let Err(e) = renew(client, name).await {
             eprintln!("renewing {name} (attempt {attempt}): {e:#}");
         }
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(60) {
-            if let Some(now) = secret_text(client, NAMESPACE, secret, "tls.crt").await.filter(|now| *now != before) {
-                return Ok(now);
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+        let what = format!("a new {secret}");
+        let changed = testbed::eventually_seen(Duration::from_secs(60), &what, || async {
+            let now = secret_text(client, NAMESPACE, secret, "tls.crt").await;
+            Ok(now.filter(|now| *now != before).ok_or_else(|| "tls.crt unchanged".to_string()))
+        });
+        if let Ok(now) = changed.await {
+            return Ok(now);
         }
     }
     let (api, _) = certificate_api(client);
