@@ -644,12 +644,17 @@ async fn control(node: &Node, client: &kube::Client, length: Duration) -> Result
 struct Rolls(BTreeMap<String, Timestamp>);
 
 /// From a second before a server's SIGTERM (the clocks of the pod log and the apiserver's whole-second deletion
-/// times) to this long after it.
+/// times) to this long after it: a request sent then may meet the stopping server.
 const ROLL_WINDOW: Duration = Duration::from_secs(10);
 
+/// How long a probe waits for an answer: a failure is logged when it ends, up to this long after the request was
+/// sent (a request sent to the stopping server at its SIGTERM can time out 10 s later).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Rolls {
+    /// Whether a failure logged at `at` may be of a request sent within [`ROLL_WINDOW`] of a stop.
     fn covers(&self, at: Timestamp) -> bool {
-        let window = -1.0..=ROLL_WINDOW.as_secs_f64();
+        let window = -1.0..=(ROLL_WINDOW + PROBE_TIMEOUT).as_secs_f64();
         self.0.values().any(|stop| window.contains(&at.duration_since(*stop).as_secs_f64()))
     }
 
@@ -775,7 +780,7 @@ async fn go_and_openssl_hubs_reloading_through_the_sidecar_or_restarted_by_the_r
         (o + out, i + within)
     });
     eprintln!(
-        "through the changes: {inside} unanswered within {ROLL_WINDOW:?} of the kcp-operator stopping a server's pod \
+        "through the changes: {inside} unanswered sent within {ROLL_WINDOW:?} of the kcp-operator stopping a server's pod \
          ({} pods: {:?}), {outside} at other times",
         rolls.0.len(),
         rolls.0
