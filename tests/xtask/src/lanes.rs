@@ -157,6 +157,34 @@ fn starts_a_node(name: &str) -> bool {
     NODE.contains(&name)
 }
 
+/// Processes running a node's reaper (`reaper.sh`, in a session of its own, so the binary's group kill spares it).
+fn reapers() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg.ends_with(b"/reaper.sh")))
+        })
+        .collect()
+}
+
+/// A node binary's reaper tears its node down after the binary exits (iptables rules, interfaces, cgroups): the
+/// next node binary waits for it, or it starts on a host still changing under it (testbed:node compares the
+/// host's state before and after its own node, and failed on the previous node's teardown finishing meanwhile).
+/// Bounded: the reaper gives up within 30 s of its own.
+fn wait_for_node_teardown(label: &str) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !reapers().is_empty() {
+        if Instant::now() > deadline {
+            eprintln!("xtask: {label}: a node's reaper is still running 90 s after the binary ended: {:?}", reapers());
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// The next job a free lane may start: the first in `queue` that does not start a node while `running` does.
 pub fn next(queue: &mut Vec<Job>, running: &[String]) -> Option<Job> {
     let node_running = running.iter().any(|r| starts_a_node(r));
@@ -390,6 +418,9 @@ fn lane_loop(
         cmd.env("TMPDIR", tmp.path());
         // A group of its own: whatever the binary leaves running (an agent's drill kcp) is killed once it exits.
         let status = child::run_as_group(cmd, &job.label());
+        if starts_a_node(&job.name) {
+            wait_for_node_teardown(&job.label());
+        }
         drop(tmp);
         let took = started.elapsed();
         let ok = matches!(&status, Ok(s) if s.success());

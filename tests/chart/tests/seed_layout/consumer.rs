@@ -155,6 +155,19 @@ fn restart_patch() -> Value {
     }}}})
 }
 
+/// A merge patch that puts back the parts of the hub's pod template [`restart_patch`] replaced (a field it did
+/// not have is removed).
+fn hub_spec(hub: &Deployment) -> Value {
+    let spec = serde_json::to_value(&hub.spec.template.spec).unwrap_or_default();
+    let field = |name: &str| spec.get(name).cloned().unwrap_or(Value::Null);
+    json!({"spec": {"template": {"spec": {
+        "terminationGracePeriodSeconds": field("terminationGracePeriodSeconds"),
+        "securityContext": field("securityContext"),
+        "containers": field("containers"),
+        "volumes": field("volumes"),
+    }}}})
+}
+
 /// The control's read-once consumers: both programs reading `key` of the Secret `kubeconfig` once, at start, and
 /// trusting the hub's CA Secret (ca-syncer's) mounted directly.
 fn once_deployment(app: &str, kubeconfig: &str, user: &str) -> Value {
@@ -575,8 +588,14 @@ async fn change_everything(
         (seen.len() == 2).then_some(())
     })
     .await;
-    let before = crate::everything::newest_snapshots(node);
-    let drills = tokio::task::spawn_blocking(move || crate::everything::drill_both(node));
+    // The agent may not have listed a snapshot of every shard yet (a fresh install, or retention between ticks).
+    let before = testbed::eventually(Duration::from_secs(120), "a listed snapshot of both shards", || async {
+        let ids: Option<Vec<String>> = crate::everything::newest_snapshots(node).into_iter().collect();
+        ids
+    })
+    .await;
+    let ids = before.clone();
+    let drills = tokio::task::spawn_blocking(move || crate::everything::drill_both(node, &ids));
     let (rotation, rules) = tokio::join!(rotate_server_ca(client, seen), crate::everything::rule_change(node, client));
     rules.context("the rule change")?;
     let rotation = rotation.context("the server CA rotation")?;
@@ -587,7 +606,7 @@ async fn change_everything(
         "a scheduled snapshot of both shards since the changes began",
         || async {
             let now = crate::everything::newest_snapshots(node);
-            now.iter().zip(&before).all(|(n, b)| n.is_some() && n != b).then_some(())
+            now.iter().zip(&before).all(|(n, b)| n.as_ref().is_some_and(|n| n != b)).then_some(())
         },
     )
     .await;
@@ -728,6 +747,8 @@ async fn go_and_openssl_hubs_reloading_through_the_sidecar_or_restarted_by_the_r
     let deployments = Api::<Deployment>::namespaced(client.clone(), HUB_NAMESPACE);
     let sidecar: Deployment = serde_json::from_value(sidecar_deployment(SIDECAR_CONSUMERS, HUB_SECRET, HUB_USER)?)?;
     deployments.create(&PostParams::default(), &sidecar).await?;
+    // The hub's own spec, put back at the end: its consumers would go on sending 20 requests a second.
+    let hub_before = deployments.get(HUB).await?;
     deployments.patch(HUB, &PatchParams::default(), &Patch::Merge(&restart_patch())).await?;
     let seen = Seen::default();
     let (done, changes_over) = tokio::sync::watch::channel(false);
@@ -756,7 +777,10 @@ async fn go_and_openssl_hubs_reloading_through_the_sidecar_or_restarted_by_the_r
     // tests of the layout use it; the hub's consumers stop.
     crate::everything::rerender_seed_kubeconfig(&client, &rotation).await?;
     deployments.delete(SIDECAR_CONSUMERS, &Default::default()).await?;
+    // The control runs on the layout as it is left for the binary's other tests: rolled out, quiet.
+    testbed::seed::settled(node, &client, Duration::from_secs(20)).await?;
     let (quiet_sidecar, quiet_once) = control(node, &client, length).await?;
+    deployments.patch(HUB, &PatchParams::default(), &Patch::Merge(&hub_spec(&hub_before))).await?;
 
     let mut problems = refusals("sidecar", &sidecar.0);
     problems.extend(refusals("restart", &restart.0));

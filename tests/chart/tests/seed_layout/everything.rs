@@ -268,16 +268,15 @@ pub fn newest_snapshots(node: &Node) -> Vec<Option<String>> {
     layout::ETCD_MEMBERS.iter().map(|(shard, _)| crate::etcd_snapshotter::newest(node, shard)).collect()
 }
 
-/// Drills the newest snapshot of both shards in the agent's pod (the root shard's at the kcp level, as its
+/// Drills the snapshots `ids` (one of each shard) in the agent's pod (the root shard's at the kcp level, as its
 /// configuration says); returns the ids drilled.
-pub fn drill_both(node: &Node) -> Result<Vec<String>> {
+pub fn drill_both(node: &Node, ids: &[String]) -> Result<Vec<String>> {
     let mut drilled = Vec::new();
-    for (shard, id) in layout::ETCD_MEMBERS.iter().zip(newest_snapshots(node)) {
-        let id = id.with_context(|| format!("no snapshot of {} to drill", shard.0))?;
-        let out = exec_in_agent(node, "etcd-snapshotter", &["/etcd-snapshotter", "drill", &id])
+    for id in ids {
+        let out = exec_in_agent(node, "etcd-snapshotter", &["/etcd-snapshotter", "drill", id])
             .with_context(|| format!("drilling {id}"))?;
         eprintln!("drill of {id}:\n{out}");
-        drilled.push(id);
+        drilled.push(id.clone());
     }
     Ok(drilled)
 }

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::ListParams;
 use serde_json::{Value, json};
@@ -181,6 +182,69 @@ fn reset(node: &Node) -> Result<()> {
     apply(node, &node.dir.join("seed"), "namespace-again", &[namespace])?;
     progress(&format!("{NAMESPACE} deleted and made again in {:.1?}", started.elapsed()));
     Ok(())
+}
+
+/// Waits until the layout is as a test that changed it must leave it: every Deployment of the kcp components
+/// rolled out with no pod of an older revision left, no pod of the namespace being deleted, and every address a
+/// Service's EndpointSlices offer as ready a Running pod's; and that it stays so for `quiet` (the operator may
+/// roll a Deployment again for a certificate it re-issued a moment later). The other tests of a binary use the
+/// layout as soon as such a test lets go of it: a request then sent to an address of a pod already gone is never
+/// answered. Fails after 5 minutes with the layout's state.
+pub async fn settled(node: &Node, client: &kube::Client, quiet: Duration) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut since: Option<Instant> = None;
+    loop {
+        let unsettled = unsettled(client).await?;
+        match (&unsettled, since) {
+            (None, Some(s)) if s.elapsed() >= quiet => return Ok(()),
+            (None, None) => since = Some(Instant::now()),
+            (None, Some(_)) => {}
+            (Some(_), _) => since = None,
+        }
+        if Instant::now() > deadline {
+            bail!("the layout did not settle within 5 minutes: {unsettled:?}\n{}", describe(node)?);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// What keeps the layout from being settled, if anything.
+async fn unsettled(client: &kube::Client) -> Result<Option<String>> {
+    let deployments = Api::<Deployment>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;
+    for d in &deployments.items {
+        let want = d.spec.replicas.unwrap_or(1);
+        let all = d.status.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+        if !available(d) || all != want {
+            return Ok(Some(format!(
+                "deployment/{} rolling: {:?}",
+                d.metadata.name.as_deref().unwrap_or(""),
+                d.status
+            )));
+        }
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;
+    let mut running = Vec::new();
+    for pod in &pods.items {
+        let name = pod.metadata.name.as_deref().unwrap_or("");
+        if pod.metadata.deletion_timestamp.is_some() {
+            return Ok(Some(format!("pod/{name} is being deleted")));
+        }
+        let status = pod.status.as_ref();
+        if status.and_then(|s| s.phase.as_deref()) == Some("Running") {
+            running.extend(status.and_then(|s| s.pod_ip.clone()));
+        }
+    }
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await?;
+    for slice in &slices.items {
+        for endpoint in slice.endpoints.iter().flatten() {
+            let ready = endpoint.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false);
+            if let Some(gone) = endpoint.addresses.iter().find(|a| ready && !running.contains(a)) {
+                let name = slice.metadata.name.as_deref().unwrap_or("");
+                return Ok(Some(format!("endpointslice/{name} offers {gone}, no Running pod's address")));
+            }
+        }
+    }
+    Ok(None)
 }
 
 fn available(d: &Deployment) -> bool {
