@@ -140,17 +140,18 @@ pub async fn apply_retention(
     Ok(report)
 }
 
-/// Deletes the deltas of the snapshot at `location`, newest first, each only if it has this agent's shape and
-/// `written-by` metadata (a hand-placed file in `deltas/` stays); false when object lock kept one.
+/// Deletes the deltas of the snapshot at `location`, newest first, then its sessions' proofs, each only if it
+/// has this agent's shape and `written-by` metadata (a hand-placed file in `deltas/` stays); false when object
+/// lock kept one (the proofs then stay with the deltas they prove).
 async fn delete_deltas(store: &Store, shard: &str, location: &Location) -> Result<bool, StorageError> {
-    let mut deltas: Vec<(u64, String)> = store
-        .list_keys(&crate::delta::dir(location))
-        .await?
-        .into_iter()
-        .filter_map(|key| Some((crate::delta::location_of(&store.prefix, shard, &key)?.1, key)))
+    let listed = store.list_keys(&crate::delta::dir(location)).await?;
+    let mut deltas: Vec<(u64, String)> = listed
+        .iter()
+        .filter_map(|key| Some((crate::delta::location_of(&store.prefix, shard, key)?.1, key.clone())))
         .collect();
     deltas.sort();
-    for (_, key) in deltas.iter().rev() {
+    let proofs = listed.iter().filter(|key| crate::delta::proof_location_of(&store.prefix, shard, key).is_some());
+    for key in deltas.iter().rev().map(|(_, key)| key).chain(proofs) {
         if !store.written_by_us(key).await? {
             tracing::info!(key, "a file in a snapshot's deltas this agent did not write; left alone");
             continue;

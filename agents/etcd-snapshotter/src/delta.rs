@@ -83,12 +83,44 @@ pub fn parse_name(name: &str) -> Option<(u64, &'static str, bool)> {
 /// The snapshot and `from` of the delta object `key`, if `key` has exactly the shape this agent writes under
 /// `shard`: `<prefix>/<shard>/<time>-r<revision>/deltas/<from>.delta[.zst][.age]`.
 pub fn location_of(prefix: &str, shard: &str, key: &str) -> Option<(Location, u64)> {
+    let (location, object) = in_deltas_dir(prefix, shard, key)?;
+    let (from, _, _) = parse_name(object)?;
+    Some((location, from))
+}
+
+/// The snapshot of a key under a snapshot's `deltas/` of `shard`, and the key's name inside that directory.
+fn in_deltas_dir<'a>(prefix: &str, shard: &str, key: &'a str) -> Option<(Location, &'a str)> {
     let rest = key.strip_prefix(&manifest::shard_dir(prefix, shard))?;
     let (name, rest) = rest.split_once('/')?;
     let object = rest.strip_prefix(DELTAS_DIR)?;
-    let location = Location::from_id(prefix, &format!("{shard}/{name}"))?;
-    let (from, _, _) = parse_name(object)?;
-    Some((location, from))
+    Some((Location::from_id(prefix, &format!("{shard}/{name}"))?, object))
+}
+
+/// The directory of a snapshot's session proofs, inside its `deltas/` (`recovery::SessionProof`).
+pub const PROOFS_DIR: &str = "proofs/";
+
+/// `proofs/00000001796000000123.json`: the session's `watching_since_ms`, zero-padded so names sort by it.
+pub fn proof_name(watching_since_ms: i64) -> String {
+    format!("{PROOFS_DIR}{watching_since_ms:020}.json")
+}
+
+/// `<snapshot dir>/deltas/proofs/<watching_since_ms, 20 digits>.json`.
+pub fn proof_key(location: &Location, watching_since_ms: i64) -> String {
+    format!("{}{}", dir(location), proof_name(watching_since_ms))
+}
+
+/// The snapshot and session (`watching_since_ms`) of the proof object `key`, if `key` has exactly the shape
+/// this agent writes under `shard`; the inverse of [`proof_key`].
+pub fn proof_location_of(prefix: &str, shard: &str, key: &str) -> Option<(Location, i64)> {
+    let (location, object) = in_deltas_dir(prefix, shard, key)?;
+    let since = parse_proof_name(object)?;
+    Some((location, since))
+}
+
+/// The session of a proof's name inside `deltas/` (`proofs/<20 digits>.json`).
+pub fn parse_proof_name(name: &str) -> Option<i64> {
+    let digits = name.strip_prefix(PROOFS_DIR)?.strip_suffix(".json")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok())?
 }
 
 /// What kind of change an event is.
@@ -586,6 +618,26 @@ mod tests {
             "kcp/etcd/alpha/20261130T120000Z-r10/deltas/00000000000000000011.delta.zst",
         ] {
             assert_eq!(location_of("kcp/etcd", "root", not_ours), None, "{not_ours}");
+        }
+    }
+
+    #[test]
+    fn a_sessions_proof_lives_in_deltas_proofs_and_is_no_delta() {
+        let location = Location::from_id("kcp/etcd", "root/20261130T120000Z-r10").unwrap();
+        let key = proof_key(&location, 1_796_000_000_123);
+        assert_eq!(key, "kcp/etcd/root/20261130T120000Z-r10/deltas/proofs/00000001796000000123.json");
+        assert_eq!(location_of("kcp/etcd", "root", &key), None, "no delta: never off the chain");
+        assert_eq!(parse_name("proofs/00000001796000000123.json"), None);
+        let (at, since) = proof_location_of("kcp/etcd", "root", &key).unwrap();
+        assert_eq!((at.id.as_str(), since), ("root/20261130T120000Z-r10", 1_796_000_000_123));
+        for not_a_proof in [
+            "kcp/etcd/root/20261130T120000Z-r10/deltas/proofs/notes.json",
+            "kcp/etcd/root/20261130T120000Z-r10/deltas/proofs/1796000000123.json",
+            "kcp/etcd/root/20261130T120000Z-r10/deltas/00000001796000000123.json",
+            "kcp/etcd/root/20261130T120000Z-r10/deltas/00000000000000000011.delta.zst",
+            "kcp/etcd/alpha/20261130T120000Z-r10/deltas/proofs/00000001796000000123.json",
+        ] {
+            assert_eq!(proof_location_of("kcp/etcd", "root", not_a_proof), None, "{not_a_proof}");
         }
     }
 

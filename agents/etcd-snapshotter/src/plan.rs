@@ -5,7 +5,10 @@
 //! Per shard, what it can reach: from its oldest snapshot's start to its newest recovery point, the time its
 //! delta writer proved and stored (`delta::recovery`), or its newest snapshot's start when that is later (a
 //! shard without deltas reaches only that). `latest-consistent` is the newest time every shard reaches: the
-//! minimum of those recovery points. For the point, each shard's base is chosen and its chain walked exactly as
+//! minimum of those recovery points, lowered out of any shard's gap between two writer sessions (after one
+//! session's last proof, before the next session's watch opened: a time no restore can place) to the last proof
+//! before that gap, until no shard has the point in a gap ([`latest_consistent`]; each session's span is read
+//! from its proofs in the chains, `recovery::proofs`). For the point, each shard's base is chosen and its chain walked exactly as
 //! `restore --at` does (`replay::base`, then `replay::replay` without a member: every delta read and proven,
 //! nothing applied), so the plan names the snapshot, the deltas and the revision that restore would use. A
 //! point a shard cannot reach (before its oldest snapshot, after its recovery point, behind a broken chain) is
@@ -21,7 +24,7 @@ use crate::delta::recovery::{self, RecoveryPoint};
 use crate::delta::replay::{self, Outcome, Point};
 use crate::encode::Identity;
 use crate::generation::{self, Own};
-use crate::manifest::Manifest;
+use crate::manifest::{Location, Manifest};
 use crate::storage::Store;
 
 /// The point a plan restores every shard to.
@@ -56,6 +59,9 @@ pub struct Reach {
     /// Its newest recovery point: the stored one, or the newest snapshot's start when that is later.
     pub newest: DateTime<Utc>,
     pub stored: Option<RecoveryPoint>,
+    /// What the shard's writer sessions proved, each from when its watch opened to its newest proof, and the
+    /// stored recovery point (its session unknown to it: from that point to itself).
+    pub spans: Vec<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
 impl Reach {
@@ -87,11 +93,65 @@ pub async fn reach(store: &Store, shard: &str, key: Option<&SigningKey>) -> anyh
         anyhow::bail!("shard {shard}: no published snapshot of its etcd cluster in the bucket");
     };
     let newest = stored.as_ref().map_or(newest, |point| point.time().max(newest));
+    let mut spans = sessions(store, &own, key).await?;
+    spans.extend(stored.as_ref().map(|point| (point.time(), point.time())));
     let own = stored.as_ref().map(|point| Own {
         cluster_id: point.cluster_id.clone(),
         member_ids: own.iter().map(|m| m.member.id.clone()).collect(),
     });
-    Ok(Reach { shard: shard.into(), own, oldest: oldest.clone(), newest, stored })
+    Ok(Reach { shard: shard.into(), own, oldest: oldest.clone(), newest, stored, spans })
+}
+
+/// The spans of the writer sessions whose proofs the chains of `manifests` hold (of each one's cluster): from
+/// when its watch opened to its newest proof.
+async fn sessions(
+    store: &Store,
+    manifests: &[Manifest],
+    key: Option<&SigningKey>,
+) -> anyhow::Result<Vec<(DateTime<Utc>, DateTime<Utc>)>> {
+    let mut spans = Vec::new();
+    for manifest in manifests {
+        let Some(location) = Location::from_id(&store.prefix, &manifest.id) else { continue };
+        for proof in recovery::proofs(store, &manifest.shard, &location, key).await? {
+            let since = proof.watching_since_ms.and_then(DateTime::from_timestamp_millis);
+            if let Some(since) = since
+                && proof.cluster_id == generation::cluster_of(manifest)
+            {
+                spans.push((since, proof.time()));
+            }
+        }
+    }
+    Ok(spans)
+}
+
+/// The newest time every shard can place: from the minimum of the shards' newest points (`newest`), lowered
+/// while it lies in some shard's gap ([`gap_before`]) to that shard's last proof before the gap, until no shard
+/// has it in a gap. `None` without shards.
+pub fn latest_consistent<T: Ord + Copy>(shards: &[(T, Vec<(T, T)>)]) -> Option<T> {
+    let mut t = shards.iter().map(|(newest, _)| *newest).min()?;
+    while let Some(lower) = shards.iter().filter_map(|(_, spans)| gap_before(spans, t)).min() {
+        t = lower;
+    }
+    Some(t)
+}
+
+/// When `t` lies in a gap of a shard's sessions (`spans`, each from when its watch opened to its newest proof):
+/// after every session before it had proven its last point and before the next one's watch opened; then the
+/// last proof before the gap.
+pub fn gap_before<T: Ord + Copy>(spans: &[(T, T)], t: T) -> Option<T> {
+    let mut sorted = spans.to_vec();
+    sorted.sort();
+    let mut covered: Option<T> = None;
+    for (since, proven) in sorted {
+        if let Some(last) = covered
+            && last < t
+            && t < since
+        {
+            return Some(last);
+        }
+        covered = Some(covered.map_or(proven, |last| last.max(proven)));
+    }
+    None
 }
 
 /// A delta, as the plan names it.
@@ -152,7 +212,10 @@ pub async fn plan(store: &Store, shards: &[String], at: At, keys: Keys<'_>) -> a
     }
     let t = match at {
         At::Time(t) => t,
-        At::LatestConsistent => reaches.iter().map(|r| r.newest).min().expect("at least one shard"),
+        At::LatestConsistent => {
+            let shards: Vec<_> = reaches.iter().map(|r| (r.newest, r.spans.clone())).collect();
+            latest_consistent(&shards).expect("at least one shard")
+        }
     };
     let mut planned = Vec::new();
     let mut unreachable = Vec::new();
@@ -264,5 +327,33 @@ mod tests {
         for bad in ["latest", "1042", "yesterday"] {
             assert!(bad.parse::<At>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_gap_is_after_a_sessions_last_proof_and_before_the_next_watch_opened() {
+        let spans = [(200, 260), (0, 100), (50, 60)];
+        assert_eq!(gap_before(&spans, 150), Some(100), "the session from 0 covers the one from 50");
+        assert_eq!(gap_before(&spans, 80), None, "covered by the session from 0");
+        for t in [100, 200, 230, 300, -5] {
+            assert_eq!(gap_before(&spans, t), None, "{t}: a proof, a watch's start, inside or outside");
+        }
+    }
+
+    #[test]
+    fn latest_consistent_is_the_oldest_newest_point_unless_a_shard_has_it_in_a_gap() {
+        // No gap: the minimum of the newest points.
+        assert_eq!(latest_consistent(&[(500, vec![(0, 500)]), (450, vec![(0, 450)])]), Some(450));
+        // The one agent of both shards restarted: root's gap is (300, 320), alpha's (310, 330); alpha's newest
+        // point, 400, lies in neither.
+        let root = (480, vec![(0, 300), (320, 480)]);
+        let alpha = (400, vec![(0, 310), (330, 400)]);
+        assert_eq!(latest_consistent(&[root.clone(), alpha.clone()]), Some(400));
+        // A gap in one shard only: alpha's newest, 315, is in root's gap, lowered to root's last proof before it.
+        let alpha_short = (315, vec![(0, 310), (312, 315)]);
+        assert_eq!(latest_consistent(&[root.clone(), alpha_short]), Some(300));
+        // Gaps in both: lowered into root's, then lowered again out of alpha's (290, 305).
+        let alpha_gaps = (318, vec![(0, 290), (305, 318)]);
+        assert_eq!(latest_consistent(&[root, alpha_gaps]), Some(290));
+        assert_eq!(latest_consistent::<i64>(&[]), None);
     }
 }

@@ -1,6 +1,6 @@
 //! The second store (`secondary`): every published object (a full snapshot's data object, its manifest, its
-//! drill report, its deltas) copied to a second bucket and verified there, with the second store's own
-//! retention; `list`, `verify` and `restore` read from either store (`--store`).
+//! drill report, its deltas and their sessions' proofs) copied to a second bucket and verified there, with the
+//! second store's own retention; `list`, `verify` and `restore` read from either store (`--store`).
 //!
 //! A copy pass runs every `secondary.interval` on the leader, apart from the snapshots: it never takes their
 //! turn or their lock, and nothing it does can fail or delay a primary publish. It decides from state alone,

@@ -707,7 +707,8 @@ fn clean_spill(dir: &Path) {
 ///   the store began no later than this run took the lock (`acquired`, the store's clock);
 /// - data objects of that shape whose directory has no manifest, that the store wrote no later than the lock
 ///   was taken and that carry this agent's `written-by` metadata (a hand-placed object of that name stays);
-/// - the same for delta objects (`delta::location_of`) whose snapshot has no manifest.
+/// - the same for delta objects (`delta::location_of`) and sessions' proofs (`delta::proof_location_of`) whose
+///   snapshot has no manifest.
 ///
 /// Nothing else under the prefix is touched: other files, other shards, drill reports, the lock itself.
 pub async fn clean_interrupted(
@@ -734,10 +735,11 @@ pub async fn clean_interrupted(
     }
     let objects = store.list_objects(&dir).await?;
     for object in &objects {
-        // A data object, or a delta (written under a snapshot that retention deleted before the writer saw
-        // the newer one).
+        // A data object, or a delta or a session's proof (written under a snapshot that retention deleted before
+        // the writer saw the newer one).
         let location = manifest::data_object_location(&store.prefix, shard, &object.key)
-            .or_else(|| crate::delta::location_of(&store.prefix, shard, &object.key).map(|(location, _)| location));
+            .or_else(|| crate::delta::location_of(&store.prefix, shard, &object.key).map(|(location, _)| location))
+            .or_else(|| crate::delta::proof_location_of(&store.prefix, shard, &object.key).map(|(l, _)| l));
         let Some(location) = location else { continue };
         let manifest_key = location.manifest_key();
         if objects.iter().any(|o| o.key == manifest_key) {

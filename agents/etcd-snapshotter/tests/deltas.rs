@@ -22,11 +22,11 @@ struct Stored {
     previous: String,
 }
 
-/// The deltas under the snapshot `id`, by `from`.
+/// The deltas under the snapshot `id`, by `from` (not the sessions' proofs beside them, in `deltas/proofs/`).
 async fn deltas_of(s3: &aws_sdk_s3::Client, bucket: &str, id: &str) -> Vec<Stored> {
-    let dir = format!("{PREFIX}/{id}/deltas/");
+    let (dir, proofs) = (format!("{PREFIX}/{id}/deltas/"), format!("{PREFIX}/{id}/deltas/proofs/"));
     let mut out = Vec::new();
-    for key in keys(s3, bucket).await.into_iter().filter(|k| k.starts_with(&dir)) {
+    for key in keys(s3, bucket).await.into_iter().filter(|k| k.starts_with(&dir) && !k.starts_with(&proofs)) {
         let head = s3.head_object().bucket(bucket).key(&key).send().await.unwrap();
         let m = head.metadata().unwrap();
         out.push(Stored {
@@ -895,4 +895,91 @@ async fn with_a_delta_key_a_delta_appended_by_a_bucket_writer_is_refused_by_rest
     // The control: without the key the same forged link passes every other check and is applied.
     let (_p, mut restored, _) = restored_allowing(&bed, &unsigned, "latest", "without-the-key", Some(0)).await;
     assert_eq!(restored.get("/registry/forged", None).await.unwrap().kvs().len(), 1, "the forgery is well formed");
+}
+
+/// The sessions' proofs stored in the chain of snapshot `id`, by session: each one's (watchingSinceMs,
+/// provenMs, revision).
+async fn proofs_of(s3: &aws_sdk_s3::Client, bucket: &str, id: &str) -> Vec<(i64, i64, i64)> {
+    let dir = format!("{PREFIX}/{id}/deltas/proofs/");
+    let mut out = Vec::new();
+    for key in keys(s3, bucket).await.into_iter().filter(|k| k.starts_with(&dir)) {
+        let body = s3.get_object().bucket(bucket).key(&key).send().await.unwrap().body.collect().await.unwrap();
+        let proof: serde_json::Value = serde_json::from_slice(&body.into_bytes()).unwrap();
+        let number = |field: &str| proof[field].as_i64().unwrap_or_else(|| panic!("{key}: no {field}: {proof}"));
+        out.push((number("watchingSinceMs"), number("provenMs"), number("revision")));
+    }
+    out.sort();
+    out
+}
+
+fn rfc3339_ms(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).unwrap().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The agent restarted: its first session's last event at T1 and last proof at T1p (the quorum read then still
+/// returned that event's revision R1), then writes while no agent ran, then a second session whose watch opened
+/// at `since` and received them in a burst. A time in [T1, T1p] is placed at R1 by the first session's proof,
+/// which the second session's recovery point overwrote in `recovery-point.json` but not in the chain; a time in
+/// (T1p, since) is refused, naming both.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_time_between_a_sessions_last_event_and_its_last_proof_restores_that_revision_and_one_after_it_is_refused_naming_both()
+ {
+    let bed = Bed::with_cluster().await.unwrap();
+    let (ns, _etcd, mut client, config) = one_member_with_base(&bed).await;
+    snapshot_ok(&config);
+    let (s3, bucket) = (bed.s3.client(), bed.s3.bucket.clone());
+    let (id, snapshot_revision) = only_manifest(&manifests(&s3, &bucket).await);
+    let first = agent(bed.cluster(), &config, &ns).start().await.unwrap();
+    load(&mut client, "/registry/first", 10, 100).await.unwrap();
+    let (r1, _) = revision_and_keys(&mut client).await;
+    wait_until_stored(&s3, &bucket, &id, r1).await;
+    // Every event of the first session was received before now (its delta is stored): T1 < stored_seen.
+    let stored_seen = chrono::Utc::now().timestamp_millis();
+    testbed::eventually(Duration::from_secs(60), "a proof of revision R1 two seconds after it was stored", || async {
+        let proofs = proofs_of(&s3, &bucket, &id).await;
+        proofs.iter().any(|p| p.2 == r1 && p.1 >= stored_seen + 2000).then_some(())
+    })
+    .await;
+    drop(first);
+    let proofs = proofs_of(&s3, &bucket, &id).await;
+    assert_eq!(proofs.len(), 1, "one session so far: {proofs:?}");
+    let (_, t1p, proven) = proofs[0];
+    assert_eq!(proven, r1, "no write after R1: the last proof read R1");
+
+    // Writes while no agent runs, then the second session's watch receives them in a burst.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    load(&mut client, "/registry/second", 10, 100).await.unwrap();
+    let (r2, _) = revision_and_keys(&mut client).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let second = agent(bed.cluster(), &config, &ns).start().await.unwrap();
+    wait_until_stored(&s3, &bucket, &id, r2).await;
+    let proofs = testbed::eventually(Duration::from_secs(60), "the second session's proof", || async {
+        let proofs = proofs_of(&s3, &bucket, &id).await;
+        (proofs.len() == 2 && proofs[1].2 >= r2).then_some(proofs)
+    })
+    .await;
+    drop(second);
+    assert_eq!(proofs[0], (proofs[0].0, t1p, r1), "the first session's proof stays as it was");
+    let since = proofs[1].0;
+    assert!(since > t1p + 2000, "the second watch opened after the writes: {proofs:?}");
+    let point = s3.get_object().bucket(&bucket).key(format!("{PREFIX}/root/recovery-point.json")).send().await;
+    let point: serde_json::Value =
+        serde_json::from_slice(&point.unwrap().body.collect().await.unwrap().into_bytes()).unwrap();
+    assert!(point["revision"].as_i64().unwrap() >= r2, "the shard's record is the second session's: {point}");
+
+    // Inside [T1, T1p]: exactly R1, the first writes and none of the second.
+    let inside = rfc3339_ms(t1p - 500);
+    let (_p, mut restored, out) = restore_and_start(&bed, &config, &inside, "before-the-last-proof").await;
+    assert!(out.contains(&format!("the source's revision {r1}")) && !out.contains("STOPPED"), "{out}");
+    assert_eq!(revision_and_keys(&mut restored).await.0, r1 + BUMP);
+    assert_eq!(mod_revisions(&mut restored, "/registry/first/").await.len(), 10);
+    assert!(mod_revisions(&mut restored, "/registry/second/").await.is_empty(), "nothing the burst delivered");
+    assert_up_to(&mut restored, snapshot_revision, r1 as u64).await;
+
+    // Inside (T1p, since): no read proves what was committed by then; both nearest times are named.
+    let gap = rfc3339_ms((t1p + since) / 2);
+    let (_p, mut restored, out) = restored_allowing(&bed, &config, &gap, "in-the-gap", Some(2)).await;
+    assert!(out.contains(&format!("STOPPED AT THE LAST GOOD POINT, revision {r1}")), "{out}");
+    assert!(out.contains(&rfc3339_ms(t1p)) && out.contains(&rfc3339_ms(since)), "both nearest times: {out}");
+    assert_eq!(revision_and_keys(&mut restored).await.0, r1 + BUMP);
 }

@@ -174,7 +174,13 @@ async fn the_stored_recovery_point_advances_on_a_quiet_shard_latest_consistent_i
     assert_eq!(second.cluster_id, alpha["clusterId"].as_str().unwrap());
     assert!(second.hmac_sha256.is_some(), "signed with the installation's delta key");
     let alpha_deltas = format!("{PREFIX}/{}/deltas/", second.snapshot);
-    assert!(!keys(&s3, &bucket).await.iter().any(|k| k.starts_with(&alpha_deltas)), "a quiet shard writes no delta");
+    let listed = keys(&s3, &bucket).await;
+    let proofs = format!("{alpha_deltas}proofs/");
+    assert!(
+        !listed.iter().any(|k| k.starts_with(&alpha_deltas) && !k.starts_with(&proofs)),
+        "a quiet shard writes no delta: {listed:?}"
+    );
+    assert!(listed.iter().any(|k| k.starts_with(&proofs)), "its session's proof is kept beside: {listed:?}");
     let written = clients[0].get("/", None).await.unwrap().header().unwrap().revision() as u64;
     // Both points well past root's writes (received within milliseconds of being made).
     let after_writes = now_ms() + 2000;

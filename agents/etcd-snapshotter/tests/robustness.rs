@@ -763,7 +763,8 @@ async fn apply(step: &Step, rig: &mut Rig<'_>) {
         FaultKind::KillMidRequest(request) => {
             let (method, path) = match *request {
                 "part" => ("PUT", "partNumber="),
-                "delta" => ("PUT", "/deltas/"),
+                // A delta object (its name starts with its revision), not a session's proof beside them.
+                "delta" => ("PUT", "/deltas/0"),
                 _ => ("PUT", "run.lock"),
             };
             // The next such request is held (a full snapshot's part or lock write comes with the minutely

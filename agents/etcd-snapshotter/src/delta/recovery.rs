@@ -15,12 +15,20 @@
 //! With the installation's delta key ([`SigningKey`]), the record carries its HMAC-SHA256 as deltas do, and a
 //! reader holding the key refuses a record without a valid one: a bucket writer cannot claim a point the
 //! chain does not reach.
+//!
+//! Each session of the writer (one watch, from when it opened) also stores its newest proof in the chain it
+//! writes, `<snapshot dir>/deltas/proofs/<watching_since_ms, 20 digits>.json`: the same record with the
+//! session's `watchingSinceMs`, signed alike. The shard's object keeps only the newest session's point; these
+//! keep every session's, so a restore can place a time between a session's last event and its last proof, when
+//! the next session's watch had not opened yet (`replay`), and `plan --at latest-consistent` knows each
+//! session's span. They are rewritten in place too (never under object lock), deleted with their snapshot.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::SigningKey;
-use crate::manifest;
+use crate::delta;
+use crate::manifest::{self, Location};
 use crate::storage::{Condition, Store};
 
 /// The object's name inside the shard's directory.
@@ -50,6 +58,9 @@ pub struct RecoveryPoint {
     /// The full snapshot whose delta chain holds the point.
     pub snapshot: String,
     pub cluster_id: String,
+    /// In a session's proof in the chain only: when the session's watch opened (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watching_since_ms: Option<i64>,
     /// HMAC-SHA256 by the installation's delta key over the fields above; absent without a key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hmac_sha256: Option<String>,
@@ -73,10 +84,19 @@ impl RecoveryPoint {
             stored_revision,
             snapshot: snapshot.into(),
             cluster_id: cluster_id.into(),
+            watching_since_ms: None,
             hmac_sha256: None,
         };
         point.hmac_sha256 = key.map(|key| key.sign(point.signed_text().as_bytes()));
         point
+    }
+
+    /// The same point as the proof of the session whose watch opened at `watching_since_ms`, signed with `key`
+    /// when there is one.
+    pub fn for_session(&self, watching_since_ms: i64, key: Option<&SigningKey>) -> Self {
+        let mut proof = Self { watching_since_ms: Some(watching_since_ms), hmac_sha256: None, ..self.clone() };
+        proof.hmac_sha256 = key.map(|key| key.sign(proof.signed_text().as_bytes()));
+        proof
     }
 
     /// The proven time.
@@ -85,10 +105,15 @@ impl RecoveryPoint {
     }
 
     /// What the installation's key signs: every field but the signature, the shard's name included (a record
-    /// copied to another shard's directory does not verify there).
+    /// copied to another shard's directory does not verify there). A session's proof signs its session too,
+    /// under another name (the shard's record is no proof, nor the other way round).
     fn signed_text(&self) -> String {
+        let (kind, session) = match self.watching_since_ms {
+            None => ("recovery-point", String::new()),
+            Some(since) => ("session-proof", format!("{since}\n")),
+        };
         format!(
-            "kcp-keeper-recovery-point-v1\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n",
+            "kcp-keeper-{kind}-v1\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{session}",
             self.shard,
             self.snapshot,
             self.cluster_id,
@@ -128,6 +153,54 @@ impl RecoveryPoint {
             _ => Ok(point),
         }
     }
+}
+
+/// A session's proof read from the chain of `snapshot` at its object's name's session (`watching_since_ms`):
+/// [`RecoveryPoint::from_json`]'s checks, and it names that snapshot and that session.
+pub fn proof_from_json(
+    bytes: &[u8],
+    (shard, snapshot, watching_since_ms): (&str, &str, i64),
+    key: Option<&SigningKey>,
+) -> Result<RecoveryPoint, String> {
+    let proof = RecoveryPoint::from_json(bytes, shard, key)?;
+    if proof.snapshot != snapshot {
+        return Err(format!("it names snapshot {}, not the one whose chain holds it", proof.snapshot));
+    }
+    if proof.watching_since_ms != Some(watching_since_ms) {
+        return Err(format!(
+            "it names session {:?}, not {watching_since_ms} as its name says",
+            proof.watching_since_ms
+        ));
+    }
+    Ok(proof)
+}
+
+/// The session proofs stored in `location`'s chain of `shard`, by session; one refused (damaged, or unsigned
+/// or altered with a key configured) is said and left out: a time it alone would place stays refused.
+pub async fn proofs(
+    store: &Store,
+    shard: &str,
+    location: &Location,
+    key: Option<&SigningKey>,
+) -> anyhow::Result<Vec<RecoveryPoint>> {
+    let mut out = Vec::new();
+    for object in store.list_keys(&format!("{}{}", delta::dir(location), delta::PROOFS_DIR)).await? {
+        let Some((_, since)) = delta::proof_location_of(&store.prefix, shard, &object) else { continue };
+        let Some(read) = store.get_versioned(&object).await? else { continue };
+        match proof_from_json(&read.body, (shard, &location.id, since), key) {
+            Ok(proof) => out.push(proof),
+            Err(error) => tracing::warn!(key = object, error, "a session's proof is refused; not used"),
+        }
+    }
+    out.sort_by_key(|p| p.watching_since_ms);
+    Ok(out)
+}
+
+/// Writes a session's proof into its chain (plainly: one session writes its own object, never locked).
+pub async fn store_proof(store: &Store, location: &Location, proof: &RecoveryPoint) -> anyhow::Result<()> {
+    let since = proof.watching_since_ms.ok_or_else(|| anyhow::anyhow!("a session's proof names its session"))?;
+    store.put(&delta::proof_key(location, since), proof.to_json()).await?;
+    Ok(())
 }
 
 /// The stored recovery point of `shard`: `None` when there is none (no delta writer has proven one).
@@ -220,5 +293,34 @@ mod tests {
         let disagreeing = RecoveryPoint { proven_ms: signed.proven_ms + 1, ..unsigned.clone() };
         assert!(RecoveryPoint::from_json(&disagreeing.to_json(), "root", None).unwrap_err().contains("disagree"));
         assert!(RecoveryPoint::from_json(b"{\"formatVersion\":1}", "root", None).is_err());
+    }
+
+    #[test]
+    fn a_sessions_proof_is_signed_with_its_session_and_with_a_key_an_unsigned_or_altered_one_is_refused() {
+        let key = SigningKey::from_bytes(&[7u8; 32]).unwrap();
+        let since = 1_796_000_000_000;
+        let names = ("root", "root/20261130T120000Z-r10", since);
+        let proof = point(Some(&key)).for_session(since, Some(&key));
+        assert_eq!(proof.watching_since_ms, Some(since));
+        assert_eq!(proof_from_json(&proof.to_json(), names, Some(&key)), Ok(proof.clone()));
+        assert!(String::from_utf8(proof.to_json()).unwrap().contains("\"watchingSinceMs\": 1796000000000"));
+        let unsigned = point(None).for_session(since, None);
+        assert_eq!(proof_from_json(&unsigned.to_json(), names, None), Ok(unsigned.clone()), "no key: taken");
+        assert!(proof_from_json(&unsigned.to_json(), names, Some(&key)).unwrap_err().contains("not signed"));
+        let moved = RecoveryPoint { watching_since_ms: Some(since - 60_000), ..proof.clone() };
+        let moved_names = ("root", "root/20261130T120000Z-r10", since - 60_000);
+        assert!(proof_from_json(&moved.to_json(), moved_names, Some(&key)).unwrap_err().contains("altered"));
+        let later = RecoveryPoint { revision: 41, stored_revision: 43, ..proof.clone() };
+        assert!(proof_from_json(&later.to_json(), names, Some(&key)).unwrap_err().contains("altered"));
+        // The shard's record is no proof: its signature does not verify as one, with the session added.
+        let record = point(Some(&key));
+        let as_proof = RecoveryPoint { watching_since_ms: Some(since), ..record.clone() };
+        assert!(proof_from_json(&as_proof.to_json(), names, Some(&key)).unwrap_err().contains("altered"));
+        assert!(proof_from_json(&record.to_json(), names, None).unwrap_err().contains("session"));
+        let elsewhere = ("root", "root/20261201T120000Z-r99", since);
+        assert!(proof_from_json(&proof.to_json(), elsewhere, Some(&key)).unwrap_err().contains("names snapshot"));
+        let other_session = ("root", "root/20261130T120000Z-r10", since + 1);
+        assert!(proof_from_json(&proof.to_json(), other_session, Some(&key)).unwrap_err().contains("session"));
+        assert_eq!(RecoveryPoint::from_json(&record.to_json(), "root", Some(&key)), Ok(record), "still a record");
     }
 }

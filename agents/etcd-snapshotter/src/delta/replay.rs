@@ -12,6 +12,12 @@
 //!
 //! A delta that is missing, altered or not linked to the one before stops the replay at the last good
 //! revision: the data directory holds that point and the outcome says where and why (`restore` exits 2).
+//!
+//! A time point is placed by when the agent received each revision. Between two writer sessions (a restart, a
+//! new leader) the next session's watch delivers what was committed meanwhile at unknown times, so a time
+//! before it opened is refused, unless a proof the session before stored in its chain (`recovery::proofs`)
+//! shows that a quorum read sent at or after the point still returned the last revision received before it
+//! ([`placing_proof`]): the point is then that revision. A refusal names the nearest times that can be placed.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -21,6 +27,7 @@ use chrono::{DateTime, Utc};
 use etcd_client::{LeaseGrantOptions, PutOptions, Txn, TxnOp};
 use sha2::{Digest, Sha256};
 
+use super::recovery::{self, RecoveryPoint};
 use super::{Expected, Kind, Live, Meta, SigningKey, by_revision, check_link, decode_payload, parse_name};
 use crate::encode::{self, Identity};
 use crate::generation::{self, Own};
@@ -327,15 +334,16 @@ pub(crate) async fn replay(
                     && since > t.timestamp_millis()
                 {
                     // Delivered by a watch that opened after the point: its events' commit times are unknown
-                    // (the agent was down, or leadership moved), so the point cannot be placed among them.
-                    let at = outcome.received_at.map_or_else(|| "the snapshot".into(), |t| t.to_rfc3339());
-                    let since = DateTime::from_timestamp_millis(since).map_or_else(String::new, |t| t.to_rfc3339());
-                    let reached = outcome.revision;
-                    outcome.broken = Some(format!(
-                        "no watch of the shard ran at the point: the last revision received before it is {reached} \
-                         ({at}), the next ones were delivered by a watch opened at {since}, after writes of unknown \
-                         time; restore --at {reached} or a time from {since} on"
-                    ));
+                    // (the agent was down, or leadership moved), so the point cannot be placed among them, unless
+                    // the session before proved that nothing was committed after the last revision by then.
+                    let at = outcome.received_at.map_or_else(|| "the snapshot".into(), stamp);
+                    let why = format!(
+                        "no watch of the shard ran at the point: the last revision received before it is {} ({at}), \
+                         the next ones were delivered by a watch opened at {}, after writes of unknown time",
+                        outcome.revision,
+                        stamp_ms(since)
+                    );
+                    between_sessions(store, (&[manifest], signing), (t, since), why, outcome).await?;
                 }
                 return Ok(());
             }
@@ -359,12 +367,82 @@ pub(crate) async fn replay(
         from = meta.to + 1;
         previous = Some(meta.sha256);
     }
-    ended(store, manifest, point, outcome).await
+    ended(store, manifest, (point, signing), outcome).await
+}
+
+fn stamp(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn stamp_ms(ms: i64) -> String {
+    DateTime::from_timestamp_millis(ms).map_or_else(|| ms.to_string(), stamp)
+}
+
+/// The proof that places `t_ms` at `revision`, the last revision received by then, if one does: a quorum read
+/// sent at or after `t_ms` returned `revision`, so nothing after it was committed by `t_ms`.
+pub fn placing_proof(proofs: &[RecoveryPoint], t_ms: i64, revision: u64) -> Option<&RecoveryPoint> {
+    proofs.iter().filter(|p| p.proven_ms >= t_ms && p.revision == revision).min_by_key(|p| p.proven_ms)
+}
+
+/// What a refusal of `t_ms` between two sessions names: the nearest times that can be placed, the last proof
+/// before it (up to which the session before it is placed) and `since`, when the next watch opened.
+pub fn nearest(proofs: &[RecoveryPoint], t_ms: i64, reached: u64, since: i64) -> String {
+    let before = proofs.iter().filter(|p| p.proven_ms < t_ms).max_by_key(|p| p.proven_ms);
+    match before {
+        Some(p) => format!(
+            "the nearest times it can be restored to are {} (revision {}, the last proof of the watch before) and \
+             {} (when the next watch opened); or restore --at {reached}",
+            stamp(p.time()),
+            p.revision,
+            stamp_ms(since)
+        ),
+        None => format!("restore --at {reached} or a time from {} on", stamp_ms(since)),
+    }
+}
+
+/// The point `t` lies between two sessions: the revisions after `outcome.revision` came from a watch opened at
+/// `since`, after `t`. Placed at `outcome.revision` when a session's proof in the chains of `manifests` (of
+/// their cluster, signed by `signing` when configured) says so ([`placing_proof`]); otherwise refused:
+/// `outcome.broken` is `why` and the nearest times ([`nearest`]).
+async fn between_sessions(
+    store: &Store,
+    (manifests, signing): (&[&Manifest], Option<&SigningKey>),
+    (t, since): (DateTime<Utc>, i64),
+    why: String,
+    outcome: &mut Outcome,
+) -> anyhow::Result<()> {
+    let proofs = proofs_of(store, manifests, signing).await?;
+    let (t_ms, reached) = (t.timestamp_millis(), outcome.revision);
+    if placing_proof(&proofs, t_ms, reached).is_none() {
+        outcome.broken = Some(format!("{why}; {}", nearest(&proofs, t_ms, reached, since)));
+    }
+    Ok(())
+}
+
+/// The sessions' proofs stored in the chains of `manifests`, of their cluster (`recovery::proofs`).
+async fn proofs_of(
+    store: &Store,
+    manifests: &[&Manifest],
+    signing: Option<&SigningKey>,
+) -> anyhow::Result<Vec<RecoveryPoint>> {
+    let mut proofs = Vec::new();
+    for manifest in manifests {
+        let location = Location::from_id(&store.prefix, &manifest.id).context("the manifest's id is not valid")?;
+        let cluster = generation::cluster_of(manifest);
+        let stored = recovery::proofs(store, &manifest.shard, &location, signing).await?;
+        proofs.extend(stored.into_iter().filter(|p| p.cluster_id == cluster));
+    }
+    Ok(proofs)
 }
 
 /// The chain ran out before `point` was passed: whether that is the point or a short restore (`outcome.broken`
 /// says why).
-async fn ended(store: &Store, manifest: &Manifest, point: Point, outcome: &mut Outcome) -> anyhow::Result<()> {
+async fn ended(
+    store: &Store,
+    manifest: &Manifest,
+    (point, signing): (Point, Option<&SigningKey>),
+    outcome: &mut Outcome,
+) -> anyhow::Result<()> {
     // A time point is checked against the newer snapshots of the shard, listed once.
     let listed = match point {
         Point::Time(_) => crate::catalog::list(store, Some(&manifest.shard)).await?,
@@ -375,7 +453,11 @@ async fn ended(store: &Store, manifest: &Manifest, point: Point, outcome: &mut O
     {
         // The chain ends before a revision a newer snapshot holds: while its writer ran, the chain reached at least
         // that far, so deltas are missing (deleted, or never written while no watch ran), and the point may lie
-        // among them. Never a silent short restore.
+        // among them, unless a proof of its writer places it before them. Never a silent short restore.
+        let proofs = proofs_of(store, &[manifest], signing).await?;
+        if placing_proof(&proofs, t.timestamp_millis(), outcome.revision).is_some() {
+            return Ok(());
+        }
         let (chain, reached, newer, at) = (&manifest.id, outcome.revision, &newer, t.to_rfc3339());
         outcome.broken = Some(format!(
             "the delta chain of {chain} ends at revision {reached}, but the newer snapshot {} holds revision {}: the \
@@ -393,15 +475,17 @@ async fn ended(store: &Store, manifest: &Manifest, point: Point, outcome: &mut O
     {
         // The chain ends (its writer stopped) before the point, and the revisions after its end were next
         // delivered by a watch under a newer snapshot that opened after the point: their commit times are
-        // unknown, so the point cannot be placed among them.
-        let (chain, reached, at) = (&manifest.id, outcome.revision, t.to_rfc3339());
-        let since = DateTime::from_timestamp_millis(since).map_or_else(String::new, |t| t.to_rfc3339());
-        outcome.broken = Some(format!(
-            "no watch of the shard ran at the point {at}: the delta chain of {chain} ends at revision {reached}, and \
-             the next revisions were delivered under snapshot {} by a watch opened at {since}; restore --at \
-             {reached} or a time from then on",
-            newer.id
-        ));
+        // unknown, so the point cannot be placed among them, unless a proof of the session before places it.
+        let why = format!(
+            "no watch of the shard ran at the point {}: the delta chain of {} ends at revision {}, and the next \
+             revisions were delivered under snapshot {} by a watch opened at {}",
+            stamp(t),
+            manifest.id,
+            outcome.revision,
+            newer.id,
+            stamp_ms(since)
+        );
+        between_sessions(store, (&[manifest, &newer], signing), (t, since), why, outcome).await?;
     }
     if let Point::Revision(n) = point
         && outcome.revision < n
@@ -525,5 +609,41 @@ mod tests {
         assert!(Point::Time(t).past(5, t.timestamp_millis() + 1));
         assert!(!Point::Time(t).past(5, t.timestamp_millis()));
         assert!(Point::Revision(10).past(11, 0) && !Point::Revision(10).past(10, 0));
+    }
+
+    /// Session 1 received revision 41 last at T1 and proved (T1p, 41) at T1 + 5 s, after (T0, 39) earlier;
+    /// session 2's watch opened at T1 + 20 s.
+    fn session_one() -> (Vec<RecoveryPoint>, i64, i64, i64) {
+        let t1 = 1_796_000_000_000;
+        let proof = |ms: i64, revision| {
+            RecoveryPoint::new("root", (ms, revision, revision), ("root/20261130T120000Z-r10", "c1"), None)
+                .for_session(t1 - 60_000, None)
+        };
+        (vec![proof(t1 - 10_000, 39), proof(t1 + 5_000, 41)], t1, t1 + 5_000, t1 + 20_000)
+    }
+
+    #[test]
+    fn a_time_between_the_last_event_and_the_sessions_last_proof_is_placed_at_the_last_revision() {
+        let (proofs, t1, t1p, _) = session_one();
+        for t in [t1, t1 + 1, t1p - 1, t1p] {
+            let placed = placing_proof(&proofs, t, 41).map(|p| p.proven_ms);
+            assert_eq!(placed, Some(t1p), "{t}: the quorum read at {t1p} returned 41");
+        }
+        assert_eq!(placing_proof(&proofs, t1, 40), None, "a proof places only the revision it read");
+        assert_eq!(placing_proof(&proofs, t1 - 20_000, 39).map(|p| p.proven_ms), Some(t1 - 10_000));
+    }
+
+    #[test]
+    fn a_time_after_the_last_proof_and_before_the_next_watch_is_refused_naming_the_nearest_times() {
+        let (proofs, _, t1p, since) = session_one();
+        for t in [t1p + 1, since - 1] {
+            assert_eq!(placing_proof(&proofs, t, 41), None, "{t}: no read proves what was committed by then");
+            let named = nearest(&proofs, t, 41, since);
+            assert!(named.contains(&stamp_ms(t1p)) && named.contains(&stamp_ms(since)), "{named}");
+            assert!(named.contains("revision 41") && named.contains("restore --at 41"), "{named}");
+        }
+        assert_eq!(stamp_ms(t1p), "2026-11-30T00:53:25.000Z");
+        let without = nearest(&[], t1p + 1, 41, since);
+        assert_eq!(without, "restore --at 41 or a time from 2026-11-30T00:53:40.000Z on");
     }
 }

@@ -22,7 +22,10 @@
 //! The watch and every read are marked as needing a leader: a member that loses its peers ends the watch
 //! within a few election timeouts, and the next session watches a member that still has a quorum. The proven
 //! point is also written to the store, beside the shard's snapshots, when it advanced, at most once per tick
-//! (`super::recovery`): a one-shot reads how far each shard's chain reaches in time from the bucket alone.
+//! (`super::recovery`): a one-shot reads how far each shard's chain reaches in time from the bucket alone. The same
+//! point goes first into the chain, as the session's proof (`deltas/proofs/<watching since>.json`), which the
+//! next session does not overwrite: a restore places a time between this session's last event and its last
+//! proof by it.
 
 //! A flush at most every `deltas.hashKvInterval` (and the session's first) also asks the member for `HashKV(to)` and
 //! the key count at `to`, and the delta carries them ([`super::Live`]) for drills to compare with. Not every
@@ -36,7 +39,7 @@ use etcd_client::{EventType, WatchOptions, WatchResponse, WatchStream};
 use kcp_keeper_runtime::metrics::unix_now;
 use tokio_util::sync::CancellationToken;
 
-use super::recovery::{Recorder, RecoveryPoint};
+use super::recovery::{self, Recorder, RecoveryPoint};
 use super::{Event, Header, Kind, Live, Meta};
 use crate::catalog;
 use crate::config::{Config, Deltas, Shard};
@@ -408,6 +411,13 @@ impl Session {
             (&self.chain.snapshot.id, &self.own.cluster_id),
             key,
         );
+        // The session's proof in its chain first: every point the shard's object names is in a chain too, and
+        // stays there when the next session overwrites that object.
+        let proof = point.for_session(self.watching_since_ms, key);
+        if let Err(e) = recovery::store_proof(&self.store, &self.chain.location, &proof).await {
+            tracing::warn!(shard, error = %format!("{e:#}"), "writing the session's proof to its chain");
+            return;
+        }
         match self.recorder.record(&self.store, &point).await {
             Ok(_) => self.recorded = Some((sent, Instant::now())),
             Err(e) => tracing::warn!(shard, error = %format!("{e:#}"), "writing the recovery point to the store"),

@@ -38,7 +38,7 @@ pub enum Expected {
     Sha256(String),
     /// A delta: the sha256 its own metadata states (`delta-sha256`), read from the primary.
     DeltaMetadata,
-    /// A manifest or drill report: whatever the primary holds now (they are rewritten in place).
+    /// A manifest, drill report or session's proof: whatever the primary holds now (rewritten in place).
     PrimaryBytes,
 }
 
@@ -70,7 +70,8 @@ pub fn kept(primary: &[Entry], secondary: &[Entry], policy: &Policy) -> (HashSet
 /// The objects of the published snapshot `manifest` on the primary (`listed` under its prefix `primary_root`),
 /// in copy order: the data object, its drill report, the manifest (so a snapshot is listed on the second store
 /// only once its data is there and proven), then its deltas by revision (a chain copied in order never has a
-/// gap: a restore from the second store stops at the newest delta copied, never at a hole).
+/// gap: a restore from the second store stops at the newest delta copied, never at a hole), then its sessions'
+/// proofs.
 pub fn objects_of(primary_root: &str, manifest: &Manifest, listed: &[StoredObject]) -> Vec<Object> {
     let dir = format!("{}/", manifest.id);
     let relative = |key: &str| key.strip_prefix(primary_root).map(str::to_string);
@@ -98,6 +99,19 @@ pub fn objects_of(primary_root: &str, manifest: &Manifest, listed: &[StoredObjec
         relative,
         kind: Kind::Delta,
         expected: Expected::DeltaMetadata,
+    }));
+    // Then the sessions' proofs (rewritten in place, as a manifest is): after the deltas they prove, so a proof
+    // copied names a revision the second store's chain holds, and one behind a missing delta is not copied.
+    let mut proofs: Vec<String> = present
+        .iter()
+        .filter(|key| key.strip_prefix(&deltas_dir).and_then(crate::delta::parse_proof_name).is_some())
+        .cloned()
+        .collect();
+    proofs.sort();
+    out.extend(proofs.into_iter().map(|relative| Object {
+        relative,
+        kind: Kind::Delta,
+        expected: Expected::PrimaryBytes,
     }));
     out
 }
@@ -160,7 +174,7 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_is_copied_data_first_then_report_then_manifest_then_deltas_in_revision_order() {
+    fn a_snapshot_is_copied_data_first_then_report_then_manifest_then_deltas_in_revision_order_then_session_proofs() {
         let manifest: Manifest = serde_json::from_value(serde_json::json!({
             "formatVersion": 1, "id": "root/20261201T010000Z-r10", "shard": "root",
             "member": {"name": "m", "id": "1", "endpoint": "http://e:2379"}, "etcdVersion": "3.6.0",
@@ -175,6 +189,8 @@ mod tests {
             "deltas/00000000000000000100.delta.zst",
             "deltas/00000000000000000011.delta.zst",
             "deltas/notes.txt",
+            "deltas/proofs/00000001796000000123.json",
+            "deltas/proofs/notes.json",
             "snapshot.db.zst",
             "manifest.json",
             drill_report::REPORT,
@@ -193,8 +209,10 @@ mod tests {
                 (format!("{id}/manifest.json").as_str(), Kind::Manifest),
                 (format!("{id}/deltas/00000000000000000011.delta.zst").as_str(), Kind::Delta),
                 (format!("{id}/deltas/00000000000000000100.delta.zst").as_str(), Kind::Delta),
+                (format!("{id}/deltas/proofs/00000001796000000123.json").as_str(), Kind::Delta),
             ]
         );
+        assert_eq!(objects[5].expected, Expected::PrimaryBytes, "a session's proof is rewritten in place");
         assert_eq!(objects[0].expected, Expected::Sha256("ab".into()));
     }
 
