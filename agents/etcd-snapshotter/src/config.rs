@@ -28,7 +28,10 @@ use serde::Deserialize;
 
 pub use defrag::{Defrag, RawDefrag};
 pub use deltas::{Deltas, RawDeltas};
-pub use drills::{Drills, ExpectedObject, KcpExpect, RawDrills, RawShardDrill, ShardDrill};
+pub use drills::{
+    Drills, ExpectedObject, InstallationDrill, KcpExpect, LATEST_CONSISTENT, ROOT_SHARD, RawDrills,
+    RawInstallationDrill, RawShardDrill, ShardDrill,
+};
 pub use retention::RawRetention;
 pub use retry::{RawRetry, Retry};
 pub use secondary::{RawSecondary, Secondary};
@@ -163,7 +166,8 @@ impl AgentConfig for Config {
                 .map_err(|e| errors.push(FieldError::new("deltaSigningKeyFile", e)))
                 .ok()
         });
-        let kind = (scheduled, !recipients.is_empty());
+        let root = shards.iter().any(|s| s.name == ROOT_SHARD);
+        let kind = (scheduled, !recipients.is_empty(), root);
         let drills = drills::drills(raw.drills, spill.as_ref(), kind, delta_key.clone(), &mut errors);
         let retry = retry::retry(raw.retry, &mut errors);
         let secondary = secondary::secondary(raw.secondary, scheduled, &mut errors);
@@ -355,6 +359,42 @@ mod tests {
         assert!(err.contains("drills.identityFile: snapshots are encrypted"), "{err}");
         let err = load(&EXAMPLE.replace("olderRate:", "olderRatio:")).unwrap_err();
         assert!(err.contains("olderRatio"), "{err}");
+    }
+
+    /// The example with `drills.installation` at `at` on a daily schedule.
+    fn with_installation(text: &str, at: &str) -> String {
+        let block = format!("  installation:\n    schedule:\n      cron: \"0 5 * * *\"\n    at: {at}\n");
+        format!("{text}{block}")
+    }
+
+    #[test]
+    fn the_installation_drill_takes_latest_consistent_on_its_own_schedule_recorded_as_installation_drill() {
+        let config = load(&with_installation(EXAMPLE, "latest-consistent")).unwrap();
+        let installation = config.drills.installation.expect("drills.installation");
+        assert_eq!(installation.schedule.name(), "installation-drill");
+        assert_eq!(installation.schedule.record_key(), "schedule.kcp-keeper.io/installation-drill");
+        let defaulted = with_installation(EXAMPLE, "latest-consistent").replace("    at: latest-consistent\n", "");
+        assert!(load(&defaulted).unwrap().drills.installation.is_some(), "at defaults to latest-consistent");
+        assert!(load(EXAMPLE).unwrap().drills.installation.is_none());
+    }
+
+    #[test]
+    fn the_installation_drill_at_any_point_but_latest_consistent_is_refused_naming_the_field_not_the_value() {
+        let text = with_installation(EXAMPLE, "2026-12-01T12:00:00Z");
+        assert_names_paths_not_values(&text, &["drills.installation.at: must be latest-consistent"], &["2026-12-01"]);
+        let bad_cron = with_installation(EXAMPLE, "latest-consistent").replace("\"0 5 * * *\"", "\"99 5 * * *\"");
+        assert_names_paths_not_values(&bad_cron, &["drills.installation.schedule"], &[]);
+    }
+
+    #[test]
+    fn the_installation_drill_without_the_kcp_binary_or_a_root_shard_is_refused_naming_the_field() {
+        // The example's shard drill needs drills.kcp too: without the binary, both are named.
+        let no_kcp = with_installation(EXAMPLE, "latest-consistent").replace("  kcp: /usr/local/bin/kcp", "");
+        assert_names_paths_not_values(&no_kcp, &["drills.installation: needs drills.kcp"], &[]);
+        let no_root = with_installation(EXAMPLE, "latest-consistent").replace("  - name: root\n", "  - name: beta\n");
+        assert_names_paths_not_values(&no_root, &["drills.installation: needs a shard named root"], &[]);
+        let err = load(&with_installation(EXAMPLE, "latest-consistent").replace("    at:", "    point:")).unwrap_err();
+        assert!(err.contains("point"), "unknown fields fail: {err}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod chain;
 pub mod installation;
 pub mod kcp;
 pub mod run;
+pub mod scheduled;
 
 pub use crate::drill_report::HashKvResult;
 use crate::error::DrillError;

@@ -76,6 +76,7 @@ kcp_keeper_runtime::metrics! {
         pub secondary: crate::secondary::metrics::SecondaryMetrics;
         pub upgrade: crate::upgrade::metrics::UpgradeMetrics;
         pub defrag: crate::defrag::metrics::DefragMetrics;
+        pub installation: crate::drill::scheduled::InstallationDrillMetrics;
     }
 }
 

@@ -6,7 +6,8 @@
 //! Restore drills run on each shard's own drill schedule the same way (leader only, the tick recorded on the
 //! Lease as `drill-<shard>`), one drill at a time (a drill restores a whole database to local disk), and not
 //! while a snapshot runs unless `drills.alongsideSnapshots` says the pod holds both. A shutdown drops the drill in flight: its scratch kills its processes and removes its
-//! directory before the process exits.
+//! directory before the process exits. The installation drill (`drills.installation`, `crate::drill::scheduled`)
+//! runs the same way on its own schedule, recorded as `installation-drill`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +52,7 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
             scratch::remove_leftovers(&config.drills.directory);
         }
         metrics.configure(&config.spill);
+        metrics.installation.init(&config);
         for shard in &config.shards {
             metrics.init_shard(shard);
         }
@@ -129,6 +131,7 @@ pub async fn run(mut ctx: Context<Config>, metrics: Metrics, lease: Lease) -> an
             tasks.spawn(crate::requests::run(client, namespace, leadership, on_demand, schedules.clone()));
         }
         let drills_turn = if config.drills.alongside_snapshots { &one_drill_at_a_time } else { &one_at_a_time };
+        spawn_installation_drill(&mut tasks, &ctx, &config, &metrics, (drills_turn, regarding.clone()), &schedules);
         spawn_upgrade_watches(&mut tasks, &ctx, &config, &metrics, (&one_at_a_time, drills_turn), &schedules);
         if config.secondary.is_some() {
             // The second store's copy passes: on their own, never in the snapshots' turn or their way.
@@ -174,6 +177,32 @@ fn spawn_upgrade_watches(
         };
         tasks.spawn(watch.while_leading(ctx.leadership.clone(), schedules.clone()));
     }
+}
+
+/// The installation drill on `drills.installation.schedule` (`crate::drill::scheduled`), when configured: by the
+/// leader, each tick once across replicas (recorded on the Lease as `installation-drill`), in `turn`.
+fn spawn_installation_drill(
+    tasks: &mut tokio::task::JoinSet<()>,
+    ctx: &Context<Config>,
+    config: &Arc<Config>,
+    metrics: &Metrics,
+    (turn, regarding): (&Arc<tokio::sync::Mutex<()>>, Arc<ObjectReference>),
+    schedules: &CancellationToken,
+) {
+    let Some(installation) = &config.drills.installation else { return };
+    let job = Arc::new(crate::drill::scheduled::Job {
+        config: config.clone(),
+        metrics: metrics.installation.clone(),
+        retries: metrics.retries.clone(),
+        events: ctx.events.clone(),
+        regarding,
+        shutdown: ctx.shutdown.clone(),
+        turn: turn.clone(),
+    });
+    spawn_schedule(tasks, ctx, schedules, installation.schedule.clone(), move |tick| {
+        let job = job.clone();
+        async move { job.drill(tick).await }
+    });
 }
 
 /// Runs `job` on `schedule` while this replica leads, until `schedules` is cancelled.

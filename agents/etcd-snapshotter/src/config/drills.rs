@@ -46,6 +46,39 @@ pub struct RawDrills {
     /// snapshot's memory budget and spill).
     #[serde(default)]
     pub alongside_snapshots: bool,
+    /// The whole installation's drill on a schedule (needs `kcp` and a shard named `root`): every shard
+    /// restored to one point, a real kcp on each, as `drill --installation` does; none when absent.
+    #[serde(default)]
+    pub installation: Option<RawInstallationDrill>,
+}
+
+/// The scheduled drill of the whole installation at one point (`drill --installation --at`).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawInstallationDrill {
+    /// When the installation drill runs (recorded on the Lease as `installation-drill`).
+    pub schedule: ScheduleSpec,
+    /// The point every shard is restored to: `latest-consistent` (the newest time every shard reaches), the
+    /// only point a scheduled drill takes.
+    #[serde(default = "default_installation_point")]
+    #[schemars(extend("enum" = ["latest-consistent"]))]
+    pub at: String,
+}
+
+/// The name kcp gives its root shard: the configured shard of that name is started as the root shard.
+pub const ROOT_SHARD: &str = "root";
+
+/// The only point a scheduled installation drill takes.
+pub const LATEST_CONSISTENT: &str = "latest-consistent";
+
+fn default_installation_point() -> String {
+    LATEST_CONSISTENT.into()
+}
+
+/// The scheduled installation drill, validated: its point is always `latest-consistent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallationDrill {
+    pub schedule: Schedule,
 }
 
 fn default_etcd() -> PathBuf {
@@ -108,6 +141,8 @@ pub struct Drills {
     pub timeout: Duration,
     pub kcp: Option<PathBuf>,
     pub alongside_snapshots: bool,
+    /// `installation`: the whole installation's scheduled drill.
+    pub installation: Option<InstallationDrill>,
     /// The installation's delta key (`deltaSigningKeyFile`): chain drills refuse a delta without its signature.
     pub delta_key: Option<crate::signing::SigningKey>,
 }
@@ -163,16 +198,20 @@ fn is_workspace_path(path: &str) -> bool {
 }
 
 /// `scheduled`: whether any shard has a drill schedule (those drills need the identity when `encrypted`);
-/// `delta_key`: the installation's delta key, every replayed delta's signature checked with it.
+/// `delta_key`: the installation's delta key, every replayed delta's signature checked with it; `root`: whether
+/// a shard is named `root` (the installation drill starts it as kcp's root shard).
 pub(super) fn drills(
     raw: Option<RawDrills>,
     spill: Option<&Spill>,
-    (scheduled, encrypted): (bool, bool),
+    (scheduled, encrypted, root): (bool, bool, bool),
     delta_key: Option<crate::signing::SigningKey>,
     errors: &mut Vec<FieldError>,
 ) -> Drills {
     // Absent: every field as serde defaults it.
-    let raw = raw.unwrap_or_else(|| serde_json::from_value(serde_json::json!({})).expect("every field has a default"));
+    let mut raw =
+        raw.unwrap_or_else(|| serde_json::from_value(serde_json::json!({})).expect("every field has a default"));
+    let installation = raw.installation.take().and_then(|i| installation(i, raw.kcp.is_some(), root, errors));
+    let scheduled = scheduled || installation.is_some();
     let directory = match (raw.directory, spill) {
         (Some(dir), _) if dir.is_absolute() => dir,
         (Some(_), _) => {
@@ -211,6 +250,35 @@ pub(super) fn drills(
         timeout,
         kcp: raw.kcp,
         alongside_snapshots: raw.alongside_snapshots,
+        installation,
         delta_key,
     }
+}
+
+/// `drills.installation`: its schedule, refused without the kcp binary, without a shard named `root`, or at any
+/// point but `latest-consistent`.
+fn installation(
+    raw: RawInstallationDrill,
+    kcp: bool,
+    root: bool,
+    errors: &mut Vec<FieldError>,
+) -> Option<InstallationDrill> {
+    let before = errors.len();
+    if raw.at != LATEST_CONSISTENT {
+        errors.push(FieldError::new(
+            "drills.installation.at",
+            "must be latest-consistent: the only point a scheduled installation drill takes",
+        ));
+    }
+    if !kcp {
+        errors.push(FieldError::new("drills.installation", "needs drills.kcp: every shard is drilled with a real kcp"));
+    }
+    if !root {
+        errors.push(FieldError::new(
+            "drills.installation",
+            "needs a shard named root in shards[]: it is started as kcp's root shard, every other shard wired to it",
+        ));
+    }
+    let schedule = super::schedule("installation-drill", &raw.schedule, "drills.installation.schedule".into(), errors);
+    (errors.len() == before).then_some(InstallationDrill { schedule: schedule? })
 }

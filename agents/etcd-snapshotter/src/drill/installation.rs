@@ -28,8 +28,7 @@ use crate::restore;
 use crate::storage::Store;
 use crate::throwaway::{self, Scratch, free_port};
 
-/// The name kcp gives its root shard: the configured shard of that name is started as the root shard.
-pub const ROOT_SHARD: &str = "root";
+pub use crate::config::ROOT_SHARD;
 
 /// The binaries and where the throwaway shards live.
 pub struct Tools<'a> {
