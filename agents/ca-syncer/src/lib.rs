@@ -16,6 +16,7 @@
 //! bundle's rotation record, in the agent's own namespace), [`observed`] (a target as a pass sees it), [`live_check`], and [`sidecar`]
 //! (`ca-syncer watch`).
 #![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines)]
 
 pub mod bundle;
 pub mod certs;

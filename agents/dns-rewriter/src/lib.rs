@@ -19,6 +19,8 @@
 //! [`cluster`] (reads for the one-shots), [`operator`] (the operator's kinds as typed resources), [`verify`]
 //! (DNS queries).
 
+#![warn(clippy::too_many_lines)]
+
 use std::process::ExitCode;
 
 use kcp_keeper_runtime::agent::{Agent, Daemon, Driven, NoFlags};

@@ -23,6 +23,7 @@
 //! defragmentation of the followers, one at a time: the decisions, pure; `defrag::run` the etcd calls),
 //! [`upgrade`] (a snapshot before every kcp upgrade: the operator's object watched by the leader).
 #![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines)]
 
 pub mod cadence;
 pub mod catalog;

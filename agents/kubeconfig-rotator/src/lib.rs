@@ -15,6 +15,7 @@
 //! - consumer restarts (hash annotation, retries, restart windows) are the runtime's
 //!   [`kcp_keeper_runtime::consumer_restart`], shared with ca-syncer.
 #![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines)]
 
 use std::future::Future;
 use std::process::ExitCode;

@@ -4,6 +4,8 @@
 //! their credentials and graceful shutdown. An agent is its own logic plus one implementation of [`agent::Agent`]; its `main.rs` calls
 //! [`cli::main`].
 
+#![warn(clippy::too_many_lines)]
+
 pub mod admin;
 pub mod agent;
 pub mod apply;

@@ -46,12 +46,18 @@ const WORK_FILES: [&str; 2] = ["reconcile.rs", "schedule.rs"];
 /// anything longer is agent code that belongs in the library, where the tests and the other agents' readers are.
 const MAIN_MAX_LINES: usize = 15;
 
+/// The attribute every product crate's root carries: clippy (run with `-D warnings`) then refuses a function of
+/// more than 100 lines of code, its default threshold, in that crate's library and unit tests. Integration tests
+/// and benches are other crates, left out.
+const LONG_FUNCTIONS: &str = "#![warn(clippy::too_many_lines)]";
+
 /// Checks every product crate of the workspace at `root`; prints each finding, and fails with their summary.
 pub fn check(root: &Path) -> Result<()> {
     let crates = product_crates(root)?;
     let mut circles = Vec::new();
     let mut problems = Vec::new();
     let mut by_hand = Vec::new();
+    let mut unlinted = Vec::new();
     for dir in &crates {
         circles.extend(circles_in(root, dir)?);
         if dir.starts_with("agents/") && dir != "agents/runtime" {
@@ -60,11 +66,12 @@ pub fn check(root: &Path) -> Result<()> {
         if dir != "agents/runtime" {
             by_hand.extend(metric_problems(root, dir)?);
         }
+        unlinted.extend(lint_problem(root, dir));
     }
     for circle in &circles {
         eprintln!("{circle}");
     }
-    for problem in problems.iter().chain(&by_hand) {
+    for problem in problems.iter().chain(&by_hand).chain(&unlinted) {
         eprintln!("xtask: house: {problem}");
     }
     let mut failures = Vec::new();
@@ -77,6 +84,9 @@ pub fn check(root: &Path) -> Result<()> {
     }
     if !by_hand.is_empty() {
         failures.push(format!("{}: {}", count(by_hand.len(), "series registered by hand"), by_hand.join("; ")));
+    }
+    if !unlinted.is_empty() {
+        failures.push(format!("{} without the length lint: {}", count(unlinted.len(), "crate"), unlinted.join("; ")));
     }
     if !failures.is_empty() {
         bail!("{}", failures.join("; "));
@@ -126,6 +136,15 @@ fn role_problems(root: &Path, dir: &str) -> Vec<String> {
         }
     }
     problems
+}
+
+/// The crate at `dir` when its root (`src/lib.rs`, else `src/main.rs`) lacks [`LONG_FUNCTIONS`] as a line.
+fn lint_problem(root: &Path, dir: &str) -> Option<String> {
+    let src = root.join(dir).join("src");
+    let file = if src.join("lib.rs").is_file() { "lib.rs" } else { "main.rs" };
+    let text = std::fs::read_to_string(src.join(file)).unwrap_or_default();
+    (!text.lines().any(|l| l.trim() == LONG_FUNCTIONS))
+        .then(|| format!("{dir}/src/{file} lacks `{LONG_FUNCTIONS}`: a function stays within 100 lines of code"))
 }
 
 /// Series registered by hand in the crate at `dir` (outside its test code), instead of with `metrics!`: a call
@@ -615,7 +634,7 @@ mod tests {
     use crate::test_tree::tree;
     use std::path::Path;
 
-    use super::{check, circles_in, graph};
+    use super::{LONG_FUNCTIONS, check, circles_in, graph};
 
     /// The edges of the crate at `root/krate` as `from -> to: names` lines.
     fn edges(root: &Path) -> Vec<String> {
@@ -636,7 +655,7 @@ mod tests {
     fn a_two_file_circle_through_use_crate_fails_naming_both_files_and_the_names() {
         let dir = tree(&[
             ("Cargo.toml", WORKSPACE),
-            ("tools/krate/src/lib.rs", "pub mod store;\npub mod plan;\n"),
+            ("tools/krate/src/lib.rs", "#![warn(clippy::too_many_lines)]\npub mod store;\npub mod plan;\n"),
             ("tools/krate/src/store.rs", "use crate::plan::{Plan, Step};\npub struct Store;\n"),
             ("tools/krate/src/plan.rs", "pub fn make() { crate::store::Store::new(); }\n"),
             // Not a product crate: its circle is not looked at.
@@ -658,12 +677,13 @@ mod tests {
     fn a_series_registered_by_hand_outside_the_runtime_fails_naming_its_line() {
         let workspace = "[workspace]\nmembers = [\"tools/krate\", \"agents/runtime\"]\n";
         let by_hand = "pub fn m(r: &mut Registry) {\n    r.register(\"up\", \"help\", Gauge::default());\n}\n";
+        let runtime = format!("{LONG_FUNCTIONS}\n{by_hand}");
         let dir = tree(&[
             ("Cargo.toml", workspace),
-            ("tools/krate/src/lib.rs", "pub mod metrics;\n"),
+            ("tools/krate/src/lib.rs", "#![warn(clippy::too_many_lines)]\npub mod metrics;\n"),
             ("tools/krate/src/metrics.rs", by_hand),
             // The runtime is where the declaration form registers: not a finding.
-            ("agents/runtime/src/lib.rs", by_hand),
+            ("agents/runtime/src/lib.rs", &runtime),
         ]);
         let error = check(dir.path()).unwrap_err().to_string();
         assert!(error.contains("tools/krate/src/metrics.rs:2 registers a series by hand"), "{error}");
@@ -786,9 +806,9 @@ const T: &str = "end"; pub struct B;
         let dir = tree(&[
             ("Cargo.toml", "[workspace]\nmembers = [\"agents/runtime\", \"agents/demo\"]\n"),
             // The runtime is no agent: it has none of the role files.
-            ("agents/runtime/src/lib.rs", ""),
+            ("agents/runtime/src/lib.rs", LONG_FUNCTIONS),
             ("agents/demo/src/main.rs", &long_main),
-            ("agents/demo/src/lib.rs", ""),
+            ("agents/demo/src/lib.rs", LONG_FUNCTIONS),
             ("agents/demo/src/config.rs", ""),
             ("agents/demo/src/error.rs", ""),
             ("agents/demo/src/scope.rs", ""),
@@ -804,6 +824,28 @@ const T: &str = "end"; pub struct B;
         std::fs::remove_file(dir.path().join("agents/demo/src/schedule.rs")).unwrap();
         let error = check(dir.path()).unwrap_err().to_string();
         assert!(error.contains("agents/demo/src has neither reconcile.rs nor schedule.rs"), "{error}");
+    }
+
+    #[test]
+    fn a_product_crate_without_the_length_lint_is_named_and_a_test_crate_is_not_asked() {
+        let workspace = "[workspace]\nmembers = [\"tools/krate\", \"agents/runtime\", \"tests/other\"]\n";
+        let dir = tree(&[
+            ("Cargo.toml", workspace),
+            ("tools/krate/src/main.rs", "fn main() {}\n"),
+            // Not the attribute: a comment naming it, and the lint allowed.
+            ("agents/runtime/src/lib.rs", "// #![warn(clippy::too_many_lines)]\n#![allow(clippy::too_many_lines)]\n"),
+            ("tests/other/src/lib.rs", ""),
+        ]);
+        assert_eq!(
+            check(dir.path()).unwrap_err().to_string(),
+            "2 crates without the length lint: tools/krate/src/main.rs lacks `#![warn(clippy::too_many_lines)]`: a \
+             function stays within 100 lines of code; agents/runtime/src/lib.rs lacks \
+             `#![warn(clippy::too_many_lines)]`: a function stays within 100 lines of code"
+        );
+        std::fs::write(dir.path().join("tools/krate/src/main.rs"), format!("{LONG_FUNCTIONS}\nfn main() {{}}\n"))
+            .unwrap();
+        std::fs::write(dir.path().join("agents/runtime/src/lib.rs"), LONG_FUNCTIONS).unwrap();
+        check(dir.path()).unwrap();
     }
 
     #[test]

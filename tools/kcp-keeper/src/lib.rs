@@ -2,6 +2,8 @@
 //! check: the seeds' Verify section and the rules learned from kcp outages. The rules are pure functions in
 //! [`rules`] (objects in, verdicts out); [`read`], [`verify`] and [`probe`] are the I/O around them.
 
+#![warn(clippy::too_many_lines)]
+
 pub mod cli;
 pub mod endpoints;
 pub mod kcp_access;

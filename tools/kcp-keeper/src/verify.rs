@@ -150,30 +150,14 @@ async fn server_ca(client: &kube::Client, root: &Component, options: &Options) -
 
 /// The Verify section: one verdict per Deployment, request and name.
 pub async fn run(client: &kube::Client, layout: &Layout, options: &Options) -> Vec<Verdict> {
-    let ns = &options.namespace;
-    let mut out = Vec::new();
-    let deployments_api = Api::<Deployment>::namespaced(client.clone(), ns);
-    for c in &layout.components {
-        for name in deployments(c) {
-            match deployments_api.get_opt(&name).await {
-                Ok(d) => out.push(rollout(&name, d.as_ref())),
-                Err(e) => out.push(Verdict::fail(
-                    ROLLOUT,
-                    format!("deployment/{name}"),
-                    format!("reading it: {e}"),
-                    "grant the doctor get on deployments",
-                )),
-            }
-        }
-    }
-
+    let mut out = rollouts(client, layout, &options.namespace).await;
     let Some(root) = layout.components.iter().find(|c| c.kind == Kind::RootShard) else {
+        let ns = &options.namespace;
         out.push(Verdict::fail(READYZ, "kcp", format!("no RootShard in {ns}"), "check --namespace"));
         return out;
     };
     let ca = match server_ca(client, root, options).await {
-        Ok(Some(ca)) => Some(ca),
-        Ok(None) => None,
+        Ok(ca) => ca,
         Err(e) => {
             out.push(Verdict::fail(
                 READYZ,
@@ -190,16 +174,51 @@ pub async fn run(client: &kube::Client, layout: &Layout, options: &Options) -> V
         .find(|c| c.kind == Kind::FrontProxy && c.external_hostname.is_some())
         .or(Some(root))
         .and_then(|c| c.external_hostname.clone());
+    out.extend(front_proxies(client, layout, options, (ca.as_deref(), public.as_deref())).await);
+    out.extend(shards(client, layout, options, ca.as_deref()).await);
+    out.extend(split_horizon(client, layout, options, public.as_deref()).await);
+    out
+}
 
+/// `kubectl rollout status` of every Deployment of the layout's components.
+async fn rollouts(client: &kube::Client, layout: &Layout, ns: &str) -> Vec<Verdict> {
+    let mut out = Vec::new();
+    let deployments_api = Api::<Deployment>::namespaced(client.clone(), ns);
+    for c in &layout.components {
+        for name in deployments(c) {
+            match deployments_api.get_opt(&name).await {
+                Ok(d) => out.push(rollout(&name, d.as_ref())),
+                Err(e) => out.push(Verdict::fail(
+                    ROLLOUT,
+                    format!("deployment/{name}"),
+                    format!("reading it: {e}"),
+                    "grant the doctor get on deployments",
+                )),
+            }
+        }
+    }
+    out
+}
+
+/// Each front proxy's `/readyz` (200) and an anonymous request (401), verified for its public name (else the
+/// installation's, else its Service's) with the server CA, when there is one.
+async fn front_proxies(
+    client: &kube::Client,
+    layout: &Layout,
+    options: &Options,
+    (ca, public): (Option<&[u8]>, Option<&str>),
+) -> Vec<Verdict> {
+    let ns = &options.namespace;
+    let mut out = Vec::new();
     for fp in layout.components.iter().filter(|c| c.kind == Kind::FrontProxy) {
         let service = format!("{}-front-proxy", fp.name);
         let subject = format!("frontproxy/{}", fp.name);
         let name = fp
             .external_hostname
             .clone()
-            .or_else(|| public.clone())
+            .or_else(|| public.map(String::from))
             .unwrap_or_else(|| format!("{service}.{ns}.svc.{}", fp.cluster_domain));
-        let Some(ca) = &ca else {
+        let Some(ca) = ca else {
             out.push(Verdict::not_checked(READYZ, &subject, NO_SERVER_CA, SERVER_CA_TODO));
             out.push(Verdict::not_checked(ANONYMOUS, &subject, NO_SERVER_CA, SERVER_CA_TODO));
             continue;
@@ -228,11 +247,18 @@ pub async fn run(client: &kube::Client, layout: &Layout, options: &Options) -> V
             Err(e) => out.push(Verdict::fail(READYZ, subject, e, "check the front proxy's Service")),
         }
     }
+    out
+}
+
+/// An anonymous request to each shard (403: it knows `system:anonymous` and forbids it), when there is a CA.
+async fn shards(client: &kube::Client, layout: &Layout, options: &Options, ca: Option<&[u8]>) -> Vec<Verdict> {
+    let ns = &options.namespace;
+    let mut out = Vec::new();
     for shard in layout.components.iter().filter(|c| c.kind == Kind::Shard) {
         let service = format!("{}-shard-kcp", shard.name);
         let name = format!("{service}.{ns}.svc.{}", shard.cluster_domain);
         let subject = format!("shard/{}", shard.name);
-        let Some(ca) = &ca else {
+        let Some(ca) = ca else {
             out.push(Verdict::not_checked(ANONYMOUS, &subject, NO_SERVER_CA, SERVER_CA_TODO));
             continue;
         };
@@ -251,7 +277,6 @@ pub async fn run(client: &kube::Client, layout: &Layout, options: &Options) -> V
             Err(e) => out.push(Verdict::fail(ANONYMOUS, subject, e, "check the shard's Service")),
         }
     }
-    out.extend(split_horizon(client, layout, options, public.as_deref()).await);
     out
 }
 

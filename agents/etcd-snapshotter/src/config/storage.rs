@@ -217,8 +217,8 @@ pub struct Storage {
     pub object_lock: Option<ObjectLock>,
 }
 
-pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<Storage> {
-    let before = errors.len();
+/// `storage.bucket`, `storage.prefix` (returned without its outer `/`) and `storage.endpoint` checked.
+fn location(raw: &RawStorage, errors: &mut Vec<FieldError>) -> String {
     // S3 bucket naming rules (3-63 characters, lowercase, digits, '.', '-').
     let bucket_ok = (3..=63).contains(&raw.bucket.len())
         && raw.bucket.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
@@ -237,6 +237,36 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
             errors.push(FieldError::new("storage.endpoint", "must not carry credentials"));
         }
     }
+    prefix
+}
+
+/// `storage.credentials`: exactly one source.
+fn credentials(c: RawCredentials, errors: &mut Vec<FieldError>) -> Option<Credentials> {
+    match (c.secret_directory, c.environment, c.web_identity) {
+        (Some(dir), None, None) if dir.is_absolute() => Some(Credentials::SecretDirectory(dir)),
+        (Some(_), None, None) => {
+            errors.push(FieldError::new("storage.credentials.secretDirectory", "must be an absolute path"));
+            None
+        }
+        (None, Some(_), None) => Some(Credentials::Environment {}),
+        (None, None, Some(web)) if web.role_arn.starts_with("arn:") => Some(Credentials::WebIdentity(web)),
+        (None, None, Some(_)) => {
+            errors.push(FieldError::new("storage.credentials.webIdentity.roleArn", "must be an ARN"));
+            None
+        }
+        _ => {
+            errors.push(FieldError::new(
+                "storage.credentials",
+                "exactly one of secretDirectory, environment, webIdentity",
+            ));
+            None
+        }
+    }
+}
+
+pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<Storage> {
+    let before = errors.len();
+    let prefix = location(&raw, errors);
     if raw.region.is_empty() {
         errors.push(FieldError::new("storage.region", "must not be empty (the SDK must never guess it)"));
     }
@@ -277,27 +307,7 @@ pub(super) fn storage(raw: RawStorage, errors: &mut Vec<FieldError>) -> Option<S
         );
         ObjectLock { mode: lock.mode, retain_for }
     });
-    let c = raw.credentials;
-    let credentials = match (c.secret_directory, c.environment, c.web_identity) {
-        (Some(dir), None, None) if dir.is_absolute() => Some(Credentials::SecretDirectory(dir)),
-        (Some(_), None, None) => {
-            errors.push(FieldError::new("storage.credentials.secretDirectory", "must be an absolute path"));
-            None
-        }
-        (None, Some(_), None) => Some(Credentials::Environment {}),
-        (None, None, Some(web)) if web.role_arn.starts_with("arn:") => Some(Credentials::WebIdentity(web)),
-        (None, None, Some(_)) => {
-            errors.push(FieldError::new("storage.credentials.webIdentity.roleArn", "must be an ARN"));
-            None
-        }
-        _ => {
-            errors.push(FieldError::new(
-                "storage.credentials",
-                "exactly one of secretDirectory, environment, webIdentity",
-            ));
-            None
-        }
-    };
+    let credentials = credentials(raw.credentials, errors);
     let server_side_encryption = raw.server_side_encryption.map(|sse| match sse.kind {
         SseKind::Aes256 => ServerSideEncryption::Aes256,
         SseKind::AwsKms => ServerSideEncryption::AwsKms { key_id: sse.kms_key_id },
