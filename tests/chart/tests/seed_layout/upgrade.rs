@@ -1,4 +1,4 @@
-//! A snapshot before a kcp upgrade on the seed's real layout (issue 28 item 6): the Shard `alpha`'s kcp image is
+//! A snapshot before a kcp upgrade on the seed's real layout: the Shard `alpha`'s kcp image is
 //! changed to a second tag of the same build (`testbed::seed::images::tag_kcp`), so the kcp-operator really rolls
 //! alpha's Deployment (a new ReplicaSet, a new pod starting kcp on etcd-alpha) and nothing else changes; the
 //! etcd-snapshotter in its pod, installed by the chart with `beforeUpgrade` on both shards, snapshots alpha and
@@ -19,9 +19,12 @@
 //! What a snapshot holds is fixed when etcd opens its read transaction, before the stream's first message, not
 //! when the upload finishes: the agent reads `revisionUpperBound` after that first message and stamps `startedAt`
 //! after that read (same host clock). kcp in the new pod cannot write before its container was created, so
-//! `startedAt <=` the container's creation proves the snapshot holds nothing the new pod wrote; that is asserted.
-//! A revision sample answered before the creation and asked after `startedAt` witnesses the same in revisions
-//! (`revisionUpperBound <=` it), asserted when one exists. The margins (creation minus the snapshot's start and
+//! `startedAt <=` the container's creation proves the snapshot holds nothing the new pod wrote. The agent cannot
+//! hold the operator back, and on a loaded machine the roll can win: the manifest must then say
+//! `afterRollMayHaveBegun` (asserted either way: the snapshot came first, or it says it may not have; and it says so
+//! whenever the new pod existed before the snapshot's start). A revision sample answered before the creation and
+//! asked after `startedAt` witnesses the first case in revisions (`revisionUpperBound <=` it), asserted when one
+//! exists. The margins (creation minus the snapshot's start and
 //! finish, and in revisions) are printed. Afterwards the image is set back and the roll waited for.
 
 use std::sync::Arc;
@@ -120,7 +123,7 @@ fn first_pod_of(node: &Node, image: &str) -> Result<Option<NewPod>> {
 }
 
 #[tokio::test]
-async fn a_changed_shard_image_is_snapshotted_before_the_first_new_pod_wrote_to_etcd_and_the_margin_is_measured()
+async fn a_changed_shard_image_is_snapshotted_before_the_first_new_pod_wrote_to_etcd_or_marked_as_after_the_roll_and_the_margin_is_measured()
 -> Result<()> {
     crate::keeper();
     let node = node::shared();
@@ -195,35 +198,37 @@ async fn a_changed_shard_image_is_snapshotted_before_the_first_new_pod_wrote_to_
         seconds(started, finished),
         at_start - upper,
     );
-    ensure!(
-        snapshot_started <= started,
-        "the snapshot's content was fixed before {snapshot_started} (its startedAt), after the new pod's container was \
-         created at {started}: the roll won the race"
-    );
-    // The revision witness: a sample asked after the snapshot's content was fixed and answered before the container
-    // was created read what etcd-alpha held then, so the snapshot holds no write the new pod made. Each sample
-    // starts a process in the node, so on a loaded machine none may fall in a short margin: then only the times
-    // above say it (they come from the same clock), and the log says the witness is missing.
-    if asked_at >= snapshot_started {
+    // The manifest says when the roll may have begun before the snapshot (`afterRollMayHaveBegun`): it must when the
+    // first new pod existed before the snapshot's content was fixed (its whole-second creation time plus a second
+    // is at or before `startedAt`). The agent also says so when its snapshot waited for another run (a scheduled
+    // snapshot in flight), which a loaded machine makes likely.
+    let marked = manifest["kcp"].get("afterRollMayHaveBegun").is_some();
+    let pod_first = seconds(snapshot_started, created) >= 1.0;
+    eprintln!("afterRollMayHaveBegun: {marked} (the first new pod created before the snapshot's start: {pod_first})");
+    ensure!(!pod_first || marked, "the new pod existed before the snapshot, unmarked: {manifest}");
+    if snapshot_started > started {
+        // The roll won the race (the agent cannot hold the operator back): the snapshot must say so.
+        ensure!(
+            marked,
+            "the snapshot's content was fixed at {snapshot_started} (its startedAt), after the new pod's container \
+             was created at {started}, and the manifest does not say the roll may have begun: {manifest}"
+        );
+    } else if asked_at >= snapshot_started {
+        // The revision witness: a sample asked after the snapshot's content was fixed and answered before the
+        // container was created read what etcd-alpha held then, so the snapshot holds no write the new pod made.
         ensure!(
             upper <= at_start,
-            "the snapshot's revision (<= {upper}) is not below what etcd-alpha held before the new pod's container was \
-             created ({at_start} at {last_at}): the roll won the race"
+            "the snapshot's revision (<= {upper}) is not below what etcd-alpha held before the new pod's container \
+             was created ({at_start} at {last_at}): the roll won the race"
         );
     } else {
+        // Each sample starts a process in the node, so on a loaded machine none may fall in a short margin: then
+        // only the times above say it (they come from the same clock).
         eprintln!(
             "no revision sample fell between the snapshot's start ({snapshot_started}) and the container's creation ({started}): \
              the last one before it was asked at {asked_at}; the order is proven by the times alone"
         );
     }
-    // The manifest says when the roll may have begun before the snapshot: always when the first new pod existed
-    // before the snapshot's content was fixed (its whole-second creation time plus a second is at or before
-    // `startedAt`). The agent also says so when its snapshot waited for another run (a scheduled snapshot in
-    // flight): on a loaded machine that happens, and the data claim above still holds.
-    let marked = manifest["kcp"].get("afterRollMayHaveBegun").is_some();
-    let pod_first = seconds(snapshot_started, created) >= 1.0;
-    ensure!(!pod_first || marked, "the new pod existed before the snapshot, unmarked: {manifest}");
-    eprintln!("afterRollMayHaveBegun: {marked} (the first new pod created before the snapshot's start: {pod_first})");
     let report = chart::on_seed::object(node, &format!("{id}/drill.json"))?;
     ensure!(report["passed"] == true, "the drill of the snapshot before the upgrade: {report}");
 
