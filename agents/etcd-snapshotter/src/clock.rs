@@ -153,6 +153,16 @@ impl Intercept for StoreClock {
     }
 }
 
+/// A time as the agent prints and records it: RFC 3339, milliseconds, `Z`.
+pub fn stamp(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// [`stamp`] of a Unix time in milliseconds (the number itself when it is no time).
+pub fn stamp_ms(ms: i64) -> String {
+    DateTime::from_timestamp_millis(ms).map_or_else(|| ms.to_string(), stamp)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

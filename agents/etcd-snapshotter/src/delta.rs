@@ -96,7 +96,7 @@ fn in_deltas_dir<'a>(prefix: &str, shard: &str, key: &'a str) -> Option<(Locatio
     Some((Location::from_id(prefix, &format!("{shard}/{name}"))?, object))
 }
 
-/// The directory of a snapshot's session proofs, inside its `deltas/` (`recovery::SessionProof`).
+/// The directory of a snapshot's session proofs, inside its `deltas/` (`recovery::proofs`).
 pub const PROOFS_DIR: &str = "proofs/";
 
 /// `proofs/00000001796000000123.json`: the session's `watching_since_ms`, zero-padded so names sort by it.

@@ -16,15 +16,16 @@
 
 use std::str::FromStr;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::clock::stamp;
 use crate::delta::SigningKey;
 use crate::delta::recovery::{self, RecoveryPoint};
 use crate::delta::replay::{self, Outcome, Point};
 use crate::encode::Identity;
 use crate::generation::{self, Own};
-use crate::manifest::{Location, Manifest};
+use crate::manifest::Manifest;
 use crate::storage::Store;
 
 /// The point a plan restores every shard to.
@@ -109,19 +110,12 @@ async fn sessions(
     manifests: &[Manifest],
     key: Option<&SigningKey>,
 ) -> anyhow::Result<Vec<(DateTime<Utc>, DateTime<Utc>)>> {
-    let mut spans = Vec::new();
-    for manifest in manifests {
-        let Some(location) = Location::from_id(&store.prefix, &manifest.id) else { continue };
-        for proof in recovery::proofs(store, &manifest.shard, &location, key).await? {
-            let since = proof.watching_since_ms.and_then(DateTime::from_timestamp_millis);
-            if let Some(since) = since
-                && proof.cluster_id == generation::cluster_of(manifest)
-            {
-                spans.push((since, proof.time()));
-            }
-        }
-    }
-    Ok(spans)
+    let snapshots: Vec<&Manifest> = manifests.iter().collect();
+    let proofs = recovery::proofs(store, &snapshots, key).await?;
+    Ok(proofs
+        .iter()
+        .filter_map(|p| Some((p.watching_since_ms.and_then(DateTime::from_timestamp_millis)?, p.time())))
+        .collect())
 }
 
 /// The newest time every shard can place: from the minimum of the shards' newest points (`newest`), lowered
@@ -276,10 +270,6 @@ async fn shard_plan(
         recovery_point: reach.newest,
         lost_seconds: (reach.newest - t).num_milliseconds() as f64 / 1000.0,
     }))
-}
-
-fn stamp(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 /// The plan for people: one block per shard.

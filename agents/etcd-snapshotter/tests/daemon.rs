@@ -505,16 +505,8 @@ async fn doctor_restore_proven_reads_both_replicas_and_fails_until_a_drill_passe
 
 /// Processes whose command line mentions `needle` (a drill's processes all run inside its directory).
 fn processes_mentioning(needle: &str, except: u32) -> Vec<(u32, String)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if pid != except && cmdline.contains(needle) {
-            out.push((pid, cmdline));
-        }
-    }
-    out
+    let lines = testbed::process::command_lines().into_iter();
+    lines.filter(|(pid, cmd)| *pid != except && cmd.contains(needle)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]

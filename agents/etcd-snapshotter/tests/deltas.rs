@@ -946,11 +946,14 @@ async fn a_time_between_a_sessions_last_event_and_its_last_proof_restores_that_r
     let (_, t1p, proven) = proofs[0];
     assert_eq!(proven, r1, "no write after R1: the last proof read R1");
 
-    // Writes while no agent runs, then the second session's watch receives them in a burst.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Writes while no agent runs, two seconds past the last proof (a gap to place a time in), then the second
+    // session's watch receives them in a burst.
+    testbed::eventually(WAIT, "the clock two seconds past the first session's last proof", || async {
+        (chrono::Utc::now().timestamp_millis() > t1p + 2000).then_some(())
+    })
+    .await;
     load(&mut client, "/registry/second", 10, 100).await.unwrap();
     let (r2, _) = revision_and_keys(&mut client).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
     let second = agent(bed.cluster(), &config, &ns).start().await.unwrap();
     wait_until_stored(&s3, &bucket, &id, r2).await;
     let proofs = testbed::eventually(Duration::from_secs(60), "the second session's proof", || async {

@@ -188,6 +188,20 @@ fn tail(path: &Path, bytes: u64) -> String {
 /// ephemeral range rather than by binding port 0: the kernel hands ports of that range to outgoing connections
 /// too, so a port from it can be taken by the time the peer binds it ("address already in use"). Never the same
 /// port twice in one process (a peer told two ports binds them only later).
+/// Every process on the host and its command line, its arguments joined by spaces (processes that end while
+/// `/proc` is read are left out).
+pub fn command_lines() -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            Some((pid, String::from_utf8_lossy(&cmdline).trim_end_matches('\0').replace('\0', " ")))
+        })
+        .collect()
+}
+
 pub fn free_port() -> Result<u16> {
     static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());

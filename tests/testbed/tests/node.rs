@@ -48,15 +48,9 @@ fn host_state() -> Result<HostState> {
 
 /// Processes whose command line names `needle` (the node's directory appears in every node process's arguments).
 fn processes_naming(needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains(needle) && !cmdline.contains("node_sigkill_child") {
-            out.push(format!("{} {cmdline}", entry.file_name().to_string_lossy()));
-        }
-    }
-    out
+    let lines = testbed::process::command_lines().into_iter();
+    let named = lines.filter(|(_, cmd)| cmd.contains(needle) && !cmd.contains("node_sigkill_child"));
+    named.map(|(pid, cmd)| format!("{pid} {cmd}")).collect()
 }
 
 fn cgroups_left(root: &str) -> Vec<String> {

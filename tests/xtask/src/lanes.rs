@@ -160,6 +160,7 @@ fn starts_a_node(name: &str) -> bool {
 
 /// Processes running a node's reaper (`reaper.sh`, in a session of its own, so the binary's group kill spares it).
 fn reapers() -> Vec<u32> {
+    // The xtask does not build the test bed (a test-only crate): its own scan of `/proc`.
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries
         .flatten()

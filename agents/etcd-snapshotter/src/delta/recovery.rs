@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::SigningKey;
 use crate::delta;
-use crate::manifest::{self, Location};
+use crate::manifest::{self, Location, Manifest};
 use crate::storage::{Condition, Store};
 
 /// The object's name inside the shard's directory.
@@ -175,21 +175,28 @@ pub fn proof_from_json(
     Ok(proof)
 }
 
-/// The session proofs stored in `location`'s chain of `shard`, by session; one refused (damaged, or unsigned
-/// or altered with a key configured) is said and left out: a time it alone would place stays refused.
+/// The session proofs stored in the chains of `snapshots`, each of its snapshot's etcd cluster, by session; one
+/// refused (damaged, or unsigned or altered with a key configured) is said and left out: a time it alone would
+/// place stays refused.
 pub async fn proofs(
     store: &Store,
-    shard: &str,
-    location: &Location,
+    snapshots: &[&Manifest],
     key: Option<&SigningKey>,
 ) -> anyhow::Result<Vec<RecoveryPoint>> {
     let mut out = Vec::new();
-    for object in store.list_keys(&format!("{}{}", delta::dir(location), delta::PROOFS_DIR)).await? {
-        let Some((_, since)) = delta::proof_location_of(&store.prefix, shard, &object) else { continue };
-        let Some(read) = store.get_versioned(&object).await? else { continue };
-        match proof_from_json(&read.body, (shard, &location.id, since), key) {
-            Ok(proof) => out.push(proof),
-            Err(error) => tracing::warn!(key = object, error, "a session's proof is refused; not used"),
+    for snapshot in snapshots {
+        let shard = &snapshot.shard;
+        let location = Location::from_id(&store.prefix, &snapshot.id)
+            .ok_or_else(|| anyhow::anyhow!("the snapshot id {} is not valid", snapshot.id))?;
+        let cluster = crate::generation::cluster_of(snapshot);
+        for object in store.list_keys(&format!("{}{}", delta::dir(&location), delta::PROOFS_DIR)).await? {
+            let Some((_, since)) = delta::proof_location_of(&store.prefix, shard, &object) else { continue };
+            let Some(read) = store.get_versioned(&object).await? else { continue };
+            match proof_from_json(&read.body, (shard, &location.id, since), key) {
+                Ok(proof) if proof.cluster_id == cluster => out.push(proof),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(key = object, error, "a session's proof is refused; not used"),
+            }
         }
     }
     out.sort_by_key(|p| p.watching_since_ms);

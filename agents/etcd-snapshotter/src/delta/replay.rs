@@ -29,6 +29,7 @@ use sha2::{Digest, Sha256};
 
 use super::recovery::{self, RecoveryPoint};
 use super::{Expected, Kind, Live, Meta, SigningKey, by_revision, check_link, decode_payload, parse_name};
+use crate::clock::{stamp, stamp_ms};
 use crate::encode::{self, Identity};
 use crate::generation::{self, Own};
 use crate::manifest::{Location, Manifest};
@@ -370,14 +371,6 @@ pub(crate) async fn replay(
     ended(store, manifest, (point, signing), outcome).await
 }
 
-fn stamp(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
-fn stamp_ms(ms: i64) -> String {
-    DateTime::from_timestamp_millis(ms).map_or_else(|| ms.to_string(), stamp)
-}
-
 /// The proof that places `t_ms` at `revision`, the last revision received by then, if one does: a quorum read
 /// sent at or after `t_ms` returned `revision`, so nothing after it was committed by `t_ms`.
 pub fn placing_proof(proofs: &[RecoveryPoint], t_ms: i64, revision: u64) -> Option<&RecoveryPoint> {
@@ -411,28 +404,12 @@ async fn between_sessions(
     why: String,
     outcome: &mut Outcome,
 ) -> anyhow::Result<()> {
-    let proofs = proofs_of(store, manifests, signing).await?;
+    let proofs = recovery::proofs(store, manifests, signing).await?;
     let (t_ms, reached) = (t.timestamp_millis(), outcome.revision);
     if placing_proof(&proofs, t_ms, reached).is_none() {
         outcome.broken = Some(format!("{why}; {}", nearest(&proofs, t_ms, reached, since)));
     }
     Ok(())
-}
-
-/// The sessions' proofs stored in the chains of `manifests`, of their cluster (`recovery::proofs`).
-async fn proofs_of(
-    store: &Store,
-    manifests: &[&Manifest],
-    signing: Option<&SigningKey>,
-) -> anyhow::Result<Vec<RecoveryPoint>> {
-    let mut proofs = Vec::new();
-    for manifest in manifests {
-        let location = Location::from_id(&store.prefix, &manifest.id).context("the manifest's id is not valid")?;
-        let cluster = generation::cluster_of(manifest);
-        let stored = recovery::proofs(store, &manifest.shard, &location, signing).await?;
-        proofs.extend(stored.into_iter().filter(|p| p.cluster_id == cluster));
-    }
-    Ok(proofs)
 }
 
 /// The chain ran out before `point` was passed: whether that is the point or a short restore (`outcome.broken`
@@ -454,7 +431,7 @@ async fn ended(
         // The chain ends before a revision a newer snapshot holds: while its writer ran, the chain reached at least
         // that far, so deltas are missing (deleted, or never written while no watch ran), and the point may lie
         // among them, unless a proof of its writer places it before them. Never a silent short restore.
-        let proofs = proofs_of(store, &[manifest], signing).await?;
+        let proofs = recovery::proofs(store, &[manifest], signing).await?;
         if placing_proof(&proofs, t.timestamp_millis(), outcome.revision).is_some() {
             return Ok(());
         }

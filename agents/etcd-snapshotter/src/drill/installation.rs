@@ -251,7 +251,7 @@ fn line(plan: &ShardPlan, restore_seconds: f64, ready_seconds: f64, (workspaces,
 
 /// One line per shard, and a last line naming every shard that failed (with its reason).
 pub fn summary(installation: &Installation) -> (Vec<String>, Option<String>) {
-    let at = installation.at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let at = crate::clock::stamp(installation.at);
     let mut lines = Vec::new();
     let mut failed = Vec::new();
     for shard in &installation.shards {

@@ -145,7 +145,7 @@ impl Job {
             self.metrics.counted("passed");
             self.metrics.point.set(installation.at.timestamp_millis() as f64 / 1000.0);
             self.metrics.last_success.set(unix_now());
-            let at = installation.at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+            let at = crate::clock::stamp(installation.at);
             tracing::info!(tick = %tick.at, %at, "installation drill passed");
             let note = format!("installation drill of tick {}: {}", tick.at.to_rfc3339(), lines.join("; "));
             let (kind, reason) = (EventType::Normal, "InstallationDrillPassed");

@@ -257,16 +257,8 @@ pub fn cli(args: &[&str]) -> Output {
 /// The pids whose command line mentions `needle` (a drill's processes all run inside its directories), the agent's
 /// own process left out (it names the configuration, never the drills directory).
 pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains(needle) && !cmdline.starts_with(BINARY) {
-            out.push((pid, cmdline));
-        }
-    }
-    out
+    let lines = testbed::process::command_lines().into_iter();
+    lines.filter(|(_, cmd)| cmd.contains(needle) && !cmd.starts_with(BINARY)).collect()
 }
 
 /// Sends SIGTERM to a one-shot run and waits (up to 30 s) until it exits 1 saying it was interrupted: its output.

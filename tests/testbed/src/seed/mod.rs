@@ -191,21 +191,19 @@ fn reset(node: &Node) -> Result<()> {
 /// layout as soon as such a test lets go of it: a request then sent to an address of a pod already gone is never
 /// answered. Fails after 5 minutes with the layout's state.
 pub async fn settled(node: &Node, client: &kube::Client, quiet: Duration) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let mut since: Option<Instant> = None;
-    loop {
-        let unsettled = unsettled(client).await?;
-        match (&unsettled, since) {
-            (None, Some(s)) if s.elapsed() >= quiet => return Ok(()),
-            (None, None) => since = Some(Instant::now()),
-            (None, Some(_)) => {}
-            (Some(_), _) => since = None,
+    // When the layout was last seen settled without a break since.
+    let since = std::cell::Cell::new(None::<Instant>);
+    let settled = crate::eventually_seen(Duration::from_secs(300), "the layout settled", || async {
+        if let Some(why) = unsettled(client).await? {
+            since.set(None);
+            return Ok(Err(why));
         }
-        if Instant::now() > deadline {
-            bail!("the layout did not settle within 5 minutes: {unsettled:?}\n{}", describe(node)?);
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+        let from = since.get().unwrap_or_else(Instant::now);
+        since.set(Some(from));
+        Ok(if from.elapsed() >= quiet { Ok(()) } else { Err(format!("settled for {:.0?}", from.elapsed())) })
+    })
+    .await;
+    settled.map_err(|e| anyhow::anyhow!("{e:#}\n{}", describe(node).unwrap_or_default()))
 }
 
 /// What keeps the layout from being settled, if anything.
