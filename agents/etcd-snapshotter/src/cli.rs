@@ -148,8 +148,15 @@ pub async fn snapshot(config: &Path, shards: &[String], wait: std::time::Duratio
         let waiting = move |holder: &str| {
             eprintln!("shard {name}: another run holds the shard's lock: {holder}; waiting up to {wait:?}")
         };
-        let run =
-            snapshot::Run { tick: None, progress, command: "snapshot", lock_wait: wait, waiting: &waiting, kcp: None };
+        let run = snapshot::Run {
+            tick: None,
+            progress,
+            command: "snapshot",
+            lock_wait: wait,
+            waiting: &waiting,
+            kcp: None,
+            roll: None,
+        };
         let result = snapshot::take_until(&config, shard, &store, &metrics, run, &interrupted, NO_GRACE).await;
         if let Err(SnapshotError::Interrupted) = result {
             anyhow::bail!("interrupted: the upload in flight was aborted");

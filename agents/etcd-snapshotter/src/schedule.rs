@@ -290,6 +290,7 @@ impl Job {
             lock_wait: LOCK_WAIT,
             waiting: &waiting,
             kcp: None,
+            roll: None,
         };
         let taken = snapshot::take_until(
             &self.config,

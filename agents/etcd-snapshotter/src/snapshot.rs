@@ -88,6 +88,9 @@ pub struct Run<'a> {
     pub waiting: &'a (dyn Fn(&str) + Send + Sync),
     /// The kcp version to record in the manifest (a snapshot before a kcp upgrade); none for the others.
     pub kcp: Option<crate::upgrade::KcpVersion>,
+    /// With `kcp`: looked at once the snapshot's content is fixed, and when the operator's roll may have begun
+    /// before it, the manifest says so ([`crate::upgrade::roll`]).
+    pub roll: Option<&'a dyn crate::upgrade::roll::Roll>,
 }
 
 /// A published snapshot and how retention went after it (a failed retention is logged and counted already).
@@ -247,6 +250,7 @@ async fn locked(
                 return Err(error);
             }
         };
+    let kcp = roll_checked(&shard.name, run, started_at).await;
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         id: location.id.clone(),
@@ -267,7 +271,7 @@ async fn locked(
         compression: config.compression.as_str().into(),
         encryption_recipients: config.recipients.iter().map(|r| r.id.clone()).collect(),
         agent_version: kcp_keeper_runtime::VERSION.into(),
-        kcp: run.kcp.clone(),
+        kcp,
         tick: run.tick,
         started_at,
         finished_at: crate::clock::now(),
@@ -279,6 +283,24 @@ async fn locked(
     store.put_backup(&location.manifest_key(), manifest.to_json()).await?;
     let retention = retention(config, store, metrics, &shard.name, &manifest, &own).await;
     Ok((manifest, retention))
+}
+
+/// The run's kcp version, marked `afterRollMayHaveBegun` when its roll check finds the roll may have begun by
+/// `started_at` (looked at only while unmarked).
+async fn roll_checked(
+    shard: &str,
+    run: &Run<'_>,
+    started_at: chrono::DateTime<Utc>,
+) -> Option<crate::upgrade::KcpVersion> {
+    let mut kcp = run.kcp.clone()?;
+    if !kcp.after_roll_may_have_begun
+        && let Some(roll) = run.roll
+        && let Some(why) = roll.begun_by(started_at).await
+    {
+        tracing::warn!(shard, why, "the operator's roll may have begun before the snapshot: its manifest says so");
+        kcp.after_roll_may_have_begun = true;
+    }
+    Some(kcp)
 }
 
 /// The member to stream from ([`member::choose`]), with the cluster's alarms counted and logged.

@@ -14,6 +14,7 @@
 //! leader's watch is [`watch`]; the Role it needs is [`rbac`].
 
 pub mod metrics;
+pub mod roll;
 pub mod watch;
 
 use chrono::{DateTime, Utc};

@@ -193,7 +193,41 @@ async fn a_rootshard_image_change_takes_one_snapshot_labelled_with_the_old_image
     let listed = cli(&["list", "--config", config.to_str().unwrap()]);
     let listed = text(&listed);
     assert!(listed.contains(&format!("kcp {OLD} (before the upgrade to {new})")), "{listed}");
+
+    // The roll won the next race: a pod of the RootShard on the image it is changed to exists before the
+    // change (as one the operator created while the agent's snapshot waited on a loaded node). The agent lists
+    // the shard's pods with the Role `rbac` printed, and the manifest says the roll may have begun. A pod of
+    // the image the snapshot is taken under, or of another instance, does not count.
+    let third = format!("{KCP_REPOSITORY}:v0.32.3-third");
+    shard_pod(&admin, &objects, "root-kcp-running", "rootshard", "root", &new).await;
+    shard_pod(&admin, &objects, "alpha-kcp-other", "shard", "alpha", &third).await;
+    shard_pod(&admin, &objects, "root-kcp-new", "rootshard", "root", &third).await;
+    set_tag(&admin, &objects, "RootShard", "root", "v0.32.3-third").await;
+    let taken = snapshots(&bed, 2).await;
+    let kcp =
+        &taken.iter().find(|(m, _)| m["kcp"]["upgradeTo"] == third.as_str()).expect("the second snapshot").0["kcp"];
+    assert_eq!(kcp["image"], new.as_str(), "{kcp}");
+    assert_eq!(kcp["afterRollMayHaveBegun"], true, "a pod of the new image existed before it: {kcp}");
+    let log = process.process.log();
+    assert!(log.contains("pod root-kcp-new runs"), "the log names the pod: {}", process.process.log_tail());
     process.terminate(WAIT);
+}
+
+/// A pod as the kcp-operator labels a RootShard's or Shard's (`component` `rootshard` or `shard`), its `kcp`
+/// container on `image`. The bare control plane runs no kubelet: the object is what the agent reads.
+async fn shard_pod(admin: &kube::Client, ns: &str, name: &str, component: &str, instance: &str, image: &str) {
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
+    // The ServiceAccount admission needs the namespace's default account; no controller creates it here.
+    let _ = Api::<ServiceAccount>::namespaced(admin.clone(), ns).create(&PostParams::default(), &account).await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {
+            "app.kubernetes.io/managed-by": "kcp-operator", "app.kubernetes.io/name": "kcp",
+            "app.kubernetes.io/component": component, "app.kubernetes.io/instance": instance}},
+        "spec": {"automountServiceAccountToken": false, "containers": [{"name": "kcp", "image": image}]},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(admin.clone(), ns).create(&PostParams::default(), &pod).await.unwrap();
 }
 
 /// The operator's objects in a namespace of their own, a one-member etcd, and the agent watching the RootShard

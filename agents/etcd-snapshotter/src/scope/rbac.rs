@@ -3,7 +3,8 @@
 //! (a create cannot be limited by name: the name is not in its URL), and create on Events. With a
 //! configuration, the objects `beforeUpgrade` watches ([`super::watched`]): in each namespace of a watched
 //! object, get/list/watch on exactly the RootShards and Shards named (a watch by name is authorised against
-//! `resourceNames`: its field selector names the object), and create on Events (about those objects). In the
+//! `resourceNames`: its field selector names the object), list on Pods (the shard's pods, to tell whether the
+//! operator's roll began before the snapshot), and create on Events (about those objects). In the
 //! agent's own namespace these rules join its Role, which already creates Events. With `snapshotObjects`, the
 //! Role also manages the `EtcdSnapshot` and `EtcdShardBackup` objects of its namespace.
 
@@ -61,6 +62,9 @@ fn watched(rbac: &mut Rbac, config: &Config, agent: &str, who: &Subjects) {
             .filter_map(|kind| kinds.get(kind.plural()).map(|names| (kind.plural(), names)))
             .map(|(plural, names)| rule("operator.kcp.io", &[plural], names, &["get", "list", "watch"]))
             .collect();
+        // The shards' pods, listed by the operator's labels after a snapshot before an upgrade (`upgrade::roll`):
+        // whether the roll may have begun before it. A list cannot be limited by name.
+        rules.push(rule("", &["pods"], &[], &["list"]));
         match rbac.roles.iter_mut().find(|r| r.metadata.namespace.as_deref() == Some(namespace)) {
             Some(own) => own.rules.get_or_insert_with(Vec::new).extend(rules),
             None => {
@@ -106,11 +110,14 @@ mod tests {
         assert_eq!(rules[0].resources.as_deref(), Some(&["rootshards".to_string()][..]));
         assert_eq!(rules[0].resource_names.as_deref(), Some(&["root".to_string()][..]));
         assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
-        assert_eq!(rules[1].resources.as_deref(), Some(&["events".to_string()][..]));
+        assert_eq!(rules[1].resources.as_deref(), Some(&["pods".to_string()][..]));
+        assert_eq!(rules[1].verbs, ["list"]);
+        assert_eq!(rules[2].resources.as_deref(), Some(&["events".to_string()][..]));
         let own = rbac.roles.iter().find(|r| r.metadata.namespace.as_deref() == Some("kcp-keeper")).unwrap();
-        let shards = own.rules.as_ref().unwrap().last().unwrap();
-        assert_eq!(shards.resources.as_deref(), Some(&["shards".to_string()][..]), "{yaml}");
-        assert_eq!(shards.resource_names.as_deref(), Some(&["alpha".to_string()][..]));
+        let own_rules = own.rules.as_ref().unwrap();
+        let shards = own_rules.iter().find(|r| r.resources.as_deref() == Some(&["shards".to_string()][..])).unwrap();
+        assert_eq!(shards.resource_names.as_deref(), Some(&["alpha".to_string()][..]), "{yaml}");
+        assert!(own_rules.iter().any(|r| r.resources.as_deref() == Some(&["pods".to_string()][..])), "{yaml}");
         assert_eq!(rbac.role_bindings.len(), 2);
     }
 }

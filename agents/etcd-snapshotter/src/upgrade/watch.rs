@@ -21,6 +21,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::UpgradeLabels;
+use super::roll;
 use super::{KcpVersion, STATE, State, Step, Watched, image_of, records_change, step};
 use crate::catalog;
 use crate::config::{Config, Shard};
@@ -302,6 +303,7 @@ impl Watch {
             let (kind, reason) = (EventType::Warning, "PreUpgradeSnapshotWaiting");
             self.events.publish_detached(regarding.clone(), kind, reason, "PreUpgradeSnapshot", note);
         };
+        let roll = roll::Pods { client: self.client.clone(), watched: self.watched.clone(), from: kcp.image.clone() };
         let run = snapshot::Run {
             tick: None,
             progress: None,
@@ -309,6 +311,7 @@ impl Watch {
             lock_wait: LOCK_WAIT,
             waiting: &waiting,
             kcp: Some(kcp),
+            roll: Some(&roll),
         };
         let taken = snapshot::take_until(
             &self.config,

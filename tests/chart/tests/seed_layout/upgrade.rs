@@ -200,8 +200,9 @@ async fn a_changed_shard_image_is_snapshotted_before_the_first_new_pod_wrote_to_
     );
     // The manifest says when the roll may have begun before the snapshot (`afterRollMayHaveBegun`): it must when the
     // first new pod existed before the snapshot's content was fixed (its whole-second creation time plus a second
-    // is at or before `startedAt`). The agent also says so when its snapshot waited for another run (a scheduled
-    // snapshot in flight), which a loaded machine makes likely.
+    // is at or before `startedAt`); the agent lists the shard's pods after the snapshot to know. It also says so
+    // when its snapshot waited for another run (a scheduled snapshot in flight), which a loaded machine makes
+    // likely.
     let marked = manifest["kcp"].get("afterRollMayHaveBegun").is_some();
     let pod_first = seconds(snapshot_started, created) >= 1.0;
     eprintln!("afterRollMayHaveBegun: {marked} (the first new pod created before the snapshot's start: {pod_first})");
