@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use kcp_keeper_runtime::config::load;
 use kcp_keeper_runtime::logging::{self, LogFormat};
-use kcp_keeper_runtime::shutdown::Grace;
+use kcp_keeper_runtime::shutdown::{Grace, stop_signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog;
@@ -70,6 +70,10 @@ pub enum Command {
     /// the snapshot, the deltas to replay, the time reached and the data lost. Exit 1 when a shard cannot reach
     /// the point, naming it and what it reaches.
     Plan(PlanArgs),
+    /// Restore the whole installation to one point: the plan of `plan --at`, and with --yes kcp stopped through
+    /// the kcp-operator's objects, every shard's running etcd given the point, kcp started root first, and the
+    /// result proven through the front proxy. Interrupted, the same command carries it on.
+    RestoreInstallation(crate::installation_restore::Args),
     /// One copy pass to the second store now (the daemon runs one every secondary.interval): copies and
     /// verifies what it lacks, applies its retention; one line per shard. Exit 1 when a shard is behind.
     SyncSecondary {
@@ -93,6 +97,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Drill(args) => drill(args).await,
         Command::Restore(args) => return restore(args).await,
         Command::Plan(args) => plan(args).await,
+        Command::RestoreInstallation(args) => crate::installation_restore::run(args).await,
     }?;
     Ok(ExitCode::SUCCESS)
 }
@@ -431,15 +436,8 @@ pub struct DrillArgs {
     pub id: Option<String>,
     #[arg(long)]
     pub shard: Option<String>,
-    /// age identity file for encrypted snapshots (default: the configuration's drills.identityFile).
-    #[arg(long)]
-    pub identity_file: Option<PathBuf>,
-    /// etcdutl binary (default: the configuration's drills.etcdutl).
-    #[arg(long, env = "ETCDUTL")]
-    pub etcdutl: Option<PathBuf>,
-    /// etcd binary for the throwaway member (default: the configuration's drills.etcd).
-    #[arg(long, env = "ETCD")]
-    pub etcd: Option<PathBuf>,
+    #[command(flatten)]
+    pub tools: restore::ToolFlags,
     /// kcp binary for the kcp level (default: the configuration's drills.kcp). The level runs for shards whose
     /// drill has `kcp` (reading what it names); given here, it runs for every drilled shard (`/readyz` alone where
     /// the configuration names nothing).
@@ -461,10 +459,7 @@ pub struct DrillArgs {
 /// flight and clean up its processes and directory first.
 pub async fn drill(args: DrillArgs) -> anyhow::Result<()> {
     let (config, store) = open(&args.config)?;
-    let mut drills = config.drills.clone();
-    drills.identity_file = args.identity_file.or(drills.identity_file);
-    drills.etcdutl = args.etcdutl.unwrap_or(drills.etcdutl);
-    drills.etcd = args.etcd.unwrap_or(drills.etcd);
+    let mut drills = args.tools.over(&config.drills);
     let kcp_everywhere = args.kcp.is_some();
     drills.kcp = args.kcp.or(drills.kcp);
     if let Some(at) = args.installation.then_some(args.at).flatten() {
@@ -537,7 +532,7 @@ async fn drill_installation(
     let tools = installation::Tools {
         etcdutl: &drills.etcdutl,
         etcd: &drills.etcd,
-        kcp,
+        kcp: Some(kcp),
         scratch_root: &drills.directory,
         identity_file: drills.identity_file.as_deref(),
         signing: config.delta_key.as_ref(),
@@ -559,18 +554,6 @@ async fn drill_installation(
     match verdict {
         Some(verdict) => anyhow::bail!(verdict),
         None => Ok(()),
-    }
-}
-
-/// SIGTERM or SIGINT, whichever comes first.
-async fn stop_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
     }
 }
 

@@ -38,6 +38,7 @@ pub mod encode;
 pub mod error;
 pub mod generation;
 pub mod health;
+pub mod installation_restore;
 pub mod integrity;
 pub mod json;
 pub mod labels;

@@ -77,30 +77,78 @@ impl Reach {
     }
 }
 
-/// Reads what `shard` can reach: its snapshots and its stored recovery point (refused when it is not signed by
-/// `key`, if one is configured).
-pub async fn reach(store: &Store, shard: &str, key: Option<&SigningKey>) -> anyhow::Result<Reach> {
+/// Reads what `shard` can reach, one [`Reach`] per etcd cluster its snapshots come from, its own first: the
+/// cluster of its stored recovery point (refused when it is not signed by `key`, if one is configured), else
+/// the only cluster of its snapshots. An etcd re-created from empty volumes is a new cluster; the one before it
+/// still reaches what its sessions proved, from its oldest snapshot to its last proof, and a restore to a time
+/// of it takes that cluster's snapshot and deltas.
+pub async fn reaches(store: &Store, shard: &str, key: Option<&SigningKey>) -> anyhow::Result<Vec<Reach>> {
     let all = crate::catalog::list(store, Some(shard)).await?;
     let stored = recovery::read(store, shard, key).await?;
-    let cluster = match &stored {
+    let own = match &stored {
         Some(point) => Some(point.cluster_id.clone()),
         None => generation::only_cluster(&all).map_err(|e| anyhow::anyhow!("shard {shard}: {e}"))?,
     };
-    let own: Vec<Manifest> =
-        all.into_iter().filter(|m| cluster.as_deref().is_none_or(|c| generation::cluster_of(m) == c)).collect();
+    let mut clusters: Vec<String> = own.iter().cloned().collect();
+    for manifest in &all {
+        let cluster = generation::cluster_of(manifest);
+        if !clusters.iter().any(|c| c == cluster) {
+            clusters.push(cluster.to_string());
+        }
+    }
+    let mut out = Vec::new();
+    for cluster in clusters {
+        let of_cluster: Vec<Manifest> = all.iter().filter(|m| generation::cluster_of(m) == cluster).cloned().collect();
+        let stored = stored.clone().filter(|point| point.cluster_id == cluster);
+        out.extend(reach_of(store, shard, key, of_cluster, stored).await?);
+    }
+    anyhow::ensure!(!out.is_empty(), "shard {shard}: no published snapshot of its etcd cluster in the bucket");
+    Ok(out)
+}
+
+/// What one cluster of `shard` reaches: its snapshots `own` (newest first), its stored recovery point if it is
+/// this cluster's, and its sessions' proofs. `None` without a snapshot.
+async fn reach_of(
+    store: &Store,
+    shard: &str,
+    key: Option<&SigningKey>,
+    own: Vec<Manifest>,
+    stored: Option<RecoveryPoint>,
+) -> anyhow::Result<Option<Reach>> {
     let (Some(oldest), Some(newest)) =
         (own.iter().min_by_key(|m| m.started_at), own.iter().map(|m| m.started_at).max())
     else {
-        anyhow::bail!("shard {shard}: no published snapshot of its etcd cluster in the bucket");
+        return Ok(None);
     };
-    let newest = stored.as_ref().map_or(newest, |point| point.time().max(newest));
     let mut spans = sessions(store, &own, key).await?;
+    let proven = spans.iter().map(|(_, to)| *to).max();
+    let newest = match &stored {
+        Some(point) => point.time().max(newest),
+        None => proven.map_or(newest, |p| p.max(newest)),
+    };
     spans.extend(stored.as_ref().map(|point| (point.time(), point.time())));
-    let own = stored.as_ref().map(|point| Own {
-        cluster_id: point.cluster_id.clone(),
-        member_ids: own.iter().map(|m| m.member.id.clone()).collect(),
-    });
-    Ok(Reach { shard: shard.into(), own, oldest: oldest.clone(), newest, stored, spans })
+    let cluster = oldest.cluster_id.clone();
+    let own_cluster =
+        cluster.map(|cluster_id| Own { cluster_id, member_ids: own.iter().map(|m| m.member.id.clone()).collect() });
+    Ok(Some(Reach { shard: shard.into(), own: own_cluster, oldest: oldest.clone(), newest, stored, spans }))
+}
+
+/// The reach a point `t` is planned from: the shard's own cluster when it reaches `t`, else the newest other
+/// cluster that does (an etcd re-created since), else its own (which then says why it cannot).
+fn covering(reaches: Vec<Reach>, t: DateTime<Utc>) -> Reach {
+    let covers = |r: &Reach| r.oldest.started_at <= t && t <= r.newest;
+    let mut reaches = reaches;
+    if covers(&reaches[0]) {
+        return reaches.swap_remove(0);
+    }
+    let other = reaches
+        .iter()
+        .enumerate()
+        .skip(1)
+        .filter(|(_, r)| covers(r))
+        .max_by_key(|(_, r)| r.oldest.started_at)
+        .map(|(i, _)| i);
+    reaches.swap_remove(other.unwrap_or(0))
 }
 
 /// The spans of the writer sessions whose proofs the chains of `manifests` hold (of each one's cluster): from
@@ -200,15 +248,17 @@ pub type Keys<'a> = (Option<&'a [Identity]>, Option<&'a SigningKey>);
 /// any shard cannot reach the point, naming each such shard and what it reaches.
 pub async fn plan(store: &Store, shards: &[String], at: At, keys: Keys<'_>) -> anyhow::Result<Plan> {
     anyhow::ensure!(!shards.is_empty(), "no shard to plan");
-    let mut reaches = Vec::new();
+    let mut all = Vec::new();
     for shard in shards {
-        reaches.push(reach(store, shard, keys.1).await?);
+        all.push(reaches(store, shard, keys.1).await?);
     }
-    let t = match at {
-        At::Time(t) => t,
+    let (t, reaches): (DateTime<Utc>, Vec<Reach>) = match at {
+        At::Time(t) => (t, all.into_iter().map(|r| covering(r, t)).collect()),
         At::LatestConsistent => {
-            let shards: Vec<_> = reaches.iter().map(|r| (r.newest, r.spans.clone())).collect();
-            latest_consistent(&shards).expect("at least one shard")
+            // Each shard's own cluster: the newest point is of the etcds as they run now.
+            let own: Vec<Reach> = all.into_iter().map(|mut r| r.swap_remove(0)).collect();
+            let shards: Vec<_> = own.iter().map(|r| (r.newest, r.spans.clone())).collect();
+            (latest_consistent(&shards).expect("at least one shard"), own)
         }
     };
     let mut planned = Vec::new();

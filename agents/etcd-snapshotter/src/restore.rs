@@ -3,6 +3,8 @@
 //! that it is the manifest's `etcdSha256`), then `etcdutl snapshot status` for the structure and revision,
 //! and for a restore `etcdutl snapshot restore` with `--bump-revision` and `--mark-compacted`.
 
+pub mod live;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -172,6 +174,32 @@ pub fn check_structure(etcdutl: &Path, fetched: &Fetched) -> anyhow::Result<Stat
         fetched.manifest.revision_bounds()
     );
     Ok(status)
+}
+
+/// The key and binaries that restoring a snapshot into a throwaway etcd takes (`drill`, `restore-installation`),
+/// each one given here overriding the configuration's `drills` section.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ToolFlags {
+    /// age identity file for encrypted snapshots (default: the configuration's drills.identityFile).
+    #[arg(long)]
+    pub identity_file: Option<PathBuf>,
+    /// etcdutl binary (default: the configuration's drills.etcdutl).
+    #[arg(long, env = "ETCDUTL")]
+    pub etcdutl: Option<PathBuf>,
+    /// etcd binary for the throwaway member (default: the configuration's drills.etcd).
+    #[arg(long, env = "ETCD")]
+    pub etcd: Option<PathBuf>,
+}
+
+impl ToolFlags {
+    /// The configuration's `drills` with what was given here instead.
+    pub fn over(&self, drills: &crate::config::Drills) -> crate::config::Drills {
+        let mut drills = drills.clone();
+        drills.identity_file = self.identity_file.clone().or(drills.identity_file);
+        drills.etcdutl = self.etcdutl.clone().unwrap_or(drills.etcdutl);
+        drills.etcd = self.etcd.clone().unwrap_or(drills.etcd);
+        drills
+    }
 }
 
 /// The member flags of `etcdutl snapshot restore`.

@@ -242,7 +242,7 @@ async fn plan_at_a_time_between_two_writes_names_the_base_and_deltas_that_restor
     let bed = Bed::with_cluster().await.unwrap();
     let cluster = bed.cluster();
     let ns = cluster.namespace().await.unwrap();
-    let (_etcds, mut clients, config) = two_shards(&bed, |_| {}).await;
+    let (etcds, mut clients, config) = two_shards(&bed, |_| {}).await;
     snapshot_ok(&config);
     let (s3, bucket) = (bed.s3.client(), bed.s3.bucket.clone());
     let agent = agent(cluster, &config, &ns).start().await.unwrap();
@@ -277,8 +277,10 @@ async fn plan_at_a_time_between_two_writes_names_the_base_and_deltas_that_restor
 
     let planned = plan_json(&config, &at);
     assert_eq!(time_of(&planned["at"]), t);
+    let mut snapshots = Vec::new();
     for (i, shard) in SHARDS.iter().enumerate() {
         let snapshot = only_snapshot(&s3, &bucket, shard).await;
+        snapshots.push(snapshot.clone());
         let p = shard_of(&planned, shard);
         assert_eq!(p["snapshot"], snapshot["id"], "{planned}");
         let base = snapshot["revision"].as_u64().unwrap();
@@ -321,4 +323,35 @@ async fn plan_at_a_time_between_two_writes_names_the_base_and_deltas_that_restor
     let ancient = plan(&config, &["--at", "2001-01-01T00:00:00Z"]);
     assert_eq!(ancient.status.code(), Some(1), "{}", text(&ancient));
     assert!(text(&ancient).contains("before its oldest snapshot"), "{}", text(&ancient));
+
+    // alpha's etcd re-created from empty volumes: another cluster where the shard's endpoint points (here a new
+    // etcd the configuration names), snapshotted, its deltas written, its recovery point stored. A point of the
+    // cluster before is still planned from that cluster's snapshot and deltas; latest-consistent is of the
+    // clusters as they run now.
+    let fresh = bed.etcd("alpha-recreated", 1).await.unwrap();
+    let mut fresh_client = fresh.member_client(0).await.unwrap();
+    load(&mut fresh_client, "/registry/fresh", 3, 100).await.unwrap();
+    let mut options = Options::new(&bed, "root", vec![etcds[0].members[0].client_url.clone()]).with_deltas("1s", None);
+    options.shards.push(("alpha", vec![fresh.members[0].client_url.clone()]));
+    let config = write_config(&bed, &options).unwrap();
+    snapshot_ok(&config);
+    let second = common::agent(cluster, &config, &ns).start().await.unwrap();
+    let old_cluster = snapshots[1]["clusterId"].as_str().unwrap().to_string();
+    let renewed = now_ms();
+    testbed::eventually(WAIT, "alpha's stored point of the re-created cluster", || async {
+        stored_point(&s3, &bucket, "alpha").await.filter(|p| p.cluster_id != old_cluster && p.proven_ms > renewed)
+    })
+    .await;
+    point_after(&s3, &bucket, "root", renewed).await;
+    drop(second);
+    let planned = plan_json(&config, &at);
+    for (i, shard) in SHARDS.iter().enumerate() {
+        let p = shard_of(&planned, shard);
+        assert_eq!(p["snapshot"], snapshots[i]["id"], "the point's own cluster: {planned}");
+        assert_eq!(p["revision"], early[i], "{planned}");
+    }
+    let latest = plan_json(&config, "latest-consistent");
+    let alpha = shard_of(&latest, "alpha");
+    assert_ne!(alpha["snapshot"], snapshots[1]["id"], "the re-created cluster's: {latest}");
+    assert!(time_of(&latest["at"]) > t, "{latest}");
 }

@@ -31,6 +31,18 @@ pub fn on_signals() -> std::io::Result<CancellationToken> {
     Ok(token)
 }
 
+/// SIGTERM or SIGINT, whichever comes first: for a one-shot command that stops what it is doing on either (its
+/// future dropped, its clean-up in `Drop`) and says which stopped it.
+pub async fn stop_signal() -> &'static str {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
 /// How long a job may go on after shutdown started, and how long its abort hook may take after that.
 ///
 /// Both together must fit in the pod's `terminationGracePeriodSeconds` (30 s by default) with room for the

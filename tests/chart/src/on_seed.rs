@@ -82,6 +82,9 @@ pub fn values() -> Value {
                         "endpoints": layout::etcd_endpoints(shard, *members),
                         // Every 20 seconds (cron with seconds): a scheduled snapshot soon after the install.
                         "schedule": {"cron": "*/20 * * * * *"},
+                        // Deltas every 5 s: the shards share points in time, which the installation's restore
+                        // goes back to.
+                        "deltas": {"enabled": true, "interval": "5s"},
                     });
                     // A snapshot before every kcp upgrade: each shard's own operator object, by name.
                     let kind = if *shard == layout::ROOT_SHARD { "RootShard" } else { "Shard" };

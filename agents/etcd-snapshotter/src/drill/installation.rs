@@ -34,7 +34,8 @@ pub use crate::config::ROOT_SHARD;
 pub struct Tools<'a> {
     pub etcdutl: &'a Path,
     pub etcd: &'a Path,
-    pub kcp: &'a Path,
+    /// The kcp binary of the drill (a restore of the running installation rebuilds shards without one).
+    pub kcp: Option<&'a Path>,
     pub scratch_root: &'a Path,
     pub identity_file: Option<&'a Path>,
     pub signing: Option<&'a SigningKey>,
@@ -52,11 +53,11 @@ pub struct Installation {
     pub shards: Vec<ShardResult>,
 }
 
-/// One shard restored to the point and served by its throwaway etcd.
-struct Restored {
-    plan: ShardPlan,
+/// One shard restored to the point and served by its throwaway etcd (gone with it).
+pub struct Restored {
+    pub plan: ShardPlan,
     scratch: Scratch,
-    etcd_url: String,
+    pub etcd_url: String,
     restore_seconds: f64,
 }
 
@@ -71,6 +72,7 @@ struct Started {
 /// Drills every configured shard at `at` (see the module). An error names the shard that could not be restored
 /// (or every shard that cannot reach the point); a shard whose kcp fails is a failed [`ShardResult`].
 pub async fn drill(store: &Store, config: &Config, at: At, tools: &Tools<'_>) -> anyhow::Result<Installation> {
+    let binary = tools.kcp.ok_or_else(|| anyhow::anyhow!("the installation drill needs a kcp binary"))?;
     let mut names: Vec<String> = config.shards.iter().map(|s| s.name.clone()).collect();
     anyhow::ensure!(
         names.iter().any(|n| n == ROOT_SHARD),
@@ -90,13 +92,13 @@ pub async fn drill(store: &Store, config: &Config, at: At, tools: &Tools<'_>) ->
             anyhow::anyhow!("shard {shard}: {reason}: {e}")
         })?);
     }
-    let shards = serve(&mut restored, tools.kcp, config).await;
+    let shards = serve(&mut restored, binary, config).await;
     Ok(Installation { at: plan.at, shards })
 }
 
 /// Restores `plan`'s snapshot into a throwaway etcd and replays its deltas up to `at`: the revision reached must
 /// be the one the plan names.
-async fn restore_shard(
+pub async fn restore_shard(
     store: &Store,
     plan: ShardPlan,
     at: DateTime<Utc>,

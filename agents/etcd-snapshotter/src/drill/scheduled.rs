@@ -130,7 +130,7 @@ impl Job {
         let tools = Tools {
             etcdutl: &drills.etcdutl,
             etcd: &drills.etcd,
-            kcp,
+            kcp: Some(kcp),
             scratch_root: &drills.directory,
             identity_file: drills.identity_file.as_deref(),
             signing: self.config.delta_key.as_ref(),

@@ -9,12 +9,13 @@ use chart::on_node::exec_in_agent;
 use testbed::node::{self, Node};
 use testbed::seed::layout;
 
-/// The newest listed snapshot id of `shard` (`etcd-snapshotter list` in the agent's pod).
+/// The newest listed snapshot id of `shard`'s own etcd cluster (`etcd-snapshotter list` in the agent's pod; the
+/// snapshots of a cluster the shard ran before are marked `(other)`).
 pub(crate) fn newest(node: &Node, shard: &str) -> Option<String> {
     let listed = exec_in_agent(node, "etcd-snapshotter", &["/etcd-snapshotter", "list", "--shard", shard]).ok()?;
     listed
         .lines()
-        .find(|l| l.starts_with(&format!("{shard}/")))
+        .find(|l| l.starts_with(&format!("{shard}/")) && !l.contains("(other)"))
         .and_then(|l| l.split_whitespace().next())
         .map(String::from)
 }

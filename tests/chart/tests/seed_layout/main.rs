@@ -25,6 +25,7 @@ mod doctor;
 mod etcd_snapshotter;
 mod everything;
 mod kubeconfig_rotator;
+mod restore_installation;
 mod upgrade;
 
 static LAYOUT: OnceLock<Result<Installed, String>> = OnceLock::new();
