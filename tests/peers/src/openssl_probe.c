@@ -544,6 +544,11 @@ static int request(const struct config *c, SSL_CTX *ctx, const char *user) {
         long verify = SSL_get_verify_result(ssl);
         if (err == SSL_ERROR_SYSCALL && is_timeout()) {
             fail("timeout", "TLS handshake with %s:%s: no answer in %ds", c->host, c->port, TIMEOUT_SECONDS);
+        } else if (err == SSL_ERROR_SYSCALL && ERR_peek_last_error() == 0 && verify == X509_V_OK) {
+            /* The server closed or reset the connection in the handshake (a pod stopping): no TLS alert, nothing
+             * failed verification. Not a TLS failure: the Go probe calls the same "connect". */
+            fail("connect", "TLS handshake with %s:%s: the connection ended: %s", c->host, c->port,
+                 errno ? strerror(errno) : "end of file");
         } else {
             unsigned long e = ERR_peek_last_error();
             fail("tls", "TLS handshake with %s:%s: %s (verify: %s)", c->host, c->port,

@@ -16,7 +16,7 @@ pub const HTTP_PROBE: &str = "v1";
 pub const KUBECONFIG_PROBE: &str = "v4";
 /// Our own one-file C program on OpenSSL (`openssl_probe.c`); bump when it changes. It links the machine's
 /// `libssl.a` and `libcrypto.a` (Debian bookworm's libssl-dev: OpenSSL 3.0), and prints that version at start.
-pub const OPENSSL_PROBE: &str = "v3";
+pub const OPENSSL_PROBE: &str = "v4";
 /// The pod-side `nslookup` of the seed's Verify section: the pod's own resolver configuration, nothing named.
 pub const DNS_LOOKUP: &str = "v1";
 

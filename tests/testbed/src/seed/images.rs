@@ -40,7 +40,7 @@ pub const CERT_MANAGER_REPOSITORY: &str = "quay.io/jetstack/cert-manager-control
 pub const CERT_MANAGER_IMAGE: &str = "quay.io/jetstack/cert-manager-controller:v1.21.1";
 /// kubectl (v1.37.2), http-probe, kubeconfig-probe, openssl-probe, dns-lookup and pause; the tag names the set of
 /// files (the cache is keyed by the reference), so bump it when they change.
-pub const PROBE_IMAGE: &str = "kcp-keeper.local/seed-probe:8";
+pub const PROBE_IMAGE: &str = "kcp-keeper.local/seed-probe:9";
 
 pub static IMAGES: &[Image] = &[
     Image {
