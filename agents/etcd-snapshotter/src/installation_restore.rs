@@ -372,7 +372,9 @@ async fn same_identity_lower_revision(
     let revision = crate::member::revision(live).await?;
     anyhow::ensure!(
         manifest.cluster_id.as_deref() != Some(own.cluster_id.as_str()) || revision as u64 >= plan.revision,
-        "its running etcd is cluster {} at revision {revision}, the snapshot's cluster, but below the point's revision          {}: it was re-created from empty volumes under the same identity. Restore each member with `restore`          (which bumps the revision), or re-create the cluster under another --initial-cluster-token, then run again",
+        "its running etcd is cluster {} at revision {revision}, the snapshot's cluster, but below the point's revision \
+         {}: it was re-created from empty volumes under the same identity. Restore each member with `restore` \
+         (which bumps the revision), or re-create the cluster under another --initial-cluster-token, then run again",
         own.cluster_id,
         plan.revision
     );

@@ -155,7 +155,21 @@ async fn restore_installation_brings_both_shards_back_to_a_point_between_two_cre
     let after = ["restore-after-root", "restore-after-alpha"];
     workspace(node, before[0], layout::ROOT_SHARD).await?;
     workspace(node, before[1], layout::SHARD).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The point comes once each shard's agent has received and proven every write made so far, the workspaces'
+    // too (a restore to a time replays what the agent had received by then).
+    for (shard, members) in layout::ETCD_MEMBERS {
+        let status = crate::etcd_status(node, shard, members)?;
+        let revision = status[0]["Status"]["header"]["revision"].as_u64().context("no revision in etcd's status")?;
+        testbed::eventually(
+            Duration::from_secs(120),
+            &format!("{shard}'s deltas past revision {revision}"),
+            || async {
+                let point = chart::on_seed::object(node, &format!("{shard}/recovery-point.json")).ok()?;
+                (point["revision"].as_u64()? >= revision).then_some(())
+            },
+        )
+        .await;
+    }
     let at = Timestamp::now();
     let at_text = at.to_string();
     // The point is restorable once every shard's deltas reach past it.
