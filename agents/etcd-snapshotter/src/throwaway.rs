@@ -14,6 +14,9 @@ use crate::error::DrillError;
 /// How long a throwaway etcd may take to answer after its start.
 const ETCD_START_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How often a throwaway etcd is started before a port lost to another process fails the drill.
+const START_ATTEMPTS: u32 = 3;
+
 /// Prefix of every drill's temporary directory (so leftovers of a killed agent are recognised).
 pub const SCRATCH_PREFIX: &str = "drill-";
 
@@ -22,14 +25,62 @@ pub(crate) fn setup(what: &str, e: &std::io::Error) -> DrillError {
     DrillError::Setup(format!("{what}: {}", e.kind()))
 }
 
-/// A free port on 127.0.0.1, as an http URL. (Bound and released: a process started right after takes it.)
+/// A free port on 127.0.0.1, as an http URL (see [`free_port`]).
 pub(crate) fn loopback_url() -> Result<String, DrillError> {
     Ok(format!("http://127.0.0.1:{}", free_port()?))
 }
 
+/// The lowest port handed to a throwaway process.
+const LOWEST_PORT: u16 = 10_000;
+
+/// The first port never handed out: Kubernetes' default NodePort range starts here, and kube-proxy may redirect a
+/// connection to such a port on 127.0.0.1 when the agent runs in the host's network.
+const NODE_PORTS: u16 = 30_000;
+
+/// The kernel's ephemeral range, `net.ipv4.ip_local_port_range`.
+const EPHEMERAL_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+
+/// Where the next [`free_port`] starts looking (0: not yet chosen).
+static NEXT_PORT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A port on 127.0.0.1 nothing listens on, for a process started next (a throwaway etcd, kcp), taken from below
+/// the kernel's ephemeral range. A port from inside that range (what binding port 0 gives) can be handed to any
+/// outgoing connection of this pod between the check and the process's own bind, and the process then fails with
+/// "address already in use": seen when a drill ran beside the agent's snapshots. Below the range only explicit
+/// binds compete; it also stops short of the NodePort range. Successive calls in one process walk the range from a random start, so two drills of one agent
+/// never get the same port; a drill of another process (a `drill` run by hand in the agent's pod) starts
+/// elsewhere, and [`restore_and_start`] retries a start that lost the port anyway.
 pub(crate) fn free_port() -> Result<u16, DrillError> {
+    use std::sync::atomic::Ordering;
+    let Some(below) = ephemeral_low().map(|low| low.min(NODE_PORTS)).filter(|low| *low > LOWEST_PORT + 1000) else {
+        return kernel_port();
+    };
+    let span = u32::from(below - LOWEST_PORT);
+    let _ = NEXT_PORT.compare_exchange(0, 1 + rand::random_range(0..span), Ordering::Relaxed, Ordering::Relaxed);
+    for _ in 0..span.min(1000) {
+        let offset = NEXT_PORT.fetch_add(1, Ordering::Relaxed) % span;
+        let port = LOWEST_PORT + offset as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    kernel_port()
+}
+
+/// The low end of the ephemeral range, when the kernel says.
+fn ephemeral_low() -> Option<u16> {
+    std::fs::read_to_string(EPHEMERAL_RANGE).ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// A port the kernel picks (inside the ephemeral range): the fallback when the range leaves no room below it.
+fn kernel_port() -> Result<u16, DrillError> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| setup("finding a free port", &e))?;
     listener.local_addr().map(|a| a.port()).map_err(|e| setup("finding a free port", &e))
+}
+
+/// Whether a process's log says it could not bind its port (another process took it after [`free_port`]).
+fn lost_its_port(log: &str) -> bool {
+    log.contains("address already in use")
 }
 
 pub(crate) fn last_lines(text: &str, n: usize) -> String {
@@ -247,16 +298,29 @@ pub async fn restore_and_start(
     db: &Path,
     quota: u64,
 ) -> Result<(etcd_client::Client, String, usize), DrillError> {
-    let (client_url, peer_url) = (loopback_url()?, loopback_url()?);
     let data_dir = scratch.path().join("member");
-    etcdutl_restore(etcdutl, db, &drill_member(&data_dir, &peer_url)).await.map_err(RestoreFailed::into_drill_error)?;
-    // The download is no longer needed; free its space before etcd grows the restored copy.
-    let _ = std::fs::remove_file(db);
     let log = scratch.path().join("etcd.log");
-    let mut command = throwaway_etcd(etcd, &data_dir, &client_url, &peer_url, quota);
-    command.arg("--max-txn-ops=1000000").arg("--max-request-bytes=268435456");
-    let index = scratch.spawn(&mut command, &log, "etcd")?;
-    let mut client = wait_for_etcd(scratch, index, &client_url, &log).await?;
+    let mut attempts = 0;
+    let (mut client, client_url) = loop {
+        attempts += 1;
+        let (client_url, peer_url) = (loopback_url()?, loopback_url()?);
+        etcdutl_restore(etcdutl, db, &drill_member(&data_dir, &peer_url))
+            .await
+            .map_err(RestoreFailed::into_drill_error)?;
+        let mut command = throwaway_etcd(etcd, &data_dir, &client_url, &peer_url, quota);
+        command.arg("--max-txn-ops=1000000").arg("--max-request-bytes=268435456");
+        let index = scratch.spawn(&mut command, &log, "etcd")?;
+        match wait_for_etcd(scratch, index, &client_url, &log).await {
+            Ok(client) => break (client, client_url),
+            Err(DrillError::EtcdStart(reason)) if lost_its_port(&reason) && attempts < START_ATTEMPTS => {
+                tracing::warn!(attempts, "the throwaway etcd lost its port to another process; starting it on others");
+                std::fs::remove_dir_all(&data_dir).map_err(|e| setup("removing the restored member", &e))?;
+            }
+            Err(error) => return Err(error),
+        }
+    };
+    // The download is no longer needed; free its space before the member grows.
+    let _ = std::fs::remove_file(db);
     let disarmed = crate::member::disarm_nospace(&mut client)
         .await
         .map_err(|e| DrillError::EtcdStart(format!("disarming NOSPACE in the restored member: {e:#}")))?;
@@ -271,5 +335,35 @@ pub fn remove_leftovers(root: &Path) {
             tracing::warn!(path = %entry.path().display(), "removing a drill directory an earlier run left");
             let _ = std::fs::remove_dir_all(entry.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_below_the_ephemeral_range_distinct_and_skip_a_port_something_listens_on() {
+        let low = ephemeral_low().expect("this kernel says its ephemeral range").min(NODE_PORTS);
+        let first = free_port().unwrap();
+        let held = std::net::TcpListener::bind(("127.0.0.1", first + 1)).ok();
+        let second = free_port().unwrap();
+        assert!(first >= LOWEST_PORT && first < low, "{first} is outside {LOWEST_PORT}..{low}");
+        assert!(second >= LOWEST_PORT && second < low, "{second} is outside {LOWEST_PORT}..{low}");
+        assert_ne!(first, second);
+        if held.is_some() {
+            assert_ne!(second, first + 1, "a port something listens on was handed out");
+        }
+        let mut seen = std::collections::BTreeSet::from([first, second]);
+        for _ in 0..200 {
+            assert!(seen.insert(free_port().unwrap()), "a port was handed out twice");
+        }
+    }
+
+    #[test]
+    fn only_a_lost_port_restarts_the_throwaway_etcd() {
+        let lost = r#"{"level":"fatal","msg":"discovery failed","error":"listen tcp 127.0.0.1:45457: bind: address already in use"}"#;
+        assert!(lost_its_port(lost));
+        assert!(!lost_its_port(r#"{"level":"fatal","msg":"failed to open backend","error":"database file corrupted"}"#));
     }
 }
