@@ -364,6 +364,8 @@ mod tests {
     fn only_a_lost_port_restarts_the_throwaway_etcd() {
         let lost = r#"{"level":"fatal","msg":"discovery failed","error":"listen tcp 127.0.0.1:45457: bind: address already in use"}"#;
         assert!(lost_its_port(lost));
-        assert!(!lost_its_port(r#"{"level":"fatal","msg":"failed to open backend","error":"database file corrupted"}"#));
+        assert!(!lost_its_port(
+            r#"{"level":"fatal","msg":"failed to open backend","error":"database file corrupted"}"#
+        ));
     }
 }
