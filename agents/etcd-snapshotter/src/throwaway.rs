@@ -30,8 +30,8 @@ pub(crate) fn loopback_url() -> Result<String, DrillError> {
     Ok(format!("http://127.0.0.1:{}", free_port()?))
 }
 
-/// The lowest port handed to a throwaway process.
-const LOWEST_PORT: u16 = 10_000;
+/// The lowest port handed to a throwaway process (the test bed's own processes take theirs below it).
+const LOWEST_PORT: u16 = 20_000;
 
 /// The first port never handed out: Kubernetes' default NodePort range starts here, and kube-proxy may redirect a
 /// connection to such a port on 127.0.0.1 when the agent runs in the host's network.

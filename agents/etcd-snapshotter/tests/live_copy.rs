@@ -1,7 +1,9 @@
 //! Replacing a live etcd cluster's keyspace with a source etcd's through the etcd API, against real etcds: the
 //! live cluster ends up holding exactly the source's keys, values and lease TTLs, its revision only goes
 //! forward, the replaced history is compacted away, and a replacement that did not finish is named and finished
-//! by the next one.
+//! by the next one. And the check `restore-installation` makes before it changes anything: a running cluster
+//! re-created from an empty volume under the snapshot's own identity is refused (with a real kube-apiserver
+//! serving the kcp-operator's RootShard).
 
 mod common;
 
@@ -145,4 +147,146 @@ async fn an_interrupted_replacement_is_named_and_finished_by_the_next() {
     assert_eq!(copied.interrupted, Some(killed));
     let mut other = live_etcd.member_client(1).await.unwrap();
     assert_holds_exactly_the_source(&mut source, &mut other, before, &copied).await;
+}
+
+/// A one-member etcd whose members, peer URL and `--initial-cluster-token` are fixed: started again on an emptied
+/// volume with the same token it is the same cluster id again, as a StatefulSet re-created with its volumes lost is.
+struct FixedEtcd {
+    binary: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    client_url: String,
+    peer_url: String,
+    process: Option<testbed::process::Process>,
+}
+
+impl FixedEtcd {
+    fn new(bed: &Bed) -> Self {
+        let port = || testbed::process::free_port().unwrap();
+        Self {
+            binary: bed.peers.path("etcd").to_path_buf(),
+            dir: bed.path("fixed-etcd"),
+            client_url: format!("http://127.0.0.1:{}", port()),
+            peer_url: format!("http://127.0.0.1:{}", port()),
+            process: None,
+        }
+    }
+
+    /// Stops the member (if running), empties its volume and starts it as a new cluster under `token`: a client
+    /// once it answers.
+    async fn start_empty(&mut self, token: &str) -> Client {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
+        let data = self.dir.join("member");
+        let _ = std::fs::remove_dir_all(&data);
+        std::fs::create_dir_all(&self.dir).unwrap();
+        let args = vec![
+            "--name=member-0".to_string(),
+            format!("--data-dir={}", data.display()),
+            format!("--listen-client-urls={}", self.client_url),
+            format!("--advertise-client-urls={}", self.client_url),
+            format!("--listen-peer-urls={}", self.peer_url),
+            format!("--initial-advertise-peer-urls={}", self.peer_url),
+            format!("--initial-cluster=member-0={}", self.peer_url),
+            "--initial-cluster-state=new".into(),
+            format!("--initial-cluster-token={token}"),
+            "--unsafe-no-fsync".into(),
+            "--log-level=warn".into(),
+        ];
+        let log = self.dir.join(format!("member-{token}.log"));
+        self.process = Some(testbed::process::Process::start("fixed-etcd", &self.binary, args, log).unwrap());
+        let url = self.client_url.clone();
+        testbed::eventually(WAIT, "the fixed etcd to answer", || {
+            let url = url.clone();
+            async move {
+                let mut client = Client::connect([url], None).await.ok()?;
+                client.status().await.ok()?;
+                Some(client)
+            }
+        })
+        .await
+    }
+}
+
+async fn cluster_id(client: &mut Client) -> u64 {
+    client.status().await.unwrap().header().unwrap().cluster_id()
+}
+
+/// `restore-installation --yes` of the RootShard `namespace/root` to the newest consistent point, as an admin of
+/// the cluster, with a kcp kubeconfig that does not exist (the command must stop before it reads it).
+fn restore_installation(bed: &Bed, config: &std::path::Path, namespace: &str) -> std::process::Output {
+    let kubeconfig = bed.cluster().apiserver.user_kubeconfig("restorer", &["system:masters"], WAIT * 10).unwrap();
+    let root_shard = format!("{namespace}/root");
+    let missing = bed.path("no-such-kcp.kubeconfig");
+    let args = ["restore-installation", "--config", config.to_str().unwrap(), "--root-shard", &root_shard];
+    std::process::Command::new(BINARY)
+        .args(args)
+        .args(["--at", "latest-consistent", "--yes", "--kcp-kubeconfig", missing.to_str().unwrap()])
+        .env(NO_METADATA.0, NO_METADATA.1)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("the binary runs")
+}
+
+/// What a refused restore must leave as it was: no record in the bucket, the RootShard's replicas, and every key
+/// and the revision of the running etcd.
+async fn nothing_changed(
+    bed: &Bed,
+    roots: &kube::Api<kube::api::DynamicObject>,
+    etcd: &mut Client,
+    before: (i64, usize),
+) {
+    let record = format!("{PREFIX}/installation-restore.json");
+    assert!(!keys(&bed.s3.client(), &bed.s3.bucket).await.contains(&record), "a record was written");
+    let root = roots.get("root").await.unwrap();
+    assert_eq!(root.data["spec"]["replicas"], 1, "the RootShard was scaled");
+    assert_eq!(root.data["spec"]["proxy"]["replicas"], 1, "the RootShard's proxy was scaled");
+    assert_eq!((revision(etcd).await, everything(etcd).await.len()), before, "the running etcd was written to");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_installation_refuses_an_etcd_recreated_empty_under_the_snapshots_identity_but_not_under_another_token()
+{
+    let bed = Bed::with_cluster().await.unwrap();
+    let namespace = bed.cluster().namespace().await.unwrap();
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("operator.kcp.io", "v1alpha1", "RootShard"),
+        "rootshards",
+    );
+    let roots = kube::Api::<kube::api::DynamicObject>::namespaced_with(bed.cluster().client(), &namespace, &resource);
+    let mut root = testbed::seed::layout::root_shard();
+    root["metadata"]["namespace"] = serde_json::json!(namespace);
+    let root: kube::api::DynamicObject = serde_json::from_value(root).unwrap();
+    roots.create(&Default::default(), &root).await.unwrap();
+
+    let mut etcd = FixedEtcd::new(&bed);
+    let mut client = etcd.start_empty("kcp-root").await;
+    load(&mut client, "/registry/base", 20, 100).await.unwrap();
+    let snapshotted = cluster_id(&mut client).await;
+    let config =
+        write_config(&bed, &Options::new(&bed, "root", vec![etcd.client_url.clone()]).with_drills(&bed)).unwrap();
+    snapshot_ok(&config);
+
+    // The volume lost, the cluster re-created with the same member and token: the snapshot's cluster id, revision 1.
+    let mut client = etcd.start_empty("kcp-root").await;
+    assert_eq!(cluster_id(&mut client).await, snapshotted, "the same identity gives the same cluster id");
+    let before = (revision(&mut client).await, everything(&mut client).await.len());
+    let out = restore_installation(&bed, &config, &namespace);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("re-created from empty volumes under the same identity"), "{said}");
+    assert!(said.contains("shard root: nothing was changed"), "{said}");
+    nothing_changed(&bed, &roots, &mut client, before).await;
+
+    // Re-created under another token (another cluster id): that check passes, and the command stops at the next,
+    // the kcp kubeconfig, still before anything changed.
+    let mut client = etcd.start_empty("kcp-root-2").await;
+    assert_ne!(cluster_id(&mut client).await, snapshotted);
+    let before = (revision(&mut client).await, everything(&mut client).await.len());
+    let out = restore_installation(&bed, &config, &namespace);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(!said.contains("same identity"), "{said}");
+    assert!(said.contains("reading --kcp-kubeconfig"), "{said}");
+    nothing_changed(&bed, &roots, &mut client, before).await;
 }

@@ -182,12 +182,6 @@ fn tail(path: &Path, bytes: u64) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
-/// A free TCP port on 127.0.0.1 (the kernel picks it; a race with other processes is possible but rare,
-/// and the peer then fails to start with a clear error).
-/// A loopback port nothing listens on now, for a peer to listen on. Chosen at random below the kernel's
-/// ephemeral range rather than by binding port 0: the kernel hands ports of that range to outgoing connections
-/// too, so a port from it can be taken by the time the peer binds it ("address already in use"). Never the same
-/// port twice in one process (a peer told two ports binds them only later).
 /// Every process on the host and its command line, its arguments joined by spaces (processes that end while
 /// `/proc` is read are left out).
 pub fn command_lines() -> Vec<(u32, String)> {
@@ -202,6 +196,10 @@ pub fn command_lines() -> Vec<(u32, String)> {
         .collect()
 }
 
+/// A loopback port nothing listens on now, for a peer to listen on. Chosen at random below the kernel's
+/// ephemeral range (and below 20000) rather than by binding port 0: the kernel hands ports of that range to
+/// outgoing connections too, so a port from it can be taken by the time the peer binds it ("address already in
+/// use"). Never the same port twice in one process (a peer told two ports binds them only later).
 pub fn free_port() -> Result<u16> {
     static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
@@ -210,9 +208,12 @@ pub fn free_port() -> Result<u16> {
         .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32768);
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    if ephemeral_start > 12_000 {
+    // Below 20000: the agents' own throwaway processes (a drill's etcd and kcp) take theirs from 20000 up, so a
+    // test's peer and a drill running beside it never pick the same port.
+    let below = ephemeral_start.min(20_000);
+    if below > 12_000 {
         for _ in 0..1000 {
-            let port = rand::random_range(10_000..ephemeral_start);
+            let port = rand::random_range(10_000..below);
             if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
                 handed_out.insert(port);
                 return Ok(port);

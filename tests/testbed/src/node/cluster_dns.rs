@@ -195,8 +195,13 @@ fn deployment() -> Value {
                             {"name": "dns", "containerPort": 53, "protocol": "UDP"},
                             {"name": "dns-tcp", "containerPort": 53, "protocol": "TCP"},
                         ],
-                        "livenessProbe": {"httpGet": {"path": "/health", "port": 8080}, "periodSeconds": 10},
-                        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181}, "periodSeconds": 2},
+                        // CoreDNS's own manifest's probes (a 5 s timeout): with the 1 s default, a node starved for
+                        // seconds restarted the cluster DNS under the tests.
+                        "livenessProbe": {
+                            "httpGet": {"path": "/health", "port": 8080},
+                            "initialDelaySeconds": 60, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 5,
+                        },
+                        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181}, "periodSeconds": 2, "timeoutSeconds": 5},
                         "securityContext": {
                             "allowPrivilegeEscalation": false,
                             "readOnlyRootFilesystem": true,
