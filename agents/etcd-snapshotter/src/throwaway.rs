@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
@@ -40,23 +41,21 @@ const NODE_PORTS: u16 = 30_000;
 /// The kernel's ephemeral range, `net.ipv4.ip_local_port_range`.
 const EPHEMERAL_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
 
-/// Where the next [`free_port`] starts looking (0: not yet chosen).
-static NEXT_PORT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// Where the next [`free_port`] looks, modulo the range: a random start per process.
+static NEXT_PORT: std::sync::LazyLock<AtomicU32> = std::sync::LazyLock::new(|| AtomicU32::new(rand::random()));
 
 /// A port on 127.0.0.1 nothing listens on, for a process started next (a throwaway etcd, kcp), taken from below
-/// the kernel's ephemeral range. A port from inside that range (what binding port 0 gives) can be handed to any
-/// outgoing connection of this pod between the check and the process's own bind, and the process then fails with
-/// "address already in use": seen when a drill ran beside the agent's snapshots. Below the range only explicit
-/// binds compete; it also stops short of the NodePort range. Successive calls in one process walk the range from a random start, so two drills of one agent
-/// never get the same port; a drill of another process (a `drill` run by hand in the agent's pod) starts
-/// elsewhere, and [`restore_and_start`] retries a start that lost the port anyway.
+/// the kernel's ephemeral range and the NodePort range. A port from inside the ephemeral range (what binding port 0
+/// gives) can be handed to any outgoing connection of this pod between the check and the process's own bind, and
+/// the process then fails with "address already in use": seen when a drill ran beside the agent's snapshots. Below
+/// it only explicit binds compete. Successive calls in one process walk the range from a random start, so two
+/// drills of one agent never get the same port; a drill of another process (a `drill` run by hand in the agent's
+/// pod) starts elsewhere, and [`restore_and_start`] retries a start that lost the port anyway.
 pub(crate) fn free_port() -> Result<u16, DrillError> {
-    use std::sync::atomic::Ordering;
     let Some(below) = ephemeral_low().map(|low| low.min(NODE_PORTS)).filter(|low| *low > LOWEST_PORT + 1000) else {
         return kernel_port();
     };
     let span = u32::from(below - LOWEST_PORT);
-    let _ = NEXT_PORT.compare_exchange(0, 1 + rand::random_range(0..span), Ordering::Relaxed, Ordering::Relaxed);
     for _ in 0..span.min(1000) {
         let offset = NEXT_PORT.fetch_add(1, Ordering::Relaxed) % span;
         let port = LOWEST_PORT + offset as u16;

@@ -58,6 +58,27 @@ test compares the live Deployments with the runtime's own numbers. */}}
 {{- if eq .key "etcdSnapshotter" }}45{{ else }}30{{ end -}}
 {{- end }}
 
+{{/* Every agent's and the doctor's probes, on the admin port. A restart stops the snapshot, drill or rotation in
+flight, so only a process that does not answer for a minute is restarted: /livez answers at once from any live
+process, but on a starved node (a drill's kcp starting beside other work) an answer can take seconds, and a 1 s
+timeout restarted every agent at once. Readiness waits as long: a slow answer is not an unready agent (the doctor is
+ready after its first run). */}}
+{{- define "kcp-keeper.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /livez
+    port: admin
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 6
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: admin
+  periodSeconds: 5
+  timeoutSeconds: 5
+{{- end }}
+
 {{/* Whether monitoring.coreos.com/v1 resources render: the API exists, or `force`. */}}
 {{- define "kcp-keeper.monitoringAPI" -}}
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end -}}
