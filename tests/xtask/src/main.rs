@@ -389,10 +389,16 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
 }
 
-/// A cargo command, without the variables `cargo run` set for the xtask itself (see [`set_by_cargo_run`]).
+/// A cargo command, without the variables `cargo run` set for the xtask itself (see [`set_by_cargo_run`]), and
+/// without incremental compilation unless the caller's environment sets `CARGO_INCREMENTAL`: the xtask builds each
+/// workspace crate once per run, and the incremental caches it would keep (7.8 GiB in a long-lived target
+/// directory here) buy nothing then but fill the disk a full run already nearly fills.
 pub(crate) fn cargo(args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.args(args);
+    if std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        cmd.env("CARGO_INCREMENTAL", "0");
+    }
     for (name, _) in std::env::vars_os() {
         if name.to_str().is_some_and(set_by_cargo_run) {
             cmd.env_remove(name);

@@ -122,7 +122,7 @@ impl Node {
             std::fs::write(scripts.join(name), text)?;
         }
         // The reaper first: from here on, whatever happens to this process, the node is torn down.
-        let reaper = spawn_reaper(&scripts.join("reaper.sh"), &cgroup_root, &created_list, &dir.join("reaper.log"))?;
+        let reaper = spawn_reaper(&scripts.join("reaper.sh"), &cgroup_root, &created_list, &dir)?;
         let mut node = Self {
             peers: peers.clone(),
             kubeconfig: dir.join("admin.kubeconfig"),
@@ -641,7 +641,7 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("testbed: node: files and logs kept in {}", self.dir.display());
+            eprintln!("testbed: node: logs kept in {}", self.dir.display());
         }
         if let Err(e) = self.stop() {
             eprintln!("testbed: node: stopping: {e:#}");
@@ -717,13 +717,14 @@ fn create_cgroups(root: &str) -> Result<Vec<PathBuf>> {
     Ok(created)
 }
 
-fn spawn_reaper(script: &Path, root: &str, created: &Path, log: &Path) -> Result<(Child, ChildStdin)> {
-    let out = std::fs::File::create(log)?;
+fn spawn_reaper(script: &Path, root: &str, created: &Path, dir: &Path) -> Result<(Child, ChildStdin)> {
+    let out = std::fs::File::create(dir.join("reaper.log"))?;
     let mut child = Command::new("setsid")
         .arg("/bin/sh")
         .arg(script)
         .arg(root)
         .arg(created)
+        .arg(dir)
         .stdin(Stdio::piped())
         .stdout(out.try_clone()?)
         .stderr(out)

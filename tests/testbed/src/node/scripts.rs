@@ -52,14 +52,18 @@ kernel/keys/root_maxbytes 25000000
 EOF
 "#;
 
-/// `reaper.sh <cgroup-root> <created-list>`: waits until its stdin closes (the bed dropped the node, or the
-/// test binary died, even by SIGKILL), then kills every process in the node's cgroups (daemons, shims,
+/// `reaper.sh <cgroup-root> <created-list> <node-dir>`: waits until its stdin closes (the bed dropped the node, or
+/// the test binary died, even by SIGKILL), then kills every process in the node's cgroups (daemons, shims,
 /// containers) until none is left, removes those cgroups depth-first and the parent cgroups the bed created
 /// (listed in `<created-list>`, removed newest first, only if empty), and any empty parent left by an overlapping
-/// node, outside the memory hierarchy. The namespaces and their mounts, iptables
-/// rules and interfaces go with the last process in them.
+/// node, outside the memory hierarchy. The namespaces and their mounts, iptables rules and interfaces go with the
+/// last process in them. Once no process is left, it removes the node's state from `<node-dir>` (containerd's
+/// images and snapshots, the kubelet's pods, etcd, the peers' data, the image archives: 0.5 to 3 GiB a node), so a
+/// full run's disk holds one live node per lane, not every node it started; the logs, the pod logs and the small
+/// files (kubeconfigs, pki, scripts, the seed's manifests) stay for reading after a failure. `--one-file-system`
+/// never follows a mount that outlived its namespace.
 pub const REAPER: &str = r#"#!/bin/sh
-root="$1"; created="$2"
+root="$1"; created="$2"; dir="$3"
 cat > /dev/null
 echo "reaper: tearing down $root"
 procs() {
@@ -100,7 +104,13 @@ for h in /sys/fs/cgroup/*; do
   d="$h$prefix"
   while [ "$d" != "$h" ] && [ -d "$d" ]; do rmdir "$d" 2>/dev/null || break; d="${d%/*}"; done
 done
-if [ $left -eq 0 ]; then echo "reaper: done"; else echo "reaper: cgroups left under $root"; exit 1; fi
+if [ $left -ne 0 ]; then echo "reaper: cgroups left under $root"; exit 1; fi
+if [ -n "$dir" ] && [ -d "$dir" ]; then
+  for d in containerd kubelet etcd peers var-lib run; do rm -rf --one-file-system "$dir/$d" 2>/dev/null; done
+  rm -f "$dir"/*.tar
+  for d in containerd kubelet etcd peers; do [ -e "$dir/$d" ] && echo "reaper: could not remove $dir/$d"; done
+fi
+echo "reaper: done"
 "#;
 
 /// `netpol-cleanup.sh`, run inside the node once kube-router is stopped: removes its firewall (the jumps from the
