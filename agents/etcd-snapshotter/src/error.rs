@@ -41,6 +41,9 @@ pub enum SnapshotError {
     /// The database needs more parts than S3 takes (10,000) and the memory budget cannot hold larger ones.
     #[error("{0}")]
     PartLimit(String),
+    /// `restore-installation` is replacing the shard's keyspace (its marker key is there): nothing was taken.
+    #[error("{0}")]
+    Restoring(String),
 }
 
 impl From<crate::shard_lock::LockError> for SnapshotError {
@@ -90,6 +93,9 @@ pub enum DrillError {
     HashKvMismatch(String),
     #[error("reading keys: {0}")]
     KeyRead(String),
+    /// The snapshot was taken while `restore-installation` replaced the shard's keyspace: it holds part of it.
+    #[error("partial keyspace: {0}")]
+    PartialKeyspace(String),
     #[error("kcp level: {0}")]
     Kcp(String),
     /// A delta of the drilled snapshot's chain is missing, altered or not linked to the one before.

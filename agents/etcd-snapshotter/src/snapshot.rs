@@ -200,6 +200,7 @@ async fn locked(
     // run after it: a snapshot before an upgrade races the operator's roll, and every store request before the
     // stream opened is time the roll has.
     let (stream, first, Bracket { revision, upper }) = bracket(&mut chosen.client).await?;
+    not_being_replaced(&mut chosen.client, &shard.name, [revision, upper]).await?;
     clean_interrupted(store, &shard.name, lock.acquired).await?;
     let spill_root = config.spill.directory.join(&shard.name);
     clean_spill(&spill_root);
@@ -283,6 +284,29 @@ async fn locked(
     store.put_backup(&location.manifest_key(), manifest.to_json()).await?;
     let retention = retention(config, store, metrics, &shard.name, &manifest, &own).await;
     Ok((manifest, retention))
+}
+
+/// Refuses a snapshot of a keyspace that `restore-installation` is replacing: its marker at either bound of the
+/// stream's revision means the snapshot holds some of the restored keys and none of the rest (a replacement that
+/// did not finish leaves it until the restore is run again).
+async fn not_being_replaced(
+    client: &mut etcd_client::Client,
+    shard: &str,
+    bounds: [i64; 2],
+) -> Result<(), SnapshotError> {
+    for revision in bounds {
+        let marker = crate::restore::live::marker_at(client, Some(revision))
+            .await
+            .map_err(|e| SnapshotError::Etcd(format!("{e:#}")))?;
+        if let Some(marker) = marker {
+            return Err(SnapshotError::Restoring(format!(
+                "shard {shard}'s keyspace is being replaced by {} (revision {revision} holds its marker): no snapshot \
+                 of a partial keyspace is taken until the restore finishes",
+                marker.describe()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The run's kcp version, marked `afterRollMayHaveBegun` when its roll check finds the roll may have begun by

@@ -89,8 +89,23 @@ async fn restore_shard(
     at: &str,
 ) -> (std::process::Output, testbed::process::Process, etcd_client::Client) {
     let name = format!("restored-{shard}");
-    let data_dir = bed.path(&name);
-    let (client_port, peer_port) = (testbed::process::free_port().unwrap(), testbed::process::free_port().unwrap());
+    let client_port = testbed::process::free_port().unwrap();
+    let (out, data_dir, peer_url) = restore_command(bed, config, (shard, at), &name).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let (process, client) = serve_restored(bed, &name, &data_dir, client_port, &peer_url).await;
+    (out, process, client)
+}
+
+/// `restore --shard <shard> --at <at>` into the bed's fresh directory `name`: its output, the directory and the
+/// member's peer URL.
+async fn restore_command(
+    bed: &Bed,
+    config: &Path,
+    (shard, at): (&str, &str),
+    name: &str,
+) -> (std::process::Output, PathBuf, String) {
+    let data_dir = bed.path(name);
+    let peer_port = testbed::process::free_port().unwrap();
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let (etcdutl, etcd) = (bed.etcdutl().display().to_string(), bed.peers.path("etcd").display().to_string());
     let owned: Vec<String> = [
@@ -121,9 +136,7 @@ async fn restore_shard(
     .collect();
     let out =
         tokio::task::spawn_blocking(move || cli(&owned.iter().map(String::as_str).collect::<Vec<_>>())).await.unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let (process, client) = serve_restored(bed, &name, &data_dir, client_port, &peer_url).await;
-    (out, process, client)
+    (out, data_dir, peer_url)
 }
 
 /// The keys under `/registry/` the member serves.
@@ -354,4 +367,108 @@ async fn plan_at_a_time_between_two_writes_names_the_base_and_deltas_that_restor
     let alpha = shard_of(&latest, "alpha");
     assert_ne!(alpha["snapshot"], snapshots[1]["id"], "the re-created cluster's: {latest}");
     assert!(time_of(&latest["at"]) > t, "{latest}");
+}
+
+/// `restore-installation` replaces a live shard's keyspace through the etcd API ([`live::replace_keyspace`]: every
+/// key deleted and its marker put in one transaction, the point's keys copied in many, the marker deleted), while
+/// the agent records that shard's deltas. A point inside that window held part of the restored keys: `plan` and
+/// `restore --at` refuse it, naming the restore, and write nothing; a point after it restores exactly the new
+/// keyspace. A marker left there (a replacement that did not finish) stops snapshots, and the stored recovery
+/// point does not advance into it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_point_inside_a_keyspace_replacement_is_refused_naming_the_restore_one_after_it_restores_the_new_keyspace_and_a_left_marker_stops_snapshots_and_the_recovery_point()
+ {
+    use etcd_snapshotter::restore::live::{self, MARKER_KEY, Marker};
+    const COPIED: usize = 10_000;
+
+    let bed = Bed::with_cluster().await.unwrap();
+    let cluster = bed.cluster();
+    let ns = cluster.namespace().await.unwrap();
+    let (_etcds, mut clients, config) = two_shards(&bed, |_| {}).await;
+    snapshot_ok(&config);
+    let (s3, bucket) = (bed.s3.client(), bed.s3.bucket.clone());
+    let agent = agent(cluster, &config, &ns).start().await.unwrap();
+    let before = now_ms();
+    point_after(&s3, &bucket, "root", before).await;
+
+    // The point's keyspace, in another etcd: enough keys that the copy takes many transactions.
+    let source_etcd = bed.etcd("source", 1).await.unwrap();
+    let mut source = source_etcd.member_client(0).await.unwrap();
+    load(&mut source, "/registry/restored", COPIED, 800).await.unwrap();
+    let marker = Marker { restore: "r-inside".into(), shard: "root".into(), at: "2026-12-01T00:00:00Z".into() };
+    let mut live_client = clients[0].clone();
+    let replacing = {
+        let marker = marker.clone();
+        tokio::spawn(async move { live::replace_keyspace(&mut source, &mut live_client, &marker).await })
+    };
+    // The point: once the marker and some copied keys are there, and while the marker still is.
+    let live = &mut clients[0];
+    testbed::eventually(WAIT, "the replacement under way", || {
+        let mut live = live.clone();
+        async move {
+            let marked = live::marker(&mut live).await.ok()??;
+            let copied =
+                live.get("/registry/restored/", Some(etcd_client::GetOptions::new().with_prefix().with_count_only()));
+            (copied.await.ok()?.count() > 0).then_some(marked)
+        }
+    })
+    .await;
+    let at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let t = DateTime::parse_from_rfc3339(&at).unwrap().with_timezone(&Utc);
+    testbed::eventually(WAIT, "the clock past the point", || async { (now_ms() > t.timestamp_millis()).then_some(()) })
+        .await;
+    assert!(
+        live::marker(live).await.unwrap().is_some(),
+        "the replacement finished before the point could be placed inside it: give it more keys"
+    );
+    let copied = replacing.await.unwrap().unwrap();
+    assert_eq!(copied.keys as usize, COPIED);
+    // A point is placed by when the agent received each change: the marker's delete is stored, then the point.
+    testbed::eventually(WAIT, "root's stored point past the replacement", || async {
+        stored_point(&s3, &bucket, "root").await.filter(|p| p.revision >= copied.live_revision as u64)
+    })
+    .await;
+    let after_replacement = now_ms();
+    testbed::eventually(WAIT, "the clock past the point", || async { (now_ms() > after_replacement).then_some(()) })
+        .await;
+
+    // Inside: refused by plan and by restore --at, naming the restore; no data directory written.
+    let refused = plan(&config, &["--at", &at, "--shard", "root"]);
+    let said = text(&refused);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(said.contains("was being replaced by restore r-inside") && said.contains("shard root"), "{said}");
+    let (out, data_dir, _) = restore_command(&bed, &config, ("root", &at), "restored-inside").await;
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("was being replaced by restore r-inside"), "{said}");
+    assert!(!data_dir.exists(), "a refused restore wrote {}", data_dir.display());
+
+    // After: exactly the replacement's keys, and no marker.
+    let after = DateTime::from_timestamp_millis(after_replacement).unwrap().to_rfc3339();
+    plan_json(&config, &after);
+    let (_out, _process, mut restored) = restore_shard(&bed, &config, "root", &after).await;
+    let served = registry_keys(&mut restored).await;
+    assert_eq!(served.len(), COPIED, "only the replacement's keys: {:?}", &served[..served.len().min(5)]);
+    assert!(served.iter().all(|k| k.starts_with("/registry/restored/")));
+    assert_eq!(live::marker(&mut restored).await.unwrap(), None);
+
+    // A marker left by a replacement that did not finish: no snapshot, and the stored point stays before it.
+    let left = Marker { restore: "r-left".into(), ..marker };
+    let put = live.put(MARKER_KEY, serde_json::to_vec(&left).unwrap(), None).await.unwrap();
+    let marked_at = put.header().unwrap().revision() as u64;
+    load(live, "/registry/after-marker", 5, 100).await.unwrap();
+    let out = cli(&["snapshot", "--config", config.to_str().unwrap(), "--shard", "root"]);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("being replaced by restore r-left") && said.contains("no snapshot"), "{said}");
+    let root_snapshots = manifests(&s3, &bucket).await.into_iter().filter(|m| m["shard"] == "root").count();
+    assert_eq!(root_snapshots, 1, "the refused run published nothing");
+    // Deltas every second: five intervals with the marker there.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let point = stored_point(&s3, &bucket, "root").await.unwrap();
+    assert!(point.revision < marked_at, "the stored point {point:?} is past the marker put at {marked_at}");
+    live.delete(MARKER_KEY, None).await.unwrap();
+    let cleared = now_ms();
+    point_after(&s3, &bucket, "root", cleared).await;
+    drop(agent);
 }

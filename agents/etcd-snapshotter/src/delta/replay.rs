@@ -33,6 +33,7 @@ use crate::clock::{stamp, stamp_ms};
 use crate::encode::{self, Identity};
 use crate::generation::{self, Own};
 use crate::manifest::{Location, Manifest};
+use crate::restore::live;
 use crate::restore::{self, CheckedFile, MemberFlags};
 use crate::storage::Store;
 use crate::throwaway::{self, Scratch};
@@ -276,13 +277,49 @@ pub async fn restore_at(
 /// with `outcome.broken` set. `outcome` starts at the snapshot's exact revision (`revision`), no delta
 /// replayed. Without a client (`plan`), the same walk, every delta read and proven, nothing applied: the
 /// outcome is what a restore to `point` would replay.
+///
+/// Fails when the walk ends inside a replacement of the keyspace by `restore-installation` (its marker key put
+/// and not yet deleted, in the snapshot or by a delta): the shard then held part of the restored keys and none of
+/// the rest, a state no restore may bring back. Without a client the snapshot's own keys are not read, so a
+/// marker it holds is seen only by a restore or a drill.
 pub(crate) async fn replay(
+    store: &Store,
+    manifest: &Manifest,
+    point: Point,
+    keys: (Option<&[Identity]>, Option<&SigningKey>),
+    mut client: Option<&mut etcd_client::Client>,
+    outcome: &mut Outcome,
+) -> anyhow::Result<()> {
+    let mut replacing = None;
+    if let Some(client) = client.as_deref_mut() {
+        let marker = live::marker(client).await.context("reading the restored snapshot's restore marker")?;
+        replacing = marker.map(|m| (m, outcome.revision));
+    }
+    walk(store, manifest, point, keys, client, outcome, &mut replacing).await?;
+    if let Some((marker, since)) = replacing {
+        let broken = outcome.broken.as_deref().map(|b| format!("; and {b}")).unwrap_or_default();
+        anyhow::bail!(
+            "shard {}: at revision {} (the point {point:?}) its keyspace was being replaced by {}, which put its \
+             marker by revision {since} and had not finished: the shard held part of the restored keys. Restore to \
+             a point before revision {since} or after the replacement finished{broken}",
+            manifest.shard,
+            outcome.revision,
+            marker.describe()
+        );
+    }
+    Ok(())
+}
+
+/// [`replay`]'s walk; `replacing` follows the restore marker through the replayed events: the marker and the
+/// revision that put it, while it is there.
+async fn walk(
     store: &Store,
     manifest: &Manifest,
     point: Point,
     (identities, signing): (Option<&[Identity]>, Option<&SigningKey>),
     mut client: Option<&mut etcd_client::Client>,
     outcome: &mut Outcome,
+    replacing: &mut Option<(live::Marker, u64)>,
 ) -> anyhow::Result<()> {
     let location = Location::from_id(&store.prefix, &manifest.id).context("the manifest's id is not valid")?;
     let cluster = generation::cluster_of(manifest).to_string();
@@ -357,6 +394,12 @@ pub(crate) async fn replay(
             }
             if let Some(client) = client.as_deref_mut() {
                 apply(client, revision, group, &mut leases).await?;
+            }
+            for e in group.iter().filter(|e| e.key == live::MARKER_KEY.as_bytes()) {
+                *replacing = match e.kind {
+                    Kind::Put => Some((live::Marker::from_value(&e.value), revision)),
+                    Kind::Delete => None,
+                };
             }
             outcome.revision = revision;
             outcome.received_at = DateTime::from_timestamp_millis(group[0].received_ms);

@@ -175,6 +175,10 @@ impl Writer {
         // Taken once the watch is open: every event it delivers was committed before this or is received after.
         let watching_since_ms = crate::clock::now().timestamp_millis();
         tracing::info!(shard = self.shard.name, snapshot = chain.snapshot.id, from = chain.next, "watching for deltas");
+        // A replacement under way when the session starts: its marker at the revision the watch follows.
+        let before = (chain.next as i64 - 1).max(1);
+        let marked = crate::restore::live::marker_at(&mut client.clone(), Some(before)).await.ok().flatten();
+        let replacements = Replacements(marked.map(|_| (before as u64, None)).into_iter().collect());
 
         let session = Session {
             store,
@@ -191,6 +195,7 @@ impl Writer {
             recorder: Recorder::default(),
             recorded: None,
             watching_since_ms,
+            replacements,
         };
         Ok(Ok((session, watch)))
     }
@@ -360,6 +365,31 @@ struct Session {
     recorded: Option<(f64, Instant)>,
     /// When the watch opened (Unix ms), carried by every delta of the session.
     watching_since_ms: i64,
+    /// Where `restore-installation` replaced the keyspace, as this session saw its marker.
+    replacements: Replacements,
+}
+
+/// The revisions where `restore-installation` replaced the keyspace: each the revision that put its marker and the
+/// one that deleted it (none while it is there). No point inside is proven: a restore to it is refused, since the
+/// shard then held part of the restored keys.
+#[derive(Debug, Default)]
+struct Replacements(Vec<(u64, Option<u64>)>);
+
+impl Replacements {
+    /// The marker put (a replacement begins, unless one is open) or deleted (it ends) at `revision`.
+    fn changed(&mut self, kind: Kind, revision: u64) {
+        let open = self.0.last_mut().filter(|(_, end)| end.is_none());
+        match (kind, open) {
+            (Kind::Put, None) => self.0.push((revision, None)),
+            (Kind::Delete, Some(window)) => window.1 = Some(revision),
+            _ => {}
+        }
+    }
+
+    /// Whether the keyspace was being replaced at `revision`.
+    fn at(&self, revision: u64) -> bool {
+        self.0.iter().any(|&(put, deleted)| revision >= put && deleted.is_none_or(|d| revision < d))
+    }
 }
 
 /// Claims kept waiting for the chain to reach them; a newer one proven proves every older one.
@@ -387,7 +417,9 @@ impl Session {
         while let Some(&claim) = self.claims.front()
             && claim.1 <= stored
         {
-            proven = Some(claim);
+            if !self.replacements.at(claim.1) {
+                proven = Some(claim);
+            }
             self.claims.pop_front();
         }
         if let Some((sent, _)) = proven {
@@ -437,6 +469,9 @@ impl Session {
             let lease = if kind == Kind::Put { kv.lease() } else { 0 };
             let event =
                 Event { kind, revision: kv.mod_revision() as u64, received_ms, key: kv.key().to_vec(), value, lease };
+            if event.key == crate::restore::live::MARKER_KEY.as_bytes() {
+                self.replacements.changed(event.kind, event.revision);
+            }
             self.buffered += event.size();
             self.buffer.push(event);
         }
@@ -538,4 +573,24 @@ async fn newer_snapshot(store: &Store, shard: &str, own: &Own, current: &Manifes
         }
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_point_is_proven_from_a_replacements_marker_put_until_its_delete_and_a_second_put_opens_none() {
+        let mut seen = Replacements::default();
+        assert!(!seen.at(10));
+        seen.changed(Kind::Put, 10);
+        seen.changed(Kind::Put, 12);
+        assert!(!seen.at(9) && seen.at(10) && seen.at(11) && seen.at(500));
+        seen.changed(Kind::Delete, 20);
+        assert!(seen.at(19) && !seen.at(20) && !seen.at(21));
+        seen.changed(Kind::Delete, 22);
+        seen.changed(Kind::Put, 30);
+        assert!(!seen.at(25) && seen.at(30) && seen.at(15));
+        assert_eq!(seen.0, vec![(10, Some(20)), (30, None)]);
+    }
 }

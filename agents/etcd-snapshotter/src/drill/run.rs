@@ -90,6 +90,16 @@ async fn steps(
         throwaway::restore_and_start(&mut scratch, (&drills.etcdutl, &drills.etcd), &db, quota).await?;
     measured.restore_seconds = Some(restore_started.elapsed().as_secs_f64());
 
+    // A snapshot taken while restore-installation replaced the keyspace holds its marker and part of the keys.
+    let marker = crate::restore::live::marker(&mut client).await.map_err(|e| DrillError::KeyRead(format!("{e:#}")))?;
+    if let Some(marker) = marker {
+        return Err(DrillError::PartialKeyspace(format!(
+            "snapshot {} was taken while {} replaced the keyspace: it holds part of the keys, and restored on its \
+             own it is no state the shard was in",
+            manifest.id,
+            marker.describe()
+        )));
+    }
     let observed = observe(&mut client, manifest).await?;
     (measured.revision, measured.key_count) = (Some(observed.revision), Some(observed.key_count));
     measured.hash_kv = Some(compare(manifest, &observed)?);

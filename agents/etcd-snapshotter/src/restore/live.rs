@@ -65,9 +65,35 @@ pub struct Copied {
     pub interrupted: Option<Marker>,
 }
 
+impl Marker {
+    /// The marker as a key's value holds it; one that does not parse still marks a replacement.
+    pub fn from_value(value: &[u8]) -> Self {
+        serde_json::from_slice(value).unwrap_or_else(|_| Self {
+            restore: format!("of unreadable marker {:?}", String::from_utf8_lossy(value)),
+            shard: String::new(),
+            at: String::new(),
+        })
+    }
+
+    /// `restore <id> (to <at>)`, for messages.
+    pub fn describe(&self) -> String {
+        if self.at.is_empty() {
+            format!("restore {}", self.restore)
+        } else {
+            format!("restore {} (to {})", self.restore, self.at)
+        }
+    }
+}
+
 /// The marker left by a replacement that did not finish, if any.
 pub async fn marker(live: &mut Client) -> anyhow::Result<Option<Marker>> {
-    let response = bounded(live.get(MARKER_KEY, None)).await.context("reading the restore marker")?;
+    marker_at(live, None).await
+}
+
+/// The marker at `revision` (the current one when `None`): whether the keyspace was being replaced then.
+pub async fn marker_at(live: &mut Client, revision: Option<i64>) -> anyhow::Result<Option<Marker>> {
+    let options = revision.map(|r| GetOptions::new().with_revision(r));
+    let response = bounded(live.get(MARKER_KEY, options)).await.context("reading the restore marker")?;
     match response.kvs().first() {
         None => Ok(None),
         Some(kv) => {
