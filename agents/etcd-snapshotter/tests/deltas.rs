@@ -713,7 +713,7 @@ async fn a_member_cut_off_from_its_peers_neither_stalls_the_deltas_nor_lets_the_
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn restore_at_a_time_inside_a_deleted_last_delta_exits_2_since_the_next_snapshot_proves_the_chain_went_on() {
+async fn restore_at_a_time_inside_the_deleted_last_deltas_exits_2_since_the_next_snapshot_proves_the_chain_went_on() {
     let bed = Bed::with_cluster().await.unwrap();
     let (ns, _etcd, client, config) = one_member_with_base(&bed).await;
     snapshot_ok(&config);
@@ -730,13 +730,20 @@ async fn restore_at_a_time_inside_a_deleted_last_delta_exits_2_since_the_next_sn
     let acks = writes.finish().await;
     drop(agent);
 
-    // The first chain's last delta goes (a bucket writer, a mistaken clean-up).
+    // The first chain's last deltas go (a bucket writer, a mistaken clean-up): every one that reaches the newer
+    // snapshot's revision, so that snapshot proves the chain went on past where it now ends. (The writer moves
+    // its chain under the newer snapshot at its next tick, so the first chain may hold several deltas past it.)
     let chain = deltas_of(&s3, &bed.s3.bucket, &id).await;
     assert_chain(&chain, snapshot_revision);
-    let (last, kept) = chain.split_last().unwrap();
-    s3.delete_object().bucket(&bed.s3.bucket).key(&last.key).send().await.unwrap();
-    // A point inside what it held: just after a write it held was acknowledged.
-    let inside = acks.iter().find(|a| a.revision as u64 >= last.from).expect("a write the deleted delta held");
+    let newer_revision = newer["revision"].as_u64().unwrap();
+    let cut = chain.iter().position(|d| d.to >= newer_revision).expect("the first chain reaches the newer snapshot");
+    let (kept, deleted) = chain.split_at(cut);
+    for delta in deleted {
+        s3.delete_object().bucket(&bed.s3.bucket).key(&delta.key).send().await.unwrap();
+    }
+    // A point inside what they held: just after a write the first of them held was acknowledged.
+    let first = &deleted[0];
+    let inside = acks.iter().find(|a| a.revision as u64 >= first.from).expect("a write the deleted deltas held");
     let at = chrono::DateTime::from_timestamp_millis((inside.unix * 1000.0) as i64 + 10).unwrap();
     let at = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let (_p, mut restored, out) = restored_allowing(&bed, &config, &at, "inside-the-deleted", Some(2)).await;

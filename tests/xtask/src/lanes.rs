@@ -535,8 +535,12 @@ mod tests {
         assert_eq!(binary["CARGO_PKG_NAME"], Some("ca-syncer".into()));
         let doc = command(&doc_tests("cargo", Path::new("/w")), "cargo");
         assert!(doc.get_args().any(|a| a == "--doc"));
-        for (name, value) in envs(&doc) {
+        for (name, value) in envs(&doc).into_iter().filter(|(name, _)| name != "CARGO_INCREMENTAL") {
             assert_eq!(value, None, "{name} is set for cargo running the doc tests, not removed");
+        }
+        // Built as the test binaries were: without incremental caches, unless the caller's environment asks.
+        if std::env::var_os("CARGO_INCREMENTAL").is_none() {
+            assert_eq!(envs(&doc)["CARGO_INCREMENTAL"], Some("0".into()));
         }
         // Whatever of cargo's package variables this process has (cargo test sets them) is removed.
         for (name, _) in std::env::vars().filter(|(n, _)| n == "CARGO_MANIFEST_DIR" || n.starts_with("CARGO_PKG_")) {

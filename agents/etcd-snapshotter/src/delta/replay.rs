@@ -493,12 +493,14 @@ async fn ended(
         && outcome.broken.is_none()
         && let Some((newer, since)) = watched_after(store, (manifest, &listed), t, outcome.revision).await?
     {
-        // The chain ends (its writer stopped) before the point, and the revisions after its end were next
-        // delivered by a watch under a newer snapshot that opened after the point: their commit times are
-        // unknown, so the point cannot be placed among them, unless a proof of the session before places it.
+        // The chain ends (its writer stopped, or its last deltas are gone) before the point, and the revisions
+        // after its end were next delivered by a watch under a newer snapshot that opened after the point: their
+        // commit times are unknown, so the point cannot be placed among them, unless a proof of the session before
+        // places it.
         let why = format!(
-            "no watch of the shard ran at the point {}: the delta chain of {} ends at revision {}, and the next \
-             revisions were delivered under snapshot {} by a watch opened at {}",
+            "no stored delta places the point {}: the delta chain of {} ends at revision {} (its watch stopped, or \
+             its later deltas are gone), and the next revisions were delivered under snapshot {} by a watch opened \
+             at {}",
             stamp(t),
             manifest.id,
             outcome.revision,
