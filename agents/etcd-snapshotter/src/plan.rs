@@ -255,10 +255,12 @@ pub async fn plan(store: &Store, shards: &[String], at: At, keys: Keys<'_>) -> a
     let (t, reaches): (DateTime<Utc>, Vec<Reach>) = match at {
         At::Time(t) => (t, all.into_iter().map(|r| covering(r, t)).collect()),
         At::LatestConsistent => {
-            // Each shard's own cluster: the newest point is of the etcds as they run now.
-            let own: Vec<Reach> = all.into_iter().map(|mut r| r.swap_remove(0)).collect();
-            let shards: Vec<_> = own.iter().map(|r| (r.newest, r.spans.clone())).collect();
-            (latest_consistent(&shards).expect("at least one shard"), own)
+            // Each shard's own cluster: the newest point is of the etcds as they run now. A point lowered out of
+            // one shard's gap may lie before another's re-created etcd was first snapshotted: that shard is then
+            // planned from the cluster before, as for a given time.
+            let shards: Vec<_> = all.iter().map(|r| (r[0].newest, r[0].spans.clone())).collect();
+            let t = latest_consistent(&shards).expect("at least one shard");
+            (t, all.into_iter().map(|r| covering(r, t)).collect())
         }
     };
     let mut planned = Vec::new();

@@ -356,6 +356,12 @@ async fn plan_at_a_time_between_two_writes_names_the_base_and_deltas_that_restor
     })
     .await;
     point_after(&s3, &bucket, "root", renewed).await;
+    // Both shards' points past a time both new sessions were watching by: else one shard's newest point may lie in
+    // the other's gap between its two sessions, and latest-consistent is lowered below it.
+    let both_watching = now_ms();
+    for shard in SHARDS {
+        point_after(&s3, &bucket, shard, both_watching).await;
+    }
     drop(second);
     let planned = plan_json(&config, &at);
     for (i, shard) in SHARDS.iter().enumerate() {
