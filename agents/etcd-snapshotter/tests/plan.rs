@@ -469,8 +469,13 @@ async fn a_point_inside_a_keyspace_replacement_is_refused_naming_the_restore_one
     assert!(said.contains("being replaced by restore r-left") && said.contains("no snapshot"), "{said}");
     let root_snapshots = manifests(&s3, &bucket).await.into_iter().filter(|m| m["shard"] == "root").count();
     assert_eq!(root_snapshots, 1, "the refused run published nothing");
-    // Deltas every second: five intervals with the marker there.
-    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    // The writes after the marker stored, then one made after that stored too: the writer has had a tick with
+    // everything stored and a claim to prove, and its point must still be before the marker.
+    let stored = "etcd_snapshotter_delta_revision{shard=\"root\"}";
+    let written = live.get("/", None).await.unwrap().header().unwrap().revision() as f64;
+    agent.wait_for_metric(stored, WAIT, |v| v >= written).await;
+    let later = live.put("/registry/after-marker/later", "v", None).await.unwrap().header().unwrap().revision() as f64;
+    agent.wait_for_metric(stored, WAIT, |v| v >= later).await;
     let point = stored_point(&s3, &bucket, "root").await.unwrap();
     assert!(point.revision < marked_at, "the stored point {point:?} is past the marker put at {marked_at}");
     live.delete(MARKER_KEY, None).await.unwrap();

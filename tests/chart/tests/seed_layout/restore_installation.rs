@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Secret;
@@ -177,17 +177,14 @@ async fn restore_installation_brings_both_shards_back_to_a_point_between_two_cre
     let mut refused = Vec::new();
     let at_text = loop {
         let at_text = Timestamp::now().to_string();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let placed = loop {
+        let placed = testbed::eventually_seen(Duration::from_secs(60), &format!("plan --at {at_text}"), || async {
             let (ok, _, err) = in_agent(node, &["plan", "--at", &at_text], b"")?;
-            if ok || Instant::now() > deadline {
-                break ok.then_some(()).ok_or(err);
-            }
-            tokio::time::sleep(Duration::from_secs(3)).await;
-        };
+            Ok(if ok { Ok(()) } else { Err(err) })
+        })
+        .await;
         match placed {
             Ok(()) => break at_text,
-            Err(err) => refused.push(format!("{at_text}: {err}")),
+            Err(e) => refused.push(format!("{e:#}")),
         }
         ensure!(refused.len() < 4, "no point could be planned:\n{}", refused.join("\n"));
     };
