@@ -174,11 +174,15 @@ async fn measure(rounds: usize, targets_count: usize) -> Result<Measured> {
         sources.replace(SOURCE, &PostParams::default(), &cert_secret(&cred)).await?;
         let (first_at, last_at) = wait_targets(&targets, targets_count, &marker(&cred), t0).await?;
         let after = testbed::audit::count(&bed.apiserver.audit_log, USER)?;
-        let sent: usize = after
+        // By kind, so a renewal that sends more than one write per target says what the rest were.
+        let by_kind: BTreeMap<String, usize> = after
             .iter()
             .filter(|((_, resource), _)| resource != "leases")
-            .map(|(k, n)| n - before.get(k).copied().unwrap_or(0))
-            .sum();
+            .map(|(k, n)| (format!("{} {}", k.0, k.1), n - before.get(k).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let sent: usize = by_kind.values().sum();
+        eprintln!("rotate: round {}: {sent} requests by kind {by_kind:?}", round + 1);
         requests.push(sent as f64);
         total.push(last_at);
         to_first.push(first_at);
