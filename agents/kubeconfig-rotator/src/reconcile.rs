@@ -52,6 +52,7 @@ pub async fn daemon(ctx: Context<Config>, metrics: Metrics, reconcile: Reconcile
             config,
             stores,
             kept_told: kept_told.clone(),
+            written: Written::default(),
         };
         (rotator, watches)
     })
@@ -68,6 +69,41 @@ pub struct Rotator {
     pub stores: Stores,
     /// Per kubeconfig, the targets kept longer as its last pass found them: keeping them again is no news.
     pub kept_told: KeptTold,
+    /// Each target as our own last write left it, while the store does not hold it yet.
+    pub written: Written,
+}
+
+/// Each target as the apiserver returned it from our own last write, kept until the target's store holds it.
+///
+/// Every target is watched on its own, and right after a pass created targets some of those watches may not have
+/// delivered them yet (a loaded apiserver, or a renewal that comes seconds after a start). A target the store does
+/// not hold is otherwise read before it is written, since creating carries no `resourceVersion` precondition. A
+/// renewal within that time writes over our own last write instead, with that write's `resourceVersion` as its
+/// precondition: if anyone changed or deleted the target since, the write fails and the pass reads the target and
+/// decides again. Only a write is decided on it; a pass that would write nothing reads, as before.
+#[derive(Default)]
+pub struct Written(Mutex<BTreeMap<(String, String), Secret>>);
+
+impl Written {
+    /// Our last write of `target`, when the store does not hold the target; forgotten once it does.
+    fn recall(&self, target: &Target, snap: &Snapshot) -> Option<Secret> {
+        let mut written = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (target.namespace.clone(), target.name.clone());
+        match snap.secret(&target.namespace, &target.name) {
+            Some(_) => written.remove(&key).and(None),
+            None => written.get(&key).cloned(),
+        }
+    }
+
+    /// What the write returned (`None`: nothing written, or a failure: forget it).
+    fn set(&self, target: &Target, object: Option<Secret>) {
+        let mut written = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (target.namespace.clone(), target.name.clone());
+        match object {
+            Some(object) => written.insert(key, object),
+            None => written.remove(&key),
+        };
+    }
 }
 
 /// What each kubeconfig's last pass kept longer ([`PassReport::kept`]); it outlives a configuration reload.
@@ -298,25 +334,57 @@ impl Rotator {
         now: OffsetDateTime,
         report: &mut PassReport,
     ) -> Result<Option<OffsetDateTime>, TargetFailure> {
-        let series = self.metrics.target(kc, target);
         let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
-        let fetched = match read_unstored(&api, target, snap).await {
-            Ok(fetched) => fetched,
-            Err(e) => {
-                series.not_in_sync();
-                self.write_failed(kc, target, &e, report);
-                return Err(TargetFailure::Write(e));
+        // Our own last write stands in for a target the store does not hold yet ([`Written`]).
+        let mut held = None;
+        if let Some(own) = self.written.recall(target, snap) {
+            held = self.hold(&api, kc, target, candidate, expected, (Some(&own), true), now, report).await?;
+        }
+        let (held_hash, held_not_after) = match held {
+            Some(held) => held,
+            None => {
+                let fetched = read_unstored(&api, target, snap).await.map_err(|e| {
+                    self.metrics.target(kc, target).not_in_sync();
+                    self.write_failed(kc, target, &e, report);
+                    TargetFailure::Write(e)
+                })?;
+                let live_secret = snap.secret(&target.namespace, &target.name).or(fetched.as_ref());
+                let held = self.hold(&api, kc, target, candidate, expected, (live_secret, false), now, report).await?;
+                held.expect("a view the apiserver gave decides")
             }
         };
-        let live_secret = snap.secret(&target.namespace, &target.name).or(fetched.as_ref());
+        let regarding = reference("v1", "Secret", &target.namespace, &target.name, None);
+        self.restart_consumers(kc, target, &held_hash, held_not_after, &regarding, now).await
+    }
+
+    /// Decides on `live_secret` what the target holds after this pass and writes it if needed; returns the hash and
+    /// end of what it holds. `own`: the view is our own last write ([`Written`]), taken only to write over it;
+    /// `None` when that is not what the pass would do, or when the write failed (the target changed since): the
+    /// caller reads the target and decides again.
+    #[allow(clippy::too_many_arguments)]
+    async fn hold(
+        &self,
+        api: &Api<Secret>,
+        kc: &Kubeconfig,
+        target: &Target,
+        candidate: &Credential,
+        expected: &Expected,
+        (live_secret, own): (Option<&Secret>, bool),
+        now: OffsetDateTime,
+        report: &mut PassReport,
+    ) -> Result<Option<(String, OffsetDateTime)>, TargetFailure> {
+        let series = self.metrics.target(kc, target);
         let live = live_state(live_secret, target, now);
         let overlapped = with_held_cas(kc, candidate, live_secret, target, now);
         let candidate = overlapped.as_ref().unwrap_or(candidate);
         let complete = split_keys_current(live_secret, target, candidate);
-        let regarding = reference("v1", "Secret", &target.namespace, &target.name, None);
         let name = format!("{}/{}", target.namespace, target.name);
         // What the target holds after this pass.
         let mut action = policy::target_action(&live, candidate, complete);
+        if own && !matches!(action, TargetAction::Write) {
+            self.written.set(target, None);
+            return Ok(None);
+        }
         match (action, &live) {
             (TargetAction::KeepLonger, _) => {
                 action = self.prove_held(kc, live_secret, target, expected, now, report).await;
@@ -328,7 +396,7 @@ impl Rotator {
             }
             _ => {}
         }
-        let (held_hash, held_not_after) = match (action, &live) {
+        let held = match (action, &live) {
             (TargetAction::Unchanged, _) => {
                 series.holds(candidate.cert.not_after, true);
                 report.unchanged();
@@ -344,10 +412,21 @@ impl Rotator {
                 let rv = live_secret.and_then(|s| s.metadata.resource_version.as_deref());
                 let desired = desired_secret(kc, target, candidate, rv, live_secret.is_none());
                 let ownership = Ownership::Owned { adopt: target.adopt };
-                match apply::apply_over(&api, desired, ownership, live_secret).await {
-                    Ok(Outcome::Unchanged) => report.unchanged(),
-                    Ok(_) => self.published(kc, target, candidate, &live, report),
+                match apply::apply_over_returning(api, desired, ownership, live_secret).await {
+                    Ok((outcome, written)) => {
+                        self.written.set(target, written);
+                        match outcome {
+                            Outcome::Unchanged => report.unchanged(),
+                            _ => self.published(kc, target, candidate, &live, report),
+                        }
+                    }
+                    Err(e) if own => {
+                        tracing::info!(kubeconfig = %kc.name, namespace = %target.namespace, name = %target.name, reason = e.metric_label(), "the target changed since our last write of it: read again");
+                        self.written.set(target, None);
+                        return Ok(None);
+                    }
                     Err(e) => {
+                        self.written.set(target, None);
                         series.not_in_sync();
                         self.write_failed(kc, target, &e, report);
                         return Err(TargetFailure::Write(e));
@@ -357,7 +436,7 @@ impl Rotator {
                 (candidate.hash(), candidate.cert.not_after)
             }
         };
-        self.restart_consumers(kc, target, &held_hash, held_not_after, &regarding, now).await
+        Ok(Some(held))
     }
 
     /// A target not written: logged with the whole error, and noted in the pass's report.

@@ -1406,3 +1406,109 @@ async fn a_server_ca_rotated_before_kcp_serves_from_it_is_published_beside_the_h
     testbed::assert_no_secret_material(&layout.all_event_notes().await, &keys);
     Ok(())
 }
+
+/// The agent's requests to the target Secret since audit-log entry `from`: (verb, status code).
+fn target_requests(layout: &Layout, user: &str, from: usize) -> Result<Vec<(String, Option<u16>)>> {
+    let all = testbed::audit::by_user(&layout.bed.apiserver.audit_log, user)?;
+    let target = |r: &&testbed::audit::Request| {
+        r.resource == "secrets"
+            && r.namespace.as_deref() == Some(layout.dst.as_str())
+            && r.name.as_deref() == Some(TARGET)
+    };
+    Ok(all.iter().skip(from).filter(target).map(|r| (r.verb.clone(), r.code)).collect())
+}
+
+#[tokio::test]
+async fn a_renewal_over_its_own_write_its_store_has_not_seen_reads_nothing_and_never_writes_over_a_change_made_since()
+-> Result<()> {
+    let mut layout = Layout::new().await?;
+    let _logs = layout.kcp.logs_on_failure();
+    let pki = &layout.kcp.pki;
+    // No source yet: the agent starts, lists the target (there is none) and writes nothing.
+    let config = layout.write_config(&format!(
+        "resyncInterval: 1h\nkubeconfigs:\n- name: {KUBECONFIG}\n  source: {{secret: {{namespace: {src}, name: plain, key: kubeconfig}}}}\n  expect: {{username: {ADMIN_USER}, groups: [\"{ADMIN_GROUP}\"]}}\n  targets:\n  - {{namespace: {dst}, name: {TARGET}, key: {TARGET_KEY}}}\n",
+        src = layout.src,
+        dst = layout.dst,
+    ))?;
+    let (code, rbac, err) = run_to_completion(
+        Path::new(BINARY),
+        &["rbac", "--config", &config.display().to_string(), "--namespace", &layout.agent],
+    )?;
+    assert_eq!(code, Some(0), "{err}");
+    apply_yaml(&layout.bed.client(), &rbac).await?;
+    let (token_kubeconfig, user) = layout.bed.service_account_kubeconfig(&layout.agent, "kubeconfig-rotator").await?;
+    let agent = layout.rotator(&config).kubeconfig(&token_kubeconfig).env("KCP_KEEPER_LEADER_ELECTION", "false");
+    let mut agent = agent.ready_within(WAIT).start().await?;
+
+    // Freeze the target's store: the agent may still get, create and patch the target, but no longer list or
+    // watch it, and the apiserver's restart ends the watch it has. The store keeps what it held: nothing.
+    let roles = Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(layout.bed.client(), &layout.dst);
+    for mut role in roles.list(&Default::default()).await?.items {
+        for rule in role.rules.iter_mut().flatten() {
+            if rule.resources.iter().flatten().any(|r| r == "secrets") {
+                rule.verbs.retain(|v| v != "list" && v != "watch");
+            }
+        }
+        role.metadata.managed_fields = None;
+        roles.replace(&role.metadata.name.clone().unwrap_or_default(), &PostParams::default(), &role).await?;
+    }
+    let restarted_at = testbed::audit::by_user(&layout.bed.apiserver.audit_log, &user)?.len();
+    layout.bed.apiserver.restart().await?;
+    testbed::eventually(WAIT, "the target's watch refused after the restart", || async {
+        let refused = target_requests(&layout, &user, restarted_at).ok()?;
+        refused.iter().any(|(verb, code)| (verb == "list" || verb == "watch") && *code == Some(403)).then_some(())
+    })
+    .await;
+
+    // The first publication: the store does not hold the target, so the agent reads it (there is none) and
+    // creates it.
+    let sources = Api::<Secret>::namespaced(layout.bed.client(), &layout.src);
+    let first = pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR)?;
+    let source = secret("plain", &[("kubeconfig", kubeconfig_for(&layout, &first, ADMIN_USER).as_bytes())]);
+    sources.create(&PostParams::default(), &source).await?;
+    let holds = |cred: &Credential| {
+        let serial = client_cert(kubeconfig_for(&layout, cred, ADMIN_USER).as_bytes()).serial;
+        let layout = &layout;
+        async move {
+            testbed::eventually(WAIT, "the target to hold the newest certificate", || async {
+                layout.target_serial().await.filter(|s| *s == serial)
+            })
+            .await
+        }
+    };
+    holds(&first).await;
+
+    // A renewal while the store still does not hold the target: one write over our own, no read.
+    let from = testbed::audit::by_user(&layout.bed.apiserver.audit_log, &user)?.len();
+    let second = pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR + Duration::from_secs(60))?;
+    put_source(&layout, kubeconfig_for(&layout, &second, ADMIN_USER).into_bytes()).await?;
+    holds(&second).await;
+    let requests = target_requests(&layout, &user, from)?;
+    assert_eq!(requests, vec![("patch".to_string(), Some(200))], "one write and no read of the target");
+
+    // Someone deletes the target: the write over our own fails, and the agent reads and creates it again.
+    let targets = Api::<Secret>::namespaced(layout.bed.client(), &layout.dst);
+    targets.delete(TARGET, &Default::default()).await?;
+    let third = pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR + Duration::from_secs(120))?;
+    put_source(&layout, kubeconfig_for(&layout, &third, ADMIN_USER).into_bytes()).await?;
+    holds(&third).await;
+
+    // Someone replaces it with a Secret of their own: it is never written over.
+    targets.delete(TARGET, &Default::default()).await?;
+    let foreign = secret(TARGET, &[(TARGET_KEY, b"someone else's".as_slice())]);
+    targets.create(&PostParams::default(), &foreign).await?;
+    let fourth = pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR + Duration::from_secs(180))?;
+    put_source(&layout, kubeconfig_for(&layout, &fourth, ADMIN_USER).into_bytes()).await?;
+    testbed::eventually(WAIT, "a PublishFailed Event for the foreign Secret", || async {
+        let notes = layout.events(&layout.src, "PublishFailed").await;
+        notes.iter().any(|n| n.contains(TARGET)).then_some(())
+    })
+    .await;
+    let kept = targets.get(TARGET).await?;
+    assert_eq!(key(&kept, TARGET_KEY).as_deref(), Some(b"someone else's".as_slice()), "the foreign Secret is kept");
+
+    let status = agent.terminate(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| s.success()), "exit after SIGTERM: {status:?}");
+    testbed::assert_no_secret_material(&agent.process.log(), &[&first.key_pem, &second.key_pem]);
+    Ok(())
+}

@@ -129,6 +129,18 @@ pub async fn apply_over_versioned<K: Object>(
     ownership: Ownership,
     live: Option<&K>,
 ) -> Result<(Outcome, Option<String>), ApplyError> {
+    let (outcome, written) = apply_over_returning(api, desired, ownership, live).await?;
+    Ok((outcome, written.and_then(|w| w.meta().resource_version.clone())))
+}
+
+/// [`apply_over`], also returning the object as the apiserver holds it after the write (`None` when nothing was
+/// written), so a caller whose cache has not seen its own write yet can take it from there instead of reading it.
+pub async fn apply_over_returning<K: Object>(
+    api: &Api<K>,
+    desired: Value,
+    ownership: Ownership,
+    live: Option<&K>,
+) -> Result<(Outcome, Option<K>), ApplyError> {
     let name = desired
         .pointer("/metadata/name")
         .and_then(Value::as_str)
@@ -162,7 +174,7 @@ pub async fn apply_over_versioned<K: Object>(
     match api.patch(&name, &params, &Patch::Apply(&desired)).await {
         Ok(written) => {
             let outcome = if live.is_some() { Outcome::Updated } else { Outcome::Created };
-            Ok((outcome, written.meta().resource_version.clone()))
+            Ok((outcome, Some(written)))
         }
         Err(kube::Error::Api(status)) if status.code == 409 => {
             Err(ApplyError::Conflict { kind, object, message: status.message.clone() })
