@@ -75,18 +75,26 @@ pub struct Rotator {
 
 /// Each target as the apiserver returned it from our own last write, kept until the target's store holds it.
 ///
-/// Every target is watched on its own, and right after a pass created targets some of those watches may not have
-/// delivered them yet (a loaded apiserver, or a renewal that comes seconds after a start). A target the store does
-/// not hold is otherwise read before it is written, since creating carries no `resourceVersion` precondition. A
-/// renewal within that time writes over our own last write instead, with that write's `resourceVersion` as its
-/// precondition: if anyone changed or deleted the target since, the write fails and the pass reads the target and
-/// decides again. Only a write is decided on it; a pass that would write nothing reads, as before.
+/// Every target is watched on its own, and right after a pass wrote its targets some of those watches may not have
+/// delivered the writes yet (a loaded apiserver; the passes their first events wake, or a renewal seconds after a
+/// start). A target the store does not hold is otherwise read before anything is decided, since creating carries
+/// no `resourceVersion` precondition. Instead, a pass decides on our own last write:
+/// - to write over it, with its `resourceVersion` as the precondition: if anyone changed, deleted or replaced the
+///   target since, the write fails, and the pass reads the target and decides again;
+/// - that it is unchanged, for [`OWN_TRUSTED`] after the write: the store cannot tell "not delivered yet" from
+///   "delivered, then deleted by someone", so the pass asks to look again when that time ends, and from then on
+///   such a target is read;
+/// - anything else (a longer-lived credential to keep or replace) is decided on a read, as before.
 #[derive(Default)]
-pub struct Written(Mutex<BTreeMap<(String, String), Secret>>);
+pub struct Written(Mutex<BTreeMap<(String, String), (Secret, std::time::Instant)>>);
+
+/// How long our own last write of a target its store does not hold yet is taken as what the target holds.
+const OWN_TRUSTED: Duration = Duration::from_secs(20);
 
 impl Written {
-    /// Our last write of `target`, when the store does not hold the target; forgotten once it does.
-    fn recall(&self, target: &Target, snap: &Snapshot) -> Option<Secret> {
+    /// Our last write of `target` and when it was made, when the store does not hold the target; forgotten once
+    /// it does.
+    fn recall(&self, target: &Target, snap: &Snapshot) -> Option<(Secret, std::time::Instant)> {
         let mut written = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let key = (target.namespace.clone(), target.name.clone());
         match snap.secret(&target.namespace, &target.name) {
@@ -100,7 +108,7 @@ impl Written {
         let mut written = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let key = (target.namespace.clone(), target.name.clone());
         match object {
-            Some(object) => written.insert(key, object),
+            Some(object) => written.insert(key, (object, std::time::Instant::now())),
             None => written.remove(&key),
         };
     }
@@ -337,10 +345,10 @@ impl Rotator {
         let api = Api::<Secret>::namespaced(self.client.clone(), &target.namespace);
         // Our own last write stands in for a target the store does not hold yet ([`Written`]).
         let mut held = None;
-        if let Some(own) = self.written.recall(target, snap) {
-            held = self.hold(&api, kc, target, candidate, expected, (Some(&own), true), now, report).await?;
+        if let Some((own, at)) = self.written.recall(target, snap) {
+            held = self.hold(&api, kc, target, candidate, expected, (Some(&own), Some(at)), now, report).await?;
         }
-        let (held_hash, held_not_after) = match held {
+        let (held_hash, held_not_after, look_again) = match held {
             Some(held) => held,
             None => {
                 let fetched = read_unstored(&api, target, snap).await.map_err(|e| {
@@ -349,18 +357,22 @@ impl Rotator {
                     TargetFailure::Write(e)
                 })?;
                 let live_secret = snap.secret(&target.namespace, &target.name).or(fetched.as_ref());
-                let held = self.hold(&api, kc, target, candidate, expected, (live_secret, false), now, report).await?;
+                let held = self.hold(&api, kc, target, candidate, expected, (live_secret, None), now, report).await?;
                 held.expect("a view the apiserver gave decides")
             }
         };
         let regarding = reference("v1", "Secret", &target.namespace, &target.name, None);
-        self.restart_consumers(kc, target, &held_hash, held_not_after, &regarding, now).await
+        let restart = self.restart_consumers(kc, target, &held_hash, held_not_after, &regarding, now).await?;
+        Ok(match (restart, look_again) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
     }
 
     /// Decides on `live_secret` what the target holds after this pass and writes it if needed; returns the hash and
-    /// end of what it holds. `own`: the view is our own last write ([`Written`]), taken only to write over it;
-    /// `None` when that is not what the pass would do, or when the write failed (the target changed since): the
-    /// caller reads the target and decides again.
+    /// end of what it holds, and when to look again. `own`: the view is our own last write ([`Written`]), made
+    /// then; `None` when it cannot decide (see there), or when the write over it failed (the target changed
+    /// since): the caller reads the target and decides again.
     #[allow(clippy::too_many_arguments)]
     async fn hold(
         &self,
@@ -369,10 +381,10 @@ impl Rotator {
         target: &Target,
         candidate: &Credential,
         expected: &Expected,
-        (live_secret, own): (Option<&Secret>, bool),
+        (live_secret, own): (Option<&Secret>, Option<std::time::Instant>),
         now: OffsetDateTime,
         report: &mut PassReport,
-    ) -> Result<Option<(String, OffsetDateTime)>, TargetFailure> {
+    ) -> Result<Option<(String, OffsetDateTime, Option<OffsetDateTime>)>, TargetFailure> {
         let series = self.metrics.target(kc, target);
         let live = live_state(live_secret, target, now);
         let overlapped = with_held_cas(kc, candidate, live_secret, target, now);
@@ -381,10 +393,17 @@ impl Rotator {
         let name = format!("{}/{}", target.namespace, target.name);
         // What the target holds after this pass.
         let mut action = policy::target_action(&live, candidate, complete);
-        if own && !matches!(action, TargetAction::Write) {
-            self.written.set(target, None);
-            return Ok(None);
+        let trusted_for = own.and_then(|at| OWN_TRUSTED.checked_sub(at.elapsed()));
+        let mut look_again = None;
+        match (own, action) {
+            (None, _) | (Some(_), TargetAction::Write) => {}
+            (Some(_), TargetAction::Unchanged) if trusted_for.is_some() => look_again = trusted_for.map(|d| now + d),
+            (Some(_), _) => {
+                self.written.set(target, None);
+                return Ok(None);
+            }
         }
+        let own = own.is_some();
         match (action, &live) {
             (TargetAction::KeepLonger, _) => {
                 action = self.prove_held(kc, live_secret, target, expected, now, report).await;
@@ -436,7 +455,7 @@ impl Rotator {
                 (candidate.hash(), candidate.cert.not_after)
             }
         };
-        Ok(Some(held))
+        Ok(Some((held.0, held.1, look_again)))
     }
 
     /// A target not written: logged with the whole error, and noted in the pass's report.

@@ -1478,6 +1478,16 @@ async fn a_renewal_over_its_own_write_its_store_has_not_seen_reads_nothing_and_n
     };
     holds(&first).await;
 
+    // A pass soon after, woken by a change to the source that leaves its content as it is: the target is what the
+    // agent last wrote, and nothing of it is read.
+    let from = testbed::audit::by_user(&layout.bed.apiserver.audit_log, &user)?.len();
+    let synced = format!("kubeconfig_rotator_last_sync_timestamp_seconds{{kubeconfig=\"{KUBECONFIG}\"}}");
+    let last = metric(&metrics(&agent).await, &synced)?;
+    let touch = json!({"metadata": {"annotations": {"touched": "yes"}}});
+    sources.patch("plain", &PatchParams::default(), &Patch::Merge(&touch)).await?;
+    wait_for_metric(&agent, &synced, "a pass after the touch", |v| v > last).await;
+    assert_eq!(target_requests(&layout, &user, from)?, vec![], "a pass with nothing to write reads no target");
+
     // A renewal while the store still does not hold the target: one write over our own, no read.
     let from = testbed::audit::by_user(&layout.bed.apiserver.audit_log, &user)?.len();
     let second = pki.client_ca.issue_client(ADMIN_USER, &[ADMIN_GROUP], HOUR + Duration::from_secs(60))?;
