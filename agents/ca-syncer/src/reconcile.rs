@@ -772,7 +772,8 @@ pub async fn write_checked<K: apply::Object>(
     if let Some(version) = live.and_then(|l| l.meta().resource_version.clone()) {
         desired["metadata"]["resourceVersion"] = json!(version);
     }
-    apply::apply_over_versioned(api, desired, ownership, live).await
+    let (outcome, written) = apply::apply_over_returning(api, desired, ownership, live).await?;
+    Ok((outcome, written.and_then(|w| w.meta().resource_version.clone())))
 }
 
 /// The apiserver refuses new objects in a namespace that is being deleted (NamespaceLifecycle admission).

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kcp_keeper_runtime::agent::Context;
@@ -86,7 +86,7 @@ pub struct Rotator {
 ///   such a target is read;
 /// - anything else (a longer-lived credential to keep or replace) is decided on a read, as before.
 #[derive(Default)]
-pub struct Written(Mutex<BTreeMap<(String, String), (Secret, std::time::Instant)>>);
+pub struct Written(Mutex<BTreeMap<(String, String), (Secret, Instant)>>);
 
 /// How long our own last write of a target its store does not hold yet is taken as what the target holds.
 const OWN_TRUSTED: Duration = Duration::from_secs(20);
@@ -94,11 +94,14 @@ const OWN_TRUSTED: Duration = Duration::from_secs(20);
 impl Written {
     /// Our last write of `target` and when it was made, when the store does not hold the target; forgotten once
     /// it does.
-    fn recall(&self, target: &Target, snap: &Snapshot) -> Option<(Secret, std::time::Instant)> {
+    fn recall(&self, target: &Target, snap: &Snapshot) -> Option<(Secret, Instant)> {
         let mut written = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let key = (target.namespace.clone(), target.name.clone());
         match snap.secret(&target.namespace, &target.name) {
-            Some(_) => written.remove(&key).and(None),
+            Some(_) => {
+                written.remove(&key);
+                None
+            }
             None => written.get(&key).cloned(),
         }
     }
@@ -108,7 +111,7 @@ impl Written {
         let mut written = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let key = (target.namespace.clone(), target.name.clone());
         match object {
-            Some(object) => written.insert(key, (object, std::time::Instant::now())),
+            Some(object) => written.insert(key, (object, Instant::now())),
             None => written.remove(&key),
         };
     }
@@ -363,10 +366,7 @@ impl Rotator {
         };
         let regarding = reference("v1", "Secret", &target.namespace, &target.name, None);
         let restart = self.restart_consumers(kc, target, &held_hash, held_not_after, &regarding, now).await?;
-        Ok(match (restart, look_again) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        })
+        Ok([restart, look_again].into_iter().flatten().min())
     }
 
     /// Decides on `live_secret` what the target holds after this pass and writes it if needed; returns the hash and
@@ -381,7 +381,7 @@ impl Rotator {
         target: &Target,
         candidate: &Credential,
         expected: &Expected,
-        (live_secret, own): (Option<&Secret>, Option<std::time::Instant>),
+        (live_secret, own): (Option<&Secret>, Option<Instant>),
         now: OffsetDateTime,
         report: &mut PassReport,
     ) -> Result<Option<(String, OffsetDateTime, Option<OffsetDateTime>)>, TargetFailure> {

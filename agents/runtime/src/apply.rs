@@ -118,23 +118,12 @@ pub async fn apply_over<K: Object>(
     ownership: Ownership,
     live: Option<&K>,
 ) -> Result<Outcome, ApplyError> {
-    apply_over_versioned(api, desired, ownership, live).await.map(|(outcome, _)| outcome)
-}
-
-/// [`apply_over`], also returning the `resourceVersion` the write produced (`None` when nothing was written), so
-/// a caller reading through a cache can tell whether the cache has seen its own write yet.
-pub async fn apply_over_versioned<K: Object>(
-    api: &Api<K>,
-    desired: Value,
-    ownership: Ownership,
-    live: Option<&K>,
-) -> Result<(Outcome, Option<String>), ApplyError> {
-    let (outcome, written) = apply_over_returning(api, desired, ownership, live).await?;
-    Ok((outcome, written.and_then(|w| w.meta().resource_version.clone())))
+    apply_over_returning(api, desired, ownership, live).await.map(|(outcome, _)| outcome)
 }
 
 /// [`apply_over`], also returning the object as the apiserver holds it after the write (`None` when nothing was
-/// written), so a caller whose cache has not seen its own write yet can take it from there instead of reading it.
+/// written), so a caller reading through a cache can tell whether the cache has seen its own write yet (its
+/// `resourceVersion`), or take the object from there instead of reading it.
 pub async fn apply_over_returning<K: Object>(
     api: &Api<K>,
     desired: Value,
